@@ -1,0 +1,149 @@
+#include "compiler/buffers.h"
+
+#include "compiler/error.h"
+#include "qforge/layout.cuh"
+
+namespace qf {
+
+int64_t ScaleGrid::offset(int64_t r, int64_t c) const {
+  if (swizzled) return int64_t(swizzled_scale_offset(u64(r), u64(c), u64(padded_cols)));
+  return r * padded_cols + c;
+}
+
+void check_shape(const Plan& p, Shape2D in) {
+  if (in.m <= 0 || in.k <= 0)
+    throw UserError("shape", "expected a non-empty 2-D tensor, got [" + std::to_string(in.m) + ", " +
+                                 std::to_string(in.k) + "]");
+  if (in.m > (int64_t(1) << 31) || in.k > (int64_t(1) << 31))
+    throw UserError("shape", "dimensions above 2^31 are not supported");
+  for (const auto& s : p.streams) {
+    const Shape2D d = data_shape(s, in);
+    if (traits(s.format).elems_per_byte == 2 && d.k % 2 != 0)
+      throw UserError("shape", std::string(name(s.dir)) + " " + std::string(traits(s.format).name) +
+                                   " data packs two elements per byte along its rows: the row length (" +
+                                   std::to_string(d.k) + ") must be even");
+    if (s.rht && in.m % 16 != 0)
+      throw UserError("shape", "the random Hadamard transform of the " + std::string(name(s.dir)) +
+                                   " stream works on groups of 16 rows: M (" + std::to_string(in.m) +
+                                   ") must be a multiple of 16");
+  }
+}
+
+Shape2D data_shape(const Stream& s, Shape2D in) {
+  return s.layout == DataLayout::Transposed ? Shape2D{in.k, in.m} : in;
+}
+
+ScaleGrid scale_grid(const Stream& s, Shape2D in) {
+  ScaleGrid g;
+  const Shape2D d = data_shape(s, in);
+  const bool transposed = s.layout == DataLayout::Transposed;
+  std::visit(
+      [&](const auto& m) {
+        using M = std::decay_t<decltype(m)>;
+        if constexpr (std::is_same_v<M, NoScaling>) {
+          g.rows = g.cols = 0;
+        } else if constexpr (std::is_same_v<M, PerTensorCurrent> || std::is_same_v<M, PerTensorDelayed>) {
+          g.rows = g.cols = 1;
+          g.block_rows = d.m, g.block_cols = d.k;
+        } else if constexpr (std::is_same_v<M, PerChannel>) {
+          // rowwise: one per row of X; columnwise: one per column of X.
+          const bool per_row_of_data = (s.dir == Direction::Rowwise) || transposed;
+          g.rows = per_row_of_data ? d.m : 1;
+          g.cols = per_row_of_data ? 1 : d.k;
+          g.block_rows = per_row_of_data ? 1 : d.m;
+          g.block_cols = per_row_of_data ? d.k : 1;
+        } else {
+          // Block modes. FP32 block scaling stores one scale per block or tile; MX and NVFP4
+          // store one scale per 1D block of the direction even for 2D tiles (the tile's value
+          // repeated), as block-scaled GEMMs read them.
+          BlockShape b = m.block;
+          if constexpr (!std::is_same_v<M, BlockScaling>) {
+            if (b.is_2d()) b = s.dir == Direction::Rowwise ? BlockShape{1, b.cols} : BlockShape{b.rows, 1};
+          }
+          if (transposed) std::swap(b.rows, b.cols);
+          g.block_rows = b.rows, g.block_cols = b.cols;
+          g.rows = int64_t(ceil_div(u64(d.m), u64(b.rows)));
+          g.cols = int64_t(ceil_div(u64(d.k), u64(b.cols)));
+        }
+      },
+      s.scaling);
+  g.swizzled = s.scale_layout == ScaleLayout::Swizzled;
+  g.padded_rows = g.swizzled ? int64_t(round_up(u64(g.rows), 128)) : g.rows;
+  g.padded_cols = g.swizzled ? int64_t(round_up(u64(g.cols), 4)) : g.cols;
+  return g;
+}
+
+std::vector<BufferDesc> output_buffers(const Plan& p, Shape2D in) {
+  std::vector<BufferDesc> out;
+  for (size_t i = 0; i < p.streams.size(); ++i) {
+    const Stream& s = p.streams[i];
+    const std::string dir(name(s.dir));
+    const Shape2D d = data_shape(s, in);
+    BufferDesc data;
+    data.name = dir + "_data";
+    data.kind = BufferKind::Data;
+    data.stream = int(i);
+    if (s.format == ElemFormat::Identity) {
+      const auto& t = traits(s.out_dtype);
+      data.storage = t.bytes == 4 ? Storage::F32 : Storage::U16;
+      data.dtype = std::string(t.name);
+      data.shape = {d.m, d.k};
+      data.bytes = d.m * d.k * t.bytes;
+    } else {
+      const auto& t = traits(s.format);
+      data.storage = Storage::U8;
+      data.dtype = std::string(t.name) + (t.elems_per_byte == 2 ? "x2" : "");
+      data.shape = {d.m, d.k / t.elems_per_byte};
+      data.bytes = d.m * (d.k / t.elems_per_byte);
+    }
+    out.push_back(data);
+
+    const ScaleStorage ss = traits(s.scaling).scale_storage;
+    if (ss != ScaleStorage::None) {
+      const ScaleGrid g = scale_grid(s, in);
+      BufferDesc sc;
+      sc.name = dir + "_scale_inv";
+      sc.kind = BufferKind::ScaleInv;
+      sc.stream = int(i);
+      sc.storage = ss == ScaleStorage::F32 ? Storage::F32 : Storage::U8;
+      sc.dtype = std::string(name(ss));
+      if (std::holds_alternative<PerTensorCurrent>(s.scaling) || std::holds_alternative<PerTensorDelayed>(s.scaling))
+        sc.shape = {1};
+      else if (std::holds_alternative<PerChannel>(s.scaling))
+        sc.shape = {g.rows * g.cols};
+      else
+        sc.shape = {g.padded_rows, g.padded_cols};
+      sc.bytes = g.size() * (sc.storage == Storage::F32 ? 4 : 1);
+      sc.zero_padding = g.swizzled;
+      out.push_back(sc);
+    }
+  }
+  for (size_t a = 0; a < p.amax.size(); ++a) {
+    if (p.amax[a].scope != AmaxScope::Tensor) continue;
+    BufferDesc am;
+    am.name = amax_output_name(p, int(a));
+    am.kind = BufferKind::Amax;
+    am.storage = Storage::F32;
+    am.dtype = "fp32";
+    am.shape = {1};
+    am.bytes = 4;
+    out.push_back(am);
+  }
+  return out;
+}
+
+std::vector<BufferDesc> input_buffers(const Plan& p) {
+  std::vector<BufferDesc> in;
+  for (size_t i = 0; i < p.streams.size(); ++i) {
+    const Stream& s = p.streams[i];
+    if (!std::holds_alternative<PerTensorDelayed>(s.scaling)) continue;
+    std::string n = scale_input_name(p, s);
+    bool dup = false;
+    for (const auto& b : in) dup |= b.name == n;
+    if (dup) continue;
+    in.push_back(BufferDesc{n, BufferKind::Scale, n == "scale" ? -1 : int(i), Storage::F32, "fp32", {1}, 4, false});
+  }
+  return in;
+}
+
+}  // namespace qf

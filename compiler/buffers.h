@@ -1,0 +1,54 @@
+// The buffers a plan reads and writes for a given input shape: names, element types, shapes
+// and byte sizes. One description serves the CPU reference, the runtime's argument checks and
+// allocation queries, and the CLI's .npy outputs.
+#pragma once
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "compiler/ir.h"
+
+namespace qf {
+
+struct Shape2D {
+  int64_t m = 0;  // rows (tokens)
+  int64_t k = 0;  // columns (reduction dim of the forward GEMM)
+};
+
+enum class BufferKind : uint8_t { Data, ScaleInv, Amax, Scale };
+enum class Storage : uint8_t { U8, U16, F32 };
+
+// Where each scale of a stream lives: a logical grid [rows, cols] (rows follow the data
+// layout's rows), stored compact or padded + swizzled.
+struct ScaleGrid {
+  int64_t rows = 0, cols = 0;            // logical grid
+  int64_t padded_rows = 0, padded_cols = 0;
+  bool swizzled = false;
+  int64_t block_rows = 1, block_cols = 1;  // data elements (in data-layout coords) per entry
+  int64_t size() const { return padded_rows * padded_cols; }
+  int64_t offset(int64_t r, int64_t c) const;
+};
+
+struct BufferDesc {
+  std::string name;     // "rowwise_data", "columnwise_scale_inv", "amax", "scale"
+  BufferKind kind;
+  int stream = -1;      // index into Plan::streams, -1 for amax outputs / shared inputs
+  Storage storage;
+  std::string dtype;    // what the bytes mean: "e4m3", "e2m1x2", "e8m0", "bf16", "fp32", ...
+  std::vector<int64_t> shape;
+  int64_t bytes = 0;
+  bool zero_padding = false;  // padding entries must be written as zero (swizzled scales)
+};
+
+// Throws UserError (argument "shape") if the plan cannot quantize this shape.
+void check_shape(const Plan& plan, Shape2D shape);
+
+// Data-layout shape of a stream's output: [M, K] or [K, M] (elements, not bytes).
+Shape2D data_shape(const Stream& s, Shape2D in);
+ScaleGrid scale_grid(const Stream& s, Shape2D in);
+
+std::vector<BufferDesc> output_buffers(const Plan& plan, Shape2D shape);
+// Inputs besides the tensor itself (delayed scaling's scale).
+std::vector<BufferDesc> input_buffers(const Plan& plan);
+
+}  // namespace qf

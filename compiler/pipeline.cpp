@@ -1,0 +1,86 @@
+#include "compiler/pipeline.h"
+
+#include <chrono>
+#include <cstdlib>
+#include <iostream>
+#include <sstream>
+
+#include "compiler/error.h"
+#include "compiler/lower.h"
+#include "compiler/passes/prune_usage.h"
+#include "compiler/passes/schedule_phases.h"
+#include "compiler/passes/select_tiles.h"
+#include "compiler/passes/share_amax.h"
+
+namespace qf {
+
+const std::vector<std::string>& pass_names() {
+  static const std::vector<std::string> kNames = {"lower", "prune_usage", "share_amax",
+                                                  "schedule_phases", "select_tiles"};
+  return kNames;
+}
+
+namespace {
+
+class Runner {
+ public:
+  explicit Runner(const PipelineOptions& o) : opt_(o), log_(o.log ? *o.log : std::cerr) {
+    dump_ = opt_.dump_after;
+    if (const char* env = std::getenv("QFORGE_DUMP_AFTER")) {
+      std::stringstream ss(env);
+      for (std::string item; std::getline(ss, item, ',');)
+        if (!item.empty()) dump_.push_back(item);
+    }
+    if (const char* env = std::getenv("QFORGE_TIME_PASSES")) time_ = opt_.time_passes || std::string(env) == "1";
+    else time_ = opt_.time_passes;
+    for (const auto& d : dump_) {
+      bool known = d == "all";
+      for (const auto& n : pass_names()) known |= n == d;
+      if (!known) throw UserError("--dump-after", "unknown pass \"" + d + "\"");
+    }
+  }
+
+  template <class F>
+  Plan run(const std::string& pass, const Plan* before, F&& f) {
+    const auto t0 = std::chrono::steady_clock::now();
+    Plan after = f();
+    const auto t1 = std::chrono::steady_clock::now();
+    if (opt_.verify) verify(after);
+    if (time_)
+      log_ << "qforge: pass " << pass << " took "
+           << std::chrono::duration<double, std::micro>(t1 - t0).count() << " us\n";
+    if (wants(pass)) {
+      log_ << "// ---- after " << pass << (before && *before == after ? " (unchanged)" : "") << "\n";
+      if (!(before && *before == after)) log_ << print(after);
+    }
+    return after;
+  }
+
+ private:
+  bool wants(const std::string& pass) const {
+    for (const auto& d : dump_)
+      if (d == "all" || d == pass) return true;
+    return false;
+  }
+  const PipelineOptions& opt_;
+  std::ostream& log_;
+  std::vector<std::string> dump_;
+  bool time_ = false;
+};
+
+}  // namespace
+
+Plan compile_plan(const Recipe& recipe, const PlanRequest& req, const PipelineOptions& options) {
+  Runner r(options);
+  Plan p = r.run("lower", nullptr, [&] { return lower(recipe, req); });
+  // Pruning first: later passes must not share or schedule work for dropped outputs.
+  p = r.run("prune_usage", &p, [&] { return prune_usage(p); });
+  // Sharing before scheduling: a shared reduction is scheduled once.
+  p = r.run("share_amax", &p, [&] { return share_amax(p); });
+  p = r.run("schedule_phases", &p, [&] { return schedule_phases(p); });
+  // Tiles last: they depend on the final set of block amaxes and streams.
+  p = r.run("select_tiles", &p, [&] { return select_tiles(p); });
+  return p;
+}
+
+}  // namespace qf

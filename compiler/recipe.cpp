@@ -1,0 +1,584 @@
+#include "compiler/recipe.h"
+
+#include <algorithm>
+#include <cmath>
+#include <fstream>
+#include <set>
+#include <sstream>
+
+#include <nlohmann/json.hpp>
+
+#include "compiler/error.h"
+
+namespace qf {
+
+using json = nlohmann::json;
+
+std::string_view name(Direction d) { return d == Direction::Rowwise ? "rowwise" : "columnwise"; }
+std::string_view name(Rounding r) { return r == Rounding::Nearest ? "nearest" : "stochastic"; }
+std::string_view name(DataLayout l) { return l == DataLayout::RowMajor ? "same" : "transposed"; }
+std::string_view name(ScaleLayout l) { return l == ScaleLayout::Compact ? "compact" : "swizzled"; }
+std::string_view name(Usage u) {
+  switch (u) {
+    case Usage::Training: return "training";
+    case Usage::Inference: return "inference";
+    case Usage::Memory: return "memory";
+  }
+  QF_CHECK(false, "bad Usage");
+}
+std::optional<Usage> parse_usage(std::string_view s) {
+  for (Usage u : {Usage::Training, Usage::Inference, Usage::Memory})
+    if (name(u) == s) return u;
+  return std::nullopt;
+}
+
+namespace {
+
+std::string join(std::span<const std::string_view> items) {
+  std::string out;
+  for (size_t i = 0; i < items.size(); ++i) {
+    if (i) out += i + 1 == items.size() ? " or " : ", ";
+    out += '"';
+    out += items[i];
+    out += '"';
+  }
+  return out;
+}
+
+std::string type_name(const json& j) {
+  if (j.is_number_integer() || j.is_number_unsigned()) return "an integer";
+  if (j.is_number_float()) return "a number";
+  return std::string(j.is_object() ? "an object" : j.is_array() ? "an array" : j.is_string() ? "a string"
+                     : j.is_boolean() ? "a boolean" : "null");
+}
+
+bool valid_name(std::string_view s, size_t max_len) {
+  if (s.empty() || s.size() > max_len) return false;
+  return std::all_of(s.begin(), s.end(), [](char c) {
+    return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') ||
+           c == '_' || c == '-' || c == '.';
+  });
+}
+
+// A JSON value together with its JSON pointer, with typed, checked accessors.
+class Node {
+ public:
+  Node(const json& j, std::string ptr) : j_(j), ptr_(std::move(ptr)) {}
+  const std::string& ptr() const { return ptr_; }
+  const json& raw() const { return j_; }
+
+  [[noreturn]] void fail(const std::string& what) const { throw UserError(ptr_, what); }
+
+  // Checks that this is an object whose keys are all in `allowed`.
+  void expect_object(std::initializer_list<std::string_view> allowed) const {
+    if (!j_.is_object()) fail("expected an object, got " + type_name(j_));
+    for (auto it = j_.begin(); it != j_.end(); ++it) {
+      if (std::find(allowed.begin(), allowed.end(), it.key()) == allowed.end()) {
+        std::vector<std::string_view> v(allowed);
+        throw UserError(ptr_ + "/" + escape(it.key()),
+                        "unknown key \"" + printable(it.key()) + "\"; allowed keys here: " +
+                            join(v));
+      }
+    }
+  }
+  bool has(std::string_view key) const { return j_.contains(key); }
+  Node at(std::string_view key) const {
+    if (!j_.contains(key)) fail("missing required key \"" + std::string(key) + "\"");
+    return Node(j_.at(std::string(key)), ptr_ + "/" + escape(std::string(key)));
+  }
+  std::optional<Node> find(std::string_view key) const {
+    if (!j_.contains(key)) return std::nullopt;
+    return Node(j_.at(std::string(key)), ptr_ + "/" + escape(std::string(key)));
+  }
+  Node index(size_t i) const { return Node(j_.at(i), ptr_ + "/" + std::to_string(i)); }
+
+  std::string str() const {
+    if (!j_.is_string()) fail("expected a string, got " + type_name(j_));
+    return j_.get<std::string>();
+  }
+  bool boolean() const {
+    if (!j_.is_boolean()) fail("expected true or false, got " + type_name(j_));
+    return j_.get<bool>();
+  }
+  int64_t integer(int64_t lo, int64_t hi) const {
+    int64_t v = 0;
+    if (j_.is_number_integer() || j_.is_number_unsigned()) {
+      if (j_.is_number_unsigned() && j_.get<uint64_t>() > uint64_t(INT64_MAX))
+        fail("expected an integer in [" + std::to_string(lo) + ", " + std::to_string(hi) + "]");
+      v = j_.get<int64_t>();
+    } else {
+      fail("expected an integer, got " + type_name(j_));
+    }
+    if (v < lo || v > hi)
+      fail("expected an integer in [" + std::to_string(lo) + ", " + std::to_string(hi) +
+           "], got " + std::to_string(v));
+    return v;
+  }
+  double number() const {
+    if (!j_.is_number()) fail("expected a number, got " + type_name(j_));
+    return j_.get<double>();
+  }
+  template <class E>
+  E choice(std::initializer_list<std::pair<std::string_view, E>> options) const {
+    std::string s = str();
+    for (auto& [n, e] : options)
+      if (n == s) return e;
+    std::vector<std::string_view> names;
+    for (auto& [n, e] : options) names.push_back(n);
+    fail("unknown value \"" + printable(s) + "\"; expected " + join(names));
+  }
+
+  // Keeps user text out of messages' control characters (one-line errors).
+  static std::string printable(std::string_view s) {
+    std::string out;
+    for (char c : s.substr(0, 64)) {
+      if (static_cast<unsigned char>(c) < 0x20 || c == 0x7f)
+        out += '?';
+      else
+        out += c;
+    }
+    if (s.size() > 64) out += "...";
+    return out;
+  }
+
+ private:
+  static std::string escape(const std::string& key) {  // RFC 6901
+    std::string out;
+    for (char c : key) {
+      if (c == '~') out += "~0";
+      else if (c == '/') out += "~1";
+      else out += c;
+    }
+    return printable(out);
+  }
+  const json& j_;
+  std::string ptr_;
+};
+
+BlockShape parse_block(const Node& n) {
+  if (!n.raw().is_array() || n.raw().size() != 2)
+    n.fail("expected [rows, cols], an array of two integers, got " + type_name(n.raw()));
+  return BlockShape{int(n.index(0).integer(1, 4096)), int(n.index(1).integer(1, 4096))};
+}
+
+std::string block_str(BlockShape b) {
+  return "[" + std::to_string(b.rows) + "," + std::to_string(b.cols) + "]";
+}
+
+bool is_pow2(int v) { return v > 0 && (v & (v - 1)) == 0; }
+
+// Checks the block geometry of a mode against the direction it is used in.
+void check_block(const Node& n, const Scaling& s, BlockShape b, Direction dir) {
+  const auto& t = traits(s);
+  const std::string got = "got " + block_str(b) + "; allowed: " + std::string(t.allowed_blocks);
+  auto oriented = [&](BlockShape one_d) {
+    if (dir == Direction::Rowwise) return b == one_d;
+    return b == BlockShape{one_d.cols, one_d.rows};
+  };
+  if (std::holds_alternative<MxScaling>(s)) {
+    if (!(oriented({1, 32}) || b == BlockShape{32, 32})) n.fail("bad MX block for " + std::string(name(dir)) + ": " + got);
+  } else if (std::holds_alternative<Nvfp4Scaling>(s)) {
+    if (!(oriented({1, 16}) || b == BlockShape{16, 16})) n.fail("bad NVFP4 block for " + std::string(name(dir)) + ": " + got);
+  } else {
+    if (b.rows == 1 && b.cols == 1) n.fail("a block of one element is not a block; " + got);
+    if (!b.is_2d()) {
+      const bool along_k = b.rows == 1;
+      if (along_k != (dir == Direction::Rowwise))
+        n.fail(std::string(name(dir)) + " 1D blocks run along " +
+               (dir == Direction::Rowwise ? "K ([1,L])" : "M ([L,1])") + "; " + got);
+    }
+    for (int v : {b.rows, b.cols})
+      if (v != 1 && (!is_pow2(v) || v < 16 || v > 512))
+        n.fail("block sides must be powers of two in [16, 512] (they must divide the kernel tile); " + got);
+  }
+}
+
+Scaling parse_scaling(const Node& n, ElemFormat fmt, Direction dir) {
+  if (n.raw().is_string()) {
+    // Shorthand for modes without parameters: "per_tensor_current", "per_channel", ...
+  } else {
+    n.expect_object({"mode", "epsilon", "pow2", "margin", "history_length", "amax_compute",
+                     "block", "rule"});
+  }
+  const Node mode_node = n.raw().is_string() ? n : n.at("mode");
+  const std::string mode = mode_node.str();
+
+  Scaling s;
+  std::vector<std::string_view> keys;  // the keys this mode accepts
+  if (mode == "none") {
+    s = NoScaling{};
+  } else if (mode == "per_tensor_current") {
+    s = PerTensorCurrent{};
+    keys = {"epsilon", "pow2"};
+  } else if (mode == "per_tensor_delayed") {
+    s = PerTensorDelayed{};
+    keys = {"margin", "history_length", "amax_compute"};
+  } else if (mode == "per_channel") {
+    s = PerChannel{};
+  } else if (mode == "block") {
+    s = BlockScaling{};
+    keys = {"block", "epsilon", "pow2"};
+  } else if (mode == "mx") {
+    s = MxScaling{};
+    keys = {"block", "rule"};
+  } else if (mode == "nvfp4") {
+    s = Nvfp4Scaling{};
+    keys = {"block"};
+  } else {
+    mode_node.fail("unknown scaling mode \"" + Node::printable(mode) +
+                   "\"; expected \"none\", \"per_tensor_current\", \"per_tensor_delayed\", "
+                   "\"per_channel\", \"block\", \"mx\" or \"nvfp4\"");
+  }
+
+  if (n.raw().is_object()) {
+    for (auto it = n.raw().begin(); it != n.raw().end(); ++it) {
+      if (it.key() == "mode") continue;
+      if (std::find(keys.begin(), keys.end(), it.key()) == keys.end())
+        n.at(it.key()).fail("key \"" + it.key() + "\" does not apply to scaling mode \"" + mode +
+                            "\"" + (keys.empty() ? "" : "; allowed: " + join(keys)));
+    }
+    std::visit(
+        [&](auto& m) {
+          using M = std::decay_t<decltype(m)>;
+          if constexpr (requires { m.epsilon; }) {
+            if (auto e = n.find("epsilon")) {
+              double v = e->number();
+              if (!(v >= 0 && v < 1e30)) e->fail("epsilon must be finite and >= 0");
+              m.epsilon = float(v);
+            }
+          }
+          if constexpr (requires { m.pow2; }) {
+            if (auto p = n.find("pow2")) m.pow2 = p->boolean();
+          }
+          if constexpr (std::is_same_v<M, PerTensorDelayed>) {
+            if (auto v = n.find("margin")) m.margin = int(v->integer(0, 64));
+            if (auto v = n.find("history_length")) m.history_length = int(v->integer(1, 65536));
+            if (auto v = n.find("amax_compute"))
+              m.amax_compute = v->choice<AmaxCompute>(
+                  {{"max", AmaxCompute::Max}, {"most_recent", AmaxCompute::MostRecent}});
+          }
+          if constexpr (std::is_same_v<M, MxScaling>) {
+            if (auto v = n.find("rule"))
+              m.rule = v->choice<MxRule>({{"rceil", MxRule::RCeil}, {"floor", MxRule::Floor}});
+          }
+          if constexpr (requires { m.block; }) {
+            // Default: the direction's 1D block of the mode's natural length.
+            int len = std::is_same_v<M, MxScaling> ? 32 : std::is_same_v<M, Nvfp4Scaling> ? 16 : 128;
+            m.block = dir == Direction::Rowwise ? BlockShape{1, len} : BlockShape{len, 1};
+            if (auto v = n.find("block")) {
+              m.block = parse_block(*v);
+              check_block(*v, s, m.block, dir);
+            }
+          }
+        },
+        s);
+  } else if (!keys.empty() && (mode == "block" || mode == "mx" || mode == "nvfp4")) {
+    // String shorthand for block modes uses the default 1D block of the direction.
+    std::visit(
+        [&](auto& m) {
+          using M = std::decay_t<decltype(m)>;
+          if constexpr (requires { m.block; }) {
+            int len = std::is_same_v<M, MxScaling> ? 32 : std::is_same_v<M, Nvfp4Scaling> ? 16 : 128;
+            m.block = dir == Direction::Rowwise ? BlockShape{1, len} : BlockShape{len, 1};
+          }
+        },
+        s);
+  }
+
+  const auto& t = traits(s);
+  if (std::find(t.formats.begin(), t.formats.end(), fmt) == t.formats.end()) {
+    std::vector<std::string_view> ok;
+    for (ElemFormat f : t.formats) ok.push_back(traits(f).name);
+    mode_node.fail("scaling mode \"" + mode + "\" cannot be used with format \"" +
+                   std::string(traits(fmt).name) + "\"; it takes " + join(ok));
+  }
+  return s;
+}
+
+DirectionSpec parse_direction(const Node& n, Direction dir) {
+  n.expect_object({"format", "scaling", "rounding", "rht", "layout", "scale_layout", "dtype",
+                   "comment"});
+  DirectionSpec d;
+  const Node fmt = n.at("format");
+  const std::string fname = fmt.str();
+  auto f = parse_format(fname);
+  if (!f) {
+    std::vector<std::string_view> names;
+    for (const auto& t : all_formats()) names.push_back(t.name);
+    fmt.fail("unknown format \"" + Node::printable(fname) + "\"; expected " + join(names));
+  }
+  d.format = *f;
+  if (auto c = n.find("comment")) (void)c->str();
+
+  if (d.format == ElemFormat::Identity) {
+    if (auto s = n.find("scaling")) d.scaling = parse_scaling(*s, d.format, dir);
+    if (auto t = n.find("dtype")) {
+      std::string dn = t->str();
+      if (dn != "input") {
+        auto dt = parse_dtype(dn);
+        if (!dt) t->fail("unknown dtype \"" + Node::printable(dn) + "\"; expected \"input\", \"bf16\", \"fp16\" or \"fp32\"");
+        d.out_dtype = *dt;
+      }
+    }
+  } else {
+    d.scaling = parse_scaling(n.at("scaling"), d.format, dir);
+    if (auto t = n.find("dtype")) t->fail("\"dtype\" applies to format \"identity\" only");
+  }
+
+  if (auto r = n.find("rounding")) {
+    d.rounding = r->choice<Rounding>({{"nearest", Rounding::Nearest}, {"stochastic", Rounding::Stochastic}});
+    if (d.rounding == Rounding::Stochastic && !traits(d.format).stochastic_rounding_ok) {
+      std::vector<std::string_view> ok;
+      for (const auto& t : all_formats())
+        if (t.stochastic_rounding_ok) ok.push_back(t.name);
+      r->fail("stochastic rounding is not defined for format \"" +
+              std::string(traits(d.format).name) + "\"; it is for " + join(ok));
+    }
+  }
+
+  if (auto r = n.find("rht")) {
+    bool on = false;
+    Rht rht;
+    if (r->raw().is_boolean()) {
+      on = r->boolean();
+    } else {
+      r->expect_object({"sign_mask"});
+      on = true;
+      if (auto m = r->find("sign_mask")) {
+        std::string s = m->str();
+        char* end = nullptr;
+        unsigned long v = 0;
+        bool ok = s.size() > 2 && s.size() <= 6 && s[0] == '0' && (s[1] == 'x' || s[1] == 'X');
+        if (ok) {
+          v = std::strtoul(s.c_str() + 2, &end, 16);
+          ok = end && *end == '\0';
+        }
+        if (!ok) m->fail("expected a 16-bit hex string such as \"0xD7E8\", got \"" + Node::printable(s) + "\"");
+        rht.sign_mask = uint32_t(v);
+      }
+    }
+    if (on) {
+      if (dir == Direction::Rowwise)
+        r->fail("the random Hadamard transform runs along M, in groups of 16: it applies to "
+                "the columnwise direction only");
+      if (d.format == ElemFormat::Identity || d.format == ElemFormat::Int8)
+        r->fail("the random Hadamard transform needs a floating-point quantized format, not \"" +
+                std::string(traits(d.format).name) + "\"");
+      if (std::holds_alternative<BlockScaling>(d.scaling) ||
+          std::holds_alternative<PerChannel>(d.scaling))
+        r->fail("the random Hadamard transform is supported with per-tensor, mx and nvfp4 scaling, "
+                "not \"" + std::string(scaling_name(d.scaling)) + "\"");
+      if (auto b = block_of(d.scaling); b && b->is_2d())
+        r->fail("the random Hadamard transform cannot be combined with 2D block scaling (" +
+                block_str(*b) + "): each rotated group would straddle the shared tiles");
+      d.rht = rht;
+    }
+  }
+
+  if (auto l = n.find("layout")) {
+    if (dir == Direction::Rowwise)
+      l->fail("\"layout\" applies to the columnwise direction only (rowwise data is always [M, K])");
+    d.layout = l->choice<DataLayout>({{"transposed", DataLayout::Transposed}, {"same", DataLayout::RowMajor}});
+  } else {
+    d.layout = dir == Direction::Rowwise ? DataLayout::RowMajor : DataLayout::Transposed;
+  }
+
+  if (auto l = n.find("scale_layout")) {
+    d.scale_layout = l->choice<ScaleLayout>({{"compact", ScaleLayout::Compact}, {"swizzled", ScaleLayout::Swizzled}});
+    if (d.scale_layout == ScaleLayout::Swizzled && !traits(d.scaling).swizzle_ok)
+      l->fail("the GEMM-swizzled 128x4 scale layout exists for \"mx\" and \"nvfp4\" scaling only, not \"" +
+              std::string(scaling_name(d.scaling)) + "\"");
+  }
+  return d;
+}
+
+RolePattern parse_pattern(const Node& n) {
+  std::string s = n.str();
+  RolePattern p;
+  try {
+    p.parts = parse_role(s, n.ptr());
+  } catch (const UserError&) {
+    n.fail("bad role pattern \"" + Node::printable(s) +
+           "\"; expected module_type:tensor_type[:name], each part a name ([A-Za-z0-9_.-]) or \"*\", "
+           "e.g. \"linear:weight\" or \"*:grad_output\"");
+  }
+  return p;
+}
+
+// nlohmann keeps the last of duplicated keys silently; a recipe with a duplicated key is
+// almost certainly a mistake, so reject it.
+json parse_strict(std::string_view text) {
+  std::vector<std::set<std::string>> seen;
+  std::vector<std::string> path;
+  std::optional<std::string> duplicate;
+  auto cb = [&](int depth, json::parse_event_t ev, json& parsed) {
+    (void)depth;
+    switch (ev) {
+      case json::parse_event_t::object_start: seen.emplace_back(); break;
+      case json::parse_event_t::object_end: if (!seen.empty()) seen.pop_back(); break;
+      case json::parse_event_t::key:
+        if (!seen.empty() && !seen.back().insert(parsed.get<std::string>()).second && !duplicate)
+          duplicate = parsed.get<std::string>();
+        break;
+      default: break;
+    }
+    return true;
+  };
+  json j;
+  try {
+    j = json::parse(text.begin(), text.end(), cb, /*allow_exceptions=*/true, /*ignore_comments=*/false);
+  } catch (const json::parse_error& e) {
+    size_t byte = e.byte == 0 ? 0 : e.byte - 1;
+    size_t line = 1, col = 1;
+    for (size_t i = 0; i < byte && i < text.size(); ++i) {
+      if (text[i] == '\n') { ++line; col = 1; } else { ++col; }
+    }
+    std::string what = e.what();
+    auto pos = what.find("syntax error");
+    throw UserError("", "JSON syntax error at line " + std::to_string(line) + ", column " +
+                            std::to_string(col) + ": " + (pos == std::string::npos ? what : what.substr(pos)));
+  }
+  if (duplicate) throw UserError("", "duplicated key \"" + Node::printable(*duplicate) + "\" in a JSON object");
+  return j;
+}
+
+}  // namespace
+
+int RolePattern::specificity() const {
+  return int(std::count_if(parts.begin(), parts.end(), [](const std::string& p) { return p != "*"; }));
+}
+bool RolePattern::matches(const std::array<std::string, 3>& role) const {
+  for (int i = 0; i < 3; ++i)
+    if (parts[i] != "*" && parts[i] != role[i]) return false;
+  return true;
+}
+std::string RolePattern::str() const {
+  std::string s = parts[0] + ":" + parts[1];
+  if (parts[2] != "*") s += ":" + parts[2];
+  return s;
+}
+
+std::array<std::string, 3> parse_role(std::string_view role, std::string_view where) {
+  std::array<std::string, 3> parts{"*", "*", "*"};
+  size_t n = 0, start = 0;
+  for (size_t i = 0; i <= role.size(); ++i) {
+    if (i == role.size() || role[i] == ':') {
+      if (n == 3) throw UserError(std::string(where), "role \"" + Node::printable(role) + "\" has more than three parts");
+      std::string part(role.substr(start, i - start));
+      if (part != "*" && !valid_name(part, 64))
+        throw UserError(std::string(where), "bad role \"" + Node::printable(role) +
+                                                "\"; expected module_type:tensor_type[:name] with parts of [A-Za-z0-9_.-]");
+      parts[n++] = part;
+      start = i + 1;
+    }
+  }
+  if (n < 2)
+    throw UserError(std::string(where), "bad role \"" + Node::printable(role) +
+                                            "\"; expected module_type:tensor_type[:name], e.g. linear:weight");
+  return parts;
+}
+
+Recipe parse_recipe(std::string_view text) {
+  const json j = parse_strict(text);
+  const Node root(j, "");
+  root.expect_object({"$schema", "qforge_recipe", "name", "comment", "usage", "roles"});
+  Recipe r;
+  const Node ver = root.at("qforge_recipe");
+  const int64_t v = ver.integer(0, 1 << 30);
+  if (v != Recipe::kVersion)
+    ver.fail("unsupported recipe version " + std::to_string(v) + "; this qforge reads version " +
+             std::to_string(Recipe::kVersion));
+  const Node nm = root.at("name");
+  r.name = nm.str();
+  if (!valid_name(r.name, 64)) nm.fail("expected a name of 1-64 characters from [A-Za-z0-9_.-]");
+  if (auto c = root.find("comment")) r.comment = c->str();
+  if (auto u = root.find("usage"))
+    r.usage = u->choice<Usage>({{"training", Usage::Training}, {"inference", Usage::Inference}, {"memory", Usage::Memory}});
+  if (auto s = root.find("$schema")) (void)s->str();
+
+  const Node roles = root.at("roles");
+  if (!roles.raw().is_array()) roles.fail("expected an array of role rules, got " + type_name(roles.raw()));
+  if (roles.raw().empty()) roles.fail("a recipe needs at least one role rule");
+  for (size_t i = 0; i < roles.raw().size(); ++i) {
+    const Node rn = roles.index(i);
+    rn.expect_object({"match", "rowwise", "columnwise", "comment"});
+    RoleRule rule;
+    rule.pointer = rn.ptr();
+    const Node m = rn.at("match");
+    if (m.raw().is_array()) {
+      if (m.raw().empty()) m.fail("expected at least one role pattern");
+      for (size_t k = 0; k < m.raw().size(); ++k) rule.patterns.push_back(parse_pattern(m.index(k)));
+    } else {
+      rule.patterns.push_back(parse_pattern(m));
+    }
+    if (auto c = rn.find("comment")) (void)c->str();
+    if (auto d = rn.find("rowwise")) rule.rowwise = parse_direction(*d, Direction::Rowwise);
+    if (auto d = rn.find("columnwise")) rule.columnwise = parse_direction(*d, Direction::Columnwise);
+    if (!rule.rowwise && !rule.columnwise)
+      rn.fail("a role rule needs \"rowwise\", \"columnwise\" or both");
+    r.roles.push_back(std::move(rule));
+  }
+  // The same pattern twice can never be resolved: reject it here, naming both places.
+  for (size_t a = 0; a < r.roles.size(); ++a)
+    for (size_t b = 0; b <= a; ++b)
+      for (size_t pa = 0; pa < r.roles[a].patterns.size(); ++pa)
+        for (size_t pb = 0; pb < r.roles[b].patterns.size(); ++pb) {
+          if (a == b && pb >= pa) continue;
+          if (r.roles[a].patterns[pa].parts == r.roles[b].patterns[pb].parts)
+            throw UserError(r.roles[a].pointer + "/match",
+                            "pattern \"" + r.roles[a].patterns[pa].str() + "\" is also given at " +
+                                r.roles[b].pointer + "; each pattern may appear once");
+        }
+  return r;
+}
+
+Recipe load_recipe(const std::filesystem::path& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) throw UserError(path.string(), "cannot open recipe file");
+  std::ostringstream ss;
+  ss << in.rdbuf();
+  std::string text = ss.str();
+  if (text.size() > (1u << 20)) throw UserError(path.string(), "recipe file is larger than 1 MiB");
+  try {
+    return parse_recipe(text);
+  } catch (const UserError& e) {
+    throw UserError(path.string() + (e.where().empty() ? "" : ": " + e.where()),
+                    std::string(e.what()).substr(e.where().empty() ? 0 : e.where().size() + 2));
+  }
+}
+
+ResolvedRole resolve_role(const Recipe& recipe, std::string_view role) {
+  const auto parts = parse_role(role);
+  const RoleRule* best = nullptr;
+  const RolePattern* best_p = nullptr;
+  const RoleRule* tie = nullptr;
+  const RolePattern* tie_p = nullptr;
+  for (const auto& rule : recipe.roles) {
+    for (const auto& p : rule.patterns) {
+      if (!p.matches(parts)) continue;
+      if (!best || p.specificity() > best_p->specificity()) {
+        best = &rule, best_p = &p, tie = nullptr;
+      } else if (p.specificity() == best_p->specificity() && &rule != best) {
+        tie = &rule, tie_p = &p;
+      }
+    }
+  }
+  if (!best)
+    throw UserError("role", "no rule of recipe \"" + recipe.name + "\" matches role \"" +
+                                std::string(role) + "\"");
+  if (tie)
+    throw UserError("role", "role \"" + std::string(role) + "\" matches \"" + best_p->str() + "\" (" +
+                                best->pointer + ") and \"" + tie_p->str() + "\" (" + tie->pointer +
+                                ") equally specifically; add a more specific pattern");
+  return {best, best_p};
+}
+
+std::span<const std::string_view> standard_roles() {
+  static constexpr std::string_view kRoles[] = {
+      "linear:input",         "linear:weight",         "linear:grad_output",
+      "grouped_linear:input", "grouped_linear:weight", "grouped_linear:grad_output",
+  };
+  return kRoles;
+}
+
+}  // namespace qf

@@ -1,0 +1,19 @@
+// Scale-factor layouts shared by kernels and the CPU reference (host + device).
+#pragma once
+#include "qforge/numerics.cuh"
+
+namespace qf {
+
+// GEMM-swizzled scale layout of 128x4 tiles (MX / NVFP4 scales as block-scaled GEMMs read
+// them): the grid [rows, cols] is padded to multiples of (128, 4); tile (tr, tc) of the padded
+// grid occupies 512 consecutive bytes, tiles in row-major order.
+QF_HD u64 swizzled_scale_offset(u64 r, u64 c, u64 padded_cols) {
+  const u64 n_tile_cols = padded_cols / 4;
+  const u64 tile = (r / 128) * n_tile_cols + (c / 4);
+  return tile * 512 + (r % 32) * 16 + ((r % 128) / 32) * 4 + (c % 4);
+}
+
+QF_HD u64 round_up(u64 v, u64 m) { return (v + m - 1) / m * m; }
+QF_HD u64 ceil_div(u64 v, u64 m) { return (v + m - 1) / m; }
+
+}  // namespace qf

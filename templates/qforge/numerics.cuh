@@ -1,0 +1,591 @@
+// qforge scalar numerics: the one implementation of docs/numerics.md.
+//
+// Compiled twice: by the host compiler for the CPU reference (reference/) and by NVRTC for every
+// generated kernel, so both produce the same bits. Rules that keep it that way:
+//   * every float operation is one plain IEEE binary32 operation (host: -ffp-contract=off,
+//     device: --fmad=false, no fast math, no ftz); no transcendental functions;
+//   * conversions between formats are done on the integer bits, never through the
+//     hardware converters (whose NaN/saturation behaviour differs between host and device);
+//   * no host headers under NVRTC (builtins only), no exceptions, no dynamic memory.
+#pragma once
+
+#include "qforge/types.cuh"
+
+#if !defined(__CUDACC_RTC__)
+#include <math.h>
+#include <string.h>
+#endif
+
+namespace qf {
+
+// ---------------------------------------------------------------------------------------------
+// Bit casts and fp32 classification
+// ---------------------------------------------------------------------------------------------
+QF_HD u32 f32_bits(float x) {
+#if defined(__CUDA_ARCH__)
+  return __float_as_uint(x);
+#else
+  u32 u;
+  memcpy(&u, &x, sizeof u);
+  return u;
+#endif
+}
+
+QF_HD float f32_from_bits(u32 u) {
+#if defined(__CUDA_ARCH__)
+  return __uint_as_float(u);
+#else
+  float x;
+  memcpy(&x, &u, sizeof x);
+  return x;
+#endif
+}
+
+constexpr float kFltMax = 3.40282346638528859811704183484516925e+38f;  // 0x7F7FFFFF
+constexpr u32 kF32SignMask = 0x80000000u;
+constexpr u32 kF32AbsMask = 0x7FFFFFFFu;
+constexpr u32 kF32InfBits = 0x7F800000u;
+
+QF_HD bool f32_is_nan(float x) { return (f32_bits(x) & kF32AbsMask) > kF32InfBits; }
+QF_HD bool f32_is_inf(float x) { return (f32_bits(x) & kF32AbsMask) == kF32InfBits; }
+QF_HD bool f32_is_finite(float x) { return (f32_bits(x) & kF32AbsMask) < kF32InfBits; }
+QF_HD float f32_quiet_nan() { return f32_from_bits(0x7FC00000u); }
+
+// Exact 2^e built from bits; e in [-149, 127] (2^-149 .. 2^-127 are fp32 subnormals).
+// Below -149 gives +0, above 127 gives +Inf.
+QF_HD float exp2i(int e) {
+  if (e > 127) return f32_from_bits(kF32InfBits);
+  if (e >= -126) return f32_from_bits(static_cast<u32>(e + 127) << 23);
+  if (e >= -149) return f32_from_bits(1u << (e + 149));
+  return 0.0f;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Element format traits: the single source of every format constant.
+// ---------------------------------------------------------------------------------------------
+struct E4M3 {
+  static constexpr const char* kName = "e4m3";
+  static constexpr int kBits = 8;
+  static constexpr int kExpBits = 4;
+  static constexpr int kManBits = 3;
+  static constexpr int kBias = 7;
+  static constexpr int kMinNormalExp = 1 - kBias;  // -6
+  static constexpr int kEmax = 8;                  // OCP emax_elem
+  static constexpr float kMaxFinite = 448.0f;
+  static constexpr u8 kMaxBits = 0x7E;
+  static constexpr u8 kNanBits = 0x7F;
+  static constexpr bool kIsInt = false;
+  static constexpr bool kHasInf = false;
+  static constexpr bool kHasNan = true;  // S.1111.111 only
+};
+
+struct E5M2 {
+  static constexpr const char* kName = "e5m2";
+  static constexpr int kBits = 8;
+  static constexpr int kExpBits = 5;
+  static constexpr int kManBits = 2;
+  static constexpr int kBias = 15;
+  static constexpr int kMinNormalExp = 1 - kBias;  // -14
+  static constexpr int kEmax = 15;
+  static constexpr float kMaxFinite = 57344.0f;
+  static constexpr u8 kMaxBits = 0x7B;
+  static constexpr u8 kNanBits = 0x7F;
+  static constexpr bool kIsInt = false;
+  static constexpr bool kHasInf = true;  // exponent 11111, mantissa 0
+  static constexpr bool kHasNan = true;  // exponent 11111, mantissa != 0
+};
+
+struct E2M1 {
+  static constexpr const char* kName = "e2m1";
+  static constexpr int kBits = 4;
+  static constexpr int kExpBits = 2;
+  static constexpr int kManBits = 1;
+  static constexpr int kBias = 1;
+  static constexpr int kMinNormalExp = 1 - kBias;  // 0
+  static constexpr int kEmax = 2;
+  static constexpr float kMaxFinite = 6.0f;
+  static constexpr u8 kMaxBits = 0x7;
+  static constexpr u8 kNanBits = 0x7;  // no NaN: NaN -> +max
+  static constexpr bool kIsInt = false;
+  static constexpr bool kHasInf = false;
+  static constexpr bool kHasNan = false;
+};
+
+struct E2M3 {
+  static constexpr const char* kName = "e2m3";
+  static constexpr int kBits = 6;
+  static constexpr int kExpBits = 2;
+  static constexpr int kManBits = 3;
+  static constexpr int kBias = 1;
+  static constexpr int kMinNormalExp = 1 - kBias;  // 0
+  static constexpr int kEmax = 2;
+  static constexpr float kMaxFinite = 7.5f;
+  static constexpr u8 kMaxBits = 0x1F;
+  static constexpr u8 kNanBits = 0x1F;  // no NaN: NaN -> +max
+  static constexpr bool kIsInt = false;
+  static constexpr bool kHasInf = false;
+  static constexpr bool kHasNan = false;
+};
+
+struct E3M2 {
+  static constexpr const char* kName = "e3m2";
+  static constexpr int kBits = 6;
+  static constexpr int kExpBits = 3;
+  static constexpr int kManBits = 2;
+  static constexpr int kBias = 3;
+  static constexpr int kMinNormalExp = 1 - kBias;  // -2
+  static constexpr int kEmax = 4;
+  static constexpr float kMaxFinite = 28.0f;
+  static constexpr u8 kMaxBits = 0x1F;
+  static constexpr u8 kNanBits = 0x1F;  // no NaN: NaN -> +max
+  static constexpr bool kIsInt = false;
+  static constexpr bool kHasInf = false;
+  static constexpr bool kHasNan = false;
+};
+
+// Symmetric int8. The rounding helpers treat it as the grid with a fixed ulp of 1: exponent 7
+// with 7 "mantissa" bits covers every integer magnitude up to 255.
+struct Int8 {
+  static constexpr const char* kName = "int8";
+  static constexpr int kBits = 8;
+  static constexpr int kExpBits = 0;
+  static constexpr int kManBits = 7;
+  static constexpr int kBias = 0;
+  static constexpr int kMinNormalExp = 7;  // grid exponent (ulp = 2^(7 - 7) = 1)
+  static constexpr int kEmax = 0;          // unused (no MX scaling of int8)
+  static constexpr float kMaxFinite = 127.0f;
+  static constexpr float kMinFinite = -128.0f;
+  static constexpr u8 kMaxBits = 0x7F;
+  static constexpr u8 kNanBits = 0x00;  // NaN -> 0
+  static constexpr bool kIsInt = true;
+  static constexpr bool kHasInf = false;
+  static constexpr bool kHasNan = false;
+};
+
+namespace detail {
+
+// The magnitude |x| (given as fp32 bits without the sign, finite) on the grid of a format with
+// minimum normal exponent `emin` and `man` mantissa bits: e = max(floor(log2|x|), emin),
+// ulp = 2^(e - man). Returns q = |x| / ulp split into its integer part `lo` and the fraction
+// rem / 2^shift (exact; shift >= 1 always for the formats here).
+struct GridPos {
+  u32 lo;
+  u32 rem;    // valid when shift < 32
+  u32 sig;    // the 24-bit significand (for shift >= 32)
+  int shift;  // fraction bits
+  int e;      // grid exponent
+};
+
+QF_HD GridPos grid_pos(u32 abs_bits, int emin, int man) {
+  const u32 expf = abs_bits >> 23;
+  u32 sig = abs_bits & 0x7FFFFFu;
+  int ex;
+  if (expf == 0) {
+    ex = -126;  // fp32 subnormal: value = sig * 2^(-126 - 23)
+  } else {
+    ex = static_cast<int>(expf) - 127;
+    sig |= 0x800000u;
+  }
+  const int e = ex > emin ? ex : emin;
+  // |x| = sig * 2^(ex - 23) = q * 2^(e - man)  =>  q = sig * 2^-(23 - man + e - ex)
+  const int shift = 23 - man + (e - ex);
+  GridPos p;
+  p.sig = sig;
+  p.shift = shift;
+  p.e = e;
+  if (shift <= 0) {  // never for the formats here (|x| <= max keeps ex <= emax)
+    p.lo = sig << (-shift);
+    p.rem = 0;
+  } else if (shift < 32) {
+    p.lo = sig >> shift;
+    p.rem = sig & ((1u << shift) - 1u);
+  } else {
+    p.lo = 0;
+    p.rem = 0;
+  }
+  return p;
+}
+
+// RNE of q (half-even on the integer count).
+QF_HD u32 grid_round_rne(const GridPos& p) {
+  if (p.shift <= 0) return p.lo;
+  if (p.shift >= 32) return 0;  // q = sig / 2^shift < 2^24 / 2^32 < 1/2
+  const u32 half = 1u << (p.shift - 1);
+  u32 q = p.lo;
+  if (p.rem > half || (p.rem == half && (q & 1u))) ++q;
+  return q;
+}
+
+// Stochastic: q_lo + (frac(q) > u) with u = (r >> 8) * 2^-24, compared exactly on integers:
+// rem / 2^shift > R / 2^24.
+QF_HD u32 grid_round_sr(const GridPos& p, u32 rbits) {
+  const u64 R = rbits >> 8;
+  bool up;
+  if (p.shift <= 0) {
+    up = false;
+  } else if (p.shift < 32) {
+    const u64 rem = p.rem;
+    if (p.shift <= 24)
+      up = (rem << (24 - p.shift)) > R;
+    else
+      up = rem > (R << (p.shift - 24));
+  } else if (p.shift < 48) {
+    // lo = 0, rem = sig (< 2^24): sig * 2^24 > R * 2^shift  <=>  sig > R * 2^(shift - 24)
+    up = static_cast<u64>(p.sig) > (R << (p.shift - 24));
+  } else {
+    // sig * 2^24 < 2^48 <= R * 2^shift unless R == 0.
+    up = (R == 0) && (p.sig != 0);
+  }
+  return p.lo + (up ? 1u : 0u);
+}
+
+// Encoding of the magnitude count * 2^(e - man) (e >= emin): subnormals when e == emin and
+// count < 2^man, normals otherwise; a carry to 2^(man+1) moves into the next binade by itself.
+template <class F>
+QF_HD u32 float_mag_bits(u32 count, int e) {
+  return (static_cast<u32>(e - F::kMinNormalExp) << F::kManBits) + count;
+}
+
+template <class F>
+QF_HD u8 sign_bit(u32 xbits) {
+  return (xbits & kF32SignMask) ? static_cast<u8>(1u << (F::kBits - 1)) : static_cast<u8>(0);
+}
+
+}  // namespace detail
+
+// ---------------------------------------------------------------------------------------------
+// fp32 -> element format (RNE, satfinite) and back
+// ---------------------------------------------------------------------------------------------
+template <class F>
+QF_HD u8 encode_rn(float x) {
+  const u32 xb = f32_bits(x);
+  const u32 ab = xb & kF32AbsMask;
+  if (ab > kF32InfBits) return F::kNanBits;
+  if constexpr (F::kIsInt) {
+    // clamp(rint(x), -128, 127); clamping first is equivalent and keeps |x| <= 128.
+    if (x >= F::kMaxFinite) return F::kMaxBits;
+    if (x <= F::kMinFinite) return static_cast<u8>(0x80);
+    const detail::GridPos p = detail::grid_pos(ab, F::kMinNormalExp, F::kManBits);
+    const u32 q = detail::grid_round_rne(p);  // integer magnitude, <= 128
+    const u32 s = (xb & kF32SignMask) ? (0u - q) : q;
+    return static_cast<u8>(s & 0xFFu);
+  } else {
+    const u8 sign = detail::sign_bit<F>(xb);
+    if (!(f32_from_bits(ab) <= F::kMaxFinite)) return static_cast<u8>(sign | F::kMaxBits);
+    const detail::GridPos p = detail::grid_pos(ab, F::kMinNormalExp, F::kManBits);
+    u32 m = detail::float_mag_bits<F>(detail::grid_round_rne(p), p.e);
+    if (m > F::kMaxBits) m = F::kMaxBits;  // unreachable for |x| <= max; kept as a guard
+    return static_cast<u8>(sign | m);
+  }
+}
+
+// Stochastic rounding (docs/numerics.md "Stochastic rounding"): rounds the magnitude up with
+// probability ceil(frac * 2^24) / 2^24 using the top 24 bits of rbits.
+template <class F>
+QF_HD u8 encode_sr(float x, u32 rbits) {
+  const u32 xb = f32_bits(x);
+  const u32 ab = xb & kF32AbsMask;
+  if (ab > kF32InfBits) return F::kNanBits;
+  if constexpr (F::kIsInt) {
+    if (x >= F::kMaxFinite) return F::kMaxBits;
+    if (x <= F::kMinFinite) return static_cast<u8>(0x80);
+    const detail::GridPos p = detail::grid_pos(ab, F::kMinNormalExp, F::kManBits);
+    u32 q = detail::grid_round_sr(p, rbits);  // <= 128
+    u32 s;
+    if (xb & kF32SignMask) {
+      s = 0u - q;  // q <= 128 since |x| < 128
+    } else {
+      if (q > 127u) q = 127u;
+      s = q;
+    }
+    return static_cast<u8>(s & 0xFFu);
+  } else {
+    const u8 sign = detail::sign_bit<F>(xb);
+    if (!(f32_from_bits(ab) <= F::kMaxFinite)) return static_cast<u8>(sign | F::kMaxBits);
+    const detail::GridPos p = detail::grid_pos(ab, F::kMinNormalExp, F::kManBits);
+    u32 m = detail::float_mag_bits<F>(detail::grid_round_sr(p, rbits), p.e);
+    if (m > F::kMaxBits) m = F::kMaxBits;  // unreachable for |x| <= max
+    return static_cast<u8>(sign | m);
+  }
+}
+
+// Exact value of an encoding (bits above kBits are ignored). Int8: the signed byte.
+template <class F>
+QF_HD float decode(u8 bits) {
+  if constexpr (F::kIsInt) {
+    return static_cast<float>(static_cast<i8>(bits));
+  } else {
+    const u32 b = static_cast<u32>(bits) & ((1u << F::kBits) - 1u);
+    const bool neg = (b >> (F::kBits - 1)) & 1u;
+    const u32 mag = b & ((1u << (F::kBits - 1)) - 1u);
+    const u32 expf = mag >> F::kManBits;
+    const u32 man = mag & ((1u << F::kManBits) - 1u);
+    constexpr u32 kExpAllOnes = (1u << F::kExpBits) - 1u;
+    float v;
+    if (F::kHasNan && !F::kHasInf && mag == ((1u << (F::kBits - 1)) - 1u)) {
+      v = f32_quiet_nan();  // e4m3: S.1111.111
+    } else if (F::kHasInf && expf == kExpAllOnes) {
+      v = man == 0 ? f32_from_bits(kF32InfBits) : f32_quiet_nan();
+    } else if (expf == 0) {
+      v = static_cast<float>(man) * exp2i(F::kMinNormalExp - F::kManBits);
+    } else {
+      v = static_cast<float>(man | (1u << F::kManBits)) *
+          exp2i(static_cast<int>(expf) - F::kBias - F::kManBits);
+    }
+    return neg ? -v : v;
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
+// bf16 / fp16 (software, integer ops only)
+// ---------------------------------------------------------------------------------------------
+QF_HD float bf16_to_f32(u16 h) { return f32_from_bits(static_cast<u32>(h) << 16); }
+
+QF_HD u16 f32_to_bf16(float x) {
+  const u32 u = f32_bits(x);
+  if ((u & kF32AbsMask) > kF32InfBits) return static_cast<u16>(((u >> 16) & 0x8000u) | 0x7FC0u);
+  const u32 r = u + 0x7FFFu + ((u >> 16) & 1u);  // RNE; overflow carries into Inf
+  return static_cast<u16>(r >> 16);
+}
+
+QF_HD float f16_to_f32(u16 h) {
+  const u32 sign = (static_cast<u32>(h) & 0x8000u) << 16;
+  const u32 expf = (h >> 10) & 0x1Fu;
+  u32 man = h & 0x3FFu;
+  if (expf == 0x1F) return f32_from_bits(sign | kF32InfBits | (man << 13));
+  if (expf == 0) {
+    if (man == 0) return f32_from_bits(sign);
+    int e = -14;
+    while (!(man & 0x400u)) {
+      man <<= 1;
+      --e;
+    }
+    man &= 0x3FFu;
+    return f32_from_bits(sign | (static_cast<u32>(e + 127) << 23) | (man << 13));
+  }
+  return f32_from_bits(sign | ((expf - 15u + 127u) << 23) | (man << 13));
+}
+
+QF_HD u16 f32_to_f16(float x) {
+  const u32 u = f32_bits(x);
+  const u32 sign = (u >> 16) & 0x8000u;
+  const u32 a = u & kF32AbsMask;
+  if (a > kF32InfBits) return static_cast<u16>(sign | 0x7E00u);
+  if (a >= 0x47800000u) return static_cast<u16>(sign | 0x7C00u);  // >= 2^16 (and Inf)
+  // fp16 grid: emin -14, 10 mantissa bits; a carry out of exponent 30 lands on 0x7C00 (Inf).
+  const detail::GridPos p = detail::grid_pos(a, -14, 10);
+  const u32 m = (static_cast<u32>(p.e + 14) << 10) + detail::grid_round_rne(p);
+  return static_cast<u16>(sign | m);
+}
+
+// ---------------------------------------------------------------------------------------------
+// E8M0 (MX scales)
+// ---------------------------------------------------------------------------------------------
+// TE's round-up: exponent field + (mantissa != 0); subnormals +1 only if mantissa > 0x400000.
+// NaN -> 0xFF, Inf -> 0xFE, 0 -> 0. The sign is ignored (v is an amax product). A normal v above
+// 2^254-127 with a non-zero mantissa stays 0xFE (never rounds into the NaN encoding).
+QF_HD u8 e8m0_rceil(float v) {
+  const u32 a = f32_bits(v) & kF32AbsMask;
+  if (a > kF32InfBits) return 0xFF;
+  if (a == kF32InfBits) return 0xFE;
+  u32 e = a >> 23;
+  const u32 m = a & 0x7FFFFFu;
+  if (e == 0) {
+    if (m > 0x400000u) e = 1;
+  } else if (m != 0 && e < 0xFEu) {
+    ++e;
+  }
+  return static_cast<u8>(e);
+}
+
+// OCP rule: floor(log2(amax)) - emax_elem + 127 clamped to [0, 254]; amax 0 -> 0, Inf -> 254,
+// NaN -> 0xFF (not reachable from an fmaxf-style amax). The sign is ignored.
+QF_HD u8 e8m0_floor(float amax, int emax_elem) {
+  const u32 a = f32_bits(amax) & kF32AbsMask;
+  if (a > kF32InfBits) return 0xFF;
+  if (a == kF32InfBits) return 0xFE;
+  if (a == 0) return 0;
+  int fl;
+  const u32 e = a >> 23;
+  if (e != 0) {
+    fl = static_cast<int>(e) - 127;
+  } else {
+    int p = 22;
+    while (!((a >> p) & 1u)) --p;
+    fl = p - 149;
+  }
+  int E = fl - emax_elem + 127;
+  if (E < 0) E = 0;
+  if (E > 254) E = 254;
+  return static_cast<u8>(E);
+}
+
+// Plain conversion, equal to ml_dtypes.float8_e8m0fnu: nearest exponent with ties (mantissa
+// 0x400000) up; v <= 2^-127 -> 0; any v in (2^-127, 2^-126) -> 1 (as ml_dtypes does);
+// v >= 1.5 * 2^127, Inf, NaN, zero, negative (incl. -0) -> 0xFF.
+QF_HD u8 e8m0_rne(float v) {
+  const u32 u = f32_bits(v);
+  if ((u & kF32SignMask) || u == 0 || u >= kF32InfBits) return 0xFF;
+  const u32 e = u >> 23;
+  const u32 m = u & 0x7FFFFFu;
+  if (e == 0) return m > 0x400000u ? 1 : 0;
+  const u32 r = e + (m >= 0x400000u ? 1u : 0u);
+  return static_cast<u8>(r > 0xFFu ? 0xFFu : r);
+}
+
+// 0xFF -> NaN; otherwise 2^(e - 127) (0 -> the subnormal 2^-127).
+QF_HD float e8m0_decode(u8 e) {
+  if (e == 0xFF) return f32_quiet_nan();
+  return exp2i(static_cast<int>(e) - 127);
+}
+
+// Element multiplier 2^(127 - e), exact (e = 254 -> 2^-127 subnormal); e = 0xFF (NaN scale) ->
+// NaN, so the elements of such a block encode as NaN (or the format's NaN substitute).
+QF_HD float mx_multiplier(u8 e) {
+  if (e == 0xFF) return f32_quiet_nan();
+  return exp2i(127 - static_cast<int>(e));
+}
+
+// ---------------------------------------------------------------------------------------------
+// Amax and scales
+// ---------------------------------------------------------------------------------------------
+QF_HD float amax_step(float acc, float x) { return fmaxf(acc, fabsf(x)); }
+
+// Per-tensor / block fp32 scale (docs/numerics.md "Scale rules").
+QF_HD float compute_scale(float amax, float fmax, float eps, bool pow2, float inf_value) {
+  if (amax < eps) amax = eps;
+  if (amax == 0.0f || !f32_is_finite(amax)) return 1.0f;
+  float scale = fmax / amax;
+  if (f32_is_inf(scale)) scale = inf_value;
+  if (pow2) scale = f32_from_bits(f32_bits(scale) & 0xFF800000u);
+  return scale;
+}
+
+// NVFP4 global encode scale S_enc = (448 * 6) / amax; FLT_MAX if Inf; 1 if amax is 0 or not
+// finite or the quotient is 0.
+QF_HD float nvfp4_global_encode_scale(float amax_tensor) {
+  if (amax_tensor == 0.0f || !f32_is_finite(amax_tensor)) return 1.0f;
+  float s = (E4M3::kMaxFinite * E2M1::kMaxFinite) / amax_tensor;
+  if (f32_is_inf(s)) s = kFltMax;
+  if (s == 0.0f) s = 1.0f;
+  return s;
+}
+
+// S_dec = (float)(1.0 / (double)S_enc).
+QF_HD float nvfp4_global_decode_scale(float s_enc) {
+  return static_cast<float>(1.0 / static_cast<double>(s_enc));
+}
+
+// E4M3 bits of S_dec_b = e4m3_satfinite(block_amax * (S_enc / 6)).
+QF_HD u8 nvfp4_block_scale(float block_amax, float s_enc) {
+  const float k = s_enc / E2M1::kMaxFinite;
+  return encode_rn<E4M3>(block_amax * k);
+}
+
+// min(1 / (float(S_dec_b) * S_dec), FLT_MAX); a zero block scale gives FLT_MAX.
+QF_HD float nvfp4_element_multiplier(u8 s_dec_b_bits, float s_dec) {
+  const float d = decode<E4M3>(s_dec_b_bits) * s_dec;
+  return fminf(1.0f / d, kFltMax);
+}
+
+// INT8 per-channel (torchao style): scale = round_to_input_dtype(amax / 127).
+// input_dtype: 0 = fp32, 1 = bf16, 2 = fp16.
+QF_HD float int8_channel_scale(float amax, int input_dtype) {
+  const float s = amax / 127.0f;
+  if (input_dtype == 1) return bf16_to_f32(f32_to_bf16(s));
+  if (input_dtype == 2) return f16_to_f32(f32_to_f16(s));
+  return s;
+}
+
+QF_HD float int8_channel_multiplier(float scale) { return 1.0f / fmaxf(scale, 1e-12f); }
+
+// ---------------------------------------------------------------------------------------------
+// Philox4x32-10 and the stochastic-rounding bit assignment
+// ---------------------------------------------------------------------------------------------
+constexpr u32 kPhiloxM0 = 0xD2511F53u;
+constexpr u32 kPhiloxM1 = 0xCD9E8D57u;
+constexpr u32 kPhiloxW0 = 0x9E3779B9u;
+constexpr u32 kPhiloxW1 = 0xBB67AE85u;
+
+QF_HD u32 mulhi32(u32 a, u32 b) {
+#if defined(__CUDA_ARCH__)
+  return __umulhi(a, b);
+#else
+  return static_cast<u32>((static_cast<u64>(a) * b) >> 32);
+#endif
+}
+
+QF_HD void philox4x32_10(const u32 counter[4], const u32 key[2], u32 out[4]) {
+  u32 c0 = counter[0], c1 = counter[1], c2 = counter[2], c3 = counter[3];
+  u32 k0 = key[0], k1 = key[1];
+#if defined(__CUDA_ARCH__)
+#pragma unroll
+#endif
+  for (int r = 0; r < 10; ++r) {
+    if (r > 0) {
+      k0 += kPhiloxW0;
+      k1 += kPhiloxW1;
+    }
+    const u32 hi0 = mulhi32(kPhiloxM0, c0), lo0 = kPhiloxM0 * c0;
+    const u32 hi1 = mulhi32(kPhiloxM1, c2), lo1 = kPhiloxM1 * c2;
+    c0 = hi1 ^ c1 ^ k0;
+    c1 = lo1;
+    c2 = hi0 ^ c3 ^ k1;
+    c3 = lo0;
+  }
+  out[0] = c0;
+  out[1] = c1;
+  out[2] = c2;
+  out[3] = c3;
+}
+
+// The 4 random words of element group g (elements 4g .. 4g+3 of a stream's logical output).
+QF_HD void sr_random_group(u64 seed, u64 offset, u32 stream_id, u64 group, u32 out[4]) {
+  const u32 key[2] = {static_cast<u32>(seed),
+                      static_cast<u32>(seed >> 32) ^ (kPhiloxW0 * stream_id)};
+  const u32 ctr[4] = {static_cast<u32>(group), static_cast<u32>(group >> 32),
+                      static_cast<u32>(offset), static_cast<u32>(offset >> 32)};
+  philox4x32_10(ctr, key, out);
+}
+
+// The random word of the element with linear index l: word (l & 3) of group l >> 2.
+QF_HD u32 sr_random_bits(u64 seed, u64 offset, u32 stream_id, u64 linear_index) {
+  u32 w[4];
+  sr_random_group(seed, offset, stream_id, linear_index >> 2, w);
+  const u32 i = static_cast<u32>(linear_index & 3u);
+  return i == 0 ? w[0] : i == 1 ? w[1] : i == 2 ? w[2] : w[3];
+}
+
+// ---------------------------------------------------------------------------------------------
+// 16-point random Hadamard transform (in place, no dtype rounding: the caller rounds)
+// ---------------------------------------------------------------------------------------------
+constexpr u32 kDefaultRhtSignMask = 0xD7E8u;
+
+QF_HD void rht16(float v[16], u32 sign_mask) {
+#if defined(__CUDA_ARCH__)
+#pragma unroll
+#endif
+  for (int i = 0; i < 16; ++i)
+    if ((sign_mask >> i) & 1u) v[i] = -v[i];
+#if defined(__CUDA_ARCH__)
+#pragma unroll
+#endif
+  for (int h = 1; h < 16; h <<= 1) {
+#if defined(__CUDA_ARCH__)
+#pragma unroll
+#endif
+    for (int i = 0; i < 16; ++i) {
+      if ((i & h) == 0) {
+        const float a = v[i], b = v[i + h];
+        v[i] = a + b;
+        v[i + h] = a - b;
+      }
+    }
+  }
+#if defined(__CUDA_ARCH__)
+#pragma unroll
+#endif
+  for (int i = 0; i < 16; ++i) v[i] = v[i] * 0.25f;
+}
+
+}  // namespace qf

@@ -1,0 +1,629 @@
+// Unit tests of templates/qforge/numerics.cuh (host build of the shared scalar numerics).
+// The exhaustive comparisons against ml_dtypes live in tests/numerics/test_conversions.py;
+// these tests pin the hand-computed edge cases of docs/numerics.md.
+#include "qforge/numerics.cuh"
+
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <limits>
+#include <vector>
+
+namespace qf {
+namespace {
+
+float F(u32 bits) { return f32_from_bits(bits); }
+u32 B(float x) { return f32_bits(x); }
+const float kInf = std::numeric_limits<float>::infinity();
+const float kNaN = std::numeric_limits<float>::quiet_NaN();
+
+// ----------------------------------------------------------------------------- Philox
+struct PhiloxKat {
+  u32 ctr[4];
+  u32 key[2];
+  u32 expect[4];
+};
+
+TEST(Philox, Random123KnownAnswers) {
+  // Known-answer vectors of philox4x32_10 published with Random123 (kat_vectors).
+  const PhiloxKat kats[] = {
+      {{0, 0, 0, 0}, {0, 0}, {0x6627e8d5, 0xe169c58d, 0xbc57ac4c, 0x9b00dbd8}},
+      {{0xffffffff, 0xffffffff, 0xffffffff, 0xffffffff},
+       {0xffffffff, 0xffffffff},
+       {0x408f276d, 0x41c83b0e, 0xa20bc7c6, 0x6d5451fd}},
+      {{0x243f6a88, 0x85a308d3, 0x13198a2e, 0x03707344},
+       {0xa4093822, 0x299f31d0},
+       {0xd16cfe09, 0x94fdcceb, 0x5001e420, 0x24126ea1}},
+  };
+  for (const auto& k : kats) {
+    u32 out[4];
+    philox4x32_10(k.ctr, k.key, out);
+    for (int i = 0; i < 4; ++i) EXPECT_EQ(out[i], k.expect[i]) << "word " << i;
+  }
+}
+
+TEST(Philox, SrBitAssignment) {
+  const u64 seed = 0x0123456789ABCDEFull, offset = 0xFEDCBA9876543210ull;
+  for (u32 stream = 0; stream < 2; ++stream) {
+    for (u64 l : {0ull, 1ull, 2ull, 3ull, 4ull, 7ull, 1000001ull, (1ull << 40) + 6}) {
+      const u64 g = l >> 2;
+      const u32 key[2] = {static_cast<u32>(seed),
+                          static_cast<u32>(seed >> 32) ^ (0x9E3779B9u * stream)};
+      const u32 ctr[4] = {static_cast<u32>(g), static_cast<u32>(g >> 32),
+                          static_cast<u32>(offset), static_cast<u32>(offset >> 32)};
+      u32 w[4], grp[4];
+      philox4x32_10(ctr, key, w);
+      sr_random_group(seed, offset, stream, g, grp);
+      EXPECT_EQ(sr_random_bits(seed, offset, stream, l), w[l & 3]);
+      for (int i = 0; i < 4; ++i) EXPECT_EQ(grp[i], w[i]);
+    }
+  }
+  // Streams 0 and 1 use different keys; different offsets different counters.
+  EXPECT_NE(sr_random_bits(1, 0, 0, 0), sr_random_bits(1, 0, 1, 0));
+  EXPECT_NE(sr_random_bits(1, 0, 0, 0), sr_random_bits(1, 1, 0, 0));
+  EXPECT_EQ(sr_random_bits(5, 6, 1, 77), sr_random_bits(5, 6, 1, 77));
+}
+
+// ----------------------------------------------------------------------------- exp2i
+TEST(Exp2i, ExactOverFullRange) {
+  for (int e = -149; e <= 127; ++e) EXPECT_EQ(exp2i(e), std::ldexp(1.0f, e)) << e;
+  EXPECT_EQ(B(exp2i(-149)), 1u);
+  EXPECT_EQ(B(exp2i(-127)), 0x00400000u);
+  EXPECT_EQ(B(exp2i(-126)), 0x00800000u);
+  EXPECT_EQ(exp2i(-150), 0.0f);
+  EXPECT_TRUE(std::isinf(exp2i(128)));
+}
+
+// ----------------------------------------------------------------------------- bf16 / fp16
+TEST(Half, Bf16EdgeCases) {
+  EXPECT_EQ(f32_to_bf16(1.0f), 0x3F80);
+  EXPECT_EQ(f32_to_bf16(F(0x3F808000)), 0x3F80);  // tie -> even
+  EXPECT_EQ(f32_to_bf16(F(0x3F818000)), 0x3F82);  // tie -> even (up)
+  EXPECT_EQ(f32_to_bf16(F(0x3F808001)), 0x3F81);
+  EXPECT_EQ(f32_to_bf16(F(0x7F7FFFFF)), 0x7F80);  // overflow to Inf
+  EXPECT_EQ(f32_to_bf16(kNaN), 0x7FC0);
+  EXPECT_EQ(f32_to_bf16(-kNaN), 0xFFC0);
+  EXPECT_EQ(f32_to_bf16(F(0x7F800001)), 0x7FC0);  // signalling NaN stays NaN
+  EXPECT_EQ(f32_to_bf16(-0.0f), 0x8000);
+  for (u32 h = 0; h < 65536; ++h) {
+    const float x = bf16_to_f32(static_cast<u16>(h));
+    if (!std::isnan(x)) {
+      EXPECT_EQ(f32_to_bf16(x), h);
+    }
+  }
+}
+
+TEST(Half, Fp16EdgeCases) {
+  EXPECT_EQ(f32_to_f16(65504.0f), 0x7BFF);
+  EXPECT_EQ(f32_to_f16(65519.996f), 0x7BFF);
+  EXPECT_EQ(f32_to_f16(65520.0f), 0x7C00);  // tie above max -> even -> Inf
+  EXPECT_EQ(f32_to_f16(-1e30f), 0xFC00);
+  EXPECT_EQ(f32_to_f16(kInf), 0x7C00);
+  EXPECT_EQ(f32_to_f16(kNaN), 0x7E00);
+  EXPECT_EQ(f32_to_f16(-kNaN), 0xFE00);
+  EXPECT_EQ(f32_to_f16(std::ldexp(1.0f, -24)), 0x0001);
+  EXPECT_EQ(f32_to_f16(std::ldexp(1.0f, -25)), 0x0000);          // tie -> even (0)
+  EXPECT_EQ(f32_to_f16(std::ldexp(1.5f, -25)), 0x0001);
+  EXPECT_EQ(f32_to_f16(std::ldexp(3.0f, -25)), 0x0002);          // 1.5 ulp tie -> 2
+  EXPECT_EQ(f32_to_f16(std::ldexp(1023.5f, -24)), 0x0400);       // subnormal carries to normal
+  EXPECT_EQ(f32_to_f16(F(1)), 0x0000);
+  EXPECT_EQ(f32_to_f16(-F(1)), 0x8000);
+  EXPECT_EQ(f32_to_f16(1.0f + std::ldexp(1.0f, -11)), 0x3C00);  // tie -> even
+  for (u32 h = 0; h < 65536; ++h) {
+    const float x = f16_to_f32(static_cast<u16>(h));
+    const u32 e = (h >> 10) & 0x1F, m = h & 0x3FF;
+    if (e == 0x1F && m != 0) {
+      EXPECT_TRUE(std::isnan(x));
+      continue;
+    }
+    // Independent value: (-1)^s * 2^(e-15) * (1 + m/1024), subnormal 2^-14 * m/1024.
+    const double mag = e == 0 ? std::ldexp(static_cast<double>(m), -24)
+                       : e == 0x1F ? INFINITY
+                                   : std::ldexp(1024.0 + m, static_cast<int>(e) - 25);
+    EXPECT_EQ(static_cast<double>(x), (h & 0x8000) ? -mag : mag) << h;
+    EXPECT_EQ(f32_to_f16(x), h);
+  }
+}
+
+// ----------------------------------------------------------------------------- element formats
+// Every finite value of a float format, by brute force from the definition (independent of
+// decode): sign, exponent field, mantissa field.
+template <class Fm>
+std::vector<double> grid_values() {
+  std::vector<double> v;
+  const int n = 1 << (Fm::kBits - 1);
+  for (int mag = 0; mag < n; ++mag) {
+    const int ef = mag >> Fm::kManBits, mf = mag & ((1 << Fm::kManBits) - 1);
+    if (std::is_same_v<Fm, E4M3> && mag == 0x7F) continue;
+    if (std::is_same_v<Fm, E5M2> && ef == 31) continue;
+    const double m = ef == 0 ? mf : (1 << Fm::kManBits) + mf;
+    const int e = (ef == 0 ? 1 : ef) - Fm::kBias - Fm::kManBits;
+    v.push_back(std::ldexp(m, e));
+  }
+  return v;
+}
+
+template <class Fm>
+void check_format_roundtrip() {
+  const int n = 1 << Fm::kBits;
+  const auto grid = grid_values<Fm>();
+  EXPECT_EQ(static_cast<float>(grid.back()), Fm::kMaxFinite);
+  EXPECT_EQ(decode<Fm>(Fm::kMaxBits), Fm::kMaxFinite);
+  for (int b = 0; b < n; ++b) {
+    const u8 bits = static_cast<u8>(b);
+    const float x = decode<Fm>(bits);
+    if (std::isnan(x)) {
+      EXPECT_EQ(encode_rn<Fm>(x), Fm::kNanBits);
+      continue;
+    }
+    if (std::isinf(x)) {
+      const u8 sign = static_cast<u8>(x < 0 ? 1u << (Fm::kBits - 1) : 0u);
+      EXPECT_EQ(encode_rn<Fm>(x), sign | Fm::kMaxBits);
+      continue;
+    }
+    const double mag = grid[b & ((1 << (Fm::kBits - 1)) - 1)];
+    EXPECT_EQ(static_cast<double>(x), (b >> (Fm::kBits - 1)) ? -mag : mag) << Fm::kName << b;
+    EXPECT_EQ(encode_rn<Fm>(x), bits) << Fm::kName << " " << b;
+    // And with SR: an exact grid value never moves.
+    EXPECT_EQ(encode_sr<Fm>(x, 0u), bits);
+    EXPECT_EQ(encode_sr<Fm>(x, 0xFFFFFFFFu), bits);
+  }
+  // Midpoints between neighbours go to the even encoding (bits counted from 0 upward).
+  for (size_t i = 0; i + 1 < grid.size(); ++i) {
+    const float mid = static_cast<float>((grid[i] + grid[i + 1]) / 2);
+    ASSERT_EQ(static_cast<double>(mid), (grid[i] + grid[i + 1]) / 2);
+    const u8 expect = static_cast<u8>((i & 1) ? i + 1 : i);
+    EXPECT_EQ(encode_rn<Fm>(mid), expect) << Fm::kName << " mid " << mid;
+    EXPECT_EQ(encode_rn<Fm>(std::nextafter(mid, 0.0f)), i);
+    EXPECT_EQ(encode_rn<Fm>(std::nextafter(mid, kInf)), i + 1);
+    const u8 s = static_cast<u8>(1u << (Fm::kBits - 1));
+    EXPECT_EQ(encode_rn<Fm>(-mid), s | expect);
+  }
+  // Saturation, NaN, signed zero, tiny values.
+  const u8 s = static_cast<u8>(1u << (Fm::kBits - 1));
+  EXPECT_EQ(encode_rn<Fm>(kInf), Fm::kMaxBits);
+  EXPECT_EQ(encode_rn<Fm>(-kInf), s | Fm::kMaxBits);
+  EXPECT_EQ(encode_rn<Fm>(std::nextafter(Fm::kMaxFinite, kInf)), Fm::kMaxBits);
+  EXPECT_EQ(encode_rn<Fm>(Fm::kMaxFinite * 1.25f), Fm::kMaxBits);
+  EXPECT_EQ(encode_rn<Fm>(-Fm::kMaxFinite * 1.25f), s | Fm::kMaxBits);
+  EXPECT_EQ(encode_rn<Fm>(kFltMax), Fm::kMaxBits);
+  EXPECT_EQ(encode_rn<Fm>(kNaN), Fm::kNanBits);
+  EXPECT_EQ(encode_rn<Fm>(-kNaN), Fm::kNanBits);
+  EXPECT_EQ(encode_rn<Fm>(-0.0f), s);
+  EXPECT_EQ(encode_rn<Fm>(F(1)), 0);
+  EXPECT_EQ(encode_rn<Fm>(-F(1)), s);
+  const float min_sub = static_cast<float>(grid[1]);
+  EXPECT_EQ(encode_rn<Fm>(min_sub / 2), 0);  // tie -> even (0)
+  EXPECT_EQ(encode_rn<Fm>(std::nextafter(min_sub / 2, kInf)), 1);
+}
+
+TEST(Encode, E4M3) { check_format_roundtrip<E4M3>(); }
+TEST(Encode, E5M2) { check_format_roundtrip<E5M2>(); }
+TEST(Encode, E2M1) { check_format_roundtrip<E2M1>(); }
+TEST(Encode, E2M3) { check_format_roundtrip<E2M3>(); }
+TEST(Encode, E3M2) { check_format_roundtrip<E3M2>(); }
+
+TEST(Encode, TraitConstants) {
+  EXPECT_EQ(decode<E4M3>(0x7F) != decode<E4M3>(0x7F), true);
+  EXPECT_EQ(E4M3::kMinNormalExp, -6);
+  EXPECT_EQ(E5M2::kMinNormalExp, -14);
+  EXPECT_EQ(E3M2::kMinNormalExp, -2);
+  EXPECT_EQ(decode<E4M3>(0x01), std::ldexp(1.0f, -9));
+  EXPECT_EQ(decode<E5M2>(0x01), std::ldexp(1.0f, -16));
+  EXPECT_EQ(decode<E5M2>(0x7C), kInf);
+  EXPECT_TRUE(std::isnan(decode<E5M2>(E5M2::kNanBits)));
+  EXPECT_TRUE(std::isnan(decode<E4M3>(E4M3::kNanBits)));
+  EXPECT_EQ(decode<E2M1>(E2M1::kNanBits), 6.0f);
+  EXPECT_EQ(decode<E2M1>(0xF), -6.0f);
+  EXPECT_EQ(decode<E2M3>(0x3F), -7.5f);
+  EXPECT_EQ(decode<E3M2>(0x3F), -28.0f);
+}
+
+TEST(Encode, Int8) {
+  for (int b = 0; b < 256; ++b) {
+    const float x = decode<Int8>(static_cast<u8>(b));
+    EXPECT_EQ(x, static_cast<float>(static_cast<int8_t>(b)));
+    EXPECT_EQ(encode_rn<Int8>(x), b);
+  }
+  EXPECT_EQ(encode_rn<Int8>(0.5f), 0);
+  EXPECT_EQ(encode_rn<Int8>(1.5f), 2);
+  EXPECT_EQ(encode_rn<Int8>(2.5f), 2);
+  EXPECT_EQ(encode_rn<Int8>(-2.5f), 0xFE);
+  EXPECT_EQ(encode_rn<Int8>(-0.5f), 0);
+  EXPECT_EQ(encode_rn<Int8>(-0.0f), 0);
+  EXPECT_EQ(encode_rn<Int8>(126.5f), 126);
+  EXPECT_EQ(encode_rn<Int8>(127.4f), 127);
+  EXPECT_EQ(encode_rn<Int8>(127.5f), 127);
+  EXPECT_EQ(encode_rn<Int8>(1e9f), 127);
+  EXPECT_EQ(encode_rn<Int8>(kInf), 127);
+  EXPECT_EQ(encode_rn<Int8>(-127.5f), 0x80);
+  EXPECT_EQ(encode_rn<Int8>(-128.5f), 0x80);
+  EXPECT_EQ(encode_rn<Int8>(-kInf), 0x80);
+  EXPECT_EQ(encode_rn<Int8>(kNaN), 0);
+  EXPECT_EQ(encode_rn<Int8>(std::nextafter(0.5f, 1.0f)), 1);
+  EXPECT_EQ(encode_rn<Int8>(F(1)), 0);
+  // Against std::nearbyint over a dense sweep (default rounding mode is RNE).
+  for (float x = -130.0f; x <= 130.0f; x += 0.03125f) {
+    const float r = std::clamp(std::nearbyint(x), -128.0f, 127.0f);
+    EXPECT_EQ(static_cast<int8_t>(encode_rn<Int8>(x)), static_cast<int>(r)) << x;
+  }
+}
+
+// ----------------------------------------------------------------------------- E8M0
+TEST(E8M0, Rceil) {
+  EXPECT_EQ(e8m0_rceil(0.0f), 0);
+  EXPECT_EQ(e8m0_rceil(-0.0f), 0);
+  EXPECT_EQ(e8m0_rceil(kInf), 0xFE);
+  EXPECT_EQ(e8m0_rceil(kNaN), 0xFF);
+  EXPECT_EQ(e8m0_rceil(1.0f), 127);                              // exact power of two
+  EXPECT_EQ(e8m0_rceil(std::nextafter(1.0f, 2.0f)), 128);        // just above
+  EXPECT_EQ(e8m0_rceil(std::nextafter(1.0f, 0.0f)), 127);        // just below
+  EXPECT_EQ(e8m0_rceil(F(0x00800000)), 1);                        // 2^-126
+  EXPECT_EQ(e8m0_rceil(F(0x00400000)), 0);                        // subnormal 2^-127
+  EXPECT_EQ(e8m0_rceil(F(0x00400001)), 1);                        // subnormal above 2^-127
+  EXPECT_EQ(e8m0_rceil(F(0x00000001)), 0);                        // smallest subnormal
+  EXPECT_EQ(e8m0_rceil(F(0x007FFFFF)), 1);
+  EXPECT_EQ(e8m0_rceil(F(0x7F000000)), 254);                      // 2^127
+  EXPECT_EQ(e8m0_rceil(kFltMax), 254);                            // capped below the NaN code
+  // The MX use: E = rceil(amax * fl(1/448)).
+  const float r448 = 1.0f / 448.0f;
+  EXPECT_EQ(e8m0_rceil(448.0f * r448), 127);
+  EXPECT_EQ(e8m0_rceil(449.0f * r448), 128);
+  EXPECT_EQ(e8m0_rceil(0.0f * r448), 0);
+}
+
+TEST(E8M0, Floor) {
+  EXPECT_EQ(e8m0_floor(0.0f, 8), 0);
+  EXPECT_EQ(e8m0_floor(kInf, 8), 254);
+  EXPECT_EQ(e8m0_floor(kNaN, 8), 0xFF);
+  EXPECT_EQ(e8m0_floor(448.0f, E4M3::kEmax), 127);                 // floor(log2 448) = 8
+  EXPECT_EQ(e8m0_floor(256.0f, E4M3::kEmax), 127);                 // exact power of two
+  EXPECT_EQ(e8m0_floor(std::nextafter(256.0f, 0.0f), 8), 126);     // just below
+  EXPECT_EQ(e8m0_floor(std::nextafter(256.0f, 1e9f), 8), 127);     // just above
+  EXPECT_EQ(e8m0_floor(6.0f, E2M1::kEmax), 127);
+  EXPECT_EQ(e8m0_floor(std::ldexp(1.0f, -100), 8), 19);
+  EXPECT_EQ(e8m0_floor(std::ldexp(1.0f, -125), 8), 0);             // clamps at 0
+  EXPECT_EQ(e8m0_floor(F(0x00000001), 0), 0);                      // subnormal, clamped
+  // floor(log2) of subnormals is exact: 2^-127 -> -127, 0x7FFFFF -> -127, 0x1 -> -149.
+  EXPECT_EQ(e8m0_floor(F(0x00400000), -130), 130);
+  EXPECT_EQ(e8m0_floor(F(0x007FFFFF), -130), 130);
+  EXPECT_EQ(e8m0_floor(F(0x003FFFFF), -130), 129);
+  EXPECT_EQ(e8m0_floor(F(0x00000001), -150), 128);
+  EXPECT_EQ(e8m0_floor(kFltMax, 0), 254);
+  EXPECT_EQ(e8m0_floor(kFltMax, E5M2::kEmax), 239);
+}
+
+TEST(E8M0, RneMatchesMlDtypesMeasurements) {
+  EXPECT_EQ(e8m0_rne(1.0f), 127);
+  EXPECT_EQ(e8m0_rne(1.5f), 128);
+  EXPECT_EQ(e8m0_rne(3.0f), 129);
+  EXPECT_EQ(e8m0_rne(0.75f), 127);
+  EXPECT_EQ(e8m0_rne(std::nextafter(1.5f, 0.0f)), 127);
+  EXPECT_EQ(e8m0_rne(0.0f), 255);
+  EXPECT_EQ(e8m0_rne(-0.0f), 255);
+  EXPECT_EQ(e8m0_rne(-2.0f), 255);
+  EXPECT_EQ(e8m0_rne(kNaN), 255);
+  EXPECT_EQ(e8m0_rne(kInf), 255);
+  EXPECT_EQ(e8m0_rne(1e-40f), 0);
+  EXPECT_EQ(e8m0_rne(std::ldexp(1.0f, -127)), 0);
+  EXPECT_EQ(e8m0_rne(std::ldexp(1.0f, -128)), 0);
+  EXPECT_EQ(e8m0_rne(F(0x00400001)), 1);
+  EXPECT_EQ(e8m0_rne(std::ldexp(1.5f, 127)), 255);
+  EXPECT_EQ(e8m0_rne(std::nextafter(std::ldexp(1.5f, 127), 0.0f)), 254);
+}
+
+TEST(E8M0, DecodeAndMultiplier) {
+  EXPECT_TRUE(std::isnan(e8m0_decode(0xFF)));
+  EXPECT_EQ(e8m0_decode(0), std::ldexp(1.0f, -127));
+  EXPECT_EQ(e8m0_decode(127), 1.0f);
+  EXPECT_EQ(e8m0_decode(254), std::ldexp(1.0f, 127));
+  for (int e = 0; e < 255; ++e) {
+    EXPECT_EQ(mx_multiplier(static_cast<u8>(e)), std::ldexp(1.0f, 127 - e));
+    EXPECT_EQ(e8m0_rne(e8m0_decode(static_cast<u8>(e))), e);
+    if (e > 0) {
+      EXPECT_EQ(e8m0_rceil(e8m0_decode(static_cast<u8>(e))), e);
+    }
+  }
+  EXPECT_EQ(B(mx_multiplier(254)), 0x00400000u);
+  EXPECT_TRUE(std::isnan(mx_multiplier(0xFF)));
+}
+
+// ----------------------------------------------------------------------------- scales
+TEST(Scale, Amax) {
+  float a = 0.0f;
+  a = amax_step(a, -3.0f);
+  a = amax_step(a, kNaN);
+  EXPECT_EQ(a, 3.0f);
+  a = amax_step(a, -kInf);
+  EXPECT_EQ(a, kInf);
+  EXPECT_EQ(B(amax_step(0.0f, -0.0f)), 0u);
+}
+
+TEST(Scale, ComputeScale) {
+  // amax 0 with eps 0 -> 1; amax 0 with eps -> fmax / eps.
+  EXPECT_EQ(compute_scale(0.0f, 448.0f, 0.0f, false, kFltMax), 1.0f);
+  EXPECT_EQ(compute_scale(0.0f, 448.0f, 0.5f, false, kFltMax), 896.0f);
+  EXPECT_EQ(B(compute_scale(0.0f, 448.0f, 1e-4f, false, kFltMax)), 0x4A88B800u);
+  // eps clamp: anything below eps behaves like eps.
+  EXPECT_EQ(compute_scale(1e-10f, 448.0f, 1e-4f, false, kFltMax),
+            compute_scale(1e-4f, 448.0f, 1e-4f, false, kFltMax));
+  // Inf / NaN amax -> 1.
+  EXPECT_EQ(compute_scale(kInf, 448.0f, 0.0f, false, kFltMax), 1.0f);
+  EXPECT_EQ(compute_scale(kNaN, 448.0f, 0.0f, false, kFltMax), 1.0f);
+  EXPECT_EQ(compute_scale(kNaN, 448.0f, 1e-4f, true, kFltMax), 1.0f);
+  // Exactly fmax -> 1.
+  EXPECT_EQ(compute_scale(448.0f, 448.0f, 0.0f, false, kFltMax), 1.0f);
+  EXPECT_EQ(compute_scale(57344.0f, 57344.0f, 0.0f, true, kFltMax), 1.0f);
+  // Just above a power of two: 448 / (2 + 2^-22) = 0x435FFFFE, pow2 -> 128.
+  const float a2 = std::nextafter(2.0f, 3.0f);
+  EXPECT_EQ(B(compute_scale(a2, 448.0f, 0.0f, false, kFltMax)), 0x435FFFFEu);
+  EXPECT_EQ(compute_scale(a2, 448.0f, 0.0f, true, kFltMax), 128.0f);
+  EXPECT_EQ(compute_scale(2.0f, 448.0f, 0.0f, true, kFltMax), 128.0f);  // 224 -> 128
+  // pow2 rounds down: 448/3 = 149.33 (0x43155555) -> 128.
+  EXPECT_EQ(B(compute_scale(3.0f, 448.0f, 0.0f, false, kFltMax)), 0x43155555u);
+  EXPECT_EQ(compute_scale(3.0f, 448.0f, 0.0f, true, kFltMax), 128.0f);
+  EXPECT_EQ(compute_scale(0.875f, 448.0f, 0.0f, true, kFltMax), 512.0f);  // exact 512
+  // Denormal amax: 448 / 2^-140 overflows -> inf_value.
+  EXPECT_EQ(compute_scale(std::ldexp(1.0f, -140), 448.0f, 0.0f, false, kFltMax), kFltMax);
+  EXPECT_EQ(compute_scale(std::ldexp(1.0f, -140), 448.0f, 0.0f, true, kFltMax),
+            std::ldexp(1.0f, 127));
+  // inf_value path (block scaling of fp16 input): 448 * 2^120 overflows.
+  EXPECT_EQ(compute_scale(std::ldexp(1.0f, -120), 448.0f, 0.0f, false, 65504.0f), 65504.0f);
+  EXPECT_EQ(compute_scale(std::ldexp(1.0f, -120), 448.0f, 0.0f, true, 65504.0f), 32768.0f);
+  EXPECT_EQ(compute_scale(std::ldexp(1.0f, -120), 448.0f, 0.0f, false, F(0x7F7F0000)),
+            F(0x7F7F0000));
+  // The denormal amax that does not overflow: 448 / 2^-118 = 1.75 * 2^126.
+  EXPECT_EQ(compute_scale(std::ldexp(1.0f, -118), 448.0f, 0.0f, false, kFltMax),
+            std::ldexp(1.75f, 126));
+}
+
+TEST(Scale, Nvfp4Global) {
+  EXPECT_EQ(nvfp4_global_encode_scale(0.0f), 1.0f);
+  EXPECT_EQ(nvfp4_global_encode_scale(kInf), 1.0f);
+  EXPECT_EQ(nvfp4_global_encode_scale(kNaN), 1.0f);
+  EXPECT_EQ(nvfp4_global_encode_scale(2688.0f), 1.0f);
+  EXPECT_EQ(nvfp4_global_encode_scale(F(1)), kFltMax);                 // 2688 / 2^-149 = Inf
+  EXPECT_EQ(nvfp4_global_encode_scale(kFltMax), 2688.0f / kFltMax);    // tiny but non-zero
+  EXPECT_EQ(B(nvfp4_global_encode_scale(100.0f)), 0x41D70A3Du);        // 26.88
+  EXPECT_EQ(nvfp4_global_decode_scale(1.0f), 1.0f);
+  EXPECT_EQ(B(nvfp4_global_decode_scale(kFltMax)), 0x00200000u);       // 2^-128, via double
+  EXPECT_EQ(nvfp4_global_decode_scale(0.25f), 4.0f);
+  EXPECT_EQ(nvfp4_global_decode_scale(26.88f), static_cast<float>(1.0 / double(26.88f)));
+}
+
+TEST(Scale, Nvfp4Block) {
+  // Zero block: scale 0 -> element multiplier FLT_MAX -> zeros stay zero.
+  EXPECT_EQ(nvfp4_block_scale(0.0f, 26.88f), 0x00);
+  EXPECT_EQ(nvfp4_element_multiplier(0x00, 1.0f), kFltMax);
+  EXPECT_EQ(encode_rn<E2M1>(0.0f * kFltMax), 0);
+  // amax 0 tensor: S_enc = 1; block amax 6 -> S_dec_b = 1 (0x38); multiplier 1.
+  EXPECT_EQ(nvfp4_block_scale(6.0f, 1.0f), 0x38);
+  EXPECT_EQ(nvfp4_element_multiplier(0x38, 1.0f), 1.0f);
+  // Block with the tensor amax: 100 * (26.88 / 6) rounds to 448 exactly -> 0x7E.
+  EXPECT_EQ(nvfp4_block_scale(100.0f, nvfp4_global_encode_scale(100.0f)), 0x7E);
+  // Saturation of the block scale.
+  EXPECT_EQ(nvfp4_block_scale(1e6f, 1.0f), 0x7E);
+  EXPECT_EQ(nvfp4_block_scale(kInf, 1.0f), 0x7E);
+  // Tiny block: 2^-12 * (1/6) -> below half the smallest e4m3 subnormal (2^-10) -> 0.
+  EXPECT_EQ(nvfp4_block_scale(std::ldexp(1.0f, -12), 1.0f), 0x00);
+  // Multiplier: 1 / (S_dec_b * S_dec), e.g. S_dec_b = 2 (0x40), S_dec = 0.25 -> 2.
+  EXPECT_EQ(nvfp4_element_multiplier(0x40, 0.25f), 2.0f);
+  // Product underflows to 0 -> FLT_MAX (not Inf).
+  EXPECT_EQ(nvfp4_element_multiplier(0x01, F(0x00200000)), kFltMax);
+}
+
+TEST(Scale, Int8Channel) {
+  EXPECT_EQ(int8_channel_scale(127.0f, 0), 1.0f);
+  EXPECT_EQ(int8_channel_scale(127.0f, 1), 1.0f);
+  EXPECT_EQ(int8_channel_scale(127.0f, 2), 1.0f);
+  EXPECT_EQ(B(int8_channel_scale(1.0f, 0)), 0x3C010204u);  // fl(1/127)
+  EXPECT_EQ(B(int8_channel_scale(1.0f, 1)), 0x3C010000u);  // -> bf16 0x3C01
+  EXPECT_EQ(int8_channel_scale(1.0f, 2), std::ldexp(1032.0f, -17));  // -> fp16 0x2008
+  EXPECT_EQ(int8_channel_scale(0.0f, 1), 0.0f);
+  EXPECT_EQ(int8_channel_multiplier(0.0f), 1.0f / 1e-12f);
+  EXPECT_EQ(int8_channel_multiplier(0.5f), 2.0f);
+  // fp16 rounding can underflow a tiny scale to 0: the 1e-12 floor then applies.
+  EXPECT_EQ(int8_channel_scale(1e-6f, 2), 0.0f);
+  EXPECT_EQ(int8_channel_multiplier(int8_channel_scale(1e-6f, 2)), 1.0f / 1e-12f);
+}
+
+// ----------------------------------------------------------------------------- RHT
+TEST(Rht, MatchesMatrixDefinition) {
+  u64 state = 12345;
+  auto next = [&]() {
+    state = state * 6364136223846793005ull + 1442695040888963407ull;
+    return static_cast<int>((state >> 33) % 2001) - 1000;
+  };
+  for (u32 mask : {kDefaultRhtSignMask, 0u, 0xFFFFu, 0x1234u}) {
+    for (int t = 0; t < 200; ++t) {
+      float x[16], v[16];
+      for (int i = 0; i < 16; ++i) v[i] = x[i] = static_cast<float>(next());
+      rht16(v, mask);
+      for (int j = 0; j < 16; ++j) {
+        double y = 0;  // (x^T diag(s) H16 / 4)_j
+        for (int i = 0; i < 16; ++i) {
+          const double s = ((mask >> i) & 1u) ? -1.0 : 1.0;
+          const double h = (__builtin_popcount(static_cast<unsigned>(i & j)) & 1) ? -1.0 : 1.0;
+          y += x[i] * s * h;
+        }
+        EXPECT_EQ(static_cast<double>(v[j]), y / 4) << mask << " " << j;
+      }
+    }
+  }
+}
+
+TEST(Rht, DefaultMaskIsTheSignVector) {
+  const int s[16] = {1, 1, 1, -1, 1, -1, -1, -1, -1, -1, -1, 1, -1, 1, -1, -1};
+  u32 mask = 0;
+  for (int i = 0; i < 16; ++i)
+    if (s[i] < 0) mask |= 1u << i;
+  EXPECT_EQ(mask, kDefaultRhtSignMask);
+}
+
+TEST(Rht, HadamardSquaredIs16I) {
+  // H (H diag(s) x / 4) / 4 = diag(s) x: applying twice (second time without signs) gives the
+  // signed input back, exactly for these integer inputs.
+  float x[16], v[16];
+  for (int i = 0; i < 16; ++i) v[i] = x[i] = static_cast<float>(3 * i - 17);
+  rht16(v, kDefaultRhtSignMask);
+  rht16(v, 0);
+  for (int i = 0; i < 16; ++i)
+    EXPECT_EQ(v[i], ((kDefaultRhtSignMask >> i) & 1u) ? -x[i] : x[i]);
+  for (int i = 0; i < 16; ++i) v[i] = x[i];
+  rht16(v, 0);
+  rht16(v, 0);
+  for (int i = 0; i < 16; ++i) EXPECT_EQ(v[i], x[i]);
+  // Unit vectors: row j of H / 4.
+  for (int j = 0; j < 16; ++j) {
+    for (int i = 0; i < 16; ++i) v[i] = i == j ? 1.0f : 0.0f;
+    rht16(v, 0);
+    for (int i = 0; i < 16; ++i)
+      EXPECT_EQ(v[i], (__builtin_popcount(static_cast<unsigned>(i & j)) & 1) ? -0.25f : 0.25f);
+  }
+}
+
+// ----------------------------------------------------------------------------- SR
+template <class Fm>
+void neighbours(float v, double& lo, double& hi) {
+  if constexpr (Fm::kIsInt) {
+    lo = std::floor(std::fabs(static_cast<double>(v)));
+    hi = std::ceil(std::fabs(static_cast<double>(v)));
+  } else {
+    const auto g = grid_values<Fm>();
+    const double a = std::fabs(static_cast<double>(v));
+    auto it = std::lower_bound(g.begin(), g.end(), a);
+    hi = *it;
+    lo = (*it == a) ? a : *(it - 1);
+  }
+}
+
+template <class Fm>
+void check_sr_neighbours(u64 seed) {
+  const auto g = grid_values<Fm>();
+  const double maxv = Fm::kMaxFinite;
+  u64 st = seed;
+  for (int t = 0; t < 20000; ++t) {
+    st = st * 6364136223846793005ull + 1442695040888963407ull;
+    // log-uniform magnitudes across (and below) the whole range, both signs.
+    const double u = static_cast<double>(st >> 11) / 9007199254740992.0;
+    float v = static_cast<float>(std::ldexp(maxv, -static_cast<int>(u * 30)) * (0.5 + u));
+    if (v > Fm::kMaxFinite) continue;
+    if (st & 1) v = -v;
+    double lo, hi;
+    neighbours<Fm>(v, lo, hi);
+    const u32 r = static_cast<u32>(st >> 17);
+    const double q = decode<Fm>(encode_sr<Fm>(v, r));
+    EXPECT_TRUE(std::fabs(q) == lo || std::fabs(q) == hi) << v;
+    EXPECT_TRUE(std::signbit(q) == std::signbit(v) || q == 0);
+    // Threshold: up iff frac > (r >> 8) / 2^24.
+    if (lo != hi) {
+      const double f = (std::fabs(static_cast<double>(v)) - lo) / (hi - lo);
+      const double uu = static_cast<double>(r >> 8) / 16777216.0;
+      EXPECT_EQ(std::fabs(q), f > uu ? hi : lo) << v << " r=" << r;
+    }
+  }
+}
+
+TEST(Sr, AlwaysANeighbourWithTheSpecifiedThreshold) {
+  check_sr_neighbours<E4M3>(1);
+  check_sr_neighbours<E5M2>(2);
+  check_sr_neighbours<E2M1>(3);
+  check_sr_neighbours<E2M3>(4);
+  check_sr_neighbours<E3M2>(5);
+  check_sr_neighbours<Int8>(6);
+}
+
+TEST(Sr, ExactThresholds) {
+  // e2m1: 0.75 is halfway between 0.5 and 1: up iff (r >> 8) < 2^23.
+  EXPECT_EQ(encode_sr<E2M1>(0.75f, ((1u << 23) - 1) << 8), 0x2);
+  EXPECT_EQ(encode_sr<E2M1>(0.75f, (1u << 23) << 8), 0x1);
+  EXPECT_EQ(encode_sr<E2M1>(0.75f, 0xFFu), 0x2);  // low 8 bits are ignored
+  EXPECT_EQ(encode_sr<E2M1>(-0.75f, 0u), 0xA);
+  // e4m3 below the smallest subnormal: 2^-12 = 1/8 of 2^-9: up iff (r >> 8) < 2^21.
+  EXPECT_EQ(encode_sr<E4M3>(std::ldexp(1.0f, -12), ((1u << 21) - 1) << 8), 0x01);
+  EXPECT_EQ(encode_sr<E4M3>(std::ldexp(1.0f, -12), (1u << 21) << 8), 0x00);
+  // 1.5 * 2^-11 = 0.375 of 2^-9 (shift 25 path): up iff (r >> 8) < 6291456.
+  EXPECT_EQ(encode_sr<E4M3>(std::ldexp(1.5f, -11), 6291455u << 8), 0x01);
+  EXPECT_EQ(encode_sr<E4M3>(std::ldexp(1.5f, -11), 6291456u << 8), 0x00);
+  // fp32 subnormal input: frac < 2^-24 of an ulp: up only when r >> 8 == 0.
+  EXPECT_EQ(encode_sr<E4M3>(F(1), 0u), 0x01);
+  EXPECT_EQ(encode_sr<E4M3>(F(1), 0x100u), 0x00);
+  EXPECT_EQ(encode_sr<E5M2>(std::ldexp(1.0f, -40), 0u), 0x01);
+  EXPECT_EQ(encode_sr<E5M2>(std::ldexp(1.0f, -40), 0x100u), 0x00);
+  // Zero never moves.
+  EXPECT_EQ(encode_sr<E4M3>(0.0f, 0u), 0x00);
+  EXPECT_EQ(encode_sr<E4M3>(-0.0f, 0u), 0x80);
+  EXPECT_EQ(encode_sr<Int8>(-0.0f, 0u), 0x00);
+  // Carry into the next binade: e4m3 just below 2 (1.875 < v < 2) rounding up gives 2 (0x40).
+  EXPECT_EQ(encode_sr<E4M3>(1.9f, 0u), 0x40);
+  // int8: 2.25 -> 2 or 3, up iff (r >> 8) < 2^22.
+  EXPECT_EQ(encode_sr<Int8>(2.25f, ((1u << 22) - 1) << 8), 3);
+  EXPECT_EQ(encode_sr<Int8>(2.25f, (1u << 22) << 8), 2);
+  EXPECT_EQ(encode_sr<Int8>(-2.25f, 0u), 0xFD);
+}
+
+TEST(Sr, SaturationAndNaN) {
+  for (u32 r : {0u, 0x80000000u, 0xFFFFFFFFu}) {
+    EXPECT_EQ(encode_sr<E4M3>(449.0f, r), 0x7E);
+    EXPECT_EQ(encode_sr<E4M3>(448.0f, r), 0x7E);
+    EXPECT_EQ(encode_sr<E4M3>(-kInf, r), 0xFE);
+    EXPECT_EQ(encode_sr<E4M3>(kNaN, r), 0x7F);
+    EXPECT_EQ(encode_sr<E5M2>(1e30f, r), 0x7B);
+    EXPECT_EQ(encode_sr<E5M2>(kInf, r), 0x7B);
+    EXPECT_EQ(encode_sr<E5M2>(-kNaN, r), 0x7F);
+    EXPECT_EQ(encode_sr<E2M1>(6.5f, r), 0x7);
+    EXPECT_EQ(encode_sr<E2M1>(-kInf, r), 0xF);
+    EXPECT_EQ(encode_sr<E2M1>(kNaN, r), 0x7);
+    EXPECT_EQ(encode_sr<E2M3>(kNaN, r), 0x1F);
+    EXPECT_EQ(encode_sr<E3M2>(-30.0f, r), 0x3F);
+    EXPECT_EQ(encode_sr<Int8>(127.7f, r), 127);
+    EXPECT_EQ(encode_sr<Int8>(200.0f, r), 127);
+    EXPECT_EQ(encode_sr<Int8>(-128.3f, r), 0x80);
+    EXPECT_EQ(encode_sr<Int8>(kInf, r), 127);
+    EXPECT_EQ(encode_sr<Int8>(-kInf, r), 0x80);
+    EXPECT_EQ(encode_sr<Int8>(kNaN, r), 0);
+  }
+  EXPECT_EQ(encode_sr<Int8>(126.5f, 0u), 127);
+  EXPECT_EQ(encode_sr<Int8>(-127.5f, 0u), 0x80);
+  EXPECT_EQ(encode_sr<Int8>(-127.5f, 0xFFFFFFFFu), 0x81);
+}
+
+TEST(Sr, Reproducible) {
+  for (u64 l = 0; l < 64; ++l) {
+    const u32 a = sr_random_bits(42, 7, 1, l), b = sr_random_bits(42, 7, 1, l);
+    EXPECT_EQ(a, b);
+    EXPECT_EQ(encode_sr<E2M1>(1.3f, a), encode_sr<E2M1>(1.3f, b));
+  }
+}
+
+// Unbiasedness. For v between neighbours lo < hi with p = P(up) = ceil(f * 2^24) / 2^24,
+// f = (|v| - lo) / (hi - lo): E[q] - v = (p - f) * (hi - lo) in [0, 2^-24 (hi - lo)], and the
+// mean of N draws has standard deviation (hi - lo) sqrt(p (1 - p) / N). Bound checked:
+//   |mean - v| <= 5 * (hi - lo) * sqrt(f (1 - f) / N) + 2^-24 * (hi - lo)   (+ a 1e-12 slack
+// for the double-precision summation).
+template <class Fm>
+void check_unbiased(float v, u64 seed) {
+  constexpr int N = 200000;
+  double lo, hi;
+  neighbours<Fm>(v, lo, hi);
+  const double ulp = hi - lo;
+  const double f = ulp > 0 ? (std::fabs(static_cast<double>(v)) - lo) / ulp : 0;
+  double sum = 0;
+  for (int i = 0; i < N; ++i)
+    sum += decode<Fm>(encode_sr<Fm>(v, sr_random_bits(seed, 3, 0, static_cast<u64>(i))));
+  const double mean = sum / N;
+  const double bound = 5 * ulp * std::sqrt(f * (1 - f) / N) + std::ldexp(ulp, -24) + 1e-12;
+  EXPECT_LE(std::fabs(mean - v), bound) << Fm::kName << " v=" << v << " mean=" << mean;
+}
+
+TEST(Sr, Unbiased) {
+  for (float v : {0.1f, 0.3f, 0.75f, 1.2f, 2.7f, 3.9f, 5.1f, -4.4f, -0.01f})
+    check_unbiased<E2M1>(v, 11);
+  for (float v : {0.3f, -7.25f, 100.9f, 126.5f, -127.99f, 0.001f}) check_unbiased<Int8>(v, 12);
+  for (float v : {0.3f, 300.0f, -0.001f}) check_unbiased<E4M3>(v, 13);
+}
+
+}  // namespace
+}  // namespace qf

@@ -1,0 +1,62 @@
+// qforge inspect <recipe> --role R: print the plan (after all passes, or after chosen passes
+// with --dump-after) and the buffers it writes for an example shape.
+#include <iostream>
+
+#include "compiler/buffers.h"
+#include "compiler/pipeline.h"
+#include "tools/args.h"
+#include "tools/commands.h"
+
+namespace qf::cli {
+
+DType parse_dtype_arg(const Args& args, const std::string& flag) {
+  std::string s = args.get(flag).value_or("bf16");
+  auto d = parse_dtype(s);
+  if (!d) throw UserError(flag, "expected bf16, fp16 or fp32, got \"" + s + "\"");
+  return *d;
+}
+
+std::optional<Usage> parse_usage_arg(const Args& args) {
+  auto s = args.get("--usage");
+  if (!s) return std::nullopt;
+  auto u = parse_usage(*s);
+  if (!u) throw UserError("--usage", "expected training, inference or memory, got \"" + *s + "\"");
+  return u;
+}
+
+int cmd_inspect(const Argv& argv) {
+  Args args(argv, {"--role", "--dtype", "--usage", "--dump-after", "--shape"}, {"--grouped"});
+  if (args.positional().size() != 1) throw UserError("recipe", "expected one recipe file");
+  const Recipe r = load_recipe(args.positional()[0]);
+  PlanRequest req{args.require("--role"), parse_dtype_arg(args, "--dtype"), parse_usage_arg(args),
+                  args.flag("--grouped")};
+  PipelineOptions opt;
+  opt.dump_after = args.all("--dump-after");
+  opt.log = &std::cout;
+  const Plan p = compile_plan(r, req, opt);
+  if (opt.dump_after.empty()) std::cout << print(p);
+
+  Shape2D shape{256, 512};
+  if (auto s = args.get("--shape")) {
+    auto x = s->find('x');
+    try {
+      if (x == std::string::npos) throw std::invalid_argument("");
+      shape = {std::stoll(s->substr(0, x)), std::stoll(s->substr(x + 1))};
+    } catch (const std::exception&) {
+      throw UserError("--shape", "expected MxK, e.g. 4096x4096, got \"" + *s + "\"");
+    }
+  }
+  check_shape(p, shape);
+  std::cout << "  buffers for [" << shape.m << ", " << shape.k << "]:\n";
+  for (const auto& b : input_buffers(p)) {
+    std::cout << "    in  " << b.name << " " << b.dtype << "[1]\n";
+  }
+  for (const auto& b : output_buffers(p, shape)) {
+    std::cout << "    out " << b.name << " " << b.dtype << "[";
+    for (size_t i = 0; i < b.shape.size(); ++i) std::cout << (i ? ", " : "") << b.shape[i];
+    std::cout << "] " << b.bytes << " B" << (b.zero_padding ? " (zero-padded)" : "") << "\n";
+  }
+  return 0;
+}
+
+}  // namespace qf::cli

@@ -1,0 +1,12 @@
+// The qforge subcommands. Each takes its arguments (after the subcommand name) and returns the
+// process exit code; user errors propagate as qf::UserError (exit 2).
+#pragma once
+#include <string>
+#include <vector>
+
+namespace qf::cli {
+using Argv = std::vector<std::string>;
+int cmd_check(const Argv& args);
+int cmd_inspect(const Argv& args);
+int cmd_quantize(const Argv& args);
+}  // namespace qf::cli
