@@ -33,40 +33,43 @@ Shape2D data_shape(const Stream& s, Shape2D in) {
   return s.layout == DataLayout::Transposed ? Shape2D{in.k, in.m} : in;
 }
 
-ScaleGrid scale_grid(const Stream& s, Shape2D in) {
-  ScaleGrid g;
-  const Shape2D d = data_shape(s, in);
+EntryShape scale_entry_shape(const Stream& s) {
   const bool transposed = s.layout == DataLayout::Transposed;
-  std::visit(
-      [&](const auto& m) {
+  return std::visit(
+      [&](const auto& m) -> EntryShape {
         using M = std::decay_t<decltype(m)>;
-        if constexpr (std::is_same_v<M, NoScaling>) {
-          g.rows = g.cols = 0;
-        } else if constexpr (std::is_same_v<M, PerTensorCurrent> || std::is_same_v<M, PerTensorDelayed>) {
-          g.rows = g.cols = 1;
-          g.block_rows = d.m, g.block_cols = d.k;
+        if constexpr (std::is_same_v<M, NoScaling> || std::is_same_v<M, PerTensorCurrent> ||
+                      std::is_same_v<M, PerTensorDelayed>) {
+          return {0, 0};
         } else if constexpr (std::is_same_v<M, PerChannel>) {
-          // rowwise: one per row of X; columnwise: one per column of X.
-          const bool per_row_of_data = (s.dir == Direction::Rowwise) || transposed;
-          g.rows = per_row_of_data ? d.m : 1;
-          g.cols = per_row_of_data ? 1 : d.k;
-          g.block_rows = per_row_of_data ? 1 : d.m;
-          g.block_cols = per_row_of_data ? d.k : 1;
+          // rowwise: one per row of X; columnwise: one per column of X (a row of the
+          // transposed data, a column of the [M, K] data).
+          const bool per_data_row = s.dir == Direction::Rowwise || transposed;
+          return per_data_row ? EntryShape{1, 0} : EntryShape{0, 1};
         } else {
-          // Block modes. FP32 block scaling stores one scale per block or tile; MX and NVFP4
-          // store one scale per 1D block of the direction even for 2D tiles (the tile's value
-          // repeated), as block-scaled GEMMs read them.
+          // FP32 block scaling stores one scale per block or tile; MX and NVFP4 store one per
+          // 1D block of the direction even for 2D tiles (the tile's value repeated), as
+          // block-scaled GEMMs read them.
           BlockShape b = m.block;
           if constexpr (!std::is_same_v<M, BlockScaling>) {
             if (b.is_2d()) b = s.dir == Direction::Rowwise ? BlockShape{1, b.cols} : BlockShape{b.rows, 1};
           }
           if (transposed) std::swap(b.rows, b.cols);
-          g.block_rows = b.rows, g.block_cols = b.cols;
-          g.rows = int64_t(ceil_div(u64(d.m), u64(b.rows)));
-          g.cols = int64_t(ceil_div(u64(d.k), u64(b.cols)));
+          return {b.rows, b.cols};
         }
       },
       s.scaling);
+}
+
+ScaleGrid scale_grid(const Stream& s, Shape2D in) {
+  ScaleGrid g;
+  const Shape2D d = data_shape(s, in);
+  if (std::holds_alternative<NoScaling>(s.scaling)) return g;
+  const EntryShape e = scale_entry_shape(s);
+  g.block_rows = e.rows ? e.rows : d.m;
+  g.block_cols = e.cols ? e.cols : d.k;
+  g.rows = e.rows ? int64_t(ceil_div(u64(d.m), u64(e.rows))) : 1;
+  g.cols = e.cols ? int64_t(ceil_div(u64(d.k), u64(e.cols))) : 1;
   g.swizzled = s.scale_layout == ScaleLayout::Swizzled;
   g.padded_rows = g.swizzled ? int64_t(round_up(u64(g.rows), 128)) : g.rows;
   g.padded_cols = g.swizzled ? int64_t(round_up(u64(g.cols), 4)) : g.cols;

@@ -43,6 +43,14 @@ struct BufferDesc {
 // Throws UserError (argument "shape") if the plan cannot quantize this shape.
 void check_shape(const Plan& plan, Shape2D shape);
 
+// The data elements one scale entry covers, in data-layout coordinates [rows, cols]; 0 means
+// the whole extent of that dimension (per-tensor: {0, 0}; per-channel rowwise: {1, 0}).
+// Kernels (cast.cuh) and scale_grid() both derive the grid from this.
+struct EntryShape {
+  int64_t rows = 0, cols = 0;
+};
+EntryShape scale_entry_shape(const Stream& s);
+
 // Data-layout shape of a stream's output: [M, K] or [K, M] (elements, not bytes).
 Shape2D data_shape(const Stream& s, Shape2D in);
 ScaleGrid scale_grid(const Stream& s, Shape2D in);

@@ -110,6 +110,7 @@ struct ScalingTraits {
   bool has_block;                          // the mode takes a "block" shape
   bool swizzle_ok;                         // GEMM-swizzled 128x4 scale layout allowed
   std::string_view allowed_blocks;         // for messages: "[1,32], [32,1] or [32,32]"
+  std::string_view device_mode;            // its constant in templates/qforge/cast.cuh
 };
 
 const ScalingTraits& traits(const Scaling& s);

@@ -129,6 +129,9 @@ void verify(const Plan& p) {
       const auto& a = p.amax[s.tensor_amax];
       QF_CHECK(a.scope == AmaxScope::Tensor, "tensor amax has tensor scope");
       QF_CHECK(a.rht == s.rht, "tensor amax is over the values the stream casts");
+      // Current scaling and NVFP4's global scale read the tensor amax before any element is cast.
+      if (t.amax_before_cast || std::holds_alternative<Nvfp4Scaling>(s.scaling))
+        QF_CHECK(a.before_cast, "tensor amax ", s.tensor_amax, " is needed before the cast");
       used[s.tensor_amax]++;
     }
     if (s.local_amax >= 0) {
@@ -139,6 +142,9 @@ void verify(const Plan& p) {
         QF_CHECK(a.block == *block_of(s.scaling), "block amax has the stream's block");
         QF_CHECK(a.rht == s.rht, "block amax is over the values the stream casts");
       }
+      if (a.scope == AmaxScope::Channel)
+        QF_CHECK(a.before_cast && a.channel_dir == s.dir, "channel amax ", s.local_amax,
+                 " runs along the stream's direction and is needed before the cast");
       used[s.local_amax]++;
     }
   }

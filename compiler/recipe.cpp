@@ -1,6 +1,7 @@
 #include "compiler/recipe.h"
 
 #include <algorithm>
+#include <cctype>
 #include <cmath>
 #include <fstream>
 #include <set>
@@ -349,6 +350,8 @@ DirectionSpec parse_direction(const Node& n, Direction dir) {
         char* end = nullptr;
         unsigned long v = 0;
         bool ok = s.size() > 2 && s.size() <= 6 && s[0] == '0' && (s[1] == 'x' || s[1] == 'X');
+        // strtoul alone would also take a sign or spaces ("0x-1" -> 0xFFFFFFFF).
+        ok = ok && std::all_of(s.begin() + 2, s.end(), [](char c) { return std::isxdigit(static_cast<unsigned char>(c)) != 0; });
         if (ok) {
           v = std::strtoul(s.c_str() + 2, &end, 16);
           ok = end && *end == '\0';
@@ -408,19 +411,46 @@ RolePattern parse_pattern(const Node& n) {
 // nlohmann keeps the last of duplicated keys silently; a recipe with a duplicated key is
 // almost certainly a mistake, so reject it.
 json parse_strict(std::string_view text) {
-  std::vector<std::set<std::string>> seen;
-  std::vector<std::string> path;
-  std::optional<std::string> duplicate;
+  // One frame per open container: its keys so far (objects), the current key or index, so
+  // that a duplicated key is reported with its JSON pointer.
+  struct Frame {
+    bool array = false;
+    size_t index = 0;
+    std::string key;
+    std::set<std::string> keys;
+  };
+  std::vector<Frame> stack;
+  std::optional<std::string> duplicate;  // JSON pointer of the first duplicated key
+  auto element_done = [&] {
+    if (!stack.empty() && stack.back().array) ++stack.back().index;
+  };
   auto cb = [&](int depth, json::parse_event_t ev, json& parsed) {
     (void)depth;
     switch (ev) {
-      case json::parse_event_t::object_start: seen.emplace_back(); break;
-      case json::parse_event_t::object_end: if (!seen.empty()) seen.pop_back(); break;
-      case json::parse_event_t::key:
-        if (!seen.empty() && !seen.back().insert(parsed.get<std::string>()).second && !duplicate)
-          duplicate = parsed.get<std::string>();
+      case json::parse_event_t::object_start: stack.push_back(Frame{}); break;
+      case json::parse_event_t::array_start: stack.emplace_back().array = true; break;
+      case json::parse_event_t::object_end:
+      case json::parse_event_t::array_end:
+        if (!stack.empty()) stack.pop_back();
+        element_done();
         break;
-      default: break;
+      case json::parse_event_t::value: element_done(); break;
+      case json::parse_event_t::key:
+        if (!stack.empty()) {
+          Frame& f = stack.back();
+          f.key = parsed.get<std::string>();
+          if (!f.keys.insert(f.key).second && !duplicate) {
+            std::string ptr;
+            for (const Frame& g : stack) {
+              std::string part = g.array ? std::to_string(g.index) : g.key;
+              std::string esc;  // RFC 6901
+              for (char c : part) esc += c == '~' ? std::string("~0") : c == '/' ? std::string("~1") : std::string(1, c);
+              ptr += "/" + esc;
+            }
+            duplicate = ptr;
+          }
+        }
+        break;
     }
     return true;
   };
@@ -438,7 +468,11 @@ json parse_strict(std::string_view text) {
     throw UserError("", "JSON syntax error at line " + std::to_string(line) + ", column " +
                             std::to_string(col) + ": " + (pos == std::string::npos ? what : what.substr(pos)));
   }
-  if (duplicate) throw UserError("", "duplicated key \"" + Node::printable(*duplicate) + "\" in a JSON object");
+  if (duplicate) {
+    const std::string key = duplicate->substr(duplicate->rfind('/') + 1);
+    throw UserError(Node::printable(*duplicate),
+                    "duplicated key \"" + Node::printable(key) + "\" in a JSON object (JSON keeps only one of them)");
+  }
   return j;
 }
 

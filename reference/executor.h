@@ -41,9 +41,19 @@ struct Output {
 std::vector<Output> quantize(const Plan& plan, const HostTensor& x, const QuantizeParams& params);
 
 // Grouped: x is [sum(m_splits), K]; member i is rows [off_i, off_i + m_splits[i]). Each output
-// buffer is the concatenation, in member order, of the members' buffers; amax outputs are
-// [N] (one per member). Members may be empty (m = 0: they contribute nothing and their amax is
-// 0). Stochastic rounding indices count across the whole grouped buffer (docs/numerics.md).
+// buffer is the concatenation, in member order, of the members' buffers (each member laid out
+// as quantize() would lay out a [m_i, K] tensor: its own scale grid, padding and swizzle);
+// outputs come in output_buffers(plan, {M, K}) order. Per-member one-value buffers (amax
+// outputs, per-tensor scale_inv) therefore become [N]. Descriptor convention: desc.bytes is the
+// sum over members; desc.shape stacks the members along dim 0 when their non-empty buffers
+// agree on the trailing dims (rowwise data [sum m_i, K], compact rowwise scale grids, [N]
+// per-tensor values), and is the flat element count [sum of member elements] otherwise (e.g.
+// transposed columnwise data, [K, m_i] per member). Members may be empty (m = 0): they
+// contribute no data or block scales, their amax is 0 and their per-tensor/per-channel scales are
+// those of amax 0 (current scaling: scale_inv 1; delayed: 1/scale). Stochastic rounding
+// indices count across the whole grouped buffer: member i's stream offsets its linear indices by
+// the element count of that stream in members 0..i-1 (docs/numerics.md). A UserError if the
+// splits are negative or do not add up to M, or a non-empty member fails check_shape.
 std::vector<Output> quantize_grouped(const Plan& plan, const HostTensor& x,
                                      std::span<const int64_t> m_splits, const QuantizeParams& params);
 

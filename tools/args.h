@@ -17,8 +17,14 @@ class Args {
   Args(const std::vector<std::string>& argv, std::set<std::string> valued, std::set<std::string> boolean)
       : valued_(std::move(valued)), boolean_(std::move(boolean)) {
     for (size_t i = 0; i < argv.size(); ++i) {
-      const std::string& a = argv[i];
-      if (a.rfind("--", 0) != 0 || a == "--") {
+      std::string a = argv[i];
+      // Short options with an attached value: -j8 -> -j 8.
+      if (a.size() > 2 && a[0] == '-' && a[1] != '-' && valued_.count(a.substr(0, 2))) {
+        flags_[a.substr(0, 2)].push_back(a.substr(2));
+        continue;
+      }
+      const bool is_flag = (a.rfind("--", 0) == 0 && a != "--") || (a.size() == 2 && a[0] == '-' && a[1] != '-');
+      if (!is_flag) {
         positional_.push_back(a);
         continue;
       }

@@ -5,6 +5,7 @@
 #include "compiler/buffers.h"
 #include "compiler/pipeline.h"
 #include "tools/args.h"
+#include "tools/cli_common.h"
 #include "tools/commands.h"
 
 namespace qf::cli {

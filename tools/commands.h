@@ -9,4 +9,8 @@ using Argv = std::vector<std::string>;
 int cmd_check(const Argv& args);
 int cmd_inspect(const Argv& args);
 int cmd_quantize(const Argv& args);
+int cmd_list(const Argv& args);    // tools/cmd_cache.cpp
+int cmd_verify(const Argv& args);
+int cmd_clear(const Argv& args);
+int cmd_prewarm(const Argv& args);  // tools/cmd_prewarm.cpp
 }  // namespace qf::cli

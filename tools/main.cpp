@@ -16,8 +16,22 @@ commands:
           [--dtype bf16|fp16|fp32] [--usage training|inference|memory] [--grouped]
           [--dump-after PASS|all]
   quantize --recipe R --role ROLE --input x.npy --out DIR
-          [--usage U] [--seed S] [--offset O] [--scale F] [--dtype bf16]
-                                    quantize a tensor on the CPU reference, writing .npy files
+          [--usage U] [--dtype bf16|fp16|fp32] [--seed S] [--offset O]
+          [--scale F] [--scale NAME=F] [--splits 3,0,5]
+                                    quantize a 2-D tensor on the CPU reference, writing one
+                                    <buffer>.npy per output plus manifest.json into DIR.
+                                    Input dtype from the .npy descr: '<f4' fp32, '<f2' fp16,
+                                    '<u2' bf16 bit patterns; --dtype must agree, except that
+                                    '<f4' input with --dtype bf16|fp16 is first rounded (RNE)
+                                    to that dtype. --seed/--offset: stochastic rounding state;
+                                    --scale: delayed-scaling scale (all inputs, or one by
+                                    name); --splits: grouped quantize, member sizes summing to M
+  prewarm <recipes...|dir> [--arch sm_90a,sm_100a] [-j N] [--dtype bf16,fp16,fp32]
+          [--usage training,inference,memory] [--role R]...
+                                    compile every kernel the recipes can need into the cache
+  list [--json]                     list the kernel cache's entries
+  verify                            check every cached kernel against its key (exit 1 on problems)
+  clear                             remove every kernel of the writable cache directory
   help                              this text
 
 exit codes: 0 ok, 1 check found problems, 2 bad input (recipe, arguments, files), 3 internal error
@@ -32,7 +46,8 @@ int main(int argc, char** argv) {
     return argc < 2 ? 2 : 0;
   }
   const std::map<std::string, int (*)(const Argv&)> commands = {
-      {"check", cmd_check}, {"inspect", cmd_inspect}, {"quantize", cmd_quantize}};
+      {"check", cmd_check}, {"inspect", cmd_inspect}, {"quantize", cmd_quantize},
+      {"prewarm", cmd_prewarm}, {"list", cmd_list}, {"verify", cmd_verify}, {"clear", cmd_clear}};
   const std::string cmd = argv[1];
   Argv args(argv + 2, argv + argc);
   auto it = commands.find(cmd);

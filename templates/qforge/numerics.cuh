@@ -557,7 +557,8 @@ QF_HD u32 sr_random_bits(u64 seed, u64 offset, u32 stream_id, u64 linear_index) 
 }
 
 // ---------------------------------------------------------------------------------------------
-// 16-point random Hadamard transform (in place, no dtype rounding: the caller rounds)
+// 16-point random Hadamard transform (in place, no dtype rounding: the caller rounds).
+// NaN outputs are canonical 0x7FC00000 so host and device agree bit for bit.
 // ---------------------------------------------------------------------------------------------
 constexpr u32 kDefaultRhtSignMask = 0xD7E8u;
 
@@ -585,7 +586,12 @@ QF_HD void rht16(float v[16], u32 sign_mask) {
 #if defined(__CUDA_ARCH__)
 #pragma unroll
 #endif
-  for (int i = 0; i < 16; ++i) v[i] = v[i] * 0.25f;
+  for (int i = 0; i < 16; ++i) {
+    // A NaN output is made the canonical +qNaN: NaN payload and sign propagation differ between
+    // the host FPU (keeps the operand's payload) and the GPU (0x7FFFFFFF).
+    const float y = v[i] * 0.25f;
+    v[i] = f32_is_nan(y) ? f32_quiet_nan() : y;
+  }
 }
 
 }  // namespace qf

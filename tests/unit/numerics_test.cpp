@@ -454,6 +454,20 @@ TEST(Rht, MatchesMatrixDefinition) {
   }
 }
 
+TEST(Rht, NanOutputsAreCanonical) {
+  // Host FPUs propagate NaN payloads and signs, GPUs produce 0x7FFFFFFF: rht16 canonicalises.
+  float v[16];
+  for (int i = 0; i < 16; ++i) v[i] = static_cast<float>(i);
+  v[5] = F(0xFFA3BA7Au);  // negative NaN with a payload
+  rht16(v, kDefaultRhtSignMask);
+  for (int i = 0; i < 16; ++i) EXPECT_EQ(B(v[i]), 0x7FC00000u) << i;
+  for (int i = 0; i < 16; ++i) v[i] = 0.0f;
+  v[0] = kInf;
+  v[1] = -kInf;  // Inf - Inf
+  rht16(v, 0);
+  for (int i = 0; i < 16; ++i) EXPECT_TRUE(B(v[i]) == 0x7FC00000u || std::isinf(v[i])) << i;
+}
+
 TEST(Rht, DefaultMaskIsTheSignVector) {
   const int s[16] = {1, 1, 1, -1, 1, -1, -1, -1, -1, -1, -1, 1, -1, 1, -1, -1};
   u32 mask = 0;

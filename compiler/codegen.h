@@ -1,0 +1,25 @@
+// Plan -> CUDA source of its quantize kernels: a config struct per plan, stream and global
+// reduction, instantiating the templates of templates/qforge/cast.cuh. The source depends on
+// the plan's structure only (never on recipe or role names), so identical kernels of different
+// recipes share one cache entry.
+#pragma once
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "compiler/ir.h"
+
+namespace qf {
+
+struct KernelSource {
+  std::string source;                     // the translation unit given to NVRTC
+  std::string cast_kernel;                // name expression of the cast kernel
+  std::optional<std::string> amax_kernel; // name expression of the phase-0 reduction, if any
+  uint32_t smem_bytes = 0;                // dynamic shared memory of either kernel
+  TileConfig tile;
+};
+
+KernelSource emit_quantize(const Plan& plan);
+
+}  // namespace qf

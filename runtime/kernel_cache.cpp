@@ -1,0 +1,519 @@
+#include "runtime/kernel_cache.h"
+
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <sys/types.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <chrono>
+#include <cstdlib>
+#include <cstring>
+#include <iostream>
+#include <random>
+#include <set>
+#include <system_error>
+
+#include "compiler/error.h"
+#include "runtime/sha256.h"
+
+namespace qf::rt {
+namespace fs = std::filesystem;
+using nlohmann::json;
+
+namespace {
+
+// ------------------------------------------------------------------------------------------------
+// Files: plain POSIX so every write can be fsync'ed.
+// ------------------------------------------------------------------------------------------------
+[[noreturn]] void throw_errno(const std::string& what, const fs::path& p) {
+  throw std::system_error(errno, std::generic_category(), what + " " + p.string());
+}
+
+class Fd {  // RAII file descriptor
+ public:
+  explicit Fd(int fd) : fd_(fd) {}
+  ~Fd() {
+    if (fd_ >= 0) ::close(fd_);
+  }
+  Fd(const Fd&) = delete;
+  Fd& operator=(const Fd&) = delete;
+  int get() const { return fd_; }
+  int release() { return std::exchange(fd_, -1); }
+
+ private:
+  int fd_;
+};
+
+void write_file_synced(const fs::path& p, std::string_view data) {
+  Fd fd(::open(p.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644));
+  if (fd.get() < 0) throw_errno("cannot create", p);
+  for (size_t done = 0; done < data.size();) {
+    const ssize_t n = ::write(fd.get(), data.data() + done, data.size() - done);
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0) throw_errno("cannot write", p);
+    done += size_t(n);
+  }
+  if (::fsync(fd.get()) != 0) throw_errno("cannot fsync", p);
+  if (::close(fd.release()) != 0) throw_errno("cannot close", p);
+}
+
+void fsync_dir(const fs::path& p) {
+  Fd fd(::open(p.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC));
+  if (fd.get() < 0) throw_errno("cannot open directory", p);
+  if (::fsync(fd.get()) != 0) throw_errno("cannot fsync directory", p);
+}
+
+std::optional<std::string> read_file(const fs::path& p) {
+  Fd fd(::open(p.c_str(), O_RDONLY | O_CLOEXEC));
+  if (fd.get() < 0) return std::nullopt;
+  std::string out;
+  char buf[1 << 16];
+  for (;;) {
+    const ssize_t n = ::read(fd.get(), buf, sizeof buf);
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0) return std::nullopt;
+    if (n == 0) return out;
+    out.append(buf, size_t(n));
+  }
+}
+
+int64_t mtime_unix(const fs::path& p) {
+  struct stat st;
+  return ::stat(p.c_str(), &st) == 0 ? int64_t(st.st_mtime) : 0;
+}
+
+std::string unique_suffix() {
+  static std::atomic<uint64_t> counter{0};
+  thread_local std::mt19937_64 rng{std::random_device{}()};
+  char buf[64];
+  std::snprintf(buf, sizeof buf, "%d.%016llx.%llu", int(::getpid()), (unsigned long long)rng(),
+                (unsigned long long)counter++);
+  return buf;
+}
+
+int64_t now_unix() {
+  return std::chrono::duration_cast<std::chrono::seconds>(std::chrono::system_clock::now().time_since_epoch())
+      .count();
+}
+
+bool is_key(const std::string& s) {
+  return s.size() == 64 && s.find_first_not_of("0123456789abcdef") == std::string::npos;
+}
+
+fs::path entry_dir(const fs::path& root, const std::string& key) {
+  return root / kCacheDirName / key.substr(0, 2) / key;
+}
+
+// Moves a directory out of the way (into tmp/, so no reader sees it half-deleted), then deletes it.
+void remove_dir_safely(const fs::path& dir, const fs::path& tmp, const std::string& tag) {
+  std::error_code ec;
+  const fs::path aside = tmp / (tag + "." + unique_suffix());
+  fs::rename(dir, aside, ec);
+  fs::remove_all(ec ? dir : aside, ec);
+}
+
+// ------------------------------------------------------------------------------------------------
+// meta.json
+// ------------------------------------------------------------------------------------------------
+json to_meta(const CacheEntry& e, const std::string& source) {
+  return json{{"schema", kCacheSchemaVersion},
+              {"key", e.key},
+              {"kind", name(e.kind)},
+              {"arch", e.arch},
+              {"target", e.target},
+              {"nvrtc_version", e.nvrtc_version},
+              {"templates_hash", templates_hash()},
+              {"lowered_names", e.lowered_names},
+              {"image_size", e.image.size()},
+              {"image_sha256", sha256_hex(e.image)},
+              {"source_size", source.size()},
+              {"metadata", e.metadata},
+              {"note", e.note},
+              {"log", e.log},
+              {"options", e.options},
+              {"created_unix", e.created_unix}};
+}
+
+// Loads and checks the entry in `dir` for `key`; on any problem returns null with `problem` set.
+std::shared_ptr<CacheEntry> load_entry(const fs::path& dir, const std::string& key, std::string& problem) {
+  const auto meta_text = read_file(dir / "meta.json");
+  if (!meta_text) return problem = "meta.json missing or unreadable", nullptr;
+  json m = json::parse(*meta_text, nullptr, /*allow_exceptions=*/false);
+  if (m.is_discarded() || !m.is_object()) return problem = "meta.json is not valid JSON", nullptr;
+  try {
+    if (m.at("schema").get<int>() != kCacheSchemaVersion) return problem = "meta.json has another schema", nullptr;
+    if (m.at("key").get<std::string>() != key)
+      return problem = "meta.json key " + m.at("key").get<std::string>() + " does not match", nullptr;
+    auto e = std::make_shared<CacheEntry>();
+    e->key = key;
+    const std::string kind = m.at("kind").get<std::string>();
+    if (kind != "cubin" && kind != "ptx") return problem = "meta.json has unknown kind \"" + kind + "\"", nullptr;
+    e->kind = kind == "cubin" ? ImageKind::Cubin : ImageKind::Ptx;
+    e->arch = m.at("arch").get<std::string>();
+    e->target = m.at("target").get<std::string>();
+    e->nvrtc_version = m.at("nvrtc_version").get<std::string>();
+    e->lowered_names = m.at("lowered_names").get<std::map<std::string, std::string>>();
+    e->metadata = m.at("metadata");
+    e->note = m.value("note", "");
+    e->log = m.value("log", "");
+    e->options = m.value("options", std::vector<std::string>{});
+    e->created_unix = m.at("created_unix").get<int64_t>();
+    auto image = read_file(dir / "image.bin");
+    if (!image) return problem = "image.bin missing or unreadable", nullptr;
+    if (image->size() != m.at("image_size").get<uint64_t>())
+      return problem = "image.bin has " + std::to_string(image->size()) + " bytes, meta.json says " +
+                       std::to_string(m.at("image_size").get<uint64_t>()),
+             nullptr;
+    if (sha256_hex(*image) != m.at("image_sha256").get<std::string>())
+      return problem = "image.bin SHA-256 does not match meta.json", nullptr;
+    std::error_code ec;
+    const auto source_size = fs::file_size(dir / "source.cu", ec);
+    if (ec) return problem = "source.cu missing", nullptr;
+    if (source_size != m.at("source_size").get<uint64_t>()) return problem = "source.cu size does not match", nullptr;
+    e->image = std::move(*image);
+    return e;
+  } catch (const json::exception& ex) {
+    return problem = std::string("meta.json field missing or mistyped: ") + ex.what(), nullptr;
+  }
+}
+
+std::mutex g_warn_mu;
+std::set<std::string> g_warned;  // directories already warned about in this process
+
+}  // namespace
+
+// ------------------------------------------------------------------------------------------------
+
+const std::string& CacheEntry::lowered(const std::string& name_expression) const {
+  auto it = lowered_names.find(name_expression);
+  QF_CHECK(it != lowered_names.end(), "kernel ", key, " has no lowered name for \"", name_expression, "\"");
+  return it->second;
+}
+
+const char* name(CacheHow h) {
+  switch (h) {
+    case CacheHow::MemoryHit: return "memory_hit";
+    case CacheHow::DiskHit: return "disk_hit";
+    case CacheHow::Compiled: return "compiled";
+  }
+  return "?";
+}
+
+CacheKey make_key(const CompileRequest& req) {
+  const std::vector<std::string> options = compile_options(req);
+  Sha256 h;
+  h.field("qforge-kernel-cache").field(std::to_string(kCacheSchemaVersion));
+  h.field(req.source).field(req.source_name);
+  h.field(std::to_string(req.name_expressions.size()));
+  for (const auto& n : req.name_expressions) h.field(n);
+  h.field(templates_hash()).field(nvrtc_version());
+  h.field(std::to_string(options.size()));
+  for (const auto& o : options) {
+    QF_CHECK(o.empty() || o[0] != '/', "absolute path in NVRTC options: ", o);
+    h.field(o);
+  }
+  h.field(req.arch);
+  return CacheKey{h.hex_digest()};
+}
+
+CacheOptions CacheOptions::from_env() {
+  CacheOptions o;
+  auto env = [](const char* k) -> std::string {
+    const char* v = std::getenv(k);
+    return v ? v : "";
+  };
+  if (env("QFORGE_CACHE_DISABLE") == "1") {
+    o.disabled = true;
+    return o;
+  }
+  if (auto d = env("QFORGE_CACHE_DIR"); !d.empty())
+    o.writable_root = fs::path(d);
+  else if (auto x = env("XDG_CACHE_HOME"); !x.empty() && x[0] == '/')
+    o.writable_root = fs::path(x) / "qforge";
+  else if (auto h = env("HOME"); !h.empty())
+    o.writable_root = fs::path(h) / ".cache" / "qforge";
+  const std::string ro = env("QFORGE_CACHE_READONLY_DIRS");
+  for (size_t start = 0; start <= ro.size();) {
+    size_t end = ro.find(':', start);
+    if (end == std::string::npos) end = ro.size();
+    if (end > start) o.readonly_roots.emplace_back(ro.substr(start, end - start));
+    start = end + 1;
+  }
+  return o;
+}
+
+KernelCache::KernelCache(CacheOptions options) : opts_(std::move(options)) {
+  if (opts_.disabled) {
+    opts_.writable_root.reset();
+    opts_.readonly_roots.clear();
+    return;
+  }
+  if (!opts_.writable_root) {
+    disable_disk("no cache directory (set QFORGE_CACHE_DIR or HOME)");
+    return;
+  }
+  // Create the layout and prove we can write there (a directory that exists is not enough).
+  const fs::path tmp = *opts_.writable_root / kCacheDirName / "tmp";
+  std::error_code ec;
+  fs::create_directories(tmp, ec);
+  if (ec) {
+    disable_disk(ec.message());
+    return;
+  }
+  const fs::path probe = tmp / ("probe." + unique_suffix());
+  if (::mkdir(probe.c_str(), 0700) != 0) {
+    disable_disk(std::strerror(errno));
+    return;
+  }
+  ::rmdir(probe.c_str());
+  writable_ = true;
+}
+
+KernelCache& KernelCache::global() {
+  static KernelCache cache;  // thread-safe initialisation
+  return cache;
+}
+
+void KernelCache::disable_disk(const std::string& why) {
+  writable_ = false;
+  const std::string dir = opts_.writable_root ? opts_.writable_root->string() : std::string("(none)");
+  std::lock_guard lk(g_warn_mu);
+  if (!g_warned.insert(dir).second) return;
+  std::cerr << "qforge: warning: kernel cache directory " << dir << " is not usable (" << why
+            << "); compiled kernels are kept in memory only for this process\n";
+}
+
+CacheResult KernelCache::get_or_compile(const CompileRequest& req, const json& metadata) {
+  QF_CHECK(metadata.is_object(), "kernel metadata must be a JSON object");
+  const CacheKey key = make_key(req);
+  std::promise<std::shared_ptr<const CacheEntry>> promise;
+  {
+    std::unique_lock lk(mu_);
+    if (auto it = memory_.find(key.hex); it != memory_.end()) {
+      ++memory_hits_;
+      return {it->second, CacheHow::MemoryHit};
+    }
+    if (auto it = in_flight_.find(key.hex); it != in_flight_.end()) {
+      auto pending = it->second;
+      lk.unlock();
+      auto e = pending.get();  // rethrows the compiler's exception
+      ++memory_hits_;
+      return {e, CacheHow::MemoryHit};
+    }
+    in_flight_.emplace(key.hex, promise.get_future().share());
+  }
+  try {
+    CacheHow how = CacheHow::DiskHit;
+    std::shared_ptr<const CacheEntry> entry = load_from_disk(key);
+    if (entry) {
+      ++disk_hits_;
+    } else {
+      ++misses_;
+      CompileResult r = compile_cuda(req);
+      ++compiles_;
+      auto e = std::make_shared<CacheEntry>();
+      e->key = key.hex;
+      e->kind = r.kind;
+      e->arch = req.arch;
+      e->target = r.target;
+      e->image = std::move(r.image);
+      e->lowered_names = std::move(r.lowered_names);
+      e->metadata = metadata;
+      e->nvrtc_version = nvrtc_version();
+      e->note = std::move(r.note);
+      e->log = std::move(r.log);
+      e->options = std::move(r.options);
+      e->created_unix = now_unix();
+      store_to_disk(*e, req.source);
+      entry = std::move(e);
+      how = CacheHow::Compiled;
+    }
+    {
+      std::lock_guard lk(mu_);
+      memory_.emplace(key.hex, entry);
+      in_flight_.erase(key.hex);
+    }
+    promise.set_value(entry);
+    return {entry, how};
+  } catch (...) {
+    {
+      std::lock_guard lk(mu_);
+      in_flight_.erase(key.hex);
+    }
+    promise.set_exception(std::current_exception());
+    throw;
+  }
+}
+
+std::shared_ptr<const CacheEntry> KernelCache::load_from_disk(const CacheKey& key) {
+  if (opts_.disabled) return nullptr;
+  std::vector<std::pair<fs::path, bool>> roots;  // (root, writable)
+  if (opts_.writable_root) roots.emplace_back(*opts_.writable_root, true);
+  for (const auto& r : opts_.readonly_roots) roots.emplace_back(r, false);
+  for (const auto& [root, writable] : roots) {
+    const fs::path dir = entry_dir(root, key.hex);
+    struct stat st;
+    if (::lstat(dir.c_str(), &st) != 0) continue;  // not there: the common miss
+    std::string problem;
+    if (auto e = load_entry(dir, key.hex, problem)) {
+      if (writable && writable_) {
+        // Cheap last-use stamp for eviction tools: bump the mtime of an empty file.
+        const fs::path stamp = dir / "last_use";
+        if (::utimensat(AT_FDCWD, stamp.c_str(), nullptr, 0) != 0 && errno == ENOENT) {
+          int fd = ::open(stamp.c_str(), O_WRONLY | O_CREAT | O_CLOEXEC, 0644);
+          if (fd >= 0) ::close(fd);
+        }
+      }
+      return e;
+    }
+    ++corrupt_;
+    if (writable && writable_) remove_dir_safely(dir, root / kCacheDirName / "tmp", "corrupt." + key.hex);
+  }
+  return nullptr;
+}
+
+void KernelCache::store_to_disk(const CacheEntry& e, const std::string& source) {
+  if (!writable_ || !opts_.writable_root) return;
+  const fs::path base = *opts_.writable_root / kCacheDirName;
+  const fs::path tmp = base / "tmp" / (e.key + "." + unique_suffix());
+  std::error_code ec;
+  try {
+    if (::mkdir(tmp.c_str(), 0755) != 0) throw_errno("cannot create", tmp);
+    write_file_synced(tmp / "image.bin", e.image);
+    write_file_synced(tmp / "source.cu", source);
+    write_file_synced(tmp / "meta.json", to_meta(e, source).dump(2) + "\n");
+    write_file_synced(tmp / "last_use", "");
+    fsync_dir(tmp);
+    const fs::path parent = base / e.key.substr(0, 2);
+    if (::mkdir(parent.c_str(), 0755) != 0 && errno != EEXIST) throw_errno("cannot create", parent);
+    const fs::path final_dir = parent / e.key;
+    if (::rename(tmp.c_str(), final_dir.c_str()) != 0) {
+      if (errno != EEXIST && errno != ENOTEMPTY) throw_errno("cannot rename into", final_dir);
+      fs::remove_all(tmp, ec);  // another process published the same key first
+      return;
+    }
+    fsync_dir(parent);
+  } catch (const std::exception& ex) {
+    ++store_failures_;
+    fs::remove_all(tmp, ec);
+    disable_disk(ex.what());
+  }
+}
+
+std::vector<CacheListing> KernelCache::list() const {
+  std::vector<CacheListing> out;
+  std::vector<std::pair<fs::path, bool>> roots;
+  if (opts_.writable_root) roots.emplace_back(*opts_.writable_root, false);
+  for (const auto& r : opts_.readonly_roots) roots.emplace_back(r, true);
+  for (const auto& [root, readonly] : roots) {
+    std::error_code ec;
+    for (const auto& prefix : fs::directory_iterator(root / kCacheDirName, ec)) {
+      if (prefix.path().filename() == "tmp" || !prefix.is_directory()) continue;
+      std::error_code ec2;
+      for (const auto& d : fs::directory_iterator(prefix.path(), ec2)) {
+        const std::string key = d.path().filename().string();
+        if (!is_key(key)) continue;
+        CacheListing l;
+        l.key = key, l.root = root.string(), l.readonly = readonly;
+        if (auto text = read_file(d.path() / "meta.json")) {
+          json m = json::parse(*text, nullptr, false);
+          if (m.is_object()) {
+            l.kind = m.value("kind", "?");
+            l.arch = m.value("arch", "?");
+            l.size = m.value("image_size", uint64_t(0));
+            l.created_unix = m.value("created_unix", int64_t(0));
+            if (auto md = m.find("metadata"); md != m.end() && md->is_object()) {
+              if (md->contains("recipe") && (*md)["recipe"].is_string()) l.recipe = (*md)["recipe"];
+              if (md->contains("role") && (*md)["role"].is_string()) l.role = (*md)["role"];
+            }
+          }
+        }
+        if (l.kind.empty()) l.kind = "?";
+        l.last_use_unix = mtime_unix(d.path() / "last_use");
+        if (!l.last_use_unix) l.last_use_unix = mtime_unix(d.path() / "meta.json");
+        out.push_back(std::move(l));
+      }
+    }
+  }
+  return out;
+}
+
+std::vector<CacheProblem> KernelCache::verify() const {
+  std::vector<CacheProblem> problems;
+  std::vector<fs::path> roots;
+  if (opts_.writable_root) roots.push_back(*opts_.writable_root);
+  for (const auto& r : opts_.readonly_roots) roots.push_back(r);
+  for (const auto& root : roots) {
+    std::error_code ec;
+    for (const auto& prefix : fs::directory_iterator(root / kCacheDirName, ec)) {
+      const std::string p = prefix.path().filename().string();
+      if (p == "tmp") continue;
+      if (!prefix.is_directory() || p.size() != 2) {
+        problems.push_back({prefix.path().string(), "unexpected entry in the cache directory"});
+        continue;
+      }
+      std::error_code ec2;
+      for (const auto& d : fs::directory_iterator(prefix.path(), ec2)) {
+        const std::string key = d.path().filename().string();
+        if (!is_key(key) || key.substr(0, 2) != p) {
+          problems.push_back({d.path().string(), "name is not a cache key of this prefix"});
+          continue;
+        }
+        std::string problem;
+        if (!load_entry(d.path(), key, problem)) problems.push_back({d.path().string(), problem});
+      }
+    }
+  }
+  return problems;
+}
+
+size_t KernelCache::clear() {
+  {
+    std::lock_guard lk(mu_);
+    memory_.clear();
+  }
+  if (opts_.disabled || !opts_.writable_root) return 0;
+  const fs::path base = *opts_.writable_root / kCacheDirName, tmp = base / "tmp";
+  std::error_code ec;
+  if (!fs::is_directory(fs::symlink_status(base, ec))) return 0;
+  fs::create_directories(tmp, ec);
+  size_t removed = 0;
+  for (const auto& prefix : fs::directory_iterator(base, ec)) {
+    if (prefix.path().filename() == "tmp") continue;
+    if (!prefix.is_directory() || prefix.is_symlink()) {  // not ours: leave it
+      continue;
+    }
+    std::error_code ec2;
+    std::vector<fs::path> entries;
+    for (const auto& d : fs::directory_iterator(prefix.path(), ec2)) entries.push_back(d.path());
+    for (const auto& d : entries) {
+      if (!is_key(d.filename().string())) continue;
+      remove_dir_safely(d, tmp, "cleared");
+      ++removed;
+    }
+    fs::remove(prefix.path(), ec2);  // only succeeds when empty
+  }
+  // Leftovers in tmp/: ours from above, and temp dirs of crashed writers. A writer publishing right
+  // now keeps its temp dir (younger than ten minutes).
+  const int64_t now = now_unix();
+  std::vector<fs::path> leftovers;
+  for (const auto& t : fs::directory_iterator(tmp, ec)) leftovers.push_back(t.path());
+  for (const auto& t : leftovers) {
+    const std::string n = t.filename().string();
+    if (n.rfind("cleared.", 0) == 0 || n.rfind("corrupt.", 0) == 0 || now - mtime_unix(t) > 600) {
+      std::error_code ec2;
+      fs::remove_all(t, ec2);
+    }
+  }
+  return removed;
+}
+
+CacheStats KernelCache::stats() const {
+  CacheStats s;
+  s.memory_hits = memory_hits_, s.disk_hits = disk_hits_, s.misses = misses_, s.compiles = compiles_;
+  s.corrupt = corrupt_, s.store_failures = store_failures_;
+  return s;
+}
+
+}  // namespace qf::rt

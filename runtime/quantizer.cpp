@@ -1,0 +1,205 @@
+#include "runtime/quantizer.h"
+
+#include <algorithm>
+
+#include "compiler/error.h"
+#include "qforge/args.cuh"
+#include "qforge/layout.cuh"
+#include "runtime/driver.h"
+
+namespace qf::rt {
+
+QuantizeKernels build_quantize_kernels(const Plan& plan, const std::string& arch, KernelCache& cache) {
+  QuantizeKernels k;
+  k.source = emit_quantize(plan);
+  CompileRequest req;
+  req.source = k.source.source;
+  req.source_name = "qforge_quantize.cu";
+  req.name_expressions = {k.source.cast_kernel};
+  if (k.source.amax_kernel) req.name_expressions.push_back(*k.source.amax_kernel);
+  req.arch = arch;
+  nlohmann::json meta = {{"kind", "quantize"},
+                         {"recipe", plan.recipe},
+                         {"role", plan.role},
+                         {"input", std::string(traits(plan.input).name)},
+                         {"usage", std::string(name(plan.usage))}};
+  k.cached = cache.get_or_compile(req, meta);
+  return k;
+}
+
+struct Quantizer::Loaded {
+  QuantizeKernels kernels;
+  std::shared_ptr<const Module> module;
+  CUfunction cast = nullptr;
+  CUfunction amax = nullptr;
+};
+
+Quantizer::Quantizer(Plan plan, KernelCache& cache) : plan_(std::move(plan)), cache_(cache) {
+  verify(plan_);
+}
+
+CacheHow Quantizer::prepare(const std::string& arch) const {
+  return build_quantize_kernels(plan_, arch, cache_).cached.how;
+}
+
+std::shared_ptr<const Quantizer::Loaded> Quantizer::load_for_current_device() const {
+  const int dev = current_device();
+  {
+    std::lock_guard<std::mutex> g(mu_);
+    if (auto it = loaded_.find(dev); it != loaded_.end()) return it->second;
+  }
+  // Compile / load outside the lock; a racing thread may do the same, the cache dedupes.
+  auto l = std::make_shared<Loaded>();
+  l->kernels = build_quantize_kernels(plan_, device_arch(dev), cache_);
+  const auto& entry = *l->kernels.cached.entry;
+  l->module = module_registry().get(dev, entry.key, std::string_view(entry.image));
+  l->cast = l->module->function(entry.lowered(l->kernels.source.cast_kernel));
+  if (l->kernels.source.amax_kernel) l->amax = l->module->function(entry.lowered(*l->kernels.source.amax_kernel));
+  std::lock_guard<std::mutex> g(mu_);
+  return loaded_.emplace(dev, std::move(l)).first->second;
+}
+
+std::vector<BufferDesc> Quantizer::grouped_outputs(std::span<const int64_t> counts, int64_t k) const {
+  std::vector<BufferDesc> total;
+  for (size_t i = 0; i < counts.size(); ++i) {
+    if (counts[i] < 0) throw UserError("member_rows", "member " + std::to_string(i) + " has negative rows");
+    std::vector<BufferDesc> one;
+    if (counts[i] > 0) {
+      check_shape(plan_, Shape2D{counts[i], k});
+      one = output_buffers(plan_, Shape2D{counts[i], k});
+    } else {
+      one = output_buffers(plan_, Shape2D{1, k});  // for names; sizes below
+      for (auto& b : one)
+        if (b.kind != BufferKind::Amax && !(b.kind == BufferKind::ScaleInv && b.shape == std::vector<int64_t>{1}))
+          b.bytes = 0;
+    }
+    if (total.empty()) {
+      total = one;
+      for (auto& b : total) b.shape = {b.bytes / (b.storage == Storage::F32 ? 4 : b.storage == Storage::U16 ? 2 : 1)};
+      continue;
+    }
+    for (size_t j = 0; j < total.size(); ++j) {
+      total[j].bytes += one[j].bytes;
+      total[j].shape = {total[j].bytes / (total[j].storage == Storage::F32 ? 4 : total[j].storage == Storage::U16 ? 2 : 1)};
+    }
+  }
+  return total;
+}
+
+int64_t Quantizer::workspace_bytes(Shape2D shape, int num_members) const {
+  int64_t bytes = 0;
+  for (const auto& a : plan_.amax) {
+    if (a.scope != AmaxScope::Channel) continue;
+    const int64_t n = a.channel_dir == Direction::Rowwise ? shape.m : int64_t(num_members) * shape.k;
+    bytes += int64_t(round_up(u64(n * 4), 256));
+  }
+  return bytes;
+}
+
+void Quantizer::quantize(const QuantizeCall& call, CUstream stream) const {
+  const bool grouped = call.member_rows != 0;
+  const int members = grouped ? call.num_members : 1;
+  if (grouped && (members < 1 || members > (1 << 20)))
+    throw UserError("num_members", "expected 1..2^20 members, got " + std::to_string(call.num_members));
+  // Grouped member sizes live on the device: the caller guarantees the per-member rules of
+  // check_shape (even rows for packed transposed data, 16-row groups for RHT).
+  if (!grouped) check_shape(plan_, call.shape);
+
+  // Input.
+  const int64_t in_bytes = call.shape.m * call.shape.k * traits(plan_.input).bytes;
+  check_dtype("input", call.input, plan_.input);
+  check_buffer("input", call.input, in_bytes, 16, "input [" + std::to_string(call.shape.m) + ", " + std::to_string(call.shape.k) + "]");
+
+  // Outputs: single tensors must match output_buffers exactly; grouped buffers hold the
+  // concatenation of members, whose sizes are only known on the device, so the bound is the
+  // worst case over any split of M rows into `members` parts.
+  std::vector<BufferDesc> outs = output_buffers(plan_, call.shape);
+  QuantizeArgs args{};
+  args.x = reinterpret_cast<const void*>(call.input.ptr);
+  args.m = call.shape.m;
+  args.k = call.shape.k;
+  args.noop = reinterpret_cast<const float*>(call.noop);
+  args.seed = call.seed;
+  args.offset = call.offset;
+  args.member_rows = reinterpret_cast<const i64*>(call.member_rows);
+  args.num_members = members;
+
+  auto get = [&](const std::string& n) -> const TensorView& {
+    auto it = call.buffers.find(n);
+    if (it == call.buffers.end()) throw UserError(n, "missing buffer argument \"" + n + "\"");
+    return it->second;
+  };
+  for (const auto& [n, v] : call.buffers) {
+    bool known = false;
+    for (const auto& b : outs) known |= b.name == n;
+    for (const auto& b : input_buffers(plan_)) known |= b.name == n;
+    if (!known) throw UserError(n, "this plan has no buffer named \"" + n + "\"");
+  }
+  struct Zero {
+    uint64_t ptr;
+    int64_t bytes;
+  };
+  std::vector<Zero> zero;
+  for (const auto& b : outs) {
+    const TensorView& v = get(b.name);
+    int64_t need = b.bytes;
+    if (b.kind == BufferKind::Amax) need = 4 * int64_t(members);
+    else if (grouped && b.kind == BufferKind::ScaleInv && b.shape == std::vector<int64_t>{1}) need = 4 * int64_t(members);
+    else if (grouped && b.kind == BufferKind::ScaleInv) {
+      // Each member may add one partial block per blocked dim and its own swizzle padding.
+      const qf::Stream& s = plan_.streams[size_t(b.stream)];
+      const ScaleGrid g = scale_grid(s, call.shape);
+      const int64_t extra_rows = (g.swizzled ? 128 : 1) * members, extra_cols = (g.swizzled ? 4 : 1) * members;
+      need = (g.padded_rows + extra_rows) * (g.padded_cols + extra_cols) * (b.storage == Storage::F32 ? 4 : 1);
+    }
+    check_buffer(b.name, v, need, b.kind == BufferKind::Data ? 16 : 4);
+    for (const auto& [n2, v2] : call.buffers)
+      if (n2 != b.name) check_disjoint(b.name, v, n2, v2);
+    check_disjoint(b.name, v, "input", call.input);
+    // Amax outputs accumulate atomically from zero; swizzled padding must read as zero; a
+    // grouped per-tensor scale of an empty member (no tile writes it) reads as zero.
+    if (b.kind == BufferKind::Amax || (b.kind == BufferKind::ScaleInv && (b.zero_padding || grouped)))
+      zero.push_back({v.ptr, need});
+    if (b.kind == BufferKind::Data) args.streams[b.stream].data = reinterpret_cast<void*>(v.ptr);
+    if (b.kind == BufferKind::ScaleInv) args.streams[b.stream].scale_inv = reinterpret_cast<void*>(v.ptr);
+  }
+  for (size_t a = 0; a < plan_.amax.size(); ++a) {
+    if (plan_.amax[a].scope != AmaxScope::Tensor) continue;
+    args.amax[a] = reinterpret_cast<float*>(get(amax_output_name(plan_, int(a))).ptr);
+  }
+  for (const auto& b : input_buffers(plan_)) {
+    const TensorView& v = get(b.name);
+    check_buffer(b.name, v, 4, 4);
+    for (size_t i = 0; i < plan_.streams.size(); ++i)
+      if (std::holds_alternative<PerTensorDelayed>(plan_.streams[i].scaling) &&
+          scale_input_name(plan_, plan_.streams[i]) == b.name)
+        args.streams[i].scale_in = reinterpret_cast<const float*>(v.ptr);
+  }
+  const int64_t ws = workspace_bytes(call.shape, members);
+  if (ws > 0) {
+    check_buffer("workspace", call.workspace, ws, 256);
+    zero.push_back({call.workspace.ptr, ws});
+    uint64_t p = call.workspace.ptr;
+    for (size_t a = 0; a < plan_.amax.size(); ++a) {
+      if (plan_.amax[a].scope != AmaxScope::Channel) continue;
+      args.amax[a] = reinterpret_cast<float*>(p);
+      const int64_t n = plan_.amax[a].channel_dir == Direction::Rowwise ? call.shape.m : int64_t(members) * call.shape.k;
+      p += round_up(u64(n * 4), 256);
+    }
+  }
+
+  auto l = load_for_current_device();
+  const Driver& d = driver();
+  for (const auto& z : zero) check(d.cuMemsetD8Async(CUdeviceptr(z.ptr), 0, size_t(z.bytes), stream), "zeroing amax / padded scales");
+  const TileConfig& t = l->kernels.source.tile;
+  // Grouped: sum(ceil(m_i / rows)) <= ceil(M / rows) + N, plus one row for empty members.
+  const uint64_t tile_rows = ceil_div(u64(call.shape.m), u64(t.rows)) + (grouped ? u64(members) + 1 : 0);
+  const Dim3 grid{unsigned(tile_rows), unsigned(ceil_div(u64(call.shape.k), u64(t.cols))), 1};
+  if (tile_rows > 0x7fffffffu || grid.y > 65535)
+    throw UserError("input", "tensor too large for one launch (" + std::to_string(tile_rows) + " x " + std::to_string(grid.y) + " tiles)");
+  void* params[] = {&args};
+  if (l->amax) launch(l->amax, grid, Dim3{unsigned(t.threads)}, l->kernels.source.smem_bytes, stream, params);
+  launch(l->cast, grid, Dim3{unsigned(t.threads)}, l->kernels.source.smem_bytes, stream, params);
+}
+
+}  // namespace qf::rt

@@ -1,0 +1,70 @@
+// Quantize a role's tensor on a GPU: the plan's kernels, compiled (or loaded from the kernel
+// cache) for the current device's arch, validated arguments, launched on a stream.
+#pragma once
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include <cuda.h>
+
+#include "compiler/buffers.h"
+#include "compiler/codegen.h"
+#include "compiler/ir.h"
+#include "runtime/kernel_cache.h"
+#include "runtime/tensor.h"
+
+namespace qf::rt {
+
+// The plan's kernels for one arch, from the cache (compiled on a miss).
+struct QuantizeKernels {
+  KernelSource source;
+  CacheResult cached;
+};
+QuantizeKernels build_quantize_kernels(const Plan& plan, const std::string& arch, KernelCache& cache);
+
+struct QuantizeCall {
+  TensorView input;                           // [M, K], the plan's input dtype
+  Shape2D shape;                              // [M, K] (grouped: total rows)
+  std::map<std::string, TensorView> buffers;  // outputs and scale inputs, by buffer name
+  TensorView workspace;                       // workspace_bytes() (may be empty when 0)
+  uint64_t noop = 0;                          // optional device float: 1.0 skips the launch
+  uint64_t seed = 0, offset = 0;              // stochastic rounding
+  // Grouped: device int64 [num_members + 1] row offsets (member_rows[0] == 0, last == M).
+  uint64_t member_rows = 0;
+  int num_members = 0;
+};
+
+class Quantizer {
+ public:
+  explicit Quantizer(Plan plan, KernelCache& cache = KernelCache::global());
+
+  const Plan& plan() const { return plan_; }
+  // Output buffers for a single tensor of this shape (see compiler/buffers.h).
+  std::vector<BufferDesc> outputs(Shape2D shape) const { return output_buffers(plan_, shape); }
+  std::vector<BufferDesc> inputs() const { return input_buffers(plan_); }
+  // Grouped: buffers sized for members of exactly these row counts (host-known splits).
+  std::vector<BufferDesc> grouped_outputs(std::span<const int64_t> member_rows_counts, int64_t k) const;
+  // Scratch the kernels need (per-channel amaxes), in bytes.
+  int64_t workspace_bytes(Shape2D shape, int num_members = 1) const;
+
+  // Validates every argument (UserError naming it), then launches on `stream` in the current
+  // context. The first call per device compiles or loads the kernels.
+  void quantize(const QuantizeCall& call, CUstream stream) const;
+
+  // Compiles (or loads) for `arch` without a GPU; returns how the cache answered.
+  CacheHow prepare(const std::string& arch) const;
+
+ private:
+  struct Loaded;
+  std::shared_ptr<const Loaded> load_for_current_device() const;
+
+  Plan plan_;
+  KernelCache& cache_;
+  mutable std::mutex mu_;
+  mutable std::map<int, std::shared_ptr<const Loaded>> loaded_;  // by device
+};
+
+}  // namespace qf::rt

@@ -1,0 +1,211 @@
+// GPU numerics tier: every shipped recipe x role x usage x input dtype x shape, quantized by the
+// JIT kernels on the GPU and compared BIT FOR BIT with the CPU reference (data, scales
+// including padding, amax). Output buffers are poisoned (0xFF) first, so an unwritten byte
+// fails. Skips without a GPU. On a mismatch the first differences are printed and, when
+// QFORGE_TEST_DUMP_DIR is set, the input, expected and actual buffers are written there.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <random>
+#include <sstream>
+
+#include "compiler/error.h"
+#include "compiler/pipeline.h"
+#include "qforge/numerics.cuh"
+#include "reference/executor.h"
+#include "runtime/gpu_test_util.h"
+#include "runtime/quantizer.h"
+
+namespace {
+
+using namespace qf;
+
+struct Case {
+  std::string recipe;
+  std::string role;
+  Usage usage;
+  DType dtype;
+  Shape2D shape;
+  std::vector<int64_t> splits;  // grouped when non-empty
+  bool edge_values = false;     // NaN, Inf, denormals, values at / above max
+};
+
+std::string case_name(const ::testing::TestParamInfo<Case>& info) {
+  const Case& c = info.param;
+  std::string role = c.role;
+  for (char& ch : role)
+    if (ch == ':') ch = '_';
+  std::string s = c.recipe + "__" + role + "__" + std::string(name(c.usage)) + "__" +
+                  std::string(traits(c.dtype).name) + "__" + std::to_string(c.shape.m) + "x" +
+                  std::to_string(c.shape.k);
+  if (!c.splits.empty()) s += "__grouped" + std::to_string(c.splits.size());
+  if (c.edge_values) s += "__edge";
+  return s;
+}
+
+ref::HostTensor make_input(const Case& c, uint64_t seed) {
+  ref::HostTensor x;
+  x.dtype = c.dtype;
+  x.shape = c.shape;
+  const int64_t n = c.shape.m * c.shape.k;
+  const int esize = traits(c.dtype).bytes;
+  x.bytes.resize(size_t(n * esize));
+  std::mt19937_64 rng(seed);
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  std::uniform_real_distribution<float> uni(0.0f, 1.0f);
+  const float row_scale_base = std::exp2(float(int(rng() % 16)) - 8.0f);
+  for (int64_t i = 0; i < n; ++i) {
+    const int64_t r = i / c.shape.k, col = i % c.shape.k;
+    float v = normal(rng) * row_scale_base * (1.0f + float(r % 7));
+    if (col < 40 && r < 40 && r >= 8 && r < 24) v = 0.0f;  // a zero region: zero blocks
+    if (i == n / 3) v = 300.0f * row_scale_base;            // an outlier
+    if (c.edge_values) {
+      const uint64_t k = rng() % 64;
+      static const float kEdges[] = {NAN, INFINITY, -INFINITY, 1e-40f, -1e-42f, 448.0f, 449.0f,
+                                     464.0f, 57344.0f, 6.0f, 6.5f, 65504.0f, 0.0f, -0.0f};
+      if (k < std::size(kEdges)) v = kEdges[k];
+    }
+    if (c.dtype == DType::FP32) {
+      std::memcpy(&x.bytes[size_t(i * 4)], &v, 4);
+    } else {
+      const u16 h = c.dtype == DType::BF16 ? f32_to_bf16(v) : f32_to_f16(v);
+      std::memcpy(&x.bytes[size_t(i * 2)], &h, 2);
+    }
+  }
+  (void)uni;
+  return x;
+}
+
+void dump(const std::string& test, const std::string& what, const void* p, size_t n) {
+  const char* dir = std::getenv("QFORGE_TEST_DUMP_DIR");
+  if (!dir) return;
+  std::filesystem::create_directories(dir);
+  std::ofstream(std::string(dir) + "/" + test + "." + what + ".bin", std::ios::binary)
+      .write(static_cast<const char*>(p), std::streamsize(n));
+}
+
+class GpuQuantize : public ::testing::TestWithParam<Case> {};
+
+TEST_P(GpuQuantize, BitExactAgainstCpuReference) {
+  QF_SKIP_WITHOUT_GPU();
+  const Case& c = GetParam();
+  const Recipe recipe = load_recipe(std::string(QF_SOURCE_DIR) + "/recipes/" + c.recipe + ".json");
+  Plan plan;
+  try {
+    plan = compile_plan(recipe, PlanRequest{c.role, c.dtype, c.usage, !c.splits.empty()});
+  } catch (const UserError& e) {
+    GTEST_SKIP() << "recipe cannot serve this request: " << e.what();
+  }
+  try {
+    if (c.splits.empty()) check_shape(plan, c.shape);
+    else
+      for (int64_t m : c.splits)
+        if (m > 0) check_shape(plan, Shape2D{m, c.shape.k});
+  } catch (const UserError& e) {
+    GTEST_SKIP() << "shape not valid for this plan: " << e.what();
+  }
+
+  const ref::HostTensor x = make_input(c, 0x5eed + uint64_t(c.shape.m) * 131 + uint64_t(c.shape.k));
+  ref::QuantizeParams params;
+  params.seed = 0x1234567890abcdefull;
+  params.offset = 77;
+  for (const auto& b : input_buffers(plan)) params.scales[b.name] = b.name == "columnwise_scale" ? 0.75f : 3.5f;
+  const std::vector<ref::Output> expected =
+      c.splits.empty() ? ref::quantize(plan, x, params) : ref::quantize_grouped(plan, x, c.splits, params);
+
+  using namespace qf::rt;
+  Quantizer q(plan);
+  DeviceBuffer dx(x.bytes.size());
+  dx.upload(x.bytes.data(), x.bytes.size());
+  QuantizeCall call;
+  call.input = TensorView{dx.address(), int64_t(dx.size()), c.dtype, {c.shape.m, c.shape.k}};
+  call.shape = c.shape;
+  call.seed = params.seed;
+  call.offset = params.offset;
+  std::vector<DeviceBuffer> keep;
+  std::map<std::string, size_t> out_index;
+  for (const auto& o : expected) {
+    // Grouped scale buffers are validated against a worst-case bound over any split.
+    size_t bytes = o.bytes.size();
+    if (!c.splits.empty() && o.desc.kind == BufferKind::ScaleInv) bytes = bytes * 4 + (4u << 20);
+    keep.push_back(qf::rt::testing::poisoned_buffer(std::max<size_t>(bytes, 16)));
+    call.buffers[o.desc.name] = qf::rt::testing::view_of(keep.back());
+    out_index[o.desc.name] = keep.size() - 1;
+  }
+  for (const auto& b : input_buffers(plan)) {
+    keep.emplace_back(4);
+    keep.back().upload(&params.scales[b.name], 4);
+    call.buffers[b.name] = qf::rt::testing::view_of(keep.back());
+  }
+  const int members = c.splits.empty() ? 1 : int(c.splits.size());
+  const int64_t ws = q.workspace_bytes(c.shape, members);
+  DeviceBuffer dws(size_t(std::max<int64_t>(ws, 0)));
+  if (ws > 0) call.workspace = qf::rt::testing::view_of(dws);
+  DeviceBuffer drows;
+  if (!c.splits.empty()) {
+    std::vector<int64_t> rows{0};
+    for (int64_t m : c.splits) rows.push_back(rows.back() + m);
+    drows = DeviceBuffer(rows.size() * 8);
+    drows.upload(rows.data(), rows.size() * 8);
+    call.member_rows = drows.address();
+    call.num_members = members;
+  }
+  qf::rt::Stream stream;
+  q.quantize(call, stream.get());
+  stream.synchronize();
+
+  const std::string test = case_name(::testing::TestParamInfo<Case>(GetParam(), 0));
+  bool dumped_input = false;
+  for (const auto& o : expected) {
+    std::vector<uint8_t> got(o.bytes.size());
+    keep[out_index[o.desc.name]].download(got.data(), got.size());
+    size_t bad = 0, first = 0;
+    for (size_t i = 0; i < got.size(); ++i)
+      if (got[i] != o.bytes[i]) {
+        if (!bad) first = i;
+        ++bad;
+      }
+    if (bad) {
+      std::ostringstream os;
+      os << o.desc.name << " (" << o.desc.dtype << ", " << got.size() << " bytes): " << bad
+         << " bytes differ; first at byte " << first << ":";
+      for (size_t i = first, shown = 0; i < got.size() && shown < 8; ++i)
+        if (got[i] != o.bytes[i]) {
+          os << " [" << i << "] got 0x" << std::hex << int(got[i]) << " want 0x" << int(o.bytes[i]) << std::dec;
+          ++shown;
+        }
+      ADD_FAILURE() << os.str();
+      if (!dumped_input) dump(test, "input", x.bytes.data(), x.bytes.size()), dumped_input = true;
+      dump(test, o.desc.name + ".expected", o.bytes.data(), o.bytes.size());
+      dump(test, o.desc.name + ".actual", got.data(), got.size());
+    }
+  }
+}
+
+std::vector<Case> all_cases() {
+  const char* recipes[] = {"delayed_scaling",  "current_scaling", "float8_block_scaling",
+                           "mxfp8",            "nvfp4",           "hybrid_mxfp8_fwd_nvfp4_bwd",
+                           "int8_weight_sr",   "w8a8_int8_inference"};
+  const char* roles[] = {"linear:input", "linear:weight", "linear:grad_output"};
+  const Shape2D small[] = {{1, 1}, {1, 16}, {31, 33}, {32, 64}, {128, 4224}};
+  const Shape2D large[] = {{4096, 4096}, {8192, 5120}};
+  std::vector<Case> cases;
+  for (const char* r : recipes)
+    for (const char* role : roles) {
+      for (Usage u : {Usage::Training, Usage::Inference})
+        for (DType d : {DType::BF16, DType::FP32})
+          for (Shape2D s : small) cases.push_back({r, role, u, d, s, {}, false});
+      for (Shape2D s : large) cases.push_back({r, role, Usage::Training, DType::BF16, s, {}, false});
+      cases.push_back({r, role, Usage::Training, DType::BF16, {1072, 256}, {128, 0, 48, 256, 16, 80, 512, 32}, false});
+      cases.push_back({r, role, Usage::Training, DType::FP32, {64, 256}, {}, true});
+      cases.push_back({r, role, Usage::Memory, DType::FP16, {96, 160}, {}, false});
+    }
+  return cases;
+}
+
+INSTANTIATE_TEST_SUITE_P(Shipped, GpuQuantize, ::testing::ValuesIn(all_cases()), case_name);
+
+}  // namespace

@@ -1,0 +1,179 @@
+// qforge prewarm <recipes...|dir> [--arch sm_90a,sm_100a] [-j N] [--dtype ...] [--usage ...]
+// Compiles every quantize kernel the recipes can need into the kernel cache: each standard
+// role x usage (direction set) x input dtype, for each arch. Grouped and single-tensor calls
+// share one kernel (member sizes are read on the device), so "grouped" adds no kernels.
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <cstdio>
+#include <filesystem>
+#include <iostream>
+#include <map>
+#include <mutex>
+#include <set>
+#include <sstream>
+#include <thread>
+#include <unistd.h>
+
+#include "compiler/codegen.h"
+#include "compiler/pipeline.h"
+#include "runtime/driver.h"
+#include "runtime/quantizer.h"
+#include "tools/args.h"
+#include "tools/commands.h"
+
+namespace qf::cli {
+namespace {
+
+std::vector<std::string> split_list(const std::string& s) {
+  std::vector<std::string> out;
+  std::stringstream ss(s);
+  for (std::string item; std::getline(ss, item, ',');)
+    if (!item.empty()) out.push_back(item);
+  return out;
+}
+
+struct Job {
+  std::string recipe;  // for the summary
+  Plan plan;
+  std::string arch;
+};
+
+struct Tally {
+  int plans = 0, kernels = 0, compiled = 0, memory_hits = 0, disk_hits = 0, failed = 0;
+  double seconds = 0;
+};
+
+}  // namespace
+
+int cmd_prewarm(const Argv& argv) {
+  Args args(argv, {"--arch", "-j", "--dtype", "--usage", "--role"}, {"--quiet"});
+  if (args.positional().empty()) throw UserError("recipes", "expected recipe files or a directory of them");
+
+  std::vector<std::filesystem::path> files;
+  for (const auto& p : args.positional()) {
+    if (std::filesystem::is_directory(p)) {
+      std::vector<std::filesystem::path> found;
+      for (const auto& e : std::filesystem::directory_iterator(p))
+        if (e.path().extension() == ".json" && e.path().filename() != "recipe.schema.json") found.push_back(e.path());
+      std::sort(found.begin(), found.end());
+      files.insert(files.end(), found.begin(), found.end());
+    } else {
+      files.emplace_back(p);
+    }
+  }
+  if (files.empty()) throw UserError("recipes", "no recipe files found");
+
+  std::vector<std::string> archs = split_list(args.get("--arch").value_or(""));
+  if (archs.empty()) archs = {rt::device_count() > 0 ? rt::device_arch(0) : std::string("sm_90a")};
+  std::vector<DType> dtypes;
+  for (const auto& d : split_list(args.get("--dtype").value_or("bf16,fp16,fp32"))) {
+    auto t = parse_dtype(d);
+    if (!t) throw UserError("--dtype", "expected bf16, fp16 or fp32, got \"" + d + "\"");
+    dtypes.push_back(*t);
+  }
+  std::vector<Usage> usages;
+  for (const auto& u : split_list(args.get("--usage").value_or("training,inference,memory"))) {
+    auto t = parse_usage(u);
+    if (!t) throw UserError("--usage", "expected training, inference or memory, got \"" + u + "\"");
+    usages.push_back(*t);
+  }
+  std::vector<std::string> roles = args.all("--role");
+  if (roles.empty())
+    for (auto r : standard_roles()) roles.emplace_back(r);
+  const int jobs_n = int(args.integer("-j", std::max(1u, std::thread::hardware_concurrency()), 1, 256));
+
+  // Plans, deduplicated by (source, arch): recipes that need the same kernel share it.
+  const auto t_start = std::chrono::steady_clock::now();
+  std::vector<Job> jobs;
+  std::map<std::string, Tally> tally;
+  std::set<std::pair<std::string, std::string>> seen;
+  std::vector<std::string> order;
+  for (const auto& f : files) {
+    const Recipe r = load_recipe(f);
+    order.push_back(r.name);
+    Tally& t = tally[r.name];
+    for (const auto& role : roles)
+      for (Usage u : usages)
+        for (DType d : dtypes) {
+          Plan p;
+          try {
+            p = compile_plan(r, PlanRequest{role, d, u, false});
+          } catch (const UserError&) {
+            continue;  // role not covered, or a usage its rule cannot serve
+          }
+          ++t.plans;
+          const std::string src = emit_quantize(p).source;
+          for (const auto& a : archs)
+            if (seen.insert({src, a}).second) {
+              jobs.push_back({r.name, p, a});
+              ++t.kernels;
+            }
+        }
+  }
+
+  std::atomic<size_t> next{0}, done{0};
+  std::mutex mu;
+  std::vector<std::string> failures;
+  const bool tty = isatty(2) && !args.flag("--quiet");
+  auto worker = [&] {
+    for (size_t i; (i = next++) < jobs.size();) {
+      const auto t0 = std::chrono::steady_clock::now();
+      std::string err;
+      rt::CacheHow how = rt::CacheHow::Compiled;
+      try {
+        how = rt::build_quantize_kernels(jobs[i].plan, jobs[i].arch, rt::KernelCache::global()).cached.how;
+      } catch (const std::exception& e) {
+        err = e.what();
+      }
+      const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+      std::lock_guard<std::mutex> g(mu);
+      Tally& t = tally[jobs[i].recipe];
+      t.seconds += s;
+      if (!err.empty()) {
+        ++t.failed;
+        failures.push_back(jobs[i].recipe + " " + jobs[i].plan.role + " " + jobs[i].arch + ": " + err);
+      } else if (how == rt::CacheHow::Compiled) {
+        ++t.compiled;
+      } else if (how == rt::CacheHow::DiskHit) {
+        ++t.disk_hits;
+      } else {
+        ++t.memory_hits;
+      }
+      const size_t d = ++done;
+      if (tty) {
+        const int width = 30, filled = int(width * d / std::max<size_t>(jobs.size(), 1));
+        std::fprintf(stderr, "\r[%s%s] %zu/%zu kernels", std::string(size_t(filled), '#').c_str(),
+                     std::string(size_t(width - filled), '.').c_str(), d, jobs.size());
+        std::fflush(stderr);
+      }
+    }
+  };
+  std::vector<std::thread> pool;
+  for (int i = 0; i < std::min<int>(jobs_n, int(std::max<size_t>(jobs.size(), 1))); ++i) pool.emplace_back(worker);
+  for (auto& th : pool) th.join();
+  if (tty) std::fprintf(stderr, "\n");
+
+  const double total = std::chrono::duration<double>(std::chrono::steady_clock::now() - t_start).count();
+  std::printf("%-28s %6s %8s %9s %10s %7s %10s\n", "recipe", "plans", "kernels", "compiled", "cache hits", "failed", "kernel s");
+  Tally sum;
+  for (const auto& n : order) {
+    const Tally& t = tally[n];
+    std::printf("%-28s %6d %8d %9d %10d %7d %10.2f\n", n.c_str(), t.plans, t.kernels, t.compiled,
+                t.disk_hits + t.memory_hits, t.failed, t.seconds);
+    sum.plans += t.plans, sum.kernels += t.kernels, sum.compiled += t.compiled;
+    sum.disk_hits += t.disk_hits + t.memory_hits, sum.failed += t.failed, sum.seconds += t.seconds;
+  }
+  std::string arch_list;
+  for (const auto& a : archs) arch_list += (arch_list.empty() ? "" : ",") + a;
+  std::printf("%-28s %6d %8d %9d %10d %7d %10.2f\n", "total", sum.plans, sum.kernels, sum.compiled,
+              sum.disk_hits, sum.failed, sum.seconds);
+  const auto& cache = rt::KernelCache::global();
+  std::printf("prewarm: %d kernels for %s: %d compiled, %d cache hits, %d failed in %.2f s (cache: %s)\n",
+              sum.kernels, arch_list.c_str(), sum.compiled, sum.disk_hits, sum.failed, total,
+              cache.disk_writable() && cache.writable_root() ? cache.writable_root()->string().c_str() : "memory only");
+  for (const auto& f : failures) std::fprintf(stderr, "qforge prewarm: failed: %s\n", f.c_str());
+  return failures.empty() ? 0 : 3;
+}
+
+}  // namespace qf::cli
