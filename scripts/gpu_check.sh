@@ -16,7 +16,7 @@ prefix=${QFORGE_DEPS_PREFIX:-}
 [ -z "$prefix" ] && [ -d .gpudeps ] && prefix="$PWD/.gpudeps"
 gen=(); command -v ninja >/dev/null && gen=(-G Ninja)
 t0=$(date +%s)
-cmake -S . -B "$BUILD" "${gen[@]}" -DCMAKE_BUILD_TYPE=Release ${prefix:+-DCMAKE_PREFIX_PATH=$prefix} \
+cmake -S . -B "$BUILD" "${gen[@]}" -DCMAKE_BUILD_TYPE=Release -DQFORGE_LIT_TESTS=OFF ${prefix:+-DCMAKE_PREFIX_PATH=$prefix} \
   >"$OUT/configure.log" 2>&1 || { tail -30 "$OUT/configure.log"; exit 1; }
 cmake --build "$BUILD" -j"$(nproc)" >"$OUT/build.log" 2>&1 || { grep -E "error" "$OUT/build.log" | head -40; exit 1; }
 t1=$(date +%s)
