@@ -470,6 +470,9 @@ void DeviceBuffer::fill(uint8_t byte) {
   if (bytes_ == 0) return;
   ScopedContext scope(ctx_);
   check(driver().cuMemsetD8(ptr_, byte, bytes_), "cuMemsetD8");
+  // cuMemsetD8 on device memory may return before it completes, and non-blocking streams do
+  // not order after it: wait, so "synchronous" holds for every later stream.
+  check(driver().cuCtxSynchronize(), "cuCtxSynchronize after cuMemsetD8");
 }
 
 void DeviceBuffer::fill_async(uint8_t byte, CUstream stream) {

@@ -1,8 +1,10 @@
 // qforge inspect <recipe> --role R: print the plan (after all passes, or after chosen passes
-// with --dump-after) and the buffers it writes for an example shape.
+// with --dump-after) and the buffers it writes for an example shape; with --source, also the
+// emitted CUDA source of its kernels and their name expressions.
 #include <iostream>
 
 #include "compiler/buffers.h"
+#include "compiler/codegen.h"
 #include "compiler/pipeline.h"
 #include "tools/args.h"
 #include "tools/cli_common.h"
@@ -26,7 +28,7 @@ std::optional<Usage> parse_usage_arg(const Args& args) {
 }
 
 int cmd_inspect(const Argv& argv) {
-  Args args(argv, {"--role", "--dtype", "--usage", "--dump-after", "--shape"}, {"--grouped"});
+  Args args(argv, {"--role", "--dtype", "--usage", "--dump-after", "--shape"}, {"--grouped", "--source"});
   if (args.positional().size() != 1) throw UserError("recipe", "expected one recipe file");
   const Recipe r = load_recipe(args.positional()[0]);
   PlanRequest req{args.require("--role"), parse_dtype_arg(args, "--dtype"), parse_usage_arg(args),
@@ -56,6 +58,17 @@ int cmd_inspect(const Argv& argv) {
     std::cout << "    out " << b.name << " " << b.dtype << "[";
     for (size_t i = 0; i < b.shape.size(); ++i) std::cout << (i ? ", " : "") << b.shape[i];
     std::cout << "] " << b.bytes << " B" << (b.zero_padding ? " (zero-padded)" : "") << "\n";
+  }
+  if (args.flag("--source")) {
+    // Everything after this marker comes from emit_quantize alone (no recipe text).
+    const KernelSource ks = emit_quantize(p);
+    std::cout << "// ---- source\n";
+    // Name expressions in launch order: the phase-0 reduction (if any), then the cast.
+    if (ks.amax_kernel) std::cout << "// amax_kernel: " << *ks.amax_kernel << "\n";
+    std::cout << "// cast_kernel: " << ks.cast_kernel << "\n";
+    std::cout << "// smem_bytes: " << ks.smem_bytes << "\n";
+    std::cout << ks.source;
+    if (!ks.source.empty() && ks.source.back() != '\n') std::cout << "\n";
   }
   return 0;
 }
