@@ -27,9 +27,24 @@ t2=$(date +%s)
 ctest --test-dir "$BUILD" -j"$(nproc)" --timeout 600 -R "${FILTER:-Gpu|Driver|Cuda}" \
   --output-on-failure >"$OUT/ctest_gpu.log" 2>&1; gpu_rc=$?
 t3=$(date +%s)
+# CLI on the GPU: qforge quantize --device cuda vs the CPU path, bit for bit.
+python3 -m pytest -q -p no:cacheprovider tests/numerics/test_quantize_device.py --qforge-bin="$BUILD" \
+  >"$OUT/pytest_device.log" 2>&1; dev_rc=$?
+# Memory checking of a few fused kernels (hybrid + RHT + SR, grouped, 2D blocks, ragged).
+if command -v compute-sanitizer >/dev/null; then
+  compute-sanitizer --tool memcheck --error-exitcode 9 "$BUILD/tests/qforge_unit_tests" \
+    --gtest_filter='*hybrid*input__training__bf16__31x33:*nvfp4*grad_output*grouped*:*float8_block*weight__training__bf16__128x4224:*int8_weight_sr*weight*grouped*' \
+    >"$OUT/memcheck.log" 2>&1; mc_rc=$?
+else
+  mc_rc=-1
+fi
+t4=$(date +%s)
 echo "== qforge GPU check on $(cat "$OUT/gpu.txt")"
 echo "build ${t1}-${t0}s: $((t1 - t0)) s; prewarm rc=$prewarm_rc ($((t2 - t1)) s): $(tail -1 "$OUT/prewarm.log")"
 grep -E "tests passed|tests failed" "$OUT/ctest_gpu.log"
 grep -E "\*\*\*Failed|Failed  " "$OUT/ctest_gpu.log" | head -30
 echo "gpu tests: $((t3 - t2)) s, rc=$gpu_rc"
+echo "quantize --device cuda pytest: $(tail -1 "$OUT/pytest_device.log") (rc=$dev_rc)"
+echo "compute-sanitizer memcheck: rc=$mc_rc; $(grep -E "ERROR SUMMARY|PASSED|FAILED" "$OUT/memcheck.log" | tr '\n' ' ' | cut -c1-300)"
+echo "extra checks: $((t4 - t3)) s"
 exit $gpu_rc

@@ -1,6 +1,6 @@
 // qforge quantize --recipe R --role ROLE --input x.npy --out DIR: runs one quantize on the CPU
-// reference (reference/executor.h) and writes every output buffer as <name>.npy plus a
-// manifest.json describing them.
+// reference (reference/executor.h), or with --device cuda on GPU 0 through rt::Quantizer, and
+// writes every output buffer as <name>.npy plus a manifest.json describing them.
 #include <cerrno>
 #include <cmath>
 #include <cstdlib>
@@ -15,6 +15,8 @@
 #include "compiler/pipeline.h"
 #include "qforge/numerics.cuh"
 #include "reference/executor.h"
+#include "runtime/driver.h"
+#include "runtime/quantizer.h"
 #include "tools/args.h"
 #include "tools/cli_common.h"
 #include "tools/commands.h"
@@ -112,12 +114,145 @@ void write_text_atomic(const std::filesystem::path& path, const std::string& tex
   if (ec) throw UserError(path.string(), "cannot rename the temporary file into place: " + ec.message());
 }
 
+// The descriptors ref::quantize_grouped gives its outputs (same names, bytes and shapes), so the
+// device path writes the same files: each buffer stacks the members along dim 0 when their
+// non-empty buffers agree on the trailing dims, and is flat otherwise.
+std::vector<BufferDesc> grouped_descs(const Plan& plan, std::span<const int64_t> splits, int64_t k) {
+  std::vector<BufferDesc> outs = output_buffers(plan, {0, k});
+  std::vector<std::optional<std::vector<int64_t>>> trailing(outs.size());
+  std::vector<bool> flat(outs.size(), false);
+  std::vector<int64_t> stacked(outs.size(), 0), elems(outs.size(), 0);
+  for (auto& o : outs) o.bytes = 0, o.shape.clear();
+  for (int64_t m : splits) {
+    const std::vector<BufferDesc> member = output_buffers(plan, {m, k});
+    QF_CHECK(member.size() == outs.size(), "member buffers match the grouped buffers");
+    for (size_t b = 0; b < outs.size(); ++b) {
+      const auto& md = member[b];
+      outs[b].bytes += md.bytes;
+      int64_t n = 1;
+      for (int64_t v : md.shape) n *= v;
+      elems[b] += n;
+      if (n == 0) continue;
+      std::vector<int64_t> tail(md.shape.begin() + 1, md.shape.end());
+      stacked[b] += md.shape[0];
+      if (!trailing[b]) trailing[b] = tail;
+      else if (*trailing[b] != tail) flat[b] = true;
+    }
+  }
+  for (size_t b = 0; b < outs.size(); ++b) {
+    if (flat[b] || !trailing[b]) {
+      outs[b].shape = {elems[b]};
+    } else {
+      outs[b].shape = {stacked[b]};
+      outs[b].shape.insert(outs[b].shape.end(), trailing[b]->begin(), trailing[b]->end());
+    }
+  }
+  return outs;
+}
+
+// UserError("--device", ...) unless a CUDA driver and a device are usable.
+void require_cuda_device() {
+  const rt::Driver& d = rt::driver();
+  if (!d.available()) throw UserError("--device", "no CUDA device: " + d.unavailable_reason());
+  int n = 0;
+  try {
+    n = rt::device_count();
+  } catch (const rt::CudaError& e) {
+    throw UserError("--device", std::string("no CUDA device: ") + e.what());
+  }
+  if (n == 0) throw UserError("--device", "no CUDA device: the driver reports no devices");
+}
+
+// The device path: the same outputs as ref::quantize / ref::quantize_grouped, computed by
+// rt::Quantizer on GPU 0.
+std::vector<ref::Output> quantize_on_device(const Plan& plan, const ref::HostTensor& x, bool grouped,
+                                            std::span<const int64_t> splits, const ref::QuantizeParams& params) {
+  try {
+    rt::primary_context(0)->make_current();
+  } catch (const rt::CudaError& e) {
+    throw UserError("--device", std::string("no CUDA device: ") + e.what());
+  }
+  const rt::Quantizer q(plan);
+  const Shape2D shape = x.shape;
+  const int members = grouped ? int(splits.size()) : 1;
+
+  rt::DeviceBuffer input(x.bytes.size());
+  input.upload(x.bytes.data(), x.bytes.size());
+  rt::QuantizeCall call;
+  call.input = rt::TensorView{input.address(), int64_t(input.size()), x.dtype, {shape.m, shape.k}};
+  call.shape = shape;
+  call.seed = params.seed;
+  call.offset = params.offset;
+
+  // Output descriptors exactly as the CPU path produces them; sizes cross-checked against the
+  // runtime's own grouped sizes.
+  std::vector<BufferDesc> descs = grouped ? grouped_descs(plan, splits, shape.k) : q.outputs(shape);
+  if (grouped) {
+    const std::vector<BufferDesc> rt_descs = q.grouped_outputs(splits, shape.k);
+    QF_CHECK(rt_descs.size() == descs.size(), "grouped output count");
+    for (size_t i = 0; i < descs.size(); ++i)
+      QF_CHECK(rt_descs[i].name == descs[i].name && rt_descs[i].bytes == descs[i].bytes, "grouped output ",
+               descs[i].name, " sizes agree");
+  }
+  const std::vector<BufferDesc> single = q.outputs(shape);  // for the grouped scale bound
+  QF_CHECK(single.size() == descs.size(), "output count");
+  std::vector<rt::DeviceBuffer> bufs;
+  bufs.reserve(descs.size() + 4);
+  for (size_t i = 0; i < descs.size(); ++i) {
+    const BufferDesc& b = descs[i];
+    int64_t bytes = b.bytes;
+    if (grouped && b.kind == BufferKind::ScaleInv) {
+      // The runtime bounds grouped scale buffers by the worst case over any split into
+      // `members` parts (one partial block per member and blocked dim, own swizzle padding).
+      bytes = b.bytes * 4 + (int64_t(4) << 20);
+      if (b.stream >= 0 && single[i].shape != std::vector<int64_t>{1}) {
+        const ScaleGrid g = scale_grid(plan.streams[size_t(b.stream)], shape);
+        const int64_t er = (g.swizzled ? 128 : 1) * members, ec = (g.swizzled ? 4 : 1) * members;
+        bytes = std::max(bytes, (g.padded_rows + er) * (g.padded_cols + ec) * storage_bytes(b.storage));
+      }
+    }
+    bufs.emplace_back(size_t(std::max<int64_t>(bytes, 16)));
+    call.buffers[b.name] = rt::TensorView{bufs.back().address(), int64_t(bufs.back().size()), std::nullopt, {}};
+  }
+  for (const BufferDesc& b : q.inputs()) {
+    const float scale = params.scales.at(b.name);
+    bufs.emplace_back(sizeof(float));
+    bufs.back().upload(&scale, sizeof(float));
+    call.buffers[b.name] = rt::TensorView{bufs.back().address(), int64_t(sizeof(float)), std::nullopt, {}};
+  }
+  rt::DeviceBuffer workspace(size_t(q.workspace_bytes(shape, members)));
+  call.workspace = rt::TensorView{workspace.address(), int64_t(workspace.size()), std::nullopt, {}};
+  rt::DeviceBuffer offsets;
+  if (grouped) {
+    std::vector<int64_t> rows(splits.size() + 1, 0);
+    for (size_t i = 0; i < splits.size(); ++i) rows[i + 1] = rows[i] + splits[i];
+    offsets = rt::DeviceBuffer(rows.size() * sizeof(int64_t));
+    offsets.upload(rows.data(), rows.size() * sizeof(int64_t));
+    call.member_rows = offsets.address();
+    call.num_members = members;
+  }
+
+  rt::Stream stream;
+  q.quantize(call, stream.get());
+  stream.synchronize();
+
+  std::vector<ref::Output> outs;
+  for (size_t i = 0; i < descs.size(); ++i) {
+    ref::Output o;
+    o.desc = descs[i];
+    o.bytes.resize(size_t(descs[i].bytes));
+    if (!o.bytes.empty()) bufs[i].download(o.bytes.data(), o.bytes.size());
+    outs.push_back(std::move(o));
+  }
+  return outs;
+}
+
 }  // namespace
 
 int cmd_quantize(const Argv& argv) {
   Args args(argv,
             {"--recipe", "--role", "--input", "--out", "--usage", "--dtype", "--seed", "--offset", "--scale",
-             "--splits"},
+             "--splits", "--device"},
             {});
   if (!args.positional().empty())
     throw UserError(args.positional()[0], "unexpected argument; quantize takes only --options (see qforge help)");
@@ -128,6 +263,10 @@ int cmd_quantize(const Argv& argv) {
   const std::optional<Usage> usage = parse_usage_arg(args);
   const uint64_t seed = parse_u64(args, "--seed");
   const uint64_t offset = parse_u64(args, "--offset");
+  const std::string device = args.get("--device").value_or("cpu");
+  if (device != "cpu" && device != "cuda")
+    throw UserError("--device", "expected cpu or cuda, got \"" + device + "\"");
+  if (device == "cuda") require_cuda_device();
 
   const Recipe recipe = load_recipe(recipe_path);
   // Resolve the role early so that a role the recipe does not cover is reported before the input.
@@ -216,8 +355,9 @@ int cmd_quantize(const Argv& argv) {
   x.dtype = dtype;
   x.shape = shape;
   x.bytes = std::move(arr.data);
-  const std::vector<ref::Output> outs =
-      grouped ? ref::quantize_grouped(plan, x, splits, params) : ref::quantize(plan, x, params);
+  std::vector<ref::Output> outs;
+  if (device == "cuda") outs = quantize_on_device(plan, x, grouped, splits, params);
+  else outs = grouped ? ref::quantize_grouped(plan, x, splits, params) : ref::quantize(plan, x, params);
 
   // ---- write ----
   std::error_code ec;
@@ -231,6 +371,7 @@ int cmd_quantize(const Argv& argv) {
   manifest["recipe_file"] = recipe_path;
   manifest["role"] = role;
   manifest["usage"] = std::string(name(plan.usage));
+  manifest["device"] = device;
   manifest["dtype"] = std::string(traits(dtype).name);
   manifest["input"] = input_path;
   manifest["input_descr"] = arr.descr;

@@ -17,8 +17,9 @@ commands:
           [--dump-after PASS|all] [--shape MxK] [--source]
   quantize --recipe R --role ROLE --input x.npy --out DIR
           [--usage U] [--dtype bf16|fp16|fp32] [--seed S] [--offset O]
-          [--scale F] [--scale NAME=F] [--splits 3,0,5]
-                                    quantize a 2-D tensor on the CPU reference, writing one
+          [--scale F] [--scale NAME=F] [--splits 3,0,5] [--device cpu|cuda]
+                                    quantize a 2-D tensor on the CPU reference (or GPU 0 with
+                                    --device cuda), writing one
                                     <buffer>.npy per output plus manifest.json into DIR.
                                     Input dtype from the .npy descr: '<f4' fp32, '<f2' fp16,
                                     '<u2' bf16 bit patterns; --dtype must agree, except that

@@ -33,8 +33,7 @@ struct Case {
   bool edge_values = false;     // NaN, Inf, denormals, values at / above max
 };
 
-std::string case_name(const ::testing::TestParamInfo<Case>& info) {
-  const Case& c = info.param;
+std::string case_label(const Case& c) {
   std::string role = c.role;
   for (char& ch : role)
     if (ch == ':') ch = '_';
@@ -45,6 +44,8 @@ std::string case_name(const ::testing::TestParamInfo<Case>& info) {
   if (c.edge_values) s += "__edge";
   return s;
 }
+std::string case_name(const ::testing::TestParamInfo<Case>& info) { return case_label(info.param); }
+void PrintTo(const Case& c, std::ostream* os) { *os << case_label(c); }
 
 ref::HostTensor make_input(const Case& c, uint64_t seed) {
   ref::HostTensor x;
@@ -157,7 +158,7 @@ TEST_P(GpuQuantize, BitExactAgainstCpuReference) {
   q.quantize(call, stream.get());
   stream.synchronize();
 
-  const std::string test = case_name(::testing::TestParamInfo<Case>(GetParam(), 0));
+  const std::string test = case_label(GetParam());
   bool dumped_input = false;
   for (const auto& o : expected) {
     std::vector<uint8_t> got(o.bytes.size());
