@@ -28,8 +28,8 @@ t2=$(date +%s)
 # End-to-end latency of one `qforge quantize --device cuda` process (4096x4096 fp32, nvfp4
 # input role: amax + fused RHT cast): cold cache (NVRTC compile) vs warm (disk hit + load).
 python3 -c "import numpy as np; np.save('$OUT/x.npy', np.random.default_rng(0).standard_normal((4096, 4096), dtype=np.float32))"
-e2e() { local s e; s=$(date +%s.%N); "$BUILD/tools/qforge" quantize --recipe recipes/nvfp4.json --role linear:input \
-  --input "$OUT/x.npy" --out "$OUT/q" --device cuda >/dev/null 2>>"$OUT/e2e.log"; e=$(date +%s.%N); echo "$e - $s" | bc; }
+e2e() { local s e; s=$(date +%s%N); "$BUILD/tools/qforge" quantize --recipe recipes/nvfp4.json --role linear:input \
+  --input "$OUT/x.npy" --out "$OUT/q" --device cuda >/dev/null 2>>"$OUT/e2e.log"; e=$(date +%s%N); echo "$(( (e - s) / 1000000 ))"; }
 cold=$(QFORGE_CACHE_DIR="$OUT/cold-cache" e2e); warm=$(QFORGE_CACHE_DIR="$OUT/cold-cache" e2e)
 rm -rf "$OUT/cold-cache" "$OUT/q" "$OUT/x.npy"
 ctest --test-dir "$BUILD" -j"$(nproc)" --timeout 600 -R "${FILTER:-Gpu|Driver|Cuda}" \
@@ -52,7 +52,7 @@ echo "build ${t1}-${t0}s: $((t1 - t0)) s; prewarm rc=$prewarm_rc ($((t2 - t1)) s
 grep -E "tests passed|tests failed" "$OUT/ctest_gpu.log"
 grep -E "\*\*\*Failed|Failed  " "$OUT/ctest_gpu.log" | head -30
 echo "second prewarm (all hits): $(tail -1 "$OUT/prewarm_warm.log")"
-echo "qforge quantize --device cuda, 4096x4096 nvfp4 input, whole process: cold cache ${cold} s, warm cache ${warm} s"
+echo "qforge quantize --device cuda, 4096x4096 nvfp4 input, whole process: cold cache ${cold} ms, warm cache ${warm} ms"
 echo "gpu tests: $((t3 - t2)) s, rc=$gpu_rc"
 echo "quantize --device cuda pytest: $(tail -1 "$OUT/pytest_device.log") (rc=$dev_rc)"
 echo "compute-sanitizer memcheck: rc=$mc_rc; $(grep -E "ERROR SUMMARY|PASSED|FAILED" "$OUT/memcheck.log" | tr '\n' ' ' | cut -c1-300)"
