@@ -22,4 +22,8 @@ struct KernelSource {
 
 KernelSource emit_quantize(const Plan& plan);
 
+// The delayed-scaling history update of one tensor (templates/qforge/history.cuh): the
+// history length, margin, amax rule and format max are baked in. cast_kernel holds its name.
+KernelSource emit_history_update(const PerTensorDelayed& mode, ElemFormat format);
+
 }  // namespace qf

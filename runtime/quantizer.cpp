@@ -4,6 +4,7 @@
 
 #include "compiler/error.h"
 #include "qforge/args.cuh"
+#include "qforge/history.cuh"
 #include "qforge/layout.cuh"
 #include "runtime/driver.h"
 
@@ -200,6 +201,31 @@ void Quantizer::quantize(const QuantizeCall& call, CUstream stream) const {
   void* params[] = {&args};
   if (l->amax) launch(l->amax, grid, Dim3{unsigned(t.threads)}, l->kernels.source.smem_bytes, stream, params);
   launch(l->cast, grid, Dim3{unsigned(t.threads)}, l->kernels.source.smem_bytes, stream, params);
+}
+
+void update_amax_history(const PerTensorDelayed& mode, ElemFormat format, const HistoryCall& call,
+                         CUstream stream, KernelCache& cache) {
+  check_buffer("history", call.history, int64_t(mode.history_length) * 4, 4);
+  check_buffer("amax", call.amax, 4, 4);
+  check_buffer("scale", call.scale, 4, 4);
+  if (call.scale_inv.ptr) check_buffer("scale_inv", call.scale_inv, 4, 4);
+  check_disjoint("history", call.history, "scale", call.scale);
+  check_disjoint("history", call.history, "amax", call.amax);
+  const KernelSource ks = emit_history_update(mode, format);
+  CompileRequest req;
+  req.source = ks.source;
+  req.source_name = "qforge_history.cu";
+  req.name_expressions = {ks.cast_kernel};
+  const int dev = current_device();
+  req.arch = device_arch(dev);
+  const CacheResult r = cache.get_or_compile(req, nlohmann::json{{"kind", "amax_history"}});
+  auto module = module_registry().get(dev, r.entry->key, std::string_view(r.entry->image));
+  CUfunction f = module->function(r.entry->lowered(ks.cast_kernel));
+  HistoryArgs args{reinterpret_cast<float*>(call.history.ptr), reinterpret_cast<const float*>(call.amax.ptr),
+                   reinterpret_cast<float*>(call.scale.ptr), reinterpret_cast<float*>(call.scale_inv.ptr),
+                   reinterpret_cast<const float*>(call.noop)};
+  void* params[] = {&args};
+  launch(f, Dim3{1}, Dim3{unsigned(ks.tile.threads)}, 0, stream, params);
 }
 
 }  // namespace qf::rt

@@ -67,4 +67,16 @@ class Quantizer {
   mutable std::map<int, std::shared_ptr<const Loaded>> loaded_;  // by device
 };
 
+// Delayed scaling: after a quantize, roll the caller's amax history [history_length] with the
+// amax output, recompute the scale (and 1/scale if scale_inv is given) on `stream`.
+struct HistoryCall {
+  TensorView history;    // fp32 [history_length]
+  TensorView amax;       // fp32 [1]: the quantize's amax output
+  TensorView scale;      // fp32 [1], in/out
+  TensorView scale_inv;  // optional fp32 [1]
+  uint64_t noop = 0;
+};
+void update_amax_history(const PerTensorDelayed& mode, ElemFormat format, const HistoryCall& call,
+                         CUstream stream, KernelCache& cache = KernelCache::global());
+
 }  // namespace qf::rt

@@ -1,0 +1,129 @@
+/* qforge C API: embed the recipe compiler and the fused quantization kernels from C or C++.
+ *
+ * A qf_context holds one or more parsed recipes. A qf_quantizer is one role of one recipe for one
+ * input dtype, usage and grouped flag, compiled into a kernel plan; it answers buffer queries,
+ * can compile its kernels ahead of time (qf_quantizer_prepare, no GPU needed) and launches them
+ * (qf_quantize).
+ *
+ * Errors: every function returns a qf_status. On anything but QF_OK, qf_last_error() returns a
+ * one-line message (thread-local, valid until the next qf_* call on the same thread) that names
+ * the JSON pointer, file path or argument at fault. No C++ exception ever crosses this API.
+ *
+ * Threads: contexts and quantizers are immutable after creation except for the quantizer's
+ * per-device kernel cache, which is internally locked; one quantizer may be used from several
+ * threads. Destroy a context only after every quantizer created from it (quantizers keep a
+ * reference to their recipe, so destroying the context first is also safe).
+ *
+ * CUDA: qf_quantize launches in the caller's *current* CUDA context (the primary context of the
+ * device, as the runtime API uses) on the given CUstream / cudaStream_t (NULL = legacy default
+ * stream). It does not change the current context. All pointers in qf_quantize_args are device
+ * addresses in that context.
+ */
+#ifndef QFORGE_H
+#define QFORGE_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef enum qf_status {
+  QF_OK = 0,
+  QF_ERR_USER = 2,     /* bad argument, recipe, role, shape or buffer */
+  QF_ERR_INTERNAL = 3, /* a bug in qforge (or out of memory) */
+  QF_ERR_CUDA = 4      /* no driver / no GPU / a CUDA driver call failed */
+} qf_status;
+
+typedef enum qf_dtype { QF_DTYPE_FP32 = 0, QF_DTYPE_BF16 = 1, QF_DTYPE_FP16 = 2 } qf_dtype;
+
+typedef enum qf_usage {
+  QF_USAGE_DEFAULT = -1, /* the recipe's "usage" */
+  QF_USAGE_TRAINING = 0,
+  QF_USAGE_INFERENCE = 1,
+  QF_USAGE_MEMORY = 2
+} qf_usage;
+
+typedef enum qf_buffer_kind {
+  QF_BUFFER_DATA = 0,
+  QF_BUFFER_SCALE_INV = 1,
+  QF_BUFFER_AMAX = 2,
+  QF_BUFFER_SCALE = 3
+} qf_buffer_kind;
+
+typedef struct qf_context qf_context;
+typedef struct qf_quantizer qf_quantizer;
+
+typedef struct qf_buffer_info {
+  const char* name;  /* "rowwise_data", "columnwise_scale_inv", "amax", ...; valid while the
+                        quantizer lives */
+  const char* dtype; /* what the bytes mean: "e4m3", "e2m1x2", "e8m0", "fp32", ...; same lifetime */
+  qf_buffer_kind kind;
+  int element_size; /* storage element size in bytes (1, 2 or 4) */
+  int stream;       /* plan stream index, -1 for amax outputs / shared inputs */
+  int zero_padding; /* 1: padding entries must be zero (swizzled scales) */
+  int ndim;
+  int64_t shape[4];
+  int64_t bytes;
+} qf_buffer_info;
+
+typedef struct qf_named_buffer {
+  const char* name; /* a buffer name from qf_quantizer_output_info / qf_quantizer_input_info */
+  void* ptr;        /* device address */
+  int64_t bytes;    /* bytes owned from ptr */
+} qf_named_buffer;
+
+typedef struct qf_quantize_args {
+  const void* input; /* device [m, k] in the quantizer's input dtype (grouped: total rows) */
+  int64_t m, k;
+  const qf_named_buffer* buffers; /* every output (and input, e.g. delayed "scale") buffer */
+  int num_buffers;
+  void* workspace; /* qf_quantizer_workspace_bytes(); may be NULL when that is 0 */
+  int64_t workspace_bytes;
+  const float* noop;    /* optional device float: 1.0 skips the launch; NULL = never */
+  uint64_t seed, offset; /* stochastic rounding */
+  const int64_t* member_rows; /* grouped: device int64 [num_members + 1] row offsets */
+  int num_members;
+} qf_quantize_args;
+
+/* The last error on this thread ("" if none). */
+const char* qf_last_error(void);
+
+qf_status qf_context_create(const char* const* recipe_paths, int n, qf_context** out);
+qf_status qf_context_create_from_json(const char* json, qf_context** out);
+void qf_context_destroy(qf_context* ctx); /* NULL is fine */
+/* Number of recipes and the name of recipe i (valid while ctx lives). */
+qf_status qf_context_num_recipes(const qf_context* ctx, int* out);
+qf_status qf_context_recipe_name(const qf_context* ctx, int index, const char** out);
+
+/* recipe_name NULL: the context must hold exactly one recipe. grouped: 0 or 1. */
+qf_status qf_quantizer_create(qf_context* ctx, const char* recipe_name, const char* role,
+                              qf_dtype input, qf_usage usage, qf_quantizer** out);
+qf_status qf_quantizer_create_ex(qf_context* ctx, const char* recipe_name, const char* role,
+                                 qf_dtype input, qf_usage usage, int grouped, qf_quantizer** out);
+void qf_quantizer_destroy(qf_quantizer* q); /* NULL is fine */
+
+/* Outputs for one tensor of shape [m, k]. The count does not depend on the shape. */
+qf_status qf_quantizer_num_outputs(const qf_quantizer* q, int* out);
+qf_status qf_quantizer_output_info(const qf_quantizer* q, int64_t m, int64_t k, int index,
+                                   qf_buffer_info* out);
+/* Inputs besides the tensor itself (delayed scaling's "scale"). */
+qf_status qf_quantizer_num_inputs(const qf_quantizer* q, int* out);
+qf_status qf_quantizer_input_info(const qf_quantizer* q, int index, qf_buffer_info* out);
+qf_status qf_quantizer_workspace_bytes(const qf_quantizer* q, int64_t m, int64_t k,
+                                       int num_members, int64_t* out);
+
+/* Compile (or load) the kernels for arch ("sm_90a", "sm_100a", ...) into the kernel cache.
+   Needs no GPU. */
+qf_status qf_quantizer_prepare(qf_quantizer* q, const char* arch);
+
+/* Validate every argument, then launch on cuda_stream (a CUstream / cudaStream_t) in the
+   caller's current CUDA context. */
+qf_status qf_quantize(qf_quantizer* q, const qf_quantize_args* args, void* cuda_stream);
+
+#ifdef __cplusplus
+} /* extern "C" */
+#endif
+
+#endif /* QFORGE_H */

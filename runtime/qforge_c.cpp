@@ -1,0 +1,330 @@
+// The C API (runtime/qforge.h) over Recipe / compile_plan / rt::Quantizer. Every entry point
+// catches every exception and turns it into a qf_status plus a thread-local message.
+#include "runtime/qforge.h"
+
+#include <exception>
+#include <filesystem>
+#include <memory>
+#include <mutex>
+#include <new>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "compiler/buffers.h"
+#include "compiler/error.h"
+#include "compiler/pipeline.h"
+#include "compiler/recipe.h"
+#include "runtime/driver.h"
+#include "runtime/quantizer.h"
+
+struct qf_context {
+  std::vector<qf::Recipe> recipes;
+};
+
+struct qf_quantizer {
+  std::unique_ptr<qf::rt::Quantizer> q;
+  // Interned strings handed out as const char* (std::set nodes never move).
+  mutable std::mutex mu;
+  mutable std::set<std::string> strings;
+  const char* intern(const std::string& s) const {
+    std::lock_guard lock(mu);
+    return strings.insert(s).first->c_str();
+  }
+};
+
+namespace {
+
+thread_local std::string g_last_error;
+
+qf_status fail(qf_status s, std::string msg) {
+  g_last_error = std::move(msg);
+  return s;
+}
+
+// Runs f, mapping exceptions to statuses. f returns nothing; success clears the message.
+template <typename F>
+qf_status guarded(F&& f) noexcept {
+  try {
+    g_last_error.clear();
+    f();
+    return QF_OK;
+  } catch (const qf::UserError& e) {
+    return fail(QF_ERR_USER, e.what());
+  } catch (const qf::rt::CudaError& e) {
+    return fail(QF_ERR_CUDA, e.what());
+  } catch (const qf::InternalError& e) {
+    return fail(QF_ERR_INTERNAL, e.what());
+  } catch (const std::bad_alloc&) {
+    return fail(QF_ERR_INTERNAL, "out of memory");
+  } catch (const std::exception& e) {
+    return fail(QF_ERR_INTERNAL, std::string("internal error: ") + e.what());
+  } catch (...) {
+    return fail(QF_ERR_INTERNAL, "internal error: unknown exception");
+  }
+}
+
+void require(const void* p, const char* arg) {
+  if (!p) throw qf::UserError(arg, "must not be NULL");
+}
+
+qf::DType to_dtype(qf_dtype d) {
+  switch (d) {
+    case QF_DTYPE_FP32: return qf::DType::FP32;
+    case QF_DTYPE_BF16: return qf::DType::BF16;
+    case QF_DTYPE_FP16: return qf::DType::FP16;
+  }
+  throw qf::UserError("input", "unknown qf_dtype " + std::to_string(int(d)) +
+                                   " (expected QF_DTYPE_FP32, QF_DTYPE_BF16 or QF_DTYPE_FP16)");
+}
+
+std::optional<qf::Usage> to_usage(qf_usage u) {
+  switch (u) {
+    case QF_USAGE_DEFAULT: return std::nullopt;
+    case QF_USAGE_TRAINING: return qf::Usage::Training;
+    case QF_USAGE_INFERENCE: return qf::Usage::Inference;
+    case QF_USAGE_MEMORY: return qf::Usage::Memory;
+  }
+  throw qf::UserError("usage", "unknown qf_usage " + std::to_string(int(u)) +
+                                   " (expected QF_USAGE_DEFAULT, _TRAINING, _INFERENCE or _MEMORY)");
+}
+
+int element_size(qf::Storage s) {
+  switch (s) {
+    case qf::Storage::U8: return 1;
+    case qf::Storage::U16: return 2;
+    case qf::Storage::F32: return 4;
+  }
+  return 0;
+}
+
+void fill_info(const qf_quantizer* q, const qf::BufferDesc& b, qf_buffer_info* out) {
+  if (b.shape.size() > 4)
+    throw qf::InternalError(__FILE__, __LINE__, "buffer " + b.name + " has more than 4 dims");
+  qf_buffer_info info{};
+  info.name = q->intern(b.name);
+  info.dtype = q->intern(b.dtype);
+  info.kind = static_cast<qf_buffer_kind>(static_cast<int>(b.kind));
+  info.element_size = element_size(b.storage);
+  info.stream = b.stream;
+  info.zero_padding = b.zero_padding ? 1 : 0;
+  info.ndim = int(b.shape.size());
+  for (size_t i = 0; i < b.shape.size(); ++i) info.shape[i] = b.shape[i];
+  info.bytes = b.bytes;
+  *out = info;
+}
+
+void check_index(int index, size_t count, const char* what) {
+  if (index < 0 || size_t(index) >= count)
+    throw qf::UserError("index", "index " + std::to_string(index) + " out of range: the quantizer has " +
+                                     std::to_string(count) + " " + what);
+}
+
+}  // namespace
+
+extern "C" {
+
+const char* qf_last_error(void) { return g_last_error.c_str(); }
+
+qf_status qf_context_create(const char* const* recipe_paths, int n, qf_context** out) {
+  return guarded([&] {
+    require(out, "out");
+    *out = nullptr;
+    if (n <= 0) throw qf::UserError("n", "expected at least one recipe path, got " + std::to_string(n));
+    require(recipe_paths, "recipe_paths");
+    auto ctx = std::make_unique<qf_context>();
+    for (int i = 0; i < n; ++i) {
+      if (!recipe_paths[i])
+        throw qf::UserError("recipe_paths[" + std::to_string(i) + "]", "must not be NULL");
+      const std::string path = recipe_paths[i];
+      std::error_code ec;
+      if (!std::filesystem::is_regular_file(path, ec))
+        throw qf::UserError(path, "no such recipe file (recipe_paths[" + std::to_string(i) + "])");
+      ctx->recipes.push_back(qf::load_recipe(path));
+    }
+    for (size_t i = 0; i < ctx->recipes.size(); ++i)
+      for (size_t j = 0; j < i; ++j)
+        if (ctx->recipes[i].name == ctx->recipes[j].name)
+          throw qf::UserError(recipe_paths[i], "recipe name \"" + ctx->recipes[i].name +
+                                                   "\" is also the name of " + recipe_paths[j]);
+    *out = ctx.release();
+  });
+}
+
+qf_status qf_context_create_from_json(const char* json, qf_context** out) {
+  return guarded([&] {
+    require(out, "out");
+    *out = nullptr;
+    require(json, "json");
+    auto ctx = std::make_unique<qf_context>();
+    ctx->recipes.push_back(qf::parse_recipe(json));
+    *out = ctx.release();
+  });
+}
+
+void qf_context_destroy(qf_context* ctx) { delete ctx; }
+
+qf_status qf_context_num_recipes(const qf_context* ctx, int* out) {
+  return guarded([&] {
+    require(ctx, "ctx");
+    require(out, "out");
+    *out = int(ctx->recipes.size());
+  });
+}
+
+qf_status qf_context_recipe_name(const qf_context* ctx, int index, const char** out) {
+  return guarded([&] {
+    require(ctx, "ctx");
+    require(out, "out");
+    if (index < 0 || size_t(index) >= ctx->recipes.size())
+      throw qf::UserError("index", "index " + std::to_string(index) + " out of range: the context has " +
+                                       std::to_string(ctx->recipes.size()) + " recipes");
+    *out = ctx->recipes[size_t(index)].name.c_str();
+  });
+}
+
+qf_status qf_quantizer_create_ex(qf_context* ctx, const char* recipe_name, const char* role,
+                                 qf_dtype input, qf_usage usage, int grouped, qf_quantizer** out) {
+  return guarded([&] {
+    require(out, "out");
+    *out = nullptr;
+    require(ctx, "ctx");
+    require(role, "role");
+    const qf::Recipe* recipe = nullptr;
+    if (!recipe_name) {
+      if (ctx->recipes.size() != 1)
+        throw qf::UserError("recipe_name", "NULL needs a context of exactly one recipe; this one has " +
+                                               std::to_string(ctx->recipes.size()));
+      recipe = &ctx->recipes[0];
+    } else {
+      std::string names;
+      for (const auto& r : ctx->recipes) {
+        if (r.name == recipe_name) recipe = &r;
+        names += (names.empty() ? "" : ", ") + r.name;
+      }
+      if (!recipe)
+        throw qf::UserError("recipe_name", std::string("no recipe named \"") + recipe_name +
+                                               "\" in the context (have: " + names + ")");
+    }
+    if (grouped != 0 && grouped != 1)
+      throw qf::UserError("grouped", "expected 0 or 1, got " + std::to_string(grouped));
+    qf::PlanRequest req{role, to_dtype(input), to_usage(usage), grouped == 1};
+    auto q = std::make_unique<qf_quantizer>();
+    q->q = std::make_unique<qf::rt::Quantizer>(qf::compile_plan(*recipe, req));
+    *out = q.release();
+  });
+}
+
+qf_status qf_quantizer_create(qf_context* ctx, const char* recipe_name, const char* role,
+                              qf_dtype input, qf_usage usage, qf_quantizer** out) {
+  return qf_quantizer_create_ex(ctx, recipe_name, role, input, usage, 0, out);
+}
+
+void qf_quantizer_destroy(qf_quantizer* q) { delete q; }
+
+qf_status qf_quantizer_num_outputs(const qf_quantizer* q, int* out) {
+  return guarded([&] {
+    require(q, "q");
+    require(out, "out");
+    *out = int(q->q->outputs(qf::Shape2D{256, 256}).size());
+  });
+}
+
+qf_status qf_quantizer_output_info(const qf_quantizer* q, int64_t m, int64_t k, int index,
+                                   qf_buffer_info* out) {
+  return guarded([&] {
+    require(q, "q");
+    require(out, "out");
+    const qf::Shape2D shape{m, k};
+    qf::check_shape(q->q->plan(), shape);
+    const auto bufs = q->q->outputs(shape);
+    check_index(index, bufs.size(), "outputs");
+    fill_info(q, bufs[size_t(index)], out);
+  });
+}
+
+qf_status qf_quantizer_num_inputs(const qf_quantizer* q, int* out) {
+  return guarded([&] {
+    require(q, "q");
+    require(out, "out");
+    *out = int(q->q->inputs().size());
+  });
+}
+
+qf_status qf_quantizer_input_info(const qf_quantizer* q, int index, qf_buffer_info* out) {
+  return guarded([&] {
+    require(q, "q");
+    require(out, "out");
+    const auto bufs = q->q->inputs();
+    check_index(index, bufs.size(), "inputs");
+    fill_info(q, bufs[size_t(index)], out);
+  });
+}
+
+qf_status qf_quantizer_workspace_bytes(const qf_quantizer* q, int64_t m, int64_t k,
+                                       int num_members, int64_t* out) {
+  return guarded([&] {
+    require(q, "q");
+    require(out, "out");
+    if (num_members < 1)
+      throw qf::UserError("num_members", "expected >= 1, got " + std::to_string(num_members));
+    const qf::Shape2D shape{m, k};
+    qf::check_shape(q->q->plan(), shape);
+    *out = q->q->workspace_bytes(shape, num_members);
+  });
+}
+
+qf_status qf_quantizer_prepare(qf_quantizer* q, const char* arch) {
+  return guarded([&] {
+    require(q, "q");
+    require(arch, "arch");
+    (void)q->q->prepare(arch);
+  });
+}
+
+qf_status qf_quantize(qf_quantizer* q, const qf_quantize_args* args, void* cuda_stream) {
+  return guarded([&] {
+    require(q, "q");
+    require(args, "args");
+    if (args->num_buffers < 0)
+      throw qf::UserError("args->num_buffers", "must be >= 0, got " + std::to_string(args->num_buffers));
+    if (args->num_buffers > 0) require(args->buffers, "args->buffers");
+    if (args->num_members < 0)
+      throw qf::UserError("args->num_members", "must be >= 0, got " + std::to_string(args->num_members));
+    if (args->workspace_bytes < 0)
+      throw qf::UserError("args->workspace_bytes", "must be >= 0");
+
+    qf::rt::QuantizeCall call;
+    call.shape = qf::Shape2D{args->m, args->k};
+    call.input.ptr = reinterpret_cast<uint64_t>(args->input);
+    call.input.dtype = q->q->plan().input;
+    call.input.shape = {args->m, args->k};
+    // Bytes of the input: the caller states only the shape; bound it before multiplying (the
+    // per-member rules of grouped tensors are the caller's, as in rt::Quantizer).
+    if (args->m <= 0 || args->k <= 0 || args->m > (int64_t(1) << 31) || args->k > (int64_t(1) << 31))
+      throw qf::UserError("args->m, args->k", "expected 1..2^31 each, got [" + std::to_string(args->m) +
+                                                  ", " + std::to_string(args->k) + "]");
+    call.input.bytes = args->m * args->k * qf::traits(q->q->plan().input).bytes;
+    for (int i = 0; i < args->num_buffers; ++i) {
+      const qf_named_buffer& b = args->buffers[i];
+      const std::string where = "args->buffers[" + std::to_string(i) + "]";
+      if (!b.name) throw qf::UserError(where + ".name", "must not be NULL");
+      if (b.bytes < 0) throw qf::UserError(where + ".bytes", "must be >= 0");
+      qf::rt::TensorView v;
+      v.ptr = reinterpret_cast<uint64_t>(b.ptr);
+      v.bytes = b.bytes;
+      if (!call.buffers.emplace(b.name, v).second)
+        throw qf::UserError(where + ".name", std::string("buffer \"") + b.name + "\" given twice");
+    }
+    call.workspace.ptr = reinterpret_cast<uint64_t>(args->workspace);
+    call.workspace.bytes = args->workspace_bytes;
+    call.noop = reinterpret_cast<uint64_t>(args->noop);
+    call.seed = args->seed;
+    call.offset = args->offset;
+    call.member_rows = reinterpret_cast<uint64_t>(args->member_rows);
+    call.num_members = args->num_members;
+    q->q->quantize(call, static_cast<CUstream>(cuda_stream));
+  });
+}
+
+}  // extern "C"
