@@ -1,0 +1,330 @@
+// The C API (runtime/qforge.h): contexts, quantizers, buffer queries against the compiler's
+// output_buffers, ahead-of-time compilation, and that every error comes back as a status and a
+// message (never an exception or a crash), including qf_quantize without a GPU.
+#include "runtime/qforge.h"
+
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+#include <string>
+#include <vector>
+
+#include <gtest/gtest.h>
+
+#include "compiler/buffers.h"
+#include "compiler/pipeline.h"
+#include "compiler/recipe.h"
+#include "runtime/driver.h"
+
+namespace fs = std::filesystem;
+
+namespace {
+
+std::string recipe_path(const std::string& name) {
+  return (fs::path(QF_SOURCE_DIR) / "recipes" / (name + ".json")).string();
+}
+
+std::vector<std::string> shipped_recipe_paths() {
+  std::vector<std::string> out;
+  for (const auto& e : fs::directory_iterator(fs::path(QF_SOURCE_DIR) / "recipes"))
+    if (e.path().extension() == ".json" && e.path().filename() != "recipe.schema.json")
+      out.push_back(e.path().string());
+  return out;
+}
+
+class CApi : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    // ctest sets QFORGE_CACHE_DIR; a direct run of the binary gets a private one.
+    if (!std::getenv("QFORGE_CACHE_DIR")) {
+      const auto dir = fs::temp_directory_path() / "qforge-c-api-test-cache";
+      ::setenv("QFORGE_CACHE_DIR", dir.c_str(), 0);
+    }
+  }
+  void TearDown() override {
+    qf_quantizer_destroy(q_);
+    qf_context_destroy(ctx_);
+  }
+  void open_all() {
+    const auto paths = shipped_recipe_paths();
+    std::vector<const char*> ptrs;
+    for (const auto& p : paths) ptrs.push_back(p.c_str());
+    ASSERT_EQ(qf_context_create(ptrs.data(), int(ptrs.size()), &ctx_), QF_OK) << qf_last_error();
+    int n = 0;
+    ASSERT_EQ(qf_context_num_recipes(ctx_, &n), QF_OK);
+    EXPECT_EQ(n, int(paths.size()));
+  }
+  qf_context* ctx_ = nullptr;
+  qf_quantizer* q_ = nullptr;
+};
+
+TEST_F(CApi, ResolvesEveryStandardRoleOfEveryShippedRecipe) {
+  open_all();
+  int n = 0;
+  ASSERT_EQ(qf_context_num_recipes(ctx_, &n), QF_OK);
+  for (int i = 0; i < n; ++i) {
+    const char* name = nullptr;
+    ASSERT_EQ(qf_context_recipe_name(ctx_, i, &name), QF_OK);
+    for (const auto role : qf::standard_roles()) {
+      const std::string r(role);
+      qf_quantizer* q = nullptr;
+      const qf_status s = qf_quantizer_create(ctx_, name, r.c_str(), QF_DTYPE_BF16, QF_USAGE_DEFAULT, &q);
+      // A recipe need not cover every role; whatever happens is a status, never a throw.
+      if (s == QF_OK) {
+        int outs = 0;
+        EXPECT_EQ(qf_quantizer_num_outputs(q, &outs), QF_OK);
+        EXPECT_GT(outs, 0) << name << " " << r;
+      } else {
+        EXPECT_EQ(s, QF_ERR_USER) << name << " " << r << ": " << qf_last_error();
+        EXPECT_STRNE(qf_last_error(), "");
+        EXPECT_EQ(q, nullptr);
+      }
+      qf_quantizer_destroy(q);
+    }
+  }
+}
+
+TEST_F(CApi, OutputInfoMatchesCompiler) {
+  open_all();
+  ASSERT_EQ(qf_quantizer_create(ctx_, "mxfp8", "linear:input", QF_DTYPE_BF16, QF_USAGE_DEFAULT, &q_), QF_OK)
+      << qf_last_error();
+
+  const qf::Recipe recipe = qf::load_recipe(recipe_path("mxfp8"));
+  const qf::Plan plan = qf::compile_plan(recipe, qf::PlanRequest{"linear:input", qf::DType::BF16, std::nullopt, false});
+  const auto want = qf::output_buffers(plan, qf::Shape2D{256, 512});
+
+  int n = 0;
+  ASSERT_EQ(qf_quantizer_num_outputs(q_, &n), QF_OK);
+  ASSERT_EQ(n, int(want.size()));
+  ASSERT_GT(n, 0);
+  for (int i = 0; i < n; ++i) {
+    qf_buffer_info info{};
+    ASSERT_EQ(qf_quantizer_output_info(q_, 256, 512, i, &info), QF_OK) << qf_last_error();
+    const auto& w = want[size_t(i)];
+    EXPECT_EQ(std::string(info.name), w.name);
+    EXPECT_EQ(std::string(info.dtype), w.dtype);
+    EXPECT_EQ(int(info.kind), int(w.kind));
+    EXPECT_EQ(info.element_size, w.storage == qf::Storage::U8 ? 1 : w.storage == qf::Storage::U16 ? 2 : 4);
+    EXPECT_EQ(info.stream, w.stream);
+    EXPECT_EQ(info.zero_padding != 0, w.zero_padding);
+    ASSERT_EQ(info.ndim, int(w.shape.size()));
+    for (int d = 0; d < info.ndim; ++d) EXPECT_EQ(info.shape[d], w.shape[size_t(d)]) << w.name;
+    EXPECT_EQ(info.bytes, w.bytes) << w.name;
+  }
+  // mxfp8 training: rowwise e4m3 [256, 512] first.
+  qf_buffer_info first{};
+  ASSERT_EQ(qf_quantizer_output_info(q_, 256, 512, 0, &first), QF_OK);
+  EXPECT_STREQ(first.name, "rowwise_data");
+  EXPECT_EQ(first.bytes, 256 * 512);
+
+  qf_buffer_info bad{};
+  EXPECT_EQ(qf_quantizer_output_info(q_, 256, 512, n, &bad), QF_ERR_USER);
+  EXPECT_NE(std::string(qf_last_error()).find("index"), std::string::npos) << qf_last_error();
+  EXPECT_EQ(qf_quantizer_output_info(q_, 0, 512, 0, &bad), QF_ERR_USER);
+  EXPECT_NE(std::string(qf_last_error()).find("shape"), std::string::npos) << qf_last_error();
+
+  int ins = -1;
+  ASSERT_EQ(qf_quantizer_num_inputs(q_, &ins), QF_OK);
+  EXPECT_EQ(ins, int(qf::input_buffers(plan).size()));
+  int64_t ws = -1;
+  ASSERT_EQ(qf_quantizer_workspace_bytes(q_, 256, 512, 1, &ws), QF_OK) << qf_last_error();
+  EXPECT_GE(ws, 0);
+}
+
+TEST_F(CApi, DelayedScalingHasAScaleInput) {
+  const std::string p = recipe_path("delayed_scaling");
+  const char* paths[] = {p.c_str()};
+  ASSERT_EQ(qf_context_create(paths, 1, &ctx_), QF_OK) << qf_last_error();
+  ASSERT_EQ(qf_quantizer_create(ctx_, nullptr, "linear:input", QF_DTYPE_BF16, QF_USAGE_DEFAULT, &q_), QF_OK)
+      << qf_last_error();
+  const qf::Plan plan = qf::compile_plan(qf::load_recipe(p), qf::PlanRequest{"linear:input", qf::DType::BF16, std::nullopt, false});
+  const auto want = qf::input_buffers(plan);
+  int n = 0;
+  ASSERT_EQ(qf_quantizer_num_inputs(q_, &n), QF_OK);
+  ASSERT_EQ(n, int(want.size()));
+  ASSERT_GT(n, 0);
+  qf_buffer_info info{};
+  ASSERT_EQ(qf_quantizer_input_info(q_, 0, &info), QF_OK) << qf_last_error();
+  EXPECT_EQ(std::string(info.name), want[0].name);
+  EXPECT_EQ(info.bytes, want[0].bytes);
+  EXPECT_EQ(qf_quantizer_input_info(q_, n, &info), QF_ERR_USER);
+}
+
+TEST_F(CApi, UsageOverrideDropsColumnwise) {
+  open_all();
+  ASSERT_EQ(qf_quantizer_create(ctx_, "mxfp8", "linear:input", QF_DTYPE_BF16, QF_USAGE_INFERENCE, &q_), QF_OK)
+      << qf_last_error();
+  int n = 0;
+  ASSERT_EQ(qf_quantizer_num_outputs(q_, &n), QF_OK);
+  for (int i = 0; i < n; ++i) {
+    qf_buffer_info info{};
+    ASSERT_EQ(qf_quantizer_output_info(q_, 256, 512, i, &info), QF_OK);
+    EXPECT_EQ(std::string(info.name).rfind("columnwise", 0), std::string::npos) << info.name;
+  }
+}
+
+TEST_F(CApi, PrepareCompilesWithoutAGpu) {
+  const std::string p = recipe_path("mxfp8");
+  const char* paths[] = {p.c_str()};
+  ASSERT_EQ(qf_context_create(paths, 1, &ctx_), QF_OK) << qf_last_error();
+  ASSERT_EQ(qf_quantizer_create(ctx_, nullptr, "linear:input", QF_DTYPE_BF16, QF_USAGE_DEFAULT, &q_), QF_OK)
+      << qf_last_error();
+  EXPECT_EQ(qf_quantizer_prepare(q_, "sm_90a"), QF_OK) << qf_last_error();
+  EXPECT_EQ(qf_quantizer_prepare(q_, "sm_90a"), QF_OK) << qf_last_error();  // cache hit
+  EXPECT_STREQ(qf_last_error(), "");
+  EXPECT_NE(qf_quantizer_prepare(q_, "sm_nonsense"), QF_OK);
+  EXPECT_STRNE(qf_last_error(), "");
+}
+
+TEST_F(CApi, BadRecipePathNamesThePath) {
+  const std::string p = std::string(QF_SOURCE_DIR) + "/recipes/does_not_exist.json";
+  const char* paths[] = {p.c_str()};
+  EXPECT_EQ(qf_context_create(paths, 1, &ctx_), QF_ERR_USER);
+  EXPECT_EQ(ctx_, nullptr);
+  EXPECT_NE(std::string(qf_last_error()).find(p), std::string::npos) << qf_last_error();
+}
+
+TEST_F(CApi, BadRecipeFileNamesPathAndPointer) {
+  const auto dir = fs::temp_directory_path() / "qforge-c-api-test";
+  fs::create_directories(dir);
+  const auto p = (dir / "bad_format.json").string();
+  {
+    FILE* f = std::fopen(p.c_str(), "w");
+    ASSERT_NE(f, nullptr);
+    std::fputs(R"({"qforge_recipe": 1, "name": "x", "usage": "training",
+  "roles": [{"match": "*:input", "rowwise": {"format": "e9m9", "scaling": "per_tensor_current"}}]})", f);
+    std::fclose(f);
+  }
+  const char* paths[] = {p.c_str()};
+  EXPECT_EQ(qf_context_create(paths, 1, &ctx_), QF_ERR_USER);
+  const std::string msg = qf_last_error();
+  EXPECT_NE(msg.find(p), std::string::npos) << msg;
+  EXPECT_NE(msg.find("/roles/0/rowwise/format"), std::string::npos) << msg;
+}
+
+TEST_F(CApi, UnknownRoleAndRecipe) {
+  open_all();
+  EXPECT_EQ(qf_quantizer_create(ctx_, "mxfp8", "linear", QF_DTYPE_BF16, QF_USAGE_DEFAULT, &q_), QF_ERR_USER);
+  EXPECT_EQ(q_, nullptr);
+  EXPECT_NE(std::string(qf_last_error()).find("role"), std::string::npos) << qf_last_error();
+
+  const std::string json = R"({"qforge_recipe": 1, "name": "only_weights", "usage": "inference",
+    "roles": [{"match": "linear:weight", "rowwise": {"format": "e4m3", "scaling": "per_tensor_current"}}]})";
+  qf_context* c2 = nullptr;
+  ASSERT_EQ(qf_context_create_from_json(json.c_str(), &c2), QF_OK) << qf_last_error();
+  qf_quantizer* q = nullptr;
+  EXPECT_EQ(qf_quantizer_create(c2, nullptr, "linear:input", QF_DTYPE_BF16, QF_USAGE_DEFAULT, &q), QF_ERR_USER);
+  EXPECT_EQ(q, nullptr);
+  EXPECT_STRNE(qf_last_error(), "");
+  EXPECT_EQ(qf_quantizer_create(c2, nullptr, "linear:weight", QF_DTYPE_BF16, QF_USAGE_DEFAULT, &q), QF_OK)
+      << qf_last_error();
+  qf_quantizer_destroy(q);
+  qf_context_destroy(c2);
+
+  EXPECT_EQ(qf_quantizer_create(ctx_, "no_such_recipe", "linear:input", QF_DTYPE_BF16, QF_USAGE_DEFAULT, &q_),
+            QF_ERR_USER);
+  EXPECT_NE(std::string(qf_last_error()).find("no_such_recipe"), std::string::npos) << qf_last_error();
+  // NULL recipe name with several recipes is ambiguous.
+  EXPECT_EQ(qf_quantizer_create(ctx_, nullptr, "linear:input", QF_DTYPE_BF16, QF_USAGE_DEFAULT, &q_), QF_ERR_USER);
+  EXPECT_NE(std::string(qf_last_error()).find("recipe_name"), std::string::npos) << qf_last_error();
+  EXPECT_EQ(qf_quantizer_create(ctx_, "mxfp8", "linear:input", static_cast<qf_dtype>(7), QF_USAGE_DEFAULT, &q_),
+            QF_ERR_USER);
+  EXPECT_EQ(qf_quantizer_create(ctx_, "mxfp8", "linear:input", QF_DTYPE_BF16, static_cast<qf_usage>(9), &q_),
+            QF_ERR_USER);
+  EXPECT_NE(std::string(qf_last_error()).find("usage"), std::string::npos) << qf_last_error();
+}
+
+TEST_F(CApi, BadJsonReportsLineAndPointer) {
+  EXPECT_EQ(qf_context_create_from_json("{\n  \"qforge_recipe\": 1,\n  oops\n}", &ctx_), QF_ERR_USER);
+  EXPECT_EQ(ctx_, nullptr);
+  EXPECT_NE(std::string(qf_last_error()).find("line 3"), std::string::npos) << qf_last_error();
+
+  EXPECT_EQ(qf_context_create_from_json(R"({"qforge_recipe": 1, "name": "x", "usage": "training",
+    "roles": [{"match": "*:input", "rowwise": {"format": "e4m3", "scaling": "per_tensor_current", "bogus": 1}}]})",
+                                        &ctx_),
+            QF_ERR_USER);
+  EXPECT_NE(std::string(qf_last_error()).find("/roles/0/rowwise"), std::string::npos) << qf_last_error();
+}
+
+TEST_F(CApi, NullArgumentsAreNamed) {
+  EXPECT_EQ(qf_context_create(nullptr, 1, &ctx_), QF_ERR_USER);
+  EXPECT_NE(std::string(qf_last_error()).find("recipe_paths"), std::string::npos) << qf_last_error();
+  const char* null_path[] = {nullptr};
+  EXPECT_EQ(qf_context_create(null_path, 1, &ctx_), QF_ERR_USER);
+  EXPECT_NE(std::string(qf_last_error()).find("recipe_paths[0]"), std::string::npos) << qf_last_error();
+  EXPECT_EQ(qf_context_create(null_path, 0, &ctx_), QF_ERR_USER);
+  EXPECT_NE(std::string(qf_last_error()).find("n"), std::string::npos) << qf_last_error();
+  EXPECT_EQ(qf_context_create_from_json(nullptr, &ctx_), QF_ERR_USER);
+  EXPECT_NE(std::string(qf_last_error()).find("json"), std::string::npos) << qf_last_error();
+  EXPECT_EQ(qf_context_create_from_json("{}", nullptr), QF_ERR_USER);
+  EXPECT_NE(std::string(qf_last_error()).find("out"), std::string::npos) << qf_last_error();
+
+  EXPECT_EQ(qf_quantizer_create(nullptr, nullptr, "linear:input", QF_DTYPE_BF16, QF_USAGE_DEFAULT, &q_),
+            QF_ERR_USER);
+  EXPECT_NE(std::string(qf_last_error()).find("ctx"), std::string::npos) << qf_last_error();
+  open_all();
+  EXPECT_EQ(qf_quantizer_create(ctx_, "mxfp8", nullptr, QF_DTYPE_BF16, QF_USAGE_DEFAULT, &q_), QF_ERR_USER);
+  EXPECT_NE(std::string(qf_last_error()).find("role"), std::string::npos) << qf_last_error();
+
+  int n = 0;
+  EXPECT_EQ(qf_quantizer_num_outputs(nullptr, &n), QF_ERR_USER);
+  EXPECT_NE(std::string(qf_last_error()).find("q:"), std::string::npos) << qf_last_error();
+  ASSERT_EQ(qf_quantizer_create(ctx_, "mxfp8", "linear:input", QF_DTYPE_BF16, QF_USAGE_DEFAULT, &q_), QF_OK);
+  EXPECT_EQ(qf_quantizer_output_info(q_, 256, 512, 0, nullptr), QF_ERR_USER);
+  EXPECT_NE(std::string(qf_last_error()).find("out"), std::string::npos) << qf_last_error();
+  EXPECT_EQ(qf_quantizer_prepare(q_, nullptr), QF_ERR_USER);
+  EXPECT_NE(std::string(qf_last_error()).find("arch"), std::string::npos) << qf_last_error();
+  EXPECT_EQ(qf_quantize(q_, nullptr, nullptr), QF_ERR_USER);
+  EXPECT_NE(std::string(qf_last_error()).find("args"), std::string::npos) << qf_last_error();
+  qf_quantize_args a{};
+  a.m = 256;
+  a.k = 512;
+  a.num_buffers = 1;
+  EXPECT_EQ(qf_quantize(q_, &a, nullptr), QF_ERR_USER);
+  EXPECT_NE(std::string(qf_last_error()).find("args->buffers"), std::string::npos) << qf_last_error();
+  // Destroying NULL is a no-op.
+  qf_quantizer_destroy(nullptr);
+  qf_context_destroy(nullptr);
+}
+
+TEST_F(CApi, QuantizeWithoutGpuFailsCleanly) {
+  if (qf::rt::driver().available()) GTEST_SKIP() << "a CUDA driver is present (fake pointers must not reach it)";
+  const std::string p = recipe_path("mxfp8");
+  const char* paths[] = {p.c_str()};
+  ASSERT_EQ(qf_context_create(paths, 1, &ctx_), QF_OK) << qf_last_error();
+  ASSERT_EQ(qf_quantizer_create(ctx_, nullptr, "linear:input", QF_DTYPE_BF16, QF_USAGE_DEFAULT, &q_), QF_OK);
+  int n = 0;
+  ASSERT_EQ(qf_quantizer_num_outputs(q_, &n), QF_OK);
+  // Fake but well-formed, aligned, non-overlapping device addresses of the right sizes.
+  std::vector<qf_named_buffer> bufs;
+  uintptr_t next = uintptr_t(1) << 40;
+  const uintptr_t input = next;
+  next += 256 * 512 * 2;
+  for (int i = 0; i < n; ++i) {
+    qf_buffer_info info{};
+    ASSERT_EQ(qf_quantizer_output_info(q_, 256, 512, i, &info), QF_OK);
+    bufs.push_back({info.name, reinterpret_cast<void*>(next), info.bytes});
+    next += (uintptr_t(info.bytes) + 255) & ~uintptr_t(255);
+  }
+  qf_quantize_args a{};
+  a.input = reinterpret_cast<const void*>(input);
+  a.m = 256;
+  a.k = 512;
+  a.buffers = bufs.data();
+  a.num_buffers = int(bufs.size());
+  const qf_status s = qf_quantize(q_, &a, nullptr);
+  EXPECT_TRUE(s == QF_ERR_CUDA || s == QF_ERR_USER) << s << ": " << qf_last_error();
+  EXPECT_STRNE(qf_last_error(), "");
+  EXPECT_NE(std::string(qf_last_error()).find("CUDA"), std::string::npos) << qf_last_error();
+  std::printf("qf_quantize without a GPU: status %d: %s\n", int(s), qf_last_error());
+}
+
+// The header is plain C: compile it with the C compiler, when there is one.
+TEST_F(CApi, HeaderCompilesAsC) {
+  if (std::system("command -v cc > /dev/null 2>&1") != 0) GTEST_SKIP() << "no C compiler";
+  const std::string cmd = std::string("cc -std=c99 -Wall -Wextra -Werror -pedantic -fsyntax-only -x c ") +
+                          QF_SOURCE_DIR + "/runtime/qforge.h";
+  EXPECT_EQ(std::system(cmd.c_str()), 0) << cmd;
+}
+
+}  // namespace
