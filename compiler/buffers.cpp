@@ -116,7 +116,7 @@ std::vector<BufferDesc> output_buffers(const Plan& p, Shape2D in) {
         sc.shape = {g.rows * g.cols};
       else
         sc.shape = {g.padded_rows, g.padded_cols};
-      sc.bytes = g.size() * (sc.storage == Storage::F32 ? 4 : 1);
+      sc.bytes = g.size() * storage_bytes(sc.storage);
       sc.zero_padding = g.swizzled;
       out.push_back(sc);
     }

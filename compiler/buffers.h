@@ -17,6 +17,7 @@ struct Shape2D {
 
 enum class BufferKind : uint8_t { Data, ScaleInv, Amax, Scale };
 enum class Storage : uint8_t { U8, U16, F32 };
+constexpr int64_t storage_bytes(Storage s) { return s == Storage::F32 ? 4 : s == Storage::U16 ? 2 : 1; }
 
 // Where each scale of a stream lives: a logical grid [rows, cols] (rows follow the data
 // layout's rows), stored compact or padded + swizzled.

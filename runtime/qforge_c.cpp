@@ -89,15 +89,6 @@ std::optional<qf::Usage> to_usage(qf_usage u) {
                                    " (expected QF_USAGE_DEFAULT, _TRAINING, _INFERENCE or _MEMORY)");
 }
 
-int element_size(qf::Storage s) {
-  switch (s) {
-    case qf::Storage::U8: return 1;
-    case qf::Storage::U16: return 2;
-    case qf::Storage::F32: return 4;
-  }
-  return 0;
-}
-
 void fill_info(const qf_quantizer* q, const qf::BufferDesc& b, qf_buffer_info* out) {
   if (b.shape.size() > 4)
     throw qf::InternalError(__FILE__, __LINE__, "buffer " + b.name + " has more than 4 dims");
@@ -105,7 +96,7 @@ void fill_info(const qf_quantizer* q, const qf::BufferDesc& b, qf_buffer_info* o
   info.name = q->intern(b.name);
   info.dtype = q->intern(b.dtype);
   info.kind = static_cast<qf_buffer_kind>(static_cast<int>(b.kind));
-  info.element_size = element_size(b.storage);
+  info.element_size = int(qf::storage_bytes(b.storage));
   info.stream = b.stream;
   info.zero_padding = b.zero_padding ? 1 : 0;
   info.ndim = int(b.shape.size());

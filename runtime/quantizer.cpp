@@ -76,14 +76,11 @@ std::vector<BufferDesc> Quantizer::grouped_outputs(std::span<const int64_t> coun
     }
     if (total.empty()) {
       total = one;
-      for (auto& b : total) b.shape = {b.bytes / (b.storage == Storage::F32 ? 4 : b.storage == Storage::U16 ? 2 : 1)};
-      continue;
-    }
-    for (size_t j = 0; j < total.size(); ++j) {
-      total[j].bytes += one[j].bytes;
-      total[j].shape = {total[j].bytes / (total[j].storage == Storage::F32 ? 4 : total[j].storage == Storage::U16 ? 2 : 1)};
+    } else {
+      for (size_t j = 0; j < total.size(); ++j) total[j].bytes += one[j].bytes;
     }
   }
+  for (auto& b : total) b.shape = {b.bytes / storage_bytes(b.storage)};  // concatenation: flat
   return total;
 }
 
@@ -130,10 +127,11 @@ void Quantizer::quantize(const QuantizeCall& call, CUstream stream) const {
     if (it == call.buffers.end()) throw UserError(n, "missing buffer argument \"" + n + "\"");
     return it->second;
   };
+  const std::vector<BufferDesc> ins = input_buffers(plan_);
   for (const auto& [n, v] : call.buffers) {
     bool known = false;
     for (const auto& b : outs) known |= b.name == n;
-    for (const auto& b : input_buffers(plan_)) known |= b.name == n;
+    for (const auto& b : ins) known |= b.name == n;
     if (!known) throw UserError(n, "this plan has no buffer named \"" + n + "\"");
   }
   struct Zero {
@@ -151,7 +149,7 @@ void Quantizer::quantize(const QuantizeCall& call, CUstream stream) const {
       const qf::Stream& s = plan_.streams[size_t(b.stream)];
       const ScaleGrid g = scale_grid(s, call.shape);
       const int64_t extra_rows = (g.swizzled ? 128 : 1) * members, extra_cols = (g.swizzled ? 4 : 1) * members;
-      need = (g.padded_rows + extra_rows) * (g.padded_cols + extra_cols) * (b.storage == Storage::F32 ? 4 : 1);
+      need = (g.padded_rows + extra_rows) * (g.padded_cols + extra_cols) * storage_bytes(b.storage);
     }
     check_buffer(b.name, v, need, b.kind == BufferKind::Data ? 16 : 4);
     for (const auto& [n2, v2] : call.buffers)
@@ -168,7 +166,7 @@ void Quantizer::quantize(const QuantizeCall& call, CUstream stream) const {
     if (plan_.amax[a].scope != AmaxScope::Tensor) continue;
     args.amax[a] = reinterpret_cast<float*>(get(amax_output_name(plan_, int(a))).ptr);
   }
-  for (const auto& b : input_buffers(plan_)) {
+  for (const auto& b : ins) {
     const TensorView& v = get(b.name);
     check_buffer(b.name, v, 4, 4);
     for (size_t i = 0; i < plan_.streams.size(); ++i)

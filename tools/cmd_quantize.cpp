@@ -97,7 +97,6 @@ std::string storage_descr(Storage s) {
   return "|u1";
 }
 
-int storage_bytes(Storage s) { return s == Storage::U8 ? 1 : s == Storage::U16 ? 2 : 4; }
 
 void write_text_atomic(const std::filesystem::path& path, const std::string& text) {
   std::filesystem::path tmp = path;
@@ -386,7 +385,7 @@ int cmd_quantize(const Argv& argv) {
 
   for (const ref::Output& o : outs) {
     const BufferDesc& d = o.desc;
-    const int isz = storage_bytes(d.storage);
+    const int isz = int(storage_bytes(d.storage));
     std::vector<int64_t> fshape = d.shape;
     int64_t n = 1;
     for (int64_t v : fshape) n *= v;

@@ -54,3 +54,12 @@ def qf_convert(qforge_bin):
         return out.astype(np.uint16 if wide else np.uint8)
 
     return run
+
+
+@pytest.fixture(scope="session")
+def qforge(qforge_bin):
+    """Path of the built qforge CLI."""
+    path = os.path.join(qforge_bin, "tools", "qforge")
+    if not (os.path.isfile(path) and os.access(path, os.X_OK)):
+        pytest.fail(f"qforge not found at {path} (build the qforge target first)")
+    return path

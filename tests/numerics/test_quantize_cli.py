@@ -27,14 +27,6 @@ SHAPES = [(32, 64), (48, 160), (64, 256), (1, 32)]
 F32 = np.float32
 
 
-@pytest.fixture(scope="session")
-def qforge(qforge_bin):
-    path = os.path.join(qforge_bin, "tools", "qforge")
-    if not (os.path.isfile(path) and os.access(path, os.X_OK)):
-        pytest.fail(f"qforge not found at {path} (build the qforge target first)")
-    return path
-
-
 def run(qforge, *args):
     p = subprocess.run([qforge, *map(str, args)], capture_output=True, text=True, timeout=60)
     return p.returncode, p.stdout, p.stderr

@@ -20,14 +20,6 @@ CASES = [
 ]
 
 
-@pytest.fixture(scope="session")
-def qforge(qforge_bin):
-    path = os.path.join(qforge_bin, "tools", "qforge")
-    if not (os.path.isfile(path) and os.access(path, os.X_OK)):
-        pytest.fail(f"qforge not found at {path} (build the qforge target first)")
-    return path
-
-
 def run(qforge, *args):
     return subprocess.run([qforge, *map(str, args)], capture_output=True, text=True, timeout=300)
 
