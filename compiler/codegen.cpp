@@ -11,22 +11,27 @@
 namespace qf {
 namespace {
 
-// Elements per thread run and lanes per scale block, for one stream (see cast.cuh).
+// How a stream walks the tile (see cast.cuh). Rowwise: runs of 4 elements, kGroup lanes per 1D
+// scale block (blocks longer than 128 are reduced like 2D blocks, in shared memory first).
+// Columnwise: one thread per kEpt rows of a column: the whole 1D block along M, else 16 rows.
 struct RunShape {
-  int ept = 8;
+  int ept = 4;
   int group = 1;
+  bool smem_amax = false;  // block amax precomputed in shared memory (2D or long 1D blocks)
 };
 
 RunShape run_shape(const Stream& s) {
   RunShape rs;
   const auto b = block_of(s.scaling);
-  if (!b || b->is_2d()) return rs;  // per-tensor, per-channel, none, 2D: no lane groups
-  const int len = s.dir == Direction::Rowwise ? b->cols : b->rows;
-  if (s.dir == Direction::Columnwise && s.layout == DataLayout::RowMajor) {
-    rs.ept = len;  // one thread walks the whole block down a column
+  if (s.dir == Direction::Rowwise) {
+    rs.ept = 4;
+    if (b && b->is_2d()) rs.smem_amax = true;
+    else if (b && b->cols > 128) rs.smem_amax = true;
+    else if (b) rs.group = b->cols / 4;
   } else {
-    rs.ept = std::min(len, 8);
-    rs.group = len / rs.ept;
+    rs.ept = 16;
+    if (b && b->is_2d()) rs.smem_amax = true;
+    else if (b) rs.ept = b->rows;
   }
   return rs;
 }
@@ -42,7 +47,7 @@ void emit_stream(Emitter& e, const Plan& p, int index, int& block2d_entries) {
   const RunShape rs = run_shape(s);
   const auto b = block_of(s.scaling);
   const EntryShape entry = scale_entry_shape(s);
-  const bool block2d = b && b->is_2d();
+  const bool block2d = rs.smem_amax;
   float eps = 0.0f;
   bool pow2 = false, mx_floor = false;
   if (auto* m = std::get_if<PerTensorCurrent>(&s.scaling)) eps = m->epsilon, pow2 = m->pow2;
@@ -51,6 +56,8 @@ void emit_stream(Emitter& e, const Plan& p, int index, int& block2d_entries) {
   if (block2d) block2d_entries += (p.tile.rows / b->rows) * (p.tile.cols / b->cols);
   QF_CHECK((s.dir == Direction::Rowwise ? p.tile.cols : p.tile.rows) % (rs.ept * rs.group) == 0,
            "tile fits the stream's runs");
+  QF_CHECK(p.tile.cols % 32 == 0 && (!block2d || (p.tile.rows % b->rows == 0 && p.tile.cols % b->cols == 0)),
+           "tile fits the stream's blocks");
 
   e.open("struct S" + std::to_string(index));
   e.comment(std::string(name(s.dir)) + " " + std::string(traits(s.format).name) + ", " +

@@ -7,6 +7,7 @@
 #include "qforge/history.cuh"
 #include "qforge/layout.cuh"
 #include "runtime/driver.h"
+#include "runtime/tuning.h"
 
 namespace qf::rt {
 
@@ -35,9 +36,12 @@ struct Quantizer::Loaded {
   CUfunction amax = nullptr;
 };
 
-Quantizer::Quantizer(Plan plan, KernelCache& cache) : plan_(std::move(plan)), cache_(cache) {
+Quantizer::Quantizer(Plan plan, KernelCache& cache, bool use_tuning)
+    : plan_(std::move(plan)), cache_(cache), use_tuning_(use_tuning) {
   verify(plan_);
 }
+
+TileConfig Quantizer::tile_for_current_device() const { return load_for_current_device()->kernels.source.tile; }
 
 CacheHow Quantizer::prepare(const std::string& arch) const {
   return build_quantize_kernels(plan_, arch, cache_).cached.how;
@@ -51,7 +55,11 @@ std::shared_ptr<const Quantizer::Loaded> Quantizer::load_for_current_device() co
   }
   // Compile / load outside the lock; a racing thread may do the same, the cache dedupes.
   auto l = std::make_shared<Loaded>();
-  l->kernels = build_quantize_kernels(plan_, device_arch(dev), cache_);
+  Plan plan = plan_;
+  const std::string arch = device_arch(dev);
+  if (use_tuning_)
+    if (auto t = find_tuning(plan, arch, device_name(dev), cache_)) plan.tile = t->tile;
+  l->kernels = build_quantize_kernels(plan, arch, cache_);
   const auto& entry = *l->kernels.cached.entry;
   l->module = module_registry().get(dev, entry.key, std::string_view(entry.image));
   l->cast = l->module->function(entry.lowered(l->kernels.source.cast_kernel));

@@ -39,7 +39,9 @@ struct QuantizeCall {
 
 class Quantizer {
  public:
-  explicit Quantizer(Plan plan, KernelCache& cache = KernelCache::global());
+  // With use_tuning, the first load on a device takes the tile `qforge tune` stored for this
+  // plan on that device (runtime/tuning.h), if any; otherwise the plan's own tile.
+  explicit Quantizer(Plan plan, KernelCache& cache = KernelCache::global(), bool use_tuning = true);
 
   const Plan& plan() const { return plan_; }
   // Output buffers for a single tensor of this shape (see compiler/buffers.h).
@@ -56,6 +58,8 @@ class Quantizer {
 
   // Compiles (or loads) for `arch` without a GPU; returns how the cache answered.
   CacheHow prepare(const std::string& arch) const;
+  // The tile the kernels on the current device use (loads them if needed).
+  TileConfig tile_for_current_device() const;
 
  private:
   struct Loaded;
@@ -63,6 +67,7 @@ class Quantizer {
 
   Plan plan_;
   KernelCache& cache_;
+  bool use_tuning_ = true;
   mutable std::mutex mu_;
   mutable std::map<int, std::shared_ptr<const Loaded>> loaded_;  // by device
 };

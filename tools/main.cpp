@@ -30,6 +30,10 @@ commands:
   prewarm <recipes...|dir> [--arch sm_90a,sm_100a] [-j N] [--dtype bf16,fp16,fp32]
           [--usage training,inference,memory] [--role R]...
                                     compile every kernel the recipes can need into the cache
+  tune <recipes...|dir> [--role R]... [--usage training,inference] [--dtype bf16]
+       [--shape MxK] [--ms MS] [--dry-run]
+                                    time candidate tiles of each plan on GPU 0 and store the
+                                    fastest in the kernel cache (used by later loads)
   list [--json]                     list the kernel cache's entries
   verify                            check every cached kernel against its key (exit 1 on problems)
   clear                             remove every kernel of the writable cache directory
@@ -48,7 +52,7 @@ int main(int argc, char** argv) {
   }
   const std::map<std::string, int (*)(const Argv&)> commands = {
       {"check", cmd_check}, {"inspect", cmd_inspect}, {"quantize", cmd_quantize},
-      {"prewarm", cmd_prewarm}, {"list", cmd_list}, {"verify", cmd_verify}, {"clear", cmd_clear}};
+      {"prewarm", cmd_prewarm}, {"tune", cmd_tune}, {"list", cmd_list}, {"verify", cmd_verify}, {"clear", cmd_clear}};
   const std::string cmd = argv[1];
   Argv args(argv + 2, argv + argc);
   auto it = commands.find(cmd);

@@ -3,28 +3,76 @@
 #include <algorithm>
 #include <numeric>
 
+#include "compiler/formats.h"
+
 namespace qf {
+namespace {
+
+bool transposes(const Plan& p) {
+  for (const auto& s : p.streams)
+    if (s.layout == DataLayout::Transposed) return true;
+  return false;
+}
+
+bool has_rht(const Plan& p) {
+  for (const auto& s : p.streams)
+    if (s.rht) return true;
+  for (const auto& a : p.amax)
+    if (a.rht) return true;
+  return false;
+}
+
+}  // namespace
+
+TileConstraints tile_constraints(const Plan& p) {
+  TileConstraints c;
+  for (const auto& s : p.streams) {
+    if (s.rht) c.row_multiple = std::lcm(c.row_multiple, 16);
+    if (s.dir == Direction::Columnwise) c.row_multiple = std::lcm(c.row_multiple, 16);
+    if (auto b = block_of(s.scaling)) {
+      c.row_multiple = std::lcm(c.row_multiple, b->rows);
+      c.col_multiple = std::lcm(c.col_multiple, b->cols);
+    }
+  }
+  for (const auto& a : p.amax) {
+    if (a.rht) c.row_multiple = std::lcm(c.row_multiple, 16);
+    if (a.scope == AmaxScope::Block)
+      c.row_multiple = std::lcm(c.row_multiple, a.block.rows), c.col_multiple = std::lcm(c.col_multiple, a.block.cols);
+  }
+  return c;
+}
+
+bool tile_fits(const Plan& p, const TileConfig& t) {
+  const TileConstraints c = tile_constraints(p);
+  if (t.rows <= 0 || t.cols <= 0 || t.rows % c.row_multiple != 0 || t.cols % c.col_multiple != 0) return false;
+  if (t.threads < 64 || t.threads > 1024 || t.threads % 32 != 0) return false;
+  if ((int64_t(t.rows) * t.cols / 4) % 32 != 0) return false;  // whole warps of rowwise runs
+  const int64_t smem = int64_t(4) * t.rows * t.cols * (has_rht(p) ? 2 : 1);
+  return smem <= 100 * 1024 && t.vec == 4;
+}
+
+std::vector<TileConfig> tile_candidates(const Plan& p) {
+  std::vector<TileConfig> out = {p.tile};
+  for (int rows : {16, 32, 64, 128, 256})
+    for (int cols : {32, 64, 128, 256, 512})
+      for (int threads : {128, 256, 512}) {
+        const TileConfig t{rows, cols, threads, 4};
+        if (t != p.tile && tile_fits(p, t) && int64_t(rows) * cols >= int64_t(threads) * 4) out.push_back(t);
+      }
+  return out;
+}
 
 Plan select_tiles(Plan p) {
-  bool transposes = false;
-  int rows = 1, cols = 1;
-  for (const auto& s : p.streams) {
-    transposes |= s.layout == DataLayout::Transposed;
-    if (s.rht) rows = std::lcm(rows, 16);
-    if (s.dir == Direction::Columnwise && s.layout == DataLayout::RowMajor) rows = std::lcm(rows, 32);
-  }
-  for (const auto& a : p.amax)
-    if (a.scope == AmaxScope::Block) rows = std::lcm(rows, a.block.rows), cols = std::lcm(cols, a.block.cols);
-
+  const TileConstraints c = tile_constraints(p);
   TileConfig t;
-  if (transposes) {
-    t.rows = std::lcm(rows, 64);
-    t.cols = std::lcm(cols, 64);
+  if (transposes(p)) {
+    t.rows = std::lcm(c.row_multiple, 64);
+    t.cols = std::lcm(c.col_multiple, 64);
   } else {
-    t.rows = std::lcm(rows, 4);
-    t.cols = std::lcm(cols, 256);
+    t.rows = std::lcm(c.row_multiple, 16);
+    t.cols = std::lcm(c.col_multiple, 256);
   }
-  t.vec = 16 / traits(p.input).bytes;
+  t.vec = 4;
   t.threads = 256;
   p.tile = t;
   return p;

@@ -1,10 +1,29 @@
 #pragma once
+#include <vector>
+
 #include "compiler/ir.h"
 
 namespace qf {
-// Chooses the cast kernel's tile: a multiple of every block the plan computes an amax over
-// (and of the RHT's 16-row groups), square when a transposed copy is written (so both the
-// read and the transposed write are coalesced), wide and short when only rows are written.
-// Vector width: 16 bytes of input per load.
+
+// What every cast-kernel tile of a plan must be a multiple of: every block the plan computes
+// an amax over, the RHT's 16-row groups, the 16-row column runs of columnwise streams, and 32
+// columns (the shared-memory swizzle of cast.cuh).
+struct TileConstraints {
+  int row_multiple = 1;
+  int col_multiple = 32;
+};
+TileConstraints tile_constraints(const Plan& plan);
+
+// Whether `t` is a valid tile for the plan: multiples as above, 64..1024 threads (a multiple of
+// 32), shared memory within 100 KiB (two tiles with RHT), whole warps of runs.
+bool tile_fits(const Plan& plan, const TileConfig& t);
+
+// Candidate tiles for `qforge tune`: valid tiles around the default, default first.
+std::vector<TileConfig> tile_candidates(const Plan& plan);
+
+// Chooses the cast kernel's default tile: square (64 x 64, or the blocks' multiple) when a
+// transposed copy is written, so both the read and the transposed write are coalesced; 16 x 256
+// when only rows are written. Vector width: 4 input elements per load.
 Plan select_tiles(Plan plan);
-}
+
+}  // namespace qf

@@ -269,9 +269,26 @@ TEST(SelectTiles, ShapesFollowLayoutsAndBlocks) {
   const Plan mx = plan_for("mxfp8", "linear:input");  // same-layout columnwise: 32 rows per block
   EXPECT_EQ(mx.tile.rows % 32, 0);
   const Plan w8 = plan_for("w8a8_int8_inference", "linear:input");  // no transpose: a wide row tile
-  EXPECT_EQ(w8.tile, (TileConfig{4, 256, 256, 8}));
+  EXPECT_EQ(w8.tile, (TileConfig{16, 256, 256, 4}));
   const Plan cs = plan_for("current_scaling", "linear:input", std::nullopt, DType::FP32);
-  EXPECT_EQ(cs.tile, (TileConfig{64, 64, 256, 4})) << "transposing: square tiles; fp32: 4 per 16-byte load";
+  EXPECT_EQ(cs.tile, (TileConfig{64, 64, 256, 4})) << "transposing: square tiles";
+  for (const Plan& p : {mx, w8, cs}) EXPECT_TRUE(tile_fits(p, p.tile));
+}
+
+TEST(SelectTiles, CandidatesAreValidAndStartWithTheDefault) {
+  for (const char* recipe : {"mxfp8", "nvfp4", "float8_block_scaling", "current_scaling"}) {
+    const Plan p = plan_for(recipe, "linear:input");
+    const auto c = tile_candidates(p);
+    ASSERT_GE(c.size(), 3u) << recipe;
+    EXPECT_EQ(c.front(), p.tile);
+    for (const auto& t : c) {
+      EXPECT_TRUE(tile_fits(p, t)) << recipe << " " << t.rows << "x" << t.cols;
+      EXPECT_EQ(t.rows % tile_constraints(p).row_multiple, 0);
+    }
+  }
+  const Plan b = plan_for("float8_block_scaling", "linear:weight");  // 128x128 blocks
+  EXPECT_FALSE(tile_fits(b, TileConfig{64, 128, 256, 4}));
+  EXPECT_FALSE(tile_fits(b, TileConfig{128, 128, 48, 4})) << "threads: whole warps, at least 64";
 }
 
 // ---- verify ----
@@ -419,7 +436,7 @@ TEST(Print, CurrentScalingGolden) {
             "  stream rowwise: e4m3 scaling=per_tensor_current(eps=0, pow2=false) tensor_amax=%a0\n"
             "  stream columnwise: e4m3 scaling=per_tensor_current(eps=0, pow2=false) layout=transposed tensor_amax=%a0\n"
             "  phase 0: amax_reduce %a0\n"
-            "  phase 1: cast tile=64x64 threads=256 vec=8\n");
+            "  phase 1: cast tile=64x64 threads=256 vec=4\n");
 }
 
 TEST(Print, DelayedScalingInferenceGolden) {
@@ -427,7 +444,7 @@ TEST(Print, DelayedScalingInferenceGolden) {
             "plan recipe=delayed_scaling role=linear:grad_output input=fp16 usage=inference\n"
             "  %a0 = tensor max|x| [during cast]\n"
             "  stream rowwise: e5m2 scaling=per_tensor_delayed(margin=0, history=1024, amax_compute=max) tensor_amax=%a0\n"
-            "  phase 0: cast tile=4x256 threads=256 vec=8\n");
+            "  phase 0: cast tile=16x256 threads=256 vec=4\n");
 }
 
 TEST(Print, Nvfp4GradOutputGolden) {
@@ -440,7 +457,7 @@ TEST(Print, Nvfp4GradOutputGolden) {
             "  stream rowwise: e2m1 scaling=nvfp4(block=1x16) rounding=stochastic scale_layout=compact tensor_amax=%a0 local_amax=%a1\n"
             "  stream columnwise: e2m1 scaling=nvfp4(block=16x1) rounding=stochastic rht=0xD7E8 layout=transposed scale_layout=compact tensor_amax=%a2 local_amax=%a3\n"
             "  phase 0: amax_reduce %a0 %a2\n"
-            "  phase 1: cast tile=64x64 threads=256 vec=8\n");
+            "  phase 1: cast tile=64x64 threads=256 vec=4\n");
 }
 
 TEST(Print, LoweredPlanHasNoPhasesAndGroupedIsShown) {

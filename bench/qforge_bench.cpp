@@ -1,0 +1,166 @@
+// qforge_bench: quantize-kernel bandwidth on the local GPU, as a ratio to the device's copy
+// bandwidth measured in the same run.
+//
+//   qforge_bench [--recipes DIR] [--out FILE.json] [--quick] [--filter SUBSTR] [--iters-ms MS]
+//
+// For every shipped recipe x role x usage (training: rowwise + columnwise; inference: rowwise
+// only) and every size, with bf16 input:
+//   time_us  - device time of one quantize call (every launch it makes, memsets included),
+//              median of 5 timed batches after warm-up; small sizes rotate over enough input and
+//              output sets (>= 256 MiB) that L2 does not serve them;
+//   bytes    - the minimal traffic: the input read once per pass the plan needs (2 with a global
+//              amax phase, else 1) plus every output (data, scales, amax) written once;
+//   gbps     - bytes / time; ratio = gbps / copy_gbps;
+//   e2e_us   - (small sizes) host wall time of one call + stream sync, launch overhead included.
+// Copy bandwidth: cuMemcpyDtoDAsync of 1 GiB, counting bytes read + written.
+// Grouped cases: 8 uneven members (multiples of 64 rows) against one tensor of the same total.
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <iostream>
+#include <random>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "compiler/buffers.h"
+#include "compiler/error.h"
+#include "compiler/pipeline.h"
+#include "compiler/recipe.h"
+#include "runtime/driver.h"
+#include "runtime/quantizer.h"
+#include "tools/args.h"
+#include "tools/quantize_timing.h"
+
+namespace fs = std::filesystem;
+using namespace qf;
+using namespace qf::cli;
+
+int main(int argc, char** argv) try {
+  const cli::Args args(std::vector<std::string>(argv + 1, argv + argc), {"--recipes", "--out", "--filter", "--iters-ms"},
+                       {"--quick"});
+  const fs::path recipes_dir = args.get("--recipes").value_or("recipes");
+  const std::string out_path = args.get("--out").value_or("qforge_bench.json");
+  const std::string filter = args.get("--filter").value_or("");
+  const bool quick = args.flag("--quick");
+  const double target_ms = std::stod(args.get("--iters-ms").value_or("40"));
+
+  rt::primary_context(0)->make_current();
+  rt::Stream stream;
+  const std::string device = rt::device_name(0);
+  const double copy_gbps = copy_bandwidth_gbps(stream.get());
+  std::fprintf(stderr, "%s: copy bandwidth %.0f GB/s (read + write)\n", device.c_str(), copy_gbps);
+
+  std::vector<Shape2D> sizes = {{1024, 1024}, {2048, 2048}, {4096, 4096}, {8192, 8192}, {16384, 16384}, {65536, 7168}};
+  if (quick) sizes = {{1024, 1024}, {16384, 16384}};
+  const std::vector<int64_t> uneven = {2048, 6144, 3072, 5120, 4096, 1024, 7168, 4096};  // 32768 rows
+  const char* roles[] = {"linear:input", "linear:weight", "linear:grad_output"};
+
+  std::vector<Case> cases;
+  std::vector<fs::path> files;
+  for (const auto& e : fs::directory_iterator(recipes_dir))
+    if (e.path().extension() == ".json" && e.path().filename() != "recipe.schema.json") files.push_back(e.path());
+  std::sort(files.begin(), files.end());
+  for (const auto& f : files) {
+    const Recipe r = load_recipe(f);
+    for (const char* role : roles) {
+      for (Usage u : {Usage::Training, Usage::Inference}) {
+        if (quick && u != Usage::Training) continue;
+        for (Shape2D s : sizes) cases.push_back({f.string(), r.name, role, u, s, {}});
+        if (u == Usage::Training) {
+          cases.push_back({f.string(), r.name, role, u, {32768, 2048}, {}});
+          cases.push_back({f.string(), r.name, std::string("grouped_") + role, u, {32768, 2048}, uneven});
+        }
+      }
+    }
+  }
+
+  // One input pool, random normal bf16, large enough for the biggest case.
+  int64_t pool_bytes = kRotateBytes;
+  for (const auto& c : cases) pool_bytes = std::max(pool_bytes, c.shape.m * c.shape.k * 2);
+  rt::DeviceBuffer pool{size_t(pool_bytes)};
+  {
+    std::vector<uint16_t> h(size_t(pool_bytes / 2));
+    std::mt19937 rng(7);
+    std::normal_distribution<float> nd(0.0f, 1.0f);
+    for (size_t i = 0; i < std::min<size_t>(h.size(), size_t(1) << 24); ++i) {
+      float v = nd(rng);
+      uint32_t bits;
+      std::memcpy(&bits, &v, 4);
+      h[i] = uint16_t(bits >> 16);
+    }
+    for (size_t i = size_t(1) << 24; i < h.size(); ++i) h[i] = h[(i * 2654435761u) & ((size_t(1) << 24) - 1)];
+    pool.upload(h.data(), h.size() * 2);
+  }
+
+  nlohmann::json results = nlohmann::json::array();
+  const rt::Driver& d = rt::driver();
+  for (const auto& c : cases) {
+    const std::string label = c.recipe + " " + c.role + " " + std::string(name(c.usage));
+    if (!filter.empty() && label.find(filter) == std::string::npos) continue;
+    try {
+      const Recipe r = load_recipe(c.recipe_path);
+      const Plan plan = compile_plan(r, PlanRequest{c.role, DType::BF16, c.usage, !c.members.empty()});
+      const rt::Quantizer q(plan);
+      check_shape(plan, c.shape);
+      const int64_t in_bytes = c.shape.m * c.shape.k * 2;
+      const int64_t bytes = minimal_bytes(q, plan, c);
+      const int sets = int(std::clamp<int64_t>((kRotateBytes + bytes - 1) / bytes, 1, 32));
+      rt::DeviceBuffer offsets;
+      if (!c.members.empty()) {
+        std::vector<int64_t> rows(c.members.size() + 1, 0);
+        for (size_t i = 0; i < c.members.size(); ++i) rows[i + 1] = rows[i] + c.members[i];
+        offsets = rt::DeviceBuffer(rows.size() * 8);
+        offsets.upload(rows.data(), rows.size() * 8);
+      }
+      std::vector<CallSet> set;
+      for (int i = 0; i < sets; ++i) {
+        const int64_t off = (int64_t(i) * in_bytes) % std::max<int64_t>(pool_bytes - in_bytes + 1, 1) / 256 * 256;
+        set.push_back(make_set(q, plan, c, pool.address() + uint64_t(off), in_bytes, offsets.address()));
+      }
+      const double us = time_us(stream.get(), [&](int i) { q.quantize(set[size_t(i % sets)].call, stream.get()); }, target_ms);
+      double e2e = 0;
+      if (c.shape.m * c.shape.k <= 2048 * 2048) {
+        std::vector<double> w;
+        for (int i = 0; i < 200; ++i) {
+          const auto t0 = std::chrono::steady_clock::now();
+          q.quantize(set[size_t(i % sets)].call, stream.get());
+          rt::check(d.cuStreamSynchronize(stream.get()), "sync");
+          w.push_back(std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count());
+        }
+        e2e = median(w);
+      }
+      int kernels = 0;
+      for (const auto& ph : plan.phases) kernels += ph.kind == PhaseKind::AmaxReduce ? 1 : 0;
+      kernels += 1;
+      const double gbps = double(bytes) / (us * 1e3);
+      std::string dirs = plan.streams.size() == 2 ? "row+col" : plan.streams.empty() ? "none" : std::string(name(plan.streams[0].dir));
+      nlohmann::json j = {{"recipe", c.recipe},      {"role", c.role},   {"usage", std::string(name(c.usage))},
+                          {"directions", dirs},      {"shape", {c.shape.m, c.shape.k}},
+                          {"grouped", !c.members.empty()}, {"time_us", us}, {"bytes", bytes},
+                          {"gbps", gbps},            {"ratio", gbps / copy_gbps}, {"kernels", kernels},
+                          {"tile", {plan.tile.rows, plan.tile.cols, plan.tile.threads}}};
+      if (!c.members.empty()) j["groups"] = c.members;
+      if (e2e > 0) j["e2e_us"] = e2e;
+      results.push_back(j);
+      std::fprintf(stderr, "%-60s %6lldx%-6lld %9.1f us %7.0f GB/s %5.1f%%%s\n", label.c_str(), (long long)c.shape.m,
+                   (long long)c.shape.k, us, gbps, 100.0 * gbps / copy_gbps, c.members.empty() ? "" : " (grouped)");
+    } catch (const std::exception& e) {
+      std::fprintf(stderr, "%-60s skipped: %s\n", label.c_str(), e.what());
+      results.push_back({{"recipe", c.recipe}, {"role", c.role}, {"usage", std::string(name(c.usage))},
+                         {"shape", {c.shape.m, c.shape.k}}, {"grouped", !c.members.empty()}, {"error", e.what()}});
+    }
+  }
+  const nlohmann::json doc = {{"device", device}, {"copy_gbps", copy_gbps}, {"results", results}};
+  std::ofstream(out_path) << doc.dump(1) << "\n";
+  std::fprintf(stderr, "wrote %s (%zu results)\n", out_path.c_str(), results.size());
+  return 0;
+} catch (const std::exception& e) {
+  std::fprintf(stderr, "qforge_bench: %s\n", e.what());
+  return 1;
+}

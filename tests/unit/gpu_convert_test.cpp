@@ -1,0 +1,67 @@
+// The kernels' fast element encoders (cast.cuh enc_rn: hardware cvt for fp8 on sm_89+, the
+// comparison ladder for e2m1) against the one software definition (numerics.cuh encode_rn),
+// over every one of the 2^32 fp32 bit patterns, on the GPU. The compile test runs everywhere.
+#include <gtest/gtest.h>
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "runtime/gpu_test_util.h"
+#include "runtime/nvrtc.h"
+
+namespace {
+
+const char* kSource = R"(
+#include "qforge/cast.cuh"
+// Counts, per format, fp32 patterns where the fast and the reference encoders differ; keeps
+// the smallest differing pattern.
+template <class F>
+__device__ void check_one(unsigned int bits, unsigned int* count, unsigned int* first) {
+  const float x = qf::f32_from_bits(bits);
+  if (qf::detail::enc_rn<F>(x) != qf::encode_rn<F>(x)) {
+    atomicAdd(count, 1u);
+    atomicMin(first, bits);
+  }
+}
+extern "C" __global__ void exhaustive(unsigned int* out) {
+  const unsigned long long n = 1ull << 32;
+  for (unsigned long long i = blockIdx.x * 256ull + threadIdx.x; i < n; i += 256ull * gridDim.x) {
+    const unsigned int b = (unsigned int)i;
+    check_one<qf::E4M3>(b, out + 0, out + 1);
+    check_one<qf::E5M2>(b, out + 2, out + 3);
+    check_one<qf::E2M1>(b, out + 4, out + 5);
+  }
+}
+)";
+
+qf::rt::CompileRequest request(const std::string& arch) {
+  return qf::rt::CompileRequest{kSource, "convert_test.cu", {"exhaustive"}, arch, {}};
+}
+
+TEST(FastEncoders, CompileForHopperAndBlackwell) {
+  for (const char* arch : {"sm_90a", "sm_100a"}) EXPECT_FALSE(qf::rt::compile_cuda(request(arch)).image.empty()) << arch;
+}
+
+TEST(FastEncoders, GpuEqualSoftwareOnAllFp32Patterns) {
+  QF_SKIP_WITHOUT_GPU();
+  using namespace qf::rt;
+  const CompileResult r = compile_cuda(request(device_arch(current_device())));
+  Module m(r.image);
+  CUfunction f = m.function(r.lowered_names.at("exhaustive"));
+  std::vector<uint32_t> init = {0, 0xFFFFFFFFu, 0, 0xFFFFFFFFu, 0, 0xFFFFFFFFu};
+  DeviceBuffer out(init.size() * 4);
+  out.upload(init.data(), init.size() * 4);
+  uint64_t p = out.address();
+  void* args[] = {&p};
+  Stream s;
+  launch(f, Dim3{unsigned(device_sm_count() * 8)}, Dim3{256}, 0, s.get(), args);
+  s.synchronize();
+  const auto got = out.download_as<uint32_t>();
+  const char* names[] = {"e4m3", "e5m2", "e2m1"};
+  for (int i = 0; i < 3; ++i)
+    EXPECT_EQ(got[2 * i], 0u) << names[i] << ": " << got[2 * i] << " patterns differ, first 0x" << std::hex
+                              << got[2 * i + 1];
+}
+
+}  // namespace

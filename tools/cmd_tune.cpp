@@ -1,0 +1,148 @@
+// qforge tune <recipes...|dir> [--role R]... [--usage training,inference] [--dtype bf16]
+//             [--shape MxK] [--ms MS] [--dry-run]
+// Times every candidate tile (compiler/passes/select_tiles.h tile_candidates) of each plan on
+// GPU 0, on a tensor of --shape (default 8192x8192, random normal input), and stores the
+// fastest in the kernel cache (runtime/tuning.h) when it beats the default by more than 2%;
+// later Quantizer loads on a GPU of the same model use it. Prints one line per plan and a
+// summary; --dry-run times and reports without storing.
+#include <cstdio>
+#include <cstring>
+#include <filesystem>
+#include <random>
+#include <sstream>
+
+#include "compiler/passes/select_tiles.h"
+#include "compiler/pipeline.h"
+#include "qforge/numerics.cuh"
+#include "runtime/driver.h"
+#include "runtime/quantizer.h"
+#include "runtime/tuning.h"
+#include "tools/args.h"
+#include "tools/commands.h"
+#include "tools/quantize_timing.h"
+
+namespace qf::cli {
+namespace {
+
+std::vector<std::string> split(const std::string& s, char sep) {
+  std::vector<std::string> out;
+  std::stringstream ss(s);
+  for (std::string item; std::getline(ss, item, sep);)
+    if (!item.empty()) out.push_back(item);
+  return out;
+}
+
+std::string tile_str(const TileConfig& t) {
+  return std::to_string(t.rows) + "x" + std::to_string(t.cols) + "/" + std::to_string(t.threads);
+}
+
+}  // namespace
+
+int cmd_tune(const Argv& argv) {
+  Args args(argv, {"--role", "--usage", "--dtype", "--shape", "--ms"}, {"--dry-run"});
+  if (args.positional().empty()) throw UserError("recipes", "expected recipe files or a directory of them");
+  std::vector<std::filesystem::path> files;
+  for (const auto& p : args.positional()) {
+    if (std::filesystem::is_directory(p)) {
+      std::vector<std::filesystem::path> found;
+      for (const auto& e : std::filesystem::directory_iterator(p))
+        if (e.path().extension() == ".json" && e.path().filename() != "recipe.schema.json") found.push_back(e.path());
+      std::sort(found.begin(), found.end());
+      files.insert(files.end(), found.begin(), found.end());
+    } else {
+      files.emplace_back(p);
+    }
+  }
+  std::vector<std::string> roles = args.all("--role");
+  if (roles.empty()) roles = {"linear:input", "linear:weight", "linear:grad_output"};
+  std::vector<Usage> usages;
+  for (const auto& u : split(args.get("--usage").value_or("training,inference"), ',')) {
+    auto t = parse_usage(u);
+    if (!t) throw UserError("--usage", "expected training, inference or memory, got \"" + u + "\"");
+    usages.push_back(*t);
+  }
+  const std::string dt = args.get("--dtype").value_or("bf16");
+  const auto dtype = parse_dtype(dt);
+  if (!dtype) throw UserError("--dtype", "expected bf16, fp16 or fp32, got \"" + dt + "\"");
+  Shape2D shape{8192, 8192};
+  if (auto s = args.get("--shape")) {
+    const auto parts = split(*s, 'x');
+    try {
+      if (parts.size() != 2) throw std::invalid_argument("");
+      shape = Shape2D{std::stoll(parts[0]), std::stoll(parts[1])};
+    } catch (const std::exception&) {
+      throw UserError("--shape", "expected MxK (e.g. 8192x8192), got \"" + *s + "\"");
+    }
+    if (shape.m <= 0 || shape.k <= 0 || shape.m * shape.k > (int64_t(1) << 32))
+      throw UserError("--shape", "expected positive M, K with M*K <= 2^32, got \"" + *s + "\"");
+  }
+  const double target_ms = std::stod(args.get("--ms").value_or("20"));
+  const bool dry = args.flag("--dry-run");
+
+  if (rt::device_count() == 0) throw UserError("device", "qforge tune times kernels on GPU 0, and there is no CUDA device");
+  rt::primary_context(0)->make_current();
+  const std::string arch = rt::device_arch(0), device = rt::device_name(0);
+  rt::Stream stream;
+  const int64_t in_bytes = shape.m * shape.k * traits(*dtype).bytes;
+  rt::DeviceBuffer input{size_t(in_bytes)};
+  {
+    std::vector<uint8_t> h(static_cast<size_t>(in_bytes));
+    std::mt19937 rng(3);
+    std::normal_distribution<float> nd(0.0f, 1.0f);
+    for (int64_t i = 0; i < shape.m * shape.k; ++i) {
+      const float v = nd(rng);
+      if (*dtype == DType::FP32) std::memcpy(&h[size_t(i) * 4], &v, 4);
+      else {
+        const uint16_t b = *dtype == DType::BF16 ? f32_to_bf16(v) : f32_to_f16(v);
+        std::memcpy(&h[size_t(i) * 2], &b, 2);
+      }
+    }
+    input.upload(h.data(), h.size());
+  }
+  std::printf("qforge tune on %s (%s), %lldx%lld %s\n", device.c_str(), arch.c_str(), (long long)shape.m,
+              (long long)shape.k, dt.c_str());
+  int tuned = 0, kept = 0, plans = 0;
+  for (const auto& f : files) {
+    const Recipe r = load_recipe(f);
+    for (const auto& role : roles) {
+      for (Usage u : usages) {
+        Plan plan;
+        try {
+          plan = compile_plan(r, PlanRequest{role, *dtype, u, false});
+          check_shape(plan, shape);
+        } catch (const UserError&) {
+          continue;  // role or usage the recipe does not define for this shape
+        }
+        if (plan.streams.empty()) continue;
+        ++plans;
+        const Case c{f.string(), r.name, role, u, shape, {}};
+        double best_us = 0, default_us = 0;
+        TileConfig best = plan.tile;
+        int tried = 0;
+        for (const TileConfig& t : tile_candidates(plan)) {
+          Plan p = plan;
+          p.tile = t;
+          const rt::Quantizer q(p, rt::KernelCache::global(), /*use_tuning=*/false);
+          CallSet set = make_set(q, p, c, input.address(), in_bytes, 0);
+          const double us = time_us(stream.get(), [&](int) { q.quantize(set.call, stream.get()); }, target_ms);
+          if (tried++ == 0) default_us = us, best_us = us;
+          if (us < best_us) best_us = us, best = t;
+        }
+        const bool store = best != plan.tile && best_us < 0.98 * default_us;
+        std::printf("  %-28s %-20s %-9s default %-12s %8.1f us  best %-12s %8.1f us  (%d tiles)%s\n", r.name.c_str(),
+                    role.c_str(), std::string(name(u)).c_str(), tile_str(plan.tile).c_str(), default_us,
+                    tile_str(best).c_str(), best_us, tried, store ? (dry ? "  [dry run]" : "  stored") : "");
+        if (store && !dry) {
+          rt::TuningRecord rec{best, best_us, default_us, shape.m, shape.k, device, arch};
+          if (rt::store_tuning(plan, rec)) ++tuned;
+        } else {
+          ++kept;
+        }
+      }
+    }
+  }
+  std::printf("tune: %d plans, %d tuned tiles stored, %d keep the default\n", plans, tuned, kept);
+  return 0;
+}
+
+}  // namespace qf::cli
