@@ -2,6 +2,7 @@
 // bandwidth measured in the same run.
 //
 //   qforge_bench [--recipes DIR] [--out FILE.json] [--quick] [--filter SUBSTR] [--iters-ms MS]
+//                [--sizes MxK,MxK]
 //
 // For every shipped recipe x role x usage (training: rowwise + columnwise; inference: rowwise
 // only) and every size, with bf16 input:
@@ -22,6 +23,7 @@
 #include <fstream>
 #include <iostream>
 #include <random>
+#include <sstream>
 #include <cstring>
 #include <string>
 #include <vector>
@@ -42,7 +44,7 @@ using namespace qf;
 using namespace qf::cli;
 
 int main(int argc, char** argv) try {
-  const cli::Args args(std::vector<std::string>(argv + 1, argv + argc), {"--recipes", "--out", "--filter", "--iters-ms"},
+  const cli::Args args(std::vector<std::string>(argv + 1, argv + argc), {"--recipes", "--out", "--filter", "--iters-ms", "--sizes"},
                        {"--quick"});
   const fs::path recipes_dir = args.get("--recipes").value_or("recipes");
   const std::string out_path = args.get("--out").value_or("qforge_bench.json");
@@ -58,6 +60,17 @@ int main(int argc, char** argv) try {
 
   std::vector<Shape2D> sizes = {{1024, 1024}, {2048, 2048}, {4096, 4096}, {8192, 8192}, {16384, 16384}, {65536, 7168}};
   if (quick) sizes = {{1024, 1024}, {16384, 16384}};
+  bool grouped_cases = true;
+  if (auto list = args.get("--sizes")) {  // "MxK,MxK": only these, no grouped cases
+    sizes.clear();
+    grouped_cases = false;
+    std::stringstream ss(*list);
+    for (std::string item; std::getline(ss, item, ',');) {
+      const auto x = item.find('x');
+      if (x == std::string::npos) throw UserError("--sizes", "expected MxK[,MxK...], got \"" + *list + "\"");
+      sizes.push_back({std::stoll(item.substr(0, x)), std::stoll(item.substr(x + 1))});
+    }
+  }
   const std::vector<int64_t> uneven = {2048, 6144, 3072, 5120, 4096, 1024, 7168, 4096};  // 32768 rows
   const char* roles[] = {"linear:input", "linear:weight", "linear:grad_output"};
 
@@ -72,7 +85,7 @@ int main(int argc, char** argv) try {
       for (Usage u : {Usage::Training, Usage::Inference}) {
         if (quick && u != Usage::Training) continue;
         for (Shape2D s : sizes) cases.push_back({f.string(), r.name, role, u, s, {}});
-        if (u == Usage::Training) {
+        if (u == Usage::Training && grouped_cases) {
           cases.push_back({f.string(), r.name, role, u, {32768, 2048}, {}});
           cases.push_back({f.string(), r.name, std::string("grouped_") + role, u, {32768, 2048}, uneven});
         }

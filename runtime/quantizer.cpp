@@ -199,11 +199,14 @@ void Quantizer::quantize(const QuantizeCall& call, CUstream stream) const {
   const Driver& d = driver();
   for (const auto& z : zero) check(d.cuMemsetD8Async(CUdeviceptr(z.ptr), 0, size_t(z.bytes), stream), "zeroing amax / padded scales");
   const TileConfig& t = l->kernels.source.tile;
-  // Grouped: sum(ceil(m_i / rows)) <= ceil(M / rows) + N, plus one row for empty members.
-  const uint64_t tile_rows = ceil_div(u64(call.shape.m), u64(t.rows)) + (grouped ? u64(members) + 1 : 0);
-  const Dim3 grid{unsigned(tile_rows), unsigned(ceil_div(u64(call.shape.k), u64(t.cols))), 1};
-  if (tile_rows > 0x7fffffffu || grid.y > 65535)
-    throw UserError("input", "tensor too large for one launch (" + std::to_string(tile_rows) + " x " + std::to_string(grid.y) + " tiles)");
+  // One CTA per tile, 1D (cast.cuh tile_coords). Grouped: sum(ceil(m_i / rows)) <=
+  // ceil(M / rows) + N tile rows, plus one CTA for the scales of empty members.
+  const uint64_t tile_rows = ceil_div(u64(call.shape.m), u64(t.rows)) + (grouped ? u64(members) : 0);
+  const uint64_t tile_cols = ceil_div(u64(call.shape.k), u64(t.cols));
+  const uint64_t ctas = tile_rows * tile_cols + (grouped ? 1 : 0);
+  if (ctas > 0x7fffffffu)
+    throw UserError("input", "tensor too large for one launch (" + std::to_string(tile_rows) + " x " + std::to_string(tile_cols) + " tiles)");
+  const Dim3 grid{unsigned(ctas), 1, 1};
   void* params[] = {&args};
   if (l->amax) launch(l->amax, grid, Dim3{unsigned(t.threads)}, l->kernels.source.smem_bytes, stream, params);
   launch(l->cast, grid, Dim3{unsigned(t.threads)}, l->kernels.source.smem_bytes, stream, params);

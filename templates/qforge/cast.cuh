@@ -271,14 +271,42 @@ __device__ __forceinline__ i64 scale_grid_size(i64 member_rows, i64 k) {
   return pr * pc;
 }
 
+// This CTA's tile (row, column) from its 1D block index. Tiles are visited in bands of
+// kBandRows tile rows, column by column inside a band: the CTAs resident at one time cover a few
+// hundred consecutive rows of the input (long contiguous reads) and, for a transposed output,
+// a band of kBandRows * kTileRows consecutive elements of many output rows.
+constexpr int kBandRows = 8;
+__device__ __forceinline__ void tile_coords(i64 bid, i64 tiles_r, i64 tiles_c, i64& tr, i64& tc) {
+  const i64 band = bid / (kBandRows * tiles_c), first = band * kBandRows;
+  const i64 rows = tiles_r - first < kBandRows ? tiles_r - first : kBandRows;
+  const i64 in_band = bid - band * kBandRows * tiles_c;
+  tr = first + in_band % rows;
+  tc = in_band / rows;
+}
+
+// Max over the CTA, then one atomic (every thread of the CTA must call it).
+template <int T>
+__device__ __forceinline__ void block_max_atomic(float* dst, float v) {
+  __shared__ float part[T / 32];
+  v = warp_max(v);
+  if ((threadIdx.x & 31) == 0) part[threadIdx.x / 32] = v;
+  __syncthreads();
+  if (threadIdx.x < 32) {
+    float m = threadIdx.x < T / 32 ? part[threadIdx.x] : 0.0f;
+    m = warp_max(m);
+    if (threadIdx.x == 0) atomic_max_nonneg(dst, m);
+  }
+  __syncthreads();
+}
+
 // Resolves this CTA's member; computes each stream's scale-grid base (in entries) for it.
 template <class Cfg, class... S>
-__device__ bool resolve_member(const QuantizeArgs& a, Member& mem, i64 (&scale_base)[kMaxStreams]) {
+__device__ bool resolve_member(const QuantizeArgs& a, i64 tile_row, Member& mem, i64 (&scale_base)[kMaxStreams]) {
   __shared__ i64 sh[4 + kMaxStreams];
   if (!a.member_rows) {
-    mem = Member{0, 0, a.m, i64(blockIdx.x)};
+    mem = Member{0, 0, a.m, tile_row};
     for (int s = 0; s < kMaxStreams; ++s) scale_base[s] = 0;
-    return i64(blockIdx.x) * Cfg::kTileRows < a.m;
+    return tile_row * Cfg::kTileRows < a.m;
   }
   if (threadIdx.x == 0) {
     i64 tiles = 0, bases[kMaxStreams] = {};
@@ -286,9 +314,9 @@ __device__ bool resolve_member(const QuantizeArgs& a, Member& mem, i64 (&scale_b
     for (int g = 0; g < a.num_members; ++g) {
       const i64 r0 = a.member_rows[g], mg = a.member_rows[g + 1] - r0;
       const i64 t = i64(ceil_div(u64(mg), u64(Cfg::kTileRows)));
-      if (i64(blockIdx.x) < tiles + t) {
+      if (tile_row < tiles + t) {
         sh[0] = g, sh[1] = r0, sh[2] = mg;
-        sh[3] = i64(blockIdx.x) - tiles;
+        sh[3] = tile_row - tiles;
         for (int s = 0; s < kMaxStreams; ++s) sh[4 + s] = bases[s];
         break;
       }
@@ -553,10 +581,7 @@ __device__ __forceinline__ void cast_stream(const QuantizeArgs& a, const Member&
   float reported;
   if constexpr (S::kDir == 0) reported = cast_rowwise<Cfg, S>(a, mem, col0, src, bamax, scale_base);
   else reported = cast_columnwise<Cfg, S>(a, mem, col0, src, bamax, scale_base);
-  if constexpr (S::kMode == kModeTensorDelayed) {
-    reported = warp_max(reported);
-    if ((threadIdx.x & 31) == 0) atomic_max_nonneg(a.amax[S::kTensorAmax] + mem.index, reported);
-  }
+  if constexpr (S::kMode == kModeTensorDelayed) block_max_atomic<Cfg::kThreads>(a.amax[S::kTensorAmax] + mem.index, reported);
 }
 
 // Grouped launches get one extra tile row; its first CTA writes the per-tensor scale entry of
@@ -591,14 +616,19 @@ __device__ void fill_empty_members(const QuantizeArgs& a) {
 template <class Cfg, class... S>
 __global__ void __launch_bounds__(Cfg::kThreads) cast_kernel(const QuantizeArgs a) {
   if (a.noop && *a.noop == 1.0f) return;
+  // Grouped launches end with one CTA for the scales of empty members.
   if (a.member_rows && blockIdx.x == gridDim.x - 1) {
-    if (blockIdx.y == 0) detail::fill_empty_members<Cfg, S...>(a);
+    detail::fill_empty_members<Cfg, S...>(a);
     return;
   }
+  const i64 tiles_c = i64(ceil_div(u64(a.k), u64(Cfg::kTileCols)));
+  const i64 tiles_r = (i64(gridDim.x) - (a.member_rows ? 1 : 0)) / tiles_c;
+  i64 tr, tc;
+  detail::tile_coords(blockIdx.x, tiles_r, tiles_c, tr, tc);
   detail::Member mem;
   i64 scale_base[kMaxStreams];
-  if (!detail::resolve_member<Cfg, S...>(a, mem, scale_base)) return;
-  const i64 col0 = i64(blockIdx.y) * Cfg::kTileCols;
+  if (!detail::resolve_member<Cfg, S...>(a, tr, mem, scale_base)) return;
+  const i64 col0 = tc * Cfg::kTileCols;
 
   extern __shared__ float4 smem4[];
   float* smem = reinterpret_cast<float*>(smem4);
@@ -631,11 +661,16 @@ __global__ void __launch_bounds__(Cfg::kThreads) cast_kernel(const QuantizeArgs 
 template <class Cfg, class... A>
 __global__ void __launch_bounds__(Cfg::kThreads) amax_kernel(const QuantizeArgs a) {
   if (a.noop && *a.noop == 1.0f) return;
+  const i64 tiles_c = i64(ceil_div(u64(a.k), u64(Cfg::kTileCols)));
+  const i64 tiles_r = (i64(gridDim.x) - (a.member_rows ? 1 : 0)) / tiles_c;
+  if (i64(blockIdx.x) >= tiles_r * tiles_c) return;
+  i64 tr, tc;
+  detail::tile_coords(blockIdx.x, tiles_r, tiles_c, tr, tc);
   detail::Member mem;
   i64 unused[kMaxStreams];
-  if (!detail::resolve_member<Cfg>(a, mem, unused)) return;
+  if (!detail::resolve_member<Cfg>(a, tr, mem, unused)) return;
   constexpr int TR = Cfg::kTileRows, TC = Cfg::kTileCols, T = Cfg::kThreads;
-  const i64 col0 = i64(blockIdx.y) * TC, row0 = mem.tile_row * TR;
+  const i64 col0 = tc * TC, row0 = mem.tile_row * TR;
   constexpr bool kNeedsTile = ((A::kRht || A::kScope != kScopeTensor) || ...);
   extern __shared__ float4 smem4[];
   float* tile = reinterpret_cast<float*>(smem4);
@@ -661,8 +696,7 @@ __global__ void __launch_bounds__(Cfg::kThreads) amax_kernel(const QuantizeArgs 
               for (int e = 0; e < 4 && cg + e < a.k; ++e) m = amax_step(m, detail::load1<Cfg::kInDtype>(a.x, idx + e));
             }
           }
-          m = detail::warp_max(m);
-          if ((threadIdx.x & 31) == 0) detail::atomic_max_nonneg(a.amax[A::kSlot] + mem.index, m);
+          detail::block_max_atomic<T>(a.amax[A::kSlot] + mem.index, m);
         } else if constexpr (A::kScope == kScopeTensor) {
           float m = 0.0f;
           for (int i = threadIdx.x; i < TR * TC / 4; i += T) {
@@ -670,8 +704,7 @@ __global__ void __launch_bounds__(Cfg::kThreads) amax_kernel(const QuantizeArgs 
             const float4 f = *reinterpret_cast<const float4*>(rtile + detail::tile_off<TC>(r, c));
             m = amax_step(amax_step(amax_step(amax_step(m, f.x), f.y), f.z), f.w);
           }
-          m = detail::warp_max(m);
-          if ((threadIdx.x & 31) == 0) detail::atomic_max_nonneg(a.amax[A::kSlot] + mem.index, m);
+          detail::block_max_atomic<T>(a.amax[A::kSlot] + mem.index, m);
         } else if constexpr (A::kScope == kScopeChannelRows) {
           // One warp per row: lanes read consecutive columns.
           const float* src = A::kRht ? rtile : tile;

@@ -1,0 +1,40 @@
+#!/usr/bin/env bash
+# The quantize benchmark in one command, on a machine with an NVIDIA GPU:
+#   scripts/bench.sh OUT_DIR [--quick]
+# builds qforge (Release), compiles the shipped recipes into a cache, then writes to OUT_DIR:
+#   qforge_bench.json     every shipped recipe x role x direction set x size, bf16 input: time,
+#                         minimal bytes, GB/s and the ratio to the copy bandwidth measured in
+#                         the same run (bench/qforge_bench.cpp)
+#   torch_baselines.json  torch eager / torch.compile on the cases torch can express, checked
+#                         against qforge's outputs first (bench/torch_baselines.py; skipped
+#                         without torch)
+#   report.md, bandwidth.png  tables and the bandwidth-vs-size plot (bench/report.py; the PNG
+#                         needs matplotlib)
+set -uo pipefail
+cd "$(dirname "$0")/.."
+OUT=${1:?usage: scripts/bench.sh OUT_DIR [--quick]}
+QUICK=${2:-}
+mkdir -p "$OUT"
+BUILD=${QFORGE_BUILD_DIR:-build-gpu}
+export PATH="/usr/local/cuda/bin:$PATH"
+prefix=${QFORGE_DEPS_PREFIX:-}
+[ -z "$prefix" ] && [ -d .gpudeps ] && prefix="$PWD/.gpudeps"
+gen=(); command -v ninja >/dev/null && gen=(-G Ninja)
+cmake -S . -B "$BUILD" "${gen[@]}" -DCMAKE_BUILD_TYPE=Release -DQFORGE_LIT_TESTS=OFF ${prefix:+-DCMAKE_PREFIX_PATH=$prefix} \
+  >"$OUT/configure.log" 2>&1 || { tail -30 "$OUT/configure.log"; exit 1; }
+cmake --build "$BUILD" -j"$(nproc)" --target qforge qforge_bench >"$OUT/build.log" 2>&1 || { grep -E "error" "$OUT/build.log" | head -40; exit 1; }
+export QFORGE_CACHE_DIR=${QFORGE_CACHE_DIR:-$PWD/$BUILD/gpu-cache}
+"$BUILD/tools/qforge" prewarm recipes --dtype bf16 --quiet >"$OUT/prewarm.log" 2>&1
+nvidia-smi --query-gpu=name,driver_version,clocks.max.memory --format=csv,noheader >"$OUT/gpu.txt" 2>&1
+"$BUILD/bench/qforge_bench" --recipes recipes --out "$OUT/qforge_bench.json" $QUICK 2>"$OUT/qforge_bench.log"
+rc=$?
+tail -3 "$OUT/qforge_bench.log"
+if python3 -c "import torch" 2>/dev/null && [ -f bench/torch_baselines.py ]; then
+  python3 bench/torch_baselines.py --qforge "$BUILD/tools/qforge" --out "$OUT" $QUICK >"$OUT/torch_baselines.log" 2>&1 \
+    || echo "torch baselines failed (see $OUT/torch_baselines.log)"
+fi
+if [ -f bench/report.py ]; then
+  python3 bench/report.py --in "$OUT" --out "$OUT" >"$OUT/report.log" 2>&1 || echo "report failed (see $OUT/report.log)"
+  [ -f "$OUT/report.md" ] && head -60 "$OUT/report.md"
+fi
+exit $rc
