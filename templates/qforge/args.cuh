@@ -31,6 +31,9 @@ struct QuantizeArgs {
   // device so the launch needs no host sync. Null for a single tensor.
   const i64* member_rows;  // [num_members + 1], member_rows[0] == 0
   i32 num_members;
+  // Tile rows the launch walks: ceil(m / tile rows), grouped: + num_members (each member may
+  // end in a partial tile). Persistent CTAs take tiles blockIdx.x, + gridDim.x, ...
+  i64 tile_rows;
 };
 
 }  // namespace qf

@@ -326,26 +326,36 @@ __device__ bool resolve_member(const QuantizeArgs& a, i64 tile_row, Member& mem,
     }
   }
   __syncthreads();
-  if (sh[0] < 0) return false;
-  mem = Member{int(sh[0]), sh[1], sh[2], sh[3]};
-  for (int s = 0; s < kMaxStreams; ++s) scale_base[s] = sh[4 + s];
-  return true;
+  const bool found = sh[0] >= 0;
+  if (found) {
+    mem = Member{int(sh[0]), sh[1], sh[2], sh[3]};
+    for (int s = 0; s < kMaxStreams; ++s) scale_base[s] = sh[4 + s];
+  }
+  __syncthreads();  // sh is rewritten by the next call
+  return found;
 }
 
 // ------------------------------------------------------------------------------------ tiles
 
-// Loads the tile (fp32, zero outside the member / K): every load of a thread is issued before
-// the first shared-memory store. With RHT, also the rotated copy (16-row groups per column,
+// A tile is loaded in two steps so that a persistent CTA can keep the next tile's loads in
+// flight while it works on the current one: load_regs issues every global load of this thread
+// (16-byte chunks of 4 elements, zero outside the member / K) into registers, store_tile writes
+// them to shared memory (fp32) and, with RHT, the rotated copy (16-row groups per column,
 // rounded to the input dtype).
 template <class Cfg>
-__device__ void load_tile(const QuantizeArgs& a, const Member& mem, i64 col0, float* tile, float* rtile) {
-  constexpr int TR = Cfg::kTileRows, TC = Cfg::kTileCols, CH = TC / 4, N = TR * CH, T = Cfg::kThreads;
-  constexpr int kIters = (N + T - 1) / T;
-  const i64 row0 = mem.tile_row * TR;
+struct TileRegs {
+  static constexpr int kChunks = Cfg::kTileRows * Cfg::kTileCols / 4;
+  static constexpr int kIters = (kChunks + Cfg::kThreads - 1) / Cfg::kThreads;
+  float4 v[kIters];
+};
+
+template <class Cfg>
+__device__ __forceinline__ void load_regs(const QuantizeArgs& a, const Member& mem, i64 col0, TileRegs<Cfg>& regs) {
+  constexpr int TC = Cfg::kTileCols, CH = TC / 4, N = TileRegs<Cfg>::kChunks, T = Cfg::kThreads;
+  const i64 row0 = mem.tile_row * Cfg::kTileRows;
   const bool vec = a.k % 4 == 0;
-  float4 val[kIters];
 #pragma unroll
-  for (int it = 0; it < kIters; ++it) {
+  for (int it = 0; it < TileRegs<Cfg>::kIters; ++it) {
     const int i = it * T + int(threadIdx.x);
     float4 v = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
     const int r = i / CH, c = (i % CH) * 4;
@@ -361,12 +371,18 @@ __device__ void load_tile(const QuantizeArgs& a, const Member& mem, i64 col0, fl
         if (cg + 3 < a.k) v.w = load1<Cfg::kInDtype>(a.x, idx + 3);
       }
     }
-    val[it] = v;
+    regs.v[it] = v;
   }
+}
+
+// Ends with a barrier: the tile (and rotated tile) are readable by every thread.
+template <class Cfg>
+__device__ __forceinline__ void store_tile(const TileRegs<Cfg>& regs, float* tile, float* rtile) {
+  constexpr int TR = Cfg::kTileRows, TC = Cfg::kTileCols, CH = TC / 4, N = TileRegs<Cfg>::kChunks, T = Cfg::kThreads;
 #pragma unroll
-  for (int it = 0; it < kIters; ++it) {
+  for (int it = 0; it < TileRegs<Cfg>::kIters; ++it) {
     const int i = it * T + int(threadIdx.x);
-    if (N % T == 0 || i < N) *reinterpret_cast<float4*>(tile + tile_off<TC>(i / CH, (i % CH) * 4)) = val[it];
+    if (N % T == 0 || i < N) *reinterpret_cast<float4*>(tile + tile_off<TC>(i / CH, (i % CH) * 4)) = regs.v[it];
   }
   if constexpr (Cfg::kRht) {
     __syncthreads();
@@ -382,6 +398,31 @@ __device__ void load_tile(const QuantizeArgs& a, const Member& mem, i64 col0, fl
   }
   __syncthreads();
 }
+
+// The persistent walk over tiles: CTA b takes tiles b, b + gridDim.x, ... (tile_coords order),
+// skipping grouped tiles past the end of their member. Every thread calls next() together.
+template <class Cfg, class... S>
+struct TileWalk {
+  i64 t, total, tiles_r, tiles_c;
+  __device__ TileWalk(const QuantizeArgs& a) {
+    tiles_c = i64(ceil_div(u64(a.k), u64(Cfg::kTileCols)));
+    tiles_r = a.tile_rows;
+    total = tiles_r * tiles_c;
+    t = i64(blockIdx.x) - i64(gridDim.x);
+  }
+  // Advances to the next tile of this CTA; false at the end.
+  __device__ bool next(const QuantizeArgs& a, Member& mem, i64& col0, i64 (&scale_base)[kMaxStreams]) {
+    for (t += gridDim.x; t < total; t += gridDim.x) {
+      i64 tr, tc;
+      tile_coords(t, tiles_r, tiles_c, tr, tc);
+      if (resolve_member<Cfg, S...>(a, tr, mem, scale_base)) {
+        col0 = tc * Cfg::kTileCols;
+        return true;
+      }
+    }
+    return false;
+  }
+};
 
 // The scale of one block: the element multiplier and the stored scale entry (fp32 bits or a
 // byte), from the amaxes the mode depends on.
@@ -574,14 +615,27 @@ __device__ float cast_columnwise(const QuantizeArgs& a, const Member& mem, i64 c
   return reported;
 }
 
+// Casts one stream of the tile; returns this thread's amax of it (delayed scaling reports the
+// tensor's amax).
 template <class Cfg, class S>
-__device__ __forceinline__ void cast_stream(const QuantizeArgs& a, const Member& mem, i64 col0, const float* tile,
-                                            const float* rtile, const u32* bamax, i64 scale_base) {
+__device__ __forceinline__ float cast_stream(const QuantizeArgs& a, const Member& mem, i64 col0, const float* tile,
+                                             const float* rtile, const u32* bamax, i64 scale_base) {
   const float* src = S::kRht ? rtile : tile;
-  float reported;
-  if constexpr (S::kDir == 0) reported = cast_rowwise<Cfg, S>(a, mem, col0, src, bamax, scale_base);
-  else reported = cast_columnwise<Cfg, S>(a, mem, col0, src, bamax, scale_base);
-  if constexpr (S::kMode == kModeTensorDelayed) block_max_atomic<Cfg::kThreads>(a.amax[S::kTensorAmax] + mem.index, reported);
+  if constexpr (S::kDir == 0) return cast_rowwise<Cfg, S>(a, mem, col0, src, bamax, scale_base);
+  else return cast_columnwise<Cfg, S>(a, mem, col0, src, bamax, scale_base);
+}
+
+// Delayed scaling: the amax a CTA saw of one member, flushed with one atomic when the member
+// changes and at the end.
+template <class Cfg, class... S>
+__device__ __forceinline__ void flush_reported(const QuantizeArgs& a, int member, float (&rep)[kMaxStreams]) {
+  int s = 0;
+  (
+      [&] {
+        if constexpr (S::kMode == kModeTensorDelayed) block_max_atomic<Cfg::kThreads>(a.amax[S::kTensorAmax] + member, rep[s]);
+        rep[s++] = 0.0f;
+      }(),
+      ...);
 }
 
 // Grouped launches get one extra tile row; its first CTA writes the per-tensor scale entry of
@@ -613,22 +667,13 @@ __device__ void fill_empty_members(const QuantizeArgs& a) {
 
 }  // namespace detail
 
+// Persistent: the grid is sized to what the GPU holds at once; each CTA walks its tiles,
+// issuing the next tile's loads before it casts the current one.
 template <class Cfg, class... S>
 __global__ void __launch_bounds__(Cfg::kThreads) cast_kernel(const QuantizeArgs a) {
   if (a.noop && *a.noop == 1.0f) return;
-  // Grouped launches end with one CTA for the scales of empty members.
-  if (a.member_rows && blockIdx.x == gridDim.x - 1) {
-    detail::fill_empty_members<Cfg, S...>(a);
-    return;
-  }
-  const i64 tiles_c = i64(ceil_div(u64(a.k), u64(Cfg::kTileCols)));
-  const i64 tiles_r = (i64(gridDim.x) - (a.member_rows ? 1 : 0)) / tiles_c;
-  i64 tr, tc;
-  detail::tile_coords(blockIdx.x, tiles_r, tiles_c, tr, tc);
-  detail::Member mem;
-  i64 scale_base[kMaxStreams];
-  if (!detail::resolve_member<Cfg, S...>(a, tr, mem, scale_base)) return;
-  const i64 col0 = tc * Cfg::kTileCols;
+  // Grouped launches: CTA 0 also writes the scales of empty members (they have no tile).
+  if (a.member_rows && blockIdx.x == 0) detail::fill_empty_members<Cfg, S...>(a);
 
   extern __shared__ float4 smem4[];
   float* smem = reinterpret_cast<float*>(smem4);
@@ -636,24 +681,48 @@ __global__ void __launch_bounds__(Cfg::kThreads) cast_kernel(const QuantizeArgs 
   float* tile = smem;
   float* rtile = Cfg::kRht ? smem + kTileFloats : smem;
   u32* bamax = reinterpret_cast<u32*>(smem + kTileFloats * (Cfg::kRht ? 2 : 1));
-  detail::load_tile<Cfg>(a, mem, col0, tile, rtile);
 
-  // 2D block amaxes first (one region per stream that has them), then each stream.
-  u32* region = bamax;
-  u32* regions[sizeof...(S)];
-  int s = 0;
-  (
-      [&] {
-        regions[s++] = region;
-        if constexpr (S::kBlock2d) {
-          detail::block2d_amax<Cfg, S>(S::kRht ? rtile : tile, region);
-          region += (Cfg::kTileRows / S::kBlockRows) * (Cfg::kTileCols / S::kBlockCols);
-        }
-      }(),
-      ...);
-  __syncthreads();
-  s = 0;
-  ((detail::cast_stream<Cfg, S>(a, mem, col0, tile, rtile, regions[s], scale_base[s]), ++s), ...);
+  detail::TileWalk<Cfg, S...> walk(a);
+  detail::Member mem, next_mem;
+  i64 col0 = 0, next_col0 = 0, base[kMaxStreams], next_base[kMaxStreams];
+  detail::TileRegs<Cfg> regs;
+  bool have = walk.next(a, mem, col0, base);
+  if (have) detail::load_regs<Cfg>(a, mem, col0, regs);
+  float rep[kMaxStreams] = {};
+  int rep_member = have ? mem.index : 0;
+  while (have) {
+    detail::store_tile<Cfg>(regs, tile, rtile);
+    const bool more = walk.next(a, next_mem, next_col0, next_base);
+    if (more) detail::load_regs<Cfg>(a, next_mem, next_col0, regs);  // in flight during the cast
+
+    if (mem.index != rep_member) {
+      detail::flush_reported<Cfg, S...>(a, rep_member, rep);
+      rep_member = mem.index;
+    }
+    // 2D block amaxes first (one region per stream that has them), then each stream.
+    u32* region = bamax;
+    u32* regions[sizeof...(S)];
+    int s = 0;
+    (
+        [&] {
+          regions[s++] = region;
+          if constexpr (S::kBlock2d) {
+            detail::block2d_amax<Cfg, S>(S::kRht ? rtile : tile, region);
+            region += (Cfg::kTileRows / S::kBlockRows) * (Cfg::kTileCols / S::kBlockCols);
+          }
+        }(),
+        ...);
+    __syncthreads();
+    s = 0;
+    ((rep[s] = fmaxf(rep[s], detail::cast_stream<Cfg, S>(a, mem, col0, tile, rtile, regions[s], base[s])), ++s), ...);
+    __syncthreads();  // the tile is free for the next store
+
+    have = more;
+    mem = next_mem;
+    col0 = next_col0;
+    for (int i = 0; i < kMaxStreams; ++i) base[i] = next_base[i];
+  }
+  detail::flush_reported<Cfg, S...>(a, rep_member, rep);
 }
 
 // Global reductions before the cast: the tensor amax (raw: straight from global memory with
@@ -661,71 +730,88 @@ __global__ void __launch_bounds__(Cfg::kThreads) cast_kernel(const QuantizeArgs 
 template <class Cfg, class... A>
 __global__ void __launch_bounds__(Cfg::kThreads) amax_kernel(const QuantizeArgs a) {
   if (a.noop && *a.noop == 1.0f) return;
-  const i64 tiles_c = i64(ceil_div(u64(a.k), u64(Cfg::kTileCols)));
-  const i64 tiles_r = (i64(gridDim.x) - (a.member_rows ? 1 : 0)) / tiles_c;
-  if (i64(blockIdx.x) >= tiles_r * tiles_c) return;
-  i64 tr, tc;
-  detail::tile_coords(blockIdx.x, tiles_r, tiles_c, tr, tc);
-  detail::Member mem;
-  i64 unused[kMaxStreams];
-  if (!detail::resolve_member<Cfg>(a, tr, mem, unused)) return;
-  constexpr int TR = Cfg::kTileRows, TC = Cfg::kTileCols, T = Cfg::kThreads;
-  const i64 col0 = tc * TC, row0 = mem.tile_row * TR;
+  constexpr int TR = Cfg::kTileRows, TC = Cfg::kTileCols, T = Cfg::kThreads, NA = sizeof...(A);
   constexpr bool kNeedsTile = ((A::kRht || A::kScope != kScopeTensor) || ...);
   extern __shared__ float4 smem4[];
   float* tile = reinterpret_cast<float*>(smem4);
   float* rtile = Cfg::kRht ? tile + TR * TC : tile;
-  if constexpr (kNeedsTile) detail::load_tile<Cfg>(a, mem, col0, tile, rtile);
-  (
-      [&] {
-        if constexpr (A::kScope == kScopeTensor && !A::kRht) {
-          // Raw tensor amax: vector loads straight from global memory.
-          constexpr int CH = TC / 4, N = TR * CH;
-          float m = 0.0f;
-          const bool vec = a.k % 4 == 0;
+  detail::TileWalk<Cfg> walk(a);
+  detail::Member mem;
+  i64 col0 = 0, unused[kMaxStreams];
+  float acc[NA] = {};  // tensor-scope amaxes of the current member, flushed on change / at the end
+  int acc_member = -1;
+  auto flush = [&] {
+    int i = 0;
+    (
+        [&] {
+          if constexpr (A::kScope == kScopeTensor)
+            if (acc_member >= 0) detail::block_max_atomic<T>(a.amax[A::kSlot] + acc_member, acc[i]);
+          acc[i++] = 0.0f;
+        }(),
+        ...);
+  };
+  while (walk.next(a, mem, col0, unused)) {
+    if (mem.index != acc_member) {
+      flush();
+      acc_member = mem.index;
+    }
+    const i64 row0 = mem.tile_row * TR;
+    if constexpr (kNeedsTile) {
+      detail::TileRegs<Cfg> regs;
+      detail::load_regs<Cfg>(a, mem, col0, regs);
+      detail::store_tile<Cfg>(regs, tile, rtile);
+    }
+    int i = 0;
+    (
+        [&] {
+          float& m = acc[i++];
+          if constexpr (A::kScope == kScopeTensor && !A::kRht) {
+            // Raw tensor amax: vector loads straight from global memory.
+            constexpr int CH = TC / 4, N = TR * CH;
+            const bool vec = a.k % 4 == 0;
 #pragma unroll 4
-          for (int i = threadIdx.x; i < N; i += T) {
-            const int r = i / CH, c = (i % CH) * 4;
-            const i64 rl = row0 + r, cg = col0 + c;
-            if (rl >= mem.rows || cg >= a.k) continue;
-            const i64 idx = (mem.row_base + rl) * a.k + cg;
-            if (vec && cg + 4 <= a.k) {
-              const float4 f = detail::load4<Cfg::kInDtype>(a.x, idx);
+            for (int j = threadIdx.x; j < N; j += T) {
+              const int r = j / CH, c = (j % CH) * 4;
+              const i64 rl = row0 + r, cg = col0 + c;
+              if (rl >= mem.rows || cg >= a.k) continue;
+              const i64 idx = (mem.row_base + rl) * a.k + cg;
+              if (vec && cg + 4 <= a.k) {
+                const float4 f = detail::load4<Cfg::kInDtype>(a.x, idx);
+                m = amax_step(amax_step(amax_step(amax_step(m, f.x), f.y), f.z), f.w);
+              } else {
+                for (int e = 0; e < 4 && cg + e < a.k; ++e) m = amax_step(m, detail::load1<Cfg::kInDtype>(a.x, idx + e));
+              }
+            }
+          } else if constexpr (A::kScope == kScopeTensor) {
+            for (int j = threadIdx.x; j < TR * TC / 4; j += T) {
+              const int r = j / (TC / 4), c = (j % (TC / 4)) * 4;
+              const float4 f = *reinterpret_cast<const float4*>(rtile + detail::tile_off<TC>(r, c));
               m = amax_step(amax_step(amax_step(amax_step(m, f.x), f.y), f.z), f.w);
-            } else {
-              for (int e = 0; e < 4 && cg + e < a.k; ++e) m = amax_step(m, detail::load1<Cfg::kInDtype>(a.x, idx + e));
+            }
+          } else if constexpr (A::kScope == kScopeChannelRows) {
+            // One warp per row: lanes read consecutive columns.
+            const float* src = A::kRht ? rtile : tile;
+            for (int r = threadIdx.x / 32; r < TR; r += T / 32) {
+              float v = 0.0f;
+              for (int c = threadIdx.x % 32; c < TC; c += 32) v = amax_step(v, src[detail::tile_off<TC>(r, c)]);
+              v = detail::warp_max(v);
+              if ((threadIdx.x & 31) == 0 && row0 + r < mem.rows)
+                detail::atomic_max_nonneg(a.amax[A::kSlot] + mem.row_base + row0 + r, v);
+            }
+          } else {
+            const float* src = A::kRht ? rtile : tile;
+            for (int c = threadIdx.x; c < TC; c += T) {
+              if (col0 + c >= a.k) continue;
+              float v = 0.0f;
+              for (int r = 0; r < TR; ++r) v = amax_step(v, src[detail::tile_off<TC>(r, c)]);
+              detail::atomic_max_nonneg(a.amax[A::kSlot] + i64(mem.index) * a.k + col0 + c, v);
             }
           }
-          detail::block_max_atomic<T>(a.amax[A::kSlot] + mem.index, m);
-        } else if constexpr (A::kScope == kScopeTensor) {
-          float m = 0.0f;
-          for (int i = threadIdx.x; i < TR * TC / 4; i += T) {
-            const int r = i / (TC / 4), c = (i % (TC / 4)) * 4;
-            const float4 f = *reinterpret_cast<const float4*>(rtile + detail::tile_off<TC>(r, c));
-            m = amax_step(amax_step(amax_step(amax_step(m, f.x), f.y), f.z), f.w);
-          }
-          detail::block_max_atomic<T>(a.amax[A::kSlot] + mem.index, m);
-        } else if constexpr (A::kScope == kScopeChannelRows) {
-          // One warp per row: lanes read consecutive columns.
-          const float* src = A::kRht ? rtile : tile;
-          for (int r = threadIdx.x / 32; r < TR; r += T / 32) {
-            float m = 0.0f;
-            for (int c = threadIdx.x % 32; c < TC; c += 32) m = amax_step(m, src[detail::tile_off<TC>(r, c)]);
-            m = detail::warp_max(m);
-            if ((threadIdx.x & 31) == 0 && row0 + r < mem.rows)
-              detail::atomic_max_nonneg(a.amax[A::kSlot] + mem.row_base + row0 + r, m);
-          }
-        } else {
-          const float* src = A::kRht ? rtile : tile;
-          for (int c = threadIdx.x; c < TC; c += T) {
-            if (col0 + c >= a.k) continue;
-            float m = 0.0f;
-            for (int r = 0; r < TR; ++r) m = amax_step(m, src[detail::tile_off<TC>(r, c)]);
-            detail::atomic_max_nonneg(a.amax[A::kSlot] + i64(mem.index) * a.k + col0 + c, m);
-          }
-        }
-      }(),
-      ...);
+        }(),
+        ...);
+    if constexpr (kNeedsTile) __syncthreads();  // the tile is free for the next store
+  }
+  flush();
 }
 
 #endif  // __CUDACC__
