@@ -130,32 +130,70 @@ __device__ __forceinline__ u32 enc_rn(float x) {
   }
 }
 
-// Encodes N consecutive elements of one output row, starting at element `lin` (the element's
-// offset in the stream's data buffer, which is also its stochastic-rounding index), and stores
-// the first `valid` of them. N is 4 or 16. Full, aligned runs take one vector store.
+// Stochastic rounding, fast paths with the exact result of encode_sr<F> (numerics.cuh): for
+// e2m1 and int8 the grid step is a power of two, so q = |x| / step, its floor and fraction are
+// exact in fp32 and "fraction > u" with u = (r >> 8) * 2^-24 is the same comparison as the
+// integer one of grid_round_sr. Other formats use the generic encoder.
+template <class F>
+__device__ __forceinline__ u32 enc_sr(float x, u32 r) {
+  if constexpr (F::kBits == 4 && F::kExpBits == 2 && F::kManBits == 1) {
+    const u32 b = f32_bits(x), ab = b & kF32AbsMask;
+    if (ab > kF32InfBits) return F::kNanBits;
+    const float a = f32_from_bits(ab), u = float(r >> 8) * 0x1p-24f;
+    u32 m;
+    if (!(a < 6.0f)) {
+      m = 7;  // max, or Inf (saturated)
+    } else {
+      // Step 0.5 below 2 (codes 0..4 = q), 1 in [2, 4) (code = q + 2), 2 in [4, 6) (code = q + 4).
+      const float inv_step = a < 2.0f ? 2.0f : a < 4.0f ? 1.0f : 0.5f;
+      const float q = a * inv_step, lo = floorf(q);
+      m = u32(lo) + (a < 2.0f ? 0u : a < 4.0f ? 2u : 4u) + ((q - lo) > u ? 1u : 0u);
+    }
+    return ((b >> 28) & 0x8u) | m;
+  } else if constexpr (F::kIsInt && F::kBits == 8) {
+    if (f32_is_nan(x)) return F::kNanBits;
+    if (x >= 127.0f) return 127u;
+    if (x <= -128.0f) return 0x80u;
+    const float a = fabsf(x), lo = floorf(a), u = float(r >> 8) * 0x1p-24f;
+    u32 q = u32(lo) + ((a - lo) > u ? 1u : 0u);
+    if (x < 0.0f) return (0u - q) & 0xFFu;
+    return q > 127u ? 127u : q;
+  } else {
+    return encode_sr<F>(x, r);
+  }
+}
+
+// Encodes and stores N consecutive elements of one output row, x already multiplied by their
+// scale (identity formats: the raw values). `lin` is the first element's offset in the
+// stream's data buffer, which is also its stochastic-rounding index; the first `valid` are
+// stored. Full, aligned runs take one vector store of N * bits / 8 bytes.
 template <class S, int N>
-__device__ __forceinline__ void encode_store(const QuantizeArgs& a, void* data, i64 lin, const float (&v)[N],
-                                             float mul, int valid) {
+__device__ __forceinline__ void encode_store(const QuantizeArgs& a, void* data, i64 lin, const float (&x)[N], int valid) {
   using F = typename S::Format;
+  static_assert(N % 4 == 0 && N <= 16, "runs of 4, 8 or 16");
   if constexpr (is_identity<F>::value) {
     if constexpr (F::kDtype == 0) {
       float* o = static_cast<float*>(data) + lin;
       if (valid == N && lin % 4 == 0) {
 #pragma unroll
-        for (int i = 0; i < N; i += 4) *reinterpret_cast<float4*>(o + i) = make_float4(v[i], v[i + 1], v[i + 2], v[i + 3]);
+        for (int i = 0; i < N; i += 4) *reinterpret_cast<float4*>(o + i) = make_float4(x[i], x[i + 1], x[i + 2], x[i + 3]);
       } else {
-        for (int i = 0; i < valid; ++i) o[i] = v[i];
+#pragma unroll
+        for (int i = 0; i < N; ++i)
+          if (i < valid) o[i] = x[i];
       }
     } else {
       u16* o = static_cast<u16*>(data) + lin;
       u32 h[N];
 #pragma unroll
-      for (int i = 0; i < N; ++i) h[i] = F::kDtype == 1 ? f32_to_bf16(v[i]) : f32_to_f16(v[i]);
+      for (int i = 0; i < N; ++i) h[i] = F::kDtype == 1 ? f32_to_bf16(x[i]) : f32_to_f16(x[i]);
       if (valid == N && lin % 4 == 0) {
 #pragma unroll
         for (int i = 0; i < N; i += 4) *reinterpret_cast<uint2*>(o + i) = make_uint2(h[i] | (h[i + 1] << 16), h[i + 2] | (h[i + 3] << 16));
       } else {
-        for (int i = 0; i < valid; ++i) o[i] = u16(h[i]);
+#pragma unroll
+        for (int i = 0; i < N; ++i)
+          if (i < valid) o[i] = u16(h[i]);
       }
     }
   } else {
@@ -167,63 +205,43 @@ __device__ __forceinline__ void encode_store(const QuantizeArgs& a, void* data, 
           u32 w[4];
           sr_random_group(a.seed, a.offset, u32(S::kDir), u64(lin + g) >> 2, w);
 #pragma unroll
-          for (int i = 0; i < 4; ++i) q[g + i] = encode_sr<F>(v[g + i] * mul, w[i]);
+          for (int i = 0; i < 4; ++i) q[g + i] = enc_sr<F>(x[g + i], w[i]);
         }
       } else {
 #pragma unroll
         for (int i = 0; i < N; ++i)
-          q[i] = i < valid ? encode_sr<F>(v[i] * mul, sr_random_bits(a.seed, a.offset, u32(S::kDir), u64(lin + i))) : 0u;
+          q[i] = i < valid ? enc_sr<F>(x[i], sr_random_bits(a.seed, a.offset, u32(S::kDir), u64(lin + i))) : 0u;
       }
     } else {
 #pragma unroll
-      for (int i = 0; i < N; ++i) q[i] = enc_rn<F>(v[i] * mul);
+      for (int i = 0; i < N; ++i) q[i] = enc_rn<F>(x[i]);
     }
-    if constexpr (F::kBits == 4) {
-      // Two per byte, element 2i in the low nibble. lin is even (check_shape: packed rows are
-      // even), so the pairs are this run's own.
-      u32 p[N / 2];
+    constexpr int kPerByte = F::kBits == 4 ? 2 : 1, NB = N / kPerByte;
+    u32 bytes[NB];
 #pragma unroll
-      for (int i = 0; i < N / 2; ++i) p[i] = (q[2 * i] & 0xFu) | ((2 * i + 1 < valid ? q[2 * i + 1] & 0xFu : 0u) << 4);
-      u8* o = static_cast<u8*>(data) + lin / 2;
-      if (valid == N && lin % N == 0) {
-        if constexpr (N == 4) {
-          *reinterpret_cast<u16*>(o) = u16(p[0] | (p[1] << 8));
-        } else {
-          *reinterpret_cast<uint2*>(o) = make_uint2(p[0] | (p[1] << 8) | (p[2] << 16) | (p[3] << 24),
-                                                    p[4] | (p[5] << 8) | (p[6] << 16) | (p[7] << 24));
-        }
+    for (int i = 0; i < NB; ++i) {
+      if constexpr (kPerByte == 2) {
+        // Element 2i in the low nibble. lin is even (check_shape: packed rows are even), so
+        // the pairs are this run's own.
+        bytes[i] = (q[2 * i] & 0xFu) | ((2 * i + 1 < valid ? q[2 * i + 1] & 0xFu : 0u) << 4);
       } else {
-        for (int i = 0; 2 * i < valid; ++i) o[i] = u8(p[i]);
+        bytes[i] = q[i] & 0xFFu;
       }
+    }
+    u8* o = static_cast<u8*>(data) + lin / kPerByte;
+    if (valid == N && lin % N == 0) {
+      u32 w[(NB + 3) / 4] = {};
+#pragma unroll
+      for (int i = 0; i < NB; ++i) w[i / 4] |= bytes[i] << (8 * (i % 4));
+      if constexpr (NB == 2) *reinterpret_cast<u16*>(o) = u16(w[0]);
+      else if constexpr (NB == 4) *reinterpret_cast<u32*>(o) = w[0];
+      else if constexpr (NB == 8) *reinterpret_cast<uint2*>(o) = make_uint2(w[0], w[1]);
+      else *reinterpret_cast<uint4*>(o) = make_uint4(w[0], w[1], w[2], w[3]);
     } else {
-      u8* o = static_cast<u8*>(data) + lin;
-      if (valid == N && lin % N == 0) {
-        u32 w[N / 4];
 #pragma unroll
-        for (int i = 0; i < N / 4; ++i)
-          w[i] = (q[4 * i] & 0xFFu) | ((q[4 * i + 1] & 0xFFu) << 8) | ((q[4 * i + 2] & 0xFFu) << 16) | (q[4 * i + 3] << 24);
-        if constexpr (N == 4) *reinterpret_cast<u32*>(o) = w[0];
-        else *reinterpret_cast<uint4*>(o) = make_uint4(w[0], w[1], w[2], w[3]);
-      } else {
-        for (int i = 0; i < valid; ++i) o[i] = u8(q[i]);
-      }
+      for (int i = 0; i < NB; ++i)
+        if (kPerByte * i < valid) o[i] = u8(bytes[i]);
     }
-  }
-}
-
-// One element (column walks of a same-layout columnwise stream).
-template <class S>
-__device__ __forceinline__ void encode_store1(const QuantizeArgs& a, void* data, i64 lin, float v, float mul) {
-  using F = typename S::Format;
-  if constexpr (is_identity<F>::value) {
-    if constexpr (F::kDtype == 0) static_cast<float*>(data)[lin] = v;
-    else static_cast<u16*>(data)[lin] = F::kDtype == 1 ? f32_to_bf16(v) : f32_to_f16(v);
-  } else {
-    static_assert(F::kBits != 4, "packed formats are never written one element at a time");
-    u32 q;
-    if constexpr (S::kStochastic) q = encode_sr<F>(v * mul, sr_random_bits(a.seed, a.offset, u32(S::kDir), u64(lin)));
-    else q = enc_rn<F>(v * mul);
-    static_cast<u8*>(data)[lin] = u8(q);
   }
 }
 
@@ -525,90 +543,155 @@ __device__ __forceinline__ StreamCtx<S> stream_ctx(const QuantizeArgs& a, const 
   return c;
 }
 
-// Rowwise stream ([M, K] layout): runs of 4 elements of a row, kGroup lanes per scale block.
+template <class S>
+struct ModeTraits {
+  // Block amax computed by the stream itself (1D blocks along its direction).
+  static constexpr bool kOwnBlocks = !S::kBlock2d && (S::kMode == kModeBlock || S::kMode == kModeMx || S::kMode == kModeNvfp4);
+  static constexpr bool kIdentity = is_identity<typename S::Format>::value;
+};
+
+// Rowwise stream ([M, K] layout): runs of 4 elements of a row (one 16-byte shared read, one
+// vector store), kGroup lanes per 1D scale block.
 template <class Cfg, class S>
 __device__ float cast_rowwise(const QuantizeArgs& a, const Member& mem, i64 col0, const float* src, const u32* bamax,
                               i64 scale_base) {
-  constexpr int TR = Cfg::kTileRows, TC = Cfg::kTileCols, CH = TC / 4, N = TR * CH, T = Cfg::kThreads, G = S::kGroup;
+  constexpr int TC = Cfg::kTileCols, CH = TC / 4, N = Cfg::kTileRows * CH, T = Cfg::kThreads, G = S::kGroup;
   static_assert(S::kEpt == 4 && CH % G == 0 && 32 % G == 0, "rowwise runs: 4 elements, groups within a warp row");
   static_assert(N % 32 == 0, "whole warps of runs");
+  using M = ModeTraits<S>;
   const StreamArgs& out = a.streams[S::kIndex];
   const StreamCtx<S> ctx = stream_ctx<Cfg, S>(a, mem);
-  const i64 row0 = mem.tile_row * TR, data_base = mem.row_base * a.k;
+  const i64 row0 = mem.tile_row * Cfg::kTileRows, data_base = mem.row_base * a.k;
+  // Per-tensor and unscaled streams: one multiplier for the whole tile.
+  float tile_mul = 1.0f;
+  u32 tile_entry = 0;
+  if constexpr (!M::kOwnBlocks && !S::kBlock2d && S::kMode != kModeChannel)
+    block_scale<Cfg, S>(0.0f, ctx.tensor_amax, ctx.delayed_scale, tile_mul, tile_entry);
   float reported = 0.0f;
   for (int j = threadIdx.x; j < N; j += T) {  // N % 32 == 0: whole warps take part in shuffles
     const int r = j / CH, c = (j % CH) * 4;
     const float4 f = *reinterpret_cast<const float4*>(src + tile_off<TC>(r, c));
     const float v[4] = {f.x, f.y, f.z, f.w};
     const i64 rl = row0 + r, cg = col0 + c;
-    const int valid = rl < mem.rows ? int(a.k - cg < 4 ? (a.k - cg > 0 ? a.k - cg : 0) : 4) : 0;
-    float amax = amax_step(amax_step(amax_step(amax_step(0.0f, v[0]), v[1]), v[2]), v[3]);  // zero padding
-    if constexpr (S::kMode == kModeTensorDelayed) reported = fmaxf(reported, amax);
-    float block_amax = amax;
-    if constexpr (S::kBlock2d) {
-      block_amax = f32_from_bits(bamax[(r / S::kBlockRows) * (TC / S::kBlockCols) + c / S::kBlockCols]);
-    } else if constexpr (S::kMode == kModeChannel) {
-      block_amax = rl < mem.rows ? a.amax[S::kLocalAmax][mem.row_base + rl] : 0.0f;
-    } else if constexpr (G > 1) {
-      block_amax = group_max<G>(amax);
+    const i64 left = a.k - cg;
+    const int valid = rl < mem.rows && left > 0 ? int(left < 4 ? left : 4) : 0;
+    float mul = tile_mul;
+    u32 entry = tile_entry;
+    if constexpr (M::kOwnBlocks || S::kBlock2d || S::kMode == kModeChannel || S::kMode == kModeTensorDelayed) {
+      const float amax = amax_step(amax_step(amax_step(amax_step(0.0f, v[0]), v[1]), v[2]), v[3]);  // zero padding
+      if constexpr (S::kMode == kModeTensorDelayed) reported = fmaxf(reported, amax);
+      float block_amax = amax;
+      if constexpr (S::kBlock2d) {
+        block_amax = f32_from_bits(bamax[(r / S::kBlockRows) * (TC / S::kBlockCols) + c / S::kBlockCols]);
+      } else if constexpr (S::kMode == kModeChannel) {
+        block_amax = rl < mem.rows ? a.amax[S::kLocalAmax][mem.row_base + rl] : 0.0f;
+      } else if constexpr (G > 1) {
+        block_amax = group_max<G>(amax);
+      }
+      if constexpr (S::kMode != kModeTensorDelayed) block_scale<Cfg, S>(block_amax, ctx.tensor_amax, ctx.delayed_scale, mul, entry);
     }
-    float mul;
-    u32 entry;
-    block_scale<Cfg, S>(block_amax, ctx.tensor_amax, ctx.delayed_scale, mul, entry);
     if (valid == 0) continue;
     maybe_store_entry<S>(out, rl, cg, ctx.grid_pcols, scale_base, entry);
-    encode_store<S, 4>(a, out.data, data_base + rl * a.k + cg, v, mul, valid);
+    float x[4];
+#pragma unroll
+    for (int i = 0; i < 4; ++i) x[i] = M::kIdentity ? v[i] : v[i] * mul;
+    encode_store<S, 4>(a, out.data, data_base + rl * a.k + cg, x, valid);
   }
   return reported;
 }
 
-// Columnwise stream: runs of kEpt rows of one column, lanes on consecutive columns. Transposed
-// ([K, M]): each 16-row chunk is one vector store into the output row of its column; same
-// layout ([M, K]): element stores (consecutive lanes fill consecutive bytes of a row).
+// Columnwise stream: a thread takes one 16-byte chunk (4 adjacent columns) over kEpt rows (one
+// 1D scale block along M, or 16 rows), lanes on consecutive chunks, so every shared-memory
+// read is a conflict-free 16-byte row read. 1D blocks: a first pass over the rows gives the 4
+// column amaxes. Same layout ([M, K]): one 4-element store per row. Transposed ([K, M]): 8-row
+// steps, each column's 8 elements one vector store into its output row.
 template <class Cfg, class S>
 __device__ float cast_columnwise(const QuantizeArgs& a, const Member& mem, i64 col0, const float* src,
                                  const u32* bamax, i64 scale_base) {
-  constexpr int TR = Cfg::kTileRows, TC = Cfg::kTileCols, L = S::kEpt, N = TC * (TR / L), T = Cfg::kThreads;
-  static_assert(TR % L == 0 && L % 16 == 0, "columnwise runs: whole 16-row chunks");
+  constexpr int TR = Cfg::kTileRows, TC = Cfg::kTileCols, CH = TC / 4, L = S::kEpt, N = CH * (TR / L), T = Cfg::kThreads;
+  static_assert(TR % L == 0 && L % 16 == 0, "columnwise runs: whole 16-row groups");
+  using M = ModeTraits<S>;
   const StreamArgs& out = a.streams[S::kIndex];
   const StreamCtx<S> ctx = stream_ctx<Cfg, S>(a, mem);
   const i64 row0 = mem.tile_row * TR, data_base = mem.row_base * a.k;
+  float tile_mul = 1.0f;
+  u32 tile_entry = 0;
+  if constexpr (!M::kOwnBlocks && !S::kBlock2d && S::kMode != kModeChannel)
+    block_scale<Cfg, S>(0.0f, ctx.tensor_amax, ctx.delayed_scale, tile_mul, tile_entry);
   float reported = 0.0f;
   for (int j = threadIdx.x; j < N; j += T) {
-    const int c = j % TC, r = (j / TC) * L;
+    const int cc = j % CH, r = (j / CH) * L, c = cc * 4;
     const i64 rl = row0 + r, cg = col0 + c;
     if (cg >= a.k || rl >= mem.rows) continue;
-    float amax = 0.0f;  // of the run (one scale block when the stream has 1D blocks)
+    const float* base = src + r * TC + (c & 3);  // + swizzled chunk per row: ((cc ^ (row & 7)) << 2)
+    auto row4 = [&](int e) {  // r % 8 == 0: the swizzle phase of row r + e is e % 8
+      return *reinterpret_cast<const float4*>(base + e * TC + ((cc ^ (e & 7)) << 2));
+    };
+    float mul[4] = {tile_mul, tile_mul, tile_mul, tile_mul};
+    u32 entry[4] = {tile_entry, tile_entry, tile_entry, tile_entry};
+    if constexpr (M::kOwnBlocks || S::kBlock2d || S::kMode == kModeChannel) {
+      float am[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+      if constexpr (M::kOwnBlocks) {
 #pragma unroll 16
-    for (int e = 0; e < L; ++e) amax = amax_step(amax, src[tile_off<TC>(r + e, c)]);
-    if constexpr (S::kMode == kModeTensorDelayed) reported = fmaxf(reported, amax);
-    float block_amax = amax;
-    if constexpr (S::kBlock2d) {
-      block_amax = f32_from_bits(bamax[(r / S::kBlockRows) * (TC / S::kBlockCols) + c / S::kBlockCols]);
-    } else if constexpr (S::kMode == kModeChannel) {
-      block_amax = a.amax[S::kLocalAmax][i64(mem.index) * a.k + cg];
-    }
-    float mul;
-    u32 entry;
-    block_scale<Cfg, S>(block_amax, ctx.tensor_amax, ctx.delayed_scale, mul, entry);
-    const i64 dr = S::kTransposed ? cg : rl, dc = S::kTransposed ? rl : cg;
-    maybe_store_entry<S>(out, dr, dc, ctx.grid_pcols, scale_base, entry);
-    const i64 left = mem.rows - rl;
-    if constexpr (S::kTransposed) {
-      const i64 line = data_base + cg * mem.rows + rl;  // output row cg, element rl
-#pragma unroll 1
-      for (int e0 = 0; e0 < L; e0 += 16) {
-        if (left <= e0) break;
-        float v[16];
+        for (int e = 0; e < L; ++e) {
+          const float4 f = row4(e);
+          am[0] = amax_step(am[0], f.x), am[1] = amax_step(am[1], f.y), am[2] = amax_step(am[2], f.z), am[3] = amax_step(am[3], f.w);
+        }
+      }
 #pragma unroll
-        for (int e = 0; e < 16; ++e) v[e] = src[tile_off<TC>(r + e0 + e, c)];
-        encode_store<S, 16>(a, out.data, line + e0, v, mul, left - e0 >= 16 ? 16 : int(left - e0));
+      for (int q = 0; q < 4; ++q) {
+        float block_amax = am[q];
+        if constexpr (S::kBlock2d)
+          block_amax = f32_from_bits(bamax[(r / S::kBlockRows) * (TC / S::kBlockCols) + c / S::kBlockCols]);
+        else if constexpr (S::kMode == kModeChannel)
+          block_amax = cg + q < a.k ? a.amax[S::kLocalAmax][i64(mem.index) * a.k + cg + q] : 0.0f;
+        block_scale<Cfg, S>(block_amax, ctx.tensor_amax, ctx.delayed_scale, mul[q], entry[q]);
+      }
+    }
+#pragma unroll
+    for (int q = 0; q < 4; ++q) {
+      if (cg + q >= a.k) break;
+      if constexpr (S::kTransposed) maybe_store_entry<S>(out, cg + q, rl, ctx.grid_pcols, scale_base, entry[q]);
+      else maybe_store_entry<S>(out, rl, cg + q, ctx.grid_pcols, scale_base, entry[q]);
+    }
+    const i64 left = mem.rows - rl;
+    const int cols = a.k - cg < 4 ? int(a.k - cg) : 4;
+    if constexpr (S::kTransposed) {
+      // Output row cg + q holds column cg + q of the member: element rl at cg_q * rows + rl.
+#pragma unroll 1
+      for (int e0 = 0; e0 < L; e0 += 8) {
+        if (left <= e0) break;
+        float x[4][8];
+#pragma unroll
+        for (int e = 0; e < 8; ++e) {
+          const float4 f = row4(e0 + e);
+          const float v[4] = {f.x, f.y, f.z, f.w};
+#pragma unroll
+          for (int q = 0; q < 4; ++q) {
+            if constexpr (S::kMode == kModeTensorDelayed) reported = amax_step(reported, v[q]);
+            x[q][e] = M::kIdentity ? v[q] : v[q] * mul[q];
+          }
+        }
+        const int valid = left - e0 >= 8 ? 8 : int(left - e0);
+#pragma unroll
+        for (int q = 0; q < 4; ++q)
+          if (q < cols) encode_store<S, 8>(a, out.data, data_base + (cg + q) * mem.rows + rl + e0, x[q], valid);
       }
     } else {
+      i64 lin = data_base + rl * a.k + cg;
 #pragma unroll 4
       for (int e = 0; e < L; ++e) {
         if (e >= left) break;
-        encode_store1<S>(a, out.data, data_base + (rl + e) * a.k + cg, src[tile_off<TC>(r + e, c)], mul);
+        const float4 f = row4(e);
+        const float v[4] = {f.x, f.y, f.z, f.w};
+        float x[4];
+#pragma unroll
+        for (int q = 0; q < 4; ++q) {
+          if constexpr (S::kMode == kModeTensorDelayed) reported = amax_step(reported, v[q]);
+          x[q] = M::kIdentity ? v[q] : v[q] * mul[q];
+        }
+        encode_store<S, 4>(a, out.data, lin, x, cols);
+        lin += a.k;
       }
     }
   }
@@ -670,7 +753,7 @@ __device__ void fill_empty_members(const QuantizeArgs& a) {
 // Persistent: the grid is sized to what the GPU holds at once; each CTA walks its tiles,
 // issuing the next tile's loads before it casts the current one.
 template <class Cfg, class... S>
-__global__ void __launch_bounds__(Cfg::kThreads) cast_kernel(const QuantizeArgs a) {
+__global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocks) cast_kernel(const QuantizeArgs a) {
   if (a.noop && *a.noop == 1.0f) return;
   // Grouped launches: CTA 0 also writes the scales of empty members (they have no tile).
   if (a.member_rows && blockIdx.x == 0) detail::fill_empty_members<Cfg, S...>(a);
