@@ -1,5 +1,6 @@
 // The kernels' fast element encoders (cast.cuh enc_rn: hardware cvt for fp8 on sm_89+, the
-// comparison ladder for e2m1) against the one software definition (numerics.cuh encode_rn),
+// comparison ladder for e2m1; enc_sr for e2m1 / int8) against the one software definition
+// (numerics.cuh encode_rn / encode_sr),
 // over every one of the 2^32 fp32 bit patterns, on the GPU. The compile test runs everywhere.
 #include <gtest/gtest.h>
 
@@ -24,6 +25,16 @@ __device__ void check_one(unsigned int bits, unsigned int* count, unsigned int* 
     atomicMin(first, bits);
   }
 }
+// Stochastic rounding: the fast exact paths (e2m1, int8) with a pseudo-random word per pattern.
+template <class F>
+__device__ void check_sr(unsigned int bits, unsigned int* count, unsigned int* first) {
+  const float x = qf::f32_from_bits(bits);
+  const unsigned int r = (bits * 2654435761u) ^ (bits >> 11) ^ 0x5bd1e995u;
+  if (qf::detail::enc_sr<F>(x, r) != qf::encode_sr<F>(x, r)) {
+    atomicAdd(count, 1u);
+    atomicMin(first, bits);
+  }
+}
 extern "C" __global__ void exhaustive(unsigned int* out) {
   const unsigned long long n = 1ull << 32;
   for (unsigned long long i = blockIdx.x * 256ull + threadIdx.x; i < n; i += 256ull * gridDim.x) {
@@ -31,6 +42,8 @@ extern "C" __global__ void exhaustive(unsigned int* out) {
     check_one<qf::E4M3>(b, out + 0, out + 1);
     check_one<qf::E5M2>(b, out + 2, out + 3);
     check_one<qf::E2M1>(b, out + 4, out + 5);
+    check_sr<qf::E2M1>(b, out + 6, out + 7);
+    check_sr<qf::Int8>(b, out + 8, out + 9);
   }
 }
 )";
@@ -49,7 +62,8 @@ TEST(FastEncoders, GpuEqualSoftwareOnAllFp32Patterns) {
   const CompileResult r = compile_cuda(request(device_arch(current_device())));
   Module m(r.image);
   CUfunction f = m.function(r.lowered_names.at("exhaustive"));
-  std::vector<uint32_t> init = {0, 0xFFFFFFFFu, 0, 0xFFFFFFFFu, 0, 0xFFFFFFFFu};
+  std::vector<uint32_t> init;
+  for (int i = 0; i < 5; ++i) init.insert(init.end(), {0u, 0xFFFFFFFFu});
   DeviceBuffer out(init.size() * 4);
   out.upload(init.data(), init.size() * 4);
   uint64_t p = out.address();
@@ -58,8 +72,8 @@ TEST(FastEncoders, GpuEqualSoftwareOnAllFp32Patterns) {
   launch(f, Dim3{unsigned(device_sm_count() * 8)}, Dim3{256}, 0, s.get(), args);
   s.synchronize();
   const auto got = out.download_as<uint32_t>();
-  const char* names[] = {"e4m3", "e5m2", "e2m1"};
-  for (int i = 0; i < 3; ++i)
+  const char* names[] = {"e4m3 rn", "e5m2 rn", "e2m1 rn", "e2m1 sr", "int8 sr"};
+  for (int i = 0; i < 5; ++i)
     EXPECT_EQ(got[2 * i], 0u) << names[i] << ": " << got[2 * i] << " patterns differ, first 0x" << std::hex
                               << got[2 * i + 1];
 }
