@@ -1,0 +1,244 @@
+"""Tests of bench/report.py and bench/torch_baselines.py that need no GPU.
+
+  python3 -m pytest bench/test_bench_scripts.py -q
+
+report.py runs on synthetic qforge_bench.json / torch_baselines.json. The torch_baselines
+tests need torch (CPU is enough) and skip without it; the end-to-end one also needs the built
+CLI (build/tools/qforge, or $QFORGE_BIN) and compares torch's outputs with `qforge quantize
+--device cpu` byte for byte.
+"""
+import json
+import os
+import random
+import sys
+from pathlib import Path
+
+import pytest
+
+HERE = Path(__file__).resolve().parent
+REPO = HERE.parent
+sys.path.insert(0, str(HERE))
+
+import report  # noqa: E402
+
+SIZES = [(1024, 1024), (2048, 2048), (4096, 4096), (8192, 8192), (16384, 16384), (65536, 7168)]
+
+
+def synthetic_qforge(copy_gbps=4200.0):
+    rnd = random.Random(0)
+    results = []
+    combos = [("current_scaling", "linear:input", "training", "row+col", 2),
+              ("current_scaling", "linear:input", "inference", "rowwise", 2),
+              ("delayed_scaling", "linear:input", "training", "rowwise+columnwise", 1),
+              ("mxfp8", "linear:input", "inference", "rowwise", 1),
+              ("mxfp8", "linear:input", "training", "rowwise+columnwise", 1),
+              ("float8_block_scaling", "linear:input", "training", "rowwise+columnwise", 1),
+              ("float8_block_scaling", "linear:weight", "training", "rowwise+columnwise", 1),
+              ("nvfp4", "linear:grad_output", "training", "rowwise+columnwise", 2)]
+    for rec, role, usage, dirs, kernels in combos:
+        for (m, k) in SIZES:
+            n = m * k
+            outs = n * (2 if "columnwise" in dirs else 1)
+            b = kernels * 2 * n + outs + n // 16
+            ratio = min(0.93, 0.25 + 0.1 * (n.bit_length() - 20)) * rnd.uniform(0.9, 1.0)
+            gbps = ratio * copy_gbps
+            e = {"recipe": rec, "role": role, "usage": usage, "directions": dirs, "shape": [m, k],
+                 "grouped": False, "time_us": b / (gbps * 1e3), "bytes": b, "gbps": gbps, "ratio": ratio,
+                 "kernels": kernels, "tile": [32, 128, 256], "extra_field": {"ignored": True}}
+            if n <= 2048 * 2048:
+                e["e2e_us"] = e["time_us"] + 9.0
+            results.append(e)
+    results.append({"recipe": "nvfp4", "role": "linear:input", "usage": "training", "shape": [1, 7],
+                    "grouped": False, "error": "synthetic: RHT needs M % 16 == 0"})
+    # grouped MoE-like entries (list of [M, K] members), one with a list of ints + shape
+    groups = [[rnd.choice([0, 512, 1024, 3072]), 7168] for _ in range(8)]
+    m_tot = sum(g[0] for g in groups)
+    results.append({"recipe": "recipes/mxfp8.json", "role": "grouped_linear:input", "usage": "training",
+                    "directions": "rowwise+columnwise", "groups": groups, "grouped": True, "time_us": 150.0,
+                    "bytes": 4 * m_tot * 7168, "gbps": 4 * m_tot * 7168 / 150e3, "ratio": 0.7, "kernels": 1})
+    results.append({"recipe": "nvfp4", "role": "grouped_linear:input", "usage": "training",
+                    "groups": [4096, 0, 8192], "shape": [12288, 7168], "grouped": True, "time_us": 90.0,
+                    "bytes": 3 * 12288 * 7168, "gbps": 3 * 12288 * 7168 / 90e3, "kernels": 2})
+    return {"device": "NVIDIA H200", "copy_gbps": copy_gbps, "results": results, "version": 1}
+
+
+def synthetic_torch(q):
+    cases = {"fp8_current": ("current_scaling", "training", "rowwise+columnwise", 2),
+             "fp8_delayed": ("delayed_scaling", "training", "rowwise+columnwise", 1),
+             "mxfp8_rowwise": ("mxfp8", "inference", "rowwise", 1),
+             "mxfp8_both": ("mxfp8", "training", "rowwise+columnwise", 1),
+             "fp8_block": ("float8_block_scaling", "training", "rowwise+columnwise", 1)}
+    results, agreement = [], []
+    for case, (rec, usage, dirs, passes) in cases.items():
+        for impl in ("torch_eager", "torch_compile"):
+            agreement.append({"case": case, "recipe": rec, "role": "linear:input", "usage": usage,
+                              "shape": [2048, 4096], "dataset": "normal", "impl": impl, "qforge_device": "cuda",
+                              "ok": True, "buffers": {"rowwise_data": {"mismatches": 0, "elements": 8388608, "equal": True}},
+                              "missing_in_torch": [], "missing_in_qforge": []})
+        for (m, k) in SIZES:
+            qe = [e for e in q["results"] if e["recipe"] == rec and e.get("usage") == usage and e.get("shape") == [m, k]][0]
+            for impl, slow in (("torch_eager", 4.0), ("torch_compile", 1.6)):
+                r = {"case": case, "recipe": rec, "recipe_file": f"recipes/{rec}.json", "role": "linear:input",
+                     "usage": usage, "directions": dirs, "shape": [m, k], "dtype": "bf16", "impl": impl,
+                     "input_bytes": 2 * m * k, "bytes": qe["bytes"], "time_ms": qe["time_us"] * slow / 1e3,
+                     "graph_time_ms": qe["time_us"] * slow * 0.8 / 1e3, "agreement_ok": True}
+                r["gbps"] = r["bytes"] / (r["time_ms"] * 1e-3) / 1e9
+                if case == "fp8_block" and impl == "torch_compile" and m == 65536:
+                    r = {k2: v for k2, v in r.items() if k2 not in ("time_ms", "gbps", "graph_time_ms")}
+                    r["time_ms"] = None
+                    r["error"] = "InductorError: synthetic failure\nsecond line"
+                results.append(r)
+    return {"schema": "qforge-torch-baselines/1", "device": "NVIDIA H200", "torch": "2.11.0+cu130", "triton": "3.6.0",
+            "compile": {"mode": "default", "fullgraph": True, "dynamic": False},
+            "timing": {"method": "cuda_events per call", "stat": "median", "iters": 50, "warmup": 5,
+                       "rotate_inputs_below_bytes": 64 << 20, "rotated_inputs_total_bytes": 256 << 20},
+            "bytes_formula": "synthetic", "results": results, "agreement": agreement,
+            "skipped": [{"case": "fp8_block", "shape": [1, 1], "impl": "torch_eager", "reason": "synthetic"}],
+            "errors": []}
+
+
+def write(tmp, name, doc):
+    p = tmp / name
+    p.write_text(json.dumps(doc))
+    return p
+
+
+def test_report_full(tmp_path):
+    q = synthetic_qforge()
+    t = synthetic_torch(q)
+    write(tmp_path, "qforge_bench.json", q)
+    write(tmp_path, "torch_baselines.json", t)
+    out = tmp_path / "out"
+    assert report.main(["--in", str(tmp_path), "--out", str(out)]) == 0
+    md = (out / "report.md").read_text()
+    for rec in ("current_scaling", "delayed_scaling", "mxfp8", "float8_block_scaling", "nvfp4"):
+        assert f"### {rec}\n" in md
+    assert "8 groups" in md and "3 groups, 12288x7168" in md
+    # torch comparison: every case x size row matched a qforge entry; speedups 4.00x / 1.60x
+    comp = md.split("## qforge vs torch.compile vs torch eager")[1].split("\n## ")[0]
+    rows = [line for line in comp.splitlines() if line.startswith("| fp8_") or line.startswith("| mxfp8")]
+    assert len(rows) == 5 * len(SIZES)
+    assert all(r.split("|")[4].strip() != "-" for r in rows)  # qforge time present
+    # ratios on GPU (graph) time: eager 4.0 * 0.8, compile 1.6 * 0.8
+    assert sum("3.20x" in r for r in rows) == 5 * len(SIZES)
+    assert sum("1.28x" in r for r in rows) == 5 * len(SIZES) - 1
+    assert "error" in [c.strip() for c in rows[-1].split("|")]
+    assert "synthetic failure" in md and "skipped: torch fp8_block" in md
+    assert "RHT needs M % 16 == 0" in md and "call+sync (us)" in md
+    try:
+        import matplotlib  # noqa: F401
+    except ImportError:
+        assert "matplotlib is not available" in md
+    else:
+        assert (out / "bandwidth.png").stat().st_size > 10000
+
+
+def test_report_only_one_file(tmp_path):
+    q = synthetic_qforge()
+    write(tmp_path, "qforge_bench.json", q)
+    assert report.main(["--in", str(tmp_path), "--out", str(tmp_path / "a"), "--no-plot"]) == 0
+    md = (tmp_path / "a" / "report.md").read_text()
+    assert "torch_baselines.json` not found" in md and "No torch results." in md
+    os.remove(tmp_path / "qforge_bench.json")
+    write(tmp_path, "torch_baselines.json", synthetic_torch(q))
+    assert report.main(["--in", str(tmp_path), "--out", str(tmp_path / "b")]) == 0
+    md = (tmp_path / "b" / "report.md").read_text()
+    assert "qforge_bench.json` not found" in md and "No qforge results." in md
+    os.remove(tmp_path / "torch_baselines.json")
+    assert report.main(["--in", str(tmp_path), "--out", str(tmp_path / "c")]) == 2
+
+
+def test_report_tolerant_fields(tmp_path):
+    # no copy_gbps, no ratio, no gbps (computed from bytes/time), time_ms instead of time_us,
+    # recipe given as a path, unknown extra fields, a malformed entry
+    q = {"device": "X", "results": [
+        {"recipe": "recipes/current_scaling.json", "role": "linear:input", "usage": "training",
+         "shape": [2048, 2048], "time_ms": 0.01, "bytes": 20_000_000, "foo": [1, 2]},
+        {"recipe": "mxfp8", "shape": "bogus"},
+        "not a dict"]}
+    t = {"results": [{"case": "fp8_current", "recipe": "current_scaling", "recipe_file": "recipes/current_scaling.json",
+                      "role": "linear:input", "usage": "training", "directions": "rowwise+columnwise",
+                      "shape": [2048, 2048], "impl": "torch_eager", "time_ms": 0.05, "bytes": 20_000_000, "gbps": 400.0}]}
+    write(tmp_path, "qforge_bench.json", q)
+    write(tmp_path, "torch_baselines.json", t)
+    assert report.main(["--in", str(tmp_path), "--out", str(tmp_path / "o")]) == 0
+    md = (tmp_path / "o" / "report.md").read_text()
+    assert "| 2000 |" in md  # 20e6 B / 10 us = 2000 GB/s
+    assert "5.00x" in md and "50.0* |" in md  # no graph time: the per-call time, starred
+
+
+def test_find_qforge_matching():
+    q = [{"recipe": "mxfp8", "role": "linear:input", "usage": "training", "shape": [4, 8], "time_us": 1.0},
+         {"recipe": "mxfp8", "role": "linear:input", "usage": "inference", "shape": [4, 8], "time_us": 2.0},
+         {"recipe": "mxfp8", "role": "linear:input", "directions": "rowwise", "shape": [4, 8], "time_us": 3.0,
+          "dtype": "fp32"},
+         {"recipe": "mxfp8", "role": "linear:input", "directions": "rowwise", "shape": [4, 8], "grouped": True,
+          "time_us": 4.0}]
+    t = {"recipe": "mxfp8", "role": "linear:input", "usage": "inference", "directions": "rowwise", "shape": [4, 8]}
+    assert report.find_qforge(q, t)["time_us"] == 2.0
+    t2 = dict(t, usage="training", directions="rowwise+columnwise")
+    assert report.find_qforge(q, t2)["time_us"] == 1.0
+    assert report.find_qforge(q, dict(t, shape=[8, 8])) is None
+
+
+# ---------------------------------------------------------------------------------------------
+# torch_baselines (CPU)
+# ---------------------------------------------------------------------------------------------
+try:
+    import torch
+except ImportError:
+    torch = None
+
+needs_torch = pytest.mark.skipif(torch is None, reason="torch not installed")
+
+
+@needs_torch
+def test_unswizzle_matches_reference():
+    import numpy as np
+    import torch_baselines as tb
+    sys.path.insert(0, str(REPO / "tests" / "numerics"))
+    import quantize_ref as qr
+    for rows, cols in [(1, 1), (130, 7), (256, 8), (33, 129)]:
+        g = np.random.default_rng(rows * cols).integers(0, 255, size=(rows, cols), dtype=np.uint8)
+        sw = qr._layout_scales(g, True)
+        assert np.array_equal(tb.unswizzle(sw, rows, cols), g)
+
+
+@needs_torch
+def test_op_selftest_cpu():
+    import torch_baselines as tb
+    st = tb.op_selftest(torch, "cpu", do_compile=False)
+    assert st["ok"], st
+
+
+@needs_torch
+def test_load_cases():
+    import torch_baselines as tb
+    for c in tb.CASES:
+        spec = tb.load_case(c)
+        fn, names, passes = tb.build_fn(spec, torch)
+        assert names[0] == "rowwise_data"
+        assert passes == (2 if c.startswith("fp8_current") else 1)
+
+
+QFORGE = Path(os.environ.get("QFORGE_BIN", REPO / "build" / "tools" / "qforge"))
+
+
+@needs_torch
+@pytest.mark.skipif(not QFORGE.exists(), reason="qforge CLI not built")
+def test_torch_baselines_cpu_end_to_end(tmp_path):
+    import torch_baselines as tb
+    rc = tb.main(["--qforge", str(QFORGE), "--out", str(tmp_path), "--device", "cpu", "--sizes", "128x256",
+                  "--iters", "20", "--warmup", "1", "--check-shape", "256x512", "--no-compile", "--no-selftest"])
+    assert rc == 0
+    d = json.loads((tmp_path / "torch_baselines.json").read_text())
+    assert d["schema"] == tb.SCHEMA
+    assert len(d["agreement"]) == 2 * len(tb.CASES)
+    assert all(a["ok"] for a in d["agreement"]), [a for a in d["agreement"] if not a["ok"]]
+    assert len(d["results"]) == len(tb.CASES)
+    for r in d["results"]:
+        assert r["time_ms"] > 0 and r["agreement_ok"] is True
+        n = 128 * 256
+        assert r["bytes"] == r["input_passes"] * 2 * n + r["output_bytes"]
+    # the report reads it
+    assert report.main(["--in", str(tmp_path), "--out", str(tmp_path / "rep"), "--no-plot"]) == 0
