@@ -130,15 +130,15 @@ class Node {
   }
 
   // Keeps user text out of messages' control characters (one-line errors).
-  static std::string printable(std::string_view s) {
+  static std::string printable(std::string_view s, size_t max_len = 64) {
     std::string out;
-    for (char c : s.substr(0, 64)) {
+    for (char c : s.substr(0, max_len)) {
       if (static_cast<unsigned char>(c) < 0x20 || c == 0x7f)
         out += '?';
       else
         out += c;
     }
-    if (s.size() > 64) out += "...";
+    if (s.size() > max_len) out += "...";
     return out;
   }
 
@@ -408,6 +408,22 @@ RolePattern parse_pattern(const Node& n) {
   return p;
 }
 
+// nlohmann's parse error, for a one-line message: from "syntax error" on, with the text it
+// quotes ("last read: '...'", the input up to the error, which may be a whole long string with
+// DEL or other raw bytes) cut and made printable like every other piece of recipe text.
+std::string syntax_message(const std::string& what) {
+  const auto start = what.find("syntax error");
+  std::string msg = start == std::string::npos ? what : what.substr(start);
+  static constexpr std::string_view kRead = "; last read: '";
+  if (const auto r = msg.find(kRead); r != std::string::npos) {
+    const size_t from = r + kRead.size();
+    size_t to = msg.rfind("'; expected ");
+    if (to == std::string::npos || to < from) to = msg.size() - (msg.back() == '\'' ? 1 : 0);
+    msg = msg.substr(0, from) + Node::printable(std::string_view(msg).substr(from, to - from)) + msg.substr(to);
+  }
+  return Node::printable(msg, msg.size());
+}
+
 // nlohmann keeps the last of duplicated keys silently; a recipe with a duplicated key is
 // almost certainly a mistake, so reject it.
 json parse_strict(std::string_view text) {
@@ -424,6 +440,17 @@ json parse_strict(std::string_view text) {
   auto element_done = [&] {
     if (!stack.empty() && stack.back().array) ++stack.back().index;
   };
+  // The JSON pointer of the current key or element.
+  auto pointer = [&] {
+    std::string ptr;
+    for (const Frame& g : stack) {
+      std::string part = g.array ? std::to_string(g.index) : g.key;
+      std::string esc;  // RFC 6901
+      for (char c : part) esc += c == '~' ? std::string("~0") : c == '/' ? std::string("~1") : std::string(1, c);
+      ptr += "/" + esc;
+    }
+    return ptr;
+  };
   auto cb = [&](int depth, json::parse_event_t ev, json& parsed) {
     (void)depth;
     switch (ev) {
@@ -439,16 +466,7 @@ json parse_strict(std::string_view text) {
         if (!stack.empty()) {
           Frame& f = stack.back();
           f.key = parsed.get<std::string>();
-          if (!f.keys.insert(f.key).second && !duplicate) {
-            std::string ptr;
-            for (const Frame& g : stack) {
-              std::string part = g.array ? std::to_string(g.index) : g.key;
-              std::string esc;  // RFC 6901
-              for (char c : part) esc += c == '~' ? std::string("~0") : c == '/' ? std::string("~1") : std::string(1, c);
-              ptr += "/" + esc;
-            }
-            duplicate = ptr;
-          }
+          if (!f.keys.insert(f.key).second && !duplicate) duplicate = pointer();
         }
         break;
     }
@@ -463,10 +481,18 @@ json parse_strict(std::string_view text) {
     for (size_t i = 0; i < byte && i < text.size(); ++i) {
       if (text[i] == '\n') { ++line; col = 1; } else { ++col; }
     }
-    std::string what = e.what();
-    auto pos = what.find("syntax error");
     throw UserError("", "JSON syntax error at line " + std::to_string(line) + ", column " +
-                            std::to_string(col) + ": " + (pos == std::string::npos ? what : what.substr(pos)));
+                            std::to_string(col) + ": " + syntax_message(e.what()));
+  } catch (const json::out_of_range& e) {
+    // A number literal beyond double range (1e999): nlohmann fails at that value, so the
+    // stack still points at it.
+    std::string what = e.what();
+    static constexpr std::string_view kNum = "number overflow parsing '";
+    const auto n = what.find(kNum);
+    const std::string literal = n == std::string::npos ? std::string() : what.substr(n + kNum.size());
+    throw UserError(Node::printable(pointer()),
+                    "number " + Node::printable(literal.empty() ? literal : literal.substr(0, literal.size() - 1)) +
+                        " is out of range (beyond a double)");
   }
   if (duplicate) {
     const std::string key = duplicate->substr(duplicate->rfind('/') + 1);

@@ -1,6 +1,7 @@
 #include "runtime/kernel_cache.h"
 
 #include <fcntl.h>
+#include <sys/file.h>
 #include <sys/stat.h>
 #include <sys/types.h>
 #include <unistd.h>
@@ -13,6 +14,7 @@
 #include <random>
 #include <set>
 #include <system_error>
+#include <thread>
 
 #include "compiler/error.h"
 #include "runtime/sha256.h"
@@ -32,22 +34,58 @@ namespace {
 
 class Fd {  // RAII file descriptor
  public:
+  Fd() = default;
   explicit Fd(int fd) : fd_(fd) {}
-  ~Fd() {
-    if (fd_ >= 0) ::close(fd_);
-  }
+  ~Fd() { reset(); }
   Fd(const Fd&) = delete;
   Fd& operator=(const Fd&) = delete;
+  Fd(Fd&& o) noexcept : fd_(o.release()) {}
+  Fd& operator=(Fd&& o) noexcept {
+    if (this != &o) reset(), fd_ = o.release();
+    return *this;
+  }
   int get() const { return fd_; }
   int release() { return std::exchange(fd_, -1); }
+  void reset() {
+    if (fd_ >= 0) ::close(fd_);
+    fd_ = -1;
+  }
 
  private:
-  int fd_;
+  int fd_ = -1;
 };
 
-void write_file_synced(const fs::path& p, std::string_view data) {
-  Fd fd(::open(p.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644));
+// The operations CacheTestHooks::fault can make fail (see kernel_cache.h), each as the real
+// failure would: errno set, -1 returned.
+int fail_with(int err) {
+  errno = err;
+  return -1;
+}
+
+int make_dir(const fs::path& p, mode_t mode, const CacheTestHooks& t) {
+  return t.fault == EROFS ? fail_with(EROFS) : ::mkdir(p.c_str(), mode);
+}
+
+int try_lock(int fd, const CacheTestHooks& t) {  // flock(LOCK_EX | LOCK_NB), retried on EINTR
+  if (t.fault == ENOLCK) return fail_with(ENOLCK);
+  int rc;
+  while ((rc = ::flock(fd, LOCK_EX | LOCK_NB)) != 0 && errno == EINTR) {
+  }
+  return rc;
+}
+
+bool same_file(int fd, const fs::path& p) {  // does `p` still name the file open as `fd`?
+  struct stat a, b;
+  return ::fstat(fd, &a) == 0 && ::lstat(p.c_str(), &b) == 0 && a.st_dev == b.st_dev && a.st_ino == b.st_ino;
+}
+
+void write_file_synced(const fs::path& p, std::string_view data, const CacheTestHooks& t) {
+  Fd fd(t.fault == EROFS ? fail_with(EROFS) : ::open(p.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644));
   if (fd.get() < 0) throw_errno("cannot create", p);
+  if (t.fault == ENOSPC) {
+    errno = ENOSPC;
+    throw_errno("cannot write", p);
+  }
   for (size_t done = 0; done < data.size();) {
     const ssize_t n = ::write(fd.get(), data.data() + done, data.size() - done);
     if (n < 0 && errno == EINTR) continue;
@@ -97,6 +135,12 @@ int64_t now_unix() {
       .count();
 }
 
+std::string seconds(std::chrono::milliseconds d) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%.1f s", double(d.count()) / 1000);
+  return buf;
+}
+
 bool is_key(const std::string& s) {
   return s.size() == 64 && s.find_first_not_of("0123456789abcdef") == std::string::npos;
 }
@@ -111,6 +155,143 @@ void remove_dir_safely(const fs::path& dir, const fs::path& tmp, const std::stri
   const fs::path aside = tmp / (tag + "." + unique_suffix());
   fs::rename(dir, aside, ec);
   fs::remove_all(ec ? dir : aside, ec);
+}
+
+// Test seams (CacheTestHooks): a pause a test can kill the process in, and a compile log.
+void pause_point(const CacheTestHooks& t, const char* point) {
+  if (t.pause_at != point) return;
+  std::fprintf(stderr, "qforge: test: paused at %s (pid %d)\n", point, int(::getpid()));
+  std::fflush(stderr);
+  std::this_thread::sleep_for(std::chrono::duration<double>(t.pause_seconds));
+}
+
+void log_compile(const CacheTestHooks& t, const std::string& key) {
+  if (t.compile_log.empty()) return;
+  const std::string line = key + " " + std::to_string(::getpid()) + "\n";  // one O_APPEND write: atomic
+  Fd fd(::open(t.compile_log.c_str(), O_WRONLY | O_APPEND | O_CREAT | O_CLOEXEC, 0644));
+  if (fd.get() < 0 || ::write(fd.get(), line.data(), line.size()) != ssize_t(line.size()))
+    std::cerr << "qforge: warning: cannot append to QFORGE_TEST_COMPILE_LOG " << t.compile_log.string() << "\n";
+}
+
+// ------------------------------------------------------------------------------------------------
+// Cross-process locks (flock(2): per open file, dropped by the kernel when the holder dies).
+// ------------------------------------------------------------------------------------------------
+
+// The lock of one key: an exclusive flock on tmp/<key>.lock, a file that exists only while held.
+// The holder unlinks it before unlocking; whoever locks it next checks that the path still names
+// the file it locked, and otherwise starts over. So a lock file left by a killed process is just
+// reused, and tmp/ is empty when nothing is being compiled.
+class KeyLock {
+ public:
+  enum class Outcome { Held, TimedOut, Unavailable };
+  struct Attempt {
+    Outcome outcome = Outcome::Held;
+    bool waited = false;  // someone else held the lock at first
+    // Unavailable: flock is not supported here (says so), or empty: the lock file cannot be
+    // created (the disk is full or read-only, which storing the entry will report).
+    std::string problem;
+  };
+
+  KeyLock() = default;
+  KeyLock(KeyLock&&) = default;
+  KeyLock& operator=(KeyLock&& o) noexcept {
+    if (this != &o) release(), fd_ = std::move(o.fd_), path_ = std::move(o.path_);
+    return *this;
+  }
+  ~KeyLock() { release(); }
+  void release() {
+    if (fd_.get() < 0) return;
+    ::unlink(path_.c_str());
+    ::flock(fd_.get(), LOCK_UN);  // not just close: a child forked meanwhile shares the open file
+    fd_.reset();
+  }
+
+  // Waits up to `timeout` for the lock; says how it went in `attempt`.
+  static KeyLock acquire(const fs::path& path, std::chrono::milliseconds timeout, const CacheTestHooks& t,
+                         Attempt& attempt) {
+    using Clock = std::chrono::steady_clock;
+    const auto deadline = Clock::now() + timeout;
+    auto pause = std::chrono::milliseconds(2);
+    attempt = Attempt{};
+    for (;;) {
+      Fd fd(::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644));
+      if (fd.get() < 0) {
+        attempt.outcome = Outcome::Unavailable;
+        return {};
+      }
+      bool locked;
+      while (!(locked = try_lock(fd.get(), t) == 0)) {
+        if (errno != EWOULDBLOCK) {
+          attempt.outcome = Outcome::Unavailable;
+          attempt.problem = "cannot lock " + path.string() + " (" + std::strerror(errno) + ")";
+          ::unlink(path.c_str());  // nobody can hold it here
+          return {};
+        }
+        if (Clock::now() >= deadline) {
+          attempt.outcome = Outcome::TimedOut;
+          return {};
+        }
+        attempt.waited = true;
+        std::this_thread::sleep_for(pause);
+        pause = std::min(pause * 2, std::chrono::milliseconds(50));
+        if (!same_file(fd.get(), path)) break;  // the holder is done and unlinked it
+      }
+      // Locked, and the path still names our file: ours. Otherwise the holder unlinked it after
+      // we opened it; open the current one.
+      if (locked && same_file(fd.get(), path)) {
+        KeyLock l;
+        l.fd_ = std::move(fd), l.path_ = path;
+        return l;
+      }
+      attempt.waited = true;
+    }
+  }
+
+ private:
+  Fd fd_;
+  fs::path path_;
+};
+
+// What a writer leaves in tmp/ while it works: its temp dir "<key>.<pid>.<random>.<n>" (created
+// as "." + that name, renamed to it once flock'ed, so a name without the dot is always locked
+// by a live writer or abandoned) and, while compiling, "<key>.lock".
+enum class Owner { Gone, Alive, Unknown };
+
+// Removes `p` (a temp dir or lock file in tmp/) if its owner is gone, i.e. we can take its flock.
+// Unknown: flock is not supported here, so we cannot tell.
+Owner remove_if_abandoned(const fs::path& p, const CacheTestHooks& t) {
+  Fd fd(::open(p.c_str(), O_RDONLY | O_NOFOLLOW | O_CLOEXEC));
+  if (fd.get() < 0) return errno == ENOENT ? Owner::Gone : Owner::Unknown;
+  if (try_lock(fd.get(), t) != 0) return errno == EWOULDBLOCK ? Owner::Alive : Owner::Unknown;
+  if (!same_file(fd.get(), p)) return Owner::Alive;  // a lock file unlinked and recreated meanwhile
+  std::error_code ec;
+  if (fs::is_directory(fs::symlink_status(p, ec)))
+    fs::remove_all(p, ec);
+  else
+    ::unlink(p.c_str());
+  return Owner::Gone;
+}
+
+bool is_temp_name(const std::string& n) {  // "<key>.lock" or "<key>.<pid>.<random>.<n>"
+  return n.size() > 65 && n[64] == '.' && is_key(n.substr(0, 64));
+}
+
+// Removes the abandoned temp dirs and lock files of one key (or of all keys: prefix "").
+void remove_abandoned(const fs::path& tmp, const std::string& prefix, const CacheTestHooks& t) {
+  std::error_code ec;
+  std::vector<fs::path> found;
+  for (const auto& d : fs::directory_iterator(tmp, ec)) {
+    const std::string n = d.path().filename().string();
+    if (is_temp_name(n) && n.compare(0, prefix.size(), prefix) == 0) found.push_back(d.path());
+  }
+  for (const auto& p : found) remove_if_abandoned(p, t);
+}
+
+void warn_once(const std::string& tag, const std::string& message) {
+  static std::mutex mu;
+  static std::set<std::string> warned;
+  std::lock_guard lk(mu);
+  if (warned.insert(tag).second) std::cerr << "qforge: warning: " << message << "\n";
 }
 
 // ------------------------------------------------------------------------------------------------
@@ -178,9 +359,6 @@ std::shared_ptr<CacheEntry> load_entry(const fs::path& dir, const std::string& k
   }
 }
 
-std::mutex g_warn_mu;
-std::set<std::string> g_warned;  // directories already warned about in this process
-
 }  // namespace
 
 // ------------------------------------------------------------------------------------------------
@@ -200,14 +378,18 @@ const char* name(CacheHow h) {
   return "?";
 }
 
-CacheKey make_key(const CompileRequest& req) {
+KeyContext KeyContext::current() {
+  return KeyContext{kCacheSchemaVersion, rt::nvrtc_version(), rt::templates_hash()};
+}
+
+CacheKey make_key(const CompileRequest& req, const KeyContext& ctx) {
   const std::vector<std::string> options = compile_options(req);
   Sha256 h;
-  h.field("qforge-kernel-cache").field(std::to_string(kCacheSchemaVersion));
+  h.field("qforge-kernel-cache").field(std::to_string(ctx.schema));
   h.field(req.source).field(req.source_name);
   h.field(std::to_string(req.name_expressions.size()));
   for (const auto& n : req.name_expressions) h.field(n);
-  h.field(templates_hash()).field(nvrtc_version());
+  h.field(ctx.templates_hash).field(ctx.nvrtc_version);
   h.field(std::to_string(options.size()));
   for (const auto& o : options) {
     QF_CHECK(o.empty() || o[0] != '/', "absolute path in NVRTC options: ", o);
@@ -217,12 +399,32 @@ CacheKey make_key(const CompileRequest& req) {
   return CacheKey{h.hex_digest()};
 }
 
+CacheKey make_key(const CompileRequest& req) { return make_key(req, KeyContext::current()); }
+
 CacheOptions CacheOptions::from_env() {
   CacheOptions o;
   auto env = [](const char* k) -> std::string {
     const char* v = std::getenv(k);
     return v ? v : "";
   };
+  if (auto f = env("QFORGE_TEST_FAULT"); !f.empty()) {
+    if (f == "ENOSPC") o.test.fault = ENOSPC;
+    else if (f == "EROFS") o.test.fault = EROFS;
+    else if (f == "ENOLCK") o.test.fault = ENOLCK;
+    else throw UserError("QFORGE_TEST_FAULT", "expected ENOSPC, EROFS or ENOLCK, got \"" + f + "\"");
+  }
+  if (auto p = env("QFORGE_TEST_PAUSE"); !p.empty()) {
+    if (p != "compile" && p != "write" && p != "publish")
+      throw UserError("QFORGE_TEST_PAUSE", "expected compile, write or publish, got \"" + p + "\"");
+    o.test.pause_at = p;
+  }
+  if (auto s = env("QFORGE_TEST_PAUSE_SECONDS"); !s.empty()) {
+    char* end = nullptr;
+    o.test.pause_seconds = std::strtod(s.c_str(), &end);
+    if (end == s.c_str() || *end || !(o.test.pause_seconds >= 0))
+      throw UserError("QFORGE_TEST_PAUSE_SECONDS", "expected a number of seconds >= 0, got \"" + s + "\"");
+  }
+  o.test.compile_log = env("QFORGE_TEST_COMPILE_LOG");
   if (env("QFORGE_CACHE_DISABLE") == "1") {
     o.disabled = true;
     return o;
@@ -262,7 +464,7 @@ KernelCache::KernelCache(CacheOptions options) : opts_(std::move(options)) {
     return;
   }
   const fs::path probe = tmp / ("probe." + unique_suffix());
-  if (::mkdir(probe.c_str(), 0700) != 0) {
+  if (make_dir(probe, 0700, opts_.test) != 0) {
     disable_disk(std::strerror(errno));
     return;
   }
@@ -278,15 +480,17 @@ KernelCache& KernelCache::global() {
 void KernelCache::disable_disk(const std::string& why) {
   writable_ = false;
   const std::string dir = opts_.writable_root ? opts_.writable_root->string() : std::string("(none)");
-  std::lock_guard lk(g_warn_mu);
-  if (!g_warned.insert(dir).second) return;
-  std::cerr << "qforge: warning: kernel cache directory " << dir << " is not usable (" << why
-            << "); compiled kernels are kept in memory only for this process\n";
+  warn_once("unusable " + dir, "kernel cache directory " + dir + " is not usable (" + why +
+                                   "); compiled kernels are kept in memory only for this process");
+}
+
+CacheKey KernelCache::key_of(const CompileRequest& req) const {
+  return opts_.test.key_context ? make_key(req, *opts_.test.key_context) : make_key(req);
 }
 
 CacheResult KernelCache::get_or_compile(const CompileRequest& req, const json& metadata) {
   QF_CHECK(metadata.is_object(), "kernel metadata must be a JSON object");
-  const CacheKey key = make_key(req);
+  const CacheKey key = key_of(req);
   std::promise<std::shared_ptr<const CacheEntry>> promise;
   {
     std::unique_lock lk(mu_);
@@ -305,13 +509,34 @@ CacheResult KernelCache::get_or_compile(const CompileRequest& req, const json& m
   }
   try {
     CacheHow how = CacheHow::DiskHit;
-    std::shared_ptr<const CacheEntry> entry = load_from_disk(key);
+    // Without a writable root there is no key lock, so the first look is the decisive one.
+    std::shared_ptr<const CacheEntry> entry = load_from_disk(key, /*settle=*/!writable_);
+    KeyLock lock;  // held from here until the entry is published (or the compile failed)
+    if (!entry && writable_) {
+      // Another process may be compiling this key: wait for it, then look again.
+      const fs::path lock_path = *opts_.writable_root / kCacheDirName / "tmp" / (key.hex + ".lock");
+      KeyLock::Attempt attempt;
+      lock = KeyLock::acquire(lock_path, opts_.lock_timeout, opts_.test, attempt);
+      if (attempt.waited) ++lock_waits_;
+      if (attempt.outcome == KeyLock::Outcome::TimedOut) {
+        ++lock_timeouts_;
+        warn_once("lock timeout " + opts_.writable_root->string(),
+                  "waited " + seconds(opts_.lock_timeout) + " for another process to compile kernel " +
+                      key.hex.substr(0, 16) + " (" + lock_path.string() + "); compiling it here too");
+      } else if (!attempt.problem.empty()) {
+        warn_once("lock " + opts_.writable_root->string(),
+                  attempt.problem + "; processes sharing this kernel cache may compile the same kernel more than once");
+      }
+      entry = load_from_disk(key, /*settle=*/true);
+    }
     if (entry) {
       ++disk_hits_;
     } else {
       ++misses_;
+      pause_point(opts_.test, "compile");
       CompileResult r = compile_cuda(req);
       ++compiles_;
+      log_compile(opts_.test, key.hex);
       auto e = std::make_shared<CacheEntry>();
       e->key = key.hex;
       e->kind = r.kind;
@@ -329,6 +554,7 @@ CacheResult KernelCache::get_or_compile(const CompileRequest& req, const json& m
       entry = std::move(e);
       how = CacheHow::Compiled;
     }
+    lock.release();
     {
       std::lock_guard lk(mu_);
       memory_.emplace(key.hex, entry);
@@ -346,7 +572,7 @@ CacheResult KernelCache::get_or_compile(const CompileRequest& req, const json& m
   }
 }
 
-std::shared_ptr<const CacheEntry> KernelCache::load_from_disk(const CacheKey& key) {
+std::shared_ptr<const CacheEntry> KernelCache::load_from_disk(const CacheKey& key, bool settle) {
   if (opts_.disabled) return nullptr;
   std::vector<std::pair<fs::path, bool>> roots;  // (root, writable)
   if (opts_.writable_root) roots.emplace_back(*opts_.writable_root, true);
@@ -367,6 +593,9 @@ std::shared_ptr<const CacheEntry> KernelCache::load_from_disk(const CacheKey& ke
       }
       return e;
     }
+    // Only the decisive look (normally under the key lock) removes: an unlocked look could
+    // otherwise move aside a good entry another process has just published in its place.
+    if (!settle) continue;
     ++corrupt_;
     if (writable && writable_) remove_dir_safely(dir, root / kCacheDirName / "tmp", "corrupt." + key.hex);
   }
@@ -375,30 +604,41 @@ std::shared_ptr<const CacheEntry> KernelCache::load_from_disk(const CacheKey& ke
 
 void KernelCache::store_to_disk(const CacheEntry& e, const std::string& source) {
   if (!writable_ || !opts_.writable_root) return;
-  const fs::path base = *opts_.writable_root / kCacheDirName;
-  const fs::path tmp = base / "tmp" / (e.key + "." + unique_suffix());
+  const CacheTestHooks& t = opts_.test;
+  const fs::path base = *opts_.writable_root / kCacheDirName, tmp_root = base / "tmp";
+  const std::string name = e.key + "." + unique_suffix();
+  fs::path tmp = tmp_root / ("." + name);  // until flock'ed (see the comment on Owner)
+  Fd owner;  // our flock on the temp dir: tells cleaners that its writer is alive
   std::error_code ec;
   try {
-    if (::mkdir(tmp.c_str(), 0755) != 0) throw_errno("cannot create", tmp);
-    write_file_synced(tmp / "image.bin", e.image);
-    write_file_synced(tmp / "source.cu", source);
-    write_file_synced(tmp / "meta.json", to_meta(e, source).dump(2) + "\n");
-    write_file_synced(tmp / "last_use", "");
+    if (make_dir(tmp, 0755, t) != 0) throw_errno("cannot create", tmp);
+    owner = Fd(::open(tmp.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC));
+    if (owner.get() >= 0 && try_lock(owner.get(), t) != 0) owner.reset();  // no flock: nobody can tell
+    if (::rename(tmp.c_str(), (tmp_root / name).c_str()) != 0) throw_errno("cannot rename", tmp);
+    tmp = tmp_root / name;
+    write_file_synced(tmp / "image.bin", e.image, t);
+    pause_point(t, "write");
+    write_file_synced(tmp / "source.cu", source, t);
+    write_file_synced(tmp / "meta.json", to_meta(e, source).dump(2) + "\n", t);
+    write_file_synced(tmp / "last_use", "", t);
     fsync_dir(tmp);
+    pause_point(t, "publish");
     const fs::path parent = base / e.key.substr(0, 2);
-    if (::mkdir(parent.c_str(), 0755) != 0 && errno != EEXIST) throw_errno("cannot create", parent);
+    if (make_dir(parent, 0755, t) != 0 && errno != EEXIST) throw_errno("cannot create", parent);
     const fs::path final_dir = parent / e.key;
     if (::rename(tmp.c_str(), final_dir.c_str()) != 0) {
       if (errno != EEXIST && errno != ENOTEMPTY) throw_errno("cannot rename into", final_dir);
       fs::remove_all(tmp, ec);  // another process published the same key first
-      return;
+    } else {
+      fsync_dir(parent);
     }
-    fsync_dir(parent);
   } catch (const std::exception& ex) {
     ++store_failures_;
     fs::remove_all(tmp, ec);
     disable_disk(ex.what());
+    return;
   }
+  remove_abandoned(tmp_root, e.key + ".", t);  // what killed writers of this key left
 }
 
 std::vector<CacheListing> KernelCache::list() const {
@@ -494,17 +734,19 @@ size_t KernelCache::clear() {
     }
     fs::remove(prefix.path(), ec2);  // only succeeds when empty
   }
-  // Leftovers in tmp/: ours from above, and temp dirs of crashed writers. A writer publishing right
-  // now keeps its temp dir (younger than ten minutes).
+  // Leftovers in tmp/: ours from above, and what killed writers left. A live writer holds an
+  // flock on its temp dir and lock file, so those are kept; where flock is not supported, only
+  // what is older than ten minutes goes.
   const int64_t now = now_unix();
   std::vector<fs::path> leftovers;
   for (const auto& t : fs::directory_iterator(tmp, ec)) leftovers.push_back(t.path());
   for (const auto& t : leftovers) {
     const std::string n = t.filename().string();
-    if (n.rfind("cleared.", 0) == 0 || n.rfind("corrupt.", 0) == 0 || now - mtime_unix(t) > 600) {
-      std::error_code ec2;
+    std::error_code ec2;
+    if (n.rfind("cleared.", 0) == 0 || n.rfind("corrupt.", 0) == 0)
       fs::remove_all(t, ec2);
-    }
+    else if ((!is_temp_name(n) || remove_if_abandoned(t, opts_.test) == Owner::Unknown) && now - mtime_unix(t) > 600)
+      fs::remove_all(t, ec2);
   }
   return removed;
 }
@@ -513,6 +755,7 @@ CacheStats KernelCache::stats() const {
   CacheStats s;
   s.memory_hits = memory_hits_, s.disk_hits = disk_hits_, s.misses = misses_, s.compiles = compiles_;
   s.corrupt = corrupt_, s.store_failures = store_failures_;
+  s.lock_waits = lock_waits_, s.lock_timeouts = lock_timeouts_;
   return s;
 }
 

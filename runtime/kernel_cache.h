@@ -1,4 +1,5 @@
-// The kernel cache: content-addressed, two layers (process memory, then disk).
+// The kernel cache: content-addressed, two layers (process memory, then disk). docs/cache.md
+// says what it guarantees and what it does not.
 //
 // Key = SHA-256 of (schema version, emitted source, source name, name expressions, hash of every
 // embedded header, NVRTC version, full option list, exact arch): any change that could change
@@ -11,12 +12,21 @@
 // checks meta.json's key and the image's size and SHA-256; a corrupt entry is moved aside and
 // removed, and counts as a miss.
 //
+// Across processes: whoever compiles a key holds an flock(2) on <root>/qforge-v1/tmp/<key>.lock
+// from just before the compile until just after the publish; others wanting the key wait for it
+// (then load the published entry) instead of compiling too. The kernel drops the lock of a
+// process that dies. Where flock is not supported, or after CacheOptions::lock_timeout, a
+// process compiles without the lock (correct, only no longer "once"). A writer also holds an
+// flock on its temp dir, so the temp dir of a killed writer is recognised and removed.
+//
 // Roots: one writable root ($QFORGE_CACHE_DIR, else $XDG_CACHE_HOME/qforge, else
 // ~/.cache/qforge) and read-only roots ($QFORGE_CACHE_READONLY_DIRS, colon separated), looked up
-// after the writable one. An unusable writable root degrades to memory only, with one warning per
-// process and directory; QFORGE_CACHE_DISABLE=1 means memory only, silently.
+// after the writable one. An unusable writable root (read-only, not a directory, full) degrades
+// to memory only, with one warning per process and directory; QFORGE_CACHE_DISABLE=1 means
+// memory only, silently.
 #pragma once
 #include <atomic>
+#include <chrono>
 #include <condition_variable>
 #include <cstdint>
 #include <filesystem>
@@ -42,7 +52,16 @@ struct CacheKey {
   std::string hex;  // 64 lowercase hex digits
   bool operator==(const CacheKey&) const = default;
 };
-CacheKey make_key(const CompileRequest& req);
+
+// Everything besides the request that goes into a key: what could change the image of the same
+// source. current() is this build's schema, NVRTC and embedded headers; tests pass others.
+struct KeyContext {
+  int schema = kCacheSchemaVersion;
+  std::string nvrtc_version, templates_hash;
+  static KeyContext current();
+};
+CacheKey make_key(const CompileRequest& req, const KeyContext& ctx);
+CacheKey make_key(const CompileRequest& req);  // with KeyContext::current()
 
 struct CacheEntry {
   std::string key;
@@ -71,13 +90,38 @@ struct CacheResult {
 
 struct CacheStats {
   uint64_t memory_hits = 0, disk_hits = 0, misses = 0, compiles = 0, corrupt = 0, store_failures = 0;
+  uint64_t lock_waits = 0;     // keys another process was compiling when we wanted them
+  uint64_t lock_timeouts = 0;  // ... for longer than lock_timeout (we compiled it too)
+};
+
+// Test seams, set from QFORGE_TEST_* by CacheOptions::from_env() (or directly by unit tests).
+// Production leaves them empty.
+struct CacheTestHooks {
+  // QFORGE_TEST_FAULT: make the cache's file operations fail with this errno, as a full disk
+  // (ENOSPC: every write(2)), a read-only filesystem (EROFS: every mkdir, file creation and write)
+  // or a filesystem without flock (ENOLCK: every flock(2)) would.
+  int fault = 0;
+  // QFORGE_TEST_PAUSE=compile|write|publish: print "qforge: test: paused at <point> (pid N)" to
+  // stderr and sleep QFORGE_TEST_PAUSE_SECONDS (default 600) there, so a test can kill -9 the
+  // process at that point. compile: key lock held, nothing written yet; write: image.bin written
+  // into the temp dir, meta.json not yet; publish: temp dir complete, before the rename.
+  std::string pause_at;
+  double pause_seconds = 600;
+  // QFORGE_TEST_COMPILE_LOG: append "<key> <pid>" to this file for every NVRTC compile, so
+  // compiles can be counted per key across processes.
+  std::filesystem::path compile_log;
+  // Unit tests only: compute keys as another toolkit / schema would.
+  std::optional<KeyContext> key_context;
 };
 
 struct CacheOptions {
   std::optional<std::filesystem::path> writable_root;  // none: memory only (plus read-only roots)
   std::vector<std::filesystem::path> readonly_roots;
   bool disabled = false;  // memory only, no disk at all, no warning
-  static CacheOptions from_env();
+  // How long to wait for another process compiling the same key before compiling it here too.
+  std::chrono::milliseconds lock_timeout{std::chrono::minutes(2)};
+  CacheTestHooks test;
+  static CacheOptions from_env();  // UserError for a malformed QFORGE_TEST_* value
 };
 
 struct CacheListing {
@@ -103,15 +147,17 @@ class KernelCache {
 
   // Returns the entry for `req`, compiling it at most once per process and key. No lock is held
   // while compiling: callers wanting the same key wait for the one compile; other keys compile
-  // in parallel. CompileError propagates (to every waiter).
+  // in parallel. Across processes sharing the writable root, a key is compiled once while the
+  // others wait for it (see the top of this file). CompileError propagates (to every waiter).
   CacheResult get_or_compile(const CompileRequest& req,
                              const nlohmann::json& metadata = nlohmann::json::object());
 
   // Maintenance (the CLI's list / verify / clear). Entries of every root.
   std::vector<CacheListing> list() const;
   std::vector<CacheProblem> verify() const;
-  // Removes every entry (and leftover temp dir) of the writable root's qforge-v1 dir and the
-  // memory layer; returns the number of entries removed. The root itself is kept.
+  // Removes every entry of the writable root's qforge-v1 dir, the leftovers of killed writers
+  // in tmp/ (a writer still working is left alone) and the memory layer; returns the number of
+  // entries removed. The root itself is kept.
   size_t clear();
 
   CacheStats stats() const;
@@ -120,9 +166,12 @@ class KernelCache {
   const std::vector<std::filesystem::path>& readonly_roots() const { return opts_.readonly_roots; }
 
  private:
-  std::shared_ptr<const CacheEntry> load_from_disk(const CacheKey& key);
+  // `settle`: this is the decisive look (key lock held, or none to be had): count a corrupt
+  // entry and move it aside. Otherwise a corrupt entry is just a miss.
+  std::shared_ptr<const CacheEntry> load_from_disk(const CacheKey& key, bool settle);
   void store_to_disk(const CacheEntry& e, const std::string& source);
   void disable_disk(const std::string& why);
+  CacheKey key_of(const CompileRequest& req) const;
 
   CacheOptions opts_;
   std::atomic<bool> writable_{false};
@@ -130,6 +179,7 @@ class KernelCache {
   std::unordered_map<std::string, std::shared_ptr<const CacheEntry>> memory_;
   std::unordered_map<std::string, std::shared_future<std::shared_ptr<const CacheEntry>>> in_flight_;
   std::atomic<uint64_t> memory_hits_{0}, disk_hits_{0}, misses_{0}, compiles_{0}, corrupt_{0}, store_failures_{0};
+  std::atomic<uint64_t> lock_waits_{0}, lock_timeouts_{0};
 };
 
 }  // namespace qf::rt

@@ -12,11 +12,27 @@ if ! command -v FileCheck >/dev/null && ! ls /usr/lib/llvm-*/bin/FileCheck >/dev
    && ! command -v FileCheck-14 >/dev/null; then
   need_apt+=(llvm)
 fi
+# The recipe fuzzer (scripts/fuzz.sh) needs clang with libFuzzer. Debian 12 ships
+# libclang_rt.fuzzer in libclang-rt-14-dev, which `clang` only recommends: checked below.
+command -v clang++ >/dev/null || need_apt+=(clang)
+SUDO=""; [ "$(id -u)" = 0 ] || SUDO=sudo
 if [ ${#need_apt[@]} -gt 0 ]; then
   echo "setup: apt-get install ${need_apt[*]}"
-  SUDO=""; [ "$(id -u)" = 0 ] || SUDO=sudo
   $SUDO apt-get update -qq
   DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq "${need_apt[@]}" >/dev/null
+fi
+links_libfuzzer() {
+  echo 'extern "C" int LLVMFuzzerTestOneInput(const unsigned char*, unsigned long) { return 0; }' |
+    clang++ -x c++ -fsanitize=fuzzer - -o /dev/null 2>/dev/null
+}
+if ! links_libfuzzer; then
+  echo "setup: apt-get install libclang-rt-dev (libFuzzer)"
+  [ ${#need_apt[@]} -gt 0 ] || $SUDO apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq libclang-rt-dev >/dev/null || true
+  if ! links_libfuzzer; then
+    echo "setup: clang++ cannot link -fsanitize=fuzzer: install libFuzzer (Debian 12: libclang-rt-14-dev)" >&2
+    exit 1
+  fi
 fi
 
 py_missing=()

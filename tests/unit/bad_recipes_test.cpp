@@ -117,6 +117,10 @@ const BadRecipe kBadRecipes[] = {
     {"value_with_newline.json", "/roles/0/rowwise/format", "unknown format \"e4m3?#include <x>\""},
     {"comment_not_string.json", "/comment", "expected a string, got an array"},
     {"identity_sr_scaling_none_on_e4m3.json", "/roles/0/rowwise/scaling", "scaling mode \"none\" cannot be used with format \"e4m3\""},
+    // Found by the recipe fuzzer (tests/fuzz/regressions/): nlohmann quoted the raw DEL byte
+    // in its message; a number beyond double range escaped as an internal error.
+    {"syntax_error_del_byte.json", "", "JSON syntax error at line 10, column 1: syntax error while parsing object - invalid literal; last read: '\"per_tensor_current\"<U+000A>?'"},
+    {"number_out_of_range.json", "/roles/0/rowwise/scaling/epsilon", "number 1e999 is out of range (beyond a double)"},
 };
 
 fs::path bad_dir() { return fs::path(QF_SOURCE_DIR) / "tests" / "recipes" / "bad"; }
@@ -196,6 +200,34 @@ TEST(BadRecipes, LongUserTextIsCutInMessages) {
     EXPECT_EQ(e.where(), "/roles/0/rowwise/format");
     EXPECT_NE(std::string(e.what()).find(std::string(64, 'x') + "..."), std::string::npos) << e.what();
     EXPECT_LT(std::string(e.what()).size(), 400u);
+  }
+}
+
+// A syntax error quotes what the parser last read, which can be a whole long string with raw
+// bytes: the message keeps it short and printable.
+TEST(BadRecipes, SyntaxErrorQuotesAreCut) {
+  const std::string text = "{\"qforge_recipe\": 1, \"name\": \"" + std::string(100000, 'x') + "\x7f\x01\"}";
+  try {
+    (void)qf::parse_recipe(text);
+    FAIL();
+  } catch (const qf::UserError& e) {
+    const std::string what = e.what();
+    EXPECT_EQ(e.where(), "");
+    EXPECT_NE(what.find("JSON syntax error at line 1"), std::string::npos) << what;
+    EXPECT_NE(what.find(std::string(20, 'x') + "..."), std::string::npos) << what;
+    EXPECT_LT(what.size(), 400u) << what;
+    EXPECT_TRUE(std::none_of(what.begin(), what.end(), [](char c) { return static_cast<unsigned char>(c) < 0x20 || c == 0x7f; })) << what;
+  }
+}
+
+// A number beyond double range is a user error at its pointer, in arrays too.
+TEST(BadRecipes, NumberOutOfRangeNamesItsPointer) {
+  try {
+    (void)qf::parse_recipe(R"({"qforge_recipe": 1, "name": "n", "roles": [{"match": "*:*", "rowwise": {"format": "e4m3", "scaling": {"mode": "block", "block": [1, -2e400]}}}]})");
+    FAIL();
+  } catch (const qf::UserError& e) {
+    EXPECT_EQ(e.where(), "/roles/0/rowwise/scaling/block/1") << e.what();
+    EXPECT_NE(std::string(e.what()).find("number -2e400 is out of range"), std::string::npos) << e.what();
   }
 }
 

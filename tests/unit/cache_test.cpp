@@ -1,15 +1,22 @@
 // The JIT runtime below the driver: SHA-256, the NVRTC front end and the kernel cache.
 // No GPU needed: NVRTC compiles CUBIN for any arch. Compiles are slow (~1 s), so the tests share
-// a few small kernels and count compiles through KernelCache::stats().
+// a few small kernels and count compiles through KernelCache::stats(). Cross-process behaviour
+// (8 concurrent prewarms, kill -9, real read-only / full filesystems) is tested by the scripts
+// in tests/cache/.
+#include <fcntl.h>
 #include <gtest/gtest.h>
+#include <sys/file.h>
 #include <sys/stat.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
+#include <csignal>
 #include <filesystem>
 #include <fstream>
 #include <functional>
 #include <optional>
 #include <thread>
+#include <utility>
 
 #include "compiler/error.h"
 #include "runtime/kernel_cache.h"
@@ -91,6 +98,31 @@ CacheOptions at(const fs::path& root) {
   o.writable_root = root;
   return o;
 }
+
+fs::path tmp_of(const fs::path& root) { return root / "qforge-v1" / "tmp"; }
+
+size_t count(const std::string& text, const std::string& what) {
+  size_t n = 0;
+  for (size_t at = text.find(what); at != std::string::npos; at = text.find(what, at + 1)) ++n;
+  return n;
+}
+
+bool is_elf(const std::string& image) { return image.size() > 4 && image.substr(0, 4) == "\x7f" "ELF"; }
+
+// Holds an flock on a file or directory, as another qforge process compiling or writing would.
+class HeldLock {
+ public:
+  explicit HeldLock(const fs::path& p)
+      : fd_(::open(p.c_str(), O_RDONLY | O_CLOEXEC | (fs::is_directory(p) ? 0 : O_CREAT), 0644)) {
+    if (fd_ < 0 || ::flock(fd_, LOCK_EX | LOCK_NB) != 0) ADD_FAILURE() << "cannot lock " << p;
+  }
+  ~HeldLock() { ::close(fd_); }
+  HeldLock(const HeldLock&) = delete;
+  HeldLock& operator=(const HeldLock&) = delete;
+
+ private:
+  int fd_;
+};
 
 // ---------------------------------------------------------------------------------------------
 // SHA-256: FIPS 180-4 / NIST CAVP vectors.
@@ -215,6 +247,47 @@ TEST(KernelCache, KeyFollowsContent) {
   EXPECT_NE(make_key(r), base);
 }
 
+// A toolkit, header or schema change must be a miss, never a stale hit: each is in the key.
+TEST(KernelCache, KeyFollowsToolkitHeadersAndSchema) {
+  const KeyContext now = KeyContext::current();
+  EXPECT_EQ(now.schema, kCacheSchemaVersion);
+  EXPECT_EQ(now.nvrtc_version, nvrtc_version());
+  EXPECT_EQ(now.templates_hash, templates_hash());
+  const CacheKey base = make_key(tiny(), now);
+  EXPECT_EQ(make_key(tiny()), base);
+  KeyContext other = now;
+  other.nvrtc_version = "12.8";
+  EXPECT_NE(make_key(tiny(), other), base);
+  other = now;
+  other.schema = kCacheSchemaVersion + 1;
+  EXPECT_NE(make_key(tiny(), other), base);
+  other = now;
+  other.templates_hash = sha256_hex("other headers");
+  EXPECT_NE(make_key(tiny(), other), base);
+}
+
+// End to end: an entry written by "NVRTC 12.8" (or schema 2) sits in the cache; this build
+// computes another key, so it compiles instead of loading it. Both entries stay valid.
+TEST(KernelCache, AnotherToolkitsOrSchemasEntryIsAMissNotAStaleHit) {
+  TempDir dir;
+  KeyContext old_toolkit = KeyContext::current(), new_schema = KeyContext::current();
+  old_toolkit.nvrtc_version = "12.8";
+  new_schema.schema = kCacheSchemaVersion + 1;
+  for (const KeyContext& ctx : {old_toolkit, new_schema}) {
+    CacheOptions o = at(dir.path());
+    o.test.key_context = ctx;
+    KernelCache cache(o);
+    ASSERT_EQ(cache.get_or_compile(tiny()).how, CacheHow::Compiled);
+  }
+  KernelCache cache(at(dir.path()));
+  EXPECT_EQ(cache.get_or_compile(tiny()).how, CacheHow::Compiled);
+  EXPECT_EQ(cache.stats().disk_hits, 0u);
+  EXPECT_EQ(cache.list().size(), 3u);
+  EXPECT_TRUE(cache.verify().empty());
+  KernelCache again(at(dir.path()));
+  EXPECT_EQ(again.get_or_compile(tiny()).how, CacheHow::DiskHit);
+}
+
 TEST(KernelCache, MemoryHitThenDiskHitInANewCache) {
   TempDir dir;
   const nlohmann::json md = {{"recipe", "nvfp4"}, {"role", "weight"}, {"dtype", "bf16"}};
@@ -283,6 +356,22 @@ TEST(KernelCache, CorruptEntriesAreDetectedAndRecompiled) {
          std::ofstream(entry / "image.bin", std::ios::binary | std::ios::trunc) << img;
        }},
       {"missing meta.json", [&] { fs::remove(entry / "meta.json"); }},
+      {"missing image.bin", [&] { fs::remove(entry / "image.bin"); }},
+      {"missing source.cu", [&] { fs::remove(entry / "source.cu"); }},
+      {"empty image.bin", [&] { fs::resize_file(entry / "image.bin", 0); }},
+      {"meta.json cut short", [&] { fs::resize_file(entry / "meta.json", fs::file_size(entry / "meta.json") / 2); }},
+      {"meta.json of another schema",
+       [&] {
+         std::string m = slurp(entry / "meta.json");
+         const std::string from = "\"schema\": " + std::to_string(kCacheSchemaVersion);
+         ASSERT_NE(m.find(from), std::string::npos) << m;
+         m.replace(m.find(from), from.size(), "\"schema\": " + std::to_string(kCacheSchemaVersion + 1));
+         std::ofstream(entry / "meta.json", std::ios::trunc) << m;
+       }},
+      {"empty entry directory",
+       [&] {
+         for (const char* f : {"image.bin", "meta.json", "source.cu", "last_use"}) fs::remove(entry / f);
+       }},
   };
   for (const auto& d : damages) {
     SCOPED_TRACE(d.name);
@@ -295,12 +384,21 @@ TEST(KernelCache, CorruptEntriesAreDetectedAndRecompiled) {
     EXPECT_EQ(r.entry->image, good_image);
     EXPECT_TRUE(cache.verify().empty());
     EXPECT_EQ(slurp(entry / "image.bin"), good_image);
+    EXPECT_TRUE(fs::is_empty(tmp_of(dir.path()))) << "the damaged copy was not removed";
   }
+  // last_use is only a stamp: without it the entry is still a hit, and the stamp comes back.
+  fs::remove(entry / "last_use");
+  KernelCache cache(at(dir.path()));
+  EXPECT_TRUE(cache.verify().empty());
+  EXPECT_EQ(cache.get_or_compile(tiny()).how, CacheHow::DiskHit);
+  EXPECT_TRUE(fs::exists(entry / "last_use"));
 }
 
 TEST(KernelCache, ConcurrentRequestsForOneKeyCompileOnce) {
   TempDir dir;
-  KernelCache cache(at(dir.path()));
+  CacheOptions o = at(dir.path());
+  o.test.compile_log = dir.path() / "compiles.log";
+  KernelCache cache(o);
   CompileRequest req = tiny("sm_100a");
   std::vector<std::thread> threads;
   std::vector<std::shared_ptr<const CacheEntry>> got(8);
@@ -309,6 +407,152 @@ TEST(KernelCache, ConcurrentRequestsForOneKeyCompileOnce) {
   EXPECT_EQ(cache.stats().compiles, 1u);
   EXPECT_EQ(cache.stats().memory_hits, 7u);
   for (const auto& e : got) EXPECT_EQ(e, got[0]);
+  EXPECT_EQ(slurp(dir.path() / "compiles.log"), make_key(req).hex + " " + std::to_string(::getpid()) + "\n");
+}
+
+// Two caches on one root stand for two processes (flock conflicts between open files, not only
+// between processes): while one compiles and publishes a key, the other waits for its lock and
+// then loads the published entry instead of compiling.
+TEST(KernelCache, OneCompilesAKeyWhileAnotherWaitsThenHits) {
+  TempDir dir;
+  const CompileRequest req = tiny("sm_100a");
+  CacheOptions slow = at(dir.path());
+  slow.test.pause_at = "publish";  // hold the key lock a while after compiling
+  slow.test.pause_seconds = 1.0;
+  KernelCache first(slow), second(at(dir.path()));
+  ::testing::internal::CaptureStderr();
+  std::thread t([&] { EXPECT_EQ(first.get_or_compile(req).how, CacheHow::Compiled); });
+  const fs::path lock = tmp_of(dir.path()) / (make_key(req).hex + ".lock");
+  for (int i = 0; i < 2000 && !fs::exists(lock); ++i) std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  ASSERT_TRUE(fs::exists(lock)) << "the first cache never took the key lock";
+  const auto r = second.get_or_compile(req);
+  t.join();
+  const std::string err = ::testing::internal::GetCapturedStderr();
+  EXPECT_NE(err.find("paused at publish"), std::string::npos) << err;
+  EXPECT_EQ(r.how, CacheHow::DiskHit);
+  EXPECT_EQ(second.stats().compiles, 0u);
+  EXPECT_EQ(second.stats().lock_waits, 1u);
+  EXPECT_EQ(first.stats().compiles, 1u);
+  EXPECT_FALSE(fs::exists(lock)) << "the lock file outlived its holder";
+  EXPECT_TRUE(fs::is_empty(tmp_of(dir.path())));
+}
+
+// A child forked while a key lock is held shares the lock's open file (flock locks belong to the
+// open file, not the process). Releasing must still free the lock at once, not when the child
+// exits (a training process forking data-loader workers while a kernel compiles).
+TEST(KernelCache, AForkedChildDoesNotKeepAKeyLock) {
+  TempDir dir;
+  const CompileRequest req = tiny("sm_100a");
+  CacheOptions slow = at(dir.path());
+  slow.test.pause_at = "publish";
+  slow.test.pause_seconds = 0.5;
+  CacheOptions patient = at(dir.path());
+  patient.lock_timeout = std::chrono::seconds(4);
+  KernelCache first(slow), second(patient);
+  ::testing::internal::CaptureStderr();
+  std::thread t([&] { EXPECT_EQ(first.get_or_compile(req).how, CacheHow::Compiled); });
+  const fs::path lock = tmp_of(dir.path()) / (make_key(req).hex + ".lock");
+  for (int i = 0; i < 2000 && !fs::exists(lock); ++i) std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  ASSERT_TRUE(fs::exists(lock));
+  const pid_t child = ::fork();
+  if (child == 0) {  // holds copies of every open file, the lock's included, for 6 s
+    ::sleep(6);
+    ::_exit(0);
+  }
+  ASSERT_GT(child, 0);
+  const auto t0 = std::chrono::steady_clock::now();
+  const auto r = second.get_or_compile(req);
+  const auto waited = std::chrono::steady_clock::now() - t0;
+  t.join();
+  ::kill(child, SIGKILL);
+  ::waitpid(child, nullptr, 0);
+  ::testing::internal::GetCapturedStderr();
+  EXPECT_EQ(r.how, CacheHow::DiskHit);
+  EXPECT_EQ(second.stats().lock_timeouts, 0u);
+  EXPECT_LT(waited, std::chrono::seconds(3));
+}
+
+// A holder that never finishes (stopped, or on a hung filesystem) delays others by
+// lock_timeout at most; then they compile the key themselves, with one warning.
+TEST(KernelCache, LockHeldTooLongIsCompiledAnyway) {
+  TempDir dir;
+  CacheOptions o = at(dir.path());
+  o.lock_timeout = std::chrono::milliseconds(300);
+  KernelCache cache(o);
+  const fs::path lock = tmp_of(dir.path()) / (make_key(tiny()).hex + ".lock");
+  {
+    HeldLock stuck(lock);
+    ::testing::internal::CaptureStderr();
+    const auto t0 = std::chrono::steady_clock::now();
+    const auto r = cache.get_or_compile(tiny());
+    const auto waited = std::chrono::steady_clock::now() - t0;
+    const std::string err = ::testing::internal::GetCapturedStderr();
+    EXPECT_EQ(r.how, CacheHow::Compiled);
+    EXPECT_TRUE(is_elf(r.entry->image));
+    EXPECT_GE(waited, std::chrono::milliseconds(300));
+    EXPECT_EQ(cache.stats().lock_timeouts, 1u);
+    EXPECT_EQ(count(err, "warning"), 1u) << err;
+    EXPECT_NE(err.find("waited 0.3 s for another process to compile kernel " + make_key(tiny()).hex.substr(0, 16)),
+              std::string::npos) << err;
+  }
+  fs::remove(lock);
+  EXPECT_TRUE(cache.verify().empty());
+  EXPECT_EQ(KernelCache(at(dir.path())).get_or_compile(tiny()).how, CacheHow::DiskHit);
+}
+
+// Without flock (some network filesystems): no waiting, every process compiles, publishing
+// stays atomic; one warning says so.
+TEST(KernelCache, NoFlockStillCompilesAndPublishes) {
+  TempDir dir;
+  CacheOptions o = at(dir.path());
+  o.test.fault = ENOLCK;
+  KernelCache cache(o);
+  ::testing::internal::CaptureStderr();
+  EXPECT_EQ(cache.get_or_compile(tiny()).how, CacheHow::Compiled);
+  EXPECT_EQ(cache.get_or_compile(tiny("sm_100a")).how, CacheHow::Compiled);
+  const std::string err = ::testing::internal::GetCapturedStderr();
+  EXPECT_EQ(count(err, "warning"), 1u) << err;
+  EXPECT_NE(err.find("No locks available"), std::string::npos) << err;
+  EXPECT_NE(err.find("may compile the same kernel more than once"), std::string::npos) << err;
+  EXPECT_TRUE(cache.disk_writable());
+  EXPECT_TRUE(cache.verify().empty());
+  EXPECT_EQ(cache.list().size(), 2u);
+  EXPECT_TRUE(fs::is_empty(tmp_of(dir.path())));
+}
+
+// What a killed writer leaves in tmp/ (its temp dir, its lock file) is removed by the next
+// writer of that key and by clear(); what a live writer holds (flock) is left alone, and
+// neither is ever taken for an entry.
+TEST(KernelCache, AbandonedTempDirsAndLockFilesAreRemoved) {
+  TempDir dir;
+  KernelCache cache(at(dir.path()));
+  const std::string key = make_key(tiny()).hex, other = make_key(tiny("sm_100a")).hex;
+  const fs::path tmp = tmp_of(dir.path());
+  const fs::path dead = tmp / (key + ".999999.00000000deadbeef.0"), alive = tmp / (key + ".888888.00000000000a11fe.0");
+  const fs::path dead_lock = tmp / (other + ".lock"), staging = tmp / ("." + other + ".777777.0000000000000000.0");
+  for (const auto& d : {dead, alive, staging}) {
+    fs::create_directories(d);
+    std::ofstream(d / "image.bin") << "half a cubin";
+  }
+  std::ofstream(dead_lock) << "";
+  EXPECT_TRUE(cache.verify().empty());
+  EXPECT_TRUE(cache.list().empty());
+  {
+    HeldLock writer(alive);
+    EXPECT_EQ(cache.get_or_compile(tiny()).how, CacheHow::Compiled);
+    EXPECT_FALSE(fs::exists(dead)) << "a killed writer's temp dir of this key survived its publish";
+    EXPECT_TRUE(fs::exists(alive)) << "a live writer's temp dir was removed";
+    EXPECT_TRUE(fs::exists(dead_lock)) << "another key's leftovers are not this publish's business";
+    EXPECT_EQ(cache.clear(), 1u);
+    EXPECT_TRUE(fs::exists(alive));
+    EXPECT_FALSE(fs::exists(dead_lock));
+    EXPECT_TRUE(fs::exists(staging)) << "a fresh staging dir may belong to a writer about to lock it";
+  }
+  cache.clear();
+  EXPECT_FALSE(fs::exists(alive));
+  std::vector<std::string> left;
+  for (const auto& d : fs::directory_iterator(tmp)) left.push_back(d.path().filename().string());
+  EXPECT_EQ(left, std::vector<std::string>{staging.filename().string()});
 }
 
 TEST(KernelCache, UnwritableRootFallsBackToMemoryWithOneWarning) {
@@ -339,6 +583,87 @@ TEST(KernelCache, UnwritableRootFallsBackToMemoryWithOneWarning) {
     const std::string err2 = ::testing::internal::GetCapturedStderr();
     EXPECT_FALSE(c.disk_writable());
     EXPECT_NE(err2.find("Permission denied"), std::string::npos) << err2;
+  }
+}
+
+// A full disk (here: every write fails with ENOSPC): the first store fails, one warning, the
+// disk is not tried again, every kernel still compiles and is served from memory.
+TEST(KernelCache, FullDiskFallsBackToMemoryWithOneWarning) {
+  TempDir dir;
+  CacheOptions o = at(dir.path());
+  o.test.fault = ENOSPC;
+  KernelCache cache(o);
+  EXPECT_TRUE(cache.disk_writable()) << "a full disk still takes a mkdir";
+  ::testing::internal::CaptureStderr();
+  const auto a = cache.get_or_compile(tiny());
+  const auto b = cache.get_or_compile(tiny("sm_100a"));
+  const auto c = cache.get_or_compile(tiny());
+  const std::string err = ::testing::internal::GetCapturedStderr();
+  EXPECT_EQ(a.how, CacheHow::Compiled);
+  EXPECT_EQ(b.how, CacheHow::Compiled);
+  EXPECT_EQ(c.how, CacheHow::MemoryHit);
+  for (const auto& r : {a, b}) {
+    EXPECT_TRUE(is_elf(r.entry->image));
+    EXPECT_EQ(r.entry->lowered("plain"), "plain");
+  }
+  EXPECT_FALSE(cache.disk_writable());
+  EXPECT_EQ(cache.stats().store_failures, 1u);
+  EXPECT_EQ(count(err, "warning"), 1u) << err;
+  EXPECT_NE(err.find("kernel cache directory " + dir.path().string() + " is not usable"), std::string::npos) << err;
+  EXPECT_NE(err.find("No space left on device"), std::string::npos) << err;
+  EXPECT_TRUE(fs::is_empty(tmp_of(dir.path()))) << "a failed store left its temp dir";
+  EXPECT_TRUE(cache.list().empty());
+}
+
+// A read-only filesystem (root ignores chmod, so: EROFS from the seam; tests/cache/ uses a real
+// read-only mount): one warning at start-up, entries already there are still loaded, new
+// kernels compile into memory.
+TEST(KernelCache, ReadOnlyFilesystemServesWhatIsThereAndCompilesTheRest) {
+  TempDir dir;
+  ASSERT_EQ(KernelCache(at(dir.path())).get_or_compile(tiny()).how, CacheHow::Compiled);
+  CacheOptions o = at(dir.path());
+  o.test.fault = EROFS;
+  ::testing::internal::CaptureStderr();
+  KernelCache cache(o);
+  const auto hit = cache.get_or_compile(tiny());
+  const auto compiled = cache.get_or_compile(tiny("sm_100a"));
+  const std::string err = ::testing::internal::GetCapturedStderr();
+  EXPECT_FALSE(cache.disk_writable());
+  EXPECT_EQ(hit.how, CacheHow::DiskHit);
+  EXPECT_EQ(compiled.how, CacheHow::Compiled);
+  EXPECT_TRUE(is_elf(compiled.entry->image));
+  EXPECT_EQ(count(err, "warning"), 1u) << err;
+  EXPECT_NE(err.find("Read-only file system"), std::string::npos) << err;
+  EXPECT_EQ(cache.list().size(), 1u);
+}
+
+TEST(KernelCache, TestHooksFromEnvironment) {
+  {
+    ScopedEnv env({{"QFORGE_TEST_FAULT", "ENOSPC"}, {"QFORGE_TEST_PAUSE", "write"},
+                   {"QFORGE_TEST_PAUSE_SECONDS", "2.5"}, {"QFORGE_TEST_COMPILE_LOG", "/tmp/c.log"}});
+    const CacheOptions o = CacheOptions::from_env();
+    EXPECT_EQ(o.test.fault, ENOSPC);
+    EXPECT_EQ(o.test.pause_at, "write");
+    EXPECT_EQ(o.test.pause_seconds, 2.5);
+    EXPECT_EQ(o.test.compile_log, fs::path("/tmp/c.log"));
+  }
+  {
+    ScopedEnv env({{"QFORGE_TEST_FAULT", nullptr}, {"QFORGE_TEST_PAUSE", nullptr}, {"QFORGE_TEST_COMPILE_LOG", nullptr}});
+    const CacheOptions o = CacheOptions::from_env();
+    EXPECT_EQ(o.test.fault, 0);
+    EXPECT_TRUE(o.test.pause_at.empty());
+    EXPECT_TRUE(o.test.compile_log.empty());
+  }
+  for (auto [k, v] : {std::pair{"QFORGE_TEST_FAULT", "ENOMEM"}, std::pair{"QFORGE_TEST_PAUSE", "never"},
+                      std::pair{"QFORGE_TEST_PAUSE_SECONDS", "soon"}}) {
+    ScopedEnv env({{k, v}});
+    try {
+      CacheOptions::from_env();
+      ADD_FAILURE() << k << "=" << v << " accepted";
+    } catch (const UserError& e) {
+      EXPECT_EQ(e.where(), k);
+      EXPECT_NE(std::string(e.what()).find(v), std::string::npos) << e.what();
+    }
   }
 }
 
