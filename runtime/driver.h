@@ -84,7 +84,9 @@ namespace qf::rt {
   X(cuEventSynchronize)           \
   X(cuEventElapsedTime)           \
   X(cuEventDestroy)               \
-  X(cuPointerGetAttribute)
+  X(cuPointerGetAttribute)        \
+  X(cuTensorMapEncodeTiled)       \
+  X(cuOccupancyMaxActiveClusters)
 
 // One entry point: its name in qforge's source and the libcuda symbol it resolves to.
 struct EntryPoint {

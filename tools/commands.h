@@ -13,4 +13,5 @@ int cmd_list(const Argv& args);    // tools/cmd_cache.cpp
 int cmd_verify(const Argv& args);
 int cmd_clear(const Argv& args);
 int cmd_prewarm(const Argv& args);  // tools/cmd_prewarm.cpp
+int cmd_gemm(const Argv& args);     // tools/cmd_gemm.cpp
 }  // namespace qf::cli
