@@ -85,7 +85,9 @@ namespace qf::rt {
   X(cuEventElapsedTime)           \
   X(cuEventDestroy)               \
   X(cuPointerGetAttribute)        \
-  X(cuOccupancyMaxActiveBlocksPerMultiprocessor)
+  X(cuOccupancyMaxActiveBlocksPerMultiprocessor) \
+  X(cuTensorMapEncodeTiled)       \
+  X(cuOccupancyMaxActiveClusters)
 
 // One entry point: its name in qforge's source and the libcuda symbol it resolves to.
 struct EntryPoint {

@@ -207,8 +207,14 @@ void Quantizer::quantize(const QuantizeCall& call, CUstream stream) const {
   // Persistent grids (cast.cuh TileWalk): as many CTAs as the device holds, at most one per
   // tile. Grouped: sum(ceil(m_i / rows)) <= ceil(M / rows) + N tile rows.
   const uint64_t tile_rows = ceil_div(u64(call.shape.m), u64(t.rows)) + (grouped ? u64(members) : 0);
-  const uint64_t tiles = tile_rows * ceil_div(u64(call.shape.k), u64(t.cols));
+  const uint64_t tile_cols = ceil_div(u64(call.shape.k), u64(t.cols));
+  const uint64_t tiles = round_up(tile_rows, kBandRows) * tile_cols;  // walk indices
+  if (tiles >= (uint64_t(1) << 31) || kBandRows * tile_cols >= (uint64_t(1) << 31))
+    throw UserError("input", "tensor too large for one launch (" + std::to_string(tile_rows) + " x " +
+                                 std::to_string(tile_cols) + " tiles)");
   args.tile_rows = i64(tile_rows);
+  args.walk_tiles = i64(tiles);
+  args.band_div = FastDiv::make(u32(kBandRows * tile_cols));
   void* params[] = {&args};
   auto ctas = [&](int64_t resident) { return Dim3{unsigned(std::max<uint64_t>(1, std::min<uint64_t>(tiles, u64(resident))))}; };
   if (l->amax) launch(l->amax, ctas(l->amax_ctas), Dim3{unsigned(t.threads)}, l->kernels.source.smem_bytes, stream, params);

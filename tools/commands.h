@@ -14,4 +14,5 @@ int cmd_verify(const Argv& args);
 int cmd_clear(const Argv& args);
 int cmd_prewarm(const Argv& args);  // tools/cmd_prewarm.cpp
 int cmd_tune(const Argv& args);     // tools/cmd_tune.cpp
+int cmd_gemm(const Argv& args);     // tools/cmd_gemm.cpp
 }  // namespace qf::cli

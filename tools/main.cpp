@@ -34,6 +34,17 @@ commands:
        [--shape MxK] [--ms MS] [--dry-run]
                                     time candidate tiles of each plan on GPU 0 and store the
                                     fastest in the kernel cache (used by later loads)
+  gemm [--scaling tensor|rowwise|blockwise] [--a-format e4m3|e5m2] [--b-format e4m3|e5m2]
+       [--groups G] [--m M] [--n N] [--k K] [--uneven [--zero-groups Z]] [--splits 3,0,5]
+       [--out bf16|fp32] [--accumulate] [--alpha] [--fast-accum]
+       [--block-m 64|128] [--block-n 64|128|192|256] [--stages S] [--multicast 1|2] [--raster R]
+       [--ordered on|off] [--max-ctas N]
+       [--check [--check-rows R]] [--bench [--iters N] [--warmup W]] [--seed S] [--json FILE]
+       [--source | --arch sm_90a]
+                                    grouped fp8 GEMM on GPU 0 with random operands (G groups of M
+                                    rows, or --splits): --check compares sampled rows with the
+                                    float64 CPU reference, --bench prints TFLOP/s; without a GPU,
+                                    --source prints the kernel's CUDA and --arch compiles it
   list [--json]                     list the kernel cache's entries
   verify                            check every cached kernel against its key (exit 1 on problems)
   clear                             remove every kernel of the writable cache directory
@@ -52,7 +63,7 @@ int main(int argc, char** argv) {
   }
   const std::map<std::string, int (*)(const Argv&)> commands = {
       {"check", cmd_check}, {"inspect", cmd_inspect}, {"quantize", cmd_quantize},
-      {"prewarm", cmd_prewarm}, {"tune", cmd_tune}, {"list", cmd_list}, {"verify", cmd_verify}, {"clear", cmd_clear}};
+      {"prewarm", cmd_prewarm}, {"tune", cmd_tune}, {"gemm", cmd_gemm}, {"list", cmd_list}, {"verify", cmd_verify}, {"clear", cmd_clear}};
   const std::string cmd = argv[1];
   Argv args(argv + 2, argv + argc);
   auto it = commands.find(cmd);

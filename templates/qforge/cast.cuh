@@ -289,17 +289,16 @@ __device__ __forceinline__ i64 scale_grid_size(i64 member_rows, i64 k) {
   return pr * pc;
 }
 
-// This CTA's tile (row, column) from its 1D block index. Tiles are visited in bands of
-// kBandRows tile rows, column by column inside a band: the CTAs resident at one time cover a few
-// hundred consecutive rows of the input (long contiguous reads) and, for a transposed output,
-// a band of kBandRows * kTileRows consecutive elements of many output rows.
-constexpr int kBandRows = 8;
-__device__ __forceinline__ void tile_coords(i64 bid, i64 tiles_r, i64 tiles_c, i64& tr, i64& tc) {
-  const i64 band = bid / (kBandRows * tiles_c), first = band * kBandRows;
-  const i64 rows = tiles_r - first < kBandRows ? tiles_r - first : kBandRows;
-  const i64 in_band = bid - band * kBandRows * tiles_c;
-  tr = first + in_band % rows;
-  tc = in_band / rows;
+// Tile order: tiles are visited in bands of kBandRows tile rows, column by column inside a
+// band, so the CTAs resident at one time cover a few hundred consecutive input rows (long
+// contiguous reads) and, for a transposed output, a band of kBandRows * kTileRows consecutive
+// elements of many output rows. Walk index t -> band t / (kBandRows * tiles_c) by the host's
+// precomputed divisor (QuantizeArgs::band_div), then shifts; tile rows past the last one
+// (the last band is padded to kBandRows) are skipped by the walk.
+__device__ __forceinline__ void tile_coords(u32 t, const FastDiv& band_div, u32& tr, u32& tc) {
+  const u32 band = band_div.div(t), in_band = t - band * band_div.d;
+  tr = band * kBandRows + (in_band % kBandRows);
+  tc = in_band / kBandRows;
 }
 
 // Max over the CTA, then one atomic (every thread of the CTA must call it).
@@ -417,24 +416,20 @@ __device__ __forceinline__ void store_tile(const TileRegs<Cfg>& regs, float* til
   __syncthreads();
 }
 
-// The persistent walk over tiles: CTA b takes tiles b, b + gridDim.x, ... (tile_coords order),
-// skipping grouped tiles past the end of their member. Every thread calls next() together.
+// The persistent walk over tiles: CTA b takes walk indices b, b + gridDim.x, ... (tile_coords
+// order), skipping padding rows and grouped tiles past the end of their member. Every thread
+// calls next() together.
 template <class Cfg, class... S>
 struct TileWalk {
-  i64 t, total, tiles_r, tiles_c;
-  __device__ TileWalk(const QuantizeArgs& a) {
-    tiles_c = i64(ceil_div(u64(a.k), u64(Cfg::kTileCols)));
-    tiles_r = a.tile_rows;
-    total = tiles_r * tiles_c;
-    t = i64(blockIdx.x) - i64(gridDim.x);
-  }
+  u32 t, total;
+  __device__ TileWalk(const QuantizeArgs& a) : t(blockIdx.x - gridDim.x), total(u32(a.walk_tiles)) {}
   // Advances to the next tile of this CTA; false at the end.
   __device__ bool next(const QuantizeArgs& a, Member& mem, i64& col0, i64 (&scale_base)[kMaxStreams]) {
     for (t += gridDim.x; t < total; t += gridDim.x) {
-      i64 tr, tc;
-      tile_coords(t, tiles_r, tiles_c, tr, tc);
-      if (resolve_member<Cfg, S...>(a, tr, mem, scale_base)) {
-        col0 = tc * Cfg::kTileCols;
+      u32 tr, tc;
+      tile_coords(t, a.band_div, tr, tc);
+      if (tr < a.tile_rows && resolve_member<Cfg, S...>(a, i64(tr), mem, scale_base)) {
+        col0 = i64(tc) * Cfg::kTileCols;
         return true;
       }
     }

@@ -1,0 +1,166 @@
+#include "compiler/gemm_codegen.h"
+
+#include "compiler/emitter.h"
+#include "compiler/error.h"
+#include "qforge/gemm.cuh"
+
+namespace qf {
+namespace {
+
+constexpr GemmScalingTraits kScalings[] = {
+    {GemmScaling::PerTensor, "tensor", "qf::gemm::PerTensorScaling", "qf::kGemmPerTensor", false, "[G]", "[G]"},
+    {GemmScaling::RowChannel, "rowwise", "qf::gemm::RowChannelScaling", "qf::kGemmRowChannel", false, "[m_total]",
+     "[G, N]"},
+    {GemmScaling::Block128, "blockwise", "qf::gemm::Block128Scaling", "qf::kGemmBlock128", true,
+     "[m_total, ceil(K/128)]", "[G, ceil(N/128), ceil(K/128)]"},
+};
+
+constexpr int kMaxStages = 8;
+constexpr int64_t kMaxDim = int64_t(1) << 24;
+
+bool is_fp8(ElemFormat f) { return f == ElemFormat::E4M3 || f == ElemFormat::E5M2; }
+
+int out_bytes(const GemmSpec& s) { return traits(s.out_dtype).bytes; }
+
+GemmSmem smem_for(const GemmSpec& s, const GemmTile& t) {
+  const auto& st = traits(s.scaling);
+  return gemm_smem(t.block_m, t.block_n, t.stages, t.block_m / 64, st.id == GemmScaling::Block128,
+                   st.id == GemmScaling::RowChannel, out_bytes(s));
+}
+
+std::string tile_field(const char* f) { return std::string("tile.") + f; }
+
+}  // namespace
+
+const GemmScalingTraits& traits(GemmScaling s) {
+  for (const auto& t : kScalings)
+    if (t.id == s) return t;
+  QF_CHECK(false, "unknown GemmScaling ", int(s));
+  return kScalings[0];
+}
+
+std::span<const GemmScalingTraits> all_gemm_scalings() { return kScalings; }
+
+std::optional<GemmScaling> parse_gemm_scaling(std::string_view name) {
+  for (const auto& t : kScalings)
+    if (t.name == name) return t.id;
+  return std::nullopt;
+}
+
+void validate(const GemmSpec& s) {
+  if (!is_fp8(s.a_format))
+    throw UserError("a_format", "expected e4m3 or e5m2, got " + std::string(traits(s.a_format).name));
+  if (!is_fp8(s.b_format))
+    throw UserError("b_format", "expected e4m3 or e5m2, got " + std::string(traits(s.b_format).name));
+  if (s.n < 8 || s.n > kMaxDim || s.n % 8 != 0)
+    throw UserError("n", "expected a multiple of 8 in [8, 2^24] (16-byte output rows), got " + std::to_string(s.n));
+  if (s.k < 16 || s.k > kMaxDim || s.k % 16 != 0)
+    throw UserError("k", "expected a multiple of 16 in [16, 2^24] (16-byte TMA row strides), got " + std::to_string(s.k));
+  if (s.out_dtype != DType::BF16 && s.out_dtype != DType::FP32)
+    throw UserError("out_dtype", "expected bf16 or fp32, got " + std::string(traits(s.out_dtype).name));
+  if (s.accumulate && s.out_dtype != DType::FP32)
+    throw UserError("accumulate", "accumulation into the output needs an fp32 output");
+  if (s.fast_accum && traits(s.scaling).promotion_required)
+    throw UserError("fast_accum", std::string(traits(s.scaling).name) +
+                                      " scaling changes along K: every 128 of K is promoted to fp32");
+  (void)resolve_tile(s);
+}
+
+GemmTile resolve_tile(const GemmSpec& s) {
+  GemmTile t = s.tile;
+  const bool promote = !s.fast_accum;
+  const bool block128 = s.scaling == GemmScaling::Block128;
+  if (t.block_m == 0) t.block_m = 128;
+  // Measured on an H200 at 8 x 4096 x 4096 x 7168 (docs/gemm.md): 128 x 256 tiles are the
+  // fastest without promotion (one accumulator); promotion keeps two, so 128 x 128.
+  if (t.block_n == 0) t.block_n = !promote && s.n >= 512 ? 256 : 128;
+  if (t.raster_m == 0) t.raster_m = 16;
+  if (t.block_m != 64 && t.block_m != 128)
+    throw UserError(tile_field("block_m"), "expected 64 or 128, got " + std::to_string(t.block_m));
+  if (t.block_n != 64 && t.block_n != 128 && t.block_n != 192 && t.block_n != 256)
+    throw UserError(tile_field("block_n"), "expected 64, 128, 192 or 256, got " + std::to_string(t.block_n));
+  if (promote && t.block_n > 128)
+    throw UserError(tile_field("block_n"), "fp32 promotion keeps two accumulators per thread: block_n <= 128, got " +
+                                               std::to_string(t.block_n));
+  if (block128 && 128 % t.block_n != 0)
+    throw UserError(tile_field("block_n"), "blockwise scaling: a tile must lie in one 128-column B block (64 or 128), got " +
+                                               std::to_string(t.block_n));
+  const int64_t n_blocks = (s.n + t.block_n - 1) / t.block_n;
+  if (t.multicast == 0) t.multicast = 1;
+  if (t.multicast != 1 && t.multicast != 2)
+    throw UserError(tile_field("multicast"), "expected 1 or 2, got " + std::to_string(t.multicast));
+  if (t.multicast == 2 && n_blocks % 2 != 0)
+    throw UserError(tile_field("multicast"), "pairs of n-blocks share A: ceil(N / block_n) = " + std::to_string(n_blocks) +
+                                                 " must be even");
+  if (t.raster_m < 1 || t.raster_m > 256)
+    throw UserError(tile_field("raster_m"), "expected 1..256, got " + std::to_string(t.raster_m));
+  if (t.ordered == 0) t.ordered = promote && t.block_m == 128 ? 2 : 1;
+  if (t.ordered != 1 && t.ordered != 2)
+    throw UserError(tile_field("ordered"), "expected 1 (off) or 2 (on), got " + std::to_string(t.ordered));
+  if (t.ordered == 2 && t.block_m != 128)
+    throw UserError(tile_field("ordered"), "ordered issue alternates two consumer warpgroups: block_m 128");
+  if (t.stages == 0) {
+    for (int st = kMaxStages; st >= 2 && t.stages == 0; --st) {
+      GemmTile c = t;
+      c.stages = st;
+      if (smem_for(s, c).total <= kGemmSmemLimit) t.stages = st;
+    }
+    if (t.stages == 0) throw UserError("tile", "no pipeline depth fits in shared memory");
+  }
+  if (t.stages < 2 || t.stages > kMaxStages)
+    throw UserError(tile_field("stages"), "expected 2.." + std::to_string(kMaxStages) + ", got " + std::to_string(t.stages));
+  if (smem_for(s, t).total > kGemmSmemLimit)
+    throw UserError(tile_field("stages"), std::to_string(t.stages) + " stages need " +
+                                              std::to_string(smem_for(s, t).total) + " bytes of shared memory (limit " +
+                                              std::to_string(kGemmSmemLimit) + ")");
+  return t;
+}
+
+std::string describe(const GemmSpec& s) {
+  return std::string(traits(s.a_format).name) + " x " + std::string(traits(s.b_format).name) + " " +
+         std::string(traits(s.scaling).name) + (s.fast_accum ? " (fast accumulation)" : "") +
+         " N=" + std::to_string(s.n) + " K=" + std::to_string(s.k) + " -> " + std::string(traits(s.out_dtype).name) +
+         (s.accumulate ? " (accumulate)" : "");
+}
+
+GemmSource emit_gemm(const GemmSpec& s) {
+  validate(s);
+  const GemmTile t = resolve_tile(s);
+  const GemmScalingTraits& st = traits(s.scaling);
+  GemmSource out;
+  out.tile = t;
+  out.smem_bytes = smem_for(s, t).total;
+  out.threads = 128 * (t.block_m / 64 + 1);
+
+  Emitter e;
+  e.comment("Generated by qforge (compiler/gemm_codegen.cpp) from a GEMM spec. Do not edit.");
+  e.comment(describe(s));
+  e.line("#include \"qforge/gemm.cuh\"");
+  e.blank();
+  e.open("namespace qf_gen");
+  e.open("struct GemmCfg");
+  e.alias("AFormat", traits(s.a_format).device_type);
+  e.alias("BFormat", traits(s.b_format).device_type);
+  e.alias("Scaling", st.device_policy);
+  e.constant_ident("int", "kScaling", st.device_code);
+  e.constant("kN", int64_t(s.n));
+  e.constant("kK", int64_t(s.k));
+  e.constant("kOutFp32", s.out_dtype == DType::FP32);
+  e.constant("kAccumulate", s.accumulate);
+  e.constant("kPromote", !s.fast_accum);
+  e.constant("kBlockM", int64_t(t.block_m));
+  e.constant("kBlockN", int64_t(t.block_n));
+  e.constant("kStages", int64_t(t.stages));
+  e.constant("kConsumers", int64_t(t.block_m / 64));
+  e.constant("kMulticast", int64_t(t.multicast));
+  e.constant("kRasterM", int64_t(t.raster_m));
+  e.constant("kOrderedIssue", t.ordered == 2);
+  e.constant_u32("kSmemBytes", out.smem_bytes);
+  e.close(";");
+  e.close("  // namespace qf_gen");
+  out.source = e.str();
+  out.kernel = "qf::gemm_kernel<qf_gen::GemmCfg>";
+  return out;
+}
+
+}  // namespace qf

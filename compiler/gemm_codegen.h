@@ -1,0 +1,84 @@
+// GEMM spec -> CUDA source of one grouped GEMM kernel (templates/qforge/gemm.cuh).
+//
+// A spec fixes everything the kernel bakes in: operand formats, how the operands are scaled, N,
+// K, the output dtype, accumulation into the output, fp32 promotion, and the tile. Group sizes
+// (M per group) are run-time data on the device. The emitted source depends on the spec only.
+#pragma once
+#include <cstdint>
+#include <optional>
+#include <span>
+#include <string>
+#include <string_view>
+
+#include "compiler/formats.h"
+
+namespace qf {
+
+// How the fp8 operands are scaled (the one table of these is in gemm_codegen.cpp).
+enum class GemmScaling : uint8_t {
+  PerTensor,   // fp32 scale per group for A ([G]) and for B ([G])
+  RowChannel,  // fp32 scale per row of A ([m_total]) and per row of B[g] ([G, N])
+  Block128,    // fp32 per 1x128 block of A ([m_total, ceil(K/128)]) and per 128x128 block of B
+               // ([G, ceil(N/128), ceil(K/128)]): the quantize kernels' block-scaling layouts
+};
+
+struct GemmScalingTraits {
+  GemmScaling id;
+  std::string_view name;          // as on the command line: "tensor", "rowwise", "blockwise"
+  std::string_view device_policy; // policy struct in gemm.cuh
+  std::string_view device_code;   // its GemmScalingCode constant
+  bool promotion_required;        // scales change along K: every k-block is promoted
+  std::string_view a_scale_shape; // for messages and --help
+  std::string_view b_scale_shape;
+};
+const GemmScalingTraits& traits(GemmScaling s);
+std::span<const GemmScalingTraits> all_gemm_scalings();
+std::optional<GemmScaling> parse_gemm_scaling(std::string_view name);
+
+// Tile configuration; a zero field is chosen by resolve_tile().
+struct GemmTile {
+  int block_m = 0;    // 64 or 128: one consumer warpgroup per 64 rows
+  int block_n = 0;    // 64, 128, 192 or 256 (<= 128 with promotion; 64/128 for blockwise);
+                      // default 128, or 256 without promotion when N >= 512
+  int stages = 0;     // pipeline depth (as many as fit in shared memory, at most 8)
+  int multicast = 0;  // 1 (default), or 2: clusters of two CTAs share the A tile (needs an even
+                      // n-block count; correct, but measured slower so far: docs/gemm.md)
+  int raster_m = 0;   // m-blocks per scheduling band (L2 reuse)
+  int ordered = 0;    // 1 off, 2 on: the two consumer warpgroups issue their MMAs in turn, so one
+                      // promotes while the other's MMAs run (0: on with promotion and 2 groups)
+  bool operator==(const GemmTile&) const = default;
+};
+
+struct GemmSpec {
+  ElemFormat a_format = ElemFormat::E4M3;  // e4m3 or e5m2
+  ElemFormat b_format = ElemFormat::E4M3;
+  GemmScaling scaling = GemmScaling::Block128;
+  int64_t n = 0;                // output columns (rows of each B[g]); multiple of 8
+  int64_t k = 0;                // reduction length; multiple of 16
+  DType out_dtype = DType::BF16;  // bf16 or fp32
+  bool accumulate = false;      // D += result (fp32 output only)
+  bool fast_accum = false;      // no fp32 promotion: tensor cores accumulate over all of K
+                                // (per-tensor and rowwise scaling only)
+  GemmTile tile;
+};
+
+// Throws UserError naming the field ("n", "a_format", "tile.block_n", ...) when the spec is
+// not supported.
+void validate(const GemmSpec& spec);
+// The spec's tile with every zero field chosen (and the whole tile checked): stages as many as
+// fit in shared memory.
+GemmTile resolve_tile(const GemmSpec& spec);
+
+struct GemmSource {
+  std::string source;        // the translation unit given to NVRTC
+  std::string kernel;        // name expression of the kernel
+  uint32_t smem_bytes = 0;   // dynamic shared memory
+  int threads = 0;           // block size
+  GemmTile tile;             // resolved
+};
+GemmSource emit_gemm(const GemmSpec& spec);
+
+// "e4m3 x e4m3 blockwise N=4096 K=7168 -> bf16" (logs, cache metadata).
+std::string describe(const GemmSpec& spec);
+
+}  // namespace qf

@@ -1,0 +1,123 @@
+#include "reference/gemm.h"
+
+#include <algorithm>
+#include <cmath>
+#include <thread>
+
+#include "compiler/error.h"
+#include "qforge/numerics.cuh"
+
+namespace qf::ref {
+namespace {
+
+std::vector<double> decode_table(ElemFormat f) {
+  std::vector<double> t(256);
+  for (int i = 0; i < 256; ++i)
+    t[size_t(i)] = f == ElemFormat::E4M3 ? double(decode<E4M3>(u8(i))) : double(decode<E5M2>(u8(i)));
+  return t;
+}
+
+}  // namespace
+
+std::vector<int> row_groups(std::span<const int64_t> offsets, int64_t m_total) {
+  std::vector<int> g(size_t(m_total), -1);
+  auto clamp = [&](int64_t r) { return std::clamp<int64_t>(r, 0, m_total); };
+  for (size_t i = 0; i + 1 < offsets.size(); ++i) {
+    const int64_t s = clamp(offsets[i]), e = std::max(s, clamp(offsets[i + 1]));
+    for (int64_t r = s; r < e; ++r) g[size_t(r)] = int(i);  // a later group wins, as the kernel's later store
+  }
+  return g;
+}
+
+GemmRows gemm_reference(const GemmSpec& spec, const GemmOperands& ops, std::span<const int64_t> rows, int threads) {
+  validate(spec);
+  const int64_t n = spec.n, k = spec.k, kb = (k + 127) / 128, nb = (n + 127) / 128;
+  const int64_t groups = int64_t(ops.offsets.size()) - 1;
+  QF_CHECK(groups >= 1, "offsets holds G + 1 entries");
+  QF_CHECK(int64_t(ops.a.size()) >= ops.m_total * k && int64_t(ops.b.size()) >= groups * n * k, "operand sizes");
+  const std::vector<int> owner = row_groups(ops.offsets, ops.m_total);
+  const std::vector<double> ta = decode_table(spec.a_format), tb = decode_table(spec.b_format);
+
+  GemmRows out;
+  out.rows.assign(rows.begin(), rows.end());
+  out.group.resize(rows.size());
+  out.value.assign(rows.size() * size_t(n), 0.0);
+  out.magnitude.assign(rows.size() * size_t(n), 0.0);
+  for (size_t i = 0; i < rows.size(); ++i) {
+    QF_CHECK(rows[i] >= 0 && rows[i] < ops.m_total, "row ", rows[i], " outside [0, ", ops.m_total, ")");
+    out.group[i] = owner[size_t(rows[i])];
+  }
+
+  auto a_scale = [&](int64_t r, int64_t kk, int g) -> double {
+    switch (spec.scaling) {
+      case GemmScaling::PerTensor: return ops.a_scale[size_t(g)];
+      case GemmScaling::RowChannel: return ops.a_scale[size_t(r)];
+      case GemmScaling::Block128: return ops.a_scale[size_t(r * kb + kk / 128)];
+    }
+    return 0;
+  };
+  auto b_scale = [&](int g, int64_t col, int64_t kk) -> double {
+    switch (spec.scaling) {
+      case GemmScaling::PerTensor: return ops.b_scale[size_t(g)];
+      case GemmScaling::RowChannel: return ops.b_scale[size_t(int64_t(g) * n + col)];
+      case GemmScaling::Block128: return ops.b_scale[size_t((int64_t(g) * nb + col / 128) * kb + kk / 128)];
+    }
+    return 0;
+  };
+
+  // Work items: (row index, column chunk); each computes its dequantized A row once per chunk.
+  constexpr int64_t kChunk = 256;
+  const int64_t chunks = (n + kChunk - 1) / kChunk;
+  const int64_t items = int64_t(rows.size()) * chunks;
+  int nt = threads > 0 ? threads : int(std::max(1u, std::thread::hardware_concurrency()));
+  nt = int(std::min<int64_t>(nt, std::max<int64_t>(1, items)));
+  auto work = [&](int tid) {
+    std::vector<double> arow(static_cast<size_t>(k)), brow(static_cast<size_t>(k));
+    for (int64_t it = tid; it < items; it += nt) {
+      const size_t i = size_t(it / chunks);
+      const int64_t c0 = (it % chunks) * kChunk, c1 = std::min(n, c0 + kChunk);
+      const int g = out.group[i];
+      if (g < 0) continue;
+      const int64_t r = rows[i];
+      const double alpha = ops.alpha.empty() ? 1.0 : double(ops.alpha[size_t(g)]);
+      for (int64_t kk = 0; kk < k; ++kk) arow[size_t(kk)] = ta[ops.a[size_t(r * k + kk)]] * a_scale(r, kk, g);
+      for (int64_t col = c0; col < c1; ++col) {
+        const uint8_t* bp = &ops.b[size_t((int64_t(g) * n + col) * k)];
+        for (int64_t kk = 0; kk < k; ++kk) brow[size_t(kk)] = tb[bp[kk]] * b_scale(g, col, kk);
+        double sum = 0, mag = 0;
+        for (int64_t kk = 0; kk < k; ++kk) {
+          const double p = arow[size_t(kk)] * brow[size_t(kk)];
+          sum += p;
+          mag += std::fabs(p);
+        }
+        out.value[i * size_t(n) + size_t(col)] = alpha * sum;
+        out.magnitude[i * size_t(n) + size_t(col)] = std::fabs(alpha) * mag;
+      }
+    }
+  };
+  std::vector<std::thread> pool;
+  for (int t = 1; t < nt; ++t) pool.emplace_back(work, t);
+  work(0);
+  for (auto& th : pool) th.join();
+  return out;
+}
+
+GemmTolerance gemm_tolerance(const GemmSpec& spec) {
+  GemmTolerance t;
+  // bf16: RNE of the fp32 result, half an ulp = 2^-9 relative, plus the fp32 epilogue
+  // multiplies; fp32: a few fp32 roundings (scale products, epilogue multiplies, promotion fma).
+  t.out_rel = spec.out_dtype == DType::BF16 ? std::ldexp(1.0, -8) : std::ldexp(1.0, -20);
+  // Tensor-core accumulation of fp8 products keeps fewer bits than fp32 (about 13-14 below the
+  // largest addend); with promotion the error stays inside one k-block of 128.
+  t.acc_rel = spec.fast_accum ? std::ldexp(1.0, -9) : std::ldexp(1.0, -12);
+  return t;
+}
+
+uint32_t exact_output(const GemmSpec& spec, double value, float previous) {
+  float v = float(value);
+  if (spec.accumulate) v = float(double(previous) + value);
+  if (spec.out_dtype == DType::BF16) return f32_to_bf16(v);
+  return f32_bits(v);
+}
+
+}  // namespace qf::ref

@@ -1,0 +1,140 @@
+#include "reference/gemm_problem.h"
+
+#include <algorithm>
+#include <cmath>
+#include <random>
+#include <thread>
+
+#include "compiler/error.h"
+#include "qforge/numerics.cuh"
+
+namespace qf::ref {
+namespace {
+
+uint64_t splitmix(uint64_t& s) {
+  uint64_t z = (s += 0x9E3779B97F4A7C15ull);
+  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+  z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+  return z ^ (z >> 31);
+}
+
+u8 encode_fp8(ElemFormat f, float x) { return f == ElemFormat::E4M3 ? encode_rn<E4M3>(x) : encode_rn<E5M2>(x); }
+
+// 65536 encodings to draw bytes from: normal samples * fmax / 8, or integers in [-2, 2].
+std::vector<u8> byte_table(ElemFormat f, GemmValues v, uint64_t seed) {
+  std::vector<u8> t(65536);
+  std::mt19937_64 rng(seed);
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  const float spread = (f == ElemFormat::E4M3 ? 448.0f : 57344.0f) / 8.0f;
+  for (auto& b : t) b = v == GemmValues::Random ? encode_fp8(f, normal(rng) * spread) : encode_fp8(f, float(int(rng() % 5) - 2));
+  return t;
+}
+
+// Fills `out` from the table in parallel chunks (deterministic for a seed, whatever `threads`).
+void fill_bytes(std::vector<uint8_t>& out, const std::vector<u8>& table, uint64_t seed, int threads) {
+  constexpr size_t kChunk = size_t(1) << 20;
+  const size_t chunks = (out.size() + kChunk - 1) / kChunk;
+  const int nt = int(std::min<size_t>(size_t(threads), std::max<size_t>(chunks, 1)));
+  auto work = [&](int tid) {
+    for (size_t c = size_t(tid); c < chunks; c += size_t(nt)) {
+      uint64_t s = seed ^ (0xD1B54A32D192ED03ull * (c + 1));
+      const size_t end = std::min(out.size(), (c + 1) * kChunk);
+      for (size_t i = c * kChunk; i < end; i += 4) {
+        const uint64_t r = splitmix(s);
+        for (size_t j = 0; j < 4 && i + j < end; ++j) out[i + j] = table[(r >> (16 * j)) & 0xFFFF];
+      }
+    }
+  };
+  std::vector<std::thread> pool;
+  for (int t = 1; t < nt; ++t) pool.emplace_back(work, t);
+  work(0);
+  for (auto& th : pool) th.join();
+}
+
+float random_scale(std::mt19937_64& rng, GemmValues v) {
+  if (v == GemmValues::SmallIntegers) return std::ldexp(1.0f, int(rng() % 7) - 3);
+  std::uniform_real_distribution<float> u(1.0f, 2.0f);
+  return std::ldexp(u(rng), int(rng() % 8) - 4);
+}
+
+}  // namespace
+
+GemmOperands GemmProblem::operands() const {
+  GemmOperands o;
+  o.a = a;
+  o.b = b;
+  o.a_scale = a_scale;
+  o.b_scale = b_scale;
+  o.alpha = alpha;
+  o.offsets = offsets;
+  o.m_total = m_total;
+  return o;
+}
+
+GemmProblem make_gemm_problem(const GemmSpec& spec, std::span<const int64_t> group_rows, int64_t trailing_rows,
+                              GemmValues values, bool with_alpha, uint64_t seed, int threads) {
+  validate(spec);
+  QF_CHECK(!group_rows.empty() && trailing_rows >= 0, "at least one group");
+  if (threads <= 0) threads = int(std::max(1u, std::thread::hardware_concurrency()));
+  GemmProblem p;
+  const int64_t g = int64_t(group_rows.size()), n = spec.n, k = spec.k;
+  p.offsets.push_back(0);
+  for (int64_t r : group_rows) {
+    QF_CHECK(r >= 0, "negative group size");
+    p.offsets.push_back(p.offsets.back() + r);
+  }
+  p.m_total = p.offsets.back() + trailing_rows;
+  p.a.resize(size_t(p.m_total * k));
+  p.b.resize(size_t(g * n * k));
+  fill_bytes(p.a, byte_table(spec.a_format, values, seed * 3 + 1), seed * 5 + 2, threads);
+  fill_bytes(p.b, byte_table(spec.b_format, values, seed * 7 + 3), seed * 11 + 4, threads);
+
+  std::mt19937_64 rng(seed * 13 + 5);
+  const int64_t kb = (k + 127) / 128, nb = (n + 127) / 128;
+  int64_t na = 0, nbs = 0;
+  switch (spec.scaling) {
+    case GemmScaling::PerTensor: na = g, nbs = g; break;
+    case GemmScaling::RowChannel: na = p.m_total, nbs = g * n; break;
+    case GemmScaling::Block128: na = p.m_total * kb, nbs = g * nb * kb; break;
+  }
+  p.a_scale.resize(size_t(na));
+  p.b_scale.resize(size_t(nbs));
+  for (auto& s : p.a_scale) s = random_scale(rng, values);
+  for (auto& s : p.b_scale) s = random_scale(rng, values);
+  if (with_alpha) {
+    p.alpha.resize(size_t(g));
+    std::uniform_real_distribution<float> u(0.5f, 2.0f);
+    for (auto& a : p.alpha) a = values == GemmValues::Random ? u(rng) : std::ldexp(1.0f, int(rng() % 5) - 2);
+  }
+  if (spec.accumulate) {
+    p.d_init.resize(size_t(p.m_total * n));
+    std::normal_distribution<float> normal(0.0f, 1.0f);
+    for (auto& d : p.d_init) d = values == GemmValues::Random ? normal(rng) : float(int(rng() % 17) - 8);
+  }
+  return p;
+}
+
+std::vector<int64_t> random_group_rows(int groups, int64_t total, int zero_groups, int64_t granule, uint64_t seed) {
+  QF_CHECK(groups >= 1 && zero_groups < groups && total >= 0 && granule >= 1 && total % granule == 0, "group split");
+  std::mt19937_64 rng(seed);
+  std::vector<int> order(static_cast<size_t>(groups));
+  for (int i = 0; i < groups; ++i) order[size_t(i)] = i;
+  std::shuffle(order.begin(), order.end(), rng);
+  std::vector<double> w(static_cast<size_t>(groups), 0.0);
+  std::uniform_real_distribution<double> u(0.2, 1.8);
+  for (int i = zero_groups; i < groups; ++i) w[size_t(order[size_t(i)])] = u(rng);
+  double sum = 0;
+  for (double x : w) sum += x;
+  const int64_t units = total / granule;
+  std::vector<int64_t> rows(static_cast<size_t>(groups), 0);
+  int64_t used = 0;
+  for (int i = 0; i < groups; ++i) {
+    rows[size_t(i)] = int64_t(std::floor(w[size_t(i)] / sum * double(units)));
+    used += rows[size_t(i)];
+  }
+  rows[size_t(order[size_t(groups - 1)])] += units - used;  // a non-empty group takes the rest
+  for (auto& r : rows) r *= granule;
+  return rows;
+}
+
+}  // namespace qf::ref

@@ -1,0 +1,40 @@
+// Host-side GEMM problems for tests and the CLI: random fp8 operands and scales in the layouts
+// the kernel reads, for given group sizes.
+//
+//   Values::Random         A, B: fp8 encodings (RNE) of normal samples spread over the format's
+//                          range; scales 2^[-4, 4) * [1, 2); alpha [0.5, 2).
+//   Values::SmallIntegers  A, B in {-2, ..., 2}, scales and alpha powers of two, the previous
+//                          output (accumulation) small integers: every partial sum, scale product
+//                          and epilogue multiply is exact in fp32 (and in the tensor cores'
+//                          accumulators) for K <= 512, so the GPU must match exact_output().
+#pragma once
+#include <cstdint>
+#include <span>
+#include <vector>
+
+#include "reference/gemm.h"
+
+namespace qf::ref {
+
+struct GemmProblem {
+  std::vector<int64_t> offsets;  // [G + 1]
+  int64_t m_total = 0;           // offsets.back() plus any trailing rows outside every group
+  std::vector<uint8_t> a, b;     // [m_total, K], [G, N, K]
+  std::vector<float> a_scale, b_scale;
+  std::vector<float> alpha;      // empty unless requested
+  std::vector<float> d_init;     // [m_total, N] previous fp32 output, when the spec accumulates
+  GemmOperands operands() const;
+};
+
+enum class GemmValues { Random, SmallIntegers };
+
+// group_rows[g] rows per group (0 allowed), in order from row 0; `trailing_rows` more rows of A
+// and D belong to no group (the kernel must leave them untouched).
+GemmProblem make_gemm_problem(const GemmSpec& spec, std::span<const int64_t> group_rows, int64_t trailing_rows,
+                              GemmValues values, bool with_alpha, uint64_t seed, int threads = 0);
+
+// Random group sizes summing to `total` (each a multiple of `granule`), with `zero_groups` of them
+// empty (at least one group is non-empty).
+std::vector<int64_t> random_group_rows(int groups, int64_t total, int zero_groups, int64_t granule, uint64_t seed);
+
+}  // namespace qf::ref

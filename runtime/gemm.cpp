@@ -1,0 +1,192 @@
+#include "runtime/gemm.h"
+
+#include <algorithm>
+#include <cstring>
+
+#include "compiler/error.h"
+#include "qforge/gemm.cuh"
+#include "runtime/driver.h"
+
+namespace qf::rt {
+namespace {
+
+// Same bytes (CUDA 13 aligns CUtensorMap to 128, TMA needs 64; the copy is by memcpy).
+static_assert(sizeof(CUtensorMap) == sizeof(TmaDescriptor), "TmaDescriptor mirrors CUtensorMap");
+
+constexpr int kMaxGroups = 1 << 20;
+
+// K-major fp8 tiles of `box_rows` x 128 bytes, 128-byte swizzle, zero fill out of bounds.
+// dims/strides as cuTensorMapEncodeTiled takes them (innermost first, strides of dims 1..).
+TmaDescriptor encode_fp8_map(const char* what, uint64_t base, std::initializer_list<cuuint64_t> dims,
+                             std::initializer_list<cuuint64_t> strides, std::initializer_list<cuuint32_t> box) {
+  const Driver& d = require_driver();
+  CUtensorMap map;
+  std::vector<cuuint64_t> dv(dims), sv(strides);
+  std::vector<cuuint32_t> bv(box), ev(dv.size(), 1);
+  const CUresult r = d.cuTensorMapEncodeTiled(
+      &map, CU_TENSOR_MAP_DATA_TYPE_UINT8, cuuint32_t(dv.size()), reinterpret_cast<void*>(base), dv.data(), sv.data(),
+      bv.data(), ev.data(), CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
+      CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+  check(r, std::string("cuTensorMapEncodeTiled (") + what + ")");
+  TmaDescriptor out;
+  std::memcpy(&out, &map, sizeof out);
+  return out;
+}
+
+}  // namespace
+
+GemmKernel build_gemm_kernel(const GemmSpec& spec, const std::string& arch, KernelCache& cache) {
+  GemmKernel k;
+  k.source = emit_gemm(spec);
+  CompileRequest req;
+  req.source = k.source.source;
+  req.source_name = "qforge_gemm.cu";
+  req.name_expressions = {k.source.kernel};
+  req.arch = arch;
+  nlohmann::json meta = {{"kind", "gemm"}, {"gemm", describe(spec)}};
+  k.cached = cache.get_or_compile(req, meta);
+  return k;
+}
+
+GemmScaleElems gemm_scale_elems(const GemmSpec& s, int64_t m_total, int num_groups) {
+  const int64_t g = num_groups, kb = (s.k + 127) / 128, nb = (s.n + 127) / 128;
+  switch (s.scaling) {
+    case GemmScaling::PerTensor: return {g, g};
+    case GemmScaling::RowChannel: return {m_total, g * s.n};
+    case GemmScaling::Block128: return {m_total * kb, g * nb * kb};
+  }
+  QF_CHECK(false, "unknown GemmScaling");
+  return {};
+}
+
+struct Gemm::Loaded {
+  GemmKernel kernel;
+  std::shared_ptr<const Module> module;
+  CUfunction fn = nullptr;
+  int grid = 0;  // persistent CTAs (a multiple of the multicast width)
+};
+
+Gemm::Gemm(GemmSpec spec, KernelCache& cache) : spec_(std::move(spec)), cache_(cache) {
+  validate(spec_);
+  spec_.tile = resolve_tile(spec_);
+}
+
+CacheHow Gemm::prepare(const std::string& arch) const { return build_gemm_kernel(spec_, arch, cache_).cached.how; }
+
+int Gemm::persistent_ctas() const { return load_for_current_device()->grid; }
+
+std::shared_ptr<const Gemm::Loaded> Gemm::load_for_current_device() const {
+  const int dev = current_device();
+  {
+    std::lock_guard<std::mutex> g(mu_);
+    if (auto it = loaded_.find(dev); it != loaded_.end()) return it->second;
+  }
+  auto l = std::make_shared<Loaded>();
+  l->kernel = build_gemm_kernel(spec_, device_arch(dev), cache_);
+  const auto& entry = *l->kernel.cached.entry;
+  l->module = module_registry().get(dev, entry.key, std::string_view(entry.image));
+  l->fn = l->module->function(entry.lowered(l->kernel.source.kernel));
+  const Driver& d = require_driver();
+  const GemmSource& src = l->kernel.source;
+  check(d.cuFuncSetAttribute(l->fn, CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, int(src.smem_bytes)),
+        "cuFuncSetAttribute(MAX_DYNAMIC_SHARED_SIZE_BYTES) for the GEMM kernel");
+  const int sms = device_sm_count(dev);
+  if (src.tile.multicast == 1) {
+    l->grid = sms;
+  } else {
+    // Clusters of two need two free SMs of one GPC: ask the driver how many fit at once.
+    CUlaunchAttribute attr{};
+    attr.id = CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION;
+    attr.value.clusterDim.x = unsigned(src.tile.multicast);
+    attr.value.clusterDim.y = 1;
+    attr.value.clusterDim.z = 1;
+    CUlaunchConfig cfg{};
+    cfg.gridDimX = unsigned(sms - sms % src.tile.multicast);
+    cfg.gridDimY = cfg.gridDimZ = 1;
+    cfg.blockDimX = unsigned(src.threads);
+    cfg.blockDimY = cfg.blockDimZ = 1;
+    cfg.sharedMemBytes = src.smem_bytes;
+    cfg.attrs = &attr;
+    cfg.numAttrs = 1;
+    int clusters = 0;
+    check(d.cuOccupancyMaxActiveClusters(&clusters, l->fn, &cfg), "cuOccupancyMaxActiveClusters for the GEMM kernel");
+    if (clusters < 1) throw CudaError(CUDA_ERROR_INVALID_CLUSTER_SIZE, "the GEMM kernel's clusters do not fit on this device");
+    l->grid = clusters * src.tile.multicast;
+  }
+  std::lock_guard<std::mutex> g(mu_);
+  return loaded_.emplace(dev, std::move(l)).first->second;
+}
+
+void Gemm::run(const GemmCall& c, CUstream stream) const {
+  const GemmSpec& s = spec_;
+  const GemmTile& t = s.tile;
+  if (c.num_groups < 1 || c.num_groups > kMaxGroups)
+    throw UserError("num_groups", "expected 1.." + std::to_string(kMaxGroups) + ", got " + std::to_string(c.num_groups));
+  if (c.m_total < 0 || c.m_total >= (int64_t(1) << 31))
+    throw UserError("m_total", "expected 0 <= m_total < 2^31, got " + std::to_string(c.m_total));
+  const int64_t g = c.num_groups, m = c.m_total;
+  const int64_t n_units = (s.n + t.block_n - 1) / t.block_n / t.multicast;
+  const int64_t units = ((m + t.block_m - 1) / t.block_m + g) * n_units;  // upper bound over any split
+  if (units >= (int64_t(1) << 31))
+    throw UserError("m_total", "too many tiles for one launch (" + std::to_string(units) + ")");
+  const int ob = traits(s.out_dtype).bytes;
+  const std::string shape_a = "A [" + std::to_string(m) + ", " + std::to_string(s.k) + "] " + std::string(traits(s.a_format).name);
+  const std::string shape_b = "B [" + std::to_string(g) + ", " + std::to_string(s.n) + ", " + std::to_string(s.k) + "] " +
+                              std::string(traits(s.b_format).name);
+  const std::string shape_d = "D [" + std::to_string(m) + ", " + std::to_string(s.n) + "] " + std::string(traits(s.out_dtype).name);
+  check_buffer("a", c.a, m * s.k, 16, shape_a);
+  check_buffer("b", c.b, g * s.n * s.k, 16, shape_b);
+  check_buffer("d", c.d, m * s.n * ob, 16, shape_d);
+  if (c.d.dtype && *c.d.dtype != s.out_dtype) check_dtype("d", c.d, s.out_dtype);
+  const GemmScaleElems se = gemm_scale_elems(s, m, c.num_groups);
+  const std::string scaling(traits(s.scaling).name);
+  check_buffer("a_scale", c.a_scale, se.a * 4, 4,
+               "fp32 " + scaling + " scales " + std::string(traits(s.scaling).a_scale_shape));
+  check_buffer("b_scale", c.b_scale, se.b * 4, 4,
+               "fp32 " + scaling + " scales " + std::string(traits(s.scaling).b_scale_shape));
+  if (c.alpha.ptr) check_buffer("alpha", c.alpha, g * 4, 4, "fp32 [num_groups]");
+  if (c.max_ctas < 0) throw UserError("max_ctas", "expected >= 0, got " + std::to_string(c.max_ctas));
+  check_buffer("group_offsets", c.group_offsets, (g + 1) * 8, 8, "int64 [num_groups + 1]");
+  const std::pair<const char*, const TensorView*> inputs[] = {{"a", &c.a},           {"b", &c.b},
+                                                              {"a_scale", &c.a_scale}, {"b_scale", &c.b_scale},
+                                                              {"alpha", &c.alpha},   {"group_offsets", &c.group_offsets}};
+  for (const auto& [name, v] : inputs) check_disjoint("d", c.d, name, *v);
+  if (m == 0) return;  // no rows: nothing to read or write
+
+  const int dev = current_device();
+  check_device_pointer("d", c.d.ptr, dev);
+  for (const auto& [name, v] : inputs) check_device_pointer(name, v->ptr, dev);
+
+  auto l = load_for_current_device();
+  GemmArgs args{};
+  args.a_map = encode_fp8_map("a", c.a.ptr, {cuuint64_t(s.k), cuuint64_t(m)}, {cuuint64_t(s.k)},
+                              {cuuint32_t(kGemmBlockK), cuuint32_t(t.block_m / t.multicast)});
+  args.b_map = encode_fp8_map("b", c.b.ptr, {cuuint64_t(s.k), cuuint64_t(s.n), cuuint64_t(g)},
+                              {cuuint64_t(s.k), cuuint64_t(s.n * s.k)},
+                              {cuuint32_t(kGemmBlockK), cuuint32_t(t.block_n), 1u});
+  args.d = reinterpret_cast<void*>(c.d.ptr);
+  args.a_scale = reinterpret_cast<const float*>(c.a_scale.ptr);
+  args.b_scale = reinterpret_cast<const float*>(c.b_scale.ptr);
+  args.alpha = reinterpret_cast<const float*>(c.alpha.ptr);
+  args.group_offsets = reinterpret_cast<const i64*>(c.group_offsets.ptr);
+  args.m_total = m;
+  args.num_groups = c.num_groups;
+
+  int64_t clusters = std::min<int64_t>(units, l->grid / t.multicast);
+  if (c.max_ctas > 0) clusters = std::min<int64_t>(clusters, c.max_ctas / t.multicast);
+  const int64_t want = std::max<int64_t>(1, clusters) * t.multicast;
+  void* params[] = {&args};
+  CUlaunchAttribute attr{};
+  std::span<CUlaunchAttribute> attrs;
+  if (t.multicast > 1) {
+    attr.id = CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION;
+    attr.value.clusterDim.x = unsigned(t.multicast);
+    attr.value.clusterDim.y = 1;
+    attr.value.clusterDim.z = 1;
+    attrs = std::span<CUlaunchAttribute>(&attr, 1);
+  }
+  launch(l->fn, Dim3{unsigned(want)}, Dim3{unsigned(l->kernel.source.threads)}, l->kernel.source.smem_bytes, stream,
+         params, attrs);
+}
+
+}  // namespace qf::rt

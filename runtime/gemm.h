@@ -1,0 +1,81 @@
+// Grouped fp8 GEMM on a GPU: the spec's kernel, compiled (or loaded from the kernel cache) for
+// the current device's arch, validated arguments, TMA descriptors, a persistent launch.
+//
+//   qf::GemmSpec spec;  spec.scaling = qf::GemmScaling::Block128;  spec.n = 4096;  spec.k = 7168;
+//   qf::rt::Gemm gemm(spec);
+//   gemm.run({.a = ..., .b = ..., .d = ..., .a_scale = ..., .b_scale = ...,
+//             .group_offsets = ..., .m_total = M, .num_groups = G}, stream);
+//
+// Group g owns rows [offsets[g], offsets[g+1]) of A and D (offsets on the device, int64, read by
+// the kernel: no host sync, CUDA-graph safe). Rows of D outside every group are not written.
+#pragma once
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+
+#include <cuda.h>
+
+#include "compiler/gemm_codegen.h"
+#include "runtime/kernel_cache.h"
+#include "runtime/tensor.h"
+
+namespace qf::rt {
+
+// The spec's kernel for one arch, from the cache (compiled on a miss).
+struct GemmKernel {
+  GemmSource source;
+  CacheResult cached;
+};
+GemmKernel build_gemm_kernel(const GemmSpec& spec, const std::string& arch, KernelCache& cache);
+
+struct GemmCall {
+  TensorView a;              // fp8 [m_total, K], 16-byte aligned
+  TensorView b;              // fp8 [num_groups, N, K], 16-byte aligned
+  TensorView d;              // [m_total, N] bf16 or fp32 (the spec's), 16-byte aligned
+  TensorView a_scale;        // fp32, shape per scaling (gemm_scale_elems)
+  TensorView b_scale;        // fp32
+  TensorView alpha;          // optional fp32 [num_groups]
+  TensorView group_offsets;  // int64 [num_groups + 1], on the device
+  int64_t m_total = 0;       // rows of A and D, < 2^31
+  int num_groups = 0;        // 1 .. 2^20
+  int max_ctas = 0;          // cap on the persistent CTAs (e.g. to leave SMs to other streams);
+                             // 0: one per SM, or as many clusters as fit at once
+};
+
+// Elements of the fp32 scale buffers for this spec (see GemmScaling).
+struct GemmScaleElems {
+  int64_t a = 0, b = 0;
+};
+GemmScaleElems gemm_scale_elems(const GemmSpec& spec, int64_t m_total, int num_groups);
+
+class Gemm {
+ public:
+  // Validates the spec (UserError naming the field) and resolves its tile.
+  explicit Gemm(GemmSpec spec, KernelCache& cache = KernelCache::global());
+
+  const GemmSpec& spec() const { return spec_; }  // tile resolved
+  const GemmTile& tile() const { return spec_.tile; }
+
+  // Validates every argument (UserError naming it), then launches on `stream` in the current
+  // context. The first call per device compiles or loads the kernel.
+  void run(const GemmCall& call, CUstream stream) const;
+
+  // Compiles (or loads) for `arch` without a GPU; returns how the cache answered.
+  CacheHow prepare(const std::string& arch) const;
+
+  // Persistent CTAs a launch on the current device uses at most (loads the kernel).
+  int persistent_ctas() const;
+
+ private:
+  struct Loaded;
+  std::shared_ptr<const Loaded> load_for_current_device() const;
+
+  GemmSpec spec_;
+  KernelCache& cache_;
+  mutable std::mutex mu_;
+  mutable std::map<int, std::shared_ptr<const Loaded>> loaded_;  // by device
+};
+
+}  // namespace qf::rt

@@ -1,0 +1,101 @@
+#!/usr/bin/env bash
+# The grouped-GEMM GPU check in one go, for a Hopper machine: configure + build (only the CLI and
+# the unit tests), the GEMM GPU tests (bit-exact small-integer cases, random cases against the
+# float64 reference), then `qforge gemm --bench` on the issue's shape and torch baselines on the
+# same shape, and a summary table last. Logs and JSON lines go to $1 (default ./gemm-results).
+#   scripts/gemm_check.sh OUT_DIR [quick]
+# GoogleTest / nlohmann_json come from .gpudeps/ when present (QFORGE_DEPS_PREFIX overrides).
+set -uo pipefail
+cd "$(dirname "$0")/.."
+OUT=${1:-gemm-results}
+MODE=${2:-full}
+mkdir -p "$OUT"
+BUILD=${QFORGE_BUILD_DIR:-build-gemm-gpu}
+export PATH="/usr/local/cuda/bin:$PATH"
+prefix=${QFORGE_DEPS_PREFIX:-}
+[ -z "$prefix" ] && [ -d .gpudeps ] && prefix="$PWD/.gpudeps"
+gen=(); command -v ninja >/dev/null && gen=(-G Ninja)
+export QFORGE_CACHE_DIR="$PWD/$BUILD/gpu-cache"
+LOG="$OUT/log.txt"; RES="$OUT/results.jsonl"; : >"$LOG"; : >"$RES"
+t0=$(date +%s)
+nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm,power.draw --format=csv,noheader >"$OUT/gpu.txt" 2>&1
+
+# ---- build
+cmake -S . -B "$BUILD" "${gen[@]}" -DCMAKE_BUILD_TYPE=${QFORGE_BUILD_TYPE:-Release} -DQFORGE_LIT_TESTS=OFF ${prefix:+-DCMAKE_PREFIX_PATH=$prefix} \
+  >"$OUT/build.log" 2>&1 || { tail -30 "$OUT/build.log"; exit 1; }
+cmake --build "$BUILD" -j16 --target qforge >>"$OUT/build.log" 2>&1 || { grep -E "error" "$OUT/build.log" | head -30; exit 1; }
+TESTBIN="$BUILD/tests/qforge_unit_tests"
+if ! cmake --build "$BUILD" -j16 --target qforge_unit_tests >>"$OUT/build.log" 2>&1; then
+  # Someone else's test file may not build: build the GEMM tests alone against the libraries.
+  echo "qforge_unit_tests did not build; building the GEMM tests alone" | tee -a "$LOG"
+  grep -E "error" "$OUT/build.log" | head -10 >>"$LOG"
+  TESTBIN="$BUILD/gemm_tests"
+  g++ -std=c++20 -O2 -ffp-contract=off -I. -Itemplates -I/usr/local/cuda/include ${prefix:+-I$prefix/include} \
+    tests/unit/gpu_gemm_test.cpp tests/unit/gemm_compile_test.cpp -o "$TESTBIN" \
+    "$BUILD/reference/libqforge_reference.a" "$BUILD/runtime/libqforge_runtime.a" "$BUILD/compiler/libqforge_compiler.a" \
+    "$BUILD/templates/libqforge_templates.a" ${prefix:+-L$prefix/lib/x86_64-linux-gnu -L$prefix/lib} -lgtest_main -lgtest \
+    -L/usr/local/cuda/lib64 -lnvrtc -ldl -lpthread >>"$OUT/build.log" 2>&1 || { tail -20 "$OUT/build.log"; exit 1; }
+fi
+t1=$(date +%s)
+Q="$BUILD/tools/qforge"
+
+# ---- smoke: one small blockwise GEMM through the CLI (a hang traps after 4 s in the kernel)
+timeout 60 "$Q" gemm --groups 3 --m 300 --uneven --n 256 --k 512 --check --check-rows 64 >>"$LOG" 2>&1
+smoke_rc=$?
+echo "smoke rc=$smoke_rc" >>"$LOG"
+
+# ---- GPU tests, one process per test (a trapped kernel poisons only its own context)
+"$TESTBIN" --gtest_list_tests --gtest_filter="${GEMM_TEST_FILTER:-*Gemm*}" >"$OUT/tests_list.txt" 2>&1
+tests=$(awk '/^[^ ]/{s=$1} /^  /{print s $1}' "$OUT/tests_list.txt")
+pass=0; fail=0; failed=()
+run_test() {
+  local t=$1 out rc
+  out=$(timeout 120 "$TESTBIN" --gtest_filter="$t" 2>&1); rc=$?
+  { echo "=== $t rc=$rc"; echo "$out" | grep -E "measure|Failure|Expected|Which is|first|error|differ|OK \]|FAILED \]|SKIPPED" | head -20; } >>"$LOG"
+  if [ $rc -eq 0 ] && echo "$out" | grep -q "\[  SKIPPED \] 1 test"; then echo "S $t"
+  elif [ $rc -eq 0 ] && echo "$out" | grep -q "\[  PASSED  \] 1 test"; then echo P; else echo "F $t"; fi
+}
+export -f run_test; export TESTBIN LOG
+results=$(echo "$tests" | xargs -P 4 -I{} bash -c 'run_test "$@"' _ {})
+pass=$(echo "$results" | grep -c "^P")
+fail=$(echo "$results" | grep -c "^F")
+skip=$(echo "$results" | grep -c "^S")
+t2=$(date +%s)
+
+# ---- benchmarks: 8 groups x 4096 x N 4096 x K 7168 (the issue's goal shape), bf16 out
+bench() {  # label, args... (default shape: 8 groups x 4096 rows, N 4096, K 7168)
+  local label=$1; shift
+  local line
+  line=$(timeout 90 "$Q" gemm --groups 8 --m 4096 --n 4096 --k 7168 --bench --iters 20 --json "$RES" "$@" 2>&1 | tee -a "$LOG" |
+         grep -E "^bench:|^check:|^persistent|error" | sed -e 's/ over 20 runs//' -e 's/vs the float64 reference //' | tr '\n' ' ')
+  printf "%-34s %s\n" "$label" "$line" >>"$OUT/bench.txt"
+}
+: >"$OUT/bench.txt"
+if [ "$MODE" != "quick" ]; then
+  bench "blockwise mc1 ordered +check" --scaling blockwise --check --check-rows 2
+  bench "blockwise mc1 unordered" --scaling blockwise --ordered off
+  bench "blockwise mc1 unordered 88 CTAs" --scaling blockwise --ordered off --max-ctas 88
+  bench "blockwise mc2 ordered +check" --scaling blockwise --multicast 2 --check --check-rows 2
+  bench "blockwise mc1 ordered uneven" --scaling blockwise --uneven
+  bench "blockwise mc1 ordered raster8" --scaling blockwise --raster 8
+  bench "blockwise 4x8192 N7168 K2048" --scaling blockwise --groups 4 --m 8192 --n 7168 --k 2048
+  bench "blockwise 32x512 N2048 K7168" --scaling blockwise --groups 32 --m 512 --n 2048 --k 7168
+  bench "rowwise promote mc1 ordered" --scaling rowwise
+  bench "rowwise fast 128x128 mc1" --scaling rowwise --fast-accum
+  bench "rowwise fast 128x128 mc1 ordered" --scaling rowwise --fast-accum --ordered on
+  bench "tensor promote mc1 ordered" --scaling tensor
+  bench "tensor fast 128x128 mc1" --scaling tensor --fast-accum
+  bench "tensor fast 128x256 mc1" --scaling tensor --fast-accum --block-n 256
+  timeout 120 python3 scripts/gemm_torch_baseline.py --groups 8 --m 4096 --n 4096 --k 7168 --json "$RES" \
+    >>"$OUT/bench.txt" 2>&1
+fi
+t3=$(date +%s)
+
+echo "== qforge GEMM check on $(cat "$OUT/gpu.txt")"
+echo "build $((t1 - t0)) s; tests $((t2 - t1)) s; bench $((t3 - t2)) s"
+echo "smoke (qforge gemm --check, 3 uneven groups, N 256, K 512): rc=$smoke_rc $(grep -E '^check:' "$LOG" | head -2 | tr '\n' ' ')"
+echo "GPU GEMM tests: $pass passed, $fail failed, $skip skipped"
+echo "$results" | grep "^F" | head -20
+grep -E "measure" "$LOG" | sed 's/.*\] //' | head -12
+cat "$OUT/bench.txt"
+[ "$fail" -eq 0 ] && [ "$smoke_rc" -eq 0 ]

@@ -1,0 +1,700 @@
+// Grouped fp8 GEMM for Hopper (sm_90a). Generated code (compiler/gemm_codegen.cpp) defines one
+// config struct with named constants (formats, scaling, N, K, output, tile shape) and names
+// gemm_kernel<Cfg>; everything else is here, as ordinary CUDA.
+//
+// Problem (gemm_args.cuh): contiguous M-grouped, D[rows of g] (+)= alpha[g] * A[rows of g] * B[g]^T
+// with A [m_total, K] and B [G, N, K] K-major fp8 (e4m3 or e5m2, independently), D [m_total, N]
+// bf16 or fp32. Group row ranges come from a device offsets array, read in the kernel, so a
+// launch needs no host sync and can be captured in a CUDA graph.
+//
+// Kernel shape (one CTA per SM, persistent):
+//   * warpgroups 0..kConsumers-1 are consumers: each owns 64 rows of the block_m x block_n tile
+//     and runs wgmma m64nNk32 from shared memory; the last warpgroup is the producer: one warp
+//     issues TMA loads (128-byte swizzle, zero fill out of bounds) into a kStages-deep ring of
+//     shared-memory stages, each guarded by a "full" and an "empty" mbarrier. setmaxnreg moves
+//     registers from the producer to the consumers.
+//   * A tile scheduler walks the tiles of every group in order (bands of kRasterM m-blocks,
+//     n-blocks inside a band, for L2 reuse); CTA (or cluster) i takes tiles i, i + grid, ...
+//     Tiles start at their group's first row; the last m-block of a group reads rows of the next
+//     group (or TMA zero fill past m_total), which only feed output rows that are never stored.
+//   * kMulticast == 2: clusters of two CTAs take n-adjacent tiles of the same m-block; each loads
+//     half of the A tile and multicasts it to both (halving A's L2 traffic).
+//   * kOrderedIssue (two consumer warpgroups): the warpgroups issue their MMAs of a k-block in
+//     turn (WG0, WG1, WG0, ...; two "turn" mbarriers), so the tensor cores run one warpgroup's
+//     MMAs while the other promotes its previous partial sum, instead of both waiting together.
+//   * One k-block = 128 of K = one stage. Scaling policies (below) decide what happens per
+//     k-block (fp32 promotion: the tensor-core partial sum is scaled and added into an fp32
+//     accumulator in registers) and in the epilogue (per-tensor / per-row / per-column factors).
+//   * Epilogue: fragments -> shared memory (padded, conflict-free) -> 16-byte coalesced stores,
+//     rows clipped to the group's end and m_total, columns to N; optional accumulate into fp32 D.
+//
+// Numerics: products of fp8 values are exact; the tensor cores add them with their own (reduced,
+// implementation-defined) precision within a k-block (or over all of K without promotion); all
+// other arithmetic is explicit IEEE fp32 (fmaf where fused); bf16 output rounds RNE through
+// numerics.cuh. The CPU reference (reference/gemm.h) states the error bound.
+#pragma once
+#include "qforge/gemm_args.cuh"
+#include "qforge/numerics.cuh"
+
+namespace qf {
+
+// Scaling kinds, in the order of GemmScaling in compiler/gemm_codegen.h.
+enum GemmScalingCode : int { kGemmPerTensor = 0, kGemmRowChannel = 1, kGemmBlock128 = 2 };
+
+constexpr int kGemmBlockK = 128;           // K per stage: one 128-byte swizzle row of fp8
+constexpr u32 kGemmSmemLimit = 232448;     // sm_90 opt-in dynamic shared memory per block
+constexpr u32 kGemmSmemAlignSlack = 1024;  // the dynamic window is aligned up to 1024 in-kernel
+
+// Output columns per epilogue pass (bf16: the whole tile; fp32: 64, to bound the staging
+// memory) and the staging row pitch in 32-bit words. Pitches are
+// chosen so that fragment stores hit 32 distinct banks: fp32 pairs (8-byte stores, half-warps of
+// 4 rows x 4 lanes) need pitch = 8 (mod 32), packed bf16 pairs (4-byte stores, 8 rows x 4 lanes)
+// need pitch = 4 (mod 32).
+QF_HD constexpr int gemm_epi_cols(int block_n, int out_bytes) { return out_bytes == 4 ? 64 : block_n; }
+QF_HD constexpr int gemm_staging_pitch(int epi_cols, int out_bytes) {
+  return out_bytes == 4 ? epi_cols + 8 : epi_cols / 2 + 4;
+}
+
+// Shared-memory layout (byte offsets from the 1024-aligned base), host and device.
+struct GemmSmem {
+  u32 a_off, a_stage;      // A stages: block_m rows x 128 bytes each
+  u32 b_off, b_stage;      // B stages: block_n rows x 128 bytes each
+  u32 sc_off, sc_stage;    // per-stage scales (block scaling): block_m A scales + 1 B scale
+  u32 staging_off, staging_wg;  // epilogue staging, one region per consumer warpgroup
+  u32 col_off;             // per-column scales, block_n floats per consumer warpgroup
+  u32 bar_off;             // full[stages], empty[stages], turn[2] mbarriers
+  u32 total;               // dynamic shared memory to request (includes the alignment slack)
+};
+
+QF_HD constexpr u32 gemm_align_up(u32 v, u32 a) { return (v + a - 1) / a * a; }
+
+QF_HD constexpr GemmSmem gemm_smem(int block_m, int block_n, int stages, int consumers,
+                                   bool stage_scales, bool col_scales, int out_bytes) {
+  GemmSmem s{};
+  s.a_stage = u32(block_m) * 128u;
+  s.b_stage = u32(block_n) * 128u;
+  s.a_off = 0;
+  s.b_off = s.a_off + u32(stages) * s.a_stage;
+  s.sc_stage = stage_scales ? u32(block_m + 4) * 4u : 0u;
+  s.sc_off = s.b_off + u32(stages) * s.b_stage;
+  const int epi = gemm_epi_cols(block_n, out_bytes);
+  s.staging_wg = 64u * u32(gemm_staging_pitch(epi, out_bytes)) * 4u;
+  s.staging_off = gemm_align_up(s.sc_off + u32(stages) * s.sc_stage, 16);
+  s.col_off = s.staging_off + u32(consumers) * s.staging_wg;
+  s.bar_off = gemm_align_up(s.col_off + (col_scales ? u32(consumers * block_n) * 4u : 0u), 8);
+  s.total = s.bar_off + u32(2 * stages + 2) * 8u + kGemmSmemAlignSlack;
+  return s;
+}
+
+#if defined(__CUDACC__)
+}  // namespace qf
+#include "qforge/wgmma.cuh"
+namespace qf {
+namespace sm90 {
+
+// ------------------------------------------------------------------ PTX wrappers (sm_90a)
+
+__device__ __forceinline__ u32 smem_addr(const void* p) {
+  return static_cast<u32>(__cvta_generic_to_shared(p));
+}
+
+__device__ __forceinline__ void mbar_init(u32 bar, u32 count) {
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(bar), "r"(count) : "memory");
+}
+__device__ __forceinline__ void mbar_arrive_expect_tx(u32 bar, u32 bytes) {
+  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(bar), "r"(bytes) : "memory");
+}
+__device__ __forceinline__ void mbar_arrive(u32 bar) {
+  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" ::"r"(bar) : "memory");
+}
+// Arrive on the mbarrier at the same shared-memory offset in CTA `cta` of this cluster.
+__device__ __forceinline__ void mbar_arrive_cluster(u32 bar, u32 cta) {
+  asm volatile(
+      "{\n.reg .b32 ra;\nmapa.shared::cluster.u32 ra, %0, %1;\n"
+      "mbarrier.arrive.release.cluster.shared::cluster.b64 _, [ra];\n}\n" ::"r"(bar), "r"(cta)
+      : "memory");
+}
+__device__ __forceinline__ u32 mbar_try_wait(u32 bar, u32 parity) {
+  u32 done;
+  asm volatile(
+      "{\n.reg .pred p;\nmbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\nselp.u32 %0, 1, 0, p;\n}\n"
+      : "=r"(done)
+      : "r"(bar), "r"(parity)
+      : "memory");
+  return done;
+}
+__device__ __forceinline__ u64 global_timer_ns() {
+  u64 t;
+  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+  return t;
+}
+// Waits for the phase of `parity` to complete. A wait of more than 4 s is a bug (a lost
+// arrival, a TMA fault): the kernel traps (the launch fails with an illegal-instruction error)
+// instead of hanging. No printf here: a call inside the main loop would serialize the wgmmas.
+__device__ __forceinline__ void mbar_wait(u32 bar, u32 parity) {
+  if (mbar_try_wait(bar, parity)) return;
+  const u64 start = global_timer_ns();
+  for (u32 spins = 1;; ++spins) {
+    if (mbar_try_wait(bar, parity)) return;
+    if ((spins & 0xFFFu) == 0 && global_timer_ns() - start > 4000000000ull) __trap();
+  }
+}
+
+__device__ __forceinline__ void fence_barrier_init() {
+  asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+}
+__device__ __forceinline__ void fence_proxy_async_shared() {
+  asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
+}
+
+__device__ __forceinline__ void tma_load_2d(u32 dst, const TmaDescriptor* map, u32 bar, int c0, int c1) {
+  asm volatile(
+      "cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%3, %4}], [%2];" ::"r"(dst),
+      "l"(reinterpret_cast<u64>(map)), "r"(bar), "r"(c0), "r"(c1)
+      : "memory");
+}
+__device__ __forceinline__ void tma_load_2d_multicast(u32 dst, const TmaDescriptor* map, u32 bar, int c0, int c1,
+                                                      u16 cta_mask) {
+  asm volatile(
+      "cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes.multicast::cluster"
+      " [%0], [%1, {%3, %4}], [%2], %5;" ::"r"(dst),
+      "l"(reinterpret_cast<u64>(map)), "r"(bar), "r"(c0), "r"(c1), "h"(cta_mask)
+      : "memory");
+}
+__device__ __forceinline__ void tma_load_3d(u32 dst, const TmaDescriptor* map, u32 bar, int c0, int c1, int c2) {
+  asm volatile(
+      "cp.async.bulk.tensor.3d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%3, %4, %5}], [%2];" ::"r"(dst),
+      "l"(reinterpret_cast<u64>(map)), "r"(bar), "r"(c0), "r"(c1), "r"(c2)
+      : "memory");
+}
+__device__ __forceinline__ void tma_prefetch_descriptor(const TmaDescriptor* map) {
+  asm volatile("prefetch.tensormap [%0];" ::"l"(reinterpret_cast<u64>(map)) : "memory");
+}
+
+// 4-byte asynchronous copy global -> shared; src_bytes 0 writes a zero without reading.
+__device__ __forceinline__ void cp_async_4(u32 dst, const void* src, u32 src_bytes) {
+  asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;" ::"r"(dst), "l"(src), "r"(src_bytes) : "memory");
+}
+// Arrives on `bar` once this thread's earlier cp.async copies have landed (the barrier's
+// expected count includes this arrival: .noinc).
+__device__ __forceinline__ void cp_async_mbar_arrive_noinc(u32 bar) {
+  asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];" ::"r"(bar) : "memory");
+}
+
+__device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;" ::: "memory"); }
+__device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory"); }
+template <int N>
+__device__ __forceinline__ void wgmma_wait() {
+  asm volatile("wgmma.wait_group.sync.aligned %0;" ::"n"(N) : "memory");
+}
+// Tells the compiler a register may change here (keeps accumulator reads after wgmma waits).
+__device__ __forceinline__ void fence_reg(float& r) { asm volatile("" : "+f"(r)::"memory"); }
+
+// Shared-memory matrix descriptor of a K-major tile written by TMA with the 128-byte swizzle:
+// rows of 128 bytes, 8-row groups 1024 bytes apart (stride byte offset), layout type 1.
+// Moving along K inside the 128-byte row is done by adding bytes / 16 to the start address.
+__device__ __forceinline__ u64 smem_desc_sw128(u32 addr) {
+  return (u64(1) << 62) | (u64(1024 >> 4) << 32) | u64((addr >> 4) & 0x3FFFu);
+}
+
+template <u32 R>
+__device__ __forceinline__ void setmaxnreg_inc() {
+  asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;" ::"n"(R));
+}
+template <u32 R>
+__device__ __forceinline__ void setmaxnreg_dec() {
+  asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;" ::"n"(R));
+}
+
+__device__ __forceinline__ void named_barrier(u32 id, u32 threads) {
+  asm volatile("bar.sync %0, %1;" ::"r"(id), "r"(threads) : "memory");
+}
+__device__ __forceinline__ u32 cluster_ctarank() {
+  u32 r;
+  asm volatile("mov.u32 %0, %%cluster_ctarank;" : "=r"(r));
+  return r;
+}
+__device__ __forceinline__ void cluster_sync() {
+  asm volatile("barrier.cluster.arrive.aligned;\nbarrier.cluster.wait.aligned;" ::: "memory");
+}
+
+}  // namespace sm90
+
+namespace gemm {
+
+// One output tile: rows [row0, row0 + block_m) of group `group` (stores stop at row_end), columns
+// [n0, n0 + block_n). Rows fit in 31 bits (the host checks m_total < 2^31).
+struct TileInfo {
+  int row0;
+  int row_end;  // min(group end, m_total)
+  int n0;
+  int group;
+};
+
+// Where a consumer thread's accumulator fragment sits: wgmma m64nN gives thread `lane` of warp
+// `warp` (in its warpgroup) rows warp*16 + lane/4 and +8, columns 8j + 2*(lane%4) + {0, 1};
+// registers d[4j + 0, 1] hold the first row, d[4j + 2, 3] the second.
+struct Frag {
+  int wg;    // consumer warpgroup
+  int tid;   // thread in the warpgroup, 0..127
+  int lane;
+  int row;   // tile row of the first fragment row: wg*64 + warp*16 + lane/4
+};
+
+// Walks the work units of every group in order: a unit is one tile, or with multicast a pair of
+// n-adjacent tiles (one per CTA of the cluster). Each role of each CTA walks the same sequence.
+template <class Cfg>
+struct Scheduler {
+  static constexpr int kBM = int(Cfg::kBlockM), kBN = int(Cfg::kBlockN);
+  static constexpr int kNBlocks = int((Cfg::kN + kBN - 1) / kBN);
+  static constexpr int kNUnits = kNBlocks / int(Cfg::kMulticast);
+  static constexpr int kRaster = int(Cfg::kRasterM);
+
+  const i64* offsets;
+  int m_total;
+  int num_groups;
+  int g = -1;
+  int units_before = 0, units_in_group = 0, g_start = 0, g_end = 0, m_blocks = 0;
+
+  __device__ explicit Scheduler(const GemmArgs& a)
+      : offsets(a.group_offsets), m_total(int(a.m_total)), num_groups(a.num_groups) {}
+
+  __device__ int clamp_row(i64 r) const { return r < 0 ? 0 : (r > m_total ? m_total : int(r)); }
+
+  // Unit -> tile for this CTA (rank in its cluster); false when past the last group.
+  __device__ bool get(int unit, u32 rank, TileInfo& t) {
+    while (unit >= units_before + units_in_group) {
+      units_before += units_in_group;
+      if (++g >= num_groups) return false;
+      g_start = clamp_row(offsets[g]);
+      g_end = clamp_row(offsets[g + 1]);
+      if (g_end < g_start) g_end = g_start;
+      m_blocks = (g_end - g_start + kBM - 1) / kBM;
+      units_in_group = m_blocks * kNUnits;
+    }
+    const int local = unit - units_before;
+    const int band = local / (kRaster * kNUnits);
+    const int band_start = band * kRaster;
+    const int rows = min(m_blocks - band_start, kRaster);
+    const int r = local - band * kRaster * kNUnits;
+    const int mb = band_start + r % rows;
+    const int nu = r / rows;
+    t.group = g;
+    t.row0 = g_start + mb * kBM;
+    t.row_end = g_end;
+    t.n0 = (nu * int(Cfg::kMulticast) + int(rank)) * kBN;
+    return true;
+  }
+};
+
+// ------------------------------------------------------------------ scaling policies
+//
+// A policy says how the scales of its kind enter the product:
+//   kStageScales   the producer copies per-k-block scales into every stage (produce());
+//   kColScales     the epilogue needs per-column factors in shared memory (store_cols());
+//   Tile begin()   per-tile factors loaded at the start of a tile (kept in registers; their
+//                  load latency hides behind the main loop);
+//   KBlock kblock() per k-block factors, read from the stage's scale slot before the stage is
+//                  released (kStageScales only);
+//   promote()      per k-block, with Cfg::kPromote: total += partial * factor (fp32, fused);
+//   row_factor()   the epilogue factor of a fragment row (times col factor when kColScales).
+// MXFP8 (per-32 promotion with per-column B scales) and NVFP4 (on-chip dequantization) slot in
+// as further policies.
+
+// One fp32 scale per group for A and for B: D = alpha * sa * sb * sum(a * b).
+struct PerTensorScaling {
+  static constexpr bool kStageScales = false, kColScales = false;
+  struct Tile {
+    float factor;
+  };
+  template <class Cfg>
+  __device__ static void produce(const GemmArgs&, const TileInfo&, int, int, u32) {}
+  template <class Cfg>
+  __device__ static Tile begin(const GemmArgs& a, const TileInfo& t, const Frag&) {
+    float f = a.a_scale[t.group] * a.b_scale[t.group];
+    if (a.alpha) f = f * a.alpha[t.group];
+    return {f};
+  }
+  template <class Cfg>
+  __device__ static void store_cols(const Tile&, float*, const Frag&) {}
+  __device__ static float row_factor(const Tile& s, int) { return s.factor; }
+  struct KBlock {};
+  template <class Cfg>
+  __device__ static KBlock kblock(const float*, const Frag&) { return {}; }
+  template <int kAcc>
+  __device__ static void promote(float* total, const float* acc, const KBlock&) {
+#pragma unroll
+    for (int i = 0; i < kAcc; ++i) total[i] = total[i] + acc[i];
+  }
+};
+
+// fp32 scale per row of A (token) and per row of B[g] (output channel):
+// D[r, n] = alpha * sa[r] * sb[g, n] * sum(a * b).
+struct RowChannelScaling {
+  static constexpr bool kStageScales = false, kColScales = true;
+  struct Tile {
+    float row[2];
+    float col[2];  // block_n <= 256: two columns per thread
+  };
+  template <class Cfg>
+  __device__ static void produce(const GemmArgs&, const TileInfo&, int, int, u32) {}
+  template <class Cfg>
+  __device__ static Tile begin(const GemmArgs& a, const TileInfo& t, const Frag& f) {
+    static_assert(Cfg::kBlockN <= 256, "two column scales per thread");
+    Tile s;
+    const float alpha = a.alpha ? a.alpha[t.group] : 1.0f;
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const int r = t.row0 + f.row + 8 * h;
+      s.row[h] = r < int(a.m_total) ? a.a_scale[r] * alpha : 0.0f;
+    }
+#pragma unroll
+    for (int i = 0; i < 2; ++i) {
+      const int c = f.tid + 128 * i;
+      const bool ok = c < int(Cfg::kBlockN) && t.n0 + c < int(Cfg::kN);
+      s.col[i] = ok ? a.b_scale[i64(t.group) * Cfg::kN + t.n0 + c] : 0.0f;
+    }
+    return s;
+  }
+  template <class Cfg>
+  __device__ static void store_cols(const Tile& s, float* cols, const Frag& f) {
+#pragma unroll
+    for (int i = 0; i < 2; ++i)
+      if (f.tid + 128 * i < int(Cfg::kBlockN)) cols[f.tid + 128 * i] = s.col[i];
+  }
+  __device__ static float row_factor(const Tile& s, int h) { return s.row[h]; }
+  struct KBlock {};
+  template <class Cfg>
+  __device__ static KBlock kblock(const float*, const Frag&) { return {}; }
+  template <int kAcc>
+  __device__ static void promote(float* total, const float* acc, const KBlock&) {
+#pragma unroll
+    for (int i = 0; i < kAcc; ++i) total[i] = total[i] + acc[i];
+  }
+};
+
+// DeepSeek-V3 blockwise: an fp32 scale per 1x128 block of A ([m_total, ceil(K/128)]) and per
+// 128x128 block of B ([G, ceil(N/128), ceil(K/128)]). Every k-block's partial sum is promoted:
+// main += partial * (sa[r, kb] * sb[g, n/128, kb]); D = alpha * main.
+struct Block128Scaling {
+  static constexpr bool kStageScales = true, kColScales = false;
+  struct Tile {
+    float alpha;
+  };
+  // Stage scale slot: sa[block_m] then sb at index block_m.
+  template <class Cfg>
+  __device__ static void produce(const GemmArgs& a, const TileInfo& t, int kb, int lane, u32 dst) {
+    constexpr i64 kKb = (Cfg::kK + 127) / 128;
+    constexpr i64 kNb = (Cfg::kN + 127) / 128;
+#pragma unroll
+    for (int ii = 0; ii < int(Cfg::kBlockM) / 32; ++ii) {
+      const int i = ii * 32 + lane;
+      const int r = t.row0 + i;
+      const bool ok = r < int(a.m_total);
+      sm90::cp_async_4(dst + 4u * u32(i), ok ? a.a_scale + i64(r) * kKb + kb : a.a_scale, ok ? 4u : 0u);
+    }
+    if (lane == 0)
+      sm90::cp_async_4(dst + 4u * u32(Cfg::kBlockM), a.b_scale + (i64(t.group) * kNb + t.n0 / 128) * kKb + kb, 4u);
+  }
+  template <class Cfg>
+  __device__ static Tile begin(const GemmArgs& a, const TileInfo& t, const Frag&) {
+    return {a.alpha ? a.alpha[t.group] : 1.0f};
+  }
+  template <class Cfg>
+  __device__ static void store_cols(const Tile&, float*, const Frag&) {}
+  __device__ static float row_factor(const Tile& s, int) { return s.alpha; }
+  // sa of the fragment's two rows times the tile's sb.
+  struct KBlock {
+    float s0, s1;
+  };
+  template <class Cfg>
+  __device__ static KBlock kblock(const float* slot, const Frag& f) {
+    const float sb = slot[Cfg::kBlockM];
+    return {slot[f.row] * sb, slot[f.row + 8] * sb};
+  }
+  template <int kAcc>
+  __device__ static void promote(float* total, const float* acc, const KBlock& k) {
+#pragma unroll
+    for (int j = 0; j < kAcc / 4; ++j) {
+      total[4 * j + 0] = fmaf(acc[4 * j + 0], k.s0, total[4 * j + 0]);
+      total[4 * j + 1] = fmaf(acc[4 * j + 1], k.s0, total[4 * j + 1]);
+      total[4 * j + 2] = fmaf(acc[4 * j + 2], k.s1, total[4 * j + 2]);
+      total[4 * j + 3] = fmaf(acc[4 * j + 3], k.s1, total[4 * j + 3]);
+    }
+  }
+};
+
+// ------------------------------------------------------------------ the kernel
+
+template <class Cfg>
+struct Traits {
+  using Scaling = typename Cfg::Scaling;
+  static constexpr int kBM = int(Cfg::kBlockM), kBN = int(Cfg::kBlockN);
+  static constexpr int kConsumers = int(Cfg::kConsumers);
+  static constexpr int kThreads = 128 * (kConsumers + 1);
+  static constexpr int kStages = int(Cfg::kStages);
+  static constexpr int kMc = int(Cfg::kMulticast);
+  static constexpr int kKBlocks = int((Cfg::kK + kGemmBlockK - 1) / kGemmBlockK);
+  static constexpr int kAcc = kBN / 2;  // accumulator registers per thread
+  static constexpr int kOutBytes = Cfg::kOutFp32 ? 4 : 2;
+  static constexpr int kEpiCols = gemm_epi_cols(kBN, kOutBytes);
+  static constexpr int kPitch = gemm_staging_pitch(kEpiCols, kOutBytes);
+  static constexpr GemmSmem kSmem =
+      gemm_smem(kBM, kBN, kStages, kConsumers, Scaling::kStageScales, Scaling::kColScales, kOutBytes);
+  static constexpr u32 kTxBytes = u32(kBM + kBN) * 128u;
+  static constexpr u32 kFullArrivals = Scaling::kStageScales ? 1u + 32u : 1u;
+  static constexpr u32 kEmptyArrivals = u32(kConsumers * 4 * kMc);
+  // Registers per thread after setmaxnreg (2 or 3 consumer warpgroups; one keeps its entry count).
+  static constexpr u32 kProducerRegs = kConsumers == 3 ? 24 : 40;
+  static constexpr u32 kConsumerRegs = kConsumers == 3 ? 160 : 232;
+
+  static_assert(kBM == 64 * kConsumers, "one consumer warpgroup per 64 rows");
+  static_assert(kBN % 64 == 0 && kBN <= 256, "block_n: 64, 128, 192 or 256");
+  static_assert(!Cfg::kPromote || kBN <= 128, "promotion keeps two accumulators: block_n <= 128");
+  static_assert(Cfg::kScaling != kGemmBlock128 || (kBN <= 128 && 128 % kBN == 0 && Cfg::kPromote),
+                "128x128 B blocks: a tile's columns share one B scale");
+  static_assert(kMc == 1 || (kMc == 2 && (Cfg::kN + kBN - 1) / kBN % 2 == 0), "multicast pairs n-blocks");
+  static_assert(Cfg::kN % 8 == 0 && Cfg::kK % 16 == 0, "N % 8 == 0, K % 16 == 0");
+  static_assert(!Cfg::kAccumulate || Cfg::kOutFp32, "accumulation is into fp32");
+  static_assert(u32(Cfg::kSmemBytes) == kSmem.total && kSmem.total <= kGemmSmemLimit, "shared memory");
+  static_assert(kBN % kEpiCols == 0, "epilogue passes");
+  static_assert(!Cfg::kOrderedIssue || kConsumers == 2, "ordered issue alternates two warpgroups");
+};
+
+template <class Cfg>
+__device__ __forceinline__ void producer(const GemmArgs& a, u32 base, u32 rank, int lane) {
+  using T = Traits<Cfg>;
+  using S = typename T::Scaling;
+  Scheduler<Cfg> sched(a);
+  const u32 full0 = base + T::kSmem.bar_off, empty0 = full0 + 8u * T::kStages;
+  if (lane == 0) {
+    sm90::tma_prefetch_descriptor(&a.a_map);
+    sm90::tma_prefetch_descriptor(&a.b_map);
+  }
+  int stage = 0;
+  u32 phase = 0;
+  const int stride = int(gridDim.x) / T::kMc;
+  for (int unit = int(blockIdx.x) / T::kMc;; unit += stride) {
+    TileInfo t;
+    if (!sched.get(unit, rank, t)) break;
+    for (int kb = 0; kb < T::kKBlocks; ++kb) {
+      const u32 full = full0 + 8u * stage, empty = empty0 + 8u * stage;
+      sm90::mbar_wait(empty, phase ^ 1u);
+      if (lane == 0) {
+        sm90::mbar_arrive_expect_tx(full, T::kTxBytes);
+        const u32 a_dst = base + T::kSmem.a_off + u32(stage) * T::kSmem.a_stage;
+        if constexpr (T::kMc == 2) {
+          constexpr int kHalf = T::kBM / 2;
+          sm90::tma_load_2d_multicast(a_dst + rank * u32(kHalf) * 128u, &a.a_map, full, kb * kGemmBlockK,
+                                      t.row0 + int(rank) * kHalf, u16(0x3));
+        } else {
+          sm90::tma_load_2d(a_dst, &a.a_map, full, kb * kGemmBlockK, t.row0);
+        }
+        sm90::tma_load_3d(base + T::kSmem.b_off + u32(stage) * T::kSmem.b_stage, &a.b_map, full, kb * kGemmBlockK,
+                          t.n0, t.group);
+      }
+      if constexpr (S::kStageScales) {
+        S::template produce<Cfg>(a, t, kb, lane, base + T::kSmem.sc_off + u32(stage) * T::kSmem.sc_stage);
+        sm90::cp_async_mbar_arrive_noinc(full);
+      }
+      if (++stage == T::kStages) stage = 0, phase ^= 1u;
+    }
+  }
+}
+
+template <class Cfg>
+__device__ __forceinline__ void release_stage(u32 empty, int lane) {
+  if constexpr (Traits<Cfg>::kMc == 1) {
+    if (lane == 0) sm90::mbar_arrive(empty);
+  } else {
+    if (lane < Traits<Cfg>::kMc) sm90::mbar_arrive_cluster(empty, u32(lane));
+  }
+}
+
+template <class Cfg>
+__device__ __forceinline__ void epilogue(const GemmArgs& a, const TileInfo& t, const Frag& f, u8* smem,
+                                         float* acc, const typename Traits<Cfg>::Scaling::Tile& ts) {
+  using T = Traits<Cfg>;
+  using S = typename T::Scaling;
+  const u32 bar_id = 1u + u32(f.wg);
+  float* cols = reinterpret_cast<float*>(smem + T::kSmem.col_off) + f.wg * T::kBN;
+  u32* staging = reinterpret_cast<u32*>(smem + T::kSmem.staging_off + u32(f.wg) * T::kSmem.staging_wg);
+  if constexpr (S::kColScales) S::template store_cols<Cfg>(ts, cols, f);
+  const float rf0 = S::row_factor(ts, 0), rf1 = S::row_factor(ts, 1);
+  const int frag_row = f.row - f.wg * 64;  // row within the warpgroup's 64
+  const int quad = f.lane & 3;
+  const int wg_row0 = t.row0 + f.wg * 64;
+  constexpr int kChunkElems = 16 / T::kOutBytes;
+  constexpr int kChunksPerRow = T::kEpiCols / kChunkElems;
+
+#pragma unroll
+  for (int pass = 0; pass < T::kBN / T::kEpiCols; ++pass) {
+    sm90::named_barrier(bar_id, 128);  // staging free (and column scales visible)
+    // Keep this pass's conversions after the barrier (hoisting them raises register pressure).
+#pragma unroll
+    for (int i = 0; i < T::kEpiCols / 2; ++i) sm90::fence_reg(acc[pass * (T::kEpiCols / 2) + i]);
+#pragma unroll
+    for (int jj = 0; jj < T::kEpiCols / 8; ++jj) {
+      const int j = pass * (T::kEpiCols / 8) + jj;
+      const int c = 8 * jj + 2 * quad;  // column within the pass
+      float v0 = acc[4 * j + 0] * rf0, v1 = acc[4 * j + 1] * rf0;
+      float v2 = acc[4 * j + 2] * rf1, v3 = acc[4 * j + 3] * rf1;
+      if constexpr (S::kColScales) {
+        const float c0 = cols[pass * T::kEpiCols + c], c1 = cols[pass * T::kEpiCols + c + 1];
+        v0 = v0 * c0, v1 = v1 * c1, v2 = v2 * c0, v3 = v3 * c1;
+      }
+      if constexpr (T::kOutBytes == 4) {
+        *reinterpret_cast<float2*>(staging + frag_row * T::kPitch + c) = make_float2(v0, v1);
+        *reinterpret_cast<float2*>(staging + (frag_row + 8) * T::kPitch + c) = make_float2(v2, v3);
+      } else {
+        staging[frag_row * T::kPitch + c / 2] = u32(f32_to_bf16(v0)) | (u32(f32_to_bf16(v1)) << 16);
+        staging[(frag_row + 8) * T::kPitch + c / 2] = u32(f32_to_bf16(v2)) | (u32(f32_to_bf16(v3)) << 16);
+      }
+    }
+    sm90::named_barrier(bar_id, 128);  // staging written
+#pragma unroll 4
+    for (int ch = f.tid; ch < 64 * kChunksPerRow; ch += 128) {
+      const int r = ch / kChunksPerRow, cc = ch % kChunksPerRow;
+      const int grow = wg_row0 + r;
+      const int gcol = t.n0 + pass * T::kEpiCols + cc * kChunkElems;
+      if (grow >= t.row_end || gcol >= int(Cfg::kN)) continue;
+      uint4 v = *reinterpret_cast<const uint4*>(staging + r * T::kPitch + cc * 4);
+      u8* dst = static_cast<u8*>(a.d) + (i64(grow) * Cfg::kN + gcol) * T::kOutBytes;
+      if constexpr (Cfg::kAccumulate) {
+        const float4 old = *reinterpret_cast<const float4*>(dst);
+        v.x = f32_bits(old.x + __uint_as_float(v.x));
+        v.y = f32_bits(old.y + __uint_as_float(v.y));
+        v.z = f32_bits(old.z + __uint_as_float(v.z));
+        v.w = f32_bits(old.w + __uint_as_float(v.w));
+      }
+      *reinterpret_cast<uint4*>(dst) = v;
+    }
+  }
+}
+
+template <class Cfg>
+__device__ __forceinline__ void consumer(const GemmArgs& a, u8* smem, u32 base, u32 rank, int wg) {
+  using T = Traits<Cfg>;
+  using S = typename T::Scaling;
+  const int tid = threadIdx.x % 128, lane = threadIdx.x % 32, warp = tid / 32;
+  const Frag f{wg, tid, lane, wg * 64 + warp * 16 + lane / 4};
+  Scheduler<Cfg> sched(a);
+  const u32 full0 = base + T::kSmem.bar_off, empty0 = full0 + 8u * T::kStages;
+  // Ordered issue: wait on turn[wg], arrive on turn[1 - wg] (WG0's first wait passes at once).
+  const u32 turn0 = empty0 + 8u * T::kStages;
+  u32 turn_phase = wg == 0 ? 1u : 0u;
+  float acc[T::kAcc];
+  float total[Cfg::kPromote ? T::kAcc : 1];
+  int stage = 0;
+  u32 phase = 0;
+  const int stride = int(gridDim.x) / T::kMc;
+  for (int unit = int(blockIdx.x) / T::kMc;; unit += stride) {
+    TileInfo t;
+    if (!sched.get(unit, rank, t)) break;
+    const typename S::Tile ts = S::template begin<Cfg>(a, t, f);
+    if constexpr (Cfg::kPromote) {
+#pragma unroll
+      for (int i = 0; i < T::kAcc; ++i) total[i] = 0.0f;
+    }
+    int prev_stage = 0;
+    for (int kb = 0; kb < T::kKBlocks; ++kb) {
+      sm90::mbar_wait(full0 + 8u * stage, phase);
+      typename S::KBlock kf{};
+      if constexpr (S::kStageScales)
+        kf = S::template kblock<Cfg>(
+            reinterpret_cast<const float*>(smem + T::kSmem.sc_off + u32(stage) * T::kSmem.sc_stage), f);
+      const u64 da = sm90::smem_desc_sw128(base + T::kSmem.a_off + u32(stage) * T::kSmem.a_stage + u32(wg) * 64u * 128u);
+      const u64 db = sm90::smem_desc_sw128(base + T::kSmem.b_off + u32(stage) * T::kSmem.b_stage);
+      if constexpr (Cfg::kOrderedIssue) {
+        sm90::mbar_wait(turn0 + 8u * u32(wg), turn_phase);
+        turn_phase ^= 1u;
+      }
+#pragma unroll
+      for (int i = 0; i < T::kAcc; ++i) sm90::fence_reg(acc[i]);
+      sm90::wgmma_fence();
+#pragma unroll
+      for (int k = 0; k < kGemmBlockK / 32; ++k) {
+        // +32 bytes along K per instruction (2 in the descriptor's 16-byte address units).
+        const int scale_d = Cfg::kPromote ? (k > 0) : (kb > 0 || k > 0);
+        wgmma::mma_m64k32<T::kBN, typename Cfg::AFormat, typename Cfg::BFormat>(acc, da + u64(2 * k),
+                                                                                db + u64(2 * k), scale_d);
+      }
+      sm90::wgmma_commit();
+      if constexpr (Cfg::kOrderedIssue) {
+        if (lane == 0) sm90::mbar_arrive(turn0 + 8u * u32(1 - wg));
+      }
+      if constexpr (Cfg::kPromote) {
+        sm90::wgmma_wait<0>();
+#pragma unroll
+        for (int i = 0; i < T::kAcc; ++i) sm90::fence_reg(acc[i]);
+        release_stage<Cfg>(empty0 + 8u * stage, lane);
+        S::template promote<T::kAcc>(total, acc, kf);
+      } else {
+        sm90::wgmma_wait<1>();  // the previous k-block's MMAs are done: release its stage
+        if (kb > 0) release_stage<Cfg>(empty0 + 8u * prev_stage, lane);
+      }
+      prev_stage = stage;
+      if (++stage == T::kStages) stage = 0, phase ^= 1u;
+    }
+    if constexpr (Cfg::kPromote) {
+      epilogue<Cfg>(a, t, f, smem, total, ts);
+    } else {
+      sm90::wgmma_wait<0>();
+#pragma unroll
+      for (int i = 0; i < T::kAcc; ++i) sm90::fence_reg(acc[i]);
+      release_stage<Cfg>(empty0 + 8u * prev_stage, lane);
+      epilogue<Cfg>(a, t, f, smem, acc, ts);
+    }
+  }
+}
+
+}  // namespace gemm
+
+// The grouped GEMM kernel: (kConsumers + 1) warpgroups, one CTA per SM, grid = the persistent
+// CTA count (a multiple of kMulticast), dynamic shared memory Cfg::kSmemBytes.
+template <class Cfg>
+__global__ void __launch_bounds__(gemm::Traits<Cfg>::kThreads, 1) gemm_kernel(const __grid_constant__ GemmArgs a) {
+  using T = gemm::Traits<Cfg>;
+  extern __shared__ __align__(1024) u8 gemm_smem_raw[];
+  const u32 raw = sm90::smem_addr(gemm_smem_raw);
+  const u32 base = gemm_align_up(raw, 1024);
+  u8* smem = gemm_smem_raw + (base - raw);
+  const int wg = int(threadIdx.x / 128);
+
+  if (threadIdx.x == 0) {
+    const u32 full0 = base + T::kSmem.bar_off, empty0 = full0 + 8u * T::kStages;
+    for (int s = 0; s < T::kStages; ++s) {
+      sm90::mbar_init(full0 + 8u * s, T::kFullArrivals);
+      sm90::mbar_init(empty0 + 8u * s, T::kEmptyArrivals);
+    }
+    sm90::mbar_init(empty0 + 8u * T::kStages, 4);  // turn[0]: the four warps of WG1 arrive
+    sm90::mbar_init(empty0 + 8u * T::kStages + 8u, 4);
+    sm90::fence_barrier_init();
+    sm90::fence_proxy_async_shared();
+  }
+  u32 rank = 0;
+  if constexpr (T::kMc > 1) {
+    rank = sm90::cluster_ctarank();
+    sm90::cluster_sync();
+  } else {
+    __syncthreads();
+  }
+
+  if (wg == T::kConsumers) {
+    if constexpr (T::kConsumers > 1) sm90::setmaxnreg_dec<T::kProducerRegs>();
+    if (threadIdx.x / 32 == u32(T::kConsumers * 4)) gemm::producer<Cfg>(a, base, rank, int(threadIdx.x % 32));
+  } else {
+    if constexpr (T::kConsumers > 1) sm90::setmaxnreg_inc<T::kConsumerRegs>();
+    gemm::consumer<Cfg>(a, smem, base, rank, wg);
+  }
+
+  if constexpr (T::kMc > 1) {
+    // Neither CTA may exit while its peer can still multicast into it or arrive on its barriers.
+    __syncwarp();
+    sm90::cluster_sync();
+  }
+}
+
+#endif  // __CUDACC__
+
+}  // namespace qf

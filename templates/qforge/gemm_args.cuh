@@ -1,0 +1,31 @@
+// Launch arguments of the grouped GEMM kernels (gemm.cuh). Included by the generated kernels
+// (NVRTC) and by the host runtime (runtime/gemm.cpp), so the struct the host fills is the struct
+// the kernel reads; passed by value as the kernel's only (__grid_constant__) parameter.
+#pragma once
+#include "qforge/types.cuh"
+
+namespace qf {
+
+// The bytes of a CUtensorMap (128 bytes, 64-byte aligned in cuda.h). NVRTC code has no cuda.h;
+// the host encodes the map with cuTensorMapEncodeTiled and copies it here.
+struct alignas(64) TmaDescriptor {
+  u64 opaque[16];
+};
+
+// Contiguous M-grouped GEMM: for every group g with rows [offsets[g], offsets[g+1]),
+//   D[rows, :] (+)= alpha[g] * dequant(A[rows, :]) * dequant(B[g])^T
+// A is [m_total, K] and B is [G, N, K], both K-major (the quantize kernels' rowwise layout, or
+// their transposed columnwise copies); D is [m_total, N] row-major.
+struct GemmArgs {
+  TmaDescriptor a_map;       // A, box [block_m / multicast rows, 128 bytes], 128-byte swizzle
+  TmaDescriptor b_map;       // B as [G][N][K], box [1, block_n, 128 bytes], 128-byte swizzle
+  void* d;                   // output, bf16 or fp32
+  const float* a_scale;      // per tensor: [G]; per token: [m_total]; 1x128 blocks: [m_total, ceil(K/128)]
+  const float* b_scale;      // per tensor: [G]; per channel: [G, N]; 128x128 blocks: [G, ceil(N/128), ceil(K/128)]
+  const float* alpha;        // optional per-group multiplier [G] (null: 1)
+  const i64* group_offsets;  // device [G + 1]; rows outside [0, m_total) are never touched
+  i64 m_total;               // rows of the A and D allocations
+  i32 num_groups;
+};
+
+}  // namespace qf

@@ -1,0 +1,301 @@
+// Compile-side tests of the grouped GEMM (no GPU needed, run in CI):
+//   * every kernel variant NVRTC-compiles for sm_90a, and ptxas reports no spills, no stack
+//     frame and that setmaxnreg was honoured (its resource report, via --ptxas-options=-v);
+//   * the emitted source is a thin config over gemm.cuh and depends only on the spec;
+//   * spec validation names the offending field; tile resolution fits shared memory;
+//   * the runtime's argument checks name the argument (they run before any driver call);
+//   * the CPU reference and the exact-value problems agree with hand-computed results.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <regex>
+
+#include "compiler/error.h"
+#include "compiler/gemm_codegen.h"
+#include "qforge/gemm.cuh"
+#include "reference/gemm.h"
+#include "reference/gemm_problem.h"
+#include "runtime/gemm.h"
+#include "runtime/nvrtc.h"
+
+namespace {
+
+using namespace qf;
+
+struct Variant {
+  std::string name;
+  GemmSpec spec;
+};
+
+GemmSpec make(GemmScaling s, ElemFormat a, ElemFormat b, DType out, bool acc, bool fast, int bn, int mc, int bm = 128,
+              int64_t n = 4096, int64_t k = 7168) {
+  GemmSpec g;
+  g.scaling = s, g.a_format = a, g.b_format = b, g.out_dtype = out, g.accumulate = acc, g.fast_accum = fast;
+  g.n = n, g.k = k;
+  g.tile.block_n = bn, g.tile.multicast = mc, g.tile.block_m = bm;
+  return g;
+}
+
+GemmSpec ordered(GemmSpec s, int o) {
+  s.tile.ordered = o;
+  return s;
+}
+
+std::vector<Variant> variants() {
+  using S = GemmScaling;
+  const auto E4 = ElemFormat::E4M3, E5 = ElemFormat::E5M2;
+  return {
+      {"block_e4m3_bf16", make(S::Block128, E4, E4, DType::BF16, false, false, 128, 1)},
+      {"block_e4m3_bf16_mc2", make(S::Block128, E4, E4, DType::BF16, false, false, 128, 2)},
+      {"block_e4m3_e5m2_fp32_acc", make(S::Block128, E4, E5, DType::FP32, true, false, 128, 1)},
+      {"block_e5m2_e4m3_bn64_bm64", make(S::Block128, E5, E4, DType::BF16, false, false, 64, 1, 64)},
+      {"tensor_promote_bf16", make(S::PerTensor, E4, E4, DType::BF16, false, false, 128, 1)},
+      {"tensor_fast_bn256_mc2", make(S::PerTensor, E4, E4, DType::BF16, false, true, 256, 2)},
+      {"tensor_fast_e5m2_fp32_acc_bn192", make(S::PerTensor, E5, E5, DType::FP32, true, true, 192, 1, 128, 3072, 2048)},
+      {"rowwise_promote_bf16", make(S::RowChannel, E4, E4, DType::BF16, false, false, 128, 1)},
+      {"rowwise_fast_bn256", make(S::RowChannel, E4, E4, DType::BF16, false, true, 256, 1)},
+      {"rowwise_fast_fp32_mc2_odd_k", make(S::RowChannel, E4, E5, DType::FP32, false, true, 128, 2, 128, 512, 400)},
+      {"block_unordered", ordered(make(S::Block128, E4, E4, DType::BF16, false, false, 128, 1), 1)},
+      {"tensor_fast_ordered_bn256", ordered(make(S::PerTensor, E4, E4, DType::BF16, false, true, 256, 1), 2)},
+  };
+}
+
+class GemmCompile : public ::testing::TestWithParam<Variant> {};
+
+TEST_P(GemmCompile, NvrtcSm90aNoSpills) {
+  const GemmSource src = emit_gemm(GetParam().spec);
+  EXPECT_LE(src.smem_bytes, kGemmSmemLimit);
+  rt::CompileRequest req{src.source, "gemm.cu", {src.kernel}, "sm_90a", {"--ptxas-options=-v"}};
+  const rt::CompileResult r = rt::compile_cuda(req);
+  ASSERT_FALSE(r.image.empty());
+  // ptxas: "N bytes stack frame, N bytes spill stores, N bytes spill loads".
+  std::smatch m;
+  const std::regex frame(R"((\d+) bytes stack frame, (\d+) bytes spill stores, (\d+) bytes spill loads)");
+  ASSERT_TRUE(std::regex_search(r.log, m, frame)) << r.log;
+  EXPECT_EQ(m[1].str(), "0") << "stack frame: " << r.log;
+  EXPECT_EQ(m[2].str(), "0") << "spill stores: " << r.log;
+  EXPECT_EQ(m[3].str(), "0") << "spill loads: " << r.log;
+  // Warnings that mean the kernel is slower than written: setmaxnreg ignored (C7508), wgmma
+  // serialized (C7510, C7515, ...).
+  EXPECT_EQ(r.log.find("C7508"), std::string::npos) << r.log;
+  EXPECT_EQ(r.log.find("wgmma.mma_async instructions are serialized"), std::string::npos) << r.log;
+  EXPECT_EQ(r.log.find("warning"), std::string::npos) << r.log;
+}
+
+INSTANTIATE_TEST_SUITE_P(Variants, GemmCompile, ::testing::ValuesIn(variants()),
+                         [](const ::testing::TestParamInfo<Variant>& i) { return i.param.name; });
+
+TEST(GemmCodegen, ThinConfigOverTheHeader) {
+  const GemmSource src = emit_gemm(make(GemmScaling::Block128, ElemFormat::E4M3, ElemFormat::E5M2, DType::BF16, false,
+                                        false, 128, 0));
+  EXPECT_NE(src.source.find("#include \"qforge/gemm.cuh\""), std::string::npos);
+  EXPECT_NE(src.source.find("using BFormat = qf::E5M2;"), std::string::npos);
+  EXPECT_NE(src.source.find("using Scaling = qf::gemm::Block128Scaling;"), std::string::npos);
+  EXPECT_NE(src.source.find("static constexpr long long kK = 7168;"), std::string::npos);
+  EXPECT_EQ(src.source.find("asm"), std::string::npos) << "device code belongs in the headers";
+  EXPECT_EQ(src.kernel, "qf::gemm_kernel<qf_gen::GemmCfg>");
+  EXPECT_EQ(src.threads, 384);
+  EXPECT_EQ(src.tile.stages, 5);  // 5 x 32 KiB stages + bf16 staging fit in 227 KiB
+  EXPECT_EQ(src.tile.ordered, 2);  // promotion with two consumer warpgroups: ordered issue
+  EXPECT_NE(src.source.find("static constexpr bool kOrderedIssue = true;"), std::string::npos);
+  EXPECT_EQ(src.smem_bytes, gemm_smem(128, 128, 5, 2, true, false, 2).total);
+  // Same spec, same source; a different N, a different source.
+  GemmSpec s2 = make(GemmScaling::Block128, ElemFormat::E4M3, ElemFormat::E5M2, DType::BF16, false, false, 128, 0);
+  EXPECT_EQ(emit_gemm(s2).source, src.source);
+  s2.n = 2048;
+  EXPECT_NE(emit_gemm(s2).source, src.source);
+}
+
+TEST(GemmCodegen, DefaultTiles) {
+  // Promotion: 128 x 128, ordered issue, 5 stages; without: 128 x 256 (N >= 512), 3 stages.
+  const GemmTile b = resolve_tile(make(GemmScaling::Block128, ElemFormat::E4M3, ElemFormat::E4M3, DType::BF16, false,
+                                       false, 0, 0));
+  EXPECT_EQ(b, (GemmTile{128, 128, 5, 1, 16, 2}));
+  const GemmTile f = resolve_tile(make(GemmScaling::PerTensor, ElemFormat::E4M3, ElemFormat::E4M3, DType::BF16, false,
+                                       true, 0, 0));
+  EXPECT_EQ(f, (GemmTile{128, 256, 3, 1, 16, 1}));
+  const GemmTile small = resolve_tile(make(GemmScaling::RowChannel, ElemFormat::E4M3, ElemFormat::E4M3, DType::FP32,
+                                           false, true, 0, 0, 0, 256, 1024));
+  EXPECT_EQ(small.block_n, 128);
+}
+
+TEST(GemmCodegen, StagesFillSharedMemory) {
+  for (const auto& v : variants()) {
+    const GemmTile t = resolve_tile(v.spec);
+    GemmSpec more = v.spec;
+    more.tile = t;
+    more.tile.stages = t.stages + 1;
+    EXPECT_GE(t.stages, 3) << v.name;
+    if (t.stages < 8) EXPECT_THROW(resolve_tile(more), UserError) << v.name;
+  }
+}
+
+void expect_spec_error(GemmSpec s, const std::string& where, const std::string& what) {
+  try {
+    validate(s);
+    FAIL() << "no error for " << where;
+  } catch (const UserError& e) {
+    EXPECT_EQ(e.where(), where) << e.what();
+    EXPECT_NE(std::string(e.what()).find(what), std::string::npos) << e.what();
+  }
+}
+
+TEST(GemmCodegen, SpecErrorsNameTheField) {
+  const GemmSpec ok = make(GemmScaling::Block128, ElemFormat::E4M3, ElemFormat::E4M3, DType::BF16, false, false, 0, 0);
+  GemmSpec s = ok;
+  s.a_format = ElemFormat::E2M1;
+  expect_spec_error(s, "a_format", "expected e4m3 or e5m2, got e2m1");
+  s = ok, s.b_format = ElemFormat::Int8;
+  expect_spec_error(s, "b_format", "got int8");
+  s = ok, s.n = 100;
+  expect_spec_error(s, "n", "multiple of 8");
+  s = ok, s.k = 8;
+  expect_spec_error(s, "k", "multiple of 16");
+  s = ok, s.out_dtype = DType::FP16;
+  expect_spec_error(s, "out_dtype", "expected bf16 or fp32, got fp16");
+  s = ok, s.accumulate = true;
+  expect_spec_error(s, "accumulate", "fp32 output");
+  s = ok, s.fast_accum = true;
+  expect_spec_error(s, "fast_accum", "blockwise scaling changes along K");
+  s = ok, s.tile.block_n = 256;
+  expect_spec_error(s, "tile.block_n", "block_n <= 128");
+  s = ok, s.fast_accum = false, s.scaling = GemmScaling::PerTensor, s.tile.block_n = 96;
+  expect_spec_error(s, "tile.block_n", "expected 64, 128, 192 or 256");
+  s = ok, s.tile.block_m = 256;
+  expect_spec_error(s, "tile.block_m", "expected 64 or 128");
+  s = ok, s.n = 4096 + 128, s.tile.multicast = 2;
+  expect_spec_error(s, "tile.multicast", "must be even");
+  s = ok, s.tile.ordered = 3;
+  expect_spec_error(s, "tile.ordered", "expected 1 (off) or 2 (on)");
+  s = ok, s.tile.block_m = 64, s.tile.ordered = 2;
+  expect_spec_error(s, "tile.ordered", "block_m 128");
+  s = ok, s.tile.stages = 7;
+  expect_spec_error(s, "tile.stages", "bytes of shared memory");
+}
+
+TEST(GemmRuntime, ArgumentErrorsNameTheArgument) {
+  GemmSpec spec = make(GemmScaling::Block128, ElemFormat::E4M3, ElemFormat::E4M3, DType::BF16, false, false, 0, 0, 128,
+                       256, 256);
+  rt::Gemm gemm(spec);
+  // Fake device addresses: every size check happens before the driver is touched.
+  auto buf = [](uint64_t addr, int64_t bytes) { return rt::TensorView{addr, bytes, std::nullopt, {}}; };
+  rt::GemmCall c;
+  c.m_total = 100, c.num_groups = 2;
+  c.a = buf(0x100000, 100 * 256);
+  c.b = buf(0x200000, 2 * 256 * 256);
+  c.d = buf(0x300000, 100 * 256 * 2);
+  c.a_scale = buf(0x400000, 100 * 2 * 4);
+  c.b_scale = buf(0x500000, 2 * 2 * 2 * 4);
+  c.group_offsets = buf(0x600000, 3 * 8);
+  auto expect_error = [&](rt::GemmCall call, const std::string& what) {
+    try {
+      gemm.run(call, nullptr);
+      FAIL() << "no error: " << what;
+    } catch (const UserError& e) {
+      EXPECT_NE(std::string(e.what()).find(what), std::string::npos) << e.what();
+    } catch (const std::exception& e) {
+      // Past the argument checks only the driver is left (no GPU here).
+      EXPECT_TRUE(what.empty()) << e.what();
+    }
+  };
+  rt::GemmCall x = c;
+  x.num_groups = 0;
+  expect_error(x, "num_groups: expected 1..");
+  x = c, x.m_total = int64_t(1) << 31;
+  expect_error(x, "m_total: expected 0 <= m_total < 2^31");
+  x = c, x.a.bytes -= 1;
+  expect_error(x, "argument a: buffer of");
+  x = c, x.a.ptr += 8;
+  expect_error(x, "argument a: pointer");
+  x = c, x.b.ptr = 0;
+  expect_error(x, "argument b: null pointer");
+  x = c, x.d.bytes = 100;
+  expect_error(x, "for D [100, 256] bf16");
+  x = c, x.d.dtype = DType::FP32;
+  expect_error(x, "argument d: holds fp32, expected bf16");
+  x = c, x.a_scale.bytes = 4;
+  expect_error(x, "fp32 blockwise scales [m_total, ceil(K/128)]");
+  x = c, x.b_scale.bytes = 4;
+  expect_error(x, "argument b_scale");
+  x = c, x.alpha = buf(0x700000, 4);
+  expect_error(x, "argument alpha");
+  x = c, x.group_offsets.bytes = 16;
+  expect_error(x, "argument group_offsets");
+  x = c, x.d = buf(0x100000 + 64, 100 * 256 * 2);
+  expect_error(x, "argument d: buffer");  // overlaps a
+}
+
+TEST(GemmReference, SmallHandComputedCase) {
+  // One group of 2 rows, N = 8, K = 16 (per-tensor scales 2 and 0.5, alpha 3): D = 3 * A B^T.
+  GemmSpec spec = make(GemmScaling::PerTensor, ElemFormat::E4M3, ElemFormat::E4M3, DType::FP32, false, false, 64, 1,
+                       64, 8, 16);
+  std::vector<uint8_t> a(2 * 16), b(8 * 16);
+  for (int i = 0; i < 2 * 16; ++i) a[size_t(i)] = encode_rn<E4M3>(float(i % 3) - 1.0f);  // -1, 0, 1
+  for (int i = 0; i < 8 * 16; ++i) b[size_t(i)] = encode_rn<E4M3>(float(i % 5) - 2.0f);
+  const std::vector<float> sa = {2.0f}, sb = {0.5f}, alpha = {3.0f};
+  const std::vector<int64_t> off = {0, 2};
+  ref::GemmOperands ops{a, b, sa, sb, alpha, off, 2};
+  const std::vector<int64_t> rows = {0, 1};
+  const ref::GemmRows r = ref::gemm_reference(spec, ops, rows, 1);
+  for (int row = 0; row < 2; ++row)
+    for (int n = 0; n < 8; ++n) {
+      double want = 0, mag = 0;
+      for (int k = 0; k < 16; ++k) {
+        const double p = (double((row * 16 + k) % 3) - 1.0) * (double((n * 16 + k) % 5) - 2.0);
+        want += p, mag += std::fabs(p);
+      }
+      EXPECT_EQ(r.value[size_t(row * 8 + n)], 3.0 * want);
+      EXPECT_EQ(r.magnitude[size_t(row * 8 + n)], 3.0 * mag);
+    }
+  EXPECT_EQ(r.group, (std::vector<int>{0, 0}));
+}
+
+TEST(GemmReference, RowGroupsAndBlockScales) {
+  EXPECT_EQ(ref::row_groups(std::vector<int64_t>{0, 2, 2, 5}, 7), (std::vector<int>{0, 0, 2, 2, 2, -1, -1}));
+  EXPECT_EQ(ref::row_groups(std::vector<int64_t>{-3, 2, 9}, 4), (std::vector<int>{0, 0, 1, 1}));
+  // Blockwise: K = 256 (two k-blocks), N = 8; A row 0 all ones with block scales 1 and 4, B
+  // all ones with block scales 2 and 8: value = 128 * (1*2) + 128 * (4*8) = 4352.
+  GemmSpec spec = make(GemmScaling::Block128, ElemFormat::E4M3, ElemFormat::E4M3, DType::BF16, false, false, 64, 1, 64,
+                       8, 256);
+  std::vector<uint8_t> a(256, encode_rn<E4M3>(1.0f)), b(8 * 256, encode_rn<E4M3>(1.0f));
+  const std::vector<float> sa = {1.0f, 4.0f}, sb = {2.0f, 8.0f};
+  const std::vector<int64_t> off = {0, 1};
+  const std::vector<int64_t> rows = {0};
+  const ref::GemmRows r = ref::gemm_reference(spec, ref::GemmOperands{a, b, sa, sb, {}, off, 1}, rows, 2);
+  for (int n = 0; n < 8; ++n) EXPECT_EQ(r.value[size_t(n)], 4352.0);
+  EXPECT_EQ(ref::exact_output(spec, 4352.0, 0.0f), f32_to_bf16(4352.0f));
+}
+
+TEST(GemmProblem, ShapesSplitsAndExactValues) {
+  const auto rows = ref::random_group_rows(8, 1024, 2, 64, 7);
+  ASSERT_EQ(rows.size(), 8u);
+  int64_t sum = 0, zeros = 0;
+  for (int64_t r : rows) {
+    sum += r, zeros += r == 0;
+    EXPECT_EQ(r % 64, 0);
+  }
+  EXPECT_EQ(sum, 1024);
+  EXPECT_GE(zeros, 2);
+  GemmSpec spec = make(GemmScaling::RowChannel, ElemFormat::E5M2, ElemFormat::E4M3, DType::FP32, true, true, 128, 1, 128,
+                       64, 128);
+  const ref::GemmProblem p = ref::make_gemm_problem(spec, rows, 3, ref::GemmValues::SmallIntegers, true, 5, 2);
+  EXPECT_EQ(p.m_total, 1024 + 3);
+  EXPECT_EQ(p.a.size(), size_t(p.m_total * 128));
+  EXPECT_EQ(p.b.size(), size_t(8 * 64 * 128));
+  EXPECT_EQ(p.a_scale.size(), size_t(p.m_total));
+  EXPECT_EQ(p.b_scale.size(), size_t(8 * 64));
+  EXPECT_EQ(p.d_init.size(), size_t(p.m_total * 64));
+  for (uint8_t v : p.a) {
+    const float x = decode<E5M2>(v);
+    EXPECT_TRUE(x == std::rint(x) && std::fabs(x) <= 2.0f) << x;
+  }
+  const rt::GemmScaleElems se = rt::gemm_scale_elems(spec, p.m_total, 8);
+  EXPECT_EQ(se.a, p.m_total);
+  EXPECT_EQ(se.b, 8 * 64);
+  // Deterministic for a seed, whatever the thread count.
+  const ref::GemmProblem q = ref::make_gemm_problem(spec, rows, 3, ref::GemmValues::SmallIntegers, true, 5, 1);
+  EXPECT_EQ(p.a, q.a);
+  EXPECT_EQ(p.b, q.b);
+}
+
+}  // namespace
