@@ -137,8 +137,6 @@ KernelSource emit_quantize(const Plan& p) {
   e.constant("kTileRows", int64_t(p.tile.rows));
   e.constant("kTileCols", int64_t(p.tile.cols));
   e.constant("kThreads", int64_t(p.tile.threads));
-  // Resident CTAs per SM the register allocation must allow: a quarter of the SM's threads.
-  e.constant("kMinBlocks", int64_t(std::max(1, 512 / p.tile.threads)));
   e.constant("kRht", rht.has_value());
   e.constant_u32("kRhtMask", rht ? rht->sign_mask : 0u);
   e.constant_u32("kSmemBytes", ks.smem_bytes);

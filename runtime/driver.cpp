@@ -621,14 +621,4 @@ void launch(CUfunction f, Dim3 grid, Dim3 block, size_t smem_bytes, CUstream str
   if (r != CUDA_SUCCESS) check(r, describe("cuLaunchKernelEx"));
 }
 
-int max_active_blocks_per_sm(CUfunction f, int threads, size_t smem_bytes) {
-  const Driver& d = require_driver();
-  if (smem_bytes > 48 * 1024)
-    check(d.cuFuncSetAttribute(f, CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, static_cast<int>(smem_bytes)),
-          "cuFuncSetAttribute(MAX_DYNAMIC_SHARED_SIZE_BYTES)");
-  int n = 0;
-  check(d.cuOccupancyMaxActiveBlocksPerMultiprocessor(&n, f, threads, smem_bytes), "cuOccupancyMaxActiveBlocksPerMultiprocessor");
-  return n > 0 ? n : 1;
-}
-
 }  // namespace qf::rt

@@ -85,7 +85,6 @@ namespace qf::rt {
   X(cuEventElapsedTime)           \
   X(cuEventDestroy)               \
   X(cuPointerGetAttribute)        \
-  X(cuOccupancyMaxActiveBlocksPerMultiprocessor) \
   X(cuTensorMapEncodeTiled)       \
   X(cuOccupancyMaxActiveClusters)
 
@@ -374,9 +373,6 @@ struct Dim3 {
 // shared-memory size above the 48 KiB default also raises the function's
 // CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES. `args` is the kernel's parameter array, as
 // for cuLaunchKernel. Errors name the grid, block and shared-memory size.
-// How many CTAs of f (block threads, dynamic shared memory) one SM holds at once (>= 1).
-int max_active_blocks_per_sm(CUfunction f, int threads, size_t smem_bytes);
-
 void launch(CUfunction f, Dim3 grid, Dim3 block, size_t smem_bytes, CUstream stream,
             void** args, std::span<CUlaunchAttribute> attrs = {});
 

@@ -34,7 +34,6 @@ struct Quantizer::Loaded {
   std::shared_ptr<const Module> module;
   CUfunction cast = nullptr;
   CUfunction amax = nullptr;
-  int64_t cast_ctas = 0, amax_ctas = 0;  // what the device holds at once (persistent grids)
 };
 
 Quantizer::Quantizer(Plan plan, KernelCache& cache, bool use_tuning)
@@ -65,10 +64,6 @@ std::shared_ptr<const Quantizer::Loaded> Quantizer::load_for_current_device() co
   l->module = module_registry().get(dev, entry.key, std::string_view(entry.image));
   l->cast = l->module->function(entry.lowered(l->kernels.source.cast_kernel));
   if (l->kernels.source.amax_kernel) l->amax = l->module->function(entry.lowered(*l->kernels.source.amax_kernel));
-  const TileConfig& t = l->kernels.source.tile;
-  const int64_t sms = device_sm_count(dev);
-  l->cast_ctas = sms * max_active_blocks_per_sm(l->cast, t.threads, l->kernels.source.smem_bytes);
-  if (l->amax) l->amax_ctas = sms * max_active_blocks_per_sm(l->amax, t.threads, l->kernels.source.smem_bytes);
   std::lock_guard<std::mutex> g(mu_);
   return loaded_.emplace(dev, std::move(l)).first->second;
 }
@@ -204,21 +199,15 @@ void Quantizer::quantize(const QuantizeCall& call, CUstream stream) const {
   const Driver& d = driver();
   for (const auto& z : zero) check(d.cuMemsetD8Async(CUdeviceptr(z.ptr), 0, size_t(z.bytes), stream), "zeroing amax / padded scales");
   const TileConfig& t = l->kernels.source.tile;
-  // Persistent grids (cast.cuh TileWalk): as many CTAs as the device holds, at most one per
-  // tile. Grouped: sum(ceil(m_i / rows)) <= ceil(M / rows) + N tile rows.
-  const uint64_t tile_rows = ceil_div(u64(call.shape.m), u64(t.rows)) + (grouped ? u64(members) : 0);
-  const uint64_t tile_cols = ceil_div(u64(call.shape.k), u64(t.cols));
-  const uint64_t tiles = round_up(tile_rows, kBandRows) * tile_cols;  // walk indices
-  if (tiles >= (uint64_t(1) << 31) || kBandRows * tile_cols >= (uint64_t(1) << 31))
-    throw UserError("input", "tensor too large for one launch (" + std::to_string(tile_rows) + " x " +
-                                 std::to_string(tile_cols) + " tiles)");
-  args.tile_rows = i64(tile_rows);
-  args.walk_tiles = i64(tiles);
-  args.band_div = FastDiv::make(u32(kBandRows * tile_cols));
+  // One CTA per tile. Grouped: sum(ceil(m_i / rows)) <= ceil(M / rows) + N tile rows, plus one
+  // row of CTAs for the scales of empty members.
+  const uint64_t tile_rows = ceil_div(u64(call.shape.m), u64(t.rows)) + (grouped ? u64(members) + 1 : 0);
+  const Dim3 grid{unsigned(tile_rows), unsigned(ceil_div(u64(call.shape.k), u64(t.cols))), 1};
+  if (tile_rows > 0x7fffffffu || grid.y > 65535)
+    throw UserError("input", "tensor too large for one launch (" + std::to_string(tile_rows) + " x " + std::to_string(grid.y) + " tiles)");
   void* params[] = {&args};
-  auto ctas = [&](int64_t resident) { return Dim3{unsigned(std::max<uint64_t>(1, std::min<uint64_t>(tiles, u64(resident))))}; };
-  if (l->amax) launch(l->amax, ctas(l->amax_ctas), Dim3{unsigned(t.threads)}, l->kernels.source.smem_bytes, stream, params);
-  launch(l->cast, ctas(l->cast_ctas), Dim3{unsigned(t.threads)}, l->kernels.source.smem_bytes, stream, params);
+  if (l->amax) launch(l->amax, grid, Dim3{unsigned(t.threads)}, l->kernels.source.smem_bytes, stream, params);
+  launch(l->cast, grid, Dim3{unsigned(t.threads)}, l->kernels.source.smem_bytes, stream, params);
 }
 
 void update_amax_history(const PerTensorDelayed& mode, ElemFormat format, const HistoryCall& call,

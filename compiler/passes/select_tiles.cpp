@@ -73,7 +73,7 @@ Plan select_tiles(Plan p) {
     t.cols = std::lcm(c.col_multiple, 256);
   }
   t.vec = 4;
-  t.threads = t.rows * t.cols >= 16384 ? 512 : 256;  // at most 8 prefetched chunks per thread
+  t.threads = 256;
   p.tile = t;
   return p;
 }

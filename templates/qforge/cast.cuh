@@ -163,37 +163,32 @@ __device__ __forceinline__ u32 enc_sr(float x, u32 r) {
   }
 }
 
-// Encodes and stores N consecutive elements of one output row, x already multiplied by their
-// scale (identity formats: the raw values). `lin` is the first element's offset in the
-// stream's data buffer, which is also its stochastic-rounding index; the first `valid` are
-// stored. Full, aligned runs take one vector store of N * bits / 8 bytes.
+// Encodes N consecutive elements of one output row, starting at element `lin` (the element's
+// offset in the stream's data buffer, which is also its stochastic-rounding index), and stores
+// the first `valid` of them. N is 4 or 16. Full, aligned runs take one vector store.
 template <class S, int N>
-__device__ __forceinline__ void encode_store(const QuantizeArgs& a, void* data, i64 lin, const float (&x)[N], int valid) {
+__device__ __forceinline__ void encode_store(const QuantizeArgs& a, void* data, i64 lin, const float (&v)[N],
+                                             float mul, int valid) {
   using F = typename S::Format;
-  static_assert(N % 4 == 0 && N <= 16, "runs of 4, 8 or 16");
   if constexpr (is_identity<F>::value) {
     if constexpr (F::kDtype == 0) {
       float* o = static_cast<float*>(data) + lin;
       if (valid == N && lin % 4 == 0) {
 #pragma unroll
-        for (int i = 0; i < N; i += 4) *reinterpret_cast<float4*>(o + i) = make_float4(x[i], x[i + 1], x[i + 2], x[i + 3]);
+        for (int i = 0; i < N; i += 4) *reinterpret_cast<float4*>(o + i) = make_float4(v[i], v[i + 1], v[i + 2], v[i + 3]);
       } else {
-#pragma unroll
-        for (int i = 0; i < N; ++i)
-          if (i < valid) o[i] = x[i];
+        for (int i = 0; i < valid; ++i) o[i] = v[i];
       }
     } else {
       u16* o = static_cast<u16*>(data) + lin;
       u32 h[N];
 #pragma unroll
-      for (int i = 0; i < N; ++i) h[i] = F::kDtype == 1 ? f32_to_bf16(x[i]) : f32_to_f16(x[i]);
+      for (int i = 0; i < N; ++i) h[i] = F::kDtype == 1 ? f32_to_bf16(v[i]) : f32_to_f16(v[i]);
       if (valid == N && lin % 4 == 0) {
 #pragma unroll
         for (int i = 0; i < N; i += 4) *reinterpret_cast<uint2*>(o + i) = make_uint2(h[i] | (h[i + 1] << 16), h[i + 2] | (h[i + 3] << 16));
       } else {
-#pragma unroll
-        for (int i = 0; i < N; ++i)
-          if (i < valid) o[i] = u16(h[i]);
+        for (int i = 0; i < valid; ++i) o[i] = u16(h[i]);
       }
     }
   } else {
@@ -205,43 +200,63 @@ __device__ __forceinline__ void encode_store(const QuantizeArgs& a, void* data, 
           u32 w[4];
           sr_random_group(a.seed, a.offset, u32(S::kDir), u64(lin + g) >> 2, w);
 #pragma unroll
-          for (int i = 0; i < 4; ++i) q[g + i] = enc_sr<F>(x[g + i], w[i]);
+          for (int i = 0; i < 4; ++i) q[g + i] = enc_sr<F>(v[g + i] * mul, w[i]);
         }
       } else {
 #pragma unroll
         for (int i = 0; i < N; ++i)
-          q[i] = i < valid ? enc_sr<F>(x[i], sr_random_bits(a.seed, a.offset, u32(S::kDir), u64(lin + i))) : 0u;
+          q[i] = i < valid ? enc_sr<F>(v[i] * mul, sr_random_bits(a.seed, a.offset, u32(S::kDir), u64(lin + i))) : 0u;
       }
     } else {
 #pragma unroll
-      for (int i = 0; i < N; ++i) q[i] = enc_rn<F>(x[i]);
+      for (int i = 0; i < N; ++i) q[i] = enc_rn<F>(v[i] * mul);
     }
-    constexpr int kPerByte = F::kBits == 4 ? 2 : 1, NB = N / kPerByte;
-    u32 bytes[NB];
+    if constexpr (F::kBits == 4) {
+      // Two per byte, element 2i in the low nibble. lin is even (check_shape: packed rows are
+      // even), so the pairs are this run's own.
+      u32 p[N / 2];
 #pragma unroll
-    for (int i = 0; i < NB; ++i) {
-      if constexpr (kPerByte == 2) {
-        // Element 2i in the low nibble. lin is even (check_shape: packed rows are even), so
-        // the pairs are this run's own.
-        bytes[i] = (q[2 * i] & 0xFu) | ((2 * i + 1 < valid ? q[2 * i + 1] & 0xFu : 0u) << 4);
+      for (int i = 0; i < N / 2; ++i) p[i] = (q[2 * i] & 0xFu) | ((2 * i + 1 < valid ? q[2 * i + 1] & 0xFu : 0u) << 4);
+      u8* o = static_cast<u8*>(data) + lin / 2;
+      if (valid == N && lin % N == 0) {
+        if constexpr (N == 4) {
+          *reinterpret_cast<u16*>(o) = u16(p[0] | (p[1] << 8));
+        } else {
+          *reinterpret_cast<uint2*>(o) = make_uint2(p[0] | (p[1] << 8) | (p[2] << 16) | (p[3] << 24),
+                                                    p[4] | (p[5] << 8) | (p[6] << 16) | (p[7] << 24));
+        }
       } else {
-        bytes[i] = q[i] & 0xFFu;
+        for (int i = 0; 2 * i < valid; ++i) o[i] = u8(p[i]);
+      }
+    } else {
+      u8* o = static_cast<u8*>(data) + lin;
+      if (valid == N && lin % N == 0) {
+        u32 w[N / 4];
+#pragma unroll
+        for (int i = 0; i < N / 4; ++i)
+          w[i] = (q[4 * i] & 0xFFu) | ((q[4 * i + 1] & 0xFFu) << 8) | ((q[4 * i + 2] & 0xFFu) << 16) | (q[4 * i + 3] << 24);
+        if constexpr (N == 4) *reinterpret_cast<u32*>(o) = w[0];
+        else *reinterpret_cast<uint4*>(o) = make_uint4(w[0], w[1], w[2], w[3]);
+      } else {
+        for (int i = 0; i < valid; ++i) o[i] = u8(q[i]);
       }
     }
-    u8* o = static_cast<u8*>(data) + lin / kPerByte;
-    if (valid == N && lin % N == 0) {
-      u32 w[(NB + 3) / 4] = {};
-#pragma unroll
-      for (int i = 0; i < NB; ++i) w[i / 4] |= bytes[i] << (8 * (i % 4));
-      if constexpr (NB == 2) *reinterpret_cast<u16*>(o) = u16(w[0]);
-      else if constexpr (NB == 4) *reinterpret_cast<u32*>(o) = w[0];
-      else if constexpr (NB == 8) *reinterpret_cast<uint2*>(o) = make_uint2(w[0], w[1]);
-      else *reinterpret_cast<uint4*>(o) = make_uint4(w[0], w[1], w[2], w[3]);
-    } else {
-#pragma unroll
-      for (int i = 0; i < NB; ++i)
-        if (kPerByte * i < valid) o[i] = u8(bytes[i]);
-    }
+  }
+}
+
+// One element (column walks of a same-layout columnwise stream).
+template <class S>
+__device__ __forceinline__ void encode_store1(const QuantizeArgs& a, void* data, i64 lin, float v, float mul) {
+  using F = typename S::Format;
+  if constexpr (is_identity<F>::value) {
+    if constexpr (F::kDtype == 0) static_cast<float*>(data)[lin] = v;
+    else static_cast<u16*>(data)[lin] = F::kDtype == 1 ? f32_to_bf16(v) : f32_to_f16(v);
+  } else {
+    static_assert(F::kBits != 4, "packed formats are never written one element at a time");
+    u32 q;
+    if constexpr (S::kStochastic) q = enc_sr<F>(v * mul, sr_random_bits(a.seed, a.offset, u32(S::kDir), u64(lin)));
+    else q = enc_rn<F>(v * mul);
+    static_cast<u8*>(data)[lin] = u8(q);
   }
 }
 
@@ -289,18 +304,6 @@ __device__ __forceinline__ i64 scale_grid_size(i64 member_rows, i64 k) {
   return pr * pc;
 }
 
-// Tile order: tiles are visited in bands of kBandRows tile rows, column by column inside a
-// band, so the CTAs resident at one time cover a few hundred consecutive input rows (long
-// contiguous reads) and, for a transposed output, a band of kBandRows * kTileRows consecutive
-// elements of many output rows. Walk index t -> band t / (kBandRows * tiles_c) by the host's
-// precomputed divisor (QuantizeArgs::band_div), then shifts; tile rows past the last one
-// (the last band is padded to kBandRows) are skipped by the walk.
-__device__ __forceinline__ void tile_coords(u32 t, const FastDiv& band_div, u32& tr, u32& tc) {
-  const u32 band = band_div.div(t), in_band = t - band * band_div.d;
-  tr = band * kBandRows + (in_band % kBandRows);
-  tc = in_band / kBandRows;
-}
-
 // Max over the CTA, then one atomic (every thread of the CTA must call it).
 template <int T>
 __device__ __forceinline__ void block_max_atomic(float* dst, float v) {
@@ -318,12 +321,12 @@ __device__ __forceinline__ void block_max_atomic(float* dst, float v) {
 
 // Resolves this CTA's member; computes each stream's scale-grid base (in entries) for it.
 template <class Cfg, class... S>
-__device__ bool resolve_member(const QuantizeArgs& a, i64 tile_row, Member& mem, i64 (&scale_base)[kMaxStreams]) {
+__device__ bool resolve_member(const QuantizeArgs& a, Member& mem, i64 (&scale_base)[kMaxStreams]) {
   __shared__ i64 sh[4 + kMaxStreams];
   if (!a.member_rows) {
-    mem = Member{0, 0, a.m, tile_row};
+    mem = Member{0, 0, a.m, i64(blockIdx.x)};
     for (int s = 0; s < kMaxStreams; ++s) scale_base[s] = 0;
-    return tile_row * Cfg::kTileRows < a.m;
+    return i64(blockIdx.x) * Cfg::kTileRows < a.m;
   }
   if (threadIdx.x == 0) {
     i64 tiles = 0, bases[kMaxStreams] = {};
@@ -331,9 +334,9 @@ __device__ bool resolve_member(const QuantizeArgs& a, i64 tile_row, Member& mem,
     for (int g = 0; g < a.num_members; ++g) {
       const i64 r0 = a.member_rows[g], mg = a.member_rows[g + 1] - r0;
       const i64 t = i64(ceil_div(u64(mg), u64(Cfg::kTileRows)));
-      if (tile_row < tiles + t) {
+      if (i64(blockIdx.x) < tiles + t) {
         sh[0] = g, sh[1] = r0, sh[2] = mg;
-        sh[3] = tile_row - tiles;
+        sh[3] = i64(blockIdx.x) - tiles;
         for (int s = 0; s < kMaxStreams; ++s) sh[4 + s] = bases[s];
         break;
       }
@@ -343,36 +346,26 @@ __device__ bool resolve_member(const QuantizeArgs& a, i64 tile_row, Member& mem,
     }
   }
   __syncthreads();
-  const bool found = sh[0] >= 0;
-  if (found) {
-    mem = Member{int(sh[0]), sh[1], sh[2], sh[3]};
-    for (int s = 0; s < kMaxStreams; ++s) scale_base[s] = sh[4 + s];
-  }
-  __syncthreads();  // sh is rewritten by the next call
-  return found;
+  if (sh[0] < 0) return false;
+  mem = Member{int(sh[0]), sh[1], sh[2], sh[3]};
+  for (int s = 0; s < kMaxStreams; ++s) scale_base[s] = sh[4 + s];
+  return true;
 }
 
 // ------------------------------------------------------------------------------------ tiles
 
-// A tile is loaded in two steps so that a persistent CTA can keep the next tile's loads in
-// flight while it works on the current one: load_regs issues every global load of this thread
-// (16-byte chunks of 4 elements, zero outside the member / K) into registers, store_tile writes
-// them to shared memory (fp32) and, with RHT, the rotated copy (16-row groups per column,
+// Loads the tile (fp32, zero outside the member / K): every load of a thread is issued before
+// the first shared-memory store. With RHT, also the rotated copy (16-row groups per column,
 // rounded to the input dtype).
 template <class Cfg>
-struct TileRegs {
-  static constexpr int kChunks = Cfg::kTileRows * Cfg::kTileCols / 4;
-  static constexpr int kIters = (kChunks + Cfg::kThreads - 1) / Cfg::kThreads;
-  float4 v[kIters];
-};
-
-template <class Cfg>
-__device__ __forceinline__ void load_regs(const QuantizeArgs& a, const Member& mem, i64 col0, TileRegs<Cfg>& regs) {
-  constexpr int TC = Cfg::kTileCols, CH = TC / 4, N = TileRegs<Cfg>::kChunks, T = Cfg::kThreads;
-  const i64 row0 = mem.tile_row * Cfg::kTileRows;
+__device__ void load_tile(const QuantizeArgs& a, const Member& mem, i64 col0, float* tile, float* rtile) {
+  constexpr int TR = Cfg::kTileRows, TC = Cfg::kTileCols, CH = TC / 4, N = TR * CH, T = Cfg::kThreads;
+  constexpr int kIters = (N + T - 1) / T;
+  const i64 row0 = mem.tile_row * TR;
   const bool vec = a.k % 4 == 0;
+  float4 val[kIters];
 #pragma unroll
-  for (int it = 0; it < TileRegs<Cfg>::kIters; ++it) {
+  for (int it = 0; it < kIters; ++it) {
     const int i = it * T + int(threadIdx.x);
     float4 v = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
     const int r = i / CH, c = (i % CH) * 4;
@@ -388,18 +381,12 @@ __device__ __forceinline__ void load_regs(const QuantizeArgs& a, const Member& m
         if (cg + 3 < a.k) v.w = load1<Cfg::kInDtype>(a.x, idx + 3);
       }
     }
-    regs.v[it] = v;
+    val[it] = v;
   }
-}
-
-// Ends with a barrier: the tile (and rotated tile) are readable by every thread.
-template <class Cfg>
-__device__ __forceinline__ void store_tile(const TileRegs<Cfg>& regs, float* tile, float* rtile) {
-  constexpr int TR = Cfg::kTileRows, TC = Cfg::kTileCols, CH = TC / 4, N = TileRegs<Cfg>::kChunks, T = Cfg::kThreads;
 #pragma unroll
-  for (int it = 0; it < TileRegs<Cfg>::kIters; ++it) {
+  for (int it = 0; it < kIters; ++it) {
     const int i = it * T + int(threadIdx.x);
-    if (N % T == 0 || i < N) *reinterpret_cast<float4*>(tile + tile_off<TC>(i / CH, (i % CH) * 4)) = regs.v[it];
+    if (N % T == 0 || i < N) *reinterpret_cast<float4*>(tile + tile_off<TC>(i / CH, (i % CH) * 4)) = val[it];
   }
   if constexpr (Cfg::kRht) {
     __syncthreads();
@@ -415,27 +402,6 @@ __device__ __forceinline__ void store_tile(const TileRegs<Cfg>& regs, float* til
   }
   __syncthreads();
 }
-
-// The persistent walk over tiles: CTA b takes walk indices b, b + gridDim.x, ... (tile_coords
-// order), skipping padding rows and grouped tiles past the end of their member. Every thread
-// calls next() together.
-template <class Cfg, class... S>
-struct TileWalk {
-  u32 t, total;
-  __device__ TileWalk(const QuantizeArgs& a) : t(blockIdx.x - gridDim.x), total(u32(a.walk_tiles)) {}
-  // Advances to the next tile of this CTA; false at the end.
-  __device__ bool next(const QuantizeArgs& a, Member& mem, i64& col0, i64 (&scale_base)[kMaxStreams]) {
-    for (t += gridDim.x; t < total; t += gridDim.x) {
-      u32 tr, tc;
-      tile_coords(t, a.band_div, tr, tc);
-      if (tr < a.tile_rows && resolve_member<Cfg, S...>(a, i64(tr), mem, scale_base)) {
-        col0 = i64(tc) * Cfg::kTileCols;
-        return true;
-      }
-    }
-    return false;
-  }
-};
 
 // The scale of one block: the element multiplier and the stored scale entry (fp32 bits or a
 // byte), from the amaxes the mode depends on.
@@ -538,182 +504,106 @@ __device__ __forceinline__ StreamCtx<S> stream_ctx(const QuantizeArgs& a, const 
   return c;
 }
 
-template <class S>
-struct ModeTraits {
-  // Block amax computed by the stream itself (1D blocks along its direction).
-  static constexpr bool kOwnBlocks = !S::kBlock2d && (S::kMode == kModeBlock || S::kMode == kModeMx || S::kMode == kModeNvfp4);
-  static constexpr bool kIdentity = is_identity<typename S::Format>::value;
-};
-
-// Rowwise stream ([M, K] layout): runs of 4 elements of a row (one 16-byte shared read, one
-// vector store), kGroup lanes per 1D scale block.
+// Rowwise stream ([M, K] layout): runs of 4 elements of a row, kGroup lanes per scale block.
 template <class Cfg, class S>
 __device__ float cast_rowwise(const QuantizeArgs& a, const Member& mem, i64 col0, const float* src, const u32* bamax,
                               i64 scale_base) {
-  constexpr int TC = Cfg::kTileCols, CH = TC / 4, N = Cfg::kTileRows * CH, T = Cfg::kThreads, G = S::kGroup;
+  constexpr int TR = Cfg::kTileRows, TC = Cfg::kTileCols, CH = TC / 4, N = TR * CH, T = Cfg::kThreads, G = S::kGroup;
   static_assert(S::kEpt == 4 && CH % G == 0 && 32 % G == 0, "rowwise runs: 4 elements, groups within a warp row");
   static_assert(N % 32 == 0, "whole warps of runs");
-  using M = ModeTraits<S>;
   const StreamArgs& out = a.streams[S::kIndex];
   const StreamCtx<S> ctx = stream_ctx<Cfg, S>(a, mem);
-  const i64 row0 = mem.tile_row * Cfg::kTileRows, data_base = mem.row_base * a.k;
-  // Per-tensor and unscaled streams: one multiplier for the whole tile.
-  float tile_mul = 1.0f;
-  u32 tile_entry = 0;
-  if constexpr (!M::kOwnBlocks && !S::kBlock2d && S::kMode != kModeChannel)
-    block_scale<Cfg, S>(0.0f, ctx.tensor_amax, ctx.delayed_scale, tile_mul, tile_entry);
+  const i64 row0 = mem.tile_row * TR, data_base = mem.row_base * a.k;
   float reported = 0.0f;
   for (int j = threadIdx.x; j < N; j += T) {  // N % 32 == 0: whole warps take part in shuffles
     const int r = j / CH, c = (j % CH) * 4;
     const float4 f = *reinterpret_cast<const float4*>(src + tile_off<TC>(r, c));
     const float v[4] = {f.x, f.y, f.z, f.w};
     const i64 rl = row0 + r, cg = col0 + c;
-    const i64 left = a.k - cg;
-    const int valid = rl < mem.rows && left > 0 ? int(left < 4 ? left : 4) : 0;
-    float mul = tile_mul;
-    u32 entry = tile_entry;
-    if constexpr (M::kOwnBlocks || S::kBlock2d || S::kMode == kModeChannel || S::kMode == kModeTensorDelayed) {
-      const float amax = amax_step(amax_step(amax_step(amax_step(0.0f, v[0]), v[1]), v[2]), v[3]);  // zero padding
-      if constexpr (S::kMode == kModeTensorDelayed) reported = fmaxf(reported, amax);
-      float block_amax = amax;
-      if constexpr (S::kBlock2d) {
-        block_amax = f32_from_bits(bamax[(r / S::kBlockRows) * (TC / S::kBlockCols) + c / S::kBlockCols]);
-      } else if constexpr (S::kMode == kModeChannel) {
-        block_amax = rl < mem.rows ? a.amax[S::kLocalAmax][mem.row_base + rl] : 0.0f;
-      } else if constexpr (G > 1) {
-        block_amax = group_max<G>(amax);
-      }
-      if constexpr (S::kMode != kModeTensorDelayed) block_scale<Cfg, S>(block_amax, ctx.tensor_amax, ctx.delayed_scale, mul, entry);
+    const int valid = rl < mem.rows ? int(a.k - cg < 4 ? (a.k - cg > 0 ? a.k - cg : 0) : 4) : 0;
+    float amax = amax_step(amax_step(amax_step(amax_step(0.0f, v[0]), v[1]), v[2]), v[3]);  // zero padding
+    if constexpr (S::kMode == kModeTensorDelayed) reported = fmaxf(reported, amax);
+    float block_amax = amax;
+    if constexpr (S::kBlock2d) {
+      block_amax = f32_from_bits(bamax[(r / S::kBlockRows) * (TC / S::kBlockCols) + c / S::kBlockCols]);
+    } else if constexpr (S::kMode == kModeChannel) {
+      block_amax = rl < mem.rows ? a.amax[S::kLocalAmax][mem.row_base + rl] : 0.0f;
+    } else if constexpr (G > 1) {
+      block_amax = group_max<G>(amax);
     }
+    float mul;
+    u32 entry;
+    block_scale<Cfg, S>(block_amax, ctx.tensor_amax, ctx.delayed_scale, mul, entry);
     if (valid == 0) continue;
     maybe_store_entry<S>(out, rl, cg, ctx.grid_pcols, scale_base, entry);
-    float x[4];
-#pragma unroll
-    for (int i = 0; i < 4; ++i) x[i] = M::kIdentity ? v[i] : v[i] * mul;
-    encode_store<S, 4>(a, out.data, data_base + rl * a.k + cg, x, valid);
+    encode_store<S, 4>(a, out.data, data_base + rl * a.k + cg, v, mul, valid);
   }
   return reported;
 }
 
-// Columnwise stream: a thread takes one 16-byte chunk (4 adjacent columns) over kEpt rows (one
-// 1D scale block along M, or 16 rows), lanes on consecutive chunks, so every shared-memory
-// read is a conflict-free 16-byte row read. 1D blocks: a first pass over the rows gives the 4
-// column amaxes. Same layout ([M, K]): one 4-element store per row. Transposed ([K, M]): 8-row
-// steps, each column's 8 elements one vector store into its output row.
+// Columnwise stream: runs of kEpt rows of one column, lanes on consecutive columns. Transposed
+// ([K, M]): each 16-row chunk is one vector store into the output row of its column; same
+// layout ([M, K]): element stores (consecutive lanes fill consecutive bytes of a row).
 template <class Cfg, class S>
 __device__ float cast_columnwise(const QuantizeArgs& a, const Member& mem, i64 col0, const float* src,
                                  const u32* bamax, i64 scale_base) {
-  constexpr int TR = Cfg::kTileRows, TC = Cfg::kTileCols, CH = TC / 4, L = S::kEpt, N = CH * (TR / L), T = Cfg::kThreads;
-  static_assert(TR % L == 0 && L % 16 == 0, "columnwise runs: whole 16-row groups");
-  using M = ModeTraits<S>;
+  constexpr int TR = Cfg::kTileRows, TC = Cfg::kTileCols, L = S::kEpt, N = TC * (TR / L), T = Cfg::kThreads;
+  static_assert(TR % L == 0 && L % 16 == 0, "columnwise runs: whole 16-row chunks");
   const StreamArgs& out = a.streams[S::kIndex];
   const StreamCtx<S> ctx = stream_ctx<Cfg, S>(a, mem);
   const i64 row0 = mem.tile_row * TR, data_base = mem.row_base * a.k;
-  float tile_mul = 1.0f;
-  u32 tile_entry = 0;
-  if constexpr (!M::kOwnBlocks && !S::kBlock2d && S::kMode != kModeChannel)
-    block_scale<Cfg, S>(0.0f, ctx.tensor_amax, ctx.delayed_scale, tile_mul, tile_entry);
   float reported = 0.0f;
   for (int j = threadIdx.x; j < N; j += T) {
-    const int cc = j % CH, r = (j / CH) * L, c = cc * 4;
+    const int c = j % TC, r = (j / TC) * L;
     const i64 rl = row0 + r, cg = col0 + c;
     if (cg >= a.k || rl >= mem.rows) continue;
-    const float* base = src + r * TC + (c & 3);  // + swizzled chunk per row: ((cc ^ (row & 7)) << 2)
-    auto row4 = [&](int e) {  // r % 8 == 0: the swizzle phase of row r + e is e % 8
-      return *reinterpret_cast<const float4*>(base + e * TC + ((cc ^ (e & 7)) << 2));
-    };
-    float mul[4] = {tile_mul, tile_mul, tile_mul, tile_mul};
-    u32 entry[4] = {tile_entry, tile_entry, tile_entry, tile_entry};
-    if constexpr (M::kOwnBlocks || S::kBlock2d || S::kMode == kModeChannel) {
-      float am[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-      if constexpr (M::kOwnBlocks) {
+    float amax = 0.0f;  // of the run (one scale block when the stream has 1D blocks)
 #pragma unroll 16
-        for (int e = 0; e < L; ++e) {
-          const float4 f = row4(e);
-          am[0] = amax_step(am[0], f.x), am[1] = amax_step(am[1], f.y), am[2] = amax_step(am[2], f.z), am[3] = amax_step(am[3], f.w);
-        }
-      }
-#pragma unroll
-      for (int q = 0; q < 4; ++q) {
-        float block_amax = am[q];
-        if constexpr (S::kBlock2d)
-          block_amax = f32_from_bits(bamax[(r / S::kBlockRows) * (TC / S::kBlockCols) + c / S::kBlockCols]);
-        else if constexpr (S::kMode == kModeChannel)
-          block_amax = cg + q < a.k ? a.amax[S::kLocalAmax][i64(mem.index) * a.k + cg + q] : 0.0f;
-        block_scale<Cfg, S>(block_amax, ctx.tensor_amax, ctx.delayed_scale, mul[q], entry[q]);
-      }
+    for (int e = 0; e < L; ++e) amax = amax_step(amax, src[tile_off<TC>(r + e, c)]);
+    if constexpr (S::kMode == kModeTensorDelayed) reported = fmaxf(reported, amax);
+    float block_amax = amax;
+    if constexpr (S::kBlock2d) {
+      block_amax = f32_from_bits(bamax[(r / S::kBlockRows) * (TC / S::kBlockCols) + c / S::kBlockCols]);
+    } else if constexpr (S::kMode == kModeChannel) {
+      block_amax = a.amax[S::kLocalAmax][i64(mem.index) * a.k + cg];
     }
-#pragma unroll
-    for (int q = 0; q < 4; ++q) {
-      if (cg + q >= a.k) break;
-      if constexpr (S::kTransposed) maybe_store_entry<S>(out, cg + q, rl, ctx.grid_pcols, scale_base, entry[q]);
-      else maybe_store_entry<S>(out, rl, cg + q, ctx.grid_pcols, scale_base, entry[q]);
-    }
+    float mul;
+    u32 entry;
+    block_scale<Cfg, S>(block_amax, ctx.tensor_amax, ctx.delayed_scale, mul, entry);
+    const i64 dr = S::kTransposed ? cg : rl, dc = S::kTransposed ? rl : cg;
+    maybe_store_entry<S>(out, dr, dc, ctx.grid_pcols, scale_base, entry);
     const i64 left = mem.rows - rl;
-    const int cols = a.k - cg < 4 ? int(a.k - cg) : 4;
     if constexpr (S::kTransposed) {
-      // Output row cg + q holds column cg + q of the member: element rl at cg_q * rows + rl.
+      const i64 line = data_base + cg * mem.rows + rl;  // output row cg, element rl
 #pragma unroll 1
-      for (int e0 = 0; e0 < L; e0 += 8) {
+      for (int e0 = 0; e0 < L; e0 += 16) {
         if (left <= e0) break;
-        float x[4][8];
+        float v[16];
 #pragma unroll
-        for (int e = 0; e < 8; ++e) {
-          const float4 f = row4(e0 + e);
-          const float v[4] = {f.x, f.y, f.z, f.w};
-#pragma unroll
-          for (int q = 0; q < 4; ++q) {
-            if constexpr (S::kMode == kModeTensorDelayed) reported = amax_step(reported, v[q]);
-            x[q][e] = M::kIdentity ? v[q] : v[q] * mul[q];
-          }
-        }
-        const int valid = left - e0 >= 8 ? 8 : int(left - e0);
-#pragma unroll
-        for (int q = 0; q < 4; ++q)
-          if (q < cols) encode_store<S, 8>(a, out.data, data_base + (cg + q) * mem.rows + rl + e0, x[q], valid);
+        for (int e = 0; e < 16; ++e) v[e] = src[tile_off<TC>(r + e0 + e, c)];
+        encode_store<S, 16>(a, out.data, line + e0, v, mul, left - e0 >= 16 ? 16 : int(left - e0));
       }
     } else {
-      i64 lin = data_base + rl * a.k + cg;
 #pragma unroll 4
       for (int e = 0; e < L; ++e) {
         if (e >= left) break;
-        const float4 f = row4(e);
-        const float v[4] = {f.x, f.y, f.z, f.w};
-        float x[4];
-#pragma unroll
-        for (int q = 0; q < 4; ++q) {
-          if constexpr (S::kMode == kModeTensorDelayed) reported = amax_step(reported, v[q]);
-          x[q] = M::kIdentity ? v[q] : v[q] * mul[q];
-        }
-        encode_store<S, 4>(a, out.data, lin, x, cols);
-        lin += a.k;
+        encode_store1<S>(a, out.data, data_base + (rl + e) * a.k + cg, src[tile_off<TC>(r + e, c)], mul);
       }
     }
   }
   return reported;
 }
 
-// Casts one stream of the tile; returns this thread's amax of it (delayed scaling reports the
-// tensor's amax).
 template <class Cfg, class S>
-__device__ __forceinline__ float cast_stream(const QuantizeArgs& a, const Member& mem, i64 col0, const float* tile,
-                                             const float* rtile, const u32* bamax, i64 scale_base) {
+__device__ __forceinline__ void cast_stream(const QuantizeArgs& a, const Member& mem, i64 col0, const float* tile,
+                                            const float* rtile, const u32* bamax, i64 scale_base) {
   const float* src = S::kRht ? rtile : tile;
-  if constexpr (S::kDir == 0) return cast_rowwise<Cfg, S>(a, mem, col0, src, bamax, scale_base);
-  else return cast_columnwise<Cfg, S>(a, mem, col0, src, bamax, scale_base);
-}
-
-// Delayed scaling: the amax a CTA saw of one member, flushed with one atomic when the member
-// changes and at the end.
-template <class Cfg, class... S>
-__device__ __forceinline__ void flush_reported(const QuantizeArgs& a, int member, float (&rep)[kMaxStreams]) {
-  int s = 0;
-  (
-      [&] {
-        if constexpr (S::kMode == kModeTensorDelayed) block_max_atomic<Cfg::kThreads>(a.amax[S::kTensorAmax] + member, rep[s]);
-        rep[s++] = 0.0f;
-      }(),
-      ...);
+  float reported;
+  if constexpr (S::kDir == 0) reported = cast_rowwise<Cfg, S>(a, mem, col0, src, bamax, scale_base);
+  else reported = cast_columnwise<Cfg, S>(a, mem, col0, src, bamax, scale_base);
+  if constexpr (S::kMode == kModeTensorDelayed) {
+    block_max_atomic<Cfg::kThreads>(a.amax[S::kTensorAmax] + mem.index, reported);
+  }
 }
 
 // Grouped launches get one extra tile row; its first CTA writes the per-tensor scale entry of
@@ -745,13 +635,17 @@ __device__ void fill_empty_members(const QuantizeArgs& a) {
 
 }  // namespace detail
 
-// Persistent: the grid is sized to what the GPU holds at once; each CTA walks its tiles,
-// issuing the next tile's loads before it casts the current one.
 template <class Cfg, class... S>
-__global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocks) cast_kernel(const QuantizeArgs a) {
+__global__ void __launch_bounds__(Cfg::kThreads) cast_kernel(const QuantizeArgs a) {
   if (a.noop && *a.noop == 1.0f) return;
-  // Grouped launches: CTA 0 also writes the scales of empty members (they have no tile).
-  if (a.member_rows && blockIdx.x == 0) detail::fill_empty_members<Cfg, S...>(a);
+  if (a.member_rows && blockIdx.x == gridDim.x - 1) {
+    if (blockIdx.y == 0) detail::fill_empty_members<Cfg, S...>(a);
+    return;
+  }
+  detail::Member mem;
+  i64 scale_base[kMaxStreams];
+  if (!detail::resolve_member<Cfg, S...>(a, mem, scale_base)) return;
+  const i64 col0 = i64(blockIdx.y) * Cfg::kTileCols;
 
   extern __shared__ float4 smem4[];
   float* smem = reinterpret_cast<float*>(smem4);
@@ -759,48 +653,24 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocks) cast_kernel(co
   float* tile = smem;
   float* rtile = Cfg::kRht ? smem + kTileFloats : smem;
   u32* bamax = reinterpret_cast<u32*>(smem + kTileFloats * (Cfg::kRht ? 2 : 1));
+  detail::load_tile<Cfg>(a, mem, col0, tile, rtile);
 
-  detail::TileWalk<Cfg, S...> walk(a);
-  detail::Member mem, next_mem;
-  i64 col0 = 0, next_col0 = 0, base[kMaxStreams], next_base[kMaxStreams];
-  detail::TileRegs<Cfg> regs;
-  bool have = walk.next(a, mem, col0, base);
-  if (have) detail::load_regs<Cfg>(a, mem, col0, regs);
-  float rep[kMaxStreams] = {};
-  int rep_member = have ? mem.index : 0;
-  while (have) {
-    detail::store_tile<Cfg>(regs, tile, rtile);
-    const bool more = walk.next(a, next_mem, next_col0, next_base);
-    if (more) detail::load_regs<Cfg>(a, next_mem, next_col0, regs);  // in flight during the cast
-
-    if (mem.index != rep_member) {
-      detail::flush_reported<Cfg, S...>(a, rep_member, rep);
-      rep_member = mem.index;
-    }
-    // 2D block amaxes first (one region per stream that has them), then each stream.
-    u32* region = bamax;
-    u32* regions[sizeof...(S)];
-    int s = 0;
-    (
-        [&] {
-          regions[s++] = region;
-          if constexpr (S::kBlock2d) {
-            detail::block2d_amax<Cfg, S>(S::kRht ? rtile : tile, region);
-            region += (Cfg::kTileRows / S::kBlockRows) * (Cfg::kTileCols / S::kBlockCols);
-          }
-        }(),
-        ...);
-    __syncthreads();
-    s = 0;
-    ((rep[s] = fmaxf(rep[s], detail::cast_stream<Cfg, S>(a, mem, col0, tile, rtile, regions[s], base[s])), ++s), ...);
-    __syncthreads();  // the tile is free for the next store
-
-    have = more;
-    mem = next_mem;
-    col0 = next_col0;
-    for (int i = 0; i < kMaxStreams; ++i) base[i] = next_base[i];
-  }
-  detail::flush_reported<Cfg, S...>(a, rep_member, rep);
+  // 2D block amaxes first (one region per stream that has them), then each stream.
+  u32* region = bamax;
+  u32* regions[sizeof...(S)];
+  int s = 0;
+  (
+      [&] {
+        regions[s++] = region;
+        if constexpr (S::kBlock2d) {
+          detail::block2d_amax<Cfg, S>(S::kRht ? rtile : tile, region);
+          region += (Cfg::kTileRows / S::kBlockRows) * (Cfg::kTileCols / S::kBlockCols);
+        }
+      }(),
+      ...);
+  __syncthreads();
+  s = 0;
+  ((detail::cast_stream<Cfg, S>(a, mem, col0, tile, rtile, regions[s], scale_base[s]), ++s), ...);
 }
 
 // Global reductions before the cast: the tensor amax (raw: straight from global memory with
@@ -808,88 +678,66 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocks) cast_kernel(co
 template <class Cfg, class... A>
 __global__ void __launch_bounds__(Cfg::kThreads) amax_kernel(const QuantizeArgs a) {
   if (a.noop && *a.noop == 1.0f) return;
-  constexpr int TR = Cfg::kTileRows, TC = Cfg::kTileCols, T = Cfg::kThreads, NA = sizeof...(A);
+  detail::Member mem;
+  i64 unused[kMaxStreams];
+  if (!detail::resolve_member<Cfg>(a, mem, unused)) return;
+  constexpr int TR = Cfg::kTileRows, TC = Cfg::kTileCols, T = Cfg::kThreads;
+  const i64 col0 = i64(blockIdx.y) * TC, row0 = mem.tile_row * TR;
   constexpr bool kNeedsTile = ((A::kRht || A::kScope != kScopeTensor) || ...);
   extern __shared__ float4 smem4[];
   float* tile = reinterpret_cast<float*>(smem4);
   float* rtile = Cfg::kRht ? tile + TR * TC : tile;
-  detail::TileWalk<Cfg> walk(a);
-  detail::Member mem;
-  i64 col0 = 0, unused[kMaxStreams];
-  float acc[NA] = {};  // tensor-scope amaxes of the current member, flushed on change / at the end
-  int acc_member = -1;
-  auto flush = [&] {
-    int i = 0;
-    (
-        [&] {
-          if constexpr (A::kScope == kScopeTensor)
-            if (acc_member >= 0) detail::block_max_atomic<T>(a.amax[A::kSlot] + acc_member, acc[i]);
-          acc[i++] = 0.0f;
-        }(),
-        ...);
-  };
-  while (walk.next(a, mem, col0, unused)) {
-    if (mem.index != acc_member) {
-      flush();
-      acc_member = mem.index;
-    }
-    const i64 row0 = mem.tile_row * TR;
-    if constexpr (kNeedsTile) {
-      detail::TileRegs<Cfg> regs;
-      detail::load_regs<Cfg>(a, mem, col0, regs);
-      detail::store_tile<Cfg>(regs, tile, rtile);
-    }
-    int i = 0;
-    (
-        [&] {
-          float& m = acc[i++];
-          if constexpr (A::kScope == kScopeTensor && !A::kRht) {
-            // Raw tensor amax: vector loads straight from global memory.
-            constexpr int CH = TC / 4, N = TR * CH;
-            const bool vec = a.k % 4 == 0;
+  if constexpr (kNeedsTile) detail::load_tile<Cfg>(a, mem, col0, tile, rtile);
+  (
+      [&] {
+        if constexpr (A::kScope == kScopeTensor && !A::kRht) {
+          // Raw tensor amax: vector loads straight from global memory.
+          constexpr int CH = TC / 4, N = TR * CH;
+          float m = 0.0f;
+          const bool vec = a.k % 4 == 0;
 #pragma unroll 4
-            for (int j = threadIdx.x; j < N; j += T) {
-              const int r = j / CH, c = (j % CH) * 4;
-              const i64 rl = row0 + r, cg = col0 + c;
-              if (rl >= mem.rows || cg >= a.k) continue;
-              const i64 idx = (mem.row_base + rl) * a.k + cg;
-              if (vec && cg + 4 <= a.k) {
-                const float4 f = detail::load4<Cfg::kInDtype>(a.x, idx);
-                m = amax_step(amax_step(amax_step(amax_step(m, f.x), f.y), f.z), f.w);
-              } else {
-                for (int e = 0; e < 4 && cg + e < a.k; ++e) m = amax_step(m, detail::load1<Cfg::kInDtype>(a.x, idx + e));
-              }
-            }
-          } else if constexpr (A::kScope == kScopeTensor) {
-            for (int j = threadIdx.x; j < TR * TC / 4; j += T) {
-              const int r = j / (TC / 4), c = (j % (TC / 4)) * 4;
-              const float4 f = *reinterpret_cast<const float4*>(rtile + detail::tile_off<TC>(r, c));
+          for (int i = threadIdx.x; i < N; i += T) {
+            const int r = i / CH, c = (i % CH) * 4;
+            const i64 rl = row0 + r, cg = col0 + c;
+            if (rl >= mem.rows || cg >= a.k) continue;
+            const i64 idx = (mem.row_base + rl) * a.k + cg;
+            if (vec && cg + 4 <= a.k) {
+              const float4 f = detail::load4<Cfg::kInDtype>(a.x, idx);
               m = amax_step(amax_step(amax_step(amax_step(m, f.x), f.y), f.z), f.w);
-            }
-          } else if constexpr (A::kScope == kScopeChannelRows) {
-            // One warp per row: lanes read consecutive columns.
-            const float* src = A::kRht ? rtile : tile;
-            for (int r = threadIdx.x / 32; r < TR; r += T / 32) {
-              float v = 0.0f;
-              for (int c = threadIdx.x % 32; c < TC; c += 32) v = amax_step(v, src[detail::tile_off<TC>(r, c)]);
-              v = detail::warp_max(v);
-              if ((threadIdx.x & 31) == 0 && row0 + r < mem.rows)
-                detail::atomic_max_nonneg(a.amax[A::kSlot] + mem.row_base + row0 + r, v);
-            }
-          } else {
-            const float* src = A::kRht ? rtile : tile;
-            for (int c = threadIdx.x; c < TC; c += T) {
-              if (col0 + c >= a.k) continue;
-              float v = 0.0f;
-              for (int r = 0; r < TR; ++r) v = amax_step(v, src[detail::tile_off<TC>(r, c)]);
-              detail::atomic_max_nonneg(a.amax[A::kSlot] + i64(mem.index) * a.k + col0 + c, v);
+            } else {
+              for (int e = 0; e < 4 && cg + e < a.k; ++e) m = amax_step(m, detail::load1<Cfg::kInDtype>(a.x, idx + e));
             }
           }
-        }(),
-        ...);
-    if constexpr (kNeedsTile) __syncthreads();  // the tile is free for the next store
-  }
-  flush();
+          detail::block_max_atomic<Cfg::kThreads>(a.amax[A::kSlot] + mem.index, m);
+        } else if constexpr (A::kScope == kScopeTensor) {
+          float m = 0.0f;
+          for (int i = threadIdx.x; i < TR * TC / 4; i += T) {
+            const int r = i / (TC / 4), c = (i % (TC / 4)) * 4;
+            const float4 f = *reinterpret_cast<const float4*>(rtile + detail::tile_off<TC>(r, c));
+            m = amax_step(amax_step(amax_step(amax_step(m, f.x), f.y), f.z), f.w);
+          }
+          detail::block_max_atomic<Cfg::kThreads>(a.amax[A::kSlot] + mem.index, m);
+        } else if constexpr (A::kScope == kScopeChannelRows) {
+          // One warp per row: lanes read consecutive columns.
+          const float* src = A::kRht ? rtile : tile;
+          for (int r = threadIdx.x / 32; r < TR; r += T / 32) {
+            float m = 0.0f;
+            for (int c = threadIdx.x % 32; c < TC; c += 32) m = amax_step(m, src[detail::tile_off<TC>(r, c)]);
+            m = detail::warp_max(m);
+            if ((threadIdx.x & 31) == 0 && row0 + r < mem.rows)
+              detail::atomic_max_nonneg(a.amax[A::kSlot] + mem.row_base + row0 + r, m);
+          }
+        } else {
+          const float* src = A::kRht ? rtile : tile;
+          for (int c = threadIdx.x; c < TC; c += T) {
+            if (col0 + c >= a.k) continue;
+            float m = 0.0f;
+            for (int r = 0; r < TR; ++r) m = amax_step(m, src[detail::tile_off<TC>(r, c)]);
+            detail::atomic_max_nonneg(a.amax[A::kSlot] + i64(mem.index) * a.k + col0 + c, m);
+          }
+        }
+      }(),
+      ...);
 }
 
 #endif  // __CUDACC__

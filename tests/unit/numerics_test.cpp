@@ -1,7 +1,6 @@
 // Unit tests of templates/qforge/numerics.cuh (host build of the shared scalar numerics).
 // The exhaustive comparisons against ml_dtypes live in tests/numerics/test_conversions.py;
 // these tests pin the hand-computed edge cases of docs/numerics.md.
-#include "qforge/args.cuh"
 #include "qforge/numerics.cuh"
 
 #include <gtest/gtest.h>
@@ -644,15 +643,3 @@ TEST(Sr, Unbiased) {
 }  // namespace
 }  // namespace qf
 
-// The persistent quantize walk divides tile indices by a launch-time divisor (args.cuh).
-TEST(FastDiv, MatchesDivisionBelow2To31) {
-  std::mt19937 rng(11);
-  for (uint32_t d : {1u, 2u, 3u, 7u, 8u, 24u, 64u, 100u, 1000u, 4096u, 65535u, 65536u, 1u << 20, (1u << 30) + 3u}) {
-    const qf::FastDiv f = qf::FastDiv::make(d);
-    for (uint32_t n : {0u, 1u, d - 1, d, d + 1, 2 * d - 1, 0x7FFFFFFFu, 0x7FFFFFFFu - d}) ASSERT_EQ(f.div(n), n / d) << n << " / " << d;
-    for (int i = 0; i < 20000; ++i) {
-      const uint32_t n = rng() & 0x7FFFFFFFu;
-      ASSERT_EQ(f.div(n), n / d) << n << " / " << d;
-    }
-  }
-}
