@@ -37,6 +37,7 @@
 #include "runtime/driver.h"
 #include "runtime/quantizer.h"
 #include "tools/args.h"
+#include "tools/cli_common.h"
 #include "tools/quantize_timing.h"
 
 namespace fs = std::filesystem;
@@ -64,21 +65,13 @@ int main(int argc, char** argv) try {
   if (auto list = args.get("--sizes")) {  // "MxK,MxK": only these, no grouped cases
     sizes.clear();
     grouped_cases = false;
-    std::stringstream ss(*list);
-    for (std::string item; std::getline(ss, item, ',');) {
-      const auto x = item.find('x');
-      if (x == std::string::npos) throw UserError("--sizes", "expected MxK[,MxK...], got \"" + *list + "\"");
-      sizes.push_back({std::stoll(item.substr(0, x)), std::stoll(item.substr(x + 1))});
-    }
+    for (const std::string& item : split_list(*list)) sizes.push_back(parse_shape("--sizes", item));
   }
   const std::vector<int64_t> uneven = {2048, 6144, 3072, 5120, 4096, 1024, 7168, 4096};  // 32768 rows
   const char* roles[] = {"linear:input", "linear:weight", "linear:grad_output"};
 
   std::vector<Case> cases;
-  std::vector<fs::path> files;
-  for (const auto& e : fs::directory_iterator(recipes_dir))
-    if (e.path().extension() == ".json" && e.path().filename() != "recipe.schema.json") files.push_back(e.path());
-  std::sort(files.begin(), files.end());
+  const std::vector<fs::path> files = recipe_files({recipes_dir.string()});
   for (const auto& f : files) {
     const Recipe r = load_recipe(f);
     for (const char* role : roles) {

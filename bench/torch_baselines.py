@@ -133,23 +133,21 @@ def parse_sizes(items):
 # ---------------------------------------------------------------------------------------------
 # recipes
 # ---------------------------------------------------------------------------------------------
+def quantize_ref(repo=None):
+    """tests/numerics/quantize_ref.py: the project's independent numpy reference (also the role
+    resolution used here)."""
+    repo = REPO if repo is None else repo
+    sys.path.insert(0, str(repo / "tests" / "numerics"))
+    try:
+        import quantize_ref as qr
+    finally:
+        sys.path.pop(0)
+    return qr
+
+
 def resolve_rule(recipe, role):
     """The most specific rule of the recipe matching role (README: most non-* parts wins)."""
-    parts = role.split(":")
-    if len(parts) == 2:
-        parts.append("*")
-    best, best_spec = None, -1
-    for rule in recipe["roles"]:
-        pats = rule["match"] if isinstance(rule["match"], list) else [rule["match"]]
-        for p in pats:
-            pp = p.split(":")
-            if len(pp) == 2:
-                pp.append("*")
-            if all(a == "*" or a == b for a, b in zip(pp, parts)):
-                spec = sum(a != "*" for a in pp)
-                if spec > best_spec:
-                    best, best_spec = rule, spec
-    return best
+    return quantize_ref().resolve_rule(recipe, role)
 
 
 def stream_spec(spec, direction):
@@ -409,11 +407,7 @@ def selftest_values(seed=7):
 def op_selftest(torch, device, do_compile, repo=REPO, div=None):
     """The numerics helpers (make_ops) on edge values vs tests/numerics/quantize_ref.py (the
     project's independent numpy reference), eager and under torch.compile on `device`."""
-    sys.path.insert(0, str(repo / "tests" / "numerics"))
-    try:
-        import quantize_ref as qr
-    finally:
-        sys.path.pop(0)
+    qr = quantize_ref(repo)
     o = make_ops(torch, div)
     v, f, e = selftest_values()
     pos = np.abs(v)

@@ -41,8 +41,6 @@ Quantizer::Quantizer(Plan plan, KernelCache& cache, bool use_tuning)
   verify(plan_);
 }
 
-TileConfig Quantizer::tile_for_current_device() const { return load_for_current_device()->kernels.source.tile; }
-
 CacheHow Quantizer::prepare(const std::string& arch) const {
   return build_quantize_kernels(plan_, arch, cache_).cached.how;
 }

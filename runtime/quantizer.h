@@ -58,8 +58,6 @@ class Quantizer {
 
   // Compiles (or loads) for `arch` without a GPU; returns how the cache answered.
   CacheHow prepare(const std::string& arch) const;
-  // The tile the kernels on the current device use (loads them if needed).
-  TileConfig tile_for_current_device() const;
 
  private:
   struct Loaded;

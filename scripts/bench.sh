@@ -15,14 +15,8 @@ cd "$(dirname "$0")/.."
 OUT=${1:?usage: scripts/bench.sh OUT_DIR [--quick]}
 QUICK=${2:-}
 mkdir -p "$OUT"
-BUILD=${QFORGE_BUILD_DIR:-build-gpu}
-export PATH="/usr/local/cuda/bin:$PATH"
-prefix=${QFORGE_DEPS_PREFIX:-}
-[ -z "$prefix" ] && [ -d .gpudeps ] && prefix="$PWD/.gpudeps"
-gen=(); command -v ninja >/dev/null && gen=(-G Ninja)
-cmake -S . -B "$BUILD" "${gen[@]}" -DCMAKE_BUILD_TYPE=Release -DQFORGE_LIT_TESTS=OFF ${prefix:+-DCMAKE_PREFIX_PATH=$prefix} \
-  >"$OUT/configure.log" 2>&1 || { tail -30 "$OUT/configure.log"; exit 1; }
-cmake --build "$BUILD" -j"$(nproc)" --target qforge qforge_bench >"$OUT/build.log" 2>&1 || { grep -E "error" "$OUT/build.log" | head -40; exit 1; }
+. scripts/gpu_build.sh
+gpu_build "$OUT" qforge qforge_bench || exit 1
 export QFORGE_CACHE_DIR=${QFORGE_CACHE_DIR:-$PWD/$BUILD/gpu-cache}
 "$BUILD/tools/qforge" prewarm recipes --dtype bf16 --quiet >"$OUT/prewarm.log" 2>&1
 nvidia-smi --query-gpu=name,driver_version,clocks.max.memory --format=csv,noheader >"$OUT/gpu.txt" 2>&1

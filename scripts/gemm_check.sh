@@ -4,38 +4,21 @@
 # float64 reference), then `qforge gemm --bench` on the issue's shape and torch baselines on the
 # same shape, and a summary table last. Logs and JSON lines go to $1 (default ./gemm-results).
 #   scripts/gemm_check.sh OUT_DIR [quick]
-# GoogleTest / nlohmann_json come from .gpudeps/ when present (QFORGE_DEPS_PREFIX overrides).
+# Build: scripts/gpu_build.sh (QFORGE_BUILD_DIR, QFORGE_BUILD_TYPE, QFORGE_DEPS_PREFIX, .gpudeps/).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${1:-gemm-results}
 MODE=${2:-full}
 mkdir -p "$OUT"
-BUILD=${QFORGE_BUILD_DIR:-build-gemm-gpu}
-export PATH="/usr/local/cuda/bin:$PATH"
-prefix=${QFORGE_DEPS_PREFIX:-}
-[ -z "$prefix" ] && [ -d .gpudeps ] && prefix="$PWD/.gpudeps"
-gen=(); command -v ninja >/dev/null && gen=(-G Ninja)
-export QFORGE_CACHE_DIR="$PWD/$BUILD/gpu-cache"
+. scripts/gpu_build.sh
 LOG="$OUT/log.txt"; RES="$OUT/results.jsonl"; : >"$LOG"; : >"$RES"
 t0=$(date +%s)
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm,power.draw --format=csv,noheader >"$OUT/gpu.txt" 2>&1
 
 # ---- build
-cmake -S . -B "$BUILD" "${gen[@]}" -DCMAKE_BUILD_TYPE=${QFORGE_BUILD_TYPE:-Release} -DQFORGE_LIT_TESTS=OFF ${prefix:+-DCMAKE_PREFIX_PATH=$prefix} \
-  >"$OUT/build.log" 2>&1 || { tail -30 "$OUT/build.log"; exit 1; }
-cmake --build "$BUILD" -j16 --target qforge >>"$OUT/build.log" 2>&1 || { grep -E "error" "$OUT/build.log" | head -30; exit 1; }
+gpu_build "$OUT" qforge qforge_unit_tests || exit 1
 TESTBIN="$BUILD/tests/qforge_unit_tests"
-if ! cmake --build "$BUILD" -j16 --target qforge_unit_tests >>"$OUT/build.log" 2>&1; then
-  # Someone else's test file may not build: build the GEMM tests alone against the libraries.
-  echo "qforge_unit_tests did not build; building the GEMM tests alone" | tee -a "$LOG"
-  grep -E "error" "$OUT/build.log" | head -10 >>"$LOG"
-  TESTBIN="$BUILD/gemm_tests"
-  g++ -std=c++20 -O2 -ffp-contract=off -I. -Itemplates -I/usr/local/cuda/include ${prefix:+-I$prefix/include} \
-    tests/unit/gpu_gemm_test.cpp tests/unit/gemm_compile_test.cpp -o "$TESTBIN" \
-    "$BUILD/reference/libqforge_reference.a" "$BUILD/runtime/libqforge_runtime.a" "$BUILD/compiler/libqforge_compiler.a" \
-    "$BUILD/templates/libqforge_templates.a" ${prefix:+-L$prefix/lib/x86_64-linux-gnu -L$prefix/lib} -lgtest_main -lgtest \
-    -L/usr/local/cuda/lib64 -lnvrtc -ldl -lpthread >>"$OUT/build.log" 2>&1 || { tail -20 "$OUT/build.log"; exit 1; }
-fi
+export QFORGE_CACHE_DIR="$PWD/$BUILD/gpu-cache"
 t1=$(date +%s)
 Q="$BUILD/tools/qforge"
 

@@ -3,22 +3,15 @@
 # shipped kernel for the device's arch (qforge prewarm), the GPU test suites (bit-exact against
 # the CPU reference), then a summary table. Logs and results go to $1 (default ./gpu-results).
 #   scripts/gpu_check.sh OUT_DIR [extra ctest -R regex]
-# Where the machine lacks GoogleTest / nlohmann_json CMake packages, a prefix with them can be
-# given as QFORGE_DEPS_PREFIX (scripts use .gpudeps/ when present).
+# Build: scripts/gpu_build.sh (QFORGE_BUILD_DIR, QFORGE_DEPS_PREFIX, .gpudeps/).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${1:-gpu-results}
 FILTER=${2:-}
 mkdir -p "$OUT"
-BUILD=${QFORGE_BUILD_DIR:-build-gpu}
-export PATH="/usr/local/cuda/bin:$PATH"
-prefix=${QFORGE_DEPS_PREFIX:-}
-[ -z "$prefix" ] && [ -d .gpudeps ] && prefix="$PWD/.gpudeps"
-gen=(); command -v ninja >/dev/null && gen=(-G Ninja)
 t0=$(date +%s)
-cmake -S . -B "$BUILD" "${gen[@]}" -DCMAKE_BUILD_TYPE=Release -DQFORGE_LIT_TESTS=OFF ${prefix:+-DCMAKE_PREFIX_PATH=$prefix} \
-  >"$OUT/configure.log" 2>&1 || { tail -30 "$OUT/configure.log"; exit 1; }
-cmake --build "$BUILD" -j"$(nproc)" >"$OUT/build.log" 2>&1 || { grep -E "error" "$OUT/build.log" | head -40; exit 1; }
+. scripts/gpu_build.sh
+gpu_build "$OUT" || exit 1
 t1=$(date +%s)
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader > "$OUT/gpu.txt" 2>&1
 export QFORGE_CACHE_DIR="$PWD/$BUILD/gpu-cache"

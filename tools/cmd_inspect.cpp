@@ -39,16 +39,7 @@ int cmd_inspect(const Argv& argv) {
   const Plan p = compile_plan(r, req, opt);
   if (opt.dump_after.empty()) std::cout << print(p);
 
-  Shape2D shape{256, 512};
-  if (auto s = args.get("--shape")) {
-    auto x = s->find('x');
-    try {
-      if (x == std::string::npos) throw std::invalid_argument("");
-      shape = {std::stoll(s->substr(0, x)), std::stoll(s->substr(x + 1))};
-    } catch (const std::exception&) {
-      throw UserError("--shape", "expected MxK, e.g. 4096x4096, got \"" + *s + "\"");
-    }
-  }
+  const Shape2D shape = parse_shape("--shape", args.get("--shape").value_or("256x512"));
   check_shape(p, shape);
   std::cout << "  buffers for [" << shape.m << ", " << shape.k << "]:\n";
   for (const auto& b : input_buffers(p)) {

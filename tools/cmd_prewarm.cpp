@@ -20,18 +20,11 @@
 #include "runtime/driver.h"
 #include "runtime/quantizer.h"
 #include "tools/args.h"
+#include "tools/cli_common.h"
 #include "tools/commands.h"
 
 namespace qf::cli {
 namespace {
-
-std::vector<std::string> split_list(const std::string& s) {
-  std::vector<std::string> out;
-  std::stringstream ss(s);
-  for (std::string item; std::getline(ss, item, ',');)
-    if (!item.empty()) out.push_back(item);
-  return out;
-}
 
 struct Job {
   std::string recipe;  // for the summary
@@ -50,19 +43,7 @@ int cmd_prewarm(const Argv& argv) {
   Args args(argv, {"--arch", "-j", "--dtype", "--usage", "--role"}, {"--quiet"});
   if (args.positional().empty()) throw UserError("recipes", "expected recipe files or a directory of them");
 
-  std::vector<std::filesystem::path> files;
-  for (const auto& p : args.positional()) {
-    if (std::filesystem::is_directory(p)) {
-      std::vector<std::filesystem::path> found;
-      for (const auto& e : std::filesystem::directory_iterator(p))
-        if (e.path().extension() == ".json" && e.path().filename() != "recipe.schema.json") found.push_back(e.path());
-      std::sort(found.begin(), found.end());
-      files.insert(files.end(), found.begin(), found.end());
-    } else {
-      files.emplace_back(p);
-    }
-  }
-  if (files.empty()) throw UserError("recipes", "no recipe files found");
+  const std::vector<std::filesystem::path> files = recipe_files(args.positional());
 
   std::vector<std::string> archs = split_list(args.get("--arch").value_or(""));
   if (archs.empty()) archs = {rt::device_count() > 0 ? rt::device_arch(0) : std::string("sm_90a")};

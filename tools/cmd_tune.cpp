@@ -18,19 +18,12 @@
 #include "runtime/quantizer.h"
 #include "runtime/tuning.h"
 #include "tools/args.h"
+#include "tools/cli_common.h"
 #include "tools/commands.h"
 #include "tools/quantize_timing.h"
 
 namespace qf::cli {
 namespace {
-
-std::vector<std::string> split(const std::string& s, char sep) {
-  std::vector<std::string> out;
-  std::stringstream ss(s);
-  for (std::string item; std::getline(ss, item, sep);)
-    if (!item.empty()) out.push_back(item);
-  return out;
-}
 
 std::string tile_str(const TileConfig& t) {
   return std::to_string(t.rows) + "x" + std::to_string(t.cols) + "/" + std::to_string(t.threads);
@@ -41,41 +34,19 @@ std::string tile_str(const TileConfig& t) {
 int cmd_tune(const Argv& argv) {
   Args args(argv, {"--role", "--usage", "--dtype", "--shape", "--ms"}, {"--dry-run"});
   if (args.positional().empty()) throw UserError("recipes", "expected recipe files or a directory of them");
-  std::vector<std::filesystem::path> files;
-  for (const auto& p : args.positional()) {
-    if (std::filesystem::is_directory(p)) {
-      std::vector<std::filesystem::path> found;
-      for (const auto& e : std::filesystem::directory_iterator(p))
-        if (e.path().extension() == ".json" && e.path().filename() != "recipe.schema.json") found.push_back(e.path());
-      std::sort(found.begin(), found.end());
-      files.insert(files.end(), found.begin(), found.end());
-    } else {
-      files.emplace_back(p);
-    }
-  }
+  const std::vector<std::filesystem::path> files = recipe_files(args.positional());
   std::vector<std::string> roles = args.all("--role");
   if (roles.empty()) roles = {"linear:input", "linear:weight", "linear:grad_output"};
   std::vector<Usage> usages;
-  for (const auto& u : split(args.get("--usage").value_or("training,inference"), ',')) {
+  for (const auto& u : split_list(args.get("--usage").value_or("training,inference"))) {
     auto t = parse_usage(u);
     if (!t) throw UserError("--usage", "expected training, inference or memory, got \"" + u + "\"");
     usages.push_back(*t);
   }
   const std::string dt = args.get("--dtype").value_or("bf16");
-  const auto dtype = parse_dtype(dt);
-  if (!dtype) throw UserError("--dtype", "expected bf16, fp16 or fp32, got \"" + dt + "\"");
-  Shape2D shape{8192, 8192};
-  if (auto s = args.get("--shape")) {
-    const auto parts = split(*s, 'x');
-    try {
-      if (parts.size() != 2) throw std::invalid_argument("");
-      shape = Shape2D{std::stoll(parts[0]), std::stoll(parts[1])};
-    } catch (const std::exception&) {
-      throw UserError("--shape", "expected MxK (e.g. 8192x8192), got \"" + *s + "\"");
-    }
-    if (shape.m <= 0 || shape.k <= 0 || shape.m * shape.k > (int64_t(1) << 32))
-      throw UserError("--shape", "expected positive M, K with M*K <= 2^32, got \"" + *s + "\"");
-  }
+  const DType dtype = parse_dtype_arg(args, "--dtype");
+  const Shape2D shape = parse_shape("--shape", args.get("--shape").value_or("8192x8192"));
+  if (shape.m * shape.k > (int64_t(1) << 32)) throw UserError("--shape", "expected M*K <= 2^32");
   const double target_ms = std::stod(args.get("--ms").value_or("20"));
   const bool dry = args.flag("--dry-run");
 
@@ -83,7 +54,7 @@ int cmd_tune(const Argv& argv) {
   rt::primary_context(0)->make_current();
   const std::string arch = rt::device_arch(0), device = rt::device_name(0);
   rt::Stream stream;
-  const int64_t in_bytes = shape.m * shape.k * traits(*dtype).bytes;
+  const int64_t in_bytes = shape.m * shape.k * traits(dtype).bytes;
   rt::DeviceBuffer input{size_t(in_bytes)};
   {
     std::vector<uint8_t> h(static_cast<size_t>(in_bytes));
@@ -91,9 +62,9 @@ int cmd_tune(const Argv& argv) {
     std::normal_distribution<float> nd(0.0f, 1.0f);
     for (int64_t i = 0; i < shape.m * shape.k; ++i) {
       const float v = nd(rng);
-      if (*dtype == DType::FP32) std::memcpy(&h[size_t(i) * 4], &v, 4);
+      if (dtype == DType::FP32) std::memcpy(&h[size_t(i) * 4], &v, 4);
       else {
-        const uint16_t b = *dtype == DType::BF16 ? f32_to_bf16(v) : f32_to_f16(v);
+        const uint16_t b = dtype == DType::BF16 ? f32_to_bf16(v) : f32_to_f16(v);
         std::memcpy(&h[size_t(i) * 2], &b, 2);
       }
     }
@@ -108,7 +79,7 @@ int cmd_tune(const Argv& argv) {
       for (Usage u : usages) {
         Plan plan;
         try {
-          plan = compile_plan(r, PlanRequest{role, *dtype, u, false});
+          plan = compile_plan(r, PlanRequest{role, dtype, u, false});
           check_shape(plan, shape);
         } catch (const UserError&) {
           continue;  // role or usage the recipe does not define for this shape
