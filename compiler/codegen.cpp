@@ -42,7 +42,7 @@ std::string format_type(const Stream& s) {
   return std::string(traits(s.format).device_type);
 }
 
-void emit_stream(Emitter& e, const Plan& p, int index, int& block2d_entries) {
+void emit_stream(Emitter& e, const Plan& p, int index, int& scratch_entries) {
   const Stream& s = p.streams[size_t(index)];
   const RunShape rs = run_shape(s);
   const auto b = block_of(s.scaling);
@@ -53,7 +53,9 @@ void emit_stream(Emitter& e, const Plan& p, int index, int& block2d_entries) {
   if (auto* m = std::get_if<PerTensorCurrent>(&s.scaling)) eps = m->epsilon, pow2 = m->pow2;
   if (auto* m = std::get_if<BlockScaling>(&s.scaling)) eps = m->epsilon, pow2 = m->pow2;
   if (auto* m = std::get_if<MxScaling>(&s.scaling)) mx_floor = m->rule == MxRule::Floor;
-  if (block2d) block2d_entries += (p.tile.rows / b->rows) * (p.tile.cols / b->cols);
+  scratch_entries += cast_scratch_entries(p.tile.rows, p.tile.cols, s.dir == Direction::Columnwise,
+                                          s.layout == DataLayout::Transposed, rs.ept, block2d, b ? b->rows : 1,
+                                          b ? b->cols : 1);
   QF_CHECK((s.dir == Direction::Rowwise ? p.tile.cols : p.tile.rows) % (rs.ept * rs.group) == 0,
            "tile fits the stream's runs");
   QF_CHECK(p.tile.cols % 32 == 0 && (!block2d || (p.tile.rows % b->rows == 0 && p.tile.cols % b->cols == 0)),
@@ -109,8 +111,8 @@ KernelSource emit_quantize(const Plan& p) {
   e.blank();
   e.open("namespace qf_gen");
 
-  int block2d_entries = 0;
-  for (size_t i = 0; i < p.streams.size(); ++i) emit_stream(e, p, int(i), block2d_entries);
+  int scratch_entries = 0;
+  for (size_t i = 0; i < p.streams.size(); ++i) emit_stream(e, p, int(i), scratch_entries);
 
   std::vector<int> reduced;
   for (const auto& ph : p.phases)
@@ -130,7 +132,7 @@ KernelSource emit_quantize(const Plan& p) {
 
   KernelSource ks;
   ks.tile = p.tile;
-  ks.smem_bytes = cast_smem_bytes(p.tile.rows, p.tile.cols, rht.has_value(), block2d_entries);
+  ks.smem_bytes = cast_smem_bytes(p.tile.rows, p.tile.cols, rht.has_value(), scratch_entries);
   e.open("struct Cfg");
   e.constant("kInDtype", int64_t(traits(p.input).numerics_code));
   e.constant("kInMaxFinite", traits(p.input).max_finite);

@@ -50,9 +50,29 @@ struct Identity {
 template <class F> struct is_identity { static constexpr bool value = false; };
 template <int D> struct is_identity<Identity<D>> { static constexpr bool value = true; };
 
+// Entries of the 2D-block part of a stream's scratch (the part before the column partials).
+QF_HD constexpr int cast_block2d_entries(int tile_rows, int tile_cols, bool block2d, int block_rows, int block_cols) {
+  return block2d ? ((tile_rows / block_rows) * (tile_cols / block_cols) + 3) / 4 * 4 : 0;
+}
+
+// Shared-memory scratch (4-byte entries, a multiple of 4 so every region stays 16-byte aligned)
+// of one stream of cast_kernel, the same on host (code generator) and device:
+//   2D blocks                  - one amax per block of the tile;
+//   columnwise, same layout    - a partial amax per 16 rows of each column, then the element
+//                                multiplier per scale block of each column;
+//   columnwise, transposed,    - the partial amaxes, when a 1D block is longer than the 16 rows
+//   blocks longer than 16 rows   one thread encodes.
+QF_HD constexpr int cast_scratch_entries(int tile_rows, int tile_cols, bool columnwise, bool transposed, int ept,
+                                         bool block2d, int block_rows, int block_cols) {
+  int n = cast_block2d_entries(tile_rows, tile_cols, block2d, block_rows, block_cols);
+  if (columnwise && !transposed) n += tile_cols * (tile_rows / 16) + tile_cols * (tile_rows / ept);
+  else if (columnwise && ept > 16) n += tile_cols * (tile_rows / 16);
+  return (n + 3) / 4 * 4;
+}
+
 // Shared-memory bytes of cast_kernel (also computed by the host code generator).
-QF_HD constexpr u32 cast_smem_bytes(int tile_rows, int tile_cols, bool rht, int block2d_entries) {
-  return 4u * u32(tile_rows) * u32(tile_cols) * (rht ? 2u : 1u) + 4u * u32(block2d_entries);
+QF_HD constexpr u32 cast_smem_bytes(int tile_rows, int tile_cols, bool rht, int scratch_entries) {
+  return 4u * u32(tile_rows) * u32(tile_cols) * (rht ? 2u : 1u) + 4u * u32(scratch_entries);
 }
 
 #if defined(__CUDACC__)
@@ -163,85 +183,133 @@ __device__ __forceinline__ u32 enc_sr(float x, u32 r) {
   }
 }
 
-// Encodes N consecutive elements of one output row, starting at element `lin` (the element's
-// offset in the stream's data buffer, which is also its stochastic-rounding index), and stores
-// the first `valid` of them. N is 4 or 16. Full, aligned runs take one vector store.
-template <class S, int N>
-__device__ __forceinline__ void encode_store(const QuantizeArgs& a, void* data, i64 lin, const float (&v)[N],
-                                             float mul, int valid) {
+// NaN bytes of four fp8 codes from cvt.satfinite set to the documented kNanBits (0x7F). NaN
+// is the only input whose code has its low 7 bits at or above `first_nan` (e4m3 0x7F; e5m2:
+// 0x7C, Inf, is never produced with satfinite, NaN codes are 0x7D..0x7F with either sign).
+template <u32 kFirstNan>
+__device__ __forceinline__ u32 fix_nan_bytes(u32 w) {
+  constexpr u32 kAdd = (0x80u - kFirstNan) * 0x01010101u;
+  const u32 top = ((w & 0x7F7F7F7Fu) + kAdd) & 0x80808080u;  // bit 7 of each NaN byte
+  if constexpr (kFirstNan == 0x7Fu) return w & ~top;          // 0x7F / 0xFF -> 0x7F
+  const u32 full = (top >> 7) * 0xFFu;
+  return (w & ~full) | (0x7F7F7F7Fu & full);
+}
+
+// Four scaled elements to the bits they are stored as, element 0 lowest: 8 bits each (fp8,
+// int8, fp6 in a byte), 4 each for fp4. Round to nearest, or stochastic rounding with the 4
+// random words of the group (lin % 4 == 0).
+template <class S>
+__device__ __forceinline__ u32 pack4(const QuantizeArgs& a, i64 lin, const float* x) {
   using F = typename S::Format;
+  constexpr u32 kShift = F::kBits == 4 ? 4 : 8, kMask = (1u << kShift) - 1u;
+  if constexpr (S::kStochastic) {
+    u32 w[4];
+    sr_random_group(a.seed, a.offset, u32(S::kDir), u64(lin) >> 2, w);
+    u32 p = 0;
+#pragma unroll
+    for (int i = 0; i < 4; ++i) p |= (enc_sr<F>(x[i], w[i]) & kMask) << (kShift * i);
+    return p;
+  } else {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 890
+    if constexpr (F::kBits == 8 && !F::kIsInt && (F::kExpBits == 4 || F::kExpBits == 5)) {
+      u32 p;
+      if constexpr (F::kExpBits == 4) {
+        asm("{\n\t.reg .b16 l, h;\n\t"
+            "cvt.rn.satfinite.e4m3x2.f32 l, %2, %1;\n\t"
+            "cvt.rn.satfinite.e4m3x2.f32 h, %4, %3;\n\t"
+            "mov.b32 %0, {l, h};\n\t}"
+            : "=r"(p) : "f"(x[0]), "f"(x[1]), "f"(x[2]), "f"(x[3]));
+        return fix_nan_bytes<0x7Fu>(p);
+      } else {
+        asm("{\n\t.reg .b16 l, h;\n\t"
+            "cvt.rn.satfinite.e5m2x2.f32 l, %2, %1;\n\t"
+            "cvt.rn.satfinite.e5m2x2.f32 h, %4, %3;\n\t"
+            "mov.b32 %0, {l, h};\n\t}"
+            : "=r"(p) : "f"(x[0]), "f"(x[1]), "f"(x[2]), "f"(x[3]));
+        return fix_nan_bytes<0x7Du>(p);
+      }
+    }
+#endif
+    u32 p = 0;
+#pragma unroll
+    for (int i = 0; i < 4; ++i) p |= (enc_rn<F>(x[i]) & kMask) << (kShift * i);
+    return p;
+  }
+}
+
+// Stores N consecutive elements of one output row, starting at element `lin` (the element's
+// offset in the stream's data buffer, which is also its stochastic-rounding index); x holds
+// the scaled values (identity streams: the input values). Only the first `valid` are written.
+// N is 4 or 16; kAligned promises valid == N and lin % N == 0 (interior tiles): one vector
+// store, no checks.
+template <class S, int N, bool kAligned = false>
+__device__ __forceinline__ void store_run(const QuantizeArgs& a, void* data, i64 lin, const float (&x)[N], int valid) {
+  using F = typename S::Format;
+  const bool vec = kAligned || (valid == N && lin % N == 0);
   if constexpr (is_identity<F>::value) {
     if constexpr (F::kDtype == 0) {
       float* o = static_cast<float*>(data) + lin;
-      if (valid == N && lin % 4 == 0) {
+      if (vec) {
 #pragma unroll
-        for (int i = 0; i < N; i += 4) *reinterpret_cast<float4*>(o + i) = make_float4(v[i], v[i + 1], v[i + 2], v[i + 3]);
+        for (int i = 0; i < N; i += 4) *reinterpret_cast<float4*>(o + i) = make_float4(x[i], x[i + 1], x[i + 2], x[i + 3]);
       } else {
-        for (int i = 0; i < valid; ++i) o[i] = v[i];
+        for (int i = 0; i < valid; ++i) o[i] = x[i];
       }
     } else {
       u16* o = static_cast<u16*>(data) + lin;
       u32 h[N];
 #pragma unroll
-      for (int i = 0; i < N; ++i) h[i] = F::kDtype == 1 ? f32_to_bf16(v[i]) : f32_to_f16(v[i]);
-      if (valid == N && lin % 4 == 0) {
+      for (int i = 0; i < N; ++i) h[i] = F::kDtype == 1 ? f32_to_bf16(x[i]) : f32_to_f16(x[i]);
+      if (vec) {
 #pragma unroll
         for (int i = 0; i < N; i += 4) *reinterpret_cast<uint2*>(o + i) = make_uint2(h[i] | (h[i + 1] << 16), h[i + 2] | (h[i + 3] << 16));
       } else {
         for (int i = 0; i < valid; ++i) o[i] = u16(h[i]);
       }
     }
-  } else {
-    u32 q[N];
-    if constexpr (S::kStochastic) {
-      if (lin % 4 == 0) {
+  } else if (vec) {
+    u32 w[N / 4];
 #pragma unroll
-        for (int g = 0; g < N; g += 4) {
-          u32 w[4];
-          sr_random_group(a.seed, a.offset, u32(S::kDir), u64(lin + g) >> 2, w);
-#pragma unroll
-          for (int i = 0; i < 4; ++i) q[g + i] = enc_sr<F>(v[g + i] * mul, w[i]);
-        }
-      } else {
-#pragma unroll
-        for (int i = 0; i < N; ++i)
-          q[i] = i < valid ? enc_sr<F>(v[i] * mul, sr_random_bits(a.seed, a.offset, u32(S::kDir), u64(lin + i))) : 0u;
-      }
+    for (int g = 0; g < N / 4; ++g) w[g] = pack4<S>(a, lin + g * 4, x + g * 4);
+    if constexpr (F::kBits == 4) {
+      u8* o = static_cast<u8*>(data) + lin / 2;
+      if constexpr (N == 4) *reinterpret_cast<u16*>(o) = u16(w[0]);
+      else *reinterpret_cast<uint2*>(o) = make_uint2(w[0] | (w[1] << 16), w[2] | (w[3] << 16));
     } else {
+      u8* o = static_cast<u8*>(data) + lin;
+      if constexpr (N == 4) *reinterpret_cast<u32*>(o) = w[0];
+      else *reinterpret_cast<uint4*>(o) = make_uint4(w[0], w[1], w[2], w[3]);
+    }
+  } else {
+    // Edges: element by element (each with its own random word).
+    u32 q[N];
 #pragma unroll
-      for (int i = 0; i < N; ++i) q[i] = enc_rn<F>(v[i] * mul);
+    for (int i = 0; i < N; ++i) {
+      if constexpr (S::kStochastic)
+        q[i] = i < valid ? enc_sr<F>(x[i], sr_random_bits(a.seed, a.offset, u32(S::kDir), u64(lin + i))) : 0u;
+      else
+        q[i] = enc_rn<F>(x[i]);
     }
     if constexpr (F::kBits == 4) {
       // Two per byte, element 2i in the low nibble. lin is even (check_shape: packed rows are
       // even), so the pairs are this run's own.
-      u32 p[N / 2];
-#pragma unroll
-      for (int i = 0; i < N / 2; ++i) p[i] = (q[2 * i] & 0xFu) | ((2 * i + 1 < valid ? q[2 * i + 1] & 0xFu : 0u) << 4);
       u8* o = static_cast<u8*>(data) + lin / 2;
-      if (valid == N && lin % N == 0) {
-        if constexpr (N == 4) {
-          *reinterpret_cast<u16*>(o) = u16(p[0] | (p[1] << 8));
-        } else {
-          *reinterpret_cast<uint2*>(o) = make_uint2(p[0] | (p[1] << 8) | (p[2] << 16) | (p[3] << 24),
-                                                    p[4] | (p[5] << 8) | (p[6] << 16) | (p[7] << 24));
-        }
-      } else {
-        for (int i = 0; 2 * i < valid; ++i) o[i] = u8(p[i]);
-      }
+      for (int i = 0; 2 * i < valid; ++i) o[i] = u8((q[2 * i] & 0xFu) | ((2 * i + 1 < valid ? q[2 * i + 1] & 0xFu : 0u) << 4));
     } else {
       u8* o = static_cast<u8*>(data) + lin;
-      if (valid == N && lin % N == 0) {
-        u32 w[N / 4];
-#pragma unroll
-        for (int i = 0; i < N / 4; ++i)
-          w[i] = (q[4 * i] & 0xFFu) | ((q[4 * i + 1] & 0xFFu) << 8) | ((q[4 * i + 2] & 0xFFu) << 16) | (q[4 * i + 3] << 24);
-        if constexpr (N == 4) *reinterpret_cast<u32*>(o) = w[0];
-        else *reinterpret_cast<uint4*>(o) = make_uint4(w[0], w[1], w[2], w[3]);
-      } else {
-        for (int i = 0; i < valid; ++i) o[i] = u8(q[i]);
-      }
+      for (int i = 0; i < valid; ++i) o[i] = u8(q[i]);
     }
   }
+}
+
+// Scales N elements by one multiplier (identity streams keep their values) and stores them.
+template <class S, int N, bool kAligned = false>
+__device__ __forceinline__ void encode_store(const QuantizeArgs& a, void* data, i64 lin, const float (&v)[N],
+                                             float mul, int valid) {
+  float x[N];
+#pragma unroll
+  for (int i = 0; i < N; ++i) x[i] = is_identity<typename S::Format>::value ? v[i] : v[i] * mul;
+  store_run<S, N, kAligned>(a, data, lin, x, valid);
 }
 
 // One element (column walks of a same-layout columnwise stream).
@@ -258,6 +326,26 @@ __device__ __forceinline__ void encode_store1(const QuantizeArgs& a, void* data,
     else q = enc_rn<F>(v * mul);
     static_cast<u8*>(data)[lin] = u8(q);
   }
+}
+
+// Item `it` of this thread in a CTA-wide loop over N items laid out as rows of W (item
+// j = it * T + threadIdx.x): its row and column. With T % W == 0 a thread keeps its column and
+// its rows advance by T / W, which the compiler folds into addresses.
+template <int W, int T>
+__device__ __forceinline__ void item_rc(int it, int& row, int& col) {
+  if constexpr (T % W == 0) {
+    row = it * (T / W) + int(threadIdx.x / W);
+    col = int(threadIdx.x % W);
+  } else {
+    const int j = it * T + int(threadIdx.x);
+    row = j / W;
+    col = j % W;
+  }
+}
+
+template <int N, int T>
+__device__ __forceinline__ bool item_past_end(int it) {
+  return N % T != 0 && it * T + int(threadIdx.x) >= N;
 }
 
 // ------------------------------------------------------------------------------- reductions
@@ -357,13 +445,56 @@ __device__ bool resolve_member(const QuantizeArgs& a, Member& mem, i64 (&scale_b
 // Loads the tile (fp32, zero outside the member / K): every load of a thread is issued before
 // the first shared-memory store. With RHT, also the rotated copy (16-row groups per column,
 // rounded to the input dtype).
+// Interior tiles (kFull: the whole tile inside the member and K, K % 16 == 0) take 16-byte
+// loads without checks.
 template <class Cfg>
-__device__ void load_tile(const QuantizeArgs& a, const Member& mem, i64 col0, float* tile, float* rtile) {
+__device__ __forceinline__ void load_tile_full(const QuantizeArgs& a, const Member& mem, i64 col0, float* tile) {
+  constexpr int TR = Cfg::kTileRows, TC = Cfg::kTileCols, T = Cfg::kThreads;
+  constexpr int E = Cfg::kInDtype == 0 ? 4 : 8, CH = TC / E, N = TR * CH, kIters = (N + T - 1) / T;
+  static_assert(TC % E == 0, "whole 16-byte chunks per tile row");
+  const char* base = static_cast<const char*>(a.x) +
+                     ((mem.row_base + mem.tile_row * TR) * a.k + col0) * (Cfg::kInDtype == 0 ? 4 : 2);
+  uint4 raw[kIters];
+#pragma unroll
+  for (int it = 0; it < kIters; ++it) {
+    const int i = it * T + int(threadIdx.x);
+    if (N % T == 0 || i < N) {
+      const int r = i / CH, c = (i % CH) * E;
+      raw[it] = __ldg(reinterpret_cast<const uint4*>(base + (i64(r) * a.k + c) * (Cfg::kInDtype == 0 ? 4 : 2)));
+    }
+  }
+#pragma unroll
+  for (int it = 0; it < kIters; ++it) {
+    const int i = it * T + int(threadIdx.x);
+    if (N % T == 0 || i < N) {
+      const int r = i / CH, c = (i % CH) * E;
+      if constexpr (Cfg::kInDtype == 0) {
+        *reinterpret_cast<uint4*>(tile + tile_off<TC>(r, c)) = raw[it];
+      } else {
+        const u32 w[4] = {raw[it].x, raw[it].y, raw[it].z, raw[it].w};
+        float f[8];
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          f[2 * e] = Cfg::kInDtype == 1 ? f32_from_bits(w[e] << 16) : f16_to_f32(u16(w[e]));
+          f[2 * e + 1] = Cfg::kInDtype == 1 ? f32_from_bits(w[e] & 0xFFFF0000u) : f16_to_f32(u16(w[e] >> 16));
+        }
+        *reinterpret_cast<float4*>(tile + tile_off<TC>(r, c)) = make_float4(f[0], f[1], f[2], f[3]);
+        *reinterpret_cast<float4*>(tile + tile_off<TC>(r, c + 4)) = make_float4(f[4], f[5], f[6], f[7]);
+      }
+    }
+  }
+}
+
+template <class Cfg>
+__device__ void load_tile(const QuantizeArgs& a, const Member& mem, i64 col0, bool full, float* tile, float* rtile) {
   constexpr int TR = Cfg::kTileRows, TC = Cfg::kTileCols, CH = TC / 4, N = TR * CH, T = Cfg::kThreads;
   constexpr int kIters = (N + T - 1) / T;
   const i64 row0 = mem.tile_row * TR;
   const bool vec = a.k % 4 == 0;
   float4 val[kIters];
+  if (full) {
+    load_tile_full<Cfg>(a, mem, col0, tile);
+  } else {
 #pragma unroll
   for (int it = 0; it < kIters; ++it) {
     const int i = it * T + int(threadIdx.x);
@@ -388,6 +519,7 @@ __device__ void load_tile(const QuantizeArgs& a, const Member& mem, i64 col0, fl
     const int i = it * T + int(threadIdx.x);
     if (N % T == 0 || i < N) *reinterpret_cast<float4*>(tile + tile_off<TC>(i / CH, (i % CH) * 4)) = val[it];
   }
+  }
   if constexpr (Cfg::kRht) {
     __syncthreads();
     for (int i = threadIdx.x; i < (TR / 16) * TC; i += T) {
@@ -401,6 +533,50 @@ __device__ void load_tile(const QuantizeArgs& a, const Member& mem, i64 col0, fl
     }
   }
   __syncthreads();
+}
+
+// max |x| over an interior tile, straight from global memory: 16-byte loads, and for 16-bit
+// inputs packed max/abs on pairs (max ignores a NaN operand, as amax_step does).
+template <class Cfg>
+__device__ __forceinline__ float tile_amax_full(const QuantizeArgs& a, const Member& mem, i64 col0) {
+  constexpr int TR = Cfg::kTileRows, TC = Cfg::kTileCols, T = Cfg::kThreads;
+  constexpr int E = Cfg::kInDtype == 0 ? 4 : 8, CH = TC / E, N = TR * CH, kIters = (N + T - 1) / T;
+  constexpr int B = Cfg::kInDtype == 0 ? 4 : 2;
+  const char* base = static_cast<const char*>(a.x) + ((mem.row_base + mem.tile_row * TR) * a.k + col0) * B;
+  uint4 raw[kIters];
+#pragma unroll
+  for (int it = 0; it < kIters; ++it) {
+    const int i = it * T + int(threadIdx.x);
+    raw[it] = make_uint4(0, 0, 0, 0);
+    if (N % T == 0 || i < N)
+      raw[it] = __ldg(reinterpret_cast<const uint4*>(base + (i64(i / CH) * a.k + (i % CH) * E) * B));
+  }
+  if constexpr (Cfg::kInDtype == 0) {
+    float m = 0.0f;
+#pragma unroll
+    for (int it = 0; it < kIters; ++it) {
+      m = amax_step(m, f32_from_bits(raw[it].x));
+      m = amax_step(m, f32_from_bits(raw[it].y));
+      m = amax_step(m, f32_from_bits(raw[it].z));
+      m = amax_step(m, f32_from_bits(raw[it].w));
+    }
+    return m;
+  } else {
+    u32 m2 = 0;
+#pragma unroll
+    for (int it = 0; it < kIters; ++it) {
+      const u32 w[4] = {raw[it].x, raw[it].y, raw[it].z, raw[it].w};
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        if constexpr (Cfg::kInDtype == 1)
+          asm("{\n\t.reg .b32 t;\n\tabs.bf16x2 t, %1;\n\tmax.bf16x2 %0, %0, t;\n\t}" : "+r"(m2) : "r"(w[e]));
+        else
+          asm("{\n\t.reg .b32 t;\n\tabs.f16x2 t, %1;\n\tmax.f16x2 %0, %0, t;\n\t}" : "+r"(m2) : "r"(w[e]));
+      }
+    }
+    const u16 lo = u16(m2), hi = u16(m2 >> 16);
+    return Cfg::kInDtype == 1 ? fmaxf(bf16_to_f32(lo), bf16_to_f32(hi)) : fmaxf(f16_to_f32(lo), f16_to_f32(hi));
+  }
 }
 
 // The scale of one block: the element multiplier and the stored scale entry (fp32 bits or a
@@ -452,11 +628,13 @@ __device__ __forceinline__ void store_entry(void* base, i64 off, u32 entry) {
 template <class S>
 __device__ __forceinline__ void maybe_store_entry(const StreamArgs& out, i64 dr, i64 dc, i64 grid_pcols, i64 scale_base,
                                                   u32 entry) {
-  if constexpr (S::kMode != kModeNone) {
-    const bool starts = (S::kEntryRows ? dr % S::kEntryRows == 0 : dr == 0) &&
-                        (S::kEntryCols ? dc % S::kEntryCols == 0 : dc == 0);
+  if constexpr (S::kMode != kModeNone && (S::kEntryRows != 0 || S::kEntryCols != 0)) {
+    // dr, dc >= 0: unsigned division (shifts and masks for the power-of-two entries).
+    const u64 ur = u64(dr), uc = u64(dc);
+    const bool starts = (S::kEntryRows ? ur % u64(S::kEntryRows) == 0 : ur == 0) &&
+                        (S::kEntryCols ? uc % u64(S::kEntryCols) == 0 : uc == 0);
     if (starts) {
-      const i64 er = S::kEntryRows ? dr / S::kEntryRows : 0, ec = S::kEntryCols ? dc / S::kEntryCols : 0;
+      const i64 er = S::kEntryRows ? i64(ur / u64(S::kEntryRows)) : 0, ec = S::kEntryCols ? i64(uc / u64(S::kEntryCols)) : 0;
       const i64 off = S::kSwizzled ? i64(swizzled_scale_offset(u64(er), u64(ec), u64(grid_pcols))) : er * grid_pcols + ec;
       store_entry<S>(out.scale_inv, scale_base + off, entry);
     }
@@ -505,7 +683,8 @@ __device__ __forceinline__ StreamCtx<S> stream_ctx(const QuantizeArgs& a, const 
 }
 
 // Rowwise stream ([M, K] layout): runs of 4 elements of a row, kGroup lanes per scale block.
-template <class Cfg, class S>
+// kFull: an interior tile (no bounds, aligned vector stores).
+template <class Cfg, class S, bool kFull>
 __device__ float cast_rowwise(const QuantizeArgs& a, const Member& mem, i64 col0, const float* src, const u32* bamax,
                               i64 scale_base) {
   constexpr int TR = Cfg::kTileRows, TC = Cfg::kTileCols, CH = TC / 4, N = TR * CH, T = Cfg::kThreads, G = S::kGroup;
@@ -513,30 +692,34 @@ __device__ float cast_rowwise(const QuantizeArgs& a, const Member& mem, i64 col0
   static_assert(N % 32 == 0, "whole warps of runs");
   const StreamArgs& out = a.streams[S::kIndex];
   const StreamCtx<S> ctx = stream_ctx<Cfg, S>(a, mem);
-  const i64 row0 = mem.tile_row * TR, data_base = mem.row_base * a.k;
+  const i64 row0 = mem.tile_row * TR, tile_lin = (mem.row_base + row0) * a.k + col0;
   float reported = 0.0f;
-  for (int j = threadIdx.x; j < N; j += T) {  // N % 32 == 0: whole warps take part in shuffles
-    const int r = j / CH, c = (j % CH) * 4;
+#pragma unroll 4
+  for (int it = 0; it < (N + T - 1) / T; ++it) {
+    if (item_past_end<N, T>(it)) break;  // N % 32 == 0: whole warps take part in shuffles
+    int r, c;
+    item_rc<CH, T>(it, r, c);
+    c *= 4;
     const float4 f = *reinterpret_cast<const float4*>(src + tile_off<TC>(r, c));
     const float v[4] = {f.x, f.y, f.z, f.w};
     const i64 rl = row0 + r, cg = col0 + c;
-    const int valid = rl < mem.rows ? int(a.k - cg < 4 ? (a.k - cg > 0 ? a.k - cg : 0) : 4) : 0;
+    const int valid = kFull ? 4 : rl < mem.rows ? int(a.k - cg < 4 ? (a.k - cg > 0 ? a.k - cg : 0) : 4) : 0;
     float amax = amax_step(amax_step(amax_step(amax_step(0.0f, v[0]), v[1]), v[2]), v[3]);  // zero padding
     if constexpr (S::kMode == kModeTensorDelayed) reported = fmaxf(reported, amax);
     float block_amax = amax;
     if constexpr (S::kBlock2d) {
       block_amax = f32_from_bits(bamax[(r / S::kBlockRows) * (TC / S::kBlockCols) + c / S::kBlockCols]);
     } else if constexpr (S::kMode == kModeChannel) {
-      block_amax = rl < mem.rows ? a.amax[S::kLocalAmax][mem.row_base + rl] : 0.0f;
+      block_amax = kFull || rl < mem.rows ? a.amax[S::kLocalAmax][mem.row_base + rl] : 0.0f;
     } else if constexpr (G > 1) {
       block_amax = group_max<G>(amax);
     }
     float mul;
     u32 entry;
     block_scale<Cfg, S>(block_amax, ctx.tensor_amax, ctx.delayed_scale, mul, entry);
-    if (valid == 0) continue;
+    if (!kFull && valid == 0) continue;
     maybe_store_entry<S>(out, rl, cg, ctx.grid_pcols, scale_base, entry);
-    encode_store<S, 4>(a, out.data, data_base + rl * a.k + cg, v, mul, valid);
+    encode_store<S, 4, kFull>(a, out.data, tile_lin + i64(r) * a.k + c, v, mul, valid);
   }
   return reported;
 }
@@ -594,13 +777,163 @@ __device__ float cast_columnwise(const QuantizeArgs& a, const Member& mem, i64 c
   return reported;
 }
 
+// Partial amaxes of the tile's columns, 16 rows each: part[seg * TC + c] = max |tile[seg*16 .. +15][c]|.
+// Returns the max over this thread's partials.
+template <class Cfg>
+__device__ float column_partials(const float* src, float* part) {
+  constexpr int TR = Cfg::kTileRows, TC = Cfg::kTileCols, N = TC * (TR / 16), T = Cfg::kThreads;
+  float all = 0.0f;
+#pragma unroll 2
+  for (int it = 0; it < (N + T - 1) / T; ++it) {
+    if (item_past_end<N, T>(it)) break;
+    int seg, c;
+    item_rc<TC, T>(it, seg, c);
+    float m = 0.0f;
+#pragma unroll
+    for (int e = 0; e < 16; ++e) m = amax_step(m, src[tile_off<TC>(seg * 16 + e, c)]);
+    part[seg * TC + c] = m;
+    all = fmaxf(all, m);
+  }
+  return all;
+}
+
+// The block amax of a columnwise stream for tile column c, rows [r, r + L) of its block (or the
+// 2D block / channel holding them), where the caller's own 16-row amax is `own`.
 template <class Cfg, class S>
-__device__ __forceinline__ void cast_stream(const QuantizeArgs& a, const Member& mem, i64 col0, const float* tile,
-                                            const float* rtile, const u32* bamax, i64 scale_base) {
+__device__ __forceinline__ float column_block_amax(const QuantizeArgs& a, const Member& mem, i64 col0, int r, int c,
+                                                   const u32* bamax, const float* part, float own) {
+  constexpr int TC = Cfg::kTileCols, L = S::kEpt;
+  if constexpr (S::kBlock2d) {
+    return f32_from_bits(bamax[(r / S::kBlockRows) * (TC / S::kBlockCols) + c / S::kBlockCols]);
+  } else if constexpr (S::kMode == kModeChannel) {
+    return a.amax[S::kLocalAmax][i64(mem.index) * a.k + col0 + c];
+  } else if constexpr (L > 16 && (S::kMode == kModeBlock || S::kMode == kModeMx || S::kMode == kModeNvfp4)) {
+    float m = 0.0f;
+#pragma unroll
+    for (int s = 0; s < L / 16; ++s) m = fmaxf(m, part[((r / L) * (L / 16) + s) * TC + c]);
+    return m;
+  } else {
+    return own;
+  }
+}
+
+// Interior tile, transposed columnwise stream ([K, M] per member, mem.rows % 16 == 0): one
+// thread per 16 rows of a column, read once from shared memory, one vector store. Blocks
+// longer than 16 rows read the partials column_partials left in `part`.
+template <class Cfg, class S>
+__device__ float cast_columnwise_transposed_full(const QuantizeArgs& a, const Member& mem, i64 col0, const float* src,
+                                                 const u32* bamax, const float* part, i64 scale_base) {
+  constexpr int TR = Cfg::kTileRows, TC = Cfg::kTileCols, N = TC * (TR / 16), T = Cfg::kThreads;
+  const StreamArgs& out = a.streams[S::kIndex];
+  const StreamCtx<S> ctx = stream_ctx<Cfg, S>(a, mem);
+  const i64 row0 = mem.tile_row * TR, tile_lin = mem.row_base * a.k + col0 * mem.rows + row0;
+  float reported = 0.0f;
+#pragma unroll 2
+  for (int it = 0; it < (N + T - 1) / T; ++it) {
+    if (item_past_end<N, T>(it)) break;
+    int r, c;
+    item_rc<TC, T>(it, r, c);
+    r *= 16;
+    float v[16], amax = 0.0f;
+#pragma unroll
+    for (int e = 0; e < 16; ++e) {
+      v[e] = src[tile_off<TC>(r + e, c)];
+      amax = amax_step(amax, v[e]);
+    }
+    if constexpr (S::kMode == kModeTensorDelayed) reported = fmaxf(reported, amax);
+    const float block_amax = column_block_amax<Cfg, S>(a, mem, col0, r, c, bamax, part, amax);
+    float mul;
+    u32 entry;
+    block_scale<Cfg, S>(block_amax, ctx.tensor_amax, ctx.delayed_scale, mul, entry);
+    maybe_store_entry<S>(out, col0 + c, row0 + r, ctx.grid_pcols, scale_base, entry);
+    encode_store<S, 16, true>(a, out.data, tile_lin + i64(c) * mem.rows + r, v, mul, 16);
+  }
+  return reported;
+}
+
+// Interior tile, same-layout columnwise stream ([M, K], scale blocks along M): the block
+// multipliers first (one per column and block, through the partial amaxes), into `mul_out`;
+// then runs of 4 elements of a row, as the rowwise stream, each element with its column's
+// multiplier.
+template <class Cfg, class S>
+__device__ float cast_columnwise_same_full(const QuantizeArgs& a, const Member& mem, i64 col0, const float* src,
+                                           const u32* bamax, float* part, float* mul_out, i64 scale_base) {
+  constexpr int TR = Cfg::kTileRows, TC = Cfg::kTileCols, T = Cfg::kThreads, L = S::kEpt, NB = TC * (TR / L);
+  constexpr int CH = TC / 4, N = TR * CH;
+  static_assert(TR % L == 0 && L % 16 == 0, "columnwise runs: whole 16-row chunks");
+  const StreamArgs& out = a.streams[S::kIndex];
+  const StreamCtx<S> ctx = stream_ctx<Cfg, S>(a, mem);
+  const i64 row0 = mem.tile_row * TR;
+  float reported = column_partials<Cfg>(src, part);
+  __syncthreads();
+  for (int it = 0; it < (NB + T - 1) / T; ++it) {
+    if (item_past_end<NB, T>(it)) break;
+    int r, c;
+    item_rc<TC, T>(it, r, c);
+    const int j = r * TC + c;
+    r *= L;
+    float own = 0.0f;  // a 16-row block: its one partial
+    if constexpr (L == 16) own = part[(r / 16) * TC + c];
+    const float block_amax = column_block_amax<Cfg, S>(a, mem, col0, r, c, bamax, part, own);
+    float mul;
+    u32 entry;
+    block_scale<Cfg, S>(block_amax, ctx.tensor_amax, ctx.delayed_scale, mul, entry);
+    mul_out[j] = mul;
+    maybe_store_entry<S>(out, row0 + r, col0 + c, ctx.grid_pcols, scale_base, entry);
+  }
+  __syncthreads();
+  const i64 tile_lin = (mem.row_base + row0) * a.k + col0;
+#pragma unroll 4
+  for (int it = 0; it < (N + T - 1) / T; ++it) {
+    if (item_past_end<N, T>(it)) break;
+    int r, c;
+    item_rc<CH, T>(it, r, c);
+    c *= 4;
+    const float4 f = *reinterpret_cast<const float4*>(src + tile_off<TC>(r, c));
+    const float4 m = *reinterpret_cast<const float4*>(mul_out + (r / L) * TC + c);
+    const bool id = is_identity<typename S::Format>::value;
+    const float x[4] = {id ? f.x : f.x * m.x, id ? f.y : f.y * m.y, id ? f.z : f.z * m.z, id ? f.w : f.w * m.w};
+    store_run<S, 4, true>(a, out.data, tile_lin + i64(r) * a.k + c, x, 4);
+  }
+  return reported;
+}
+
+// One stream over the tile. `full`: an interior tile with K % 16 == 0 (same for the whole CTA).
+template <class Cfg, class S>
+__device__ __forceinline__ void cast_stream(const QuantizeArgs& a, const Member& mem, i64 col0, bool full,
+                                            const float* tile, const float* rtile, float* scratch, i64 scale_base) {
+  constexpr int TR = Cfg::kTileRows, TC = Cfg::kTileCols;
+  if constexpr (S::kMode != kModeNone && S::kEntryRows == 0 && S::kEntryCols == 0) {
+    // Per-tensor scale: one entry, written by the member's first tile.
+    if (mem.tile_row == 0 && col0 == 0 && threadIdx.x == 0) {
+      const StreamCtx<S> ctx = stream_ctx<Cfg, S>(a, mem);
+      float mul;
+      u32 entry;
+      block_scale<Cfg, S>(0.0f, ctx.tensor_amax, ctx.delayed_scale, mul, entry);
+      store_entry<S>(a.streams[S::kIndex].scale_inv, scale_base, entry);
+    }
+  }
   const float* src = S::kRht ? rtile : tile;
+  const u32* bamax = reinterpret_cast<const u32*>(scratch);
+  float* part = scratch + cast_block2d_entries(TR, TC, S::kBlock2d, S::kBlockRows, S::kBlockCols);
   float reported;
-  if constexpr (S::kDir == 0) reported = cast_rowwise<Cfg, S>(a, mem, col0, src, bamax, scale_base);
-  else reported = cast_columnwise<Cfg, S>(a, mem, col0, src, bamax, scale_base);
+  if constexpr (S::kDir == 0) {
+    reported = full ? cast_rowwise<Cfg, S, true>(a, mem, col0, src, bamax, scale_base)
+                    : cast_rowwise<Cfg, S, false>(a, mem, col0, src, bamax, scale_base);
+  } else if constexpr (S::kTransposed) {
+    if (full && mem.rows % 16 == 0) {
+      if constexpr (S::kEpt > 16 && !S::kBlock2d) {
+        column_partials<Cfg>(src, part);
+        __syncthreads();
+      }
+      reported = cast_columnwise_transposed_full<Cfg, S>(a, mem, col0, src, bamax, part, scale_base);
+    } else {
+      reported = cast_columnwise<Cfg, S>(a, mem, col0, src, bamax, scale_base);
+    }
+  } else {
+    reported = full ? cast_columnwise_same_full<Cfg, S>(a, mem, col0, src, bamax, part, part + TC * (TR / 16), scale_base)
+                    : cast_columnwise<Cfg, S>(a, mem, col0, src, bamax, scale_base);
+  }
   if constexpr (S::kMode == kModeTensorDelayed) {
     block_max_atomic<Cfg::kThreads>(a.amax[S::kTensorAmax] + mem.index, reported);
   }
@@ -647,30 +980,36 @@ __global__ void __launch_bounds__(Cfg::kThreads) cast_kernel(const QuantizeArgs 
   if (!detail::resolve_member<Cfg, S...>(a, mem, scale_base)) return;
   const i64 col0 = i64(blockIdx.y) * Cfg::kTileCols;
 
+  constexpr int kTileFloats = Cfg::kTileRows * Cfg::kTileCols;
+  static_assert(cast_smem_bytes(Cfg::kTileRows, Cfg::kTileCols, Cfg::kRht,
+                                (0 + ... + cast_scratch_entries(Cfg::kTileRows, Cfg::kTileCols, S::kDir == 1, S::kTransposed,
+                                                                S::kEpt, S::kBlock2d, S::kBlockRows, S::kBlockCols))) ==
+                    Cfg::kSmemBytes,
+                "shared memory as the host sized it");
   extern __shared__ float4 smem4[];
   float* smem = reinterpret_cast<float*>(smem4);
-  constexpr int kTileFloats = Cfg::kTileRows * Cfg::kTileCols;
   float* tile = smem;
   float* rtile = Cfg::kRht ? smem + kTileFloats : smem;
-  u32* bamax = reinterpret_cast<u32*>(smem + kTileFloats * (Cfg::kRht ? 2 : 1));
-  detail::load_tile<Cfg>(a, mem, col0, tile, rtile);
+  const i64 row0 = mem.tile_row * Cfg::kTileRows;
+  const bool full = row0 + Cfg::kTileRows <= mem.rows && col0 + Cfg::kTileCols <= a.k && a.k % 16 == 0;
+  detail::load_tile<Cfg>(a, mem, col0, full, tile, rtile);
 
-  // 2D block amaxes first (one region per stream that has them), then each stream.
-  u32* region = bamax;
-  u32* regions[sizeof...(S)];
+  // Shared scratch, one region per stream (cast_scratch_entries): 2D block amaxes first (all
+  // streams), then each stream.
+  float* region = smem + kTileFloats * (Cfg::kRht ? 2 : 1);
+  float* regions[sizeof...(S)];
   int s = 0;
   (
       [&] {
         regions[s++] = region;
-        if constexpr (S::kBlock2d) {
-          detail::block2d_amax<Cfg, S>(S::kRht ? rtile : tile, region);
-          region += (Cfg::kTileRows / S::kBlockRows) * (Cfg::kTileCols / S::kBlockCols);
-        }
+        if constexpr (S::kBlock2d) detail::block2d_amax<Cfg, S>(S::kRht ? rtile : tile, reinterpret_cast<u32*>(region));
+        region += cast_scratch_entries(Cfg::kTileRows, Cfg::kTileCols, S::kDir == 1, S::kTransposed, S::kEpt, S::kBlock2d,
+                                       S::kBlockRows, S::kBlockCols);
       }(),
       ...);
   __syncthreads();
   s = 0;
-  ((detail::cast_stream<Cfg, S>(a, mem, col0, tile, rtile, regions[s], scale_base[s]), ++s), ...);
+  ((detail::cast_stream<Cfg, S>(a, mem, col0, full, tile, rtile, regions[s], scale_base[s]), ++s), ...);
 }
 
 // Global reductions before the cast: the tensor amax (raw: straight from global memory with
@@ -687,11 +1026,16 @@ __global__ void __launch_bounds__(Cfg::kThreads) amax_kernel(const QuantizeArgs 
   extern __shared__ float4 smem4[];
   float* tile = reinterpret_cast<float*>(smem4);
   float* rtile = Cfg::kRht ? tile + TR * TC : tile;
-  if constexpr (kNeedsTile) detail::load_tile<Cfg>(a, mem, col0, tile, rtile);
+  const bool full = row0 + TR <= mem.rows && col0 + TC <= a.k && a.k % 16 == 0;
+  if constexpr (kNeedsTile) detail::load_tile<Cfg>(a, mem, col0, full, tile, rtile);
   (
       [&] {
         if constexpr (A::kScope == kScopeTensor && !A::kRht) {
           // Raw tensor amax: vector loads straight from global memory.
+          if (full) {
+            detail::block_max_atomic<Cfg::kThreads>(a.amax[A::kSlot] + mem.index, detail::tile_amax_full<Cfg>(a, mem, col0));
+            return;
+          }
           constexpr int CH = TC / 4, N = TR * CH;
           float m = 0.0f;
           const bool vec = a.k % 4 == 0;

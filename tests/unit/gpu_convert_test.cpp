@@ -1,6 +1,6 @@
 // The kernels' fast element encoders (cast.cuh enc_rn: hardware cvt for fp8 on sm_89+, the
 // comparison ladder for e2m1; enc_sr for e2m1 / int8) against the one software definition
-// (numerics.cuh encode_rn / encode_sr),
+// (numerics.cuh encode_rn / encode_sr), and the packed fp8 encoder of the vector paths (pack4),
 // over every one of the 2^32 fp32 bit patterns, on the GPU. The compile test runs everywhere.
 #include <gtest/gtest.h>
 
@@ -35,6 +35,28 @@ __device__ void check_sr(unsigned int bits, unsigned int* count, unsigned int* f
     atomicMin(first, bits);
   }
 }
+// The packed round-to-nearest encoder of the vector paths (pack4: two-element cvt plus the NaN
+// byte fix-up for fp8) against four scalar encodes; slot i sees every pattern (bits rotated).
+template <class F>
+struct PackStream {
+  using Format = F;
+  static constexpr bool kStochastic = false;
+  static constexpr long long kDir = 0;
+};
+template <class F>
+__device__ void check_pack(unsigned int bits, unsigned int* count, unsigned int* first) {
+  float x[4];
+  unsigned int want = 0;
+  for (int i = 0; i < 4; ++i) {
+    x[i] = qf::f32_from_bits((bits << (8 * i)) | (i ? bits >> (32 - 8 * i) : 0u));
+    want |= (unsigned int)(qf::encode_rn<F>(x[i]) & 0xFFu) << (8 * i);
+  }
+  const qf::QuantizeArgs unused{};
+  if (qf::detail::pack4<PackStream<F>>(unused, 0, x) != want) {
+    atomicAdd(count, 1u);
+    atomicMin(first, bits);
+  }
+}
 extern "C" __global__ void exhaustive(unsigned int* out) {
   const unsigned long long n = 1ull << 32;
   for (unsigned long long i = blockIdx.x * 256ull + threadIdx.x; i < n; i += 256ull * gridDim.x) {
@@ -44,6 +66,8 @@ extern "C" __global__ void exhaustive(unsigned int* out) {
     check_one<qf::E2M1>(b, out + 4, out + 5);
     check_sr<qf::E2M1>(b, out + 6, out + 7);
     check_sr<qf::Int8>(b, out + 8, out + 9);
+    check_pack<qf::E4M3>(b, out + 10, out + 11);
+    check_pack<qf::E5M2>(b, out + 12, out + 13);
   }
 }
 )";
@@ -63,7 +87,7 @@ TEST(FastEncoders, GpuEqualSoftwareOnAllFp32Patterns) {
   Module m(r.image);
   CUfunction f = m.function(r.lowered_names.at("exhaustive"));
   std::vector<uint32_t> init;
-  for (int i = 0; i < 5; ++i) init.insert(init.end(), {0u, 0xFFFFFFFFu});
+  for (int i = 0; i < 7; ++i) init.insert(init.end(), {0u, 0xFFFFFFFFu});
   DeviceBuffer out(init.size() * 4);
   out.upload(init.data(), init.size() * 4);
   uint64_t p = out.address();
@@ -72,8 +96,8 @@ TEST(FastEncoders, GpuEqualSoftwareOnAllFp32Patterns) {
   launch(f, Dim3{unsigned(device_sm_count() * 8)}, Dim3{256}, 0, s.get(), args);
   s.synchronize();
   const auto got = out.download_as<uint32_t>();
-  const char* names[] = {"e4m3 rn", "e5m2 rn", "e2m1 rn", "e2m1 sr", "int8 sr"};
-  for (int i = 0; i < 5; ++i)
+  const char* names[] = {"e4m3 rn", "e5m2 rn", "e2m1 rn", "e2m1 sr", "int8 sr", "e4m3 rn x4", "e5m2 rn x4"};
+  for (int i = 0; i < 7; ++i)
     EXPECT_EQ(got[2 * i], 0u) << names[i] << ": " << got[2 * i] << " patterns differ, first 0x" << std::hex
                               << got[2 * i + 1];
 }

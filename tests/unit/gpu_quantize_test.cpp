@@ -191,7 +191,8 @@ std::vector<Case> all_cases() {
                            "mxfp8",            "nvfp4",           "hybrid_mxfp8_fwd_nvfp4_bwd",
                            "int8_weight_sr",   "w8a8_int8_inference"};
   const char* roles[] = {"linear:input", "linear:weight", "linear:grad_output"};
-  const Shape2D small[] = {{1, 1}, {1, 16}, {31, 33}, {32, 64}, {128, 4224}};
+  // {200, 320}: interior tiles (the vector paths) in a tensor whose rows are not a multiple of 16.
+  const Shape2D small[] = {{1, 1}, {1, 16}, {31, 33}, {32, 64}, {128, 4224}, {200, 320}};
   const Shape2D large[] = {{4096, 4096}, {8192, 5120}};
   std::vector<Case> cases;
   for (const char* r : recipes)
@@ -201,6 +202,8 @@ std::vector<Case> all_cases() {
           for (Shape2D s : small) cases.push_back({r, role, u, d, s, {}, false});
       for (Shape2D s : large) cases.push_back({r, role, Usage::Training, DType::BF16, s, {}, false});
       cases.push_back({r, role, Usage::Training, DType::BF16, {1072, 256}, {128, 0, 48, 256, 16, 80, 512, 32}, false});
+      // Members with interior tiles but rows not a multiple of 16 (no 16-row vector stores).
+      cases.push_back({r, role, Usage::Training, DType::BF16, {1000, 192}, {200, 0, 98, 702}, false});
       cases.push_back({r, role, Usage::Training, DType::FP32, {64, 256}, {}, true});
       cases.push_back({r, role, Usage::Memory, DType::FP16, {96, 160}, {}, false});
     }
