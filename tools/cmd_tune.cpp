@@ -103,6 +103,7 @@ int cmd_tune(const Argv& argv) {
         std::printf("  %-28s %-20s %-9s default %-12s %8.1f us  best %-12s %8.1f us  (%d tiles)%s\n", r.name.c_str(),
                     role.c_str(), std::string(name(u)).c_str(), tile_str(plan.tile).c_str(), default_us,
                     tile_str(best).c_str(), best_us, tried, store ? (dry ? "  [dry run]" : "  stored") : "");
+        std::fflush(stdout);  // one line per plan as it finishes (tuning takes minutes)
         if (store && !dry) {
           rt::TuningRecord rec{best, best_us, default_us, shape.m, shape.k, device, arch};
           if (rt::store_tuning(plan, rec)) ++tuned;

@@ -150,6 +150,20 @@ __device__ __forceinline__ u32 enc_rn(float x) {
   }
 }
 
+// The value of an e4m3 code (exact; NaN for 0x7F / 0xFF), through the hardware conversion
+// where one exists.
+__device__ __forceinline__ float e4m3_value(u32 bits) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 890
+  float v;
+  asm("{\n\t.reg .b16 t, lo, hi;\n\t.reg .b32 h2;\n\tcvt.u16.u32 t, %1;\n\tcvt.rn.f16x2.e4m3x2 h2, t;\n\t"
+      "mov.b32 {lo, hi}, h2;\n\tcvt.f32.f16 %0, lo;\n\t}"
+      : "=f"(v) : "r"(bits));
+  return v;
+#else
+  return decode<E4M3>(u8(bits));
+#endif
+}
+
 // Stochastic rounding, fast paths with the exact result of encode_sr<F> (numerics.cuh): for
 // e2m1 and int8 the grid step is a power of two, so q = |x| / step, its floor and fraction are
 // exact in fp32 and "fraction > u" with u = (r >> 8) * 2^-24 is the same comparison as the
@@ -579,11 +593,34 @@ __device__ __forceinline__ float tile_amax_full(const QuantizeArgs& a, const Mem
   }
 }
 
+// Per-stream values that do not change over the tile.
+template <class S>
+struct StreamCtx {
+  float tensor_amax = 0.0f, delayed_scale = 1.0f;
+  float nvfp4_k = 0.0f, nvfp4_s_dec = 0.0f;  // NVFP4: S_enc / 6 and S_dec of the tensor amax
+  i64 grid_pcols = 0;
+};
+
+template <class Cfg, class S>
+__device__ __forceinline__ StreamCtx<S> stream_ctx(const QuantizeArgs& a, const Member& mem) {
+  StreamCtx<S> c;
+  if constexpr (S::kTensorAmax >= 0 && S::kMode != kModeTensorDelayed) c.tensor_amax = a.amax[S::kTensorAmax][mem.index];
+  if constexpr (S::kMode == kModeTensorDelayed) c.delayed_scale = *a.streams[S::kIndex].scale_in;
+  if constexpr (S::kMode == kModeNvfp4) {
+    const float s_enc = nvfp4_global_encode_scale(c.tensor_amax);
+    c.nvfp4_k = s_enc / E2M1::kMaxFinite;
+    c.nvfp4_s_dec = nvfp4_global_decode_scale(s_enc);
+  }
+  i64 gr, gc, gpr;
+  scale_grid<S>(S::kTransposed ? a.k : mem.rows, S::kTransposed ? mem.rows : a.k, gr, gc, gpr, c.grid_pcols);
+  return c;
+}
+
 // The scale of one block: the element multiplier and the stored scale entry (fp32 bits or a
 // byte), from the amaxes the mode depends on.
 template <class Cfg, class S>
-__device__ __forceinline__ void block_scale(float block_amax, float tensor_amax, float delayed_scale,
-                                            float& mul, u32& entry) {
+__device__ __forceinline__ void block_scale(float block_amax, const StreamCtx<S>& ctx, float& mul, u32& entry) {
+  const float tensor_amax = ctx.tensor_amax, delayed_scale = ctx.delayed_scale;
   using F = typename S::Format;
   if constexpr (S::kMode == kModeTensorCurrent || S::kMode == kModeBlock) {
     const float inf_value = S::kMode == kModeBlock ? Cfg::kInMaxFinite : kFltMax;
@@ -604,10 +641,10 @@ __device__ __forceinline__ void block_scale(float block_amax, float tensor_amax,
     mul = mx_multiplier(e);
     entry = e;
   } else if constexpr (S::kMode == kModeNvfp4) {
-    const float s_enc = nvfp4_global_encode_scale(tensor_amax);
-    const float s_dec = nvfp4_global_decode_scale(s_enc);
-    const u8 sb = nvfp4_block_scale(block_amax, s_enc);
-    mul = nvfp4_element_multiplier(sb, s_dec);
+    // nvfp4_block_scale / nvfp4_element_multiplier (numerics.cuh) with the hardware e4m3
+    // conversions (bit-identical: enc_rn is checked exhaustively, the decode is exact).
+    const u32 sb = enc_rn<E4M3>(block_amax * ctx.nvfp4_k);
+    mul = fminf(1.0f / (e4m3_value(sb) * ctx.nvfp4_s_dec), kFltMax);
     entry = sb;
   } else {
     mul = 1.0f;
@@ -665,23 +702,6 @@ __device__ void block2d_amax(const float* src, u32* out) {
 
 // -------------------------------------------------------------------------------- streams
 
-// Per-stream values that do not change over the tile.
-template <class S>
-struct StreamCtx {
-  float tensor_amax = 0.0f, delayed_scale = 1.0f;
-  i64 grid_pcols = 0;
-};
-
-template <class Cfg, class S>
-__device__ __forceinline__ StreamCtx<S> stream_ctx(const QuantizeArgs& a, const Member& mem) {
-  StreamCtx<S> c;
-  if constexpr (S::kTensorAmax >= 0 && S::kMode != kModeTensorDelayed) c.tensor_amax = a.amax[S::kTensorAmax][mem.index];
-  if constexpr (S::kMode == kModeTensorDelayed) c.delayed_scale = *a.streams[S::kIndex].scale_in;
-  i64 gr, gc, gpr;
-  scale_grid<S>(S::kTransposed ? a.k : mem.rows, S::kTransposed ? mem.rows : a.k, gr, gc, gpr, c.grid_pcols);
-  return c;
-}
-
 // Rowwise stream ([M, K] layout): runs of 4 elements of a row, kGroup lanes per scale block.
 // kFull: an interior tile (no bounds, aligned vector stores).
 template <class Cfg, class S, bool kFull>
@@ -716,7 +736,7 @@ __device__ float cast_rowwise(const QuantizeArgs& a, const Member& mem, i64 col0
     }
     float mul;
     u32 entry;
-    block_scale<Cfg, S>(block_amax, ctx.tensor_amax, ctx.delayed_scale, mul, entry);
+    block_scale<Cfg, S>(block_amax, ctx, mul, entry);
     if (!kFull && valid == 0) continue;
     maybe_store_entry<S>(out, rl, cg, ctx.grid_pcols, scale_base, entry);
     encode_store<S, 4, kFull>(a, out.data, tile_lin + i64(r) * a.k + c, v, mul, valid);
@@ -752,7 +772,7 @@ __device__ float cast_columnwise(const QuantizeArgs& a, const Member& mem, i64 c
     }
     float mul;
     u32 entry;
-    block_scale<Cfg, S>(block_amax, ctx.tensor_amax, ctx.delayed_scale, mul, entry);
+    block_scale<Cfg, S>(block_amax, ctx, mul, entry);
     const i64 dr = S::kTransposed ? cg : rl, dc = S::kTransposed ? rl : cg;
     maybe_store_entry<S>(out, dr, dc, ctx.grid_pcols, scale_base, entry);
     const i64 left = mem.rows - rl;
@@ -844,7 +864,7 @@ __device__ float cast_columnwise_transposed_full(const QuantizeArgs& a, const Me
     const float block_amax = column_block_amax<Cfg, S>(a, mem, col0, r, c, bamax, part, amax);
     float mul;
     u32 entry;
-    block_scale<Cfg, S>(block_amax, ctx.tensor_amax, ctx.delayed_scale, mul, entry);
+    block_scale<Cfg, S>(block_amax, ctx, mul, entry);
     maybe_store_entry<S>(out, col0 + c, row0 + r, ctx.grid_pcols, scale_base, entry);
     encode_store<S, 16, true>(a, out.data, tile_lin + i64(c) * mem.rows + r, v, mul, 16);
   }
@@ -877,7 +897,7 @@ __device__ float cast_columnwise_same_full(const QuantizeArgs& a, const Member& 
     const float block_amax = column_block_amax<Cfg, S>(a, mem, col0, r, c, bamax, part, own);
     float mul;
     u32 entry;
-    block_scale<Cfg, S>(block_amax, ctx.tensor_amax, ctx.delayed_scale, mul, entry);
+    block_scale<Cfg, S>(block_amax, ctx, mul, entry);
     mul_out[j] = mul;
     maybe_store_entry<S>(out, row0 + r, col0 + c, ctx.grid_pcols, scale_base, entry);
   }
@@ -901,7 +921,8 @@ __device__ float cast_columnwise_same_full(const QuantizeArgs& a, const Member& 
 // One stream over the tile. `full`: an interior tile with K % 16 == 0 (same for the whole CTA).
 template <class Cfg, class S>
 __device__ __forceinline__ void cast_stream(const QuantizeArgs& a, const Member& mem, i64 col0, bool full,
-                                            const float* tile, const float* rtile, float* scratch, i64 scale_base) {
+                                            const float* tile, const float* rtile, float* scratch, i64 scale_base,
+                                            bool report) {
   constexpr int TR = Cfg::kTileRows, TC = Cfg::kTileCols;
   if constexpr (S::kMode != kModeNone && S::kEntryRows == 0 && S::kEntryCols == 0) {
     // Per-tensor scale: one entry, written by the member's first tile.
@@ -909,7 +930,7 @@ __device__ __forceinline__ void cast_stream(const QuantizeArgs& a, const Member&
       const StreamCtx<S> ctx = stream_ctx<Cfg, S>(a, mem);
       float mul;
       u32 entry;
-      block_scale<Cfg, S>(0.0f, ctx.tensor_amax, ctx.delayed_scale, mul, entry);
+      block_scale<Cfg, S>(0.0f, ctx, mul, entry);
       store_entry<S>(a.streams[S::kIndex].scale_inv, scale_base, entry);
     }
   }
@@ -935,7 +956,7 @@ __device__ __forceinline__ void cast_stream(const QuantizeArgs& a, const Member&
                     : cast_columnwise<Cfg, S>(a, mem, col0, src, bamax, scale_base);
   }
   if constexpr (S::kMode == kModeTensorDelayed) {
-    block_max_atomic<Cfg::kThreads>(a.amax[S::kTensorAmax] + mem.index, reported);
+    if (report) block_max_atomic<Cfg::kThreads>(a.amax[S::kTensorAmax] + mem.index, reported);
   }
 }
 
@@ -954,8 +975,9 @@ __device__ void fill_empty_members(const QuantizeArgs& a) {
             if (mg == 0) {
               float mul;
               u32 entry;
-              const float scale_in = S::kMode == kModeTensorDelayed ? *a.streams[S::kIndex].scale_in : 1.0f;
-              block_scale<Cfg, S>(0.0f, 0.0f, scale_in, mul, entry);
+              StreamCtx<S> ctx;
+              if constexpr (S::kMode == kModeTensorDelayed) ctx.delayed_scale = *a.streams[S::kIndex].scale_in;
+              block_scale<Cfg, S>(0.0f, ctx, mul, entry);
               store_entry<S>(a.streams[S::kIndex].scale_inv, bases[s], entry);
             }
           }
@@ -1008,8 +1030,21 @@ __global__ void __launch_bounds__(Cfg::kThreads) cast_kernel(const QuantizeArgs 
       }(),
       ...);
   __syncthreads();
+  // Delayed scaling: the first stream reporting into an amax slot reports (a second one would
+  // reduce the same tile again).
+  bool reported[kMaxAmaxSlots] = {};
   s = 0;
-  ((detail::cast_stream<Cfg, S>(a, mem, col0, full, tile, rtile, regions[s], scale_base[s]), ++s), ...);
+  (
+      [&] {
+        bool report = false;
+        if constexpr (S::kMode == kModeTensorDelayed) {
+          report = !reported[S::kTensorAmax];
+          reported[S::kTensorAmax] = true;
+        }
+        detail::cast_stream<Cfg, S>(a, mem, col0, full, tile, rtile, regions[s], scale_base[s], report);
+        ++s;
+      }(),
+      ...);
 }
 
 // Global reductions before the cast: the tensor amax (raw: straight from global memory with
