@@ -16,9 +16,14 @@
 //   columnwise   - kEpt consecutive rows of one column per thread (one scale block along M, or
 //                  16 rows without blocks), lanes on consecutive columns; a transposed stream
 //                  writes each 16-row chunk of the run as one vector store into its output row.
-// Inputs are read with 8- or 16-byte loads, fp8 is encoded with the hardware cvt on sm_89+
-// (bit-identical to the software encoder, checked exhaustively by the GPU tests), stochastic
-// rounding draws one Philox call per 4 elements. Scales come from docs/numerics.md through
+// Interior tiles (inside the member and K, K % 16 == 0) take vector paths without checks:
+// 16-byte tile loads; transposed runs of 16 rows read once and stored with one 16-byte store
+// (blocks longer than 16 rows through per-16-row partial amaxes in shared scratch); same-layout
+// columnwise streams through one multiplier per (column, block) in shared scratch, then
+// rowwise-style runs. Edge tiles take the checked paths above, element by element where needed.
+// fp8 is encoded with the hardware cvt on sm_89+, two elements per instruction with a NaN byte
+// fix-up (bit-identical to the software encoder, checked exhaustively by the GPU tests);
+// stochastic rounding draws one Philox call per 4 elements. Scales come from docs/numerics.md through
 // numerics.cuh, the same functions the CPU reference runs.
 #pragma once
 #include "qforge/args.cuh"
@@ -510,30 +515,30 @@ __device__ void load_tile(const QuantizeArgs& a, const Member& mem, i64 col0, bo
     load_tile_full<Cfg>(a, mem, col0, tile);
   } else {
 #pragma unroll
-  for (int it = 0; it < kIters; ++it) {
-    const int i = it * T + int(threadIdx.x);
-    float4 v = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-    const int r = i / CH, c = (i % CH) * 4;
-    const i64 rl = row0 + r, cg = col0 + c;
-    if ((N % T == 0 || i < N) && rl < mem.rows) {
-      const i64 idx = (mem.row_base + rl) * a.k + cg;
-      if (vec && cg + 4 <= a.k) {
-        v = load4<Cfg::kInDtype>(a.x, idx);
-      } else {
-        if (cg + 0 < a.k) v.x = load1<Cfg::kInDtype>(a.x, idx + 0);
-        if (cg + 1 < a.k) v.y = load1<Cfg::kInDtype>(a.x, idx + 1);
-        if (cg + 2 < a.k) v.z = load1<Cfg::kInDtype>(a.x, idx + 2);
-        if (cg + 3 < a.k) v.w = load1<Cfg::kInDtype>(a.x, idx + 3);
+    for (int it = 0; it < kIters; ++it) {
+      const int i = it * T + int(threadIdx.x);
+      float4 v = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+      const int r = i / CH, c = (i % CH) * 4;
+      const i64 rl = row0 + r, cg = col0 + c;
+      if ((N % T == 0 || i < N) && rl < mem.rows) {
+        const i64 idx = (mem.row_base + rl) * a.k + cg;
+        if (vec && cg + 4 <= a.k) {
+          v = load4<Cfg::kInDtype>(a.x, idx);
+        } else {
+          if (cg + 0 < a.k) v.x = load1<Cfg::kInDtype>(a.x, idx + 0);
+          if (cg + 1 < a.k) v.y = load1<Cfg::kInDtype>(a.x, idx + 1);
+          if (cg + 2 < a.k) v.z = load1<Cfg::kInDtype>(a.x, idx + 2);
+          if (cg + 3 < a.k) v.w = load1<Cfg::kInDtype>(a.x, idx + 3);
+        }
       }
+      val[it] = v;
     }
-    val[it] = v;
-  }
 #pragma unroll
-  for (int it = 0; it < kIters; ++it) {
-    const int i = it * T + int(threadIdx.x);
-    if (N % T == 0 || i < N) *reinterpret_cast<float4*>(tile + tile_off<TC>(i / CH, (i % CH) * 4)) = val[it];
-  }
-  }
+    for (int it = 0; it < kIters; ++it) {
+      const int i = it * T + int(threadIdx.x);
+      if (N % T == 0 || i < N) *reinterpret_cast<float4*>(tile + tile_off<TC>(i / CH, (i % CH) * 4)) = val[it];
+    }
+    }
   if constexpr (Cfg::kRht) {
     __syncthreads();
     for (int i = threadIdx.x; i < (TR / 16) * TC; i += T) {
