@@ -66,10 +66,13 @@ QF_HD constexpr int cast_block2d_entries(int tile_rows, int tile_cols, bool bloc
 //   columnwise, same layout    - a partial amax per 16 rows of each column, then the element
 //                                multiplier per scale block of each column;
 //   columnwise, transposed,    - the partial amaxes, when a 1D block is longer than the 16 rows
-//   blocks longer than 16 rows   one thread encodes.
+//   blocks longer than 16 rows   one thread encodes;
+//   rowwise, 1D blocks wider   - the element multiplier per (row, block) of the tile.
+//   than 4 elements
 QF_HD constexpr int cast_scratch_entries(int tile_rows, int tile_cols, bool columnwise, bool transposed, int ept,
                                          bool block2d, int block_rows, int block_cols) {
   int n = cast_block2d_entries(tile_rows, tile_cols, block2d, block_rows, block_cols);
+  if (!columnwise && !block2d && block_cols > 4) n += tile_rows * (tile_cols / block_cols);
   if (columnwise && !transposed) n += tile_cols * (tile_rows / 16) + tile_cols * (tile_rows / ept);
   else if (columnwise && ept > 16) n += tile_cols * (tile_rows / 16);
   return (n + 3) / 4 * 4;
@@ -709,15 +712,49 @@ __device__ void block2d_amax(const float* src, u32* out) {
 
 // Rowwise stream ([M, K] layout): runs of 4 elements of a row, kGroup lanes per scale block.
 // kFull: an interior tile (no bounds, aligned vector stores).
+// Interior tiles, rowwise 1D blocks wider than one run (1x16, 1x32, 1x128): the scale of each
+// (row, block) once, by one thread (lanes on consecutive rows: the swizzle keeps their 16-byte
+// reads apart), into mul_out[r * (TC / B) + block]; its scale entry goes to global memory.
+template <class Cfg, class S>
+__device__ void row_block_scales(const QuantizeArgs& a, const Member& mem, i64 col0, const float* src,
+                                 const StreamCtx<S>& ctx, float* mul_out, i64 scale_base) {
+  constexpr int TR = Cfg::kTileRows, TC = Cfg::kTileCols, B = S::kBlockCols, NBC = TC / B, N = TR * NBC;
+  constexpr int T = Cfg::kThreads;
+  const StreamArgs& out = a.streams[S::kIndex];
+  const i64 row0 = mem.tile_row * TR;
+  for (int it = 0; it < (N + T - 1) / T; ++it) {
+    if (item_past_end<N, T>(it)) break;
+    int b, r;
+    item_rc<TR, T>(it, b, r);
+    float m = 0.0f;
+#pragma unroll 8
+    for (int q = 0; q < B; q += 4) {
+      const float4 f = *reinterpret_cast<const float4*>(src + tile_off<TC>(r, b * B + q));
+      m = amax_step(amax_step(amax_step(amax_step(m, f.x), f.y), f.z), f.w);
+    }
+    float mul;
+    u32 entry;
+    block_scale<Cfg, S>(m, ctx, mul, entry);
+    mul_out[r * NBC + b] = mul;
+    maybe_store_entry<S>(out, row0 + r, col0 + b * B, ctx.grid_pcols, scale_base, entry);
+  }
+}
+
 template <class Cfg, class S, bool kFull>
 __device__ float cast_rowwise(const QuantizeArgs& a, const Member& mem, i64 col0, const float* src, const u32* bamax,
-                              i64 scale_base) {
+                              float* scratch, i64 scale_base) {
   constexpr int TR = Cfg::kTileRows, TC = Cfg::kTileCols, CH = TC / 4, N = TR * CH, T = Cfg::kThreads, G = S::kGroup;
   static_assert(S::kEpt == 4 && CH % G == 0 && 32 % G == 0, "rowwise runs: 4 elements, groups within a warp row");
   static_assert(N % 32 == 0, "whole warps of runs");
+  // Interior tiles with 1D blocks wider than a run: block scales first (row_block_scales).
+  constexpr bool kRowScales = kFull && !S::kBlock2d && G > 1;
   const StreamArgs& out = a.streams[S::kIndex];
   const StreamCtx<S> ctx = stream_ctx<Cfg, S>(a, mem);
   const i64 row0 = mem.tile_row * TR, tile_lin = (mem.row_base + row0) * a.k + col0;
+  if constexpr (kRowScales) {
+    row_block_scales<Cfg, S>(a, mem, col0, src, ctx, scratch, scale_base);
+    __syncthreads();
+  }
   float reported = 0.0f;
 #pragma unroll 4
   for (int it = 0; it < (N + T - 1) / T; ++it) {
@@ -727,6 +764,10 @@ __device__ float cast_rowwise(const QuantizeArgs& a, const Member& mem, i64 col0
     c *= 4;
     const float4 f = *reinterpret_cast<const float4*>(src + tile_off<TC>(r, c));
     const float v[4] = {f.x, f.y, f.z, f.w};
+    if constexpr (kRowScales) {
+      encode_store<S, 4, true>(a, out.data, tile_lin + i64(r) * a.k + c, v, scratch[r * (TC / S::kBlockCols) + c / S::kBlockCols], 4);
+      continue;
+    }
     const i64 rl = row0 + r, cg = col0 + c;
     const int valid = kFull ? 4 : rl < mem.rows ? int(a.k - cg < 4 ? (a.k - cg > 0 ? a.k - cg : 0) : 4) : 0;
     float amax = amax_step(amax_step(amax_step(amax_step(0.0f, v[0]), v[1]), v[2]), v[3]);  // zero padding
@@ -944,8 +985,8 @@ __device__ __forceinline__ void cast_stream(const QuantizeArgs& a, const Member&
   float* part = scratch + cast_block2d_entries(TR, TC, S::kBlock2d, S::kBlockRows, S::kBlockCols);
   float reported;
   if constexpr (S::kDir == 0) {
-    reported = full ? cast_rowwise<Cfg, S, true>(a, mem, col0, src, bamax, scale_base)
-                    : cast_rowwise<Cfg, S, false>(a, mem, col0, src, bamax, scale_base);
+    reported = full ? cast_rowwise<Cfg, S, true>(a, mem, col0, src, bamax, part, scale_base)
+                    : cast_rowwise<Cfg, S, false>(a, mem, col0, src, bamax, part, scale_base);
   } else if constexpr (S::kTransposed) {
     if (full && mem.rows % 16 == 0) {
       if constexpr (S::kEpt > 16 && !S::kBlock2d) {
