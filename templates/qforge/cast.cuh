@@ -98,10 +98,28 @@ __device__ __forceinline__ int tile_off(int r, int c) {
   return r * TC + ((((c >> 2) ^ (r & 7))) << 2) + (c & 3);
 }
 
+// v rounded (RNE) to the input dtype and back (the RHT output, as the reference rounds it).
+// The hardware conversions give the same value for every non-NaN v; a NaN stays a NaN (its
+// payload may differ, which no output depends on: encoders map any NaN to one code and amaxes
+// skip NaN).
 __device__ __forceinline__ float round_to_dtype(float v, int dtype) {
+#if defined(__CUDA_ARCH__)
+  if (dtype == 1) {
+    u16 h;
+    asm("cvt.rn.bf16.f32 %0, %1;" : "=h"(h) : "f"(v));
+    return bf16_to_f32(h);
+  }
+  if (dtype == 2) {
+    float r;
+    asm("{\n\t.reg .b16 h;\n\tcvt.rn.f16.f32 h, %1;\n\tcvt.f32.f16 %0, h;\n\t}" : "=f"(r) : "f"(v));
+    return r;
+  }
+  return v;
+#else
   if (dtype == 1) return bf16_to_f32(f32_to_bf16(v));
   if (dtype == 2) return f16_to_f32(f32_to_f16(v));
   return v;
+#endif
 }
 
 // Four consecutive input elements; idx is 4-aligned (8- or 16-byte load).
@@ -145,14 +163,17 @@ __device__ __forceinline__ u32 enc_rn(float x) {
   }
 #endif
   if constexpr (F::kBits == 4 && F::kExpBits == 2 && F::kManBits == 1) {
-    // e2m1: 8 magnitudes {0, .5, 1, 1.5, 2, 3, 4, 6}; the comparisons place |x| between the
-    // midpoints, ties going to the even code. NaN -> +max (no sign), as encode_rn.
+    // e2m1: magnitudes {0, .5, 1, 1.5, 2, 3, 4, 6}, codes 0..7, ties to the even code.
+    // |x| < 1: the step is 0.5, so the code is |x| * 2 (exact) rounded to an integer, ties to
+    // even. |x| >= 1: the code is 2 * (exponent - 127) + 2 + the fp32 mantissa rounded to one
+    // bit (round to nearest even through the carry into the exponent), saturated at 7 (6.0);
+    // Inf lands there too. NaN -> +max (no sign), as encode_rn.
     const u32 b = f32_bits(x), ab = b & kF32AbsMask;
-    if (ab > kF32InfBits) return F::kNanBits;
     const float a = f32_from_bits(ab);
-    const u32 m = u32(a > 0.25f) + u32(a >= 0.75f) + u32(a > 1.25f) + u32(a >= 1.75f) + u32(a > 2.5f) +
-                  u32(a >= 3.5f) + u32(a > 5.0f);
-    return ((b >> 28) & 0x8u) | m;
+    const u32 lo = u32(__float2int_rn(a * 2.0f));
+    const u32 hi = min(((ab + 0x1FFFFFu + ((ab >> 22) & 1u)) >> 22) - 252u, 7u);
+    const u32 m = ((b >> 28) & 0x8u) | (a < 1.0f ? lo : hi);
+    return ab > kF32InfBits ? u32(F::kNanBits) : m;
   } else {
     return encode_rn<F>(x);
   }

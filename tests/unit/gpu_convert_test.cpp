@@ -68,6 +68,15 @@ extern "C" __global__ void exhaustive(unsigned int* out) {
     check_sr<qf::Int8>(b, out + 8, out + 9);
     check_pack<qf::E4M3>(b, out + 10, out + 11);
     check_pack<qf::E5M2>(b, out + 12, out + 13);
+    // RHT outputs rounded to bf16 / fp16 by the hardware: the software value, or NaN for NaN.
+    for (int d = 1; d <= 2; ++d) {
+      const float x = qf::f32_from_bits(b), got = qf::detail::round_to_dtype(x, d);
+      const float want = d == 1 ? qf::bf16_to_f32(qf::f32_to_bf16(x)) : qf::f16_to_f32(qf::f32_to_f16(x));
+      if (!(qf::f32_bits(got) == qf::f32_bits(want) || (got != got && want != want))) {
+        atomicAdd(out + 14 + 2 * d, 1u);
+        atomicMin(out + 15 + 2 * d, b);
+      }
+    }
     if (b < 256) {  // the hardware e4m3 decode of the NVFP4 block scales
       const float got = qf::detail::e4m3_value(b), want = qf::decode<qf::E4M3>((unsigned char)b);
       if (!(qf::f32_bits(got) == qf::f32_bits(want) || (got != got && want != want))) {
@@ -94,7 +103,7 @@ TEST(FastEncoders, GpuEqualSoftwareOnAllFp32Patterns) {
   Module m(r.image);
   CUfunction f = m.function(r.lowered_names.at("exhaustive"));
   std::vector<uint32_t> init;
-  for (int i = 0; i < 8; ++i) init.insert(init.end(), {0u, 0xFFFFFFFFu});
+  for (int i = 0; i < 10; ++i) init.insert(init.end(), {0u, 0xFFFFFFFFu});
   DeviceBuffer out(init.size() * 4);
   out.upload(init.data(), init.size() * 4);
   uint64_t p = out.address();
@@ -103,8 +112,9 @@ TEST(FastEncoders, GpuEqualSoftwareOnAllFp32Patterns) {
   launch(f, Dim3{unsigned(device_sm_count() * 8)}, Dim3{256}, 0, s.get(), args);
   s.synchronize();
   const auto got = out.download_as<uint32_t>();
-  const char* names[] = {"e4m3 rn", "e5m2 rn", "e2m1 rn", "e2m1 sr", "int8 sr", "e4m3 rn x4", "e5m2 rn x4", "e4m3 decode"};
-  for (int i = 0; i < 8; ++i)
+  const char* names[] = {"e4m3 rn", "e5m2 rn", "e2m1 rn", "e2m1 sr", "int8 sr", "e4m3 rn x4", "e5m2 rn x4", "e4m3 decode",
+                         "bf16 round", "fp16 round"};
+  for (int i = 0; i < 10; ++i)
     EXPECT_EQ(got[2 * i], 0u) << names[i] << ": " << got[2 * i] << " patterns differ, first 0x" << std::hex
                               << got[2 * i + 1];
 }
