@@ -707,25 +707,30 @@ __device__ __forceinline__ void maybe_store_entry(const StreamArgs& out, i64 dr,
   }
 }
 
-// 2D block amaxes of a stream over the tile, into shared memory (u32 float bits): per block,
-// a strided register reduction, a warp reduction and one shared atomic per warp.
+// 2D block amaxes of a stream over the tile (also 1D rowwise blocks wider than 128), into
+// shared memory (u32 float bits): one thread per row of a block (its BC / 4 chunks; lanes on
+// consecutive rows, which the swizzle keeps apart), G lanes per block reduced with shuffles,
+// then one shared atomic per group.
 template <class Cfg, class S>
 __device__ void block2d_amax(const float* src, u32* out) {
-  constexpr int TR = Cfg::kTileRows, TC = Cfg::kTileCols, BR = S::kBlockRows, BC = S::kBlockCols;
-  constexpr int NBC = TC / BC, NB = (TR / BR) * NBC;
+  constexpr int TR = Cfg::kTileRows, TC = Cfg::kTileCols, BR = S::kBlockRows, BC = S::kBlockCols, T = Cfg::kThreads;
+  constexpr int NBC = TC / BC, NB = (TR / BR) * NBC, N = NB * BR;
+  constexpr int G = BR % 32 == 0 ? 32 : 32 % BR == 0 ? BR : 1;  // lanes of one block in a warp
   static_assert(BC % 4 == 0, "2D blocks span whole chunks");
-  for (int i = threadIdx.x; i < NB; i += Cfg::kThreads) out[i] = 0;
+  for (int i = threadIdx.x; i < NB; i += T) out[i] = 0;
   __syncthreads();
-  for (int b = 0; b < NB; ++b) {
-    const int br = (b / NBC) * BR, bc = (b % NBC) * BC;
+  for (int it = 0; it < (N + T - 1) / T; ++it) {  // every lane of a warp runs each iteration (shuffles)
+    const int j = it * T + int(threadIdx.x), blk = j / BR, r = (blk / NBC) * BR + j % BR, c0 = (blk % NBC) * BC;
     float m = 0.0f;
-    for (int i = threadIdx.x; i < BR * BC / 4; i += Cfg::kThreads) {
-      const int r = br + i / (BC / 4), c = bc + (i % (BC / 4)) * 4;
-      const float4 f = *reinterpret_cast<const float4*>(src + tile_off<TC>(r, c));
-      m = amax_step(amax_step(amax_step(amax_step(m, f.x), f.y), f.z), f.w);
+    if (j < N) {
+#pragma unroll 8
+      for (int q = 0; q < BC; q += 4) {
+        const float4 f = *reinterpret_cast<const float4*>(src + tile_off<TC>(r, c0 + q));
+        m = amax_step(amax_step(amax_step(amax_step(m, f.x), f.y), f.z), f.w);
+      }
     }
-    m = warp_max(m);
-    if ((threadIdx.x & 31) == 0) atomicMax(&out[b], f32_bits(m));
+    m = group_max<G>(m);
+    if (j < N && j % G == 0) atomicMax(&out[blk], f32_bits(m));
   }
 }
 
