@@ -1,10 +1,15 @@
 // The C API (runtime/qforge.h): contexts, quantizers, buffer queries against the compiler's
 // output_buffers, ahead-of-time compilation, and that every error comes back as a status and a
-// message (never an exception or a crash), including qf_quantize without a GPU.
+// message (never an exception or a crash), including qf_quantize without a GPU; on a GPU,
+// qf_quantize's outputs bit for bit against the CPU reference.
 #include "runtime/qforge.h"
 
+#include <algorithm>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
+#include <map>
+#include <random>
 #include <filesystem>
 #include <string>
 #include <vector>
@@ -14,7 +19,10 @@
 #include "compiler/buffers.h"
 #include "compiler/pipeline.h"
 #include "compiler/recipe.h"
+#include "qforge/numerics.cuh"
+#include "reference/executor.h"
 #include "runtime/driver.h"
+#include "runtime/gpu_test_util.h"
 
 namespace fs = std::filesystem;
 
@@ -317,6 +325,103 @@ TEST_F(CApi, QuantizeWithoutGpuFailsCleanly) {
   EXPECT_STRNE(qf_last_error(), "");
   EXPECT_NE(std::string(qf_last_error()).find("CUDA"), std::string::npos) << qf_last_error();
   std::printf("qf_quantize without a GPU: status %d: %s\n", int(s), qf_last_error());
+}
+
+// qf_quantize on a GPU: the outputs of the C entry point are bit-identical to the CPU reference
+// (stochastic rounding, RHT, a delayed-scaling scale input, per-tensor amax), and a bad buffer
+// is refused with its name before anything is launched (the poisoned outputs stay untouched).
+TEST_F(CApi, QuantizeOnGpuMatchesReference) {
+  QF_SKIP_WITHOUT_GPU();
+  using qf::rt::DeviceBuffer;
+  const int64_t m = 256, k = 512;
+  for (const char* name : {"nvfp4", "delayed_scaling", "float8_block_scaling"}) {
+    SCOPED_TRACE(name);
+    const std::string p = recipe_path(name);
+    const char* paths[] = {p.c_str()};
+    qf_quantizer_destroy(q_), q_ = nullptr;
+    qf_context_destroy(ctx_), ctx_ = nullptr;
+    ASSERT_EQ(qf_context_create(paths, 1, &ctx_), QF_OK) << qf_last_error();
+    ASSERT_EQ(qf_quantizer_create(ctx_, nullptr, "linear:grad_output", QF_DTYPE_BF16, QF_USAGE_TRAINING, &q_), QF_OK)
+        << qf_last_error();
+    const qf::Plan plan = qf::compile_plan(qf::load_recipe(p), qf::PlanRequest{"linear:grad_output", qf::DType::BF16,
+                                                                             qf::Usage::Training, false});
+    // Input: normal values per row scale, as bf16 bits.
+    qf::ref::HostTensor x;
+    x.dtype = qf::DType::BF16;
+    x.shape = {m, k};
+    x.bytes.resize(size_t(m * k * 2));
+    std::mt19937 rng(7);
+    std::normal_distribution<float> normal(0.0f, 1.0f);
+    for (int64_t i = 0; i < m * k; ++i) {
+      const qf::u16 h = qf::f32_to_bf16(normal(rng) * float(1 + (i / k) % 5));
+      std::memcpy(&x.bytes[size_t(i * 2)], &h, 2);
+    }
+    qf::ref::QuantizeParams params;
+    params.seed = 0xabcdef12345ull;
+    params.offset = 3;
+    std::vector<qf_named_buffer> bufs;
+    std::vector<DeviceBuffer> keep;
+    keep.reserve(16);
+    int n_in = 0;
+    ASSERT_EQ(qf_quantizer_num_inputs(q_, &n_in), QF_OK);
+    for (int i = 0; i < n_in; ++i) {
+      qf_buffer_info info{};
+      ASSERT_EQ(qf_quantizer_input_info(q_, i, &info), QF_OK);
+      const float scale = 2.5f;
+      params.scales[info.name] = scale;
+      keep.emplace_back(4);
+      keep.back().upload(&scale, 4);
+      bufs.push_back({info.name, reinterpret_cast<void*>(keep.back().address()), 4});
+    }
+    const std::vector<qf::ref::Output> expected = qf::ref::quantize(plan, x, params);
+    int n_out = 0;
+    ASSERT_EQ(qf_quantizer_num_outputs(q_, &n_out), QF_OK);
+    ASSERT_EQ(size_t(n_out), expected.size());
+    std::map<std::string, size_t> index;
+    for (int i = 0; i < n_out; ++i) {
+      qf_buffer_info info{};
+      ASSERT_EQ(qf_quantizer_output_info(q_, m, k, i, &info), QF_OK);
+      keep.push_back(qf::rt::testing::poisoned_buffer(size_t(info.bytes)));
+      index[info.name] = keep.size() - 1;
+      bufs.push_back({info.name, reinterpret_cast<void*>(keep.back().address()), info.bytes});
+    }
+    int64_t ws = 0;
+    ASSERT_EQ(qf_quantizer_workspace_bytes(q_, m, k, 1, &ws), QF_OK);
+    DeviceBuffer dws(size_t(std::max<int64_t>(ws, 16)));
+    DeviceBuffer dx(x.bytes.size());
+    dx.upload(x.bytes.data(), x.bytes.size());
+    qf_quantize_args a{};
+    a.input = reinterpret_cast<const void*>(dx.address());
+    a.m = m;
+    a.k = k;
+    a.buffers = bufs.data();
+    a.num_buffers = int(bufs.size());
+    a.workspace = ws > 0 ? reinterpret_cast<void*>(dws.address()) : nullptr;
+    a.workspace_bytes = ws;
+    a.seed = params.seed;
+    a.offset = params.offset;
+
+    // One output buffer a byte short: refused, named, nothing written.
+    qf_named_buffer& last = bufs.back();
+    last.bytes -= 1;
+    EXPECT_EQ(qf_quantize(q_, &a, nullptr), QF_ERR_USER);
+    EXPECT_NE(std::string(qf_last_error()).find(last.name), std::string::npos) << qf_last_error();
+    last.bytes += 1;
+    {
+      std::vector<uint8_t> got(size_t(last.bytes));
+      keep[index[last.name]].download(got.data(), got.size());
+      EXPECT_TRUE(std::all_of(got.begin(), got.end(), [](uint8_t b) { return b == 0xFF; })) << "written before the check";
+    }
+
+    ASSERT_EQ(qf_quantize(q_, &a, nullptr), QF_OK) << qf_last_error();
+    for (const auto& o : expected) {
+      std::vector<uint8_t> got(o.bytes.size());
+      keep[index.at(o.desc.name)].download(got.data(), got.size());
+      size_t bad = 0;
+      for (size_t i = 0; i < got.size(); ++i) bad += got[i] != o.bytes[i];
+      EXPECT_EQ(bad, 0u) << o.desc.name << ": bytes differing from the CPU reference";
+    }
+  }
 }
 
 // The header is plain C: compile it with the C compiler, when there is one.
