@@ -31,19 +31,20 @@ t3=$(date +%s)
 # CLI on the GPU: qforge quantize --device cuda vs the CPU path, bit for bit.
 python3 -m pytest -q -p no:cacheprovider tests/numerics/test_quantize_device.py --qforge-bin="$BUILD" \
   >"$OUT/pytest_device.log" 2>&1; dev_rc=$?
-# Memory checking of a few fused kernels (hybrid + RHT + SR, grouped, 2D blocks, ragged).
-if command -v compute-sanitizer >/dev/null; then
-  compute-sanitizer --tool memcheck --error-exitcode 9 "$BUILD/tests/qforge_unit_tests" \
-    --gtest_filter='*hybrid*input__training__bf16__31x33:*nvfp4*grad_output*grouped*:*float8_block*weight__training__bf16__128x4224:*int8_weight_sr*weight*grouped*' \
-    >"$OUT/memcheck.log" 2>&1; mc_rc=$?
-else
-  mc_rc=-1
-fi
-# Race and initialization checks (QFORGE_SANITIZE_ALL=1: the whole quantize suite, slow).
-san_filter='*hybrid*input__training__bf16__31x33:*nvfp4*grad_output*grouped*:*float8_block*weight__training__bf16__128x4224:*delayed*input__training__bf16__128x4224'
+# Memory, race and initialization checks of fused kernels covering every kernel path: edge tiles
+# (hybrid 32x64: RHT, fp8 31x33 fp32), interior tiles with transposed runs and the rowwise block-scale pass
+# (blockwise 1x128 / 128x1, 2D 128x128; nvfp4 grouped with SR + RHT), the same-layout
+# columnwise path (mxfp8), 2D 16x16 blocks in ragged rows (nvfp4 weight 200x320), delayed-scaling
+# amax reporting, per-channel int8 SR, grouped. QFORGE_SANITIZE_ALL=1: the whole quantize
+# suite (slow).
+san_filter='*hybrid*_linear_input__training__bf16__32x64:*hybrid*_linear_input__training__bf16__128x4224:*current*_linear_grad_output__training__fp32__31x33:*nvfp4*grad_output*grouped*:*float8_block*weight__training__bf16__128x4224'
+san_filter+=':*float8_block*_linear_input__training__bf16__128x4224:*mxfp8__linear_input__training__bf16__200x320'
+san_filter+=':*nvfp4__linear_weight__training__bf16__200x320:*delayed*input__training__bf16__128x4224:*int8_weight_sr*weight*grouped*'
 [ "${QFORGE_SANITIZE_ALL:-0}" = 1 ] && san_filter='*Quantize*'
-rc_rc=-1; ic_rc=-1
+mc_rc=-1; rc_rc=-1; ic_rc=-1
 if command -v compute-sanitizer >/dev/null; then
+  compute-sanitizer --tool memcheck --error-exitcode 9 "$BUILD/tests/qforge_unit_tests" --gtest_filter="$san_filter" \
+    >"$OUT/memcheck.log" 2>&1; mc_rc=$?
   compute-sanitizer --tool racecheck --error-exitcode 9 "$BUILD/tests/qforge_unit_tests" --gtest_filter="$san_filter" \
     >"$OUT/racecheck.log" 2>&1; rc_rc=$?
   compute-sanitizer --tool initcheck --error-exitcode 9 "$BUILD/tests/qforge_unit_tests" --gtest_filter="$san_filter" \
