@@ -1062,8 +1062,17 @@ __device__ void fill_empty_members(const QuantizeArgs& a) {
 
 }  // namespace detail
 
+// CTAs per SM the cast kernel asks registers for: up to 5/8 of the SM's threads where shared
+// memory allows it (more loads in flight per SM; one tile per CTA has no other overlap).
+QF_HD constexpr int cast_min_blocks(int threads, u32 smem_bytes) {
+  const int by_threads = 1280 / threads, by_smem = int((227u * 1024u) / (smem_bytes + 1024u));
+  const int n = by_threads < by_smem ? by_threads : by_smem;
+  return n < 1 ? 1 : n;
+}
+
 template <class Cfg, class... S>
-__global__ void __launch_bounds__(Cfg::kThreads) cast_kernel(const QuantizeArgs a) {
+__global__ void __launch_bounds__(Cfg::kThreads, cast_min_blocks(Cfg::kThreads, Cfg::kSmemBytes))
+    cast_kernel(const QuantizeArgs a) {
   if (a.noop && *a.noop == 1.0f) return;
   if (a.member_rows && blockIdx.x == gridDim.x - 1) {
     if (blockIdx.y == 0) detail::fill_empty_members<Cfg, S...>(a);
