@@ -1146,7 +1146,7 @@ __global__ void __launch_bounds__(Cfg::kThreads) amax_kernel(const QuantizeArgs 
   if constexpr (kNeedsTile) detail::load_tile<Cfg>(a, mem, col0, full, tile, rtile);
   (
       [&] {
-        if constexpr (A::kScope == kScopeTensor && !A::kRht) {
+        if constexpr (A::kScope == kScopeTensor && !A::kRht && !kNeedsTile) {
           // Raw tensor amax: vector loads straight from global memory.
           if (full) {
             detail::block_max_atomic<Cfg::kThreads>(a.amax[A::kSlot] + mem.index, detail::tile_amax_full<Cfg>(a, mem, col0));
@@ -1170,10 +1170,13 @@ __global__ void __launch_bounds__(Cfg::kThreads) amax_kernel(const QuantizeArgs 
           }
           detail::block_max_atomic<Cfg::kThreads>(a.amax[A::kSlot] + mem.index, m);
         } else if constexpr (A::kScope == kScopeTensor) {
+          // From the staged tile (zero outside the tensor), raw or rotated, when another
+          // reduction of this launch needed the tile anyway.
+          const float* src = A::kRht ? rtile : tile;
           float m = 0.0f;
           for (int i = threadIdx.x; i < TR * TC / 4; i += T) {
             const int r = i / (TC / 4), c = (i % (TC / 4)) * 4;
-            const float4 f = *reinterpret_cast<const float4*>(rtile + detail::tile_off<TC>(r, c));
+            const float4 f = *reinterpret_cast<const float4*>(src + detail::tile_off<TC>(r, c));
             m = amax_step(amax_step(amax_step(amax_step(m, f.x), f.y), f.z), f.w);
           }
           detail::block_max_atomic<Cfg::kThreads>(a.amax[A::kSlot] + mem.index, m);
