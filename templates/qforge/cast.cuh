@@ -485,9 +485,6 @@ __device__ bool resolve_member(const QuantizeArgs& a, Member& mem, i64 (&scale_b
 
 // ------------------------------------------------------------------------------------ tiles
 
-// Loads the tile (fp32, zero outside the member / K): every load of a thread is issued before
-// the first shared-memory store. With RHT, also the rotated copy (16-row groups per column,
-// rounded to the input dtype).
 // Interior tiles (kFull: the whole tile inside the member and K, K % 16 == 0) take 16-byte
 // loads without checks.
 template <class Cfg>
@@ -528,6 +525,9 @@ __device__ __forceinline__ void load_tile_full(const QuantizeArgs& a, const Memb
   }
 }
 
+// Loads the tile (fp32, zero outside the member / K): every load of a thread is issued before
+// the first shared-memory store. With RHT, also the rotated copy (16-row groups per column,
+// rounded to the input dtype).
 template <class Cfg>
 __device__ void load_tile(const QuantizeArgs& a, const Member& mem, i64 col0, bool full, float* tile, float* rtile) {
   constexpr int TR = Cfg::kTileRows, TC = Cfg::kTileCols, CH = TC / 4, N = TR * CH, T = Cfg::kThreads;
@@ -562,7 +562,7 @@ __device__ void load_tile(const QuantizeArgs& a, const Member& mem, i64 col0, bo
       const int i = it * T + int(threadIdx.x);
       if (N % T == 0 || i < N) *reinterpret_cast<float4*>(tile + tile_off<TC>(i / CH, (i % CH) * 4)) = val[it];
     }
-    }
+  }
   if constexpr (Cfg::kRht) {
     __syncthreads();
     for (int i = threadIdx.x; i < (TR / 16) * TC; i += T) {
@@ -736,8 +736,6 @@ __device__ void block2d_amax(const float* src, u32* out) {
 
 // -------------------------------------------------------------------------------- streams
 
-// Rowwise stream ([M, K] layout): runs of 4 elements of a row, kGroup lanes per scale block.
-// kFull: an interior tile (no bounds, aligned vector stores).
 // Interior tiles, rowwise 1D blocks wider than one run (1x16, 1x32, 1x128): the scale of each
 // (row, block) once, by one thread (lanes on consecutive rows: the swizzle keeps their 16-byte
 // reads apart), into mul_out[r * (TC / B) + block]; its scale entry goes to global memory.
@@ -766,6 +764,8 @@ __device__ void row_block_scales(const QuantizeArgs& a, const Member& mem, i64 c
   }
 }
 
+// Rowwise stream ([M, K] layout): runs of 4 elements of a row, kGroup lanes per scale block.
+// kFull: an interior tile (no bounds, aligned vector stores).
 template <class Cfg, class S, bool kFull>
 __device__ float cast_rowwise(const QuantizeArgs& a, const Member& mem, i64 col0, const float* src, const u32* bamax,
                               float* scratch, i64 scale_base) {
