@@ -8,11 +8,14 @@ namespace qf {
 namespace {
 
 constexpr GemmScalingTraits kScalings[] = {
-    {GemmScaling::PerTensor, "tensor", "qf::gemm::PerTensorScaling", "qf::kGemmPerTensor", false, "[G]", "[G]"},
-    {GemmScaling::RowChannel, "rowwise", "qf::gemm::RowChannelScaling", "qf::kGemmRowChannel", false, "[m_total]",
-     "[G, N]"},
-    {GemmScaling::Block128, "blockwise", "qf::gemm::Block128Scaling", "qf::kGemmBlock128", true,
+    {GemmScaling::PerTensor, "tensor", "qf::gemm::PerTensorScaling", "qf::kGemmPerTensor", false, 0, "fp32", 4, 16,
+     "[G]", "[G]"},
+    {GemmScaling::RowChannel, "rowwise", "qf::gemm::RowChannelScaling", "qf::kGemmRowChannel", false, 0, "fp32", 4,
+     16, "[m_total]", "[G, N]"},
+    {GemmScaling::Block128, "blockwise", "qf::gemm::Block128Scaling", "qf::kGemmBlock128", true, 128, "fp32", 4, 16,
      "[m_total, ceil(K/128)]", "[G, ceil(N/128), ceil(K/128)]"},
+    {GemmScaling::Mx32, "mxfp8", "qf::gemm::Mx32Scaling", "qf::kGemmMx32", true, 32, "e8m0", 1, 128,
+     "[m_total, K/32]", "[G, N, K/32]"},
 };
 
 constexpr int kMaxStages = 8;
@@ -24,8 +27,8 @@ int out_bytes(const GemmSpec& s) { return traits(s.out_dtype).bytes; }
 
 GemmSmem smem_for(const GemmSpec& s, const GemmTile& t) {
   const auto& st = traits(s.scaling);
-  return gemm_smem(t.block_m, t.block_n, t.stages, t.block_m / 64, st.id == GemmScaling::Block128,
-                   st.id == GemmScaling::RowChannel, out_bytes(s));
+  return gemm_smem(t.block_m, t.block_n, t.stages, t.block_m / 64, int(st.id), st.id == GemmScaling::RowChannel,
+                   out_bytes(s));
 }
 
 std::string tile_field(const char* f) { return std::string("tile.") + f; }
@@ -56,13 +59,16 @@ void validate(const GemmSpec& s) {
     throw UserError("n", "expected a multiple of 8 in [8, 2^24] (16-byte output rows), got " + std::to_string(s.n));
   if (s.k < 16 || s.k > kMaxDim || s.k % 16 != 0)
     throw UserError("k", "expected a multiple of 16 in [16, 2^24] (16-byte TMA row strides), got " + std::to_string(s.k));
+  if (const int km = traits(s.scaling).k_multiple; s.k % km != 0)
+    throw UserError("k", std::string(traits(s.scaling).name) + " scaling reads the scales of 128 of K at once: expected a multiple of " +
+                             std::to_string(km) + ", got " + std::to_string(s.k));
   if (s.out_dtype != DType::BF16 && s.out_dtype != DType::FP32)
     throw UserError("out_dtype", "expected bf16 or fp32, got " + std::string(traits(s.out_dtype).name));
   if (s.accumulate && s.out_dtype != DType::FP32)
     throw UserError("accumulate", "accumulation into the output needs an fp32 output");
   if (s.fast_accum && traits(s.scaling).promotion_required)
-    throw UserError("fast_accum", std::string(traits(s.scaling).name) +
-                                      " scaling changes along K: every 128 of K is promoted to fp32");
+    throw UserError("fast_accum", std::string(traits(s.scaling).name) + " scaling changes along K: every " +
+                                      std::to_string(traits(s.scaling).promote_k) + " of K is promoted to fp32");
   (void)resolve_tile(s);
 }
 
@@ -70,6 +76,7 @@ GemmTile resolve_tile(const GemmSpec& s) {
   GemmTile t = s.tile;
   const bool promote = !s.fast_accum;
   const bool block128 = s.scaling == GemmScaling::Block128;
+  const bool per32 = traits(s.scaling).promote_k == 32;
   if (t.block_m == 0) t.block_m = 128;
   // Measured on an H200 at 8 x 4096 x 4096 x 7168 (docs/gemm.md): 128 x 256 tiles are the
   // fastest without promotion (one accumulator); promotion keeps two, so 128 x 128.
@@ -94,7 +101,12 @@ GemmTile resolve_tile(const GemmSpec& s) {
                                                  " must be even");
   if (t.raster_m < 1 || t.raster_m > 256)
     throw UserError(tile_field("raster_m"), "expected 1..256, got " + std::to_string(t.raster_m));
-  if (t.ordered == 0) t.ordered = promote && t.block_m == 128 ? 2 : 1;
+  if (per32 && t.block_n > 128)
+    throw UserError(tile_field("block_n"), "per-32 promotion keeps three accumulators per thread: block_n <= 128, got " +
+                                               std::to_string(t.block_n));
+  if (t.ordered == 0) t.ordered = promote && !per32 && t.block_m == 128 ? 2 : 1;
+  if (per32 && t.ordered == 2)
+    throw UserError(tile_field("ordered"), "per-32 promotion overlaps its own steps: ordered issue is not supported");
   if (t.ordered != 1 && t.ordered != 2)
     throw UserError(tile_field("ordered"), "expected 1 (off) or 2 (on), got " + std::to_string(t.ordered));
   if (t.ordered == 2 && t.block_m != 128)
@@ -114,6 +126,18 @@ GemmTile resolve_tile(const GemmSpec& s) {
                                               std::to_string(smem_for(s, t).total) + " bytes of shared memory (limit " +
                                               std::to_string(kGemmSmemLimit) + ")");
   return t;
+}
+
+GemmScaleElems gemm_scale_elems(const GemmSpec& s, int64_t m_total, int64_t num_groups) {
+  const int64_t g = num_groups, kb = (s.k + 127) / 128, nb = (s.n + 127) / 128;
+  switch (s.scaling) {
+    case GemmScaling::PerTensor: return {g, g};
+    case GemmScaling::RowChannel: return {m_total, g * s.n};
+    case GemmScaling::Block128: return {m_total * kb, g * nb * kb};
+    case GemmScaling::Mx32: return {m_total * (s.k / 32), g * s.n * (s.k / 32)};
+  }
+  QF_CHECK(false, "unknown GemmScaling");
+  return {};
 }
 
 std::string describe(const GemmSpec& s) {

@@ -20,6 +20,8 @@ enum class GemmScaling : uint8_t {
   RowChannel,  // fp32 scale per row of A ([m_total]) and per row of B[g] ([G, N])
   Block128,    // fp32 per 1x128 block of A ([m_total, ceil(K/128)]) and per 128x128 block of B
                // ([G, ceil(N/128), ceil(K/128)]): the quantize kernels' block-scaling layouts
+  Mx32,        // MXFP8: e8m0 per 1x32 block of A ([m_total, K/32] bytes) and of B ([G, N, K/32]):
+               // the quantize kernels' compact MXFP8 rowwise scale layout
 };
 
 struct GemmScalingTraits {
@@ -28,6 +30,10 @@ struct GemmScalingTraits {
   std::string_view device_policy; // policy struct in gemm.cuh
   std::string_view device_code;   // its GemmScalingCode constant
   bool promotion_required;        // scales change along K: every k-block is promoted
+  int promote_k;                  // K per promotion (0: once per 128, or none with fast_accum)
+  std::string_view scale_type;    // "fp32" or "e8m0"
+  int scale_bytes;                // bytes per scale element
+  int k_multiple;                 // K must be a multiple of this (16: the TMA row stride)
   std::string_view a_scale_shape; // for messages and --help
   std::string_view b_scale_shape;
 };
@@ -38,7 +44,7 @@ std::optional<GemmScaling> parse_gemm_scaling(std::string_view name);
 // Tile configuration; a zero field is chosen by resolve_tile().
 struct GemmTile {
   int block_m = 0;    // 64 or 128: one consumer warpgroup per 64 rows
-  int block_n = 0;    // 64, 128, 192 or 256 (<= 128 with promotion; 64/128 for blockwise);
+  int block_n = 0;    // 64, 128, 192 or 256 (<= 128 with promotion; 64/128 for blockwise and mxfp8);
                       // default 128, or 256 without promotion when N >= 512
   int stages = 0;     // pipeline depth (as many as fit in shared memory, at most 8)
   int multicast = 0;  // 1 (default), or 2: clusters of two CTAs share the A tile (needs an even
@@ -77,6 +83,12 @@ struct GemmSource {
   GemmTile tile;             // resolved
 };
 GemmSource emit_gemm(const GemmSpec& spec);
+
+// Elements of the scale buffers for this spec (see GemmScaling; traits(scaling).scale_bytes each).
+struct GemmScaleElems {
+  int64_t a = 0, b = 0;
+};
+GemmScaleElems gemm_scale_elems(const GemmSpec& spec, int64_t m_total, int64_t num_groups);
 
 // "e4m3 x e4m3 blockwise N=4096 K=7168 -> bf16" (logs, cache metadata).
 std::string describe(const GemmSpec& spec);

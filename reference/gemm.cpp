@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <thread>
 
 #include "compiler/error.h"
@@ -17,6 +18,14 @@ std::vector<double> decode_table(ElemFormat f) {
   return t;
 }
 
+// Scale element i of a raw scale buffer (fp32, or e8m0 for MX).
+double scale_at(const GemmSpec& spec, std::span<const uint8_t> bytes, int64_t i) {
+  if (traits(spec.scaling).scale_bytes == 1) return double(e8m0_decode(bytes[size_t(i)]));
+  float f;
+  std::memcpy(&f, &bytes[size_t(i) * 4], 4);
+  return double(f);
+}
+
 }  // namespace
 
 std::vector<int> row_groups(std::span<const int64_t> offsets, int64_t m_total) {
@@ -29,13 +38,24 @@ std::vector<int> row_groups(std::span<const int64_t> offsets, int64_t m_total) {
   return g;
 }
 
+std::vector<int> masked_row_groups(std::span<const int64_t> counts, int64_t m_max) {
+  std::vector<int> g(counts.size() * size_t(m_max), -1);
+  for (size_t i = 0; i < counts.size(); ++i) {
+    const int64_t used = std::clamp<int64_t>(counts[i], 0, m_max);
+    for (int64_t r = 0; r < used; ++r) g[i * size_t(m_max) + size_t(r)] = int(i);
+  }
+  return g;
+}
+
 GemmRows gemm_reference(const GemmSpec& spec, const GemmOperands& ops, std::span<const int64_t> rows, int threads) {
   validate(spec);
   const int64_t n = spec.n, k = spec.k, kb = (k + 127) / 128, nb = (n + 127) / 128;
-  const int64_t groups = int64_t(ops.offsets.size()) - 1;
-  QF_CHECK(groups >= 1, "offsets holds G + 1 entries");
+  const bool masked = ops.m_max > 0;
+  const int64_t groups = masked ? int64_t(ops.counts.size()) : int64_t(ops.offsets.size()) - 1;
+  QF_CHECK(groups >= 1, "offsets holds G + 1 entries (counts G)");
+  QF_CHECK(!masked || ops.m_total == groups * ops.m_max, "masked layout: m_total = G * m_max");
   QF_CHECK(int64_t(ops.a.size()) >= ops.m_total * k && int64_t(ops.b.size()) >= groups * n * k, "operand sizes");
-  const std::vector<int> owner = row_groups(ops.offsets, ops.m_total);
+  const std::vector<int> owner = masked ? masked_row_groups(ops.counts, ops.m_max) : row_groups(ops.offsets, ops.m_total);
   const std::vector<double> ta = decode_table(spec.a_format), tb = decode_table(spec.b_format);
 
   GemmRows out;
@@ -48,19 +68,22 @@ GemmRows gemm_reference(const GemmSpec& spec, const GemmOperands& ops, std::span
     out.group[i] = owner[size_t(rows[i])];
   }
 
+  const int64_t k32 = k / 32;
   auto a_scale = [&](int64_t r, int64_t kk, int g) -> double {
     switch (spec.scaling) {
-      case GemmScaling::PerTensor: return ops.a_scale[size_t(g)];
-      case GemmScaling::RowChannel: return ops.a_scale[size_t(r)];
-      case GemmScaling::Block128: return ops.a_scale[size_t(r * kb + kk / 128)];
+      case GemmScaling::PerTensor: return scale_at(spec, ops.a_scale, g);
+      case GemmScaling::RowChannel: return scale_at(spec, ops.a_scale, r);
+      case GemmScaling::Block128: return scale_at(spec, ops.a_scale, r * kb + kk / 128);
+      case GemmScaling::Mx32: return scale_at(spec, ops.a_scale, r * k32 + kk / 32);
     }
     return 0;
   };
   auto b_scale = [&](int g, int64_t col, int64_t kk) -> double {
     switch (spec.scaling) {
-      case GemmScaling::PerTensor: return ops.b_scale[size_t(g)];
-      case GemmScaling::RowChannel: return ops.b_scale[size_t(int64_t(g) * n + col)];
-      case GemmScaling::Block128: return ops.b_scale[size_t((int64_t(g) * nb + col / 128) * kb + kk / 128)];
+      case GemmScaling::PerTensor: return scale_at(spec, ops.b_scale, g);
+      case GemmScaling::RowChannel: return scale_at(spec, ops.b_scale, int64_t(g) * n + col);
+      case GemmScaling::Block128: return scale_at(spec, ops.b_scale, (int64_t(g) * nb + col / 128) * kb + kk / 128);
+      case GemmScaling::Mx32: return scale_at(spec, ops.b_scale, (int64_t(g) * n + col) * k32 + kk / 32);
     }
     return 0;
   };
@@ -108,7 +131,7 @@ GemmTolerance gemm_tolerance(const GemmSpec& spec) {
   // multiplies; fp32: a few fp32 roundings (scale products, epilogue multiplies, promotion fma).
   t.out_rel = spec.out_dtype == DType::BF16 ? std::ldexp(1.0, -8) : std::ldexp(1.0, -20);
   // Tensor-core accumulation of fp8 products keeps fewer bits than fp32 (about 13-14 below the
-  // largest addend); with promotion the error stays inside one k-block of 128.
+  // largest addend); with promotion the error stays inside one k-block of 128 (or 32).
   t.acc_rel = spec.fast_accum ? std::ldexp(1.0, -9) : std::ldexp(1.0, -12);
   return t;
 }

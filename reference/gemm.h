@@ -26,10 +26,12 @@ namespace qf::ref {
 struct GemmOperands {
   std::span<const uint8_t> a;          // fp8 [m_total, K]
   std::span<const uint8_t> b;          // fp8 [G, N, K]
-  std::span<const float> a_scale;      // per scaling (runtime/gemm.h gemm_scale_elems)
-  std::span<const float> b_scale;
+  std::span<const uint8_t> a_scale;    // raw bytes in the kernel's layout: fp32 or e8m0 elements
+  std::span<const uint8_t> b_scale;    // per scaling (runtime/gemm.h gemm_scale_elems)
   std::span<const float> alpha;        // empty: 1 for every group
-  std::span<const int64_t> offsets;    // [G + 1]
+  std::span<const int64_t> offsets;    // contiguous layout: [G + 1]
+  std::span<const int64_t> counts;     // masked layout (m_max > 0): [G]
+  int64_t m_max = 0;
   int64_t m_total = 0;
 };
 
@@ -43,6 +45,8 @@ struct GemmRows {
 // The group of every row as the kernel assigns them: offsets clamped to [0, m_total], group g
 // owns [offsets[g], max(offsets[g], offsets[g+1])); -1 for rows no group owns.
 std::vector<int> row_groups(std::span<const int64_t> offsets, int64_t m_total);
+// Masked layout: group g owns rows [g * m_max, g * m_max + clamp(counts[g], 0, m_max)).
+std::vector<int> masked_row_groups(std::span<const int64_t> counts, int64_t m_max);
 
 // Reference values of the given rows (all N columns), computed on `threads` threads (0: all
 // hardware threads).

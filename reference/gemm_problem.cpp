@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <random>
 #include <thread>
 
@@ -67,40 +68,39 @@ GemmOperands GemmProblem::operands() const {
   o.b_scale = b_scale;
   o.alpha = alpha;
   o.offsets = offsets;
+  o.counts = counts;
+  o.m_max = m_max;
   o.m_total = m_total;
   return o;
 }
 
-GemmProblem make_gemm_problem(const GemmSpec& spec, std::span<const int64_t> group_rows, int64_t trailing_rows,
-                              GemmValues values, bool with_alpha, uint64_t seed, int threads) {
-  validate(spec);
-  QF_CHECK(!group_rows.empty() && trailing_rows >= 0, "at least one group");
-  if (threads <= 0) threads = int(std::max(1u, std::thread::hardware_concurrency()));
-  GemmProblem p;
-  const int64_t g = int64_t(group_rows.size()), n = spec.n, k = spec.k;
-  p.offsets.push_back(0);
-  for (int64_t r : group_rows) {
-    QF_CHECK(r >= 0, "negative group size");
-    p.offsets.push_back(p.offsets.back() + r);
-  }
-  p.m_total = p.offsets.back() + trailing_rows;
+namespace {
+
+// Operands, scales, alpha and the previous output of a problem whose rows and groups are set.
+void fill_problem(const GemmSpec& spec, GemmProblem& p, GemmValues values, bool with_alpha, uint64_t seed,
+                  int threads) {
+  const int64_t g = p.num_groups(), n = spec.n, k = spec.k;
   p.a.resize(size_t(p.m_total * k));
   p.b.resize(size_t(g * n * k));
   fill_bytes(p.a, byte_table(spec.a_format, values, seed * 3 + 1), seed * 5 + 2, threads);
   fill_bytes(p.b, byte_table(spec.b_format, values, seed * 7 + 3), seed * 11 + 4, threads);
 
   std::mt19937_64 rng(seed * 13 + 5);
-  const int64_t kb = (k + 127) / 128, nb = (n + 127) / 128;
-  int64_t na = 0, nbs = 0;
-  switch (spec.scaling) {
-    case GemmScaling::PerTensor: na = g, nbs = g; break;
-    case GemmScaling::RowChannel: na = p.m_total, nbs = g * n; break;
-    case GemmScaling::Block128: na = p.m_total * kb, nbs = g * nb * kb; break;
-  }
-  p.a_scale.resize(size_t(na));
-  p.b_scale.resize(size_t(nbs));
-  for (auto& s : p.a_scale) s = random_scale(rng, values);
-  for (auto& s : p.b_scale) s = random_scale(rng, values);
+  const GemmScaleElems cnt = gemm_scale_elems(spec, p.m_total, g);
+  const GemmScalingTraits& st = traits(spec.scaling);
+  auto fill_scales = [&](std::vector<uint8_t>& out, int64_t count) {
+    out.resize(size_t(count * st.scale_bytes));
+    for (int64_t i = 0; i < count; ++i) {
+      const float v = random_scale(rng, values);
+      if (st.scale_bytes == 1) {
+        out[size_t(i)] = u8(127 + std::ilogb(v));  // the power of two at or below v
+      } else {
+        std::memcpy(&out[size_t(i) * 4], &v, 4);
+      }
+    }
+  };
+  fill_scales(p.a_scale, cnt.a);
+  fill_scales(p.b_scale, cnt.b);
   if (with_alpha) {
     p.alpha.resize(size_t(g));
     std::uniform_real_distribution<float> u(0.5f, 2.0f);
@@ -111,6 +111,36 @@ GemmProblem make_gemm_problem(const GemmSpec& spec, std::span<const int64_t> gro
     std::normal_distribution<float> normal(0.0f, 1.0f);
     for (auto& d : p.d_init) d = values == GemmValues::Random ? normal(rng) : float(int(rng() % 17) - 8);
   }
+}
+
+}  // namespace
+
+GemmProblem make_gemm_problem(const GemmSpec& spec, std::span<const int64_t> group_rows, int64_t trailing_rows,
+                              GemmValues values, bool with_alpha, uint64_t seed, int threads) {
+  validate(spec);
+  QF_CHECK(!group_rows.empty() && trailing_rows >= 0, "at least one group");
+  if (threads <= 0) threads = int(std::max(1u, std::thread::hardware_concurrency()));
+  GemmProblem p;
+  p.offsets.push_back(0);
+  for (int64_t r : group_rows) {
+    QF_CHECK(r >= 0, "negative group size");
+    p.offsets.push_back(p.offsets.back() + r);
+  }
+  p.m_total = p.offsets.back() + trailing_rows;
+  fill_problem(spec, p, values, with_alpha, seed, threads);
+  return p;
+}
+
+GemmProblem make_masked_gemm_problem(const GemmSpec& spec, std::span<const int64_t> counts, int64_t m_max,
+                                     GemmValues values, bool with_alpha, uint64_t seed, int threads) {
+  validate(spec);
+  QF_CHECK(!counts.empty() && m_max > 0, "at least one group slot of m_max > 0 rows");
+  if (threads <= 0) threads = int(std::max(1u, std::thread::hardware_concurrency()));
+  GemmProblem p;
+  p.counts.assign(counts.begin(), counts.end());
+  p.m_max = m_max;
+  p.m_total = int64_t(counts.size()) * m_max;
+  fill_problem(spec, p, values, with_alpha, seed, threads);
   return p;
 }
 

@@ -2,7 +2,8 @@
 // the kernel reads, for given group sizes.
 //
 //   Values::Random         A, B: fp8 encodings (RNE) of normal samples spread over the format's
-//                          range; scales 2^[-4, 4) * [1, 2); alpha [0.5, 2).
+//                          range; fp32 scales 2^[-4, 4) * [1, 2), e8m0 scales 2^[-4, 4);
+//                          alpha [0.5, 2).
 //   Values::SmallIntegers  A, B in {-2, ..., 2}, scales and alpha powers of two, the previous
 //                          output (accumulation) small integers: every partial sum, scale product
 //                          and epilogue multiply is exact in fp32 (and in the tensor cores'
@@ -17,10 +18,13 @@
 namespace qf::ref {
 
 struct GemmProblem {
-  std::vector<int64_t> offsets;  // [G + 1]
-  int64_t m_total = 0;           // offsets.back() plus any trailing rows outside every group
+  std::vector<int64_t> offsets;  // contiguous layout: [G + 1]
+  std::vector<int64_t> counts;   // masked layout: [G] (empty when contiguous)
+  int64_t m_max = 0;             // masked layout: rows per group slot; 0: contiguous
+  int64_t m_total = 0;           // offsets.back() plus any trailing rows outside every group (G * m_max masked)
+  int num_groups() const { return m_max > 0 ? int(counts.size()) : int(offsets.size()) - 1; }
   std::vector<uint8_t> a, b;     // [m_total, K], [G, N, K]
-  std::vector<float> a_scale, b_scale;
+  std::vector<uint8_t> a_scale, b_scale;  // raw bytes in the kernel's layout (fp32 or e8m0 elements)
   std::vector<float> alpha;      // empty unless requested
   std::vector<float> d_init;     // [m_total, N] previous fp32 output, when the spec accumulates
   GemmOperands operands() const;
@@ -32,6 +36,10 @@ enum class GemmValues { Random, SmallIntegers };
 // and D belong to no group (the kernel must leave them untouched).
 GemmProblem make_gemm_problem(const GemmSpec& spec, std::span<const int64_t> group_rows, int64_t trailing_rows,
                               GemmValues values, bool with_alpha, uint64_t seed, int threads = 0);
+// Masked layout: G = counts.size() slots of m_max rows; counts[g] may exceed m_max (the kernel
+// clamps) or be negative (clamped to 0).
+GemmProblem make_masked_gemm_problem(const GemmSpec& spec, std::span<const int64_t> counts, int64_t m_max,
+                                     GemmValues values, bool with_alpha, uint64_t seed, int threads = 0);
 
 // Random group sizes summing to `total` (each a multiple of `granule`), with `zero_groups` of them
 // empty (at least one group is non-empty).

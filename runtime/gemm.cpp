@@ -48,17 +48,6 @@ GemmKernel build_gemm_kernel(const GemmSpec& spec, const std::string& arch, Kern
   return k;
 }
 
-GemmScaleElems gemm_scale_elems(const GemmSpec& s, int64_t m_total, int num_groups) {
-  const int64_t g = num_groups, kb = (s.k + 127) / 128, nb = (s.n + 127) / 128;
-  switch (s.scaling) {
-    case GemmScaling::PerTensor: return {g, g};
-    case GemmScaling::RowChannel: return {m_total, g * s.n};
-    case GemmScaling::Block128: return {m_total * kb, g * nb * kb};
-  }
-  QF_CHECK(false, "unknown GemmScaling");
-  return {};
-}
-
 struct Gemm::Loaded {
   GemmKernel kernel;
   std::shared_ptr<const Module> module;
@@ -125,6 +114,18 @@ void Gemm::run(const GemmCall& c, CUstream stream) const {
   if (c.m_total < 0 || c.m_total >= (int64_t(1) << 31))
     throw UserError("m_total", "expected 0 <= m_total < 2^31, got " + std::to_string(c.m_total));
   const int64_t g = c.num_groups, m = c.m_total;
+  const bool masked = c.m_max != 0;
+  if (masked) {
+    if (c.m_max < 0) throw UserError("m_max", "expected > 0 (masked layout) or 0 (contiguous), got " + std::to_string(c.m_max));
+    if (c.m_max > m / g || g * c.m_max != m)
+      throw UserError("m_total", "masked layout: expected num_groups * m_max = " + std::to_string(g) + " * " +
+                                     std::to_string(c.m_max) + ", got " + std::to_string(m));
+    if (c.group_offsets.ptr) throw UserError("group_offsets", "masked layout (m_max > 0) takes group_counts, not group_offsets");
+    check_buffer("group_counts", c.group_counts, g * 8, 8, "int64 [num_groups]");
+  } else {
+    if (c.group_counts.ptr) throw UserError("group_counts", "contiguous layout takes group_offsets; set m_max for the masked layout");
+    check_buffer("group_offsets", c.group_offsets, (g + 1) * 8, 8, "int64 [num_groups + 1]");
+  }
   const int64_t n_units = (s.n + t.block_n - 1) / t.block_n / t.multicast;
   const int64_t units = ((m + t.block_m - 1) / t.block_m + g) * n_units;  // upper bound over any split
   if (units >= (int64_t(1) << 31))
@@ -139,17 +140,16 @@ void Gemm::run(const GemmCall& c, CUstream stream) const {
   check_buffer("d", c.d, m * s.n * ob, 16, shape_d);
   if (c.d.dtype && *c.d.dtype != s.out_dtype) check_dtype("d", c.d, s.out_dtype);
   const GemmScaleElems se = gemm_scale_elems(s, m, c.num_groups);
-  const std::string scaling(traits(s.scaling).name);
-  check_buffer("a_scale", c.a_scale, se.a * 4, 4,
-               "fp32 " + scaling + " scales " + std::string(traits(s.scaling).a_scale_shape));
-  check_buffer("b_scale", c.b_scale, se.b * 4, 4,
-               "fp32 " + scaling + " scales " + std::string(traits(s.scaling).b_scale_shape));
+  const GemmScalingTraits& st = traits(s.scaling);
+  const std::string scales = std::string(st.scale_type) + " " + std::string(st.name) + " scales ";
+  // 4-byte aligned: e8m0 scales are read four at a time.
+  check_buffer("a_scale", c.a_scale, se.a * st.scale_bytes, 4, scales + std::string(st.a_scale_shape));
+  check_buffer("b_scale", c.b_scale, se.b * st.scale_bytes, 4, scales + std::string(st.b_scale_shape));
   if (c.alpha.ptr) check_buffer("alpha", c.alpha, g * 4, 4, "fp32 [num_groups]");
   if (c.max_ctas < 0) throw UserError("max_ctas", "expected >= 0, got " + std::to_string(c.max_ctas));
-  check_buffer("group_offsets", c.group_offsets, (g + 1) * 8, 8, "int64 [num_groups + 1]");
-  const std::pair<const char*, const TensorView*> inputs[] = {{"a", &c.a},           {"b", &c.b},
-                                                              {"a_scale", &c.a_scale}, {"b_scale", &c.b_scale},
-                                                              {"alpha", &c.alpha},   {"group_offsets", &c.group_offsets}};
+  const std::pair<const char*, const TensorView*> inputs[] = {
+      {"a", &c.a},         {"b", &c.b}, {"a_scale", &c.a_scale}, {"b_scale", &c.b_scale},
+      {"alpha", &c.alpha}, masked ? std::pair{"group_counts", &c.group_counts} : std::pair{"group_offsets", &c.group_offsets}};
   for (const auto& [name, v] : inputs) check_disjoint("d", c.d, name, *v);
   if (m == 0) return;  // no rows: nothing to read or write
 
@@ -165,10 +165,12 @@ void Gemm::run(const GemmCall& c, CUstream stream) const {
                               {cuuint64_t(s.k), cuuint64_t(s.n * s.k)},
                               {cuuint32_t(kGemmBlockK), cuuint32_t(t.block_n), 1u});
   args.d = reinterpret_cast<void*>(c.d.ptr);
-  args.a_scale = reinterpret_cast<const float*>(c.a_scale.ptr);
-  args.b_scale = reinterpret_cast<const float*>(c.b_scale.ptr);
+  args.a_scale = reinterpret_cast<const void*>(c.a_scale.ptr);
+  args.b_scale = reinterpret_cast<const void*>(c.b_scale.ptr);
   args.alpha = reinterpret_cast<const float*>(c.alpha.ptr);
   args.group_offsets = reinterpret_cast<const i64*>(c.group_offsets.ptr);
+  args.group_counts = reinterpret_cast<const i64*>(c.group_counts.ptr);
+  args.m_max = c.m_max;
   args.m_total = m;
   args.num_groups = c.num_groups;
 

@@ -6,8 +6,10 @@
 //   gemm.run({.a = ..., .b = ..., .d = ..., .a_scale = ..., .b_scale = ...,
 //             .group_offsets = ..., .m_total = M, .num_groups = G}, stream);
 //
-// Group g owns rows [offsets[g], offsets[g+1]) of A and D (offsets on the device, int64, read by
-// the kernel: no host sync, CUDA-graph safe). Rows of D outside every group are not written.
+// Contiguous layout: group g owns rows [offsets[g], offsets[g+1]) of A and D. Masked layout
+// (inference, e.g. [G, M_max, K] expert buffers): group g owns rows [g * m_max, g * m_max +
+// counts[g]). Offsets and counts live on the device (int64, read by the kernel: no host sync,
+// CUDA-graph safe). Rows of D outside every group are not written.
 #pragma once
 #include <cstdint>
 #include <map>
@@ -34,21 +36,19 @@ struct GemmCall {
   TensorView a;              // fp8 [m_total, K], 16-byte aligned
   TensorView b;              // fp8 [num_groups, N, K], 16-byte aligned
   TensorView d;              // [m_total, N] bf16 or fp32 (the spec's), 16-byte aligned
-  TensorView a_scale;        // fp32, shape per scaling (gemm_scale_elems)
-  TensorView b_scale;        // fp32
+  TensorView a_scale;        // fp32 (e8m0 bytes for mxfp8), shape per scaling (gemm_scale_elems)
+  TensorView b_scale;        // 4-byte aligned
   TensorView alpha;          // optional fp32 [num_groups]
-  TensorView group_offsets;  // int64 [num_groups + 1], on the device
+  TensorView group_offsets;  // contiguous layout: int64 [num_groups + 1], on the device
+  TensorView group_counts;   // masked layout: int64 [num_groups] rows used per group slot, on the
+                             // device (clamped to [0, m_max]); give exactly one of the two
+  int64_t m_max = 0;         // masked layout: rows per group slot (> 0); m_total = num_groups * m_max
   int64_t m_total = 0;       // rows of A and D, < 2^31
   int num_groups = 0;        // 1 .. 2^20
   int max_ctas = 0;          // cap on the persistent CTAs (e.g. to leave SMs to other streams);
                              // 0: one per SM, or as many clusters as fit at once
 };
 
-// Elements of the fp32 scale buffers for this spec (see GemmScaling).
-struct GemmScaleElems {
-  int64_t a = 0, b = 0;
-};
-GemmScaleElems gemm_scale_elems(const GemmSpec& spec, int64_t m_total, int num_groups);
 
 class Gemm {
  public:

@@ -69,6 +69,12 @@ if [ "$MODE" != "quick" ]; then
   bench "tensor promote mc1 ordered" --scaling tensor
   bench "tensor fast 128x128 mc1" --scaling tensor --fast-accum
   bench "tensor fast 128x256 mc1" --scaling tensor --fast-accum --block-n 256
+  bench "mxfp8 128x128 +check" --scaling mxfp8 --check --check-rows 2
+  bench "mxfp8 128x128 uneven" --scaling mxfp8 --uneven
+  bench "mxfp8 64x128 (block_m 64)" --scaling mxfp8 --block-m 64
+  bench "mxfp8 4x8192 N7168 K2048" --scaling mxfp8 --groups 4 --m 8192 --n 7168 --k 2048
+  bench "blockwise masked 3072/4096 +check" --scaling blockwise --m 3072 --m-max 4096 --check --check-rows 2
+  bench "mxfp8 masked 3072/4096" --scaling mxfp8 --m 3072 --m-max 4096
   timeout 120 python3 scripts/gemm_torch_baseline.py --groups 8 --m 4096 --n 4096 --k 7168 --json "$RES" \
     >>"$OUT/bench.txt" 2>&1
 fi

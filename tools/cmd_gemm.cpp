@@ -79,7 +79,7 @@ int cmd_gemm(const Argv& argv) {
   Args args(argv,
             {"--a-format", "--b-format", "--scaling", "--groups", "--m", "--n", "--k", "--splits", "--out",
              "--block-m", "--block-n", "--stages", "--multicast", "--raster", "--arch", "--seed", "--check-rows",
-             "--iters", "--warmup", "--json", "--zero-groups", "--max-ctas", "--ordered"},
+             "--iters", "--warmup", "--json", "--zero-groups", "--max-ctas", "--ordered", "--m-max"},
             {"--accumulate", "--alpha", "--fast-accum", "--uneven", "--source", "--check", "--bench"});
   if (!args.positional().empty()) throw UserError(args.positional()[0], "unexpected argument");
   GemmSpec spec;
@@ -87,7 +87,7 @@ int cmd_gemm(const Argv& argv) {
   spec.b_format = fp8_arg(args, "--b-format");
   const std::string scaling = args.get("--scaling").value_or("blockwise");
   auto sc = parse_gemm_scaling(scaling);
-  if (!sc) throw UserError("--scaling", "expected tensor, rowwise or blockwise, got \"" + scaling + "\"");
+  if (!sc) throw UserError("--scaling", "expected tensor, rowwise, blockwise or mxfp8, got \"" + scaling + "\"");
   spec.scaling = *sc;
   spec.n = args.integer("--n", 4096, 8, int64_t(1) << 24);
   spec.k = args.integer("--k", 7168, 16, int64_t(1) << 24);
@@ -168,7 +168,18 @@ int cmd_gemm(const Argv& argv) {
 
   const auto tg = std::chrono::steady_clock::now();
   const bool with_alpha = args.flag("--alpha");
-  ref::GemmProblem p = ref::make_gemm_problem(spec, rows, 0, ref::GemmValues::Random, with_alpha, seed);
+  // --m-max: masked layout [G, m_max, K]; the group sizes become the per-slot counts.
+  const int64_t m_max = args.integer("--m-max", 0, 0, int64_t(1) << 30);
+  ref::GemmProblem p = m_max > 0 ? ref::make_masked_gemm_problem(spec, rows, m_max, ref::GemmValues::Random, with_alpha, seed)
+                                 : ref::make_gemm_problem(spec, rows, 0, ref::GemmValues::Random, with_alpha, seed);
+  // Rows [first, second) of group g.
+  auto group_range = [&](size_t g) -> std::pair<int64_t, int64_t> {
+    if (m_max == 0) return {p.offsets[g], p.offsets[g + 1]};
+    const int64_t s = int64_t(g) * m_max;
+    return {s, s + std::clamp<int64_t>(rows[g], 0, m_max)};
+  };
+  int64_t used_rows = 0;
+  for (size_t g = 0; g < rows.size(); ++g) used_rows += group_range(g).second - group_range(g).first;
   const int64_t m_total = p.m_total, ob = traits(spec.out_dtype).bytes;
   std::cout << "operands generated in "
             << std::chrono::duration<double>(std::chrono::steady_clock::now() - tg).count() << " s\n";
@@ -179,9 +190,9 @@ int cmd_gemm(const Argv& argv) {
     return b;
   };
   rt::DeviceBuffer da = upload(p.a.data(), p.a.size()), db = upload(p.b.data(), p.b.size());
-  rt::DeviceBuffer dsa = upload(p.a_scale.data(), p.a_scale.size() * 4), dsb = upload(p.b_scale.data(), p.b_scale.size() * 4);
+  rt::DeviceBuffer dsa = upload(p.a_scale.data(), p.a_scale.size()), dsb = upload(p.b_scale.data(), p.b_scale.size());
   rt::DeviceBuffer dal = with_alpha ? upload(p.alpha.data(), p.alpha.size() * 4) : rt::DeviceBuffer();
-  rt::DeviceBuffer doff = upload(p.offsets.data(), p.offsets.size() * 8);
+  rt::DeviceBuffer doff = m_max > 0 ? upload(p.counts.data(), p.counts.size() * 8) : upload(p.offsets.data(), p.offsets.size() * 8);
   rt::DeviceBuffer dd(std::max<size_t>(size_t(m_total * spec.n * ob), 16));
   auto reset_d = [&] {
     if (spec.accumulate) dd.upload(p.d_init.data(), p.d_init.size() * 4);
@@ -192,7 +203,8 @@ int cmd_gemm(const Argv& argv) {
   rt::GemmCall call;
   call.a = view(da), call.b = view(db), call.d = view(dd), call.a_scale = view(dsa), call.b_scale = view(dsb);
   if (with_alpha) call.alpha = view(dal);
-  call.group_offsets = view(doff);
+  if (m_max > 0) call.group_counts = view(doff), call.m_max = m_max;
+  else call.group_offsets = view(doff);
   call.m_total = m_total;
   call.num_groups = int(rows.size());
   call.max_ctas = int(args.integer("--max-ctas", 0, 0, 1 << 20));
@@ -210,7 +222,8 @@ int cmd_gemm(const Argv& argv) {
                            {"tile", {{"block_m", spec.tile.block_m}, {"block_n", spec.tile.block_n},
                                      {"stages", spec.tile.stages}, {"multicast", spec.tile.multicast},
                                      {"raster_m", spec.tile.raster_m}}},
-                           {"groups", rows}};
+                           {"groups", rows},
+                           {"layout", m_max > 0 ? "masked" : "contiguous"}};
   int rc = 0;
   if (args.flag("--check")) {
     // Rows: each group's first and last, its tile boundaries around 128, and random ones.
@@ -218,7 +231,7 @@ int cmd_gemm(const Argv& argv) {
     std::mt19937_64 rng(seed + 99);
     std::vector<int64_t> check;
     for (size_t g = 0; g < rows.size(); ++g) {
-      const int64_t s = p.offsets[g], e = p.offsets[g + 1];
+      const auto [s, e] = group_range(g);
       if (e == s) continue;
       for (int64_t r : {s, e - 1, s + 127, s + 128}) if (r >= s && r < e) check.push_back(r);
       for (int i = 0; i < per_group; ++i) check.push_back(s + int64_t(rng() % uint64_t(e - s)));
@@ -277,7 +290,7 @@ int cmd_gemm(const Argv& argv) {
       ms.push_back(rt::Event::elapsed_ms(e0, e1));
     }
     const double t = median(ms);
-    const double flops = 2.0 * double(p.offsets.back()) * double(spec.n) * double(spec.k);
+    const double flops = 2.0 * double(used_rows) * double(spec.n) * double(spec.k);
     std::printf("bench: median %.3f ms over %d runs (min %.3f), %.1f TFLOP/s\n", t, iters,
                 *std::min_element(ms.begin(), ms.end()), flops / (t * 1e-3) / 1e12);
     result["bench"] = {{"median_ms", t}, {"min_ms", *std::min_element(ms.begin(), ms.end())}, {"tflops", flops / (t * 1e-3) / 1e12}};

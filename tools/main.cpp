@@ -34,15 +34,16 @@ commands:
        [--shape MxK] [--ms MS] [--dry-run]
                                     time candidate tiles of each plan on GPU 0 and store the
                                     fastest in the kernel cache (used by later loads)
-  gemm [--scaling tensor|rowwise|blockwise] [--a-format e4m3|e5m2] [--b-format e4m3|e5m2]
+  gemm [--scaling tensor|rowwise|blockwise|mxfp8] [--a-format e4m3|e5m2] [--b-format e4m3|e5m2]
        [--groups G] [--m M] [--n N] [--k K] [--uneven [--zero-groups Z]] [--splits 3,0,5]
        [--out bf16|fp32] [--accumulate] [--alpha] [--fast-accum]
        [--block-m 64|128] [--block-n 64|128|192|256] [--stages S] [--multicast 1|2] [--raster R]
-       [--ordered on|off] [--max-ctas N]
+       [--ordered on|off] [--max-ctas N] [--m-max M_MAX]
        [--check [--check-rows R]] [--bench [--iters N] [--warmup W]] [--seed S] [--json FILE]
        [--source | --arch sm_90a]
                                     grouped fp8 GEMM on GPU 0 with random operands (G groups of M
-                                    rows, or --splits): --check compares sampled rows with the
+                                    rows, or --splits; --m-max: masked layout [G, M_MAX, K] with
+                                    those as counts): --check compares sampled rows with the
                                     float64 CPU reference, --bench prints TFLOP/s; without a GPU,
                                     --source prints the kernel's CUDA and --arch compiles it
   list [--json]                     list the kernel cache's entries

@@ -2,10 +2,11 @@
 // config struct with named constants (formats, scaling, N, K, output, tile shape) and names
 // gemm_kernel<Cfg>; everything else is here, as ordinary CUDA.
 //
-// Problem (gemm_args.cuh): contiguous M-grouped, D[rows of g] (+)= alpha[g] * A[rows of g] * B[g]^T
+// Problem (gemm_args.cuh): M-grouped, D[rows of g] (+)= alpha[g] * A[rows of g] * B[g]^T
 // with A [m_total, K] and B [G, N, K] K-major fp8 (e4m3 or e5m2, independently), D [m_total, N]
 // bf16 or fp32. Group row ranges come from a device offsets array, read in the kernel, so a
-// launch needs no host sync and can be captured in a CUDA graph.
+// launch needs no host sync and can be captured in a CUDA graph. Layouts: contiguous (offsets
+// [G + 1]) or masked (A [G, m_max, K], counts [G]: group g uses the first counts[g] rows of its slot).
 //
 // Kernel shape (one CTA per SM, persistent):
 //   * warpgroups 0..kConsumers-1 are consumers: each owns 64 rows of the block_m x block_n tile
@@ -39,7 +40,7 @@
 namespace qf {
 
 // Scaling kinds, in the order of GemmScaling in compiler/gemm_codegen.h.
-enum GemmScalingCode : int { kGemmPerTensor = 0, kGemmRowChannel = 1, kGemmBlock128 = 2 };
+enum GemmScalingCode : int { kGemmPerTensor = 0, kGemmRowChannel = 1, kGemmBlock128 = 2, kGemmMx32 = 3 };
 
 constexpr int kGemmBlockK = 128;           // K per stage: one 128-byte swizzle row of fp8
 constexpr u32 kGemmSmemLimit = 232448;     // sm_90 opt-in dynamic shared memory per block
@@ -59,7 +60,7 @@ QF_HD constexpr int gemm_staging_pitch(int epi_cols, int out_bytes) {
 struct GemmSmem {
   u32 a_off, a_stage;      // A stages: block_m rows x 128 bytes each
   u32 b_off, b_stage;      // B stages: block_n rows x 128 bytes each
-  u32 sc_off, sc_stage;    // per-stage scales (block scaling): block_m A scales + 1 B scale
+  u32 sc_off, sc_stage;    // per-stage scales (gemm_stage_scale_bytes)
   u32 staging_off, staging_wg;  // epilogue staging, one region per consumer warpgroup
   u32 col_off;             // per-column scales, block_n floats per consumer warpgroup
   u32 bar_off;             // full[stages], empty[stages], turn[2] mbarriers
@@ -68,14 +69,23 @@ struct GemmSmem {
 
 QF_HD constexpr u32 gemm_align_up(u32 v, u32 a) { return (v + a - 1) / a * a; }
 
+// Bytes of one stage's scale slot: 1x128 blocks: block_m A scales and the tile's B scale (fp32,
+// padded to 16 bytes); MX: the fp32 factors of the stage's four 32-wide k-steps, [4][block_m]
+// for A then [4][block_n] for B; none for the other kinds.
+QF_HD constexpr u32 gemm_stage_scale_bytes(int scaling, int block_m, int block_n) {
+  return scaling == kGemmBlock128 ? u32(block_m + 4) * 4u
+         : scaling == kGemmMx32   ? 4u * u32(block_m + block_n) * 4u
+                                  : 0u;
+}
+
 QF_HD constexpr GemmSmem gemm_smem(int block_m, int block_n, int stages, int consumers,
-                                   bool stage_scales, bool col_scales, int out_bytes) {
+                                   int scaling, bool col_scales, int out_bytes) {
   GemmSmem s{};
   s.a_stage = u32(block_m) * 128u;
   s.b_stage = u32(block_n) * 128u;
   s.a_off = 0;
   s.b_off = s.a_off + u32(stages) * s.a_stage;
-  s.sc_stage = stage_scales ? u32(block_m + 4) * 4u : 0u;
+  s.sc_stage = gemm_stage_scale_bytes(scaling, block_m, block_n);
   s.sc_off = s.b_off + u32(stages) * s.b_stage;
   const int epi = gemm_epi_cols(block_n, out_bytes);
   s.staging_wg = 64u * u32(gemm_staging_pitch(epi, out_bytes)) * 4u;
@@ -251,13 +261,16 @@ struct Scheduler {
   static constexpr int kRaster = int(Cfg::kRasterM);
 
   const i64* offsets;
+  const i64* counts;
+  int m_max;
   int m_total;
   int num_groups;
   int g = -1;
   int units_before = 0, units_in_group = 0, g_start = 0, g_end = 0, m_blocks = 0;
 
   __device__ explicit Scheduler(const GemmArgs& a)
-      : offsets(a.group_offsets), m_total(int(a.m_total)), num_groups(a.num_groups) {}
+      : offsets(a.group_offsets), counts(a.group_counts), m_max(int(a.m_max)), m_total(int(a.m_total)),
+        num_groups(a.num_groups) {}
 
   __device__ int clamp_row(i64 r) const { return r < 0 ? 0 : (r > m_total ? m_total : int(r)); }
 
@@ -266,9 +279,15 @@ struct Scheduler {
     while (unit >= units_before + units_in_group) {
       units_before += units_in_group;
       if (++g >= num_groups) return false;
-      g_start = clamp_row(offsets[g]);
-      g_end = clamp_row(offsets[g + 1]);
-      if (g_end < g_start) g_end = g_start;
+      if (m_max > 0) {  // masked: a slot of m_max rows per group, the first counts[g] used
+        const i64 c = counts[g];
+        g_start = g * m_max;
+        g_end = g_start + (c < 0 ? 0 : (c > m_max ? m_max : int(c)));
+      } else {
+        g_start = clamp_row(offsets[g]);
+        g_end = clamp_row(offsets[g + 1]);
+        if (g_end < g_start) g_end = g_start;
+      }
       m_blocks = (g_end - g_start + kBM - 1) / kBM;
       units_in_group = m_blocks * kNUnits;
     }
@@ -298,12 +317,15 @@ struct Scheduler {
 //                  released (kStageScales only);
 //   promote()      per k-block, with Cfg::kPromote: total += partial * factor (fp32, fused);
 //   row_factor()   the epilogue factor of a fragment row (times col factor when kColScales).
-// MXFP8 (per-32 promotion with per-column B scales) and NVFP4 (on-chip dequantization) slot in
-// as further policies.
+//   kSteps         promotions per k-block: 1, or 4 (one per 32 of K: the consumer keeps two
+//                  partial sums and promotes one while the tensor cores fill the other);
+//   kScaleWriters  producer threads (warps 1..3 of the producer warpgroup) that write the stage's
+//                  scale slot with write_scales() and arrive on its full barrier (0: none).
 
 // One fp32 scale per group for A and for B: D = alpha * sa * sb * sum(a * b).
 struct PerTensorScaling {
   static constexpr bool kStageScales = false, kColScales = false;
+  static constexpr int kSteps = 1, kScaleWriters = 0;
   struct Tile {
     float factor;
   };
@@ -311,7 +333,7 @@ struct PerTensorScaling {
   __device__ static void produce(const GemmArgs&, const TileInfo&, int, int, u32) {}
   template <class Cfg>
   __device__ static Tile begin(const GemmArgs& a, const TileInfo& t, const Frag&) {
-    float f = a.a_scale[t.group] * a.b_scale[t.group];
+    float f = static_cast<const float*>(a.a_scale)[t.group] * static_cast<const float*>(a.b_scale)[t.group];
     if (a.alpha) f = f * a.alpha[t.group];
     return {f};
   }
@@ -332,6 +354,7 @@ struct PerTensorScaling {
 // D[r, n] = alpha * sa[r] * sb[g, n] * sum(a * b).
 struct RowChannelScaling {
   static constexpr bool kStageScales = false, kColScales = true;
+  static constexpr int kSteps = 1, kScaleWriters = 0;
   struct Tile {
     float row[2];
     float col[2];  // block_n <= 256: two columns per thread
@@ -346,13 +369,13 @@ struct RowChannelScaling {
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
       const int r = t.row0 + f.row + 8 * h;
-      s.row[h] = r < int(a.m_total) ? a.a_scale[r] * alpha : 0.0f;
+      s.row[h] = r < int(a.m_total) ? static_cast<const float*>(a.a_scale)[r] * alpha : 0.0f;
     }
 #pragma unroll
     for (int i = 0; i < 2; ++i) {
       const int c = f.tid + 128 * i;
       const bool ok = c < int(Cfg::kBlockN) && t.n0 + c < int(Cfg::kN);
-      s.col[i] = ok ? a.b_scale[i64(t.group) * Cfg::kN + t.n0 + c] : 0.0f;
+      s.col[i] = ok ? static_cast<const float*>(a.b_scale)[i64(t.group) * Cfg::kN + t.n0 + c] : 0.0f;
     }
     return s;
   }
@@ -378,6 +401,7 @@ struct RowChannelScaling {
 // main += partial * (sa[r, kb] * sb[g, n/128, kb]); D = alpha * main.
 struct Block128Scaling {
   static constexpr bool kStageScales = true, kColScales = false;
+  static constexpr int kSteps = 1, kScaleWriters = 0;
   struct Tile {
     float alpha;
   };
@@ -386,15 +410,17 @@ struct Block128Scaling {
   __device__ static void produce(const GemmArgs& a, const TileInfo& t, int kb, int lane, u32 dst) {
     constexpr i64 kKb = (Cfg::kK + 127) / 128;
     constexpr i64 kNb = (Cfg::kN + 127) / 128;
+    const float* sa = static_cast<const float*>(a.a_scale);
 #pragma unroll
     for (int ii = 0; ii < int(Cfg::kBlockM) / 32; ++ii) {
       const int i = ii * 32 + lane;
       const int r = t.row0 + i;
       const bool ok = r < int(a.m_total);
-      sm90::cp_async_4(dst + 4u * u32(i), ok ? a.a_scale + i64(r) * kKb + kb : a.a_scale, ok ? 4u : 0u);
+      sm90::cp_async_4(dst + 4u * u32(i), ok ? sa + i64(r) * kKb + kb : sa, ok ? 4u : 0u);
     }
     if (lane == 0)
-      sm90::cp_async_4(dst + 4u * u32(Cfg::kBlockM), a.b_scale + (i64(t.group) * kNb + t.n0 / 128) * kKb + kb, 4u);
+      sm90::cp_async_4(dst + 4u * u32(Cfg::kBlockM),
+                       static_cast<const float*>(a.b_scale) + (i64(t.group) * kNb + t.n0 / 128) * kKb + kb, 4u);
   }
   template <class Cfg>
   __device__ static Tile begin(const GemmArgs& a, const TileInfo& t, const Frag&) {
@@ -424,6 +450,68 @@ struct Block128Scaling {
   }
 };
 
+// OCP MX (MXFP8): an e8m0 scale per 32 consecutive K of every row of A ([m_total, K/32] bytes,
+// the quantize kernels' compact rowwise scale layout) and of every row of B[g] ([G, N, K/32]).
+// The factor changes every 32 of K and per row and column, so every 32-wide k-step is promoted:
+// main += (partial * sb[n, step]) * sa[r, step] (both powers of two: the multiply is exact, the
+// fma rounds once). Three producer warps turn a stage's scale bytes into fp32 factors in its
+// slot, [4][block_m] A then [4][block_n] B, so a consumer reads ready factors. K % 128 == 0
+// (one u32 of four scales per row per stage).
+struct Mx32Scaling {
+  static constexpr bool kStageScales = false, kColScales = false;
+  static constexpr int kSteps = 4, kScaleWriters = 96;
+  struct Tile {
+    float alpha;
+  };
+  // Thread `w` of kScaleWriters fills the slot of k-block kb of tile t.
+  template <class Cfg>
+  __device__ static void write_scales(const GemmArgs& a, const TileInfo& t, int kb, int w, float* slot) {
+    static_assert(Cfg::kK % 128 == 0, "MX scales: K % 128 == 0");
+    constexpr int kBM = int(Cfg::kBlockM), kBN = int(Cfg::kBlockN);
+    constexpr i64 kRowBytes = Cfg::kK / 32;
+    const u8* sa = static_cast<const u8*>(a.a_scale);
+    const u8* sb = static_cast<const u8*>(a.b_scale);
+    for (int i = w; i < kBM + kBN; i += kScaleWriters) {
+      u32 e4 = 0;  // rows past m_total and columns past N: factor 2^-127, their products are never stored
+      float* dst;
+      if (i < kBM) {
+        const int r = t.row0 + i;
+        if (r < int(a.m_total)) e4 = *reinterpret_cast<const u32*>(sa + i64(r) * kRowBytes + 4 * kb);
+        dst = slot + i;
+      } else {
+        const int c = t.n0 + i - kBM;
+        if (c < int(Cfg::kN)) e4 = *reinterpret_cast<const u32*>(sb + (i64(t.group) * Cfg::kN + c) * kRowBytes + 4 * kb);
+        dst = slot + 4 * kBM + (i - kBM);
+      }
+      const int pitch = i < kBM ? kBM : kBN;
+#pragma unroll
+      for (int k = 0; k < 4; ++k) dst[k * pitch] = e8m0_decode(u8(e4 >> (8 * k)));
+    }
+  }
+  template <class Cfg>
+  __device__ static Tile begin(const GemmArgs& a, const TileInfo& t, const Frag&) {
+    return {a.alpha ? a.alpha[t.group] : 1.0f};
+  }
+  template <class Cfg>
+  __device__ static void store_cols(const Tile&, float*, const Frag&) {}
+  __device__ static float row_factor(const Tile& s, int) { return s.alpha; }
+  // Promotes the partial sum of k-step `step` of the stage whose slot is `slot`.
+  template <class Cfg, int kAcc>
+  __device__ static void promote_step(float* total, const float* acc, const float* slot, int step, const Frag& f) {
+    constexpr int kBM = int(Cfg::kBlockM), kBN = int(Cfg::kBlockN);
+    const float r0 = slot[step * kBM + f.row], r1 = slot[step * kBM + f.row + 8];
+    const float* cols = slot + 4 * kBM + step * kBN + 2 * (f.lane & 3);
+#pragma unroll
+    for (int j = 0; j < kAcc / 4; ++j) {
+      const float2 c = *reinterpret_cast<const float2*>(cols + 8 * j);
+      total[4 * j + 0] = fmaf(acc[4 * j + 0] * c.x, r0, total[4 * j + 0]);
+      total[4 * j + 1] = fmaf(acc[4 * j + 1] * c.y, r0, total[4 * j + 1]);
+      total[4 * j + 2] = fmaf(acc[4 * j + 2] * c.x, r1, total[4 * j + 2]);
+      total[4 * j + 3] = fmaf(acc[4 * j + 3] * c.y, r1, total[4 * j + 3]);
+    }
+  }
+};
+
 // ------------------------------------------------------------------ the kernel
 
 template <class Cfg>
@@ -440,13 +528,15 @@ struct Traits {
   static constexpr int kEpiCols = gemm_epi_cols(kBN, kOutBytes);
   static constexpr int kPitch = gemm_staging_pitch(kEpiCols, kOutBytes);
   static constexpr GemmSmem kSmem =
-      gemm_smem(kBM, kBN, kStages, kConsumers, Scaling::kStageScales, Scaling::kColScales, kOutBytes);
+      gemm_smem(kBM, kBN, kStages, kConsumers, int(Cfg::kScaling), Scaling::kColScales, kOutBytes);
   static constexpr u32 kTxBytes = u32(kBM + kBN) * 128u;
-  static constexpr u32 kFullArrivals = Scaling::kStageScales ? 1u + 32u : 1u;
+  static constexpr u32 kFullArrivals = 1u + (Scaling::kStageScales ? 32u : 0u) + u32(Scaling::kScaleWriters);
   static constexpr u32 kEmptyArrivals = u32(kConsumers * 4 * kMc);
   // Registers per thread after setmaxnreg (2 or 3 consumer warpgroups; one keeps its entry count).
-  static constexpr u32 kProducerRegs = kConsumers == 3 ? 24 : 40;
-  static constexpr u32 kConsumerRegs = kConsumers == 3 ? 160 : 232;
+  // Per-32 promotion keeps three accumulators: its consumers take 240 (2 x 128 x 240 + 128 x 32 =
+  // the SM's 64 K registers).
+  static constexpr u32 kProducerRegs = kConsumers == 3 ? 24 : Scaling::kSteps > 1 ? 32 : 40;
+  static constexpr u32 kConsumerRegs = kConsumers == 3 ? 160 : Scaling::kSteps > 1 ? 240 : 232;
 
   static_assert(kBM == 64 * kConsumers, "one consumer warpgroup per 64 rows");
   static_assert(kBN % 64 == 0 && kBN <= 256, "block_n: 64, 128, 192 or 256");
@@ -459,6 +549,8 @@ struct Traits {
   static_assert(u32(Cfg::kSmemBytes) == kSmem.total && kSmem.total <= kGemmSmemLimit, "shared memory");
   static_assert(kBN % kEpiCols == 0, "epilogue passes");
   static_assert(!Cfg::kOrderedIssue || kConsumers == 2, "ordered issue alternates two warpgroups");
+  static_assert(Scaling::kSteps == 1 || (Scaling::kSteps == 4 && Cfg::kPromote && !Cfg::kOrderedIssue),
+                "per-32 promotion: promoted, unordered");
 };
 
 template <class Cfg>
@@ -497,6 +589,31 @@ __device__ __forceinline__ void producer(const GemmArgs& a, u32 base, u32 rank, 
         S::template produce<Cfg>(a, t, kb, lane, base + T::kSmem.sc_off + u32(stage) * T::kSmem.sc_stage);
         sm90::cp_async_mbar_arrive_noinc(full);
       }
+      if (++stage == T::kStages) stage = 0, phase ^= 1u;
+    }
+  }
+}
+
+// Warps 1..3 of the producer warpgroup (policies with kScaleWriters): fill every stage's scale
+// slot once the consumers have released it, then arrive on its full barrier (release semantics:
+// the consumers' wait on that barrier makes the slot visible).
+template <class Cfg>
+__device__ __forceinline__ void scale_writer(const GemmArgs& a, u8* smem, u32 base, u32 rank, int w) {
+  using T = Traits<Cfg>;
+  using S = typename T::Scaling;
+  Scheduler<Cfg> sched(a);
+  const u32 full0 = base + T::kSmem.bar_off, empty0 = full0 + 8u * T::kStages;
+  int stage = 0;
+  u32 phase = 0;
+  const int stride = int(gridDim.x) / T::kMc;
+  for (int unit = int(blockIdx.x) / T::kMc;; unit += stride) {
+    TileInfo t;
+    if (!sched.get(unit, rank, t)) break;
+    for (int kb = 0; kb < T::kKBlocks; ++kb) {
+      sm90::mbar_wait(empty0 + 8u * stage, phase ^ 1u);
+      S::template write_scales<Cfg>(a, t, kb, w,
+                                    reinterpret_cast<float*>(smem + T::kSmem.sc_off + u32(stage) * T::kSmem.sc_stage));
+      sm90::mbar_arrive(full0 + 8u * stage);
       if (++stage == T::kStages) stage = 0, phase ^= 1u;
     }
   }
@@ -597,53 +714,96 @@ __device__ __forceinline__ void consumer(const GemmArgs& a, u8* smem, u32 base, 
       for (int i = 0; i < T::kAcc; ++i) total[i] = 0.0f;
     }
     int prev_stage = 0;
-    for (int kb = 0; kb < T::kKBlocks; ++kb) {
-      sm90::mbar_wait(full0 + 8u * stage, phase);
-      typename S::KBlock kf{};
-      if constexpr (S::kStageScales)
-        kf = S::template kblock<Cfg>(
-            reinterpret_cast<const float*>(smem + T::kSmem.sc_off + u32(stage) * T::kSmem.sc_stage), f);
-      const u64 da = sm90::smem_desc_sw128(base + T::kSmem.a_off + u32(stage) * T::kSmem.a_stage + u32(wg) * 64u * 128u);
-      const u64 db = sm90::smem_desc_sw128(base + T::kSmem.b_off + u32(stage) * T::kSmem.b_stage);
-      if constexpr (Cfg::kOrderedIssue) {
-        sm90::mbar_wait(turn0 + 8u * u32(wg), turn_phase);
-        turn_phase ^= 1u;
-      }
+    if constexpr (S::kSteps > 1) {
+      // Per-32 promotion with two partial sums: step s (32 of K) goes into part[s % 2]; once it is
+      // issued, step s - 1 is waited for (wait_group 1) and promoted while step s runs. A stage is
+      // released after its last step's promotion (which reads the stage's scale slot).
+      float part1[T::kAcc];
+      const float* prev_slot = nullptr;
+      for (int kb = 0; kb < T::kKBlocks; ++kb) {
+        sm90::mbar_wait(full0 + 8u * stage, phase);
+        const float* slot = reinterpret_cast<const float*>(smem + T::kSmem.sc_off + u32(stage) * T::kSmem.sc_stage);
+        const u64 da = sm90::smem_desc_sw128(base + T::kSmem.a_off + u32(stage) * T::kSmem.a_stage + u32(wg) * 64u * 128u);
+        const u64 db = sm90::smem_desc_sw128(base + T::kSmem.b_off + u32(stage) * T::kSmem.b_stage);
 #pragma unroll
-      for (int i = 0; i < T::kAcc; ++i) sm90::fence_reg(acc[i]);
-      sm90::wgmma_fence();
+        for (int k = 0; k < kGemmBlockK / 32; ++k) {
+          float* part = k % 2 == 0 ? acc : part1;
+          float* done = k % 2 == 0 ? part1 : acc;
 #pragma unroll
-      for (int k = 0; k < kGemmBlockK / 32; ++k) {
-        // +32 bytes along K per instruction (2 in the descriptor's 16-byte address units).
-        const int scale_d = Cfg::kPromote ? (k > 0) : (kb > 0 || k > 0);
-        wgmma::mma_m64k32<T::kBN, typename Cfg::AFormat, typename Cfg::BFormat>(acc, da + u64(2 * k),
-                                                                                db + u64(2 * k), scale_d);
+          for (int i = 0; i < T::kAcc; ++i) sm90::fence_reg(part[i]);
+          sm90::wgmma_fence();
+          wgmma::mma_m64k32<T::kBN, typename Cfg::AFormat, typename Cfg::BFormat>(part, da + u64(2 * k),
+                                                                                  db + u64(2 * k), 0);
+          sm90::wgmma_commit();
+          sm90::wgmma_wait<1>();
+#pragma unroll
+          for (int i = 0; i < T::kAcc; ++i) sm90::fence_reg(done[i]);
+          if (k > 0) {
+            S::template promote_step<Cfg, T::kAcc>(total, done, slot, k - 1, f);
+          } else if (kb > 0) {
+            S::template promote_step<Cfg, T::kAcc>(total, done, prev_slot, 3, f);
+            release_stage<Cfg>(empty0 + 8u * prev_stage, lane);
+          }
+        }
+        prev_slot = slot;
+        prev_stage = stage;
+        if (++stage == T::kStages) stage = 0, phase ^= 1u;
       }
-      sm90::wgmma_commit();
-      if constexpr (Cfg::kOrderedIssue) {
-        if (lane == 0) sm90::mbar_arrive(turn0 + 8u * u32(1 - wg));
+      sm90::wgmma_wait<0>();
+#pragma unroll
+      for (int i = 0; i < T::kAcc; ++i) sm90::fence_reg(part1[i]);
+      S::template promote_step<Cfg, T::kAcc>(total, part1, prev_slot, 3, f);
+      release_stage<Cfg>(empty0 + 8u * prev_stage, lane);
+      epilogue<Cfg>(a, t, f, smem, total, ts);
+    } else {
+      for (int kb = 0; kb < T::kKBlocks; ++kb) {
+        sm90::mbar_wait(full0 + 8u * stage, phase);
+        typename S::KBlock kf{};
+        if constexpr (S::kStageScales)
+          kf = S::template kblock<Cfg>(
+              reinterpret_cast<const float*>(smem + T::kSmem.sc_off + u32(stage) * T::kSmem.sc_stage), f);
+        const u64 da = sm90::smem_desc_sw128(base + T::kSmem.a_off + u32(stage) * T::kSmem.a_stage + u32(wg) * 64u * 128u);
+        const u64 db = sm90::smem_desc_sw128(base + T::kSmem.b_off + u32(stage) * T::kSmem.b_stage);
+        if constexpr (Cfg::kOrderedIssue) {
+          sm90::mbar_wait(turn0 + 8u * u32(wg), turn_phase);
+          turn_phase ^= 1u;
+        }
+#pragma unroll
+        for (int i = 0; i < T::kAcc; ++i) sm90::fence_reg(acc[i]);
+        sm90::wgmma_fence();
+#pragma unroll
+        for (int k = 0; k < kGemmBlockK / 32; ++k) {
+          // +32 bytes along K per instruction (2 in the descriptor's 16-byte address units).
+          const int scale_d = Cfg::kPromote ? (k > 0) : (kb > 0 || k > 0);
+          wgmma::mma_m64k32<T::kBN, typename Cfg::AFormat, typename Cfg::BFormat>(acc, da + u64(2 * k),
+                                                                                  db + u64(2 * k), scale_d);
+        }
+        sm90::wgmma_commit();
+        if constexpr (Cfg::kOrderedIssue) {
+          if (lane == 0) sm90::mbar_arrive(turn0 + 8u * u32(1 - wg));
+        }
+        if constexpr (Cfg::kPromote) {
+          sm90::wgmma_wait<0>();
+#pragma unroll
+          for (int i = 0; i < T::kAcc; ++i) sm90::fence_reg(acc[i]);
+          release_stage<Cfg>(empty0 + 8u * stage, lane);
+          S::template promote<T::kAcc>(total, acc, kf);
+        } else {
+          sm90::wgmma_wait<1>();  // the previous k-block's MMAs are done: release its stage
+          if (kb > 0) release_stage<Cfg>(empty0 + 8u * prev_stage, lane);
+        }
+        prev_stage = stage;
+        if (++stage == T::kStages) stage = 0, phase ^= 1u;
       }
       if constexpr (Cfg::kPromote) {
+        epilogue<Cfg>(a, t, f, smem, total, ts);
+      } else {
         sm90::wgmma_wait<0>();
 #pragma unroll
         for (int i = 0; i < T::kAcc; ++i) sm90::fence_reg(acc[i]);
-        release_stage<Cfg>(empty0 + 8u * stage, lane);
-        S::template promote<T::kAcc>(total, acc, kf);
-      } else {
-        sm90::wgmma_wait<1>();  // the previous k-block's MMAs are done: release its stage
-        if (kb > 0) release_stage<Cfg>(empty0 + 8u * prev_stage, lane);
+        release_stage<Cfg>(empty0 + 8u * prev_stage, lane);
+        epilogue<Cfg>(a, t, f, smem, acc, ts);
       }
-      prev_stage = stage;
-      if (++stage == T::kStages) stage = 0, phase ^= 1u;
-    }
-    if constexpr (Cfg::kPromote) {
-      epilogue<Cfg>(a, t, f, smem, total, ts);
-    } else {
-      sm90::wgmma_wait<0>();
-#pragma unroll
-      for (int i = 0; i < T::kAcc; ++i) sm90::fence_reg(acc[i]);
-      release_stage<Cfg>(empty0 + 8u * prev_stage, lane);
-      epilogue<Cfg>(a, t, f, smem, acc, ts);
     }
   }
 }
@@ -682,7 +842,9 @@ __global__ void __launch_bounds__(gemm::Traits<Cfg>::kThreads, 1) gemm_kernel(co
 
   if (wg == T::kConsumers) {
     if constexpr (T::kConsumers > 1) sm90::setmaxnreg_dec<T::kProducerRegs>();
-    if (threadIdx.x / 32 == u32(T::kConsumers * 4)) gemm::producer<Cfg>(a, base, rank, int(threadIdx.x % 32));
+    const int pw = int(threadIdx.x / 32) - T::kConsumers * 4;  // warp in the producer warpgroup
+    if (pw == 0) gemm::producer<Cfg>(a, base, rank, int(threadIdx.x % 32));
+    else if constexpr (T::Scaling::kScaleWriters > 0) gemm::scale_writer<Cfg>(a, smem, base, rank, int(threadIdx.x % 128) - 32);
   } else {
     if constexpr (T::kConsumers > 1) sm90::setmaxnreg_inc<T::kConsumerRegs>();
     gemm::consumer<Cfg>(a, smem, base, rank, wg);

@@ -12,7 +12,8 @@ struct alignas(64) TmaDescriptor {
   u64 opaque[16];
 };
 
-// Contiguous M-grouped GEMM: for every group g with rows [offsets[g], offsets[g+1]),
+// M-grouped GEMM: for every group g with rows [offsets[g], offsets[g+1]) (contiguous layout) or
+// [g * m_max, g * m_max + counts[g]) (masked layout),
 //   D[rows, :] (+)= alpha[g] * dequant(A[rows, :]) * dequant(B[g])^T
 // A is [m_total, K] and B is [G, N, K], both K-major (the quantize kernels' rowwise layout, or
 // their transposed columnwise copies); D is [m_total, N] row-major.
@@ -20,11 +21,18 @@ struct GemmArgs {
   TmaDescriptor a_map;       // A, box [block_m / multicast rows, 128 bytes], 128-byte swizzle
   TmaDescriptor b_map;       // B as [G][N][K], box [1, block_n, 128 bytes], 128-byte swizzle
   void* d;                   // output, bf16 or fp32
-  const float* a_scale;      // per tensor: [G]; per token: [m_total]; 1x128 blocks: [m_total, ceil(K/128)]
-  const float* b_scale;      // per tensor: [G]; per channel: [G, N]; 128x128 blocks: [G, ceil(N/128), ceil(K/128)]
+  // Scales (compiler/gemm_codegen.cpp lists the shapes): fp32 per tensor [G], per token
+  // [m_total], 1x128 blocks [m_total, ceil(K/128)]; e8m0 bytes per 1x32 MX block [m_total, K/32].
+  const void* a_scale;
+  // fp32 per tensor [G], per channel [G, N], 128x128 blocks [G, ceil(N/128), ceil(K/128)]; e8m0
+  // per 1x32 MX block [G, N, K/32].
+  const void* b_scale;
   const float* alpha;        // optional per-group multiplier [G] (null: 1)
-  const i64* group_offsets;  // device [G + 1]; rows outside [0, m_total) are never touched
-  i64 m_total;               // rows of the A and D allocations
+  const i64* group_offsets;  // contiguous layout: device [G + 1]; rows outside [0, m_total) are never touched
+  const i64* group_counts;   // masked layout (m_max > 0): device [G]; group g owns rows
+                             // [g * m_max, g * m_max + clamp(counts[g], 0, m_max))
+  i64 m_max;                 // masked layout: rows per group slot (A [G, m_max, K], D [G, m_max, N]); 0: contiguous
+  i64 m_total;               // rows of the A and D allocations (G * m_max when masked)
   i32 num_groups;
 };
 

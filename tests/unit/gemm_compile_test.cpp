@@ -8,6 +8,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstring>
 #include <regex>
 
 #include "compiler/error.h"
@@ -57,6 +58,9 @@ std::vector<Variant> variants() {
       {"rowwise_fast_fp32_mc2_odd_k", make(S::RowChannel, E4, E5, DType::FP32, false, true, 128, 2, 128, 512, 400)},
       {"block_unordered", ordered(make(S::Block128, E4, E4, DType::BF16, false, false, 128, 1), 1)},
       {"tensor_fast_ordered_bn256", ordered(make(S::PerTensor, E4, E4, DType::BF16, false, true, 256, 1), 2)},
+      {"mxfp8_e4m3_bf16", make(S::Mx32, E4, E4, DType::BF16, false, false, 128, 1)},
+      {"mxfp8_e5m2_e4m3_fp32_acc_mc2", make(S::Mx32, E5, E4, DType::FP32, true, false, 128, 2)},
+      {"mxfp8_bm64_bn64", make(S::Mx32, E4, E4, DType::BF16, false, false, 64, 1, 64)},
   };
 }
 
@@ -98,7 +102,7 @@ TEST(GemmCodegen, ThinConfigOverTheHeader) {
   EXPECT_EQ(src.tile.stages, 5);  // 5 x 32 KiB stages + bf16 staging fit in 227 KiB
   EXPECT_EQ(src.tile.ordered, 2);  // promotion with two consumer warpgroups: ordered issue
   EXPECT_NE(src.source.find("static constexpr bool kOrderedIssue = true;"), std::string::npos);
-  EXPECT_EQ(src.smem_bytes, gemm_smem(128, 128, 5, 2, true, false, 2).total);
+  EXPECT_EQ(src.smem_bytes, gemm_smem(128, 128, 5, 2, kGemmBlock128, false, 2).total);
   // Same spec, same source; a different N, a different source.
   GemmSpec s2 = make(GemmScaling::Block128, ElemFormat::E4M3, ElemFormat::E5M2, DType::BF16, false, false, 128, 0);
   EXPECT_EQ(emit_gemm(s2).source, src.source);
@@ -171,6 +175,12 @@ TEST(GemmCodegen, SpecErrorsNameTheField) {
   expect_spec_error(s, "tile.ordered", "block_m 128");
   s = ok, s.tile.stages = 7;
   expect_spec_error(s, "tile.stages", "bytes of shared memory");
+  s = ok, s.scaling = GemmScaling::Mx32, s.k = 7168 + 32;
+  expect_spec_error(s, "k", "mxfp8 scaling reads the scales of 128 of K at once: expected a multiple of 128, got 7200");
+  s = ok, s.scaling = GemmScaling::Mx32, s.fast_accum = true;
+  expect_spec_error(s, "fast_accum", "every 32 of K is promoted");
+  s = ok, s.scaling = GemmScaling::Mx32, s.tile.ordered = 2;
+  expect_spec_error(s, "tile.ordered", "not supported");
 }
 
 TEST(GemmRuntime, ArgumentErrorsNameTheArgument) {
@@ -223,6 +233,47 @@ TEST(GemmRuntime, ArgumentErrorsNameTheArgument) {
   expect_error(x, "argument group_offsets");
   x = c, x.d = buf(0x100000 + 64, 100 * 256 * 2);
   expect_error(x, "argument d: buffer");  // overlaps a
+  // Masked layout: m_total = num_groups * m_max, counts instead of offsets.
+  x = c, x.m_max = 64;
+  expect_error(x, "m_total: masked layout: expected num_groups * m_max = 2 * 64, got 100");
+  x = c, x.m_max = 50;
+  expect_error(x, "group_offsets: masked layout (m_max > 0) takes group_counts");
+  x = c, x.m_max = 50, x.group_offsets = {};
+  expect_error(x, "argument group_counts: null pointer");
+  x = c, x.m_max = 50, x.group_offsets = {}, x.group_counts = buf(0x600000, 8);
+  expect_error(x, "argument group_counts: buffer of 8 bytes");
+  x = c, x.group_counts = buf(0x680000, 16);
+  expect_error(x, "group_counts: contiguous layout takes group_offsets");
+  x = c, x.m_max = -1;
+  expect_error(x, "m_max: expected > 0");
+}
+
+TEST(GemmRuntime, MxScaleBuffersAreE8m0Bytes) {
+  GemmSpec spec = make(GemmScaling::Mx32, ElemFormat::E4M3, ElemFormat::E4M3, DType::BF16, false, false, 0, 0, 128,
+                       256, 256);
+  rt::Gemm gemm(spec);
+  auto buf = [](uint64_t addr, int64_t bytes) { return rt::TensorView{addr, bytes, std::nullopt, {}}; };
+  rt::GemmCall c;
+  c.m_total = 100, c.num_groups = 2;
+  c.a = buf(0x100000, 100 * 256);
+  c.b = buf(0x200000, 2 * 256 * 256);
+  c.d = buf(0x300000, 100 * 256 * 2);
+  c.a_scale = buf(0x400000, 100 * 8 - 1);  // [100, 8] e8m0, one byte short
+  c.b_scale = buf(0x500000, 2 * 256 * 8);
+  c.group_offsets = buf(0x600000, 3 * 8);
+  try {
+    gemm.run(c, nullptr);
+    FAIL() << "no error";
+  } catch (const UserError& e) {
+    EXPECT_NE(std::string(e.what()).find("argument a_scale"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("e8m0 mxfp8 scales [m_total, K/32]"), std::string::npos) << e.what();
+  }
+}
+
+std::vector<uint8_t> fp32_bytes(const std::vector<float>& v) {
+  std::vector<uint8_t> out(v.size() * 4);
+  if (!v.empty()) std::memcpy(out.data(), v.data(), out.size());
+  return out;
 }
 
 TEST(GemmReference, SmallHandComputedCase) {
@@ -232,9 +283,10 @@ TEST(GemmReference, SmallHandComputedCase) {
   std::vector<uint8_t> a(2 * 16), b(8 * 16);
   for (int i = 0; i < 2 * 16; ++i) a[size_t(i)] = encode_rn<E4M3>(float(i % 3) - 1.0f);  // -1, 0, 1
   for (int i = 0; i < 8 * 16; ++i) b[size_t(i)] = encode_rn<E4M3>(float(i % 5) - 2.0f);
-  const std::vector<float> sa = {2.0f}, sb = {0.5f}, alpha = {3.0f};
+  const std::vector<uint8_t> sa = fp32_bytes({2.0f}), sb = fp32_bytes({0.5f});
+  const std::vector<float> alpha = {3.0f};
   const std::vector<int64_t> off = {0, 2};
-  ref::GemmOperands ops{a, b, sa, sb, alpha, off, 2};
+  ref::GemmOperands ops{a, b, sa, sb, alpha, off, {}, 0, 2};
   const std::vector<int64_t> rows = {0, 1};
   const ref::GemmRows r = ref::gemm_reference(spec, ops, rows, 1);
   for (int row = 0; row < 2; ++row)
@@ -258,12 +310,33 @@ TEST(GemmReference, RowGroupsAndBlockScales) {
   GemmSpec spec = make(GemmScaling::Block128, ElemFormat::E4M3, ElemFormat::E4M3, DType::BF16, false, false, 64, 1, 64,
                        8, 256);
   std::vector<uint8_t> a(256, encode_rn<E4M3>(1.0f)), b(8 * 256, encode_rn<E4M3>(1.0f));
-  const std::vector<float> sa = {1.0f, 4.0f}, sb = {2.0f, 8.0f};
+  const std::vector<uint8_t> sa = fp32_bytes({1.0f, 4.0f}), sb = fp32_bytes({2.0f, 8.0f});
   const std::vector<int64_t> off = {0, 1};
   const std::vector<int64_t> rows = {0};
-  const ref::GemmRows r = ref::gemm_reference(spec, ref::GemmOperands{a, b, sa, sb, {}, off, 1}, rows, 2);
+  const ref::GemmRows r = ref::gemm_reference(spec, ref::GemmOperands{a, b, sa, sb, {}, off, {}, 0, 1}, rows, 2);
   for (int n = 0; n < 8; ++n) EXPECT_EQ(r.value[size_t(n)], 4352.0);
   EXPECT_EQ(ref::exact_output(spec, 4352.0, 0.0f), f32_to_bf16(4352.0f));
+}
+
+TEST(GemmReference, MxScalesPer32OfK) {
+  // K = 128 (four 32-blocks), N = 8; A row 0 all ones with e8m0 scales 2^0, 2^1, 2^2, 2^-1; B
+  // row n all ones with scales 2^n in every block: value = 32 * 2^n * (1 + 2 + 4 + 0.5).
+  GemmSpec spec = make(GemmScaling::Mx32, ElemFormat::E4M3, ElemFormat::E4M3, DType::FP32, false, false, 64, 1, 64, 8,
+                       128);
+  std::vector<uint8_t> a(128, encode_rn<E4M3>(1.0f)), b(8 * 128, encode_rn<E4M3>(1.0f));
+  std::vector<uint8_t> sa = {127, 128, 129, 126}, sb(8 * 4);
+  for (int n = 0; n < 8; ++n)
+    for (int kb = 0; kb < 4; ++kb) sb[size_t(n * 4 + kb)] = uint8_t(127 + n);
+  const std::vector<int64_t> off = {0, 1};
+  const std::vector<int64_t> rows = {0};
+  const ref::GemmRows r = ref::gemm_reference(spec, ref::GemmOperands{a, b, sa, sb, {}, off, {}, 0, 1}, rows, 1);
+  for (int n = 0; n < 8; ++n) EXPECT_EQ(r.value[size_t(n)], 32.0 * std::ldexp(1.0, n) * 7.5) << n;
+  // A NaN scale (0xFF) makes its rows NaN.
+  sa[2] = 0xFF;
+  const ref::GemmRows nan = ref::gemm_reference(spec, ref::GemmOperands{a, b, sa, sb, {}, off, {}, 0, 1}, rows, 1);
+  EXPECT_TRUE(std::isnan(nan.value[0]));
+  EXPECT_EQ(gemm_scale_elems(spec, 5, 3).a, 5 * 4);
+  EXPECT_EQ(gemm_scale_elems(spec, 5, 3).b, 3 * 8 * 4);
 }
 
 TEST(GemmProblem, ShapesSplitsAndExactValues) {
@@ -282,14 +355,14 @@ TEST(GemmProblem, ShapesSplitsAndExactValues) {
   EXPECT_EQ(p.m_total, 1024 + 3);
   EXPECT_EQ(p.a.size(), size_t(p.m_total * 128));
   EXPECT_EQ(p.b.size(), size_t(8 * 64 * 128));
-  EXPECT_EQ(p.a_scale.size(), size_t(p.m_total));
-  EXPECT_EQ(p.b_scale.size(), size_t(8 * 64));
+  EXPECT_EQ(p.a_scale.size(), size_t(p.m_total) * 4);  // fp32 bytes
+  EXPECT_EQ(p.b_scale.size(), size_t(8 * 64) * 4);
   EXPECT_EQ(p.d_init.size(), size_t(p.m_total * 64));
   for (uint8_t v : p.a) {
     const float x = decode<E5M2>(v);
     EXPECT_TRUE(x == std::rint(x) && std::fabs(x) <= 2.0f) << x;
   }
-  const rt::GemmScaleElems se = rt::gemm_scale_elems(spec, p.m_total, 8);
+  const GemmScaleElems se = gemm_scale_elems(spec, p.m_total, 8);
   EXPECT_EQ(se.a, p.m_total);
   EXPECT_EQ(se.b, 8 * 64);
   // Deterministic for a seed, whatever the thread count.

@@ -2,11 +2,12 @@
 //
 //   GemmExact   small-integer operands, power-of-two scales and alpha (reference/gemm_problem.h):
 //               every partial sum is exact, so every output element must equal exact_output()
-//               bit for bit; every scaling x format x output x accumulate x tile variant, uneven
+//               bit for bit; every scaling (incl. MXFP8) x format x output x accumulate x tile variant, uneven
 //               groups including empty ones, M, N and K not multiples of the tile, rows after the
 //               last group that must stay untouched (outputs are poisoned with 0xFF first).
 //   GemmRandom  random fp8 operands and scales against the float64 reference within the bound of
 //               gemm_tolerance(), plus the relative Frobenius error; long K, more tiles than SMs.
+//               The masked layout ([G, m_max, K] with device counts) runs through the same checks.
 //   GemmEdge    all groups empty; a second launch gives the same bits.
 #include <gtest/gtest.h>
 
@@ -33,6 +34,7 @@ struct Case {
   std::vector<int64_t> groups;
   int64_t trailing = 0;
   bool alpha = false;
+  int64_t m_max = 0;  // > 0: masked layout, `groups` are the per-slot counts
 };
 void PrintTo(const Case& c, std::ostream* os) { *os << c.name; }
 
@@ -63,18 +65,20 @@ Device to_device(const GemmSpec& spec, const ref::GemmProblem& p) {
   const size_t ob = size_t(traits(spec.out_dtype).bytes);
   d.a = upload(p.a.data(), p.a.size());
   d.b = upload(p.b.data(), p.b.size());
-  d.sa = upload(p.a_scale.data(), p.a_scale.size() * 4);
-  d.sb = upload(p.b_scale.data(), p.b_scale.size() * 4);
+  d.sa = upload(p.a_scale.data(), p.a_scale.size());
+  d.sb = upload(p.b_scale.data(), p.b_scale.size());
   if (!p.alpha.empty()) d.alpha = upload(p.alpha.data(), p.alpha.size() * 4);
-  d.off = upload(p.offsets.data(), p.offsets.size() * 8);
+  if (p.m_max > 0) d.off = upload(p.counts.data(), p.counts.size() * 8);
+  else d.off = upload(p.offsets.data(), p.offsets.size() * 8);
   if (spec.accumulate) d.d = upload(p.d_init.data(), p.d_init.size() * 4);
   else d.d = rt::testing::poisoned_buffer(std::max<size_t>(size_t(p.m_total * spec.n) * ob, 16));
   auto v = [](const DeviceBuffer& b) { return rt::testing::view_of(b); };
   d.call.a = v(d.a), d.call.b = v(d.b), d.call.d = v(d.d), d.call.a_scale = v(d.sa), d.call.b_scale = v(d.sb);
   if (!p.alpha.empty()) d.call.alpha = v(d.alpha);
-  d.call.group_offsets = v(d.off);
+  if (p.m_max > 0) d.call.group_counts = v(d.off), d.call.m_max = p.m_max;
+  else d.call.group_offsets = v(d.off);
   d.call.m_total = p.m_total;
-  d.call.num_groups = int(p.offsets.size()) - 1;
+  d.call.num_groups = p.num_groups();
   return d;
 }
 
@@ -108,7 +112,9 @@ TEST_P(GemmExact, BitExactSmallIntegers) {
   const Case& c = GetParam();
   const GemmSpec& s = c.spec;
   const ref::GemmProblem p =
-      ref::make_gemm_problem(s, c.groups, c.trailing, ref::GemmValues::SmallIntegers, c.alpha, 1234 + c.groups.size());
+      c.m_max > 0
+          ? ref::make_masked_gemm_problem(s, c.groups, c.m_max, ref::GemmValues::SmallIntegers, c.alpha, 99)
+          : ref::make_gemm_problem(s, c.groups, c.trailing, ref::GemmValues::SmallIntegers, c.alpha, 1234 + c.groups.size());
   Device dev = to_device(s, p);
   const std::vector<uint8_t> got = run(s, dev);
 
@@ -165,6 +171,10 @@ std::vector<Case> exact_cases() {
   add("block_unordered_mc2_fp32", spec_of(S::Block128, E4, E5, DType::FP32, false, false, 128, 128, 2, 200, 400, 1));
   add("rowwise_promote_unordered", spec_of(S::RowChannel, E4, E4, DType::BF16, false, false, 128, 128, 1, 200, 400, 1));
   add("tensor_fast_ordered_mc2", spec_of(S::PerTensor, E4, E4, DType::BF16, false, true, 128, 128, 2, 200, 400, 2));
+  // MXFP8: e8m0 scales per 32 of K (K a multiple of 128).
+  add("mxfp8_e4m3_bf16", spec_of(S::Mx32, E4, E4, DType::BF16, false, false, 128, 128, 1, 200, 384));
+  add("mxfp8_e5m2_e4m3_fp32_acc_mc2", spec_of(S::Mx32, E5, E4, DType::FP32, true, false, 128, 128, 2, 256, 512));
+  add("mxfp8_bm64_bn64_fp32", spec_of(S::Mx32, E4, E5, DType::FP32, false, false, 64, 64, 1, 200, 128));
   // One group; K = 16 (one partial k-block); N = 8 (one partial n-block).
   add("block_one_group_tiny", spec_of(S::Block128, E4, E4, DType::BF16, false, false, 128, 128, 1, 8, 16), {3}, 0);
   add("tensor_one_group_tiny_fp32", spec_of(S::PerTensor, E4, E4, DType::FP32, false, true, 128, 128, 1, 8, 16), {130}, 2);
@@ -174,6 +184,15 @@ std::vector<Case> exact_cases() {
   for (size_t i = 0; i < many.size(); ++i) many[i] = int64_t((i * 37) % 190);
   add("block_many_groups", spec_of(S::Block128, E4, E4, DType::BF16, false, false, 128, 128, 1, 1024, 512), many, 3);
   add("block_many_groups_mc2", spec_of(S::Block128, E4, E4, DType::BF16, false, false, 128, 128, 2, 1024, 512), many, 3);
+  // Masked layout [G, m_max, K]: counts with an empty slot, a partial tile, a full slot, one
+  // above m_max (clamped) and one negative (empty); the unused rows of every slot stay untouched.
+  auto masked = [&](std::string name, GemmSpec s, int64_t m_max) {
+    v.push_back({std::move(name), s, {37, 0, 256, 1000, -5, 129}, 0, true, m_max});
+  };
+  masked("masked_block_bf16", spec_of(S::Block128, E4, E4, DType::BF16, false, false, 128, 128, 1, 200, 400), 256);
+  masked("masked_tensor_fast_fp32_acc_mc2", spec_of(S::PerTensor, E4, E5, DType::FP32, true, true, 128, 128, 2, 256, 400), 256);
+  masked("masked_mxfp8_bm64", spec_of(S::Mx32, E4, E4, DType::BF16, false, false, 64, 128, 1, 200, 256), 200);
+  add("mxfp8_many_groups", spec_of(S::Mx32, E4, E4, DType::BF16, false, false, 128, 128, 1, 1024, 512), many, 3);
   add("tensor_many_groups_fast_mc2", spec_of(S::PerTensor, E4, E4, DType::BF16, false, true, 128, 256, 2, 1024, 512),
       many, 3);
   return v;
@@ -254,6 +273,10 @@ std::vector<Case> random_cases() {
                g8, 0, true});
   v.push_back({"tensor_fast_ordered_bf16_k7168", spec_of(S::PerTensor, E5, E4, DType::BF16, false, true, 128, 128, 1, 1024, 7168, 2),
                g8, 0, true});
+  v.push_back({"mxfp8_e4m3_bf16_k7168", spec_of(S::Mx32, E4, E4, DType::BF16, false, false, 128, 128, 1, 1024, 7168),
+               g8, 0, true});
+  v.push_back({"mxfp8_e5m2_e4m3_fp32_acc_k2048", spec_of(S::Mx32, E5, E4, DType::FP32, true, false, 128, 128, 1, 512, 2048),
+               g8, 7, false});
   v.push_back({"rowwise_promote_bf16_k4096", spec_of(S::RowChannel, E4, E5, DType::BF16, false, false, 128, 128, 1, 1024, 4096),
                g8, 0, false});
   return v;
