@@ -260,32 +260,30 @@ struct Scheduler {
   static constexpr int kNUnits = kNBlocks / int(Cfg::kMulticast);
   static constexpr int kRaster = int(Cfg::kRasterM);
 
-  const i64* offsets;
-  const i64* counts;
-  int m_max;
-  int m_total;
-  int num_groups;
+  // The launch arguments stay in the kernel's parameter space (__grid_constant__): the scheduler
+  // keeps only its position in registers, which every role (three accumulators in the consumers,
+  // a 24-40 register producer) needs.
+  const GemmArgs& a;
   int g = -1;
   int units_before = 0, units_in_group = 0, g_start = 0, g_end = 0, m_blocks = 0;
 
-  __device__ explicit Scheduler(const GemmArgs& a)
-      : offsets(a.group_offsets), counts(a.group_counts), m_max(int(a.m_max)), m_total(int(a.m_total)),
-        num_groups(a.num_groups) {}
+  __device__ explicit Scheduler(const GemmArgs& args) : a(args) {}
 
-  __device__ int clamp_row(i64 r) const { return r < 0 ? 0 : (r > m_total ? m_total : int(r)); }
+  __device__ int clamp_row(i64 r) const { return r < 0 ? 0 : (r > a.m_total ? int(a.m_total) : int(r)); }
 
   // Unit -> tile for this CTA (rank in its cluster); false when past the last group.
   __device__ bool get(int unit, u32 rank, TileInfo& t) {
     while (unit >= units_before + units_in_group) {
       units_before += units_in_group;
-      if (++g >= num_groups) return false;
-      if (m_max > 0) {  // masked: a slot of m_max rows per group, the first counts[g] used
-        const i64 c = counts[g];
+      if (++g >= a.num_groups) return false;
+      if (a.m_max > 0) {  // masked: a slot of m_max rows per group, the first counts[g] used
+        const i64 c = a.group_counts[g];
+        const int m_max = int(a.m_max);
         g_start = g * m_max;
         g_end = g_start + (c < 0 ? 0 : (c > m_max ? m_max : int(c)));
       } else {
-        g_start = clamp_row(offsets[g]);
-        g_end = clamp_row(offsets[g + 1]);
+        g_start = clamp_row(a.group_offsets[g]);
+        g_end = clamp_row(a.group_offsets[g + 1]);
         if (g_end < g_start) g_end = g_start;
       }
       m_blocks = (g_end - g_start + kBM - 1) / kBM;
@@ -319,8 +317,9 @@ struct Scheduler {
 //   row_factor()   the epilogue factor of a fragment row (times col factor when kColScales).
 //   kSteps         promotions per k-block: 1, or 4 (one per 32 of K: the consumer keeps two
 //                  partial sums and promotes one while the tensor cores fill the other);
-//   kScaleWriters  producer threads (warps 1..3 of the producer warpgroup) that write the stage's
-//                  scale slot with write_scales() and arrive on its full barrier (0: none).
+//   kScaleWriters  producer threads (warps 1..3 of the producer warpgroup) that write the stages'
+//                  scale slots (load_scales(), store_scales(); one warp per stage, in turn) and
+//                  arrive on its full barrier (0: none).
 
 // One fp32 scale per group for A and for B: D = alpha * sa * sb * sum(a * b).
 struct PerTensorScaling {
@@ -459,33 +458,46 @@ struct Block128Scaling {
 // (one u32 of four scales per row per stage).
 struct Mx32Scaling {
   static constexpr bool kStageScales = false, kColScales = false;
-  static constexpr int kSteps = 4, kScaleWriters = 96;
+  static constexpr int kSteps = 4, kScaleWriters = 96;  // three writer warps
   struct Tile {
     float alpha;
   };
-  // Thread `w` of kScaleWriters fills the slot of k-block kb of tile t.
+  // A stage's scales are written by one warp (stages go round the writer warps): lane l loads
+  // the words of rows / columns l, l + 32, ... (four e8m0 each) before it waits for the stage to
+  // be free, so the loads of one stage overlap the waits of the others.
+  static constexpr int kWriterWarps = kScaleWriters / 32;
   template <class Cfg>
-  __device__ static void write_scales(const GemmArgs& a, const TileInfo& t, int kb, int w, float* slot) {
+  static constexpr int kWords = int(Cfg::kBlockM + Cfg::kBlockN) / 32;
+  template <class Cfg>
+  __device__ static void load_scales(const GemmArgs& a, const TileInfo& t, int kb, int lane, u32* words) {
     static_assert(Cfg::kK % 128 == 0, "MX scales: K % 128 == 0");
-    constexpr int kBM = int(Cfg::kBlockM), kBN = int(Cfg::kBlockN);
+    constexpr int kBM = int(Cfg::kBlockM);
     constexpr i64 kRowBytes = Cfg::kK / 32;
     const u8* sa = static_cast<const u8*>(a.a_scale);
     const u8* sb = static_cast<const u8*>(a.b_scale);
-    for (int i = w; i < kBM + kBN; i += kScaleWriters) {
-      u32 e4 = 0;  // rows past m_total and columns past N: factor 2^-127, their products are never stored
-      float* dst;
+#pragma unroll
+    for (int j = 0; j < kWords<Cfg>; ++j) {
+      const int i = lane + 32 * j;
+      words[j] = 0;  // rows past m_total, columns past N: factor 2^-127, their products are never stored
       if (i < kBM) {
         const int r = t.row0 + i;
-        if (r < int(a.m_total)) e4 = *reinterpret_cast<const u32*>(sa + i64(r) * kRowBytes + 4 * kb);
-        dst = slot + i;
+        if (r < int(a.m_total)) words[j] = *reinterpret_cast<const u32*>(sa + i64(r) * kRowBytes + 4 * kb);
       } else {
         const int c = t.n0 + i - kBM;
-        if (c < int(Cfg::kN)) e4 = *reinterpret_cast<const u32*>(sb + (i64(t.group) * Cfg::kN + c) * kRowBytes + 4 * kb);
-        dst = slot + 4 * kBM + (i - kBM);
+        if (c < int(Cfg::kN)) words[j] = *reinterpret_cast<const u32*>(sb + (i64(t.group) * Cfg::kN + c) * kRowBytes + 4 * kb);
       }
+    }
+  }
+  template <class Cfg>
+  __device__ static void store_scales(const u32* words, int lane, float* slot) {
+    constexpr int kBM = int(Cfg::kBlockM), kBN = int(Cfg::kBlockN);
+#pragma unroll
+    for (int j = 0; j < kWords<Cfg>; ++j) {
+      const int i = lane + 32 * j;
+      float* dst = i < kBM ? slot + i : slot + 4 * kBM + (i - kBM);
       const int pitch = i < kBM ? kBM : kBN;
 #pragma unroll
-      for (int k = 0; k < 4; ++k) dst[k * pitch] = e8m0_decode(u8(e4 >> (8 * k)));
+      for (int k = 0; k < 4; ++k) dst[k * pitch] = e8m0_decode(u8(words[j] >> (8 * k)));
     }
   }
   template <class Cfg>
@@ -530,15 +542,17 @@ struct Traits {
   static constexpr GemmSmem kSmem =
       gemm_smem(kBM, kBN, kStages, kConsumers, int(Cfg::kScaling), Scaling::kColScales, kOutBytes);
   static constexpr u32 kTxBytes = u32(kBM + kBN) * 128u;
-  static constexpr u32 kFullArrivals = 1u + (Scaling::kStageScales ? 32u : 0u) + u32(Scaling::kScaleWriters);
+  static constexpr u32 kFullArrivals = 1u + (Scaling::kStageScales || Scaling::kScaleWriters ? 32u : 0u);
   static constexpr u32 kEmptyArrivals = u32(kConsumers * 4 * kMc);
   // Registers per thread after setmaxnreg (2 or 3 consumer warpgroups; one keeps its entry count).
-  // Per-32 promotion keeps three accumulators: its consumers take 240 (2 x 128 x 240 + 128 x 32 =
-  // the SM's 64 K registers).
-  static constexpr u32 kProducerRegs = kConsumers == 3 ? 24 : Scaling::kSteps > 1 ? 32 : 40;
-  static constexpr u32 kConsumerRegs = kConsumers == 3 ? 160 : Scaling::kSteps > 1 ? 240 : 232;
+  // The pool is the launch's 168 x 384 registers (setmaxnreg.inc waits until the pool has them):
+  // 2 x 232 + 40 = 504 = 3 x 168. Per-32 promotion keeps three accumulators: 2 x 240 + 24.
+  static constexpr u32 kProducerRegs = kConsumers == 3 ? 24 : 40;
+  static constexpr u32 kConsumerRegs = kConsumers == 3 ? 160 : 232;
 
   static_assert(kBM == 64 * kConsumers, "one consumer warpgroup per 64 rows");
+  static_assert(kConsumers == 1 || kConsumers * kConsumerRegs + kProducerRegs <= (kConsumers + 1) * (65536 / kThreads / 8 * 8),
+                "the setmaxnreg split must fit the launch's register pool (or the increase never returns)");
   static_assert(kBN % 64 == 0 && kBN <= 256, "block_n: 64, 128, 192 or 256");
   static_assert(!Cfg::kPromote || kBN <= 128, "promotion keeps two accumulators: block_n <= 128");
   static_assert(Cfg::kScaling != kGemmBlock128 || (kBN <= 128 && 128 % kBN == 0 && Cfg::kPromote),
@@ -594,26 +608,32 @@ __device__ __forceinline__ void producer(const GemmArgs& a, u32 base, u32 rank, 
   }
 }
 
-// Warps 1..3 of the producer warpgroup (policies with kScaleWriters): fill every stage's scale
-// slot once the consumers have released it, then arrive on its full barrier (release semantics:
-// the consumers' wait on that barrier makes the slot visible).
+// Warps 1..3 of the producer warpgroup (policies with kScaleWriters): writer warp w fills the
+// scale slot of every third stage (in pipeline order) once the consumers have released it, then
+// its 32 lanes arrive on the stage's full barrier (release semantics: the consumers' wait on that
+// barrier makes the slot visible). Its loads are issued before the wait.
 template <class Cfg>
-__device__ __forceinline__ void scale_writer(const GemmArgs& a, u8* smem, u32 base, u32 rank, int w) {
+__device__ __forceinline__ void scale_writer(const GemmArgs& a, u8* smem, u32 base, u32 rank, int w, int lane) {
   using T = Traits<Cfg>;
   using S = typename T::Scaling;
   Scheduler<Cfg> sched(a);
   const u32 full0 = base + T::kSmem.bar_off, empty0 = full0 + 8u * T::kStages;
-  int stage = 0;
+  int stage = 0, turn = 0;
   u32 phase = 0;
   const int stride = int(gridDim.x) / T::kMc;
   for (int unit = int(blockIdx.x) / T::kMc;; unit += stride) {
     TileInfo t;
     if (!sched.get(unit, rank, t)) break;
     for (int kb = 0; kb < T::kKBlocks; ++kb) {
-      sm90::mbar_wait(empty0 + 8u * stage, phase ^ 1u);
-      S::template write_scales<Cfg>(a, t, kb, w,
-                                    reinterpret_cast<float*>(smem + T::kSmem.sc_off + u32(stage) * T::kSmem.sc_stage));
-      sm90::mbar_arrive(full0 + 8u * stage);
+      if (turn == w) {
+        u32 words[S::template kWords<Cfg>];
+        S::template load_scales<Cfg>(a, t, kb, lane, words);
+        sm90::mbar_wait(empty0 + 8u * stage, phase ^ 1u);
+        S::template store_scales<Cfg>(words, lane,
+                                      reinterpret_cast<float*>(smem + T::kSmem.sc_off + u32(stage) * T::kSmem.sc_stage));
+        sm90::mbar_arrive(full0 + 8u * stage);
+      }
+      if (++turn == S::kWriterWarps) turn = 0;
       if (++stage == T::kStages) stage = 0, phase ^= 1u;
     }
   }
@@ -844,7 +864,7 @@ __global__ void __launch_bounds__(gemm::Traits<Cfg>::kThreads, 1) gemm_kernel(co
     if constexpr (T::kConsumers > 1) sm90::setmaxnreg_dec<T::kProducerRegs>();
     const int pw = int(threadIdx.x / 32) - T::kConsumers * 4;  // warp in the producer warpgroup
     if (pw == 0) gemm::producer<Cfg>(a, base, rank, int(threadIdx.x % 32));
-    else if constexpr (T::Scaling::kScaleWriters > 0) gemm::scale_writer<Cfg>(a, smem, base, rank, int(threadIdx.x % 128) - 32);
+    else if constexpr (T::Scaling::kScaleWriters > 0) gemm::scale_writer<Cfg>(a, smem, base, rank, pw - 1, int(threadIdx.x % 32));
   } else {
     if constexpr (T::kConsumers > 1) sm90::setmaxnreg_inc<T::kConsumerRegs>();
     gemm::consumer<Cfg>(a, smem, base, rank, wg);
