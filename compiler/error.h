@@ -18,11 +18,13 @@ class UserError : public std::runtime_error {
  public:
   // `where` is a JSON pointer ("/roles/0/rowwise/format") or an argument name ("--role").
   UserError(std::string where, const std::string& what)
-      : std::runtime_error(where.empty() ? what : where + ": " + what), where_(std::move(where)) {}
+      : std::runtime_error(where.empty() ? what : where + ": " + what), where_(std::move(where)), message_(what) {}
   const std::string& where() const { return where_; }
+  const std::string& message() const { return message_; }  // what() without the "where: " prefix
 
  private:
   std::string where_;
+  std::string message_;
 };
 
 class InternalError : public std::logic_error {

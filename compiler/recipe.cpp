@@ -538,10 +538,63 @@ std::array<std::string, 3> parse_role(std::string_view role, std::string_view wh
   return parts;
 }
 
+// One "gemms" entry: every field of a GemmSpec under its own name (tile fields under "tile");
+// the spec's own validation runs here, its field name turned into this entry's JSON pointer.
+RecipeGemm parse_gemm(const Node& g) {
+  g.expect_object({"scaling", "a_format", "b_format", "n", "k", "out_dtype", "accumulate", "fast_accum", "tile",
+                   "comment"});
+  RecipeGemm out;
+  out.pointer = g.ptr();
+  GemmSpec& s = out.spec;
+  const Node sc = g.at("scaling");
+  const std::string scaling = sc.str();
+  const auto parsed = parse_gemm_scaling(scaling);
+  if (!parsed) {
+    std::vector<std::string_view> names;
+    for (const auto& t : all_gemm_scalings()) names.push_back(t.name);
+    sc.fail("unknown value \"" + Node::printable(scaling) + "\"; expected " + join(names));
+  }
+  s.scaling = *parsed;
+  auto fp8 = [&](const char* key) {
+    ElemFormat f = ElemFormat::E4M3;
+    if (auto n = g.find(key)) f = n->choice<ElemFormat>({{"e4m3", ElemFormat::E4M3}, {"e5m2", ElemFormat::E5M2}});
+    return f;
+  };
+  s.a_format = fp8("a_format");
+  s.b_format = fp8("b_format");
+  s.n = g.at("n").integer(1, int64_t(1) << 24);
+  s.k = g.at("k").integer(1, int64_t(1) << 24);
+  if (auto o = g.find("out_dtype")) s.out_dtype = o->choice<DType>({{"bf16", DType::BF16}, {"fp32", DType::FP32}});
+  if (auto a = g.find("accumulate")) s.accumulate = a->boolean();
+  if (auto f = g.find("fast_accum")) s.fast_accum = f->boolean();
+  if (auto t = g.find("tile")) {
+    t->expect_object({"block_m", "block_n", "stages", "multicast", "raster_m", "ordered"});
+    auto field = [&](const char* key, int& dst, int hi) {
+      if (auto n = t->find(key)) dst = int(n->integer(1, hi));
+    };
+    field("block_m", s.tile.block_m, 1024);
+    field("block_n", s.tile.block_n, 1024);
+    field("stages", s.tile.stages, 64);
+    field("multicast", s.tile.multicast, 16);
+    field("raster_m", s.tile.raster_m, 4096);
+    if (auto o = t->find("ordered")) s.tile.ordered = o->boolean() ? 2 : 1;
+  }
+  if (auto c = g.find("comment")) (void)c->str();
+  try {
+    validate(s);
+  } catch (const UserError& e) {
+    // "tile.block_n" -> /gemms/i/tile/block_n
+    std::string field = e.where();
+    std::replace(field.begin(), field.end(), '.', '/');
+    throw UserError(g.ptr() + "/" + field, e.message());
+  }
+  return out;
+}
+
 Recipe parse_recipe(std::string_view text) {
   const json j = parse_strict(text);
   const Node root(j, "");
-  root.expect_object({"$schema", "qforge_recipe", "name", "comment", "usage", "roles"});
+  root.expect_object({"$schema", "qforge_recipe", "name", "comment", "usage", "roles", "gemms"});
   Recipe r;
   const Node ver = root.at("qforge_recipe");
   const int64_t v = ver.integer(0, 1 << 30);
@@ -577,6 +630,10 @@ Recipe parse_recipe(std::string_view text) {
     if (!rule.rowwise && !rule.columnwise)
       rn.fail("a role rule needs \"rowwise\", \"columnwise\" or both");
     r.roles.push_back(std::move(rule));
+  }
+  if (auto gs = root.find("gemms")) {
+    if (!gs->raw().is_array()) gs->fail("expected an array of GEMM specs, got " + type_name(gs->raw()));
+    for (size_t i = 0; i < gs->raw().size(); ++i) r.gemms.push_back(parse_gemm(gs->index(i)));
   }
   // The same pattern twice can never be resolved: reject it here, naming both places.
   for (size_t a = 0; a < r.roles.size(); ++a)

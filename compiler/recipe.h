@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "compiler/formats.h"
+#include "compiler/gemm_codegen.h"
 
 namespace qf {
 
@@ -64,12 +65,20 @@ struct RoleRule {
   }
 };
 
+// A GEMM the recipe's user will run on the quantized operands ("gemms" in the recipe):
+// `qforge prewarm` compiles it next to the quantize kernels.
+struct RecipeGemm {
+  GemmSpec spec;        // validated (validate(spec) passed)
+  std::string pointer;  // JSON pointer, e.g. /gemms/1
+};
+
 struct Recipe {
   static constexpr int kVersion = 1;
   std::string name;
   std::string comment;
   Usage usage = Usage::Training;
   std::vector<RoleRule> roles;
+  std::vector<RecipeGemm> gemms;
 };
 
 // Parses and validates recipe text. Throws UserError whose where() is a JSON pointer.

@@ -1,4 +1,5 @@
-/* qforge C API: embed the recipe compiler and the fused quantization kernels from C or C++.
+/* qforge C API: embed the recipe compiler, the fused quantization kernels and the grouped GEMMs
+ * that consume them from C or C++.
  *
  * A qf_context holds one or more parsed recipes. A qf_quantizer is one role of one recipe for one
  * input dtype, usage and grouped flag, compiled into a kernel plan; it answers buffer queries,
@@ -121,6 +122,59 @@ qf_status qf_quantizer_prepare(qf_quantizer* q, const char* arch);
 /* Validate every argument, then launch on cuda_stream (a CUstream / cudaStream_t) in the
    caller's current CUDA context. */
 qf_status qf_quantize(qf_quantizer* q, const qf_quantize_args* args, void* cuda_stream);
+
+/* ---- Grouped GEMM (sm_90a) on the quantized operands: docs/gemm.md.
+ *
+ * A qf_gemm is one GEMM spec compiled into one kernel: formats, scaling, N, K, output, tile.
+ * Group sizes are run-time data on the device, so one qf_gemm serves every token split:
+ *   contiguous layout: group g owns rows [group_offsets[g], group_offsets[g+1]) of A and D;
+ *   masked layout (m_max > 0): group g owns rows [g*m_max, g*m_max + group_counts[g]).
+ *   D[rows] (+)= alpha[g] * dequant(A[rows]) @ dequant(B[g])^T,
+ *   A [m_total, K] and B [G, N, K] fp8 K-major, D [m_total, N] bf16 or fp32. */
+typedef struct qf_gemm qf_gemm;
+
+typedef struct qf_gemm_spec {
+  const char* scaling;   /* "tensor", "rowwise", "blockwise" or "mxfp8" */
+  const char* a_format;  /* "e4m3" or "e5m2"; NULL = "e4m3" */
+  const char* b_format;
+  int64_t n, k;
+  const char* out_dtype; /* "bf16" or "fp32"; NULL = "bf16" */
+  int accumulate;        /* 1: D += result (fp32 output) */
+  int fast_accum;        /* 1: no fp32 promotion (tensor / rowwise scaling) */
+  /* Tile; 0 = chosen by qforge. ordered: 1 off, 2 on. */
+  int block_m, block_n, stages, multicast, raster_m, ordered;
+} qf_gemm_spec;
+
+typedef struct qf_gemm_args {
+  const void* a; int64_t a_bytes;             /* fp8 [m_total, K] */
+  const void* b; int64_t b_bytes;             /* fp8 [num_groups, N, K] */
+  void* d; int64_t d_bytes;                   /* [m_total, N] in the spec's out_dtype */
+  const void* a_scale; int64_t a_scale_bytes; /* qf_gemm_scale_bytes() */
+  const void* b_scale; int64_t b_scale_bytes;
+  const float* alpha;                         /* optional device fp32 [num_groups]; NULL = 1 */
+  const int64_t* group_offsets;               /* contiguous: device int64 [num_groups + 1] */
+  const int64_t* group_counts;                /* masked: device int64 [num_groups] */
+  int64_t m_max;                              /* masked: rows per group slot; 0 = contiguous */
+  int64_t m_total;
+  int num_groups;
+  int max_ctas;                               /* 0 = one CTA per SM */
+} qf_gemm_args;
+
+/* Validates the spec (errors name the field: "n", "tile.block_n", ...). */
+qf_status qf_gemm_create(const qf_gemm_spec* spec, qf_gemm** out);
+/* The GEMMs a recipe lists ("gemms"); recipe_name NULL: the context's only recipe. */
+qf_status qf_context_num_gemms(const qf_context* ctx, const char* recipe_name, int* out);
+qf_status qf_gemm_create_from_recipe(const qf_context* ctx, const char* recipe_name, int index, qf_gemm** out);
+void qf_gemm_destroy(qf_gemm* g); /* NULL is fine */
+/* One line describing the spec ("e4m3 x e4m3 blockwise N=4096 K=7168 -> bf16"), valid while g lives. */
+const char* qf_gemm_describe(const qf_gemm* g);
+/* Bytes of the A and B scale buffers for m_total rows and num_groups groups. */
+qf_status qf_gemm_scale_bytes(const qf_gemm* g, int64_t m_total, int num_groups, int64_t* a_bytes,
+                              int64_t* b_bytes);
+/* Compile (or load) the kernel for arch (only "sm_90a") into the kernel cache; no GPU needed. */
+qf_status qf_gemm_prepare(qf_gemm* g, const char* arch);
+/* Validate every argument, then launch on cuda_stream in the caller's current CUDA context. */
+qf_status qf_gemm_run(qf_gemm* g, const qf_gemm_args* args, void* cuda_stream);
 
 #ifdef __cplusplus
 } /* extern "C" */

@@ -16,6 +16,7 @@
 #include "compiler/pipeline.h"
 #include "compiler/recipe.h"
 #include "runtime/driver.h"
+#include "runtime/gemm.h"
 #include "runtime/quantizer.h"
 
 struct qf_context {
@@ -31,6 +32,11 @@ struct qf_quantizer {
     std::lock_guard lock(mu);
     return strings.insert(s).first->c_str();
   }
+};
+
+struct qf_gemm {
+  std::unique_ptr<qf::rt::Gemm> g;
+  std::string description;
 };
 
 namespace {
@@ -111,6 +117,61 @@ void check_index(int index, size_t count, const char* what) {
                                      std::to_string(count) + " " + what);
 }
 
+const qf::Recipe& find_recipe(const qf_context* ctx, const char* recipe_name) {
+  if (!recipe_name) {
+    if (ctx->recipes.size() != 1)
+      throw qf::UserError("recipe_name", "NULL needs a context of exactly one recipe; this one has " +
+                                             std::to_string(ctx->recipes.size()));
+    return ctx->recipes[0];
+  }
+  std::string names;
+  for (const auto& r : ctx->recipes) {
+    if (r.name == recipe_name) return r;
+    names += (names.empty() ? "" : ", ") + r.name;
+  }
+  throw qf::UserError("recipe_name", std::string("no recipe named \"") + recipe_name +
+                                         "\" in the context (have: " + names + ")");
+}
+
+qf::GemmSpec to_gemm_spec(const qf_gemm_spec& c) {
+  qf::GemmSpec s;
+  require(c.scaling, "spec->scaling");
+  const auto sc = qf::parse_gemm_scaling(c.scaling);
+  if (!sc) throw qf::UserError("spec->scaling", std::string("expected tensor, rowwise, blockwise or mxfp8, got \"") + c.scaling + "\"");
+  s.scaling = *sc;
+  auto fp8 = [](const char* name, const char* field) {
+    if (!name) return qf::ElemFormat::E4M3;
+    const auto f = qf::parse_format(name);
+    if (!f || (*f != qf::ElemFormat::E4M3 && *f != qf::ElemFormat::E5M2))
+      throw qf::UserError(field, std::string("expected e4m3 or e5m2, got \"") + name + "\"");
+    return *f;
+  };
+  s.a_format = fp8(c.a_format, "spec->a_format");
+  s.b_format = fp8(c.b_format, "spec->b_format");
+  s.n = c.n, s.k = c.k;
+  if (c.out_dtype) {
+    const auto d = qf::parse_dtype(c.out_dtype);
+    if (!d || (*d != qf::DType::BF16 && *d != qf::DType::FP32))
+      throw qf::UserError("spec->out_dtype", std::string("expected bf16 or fp32, got \"") + c.out_dtype + "\"");
+    s.out_dtype = *d;
+  }
+  auto flag = [](int v, const char* field) {
+    if (v != 0 && v != 1) throw qf::UserError(field, "expected 0 or 1, got " + std::to_string(v));
+    return v == 1;
+  };
+  s.accumulate = flag(c.accumulate, "spec->accumulate");
+  s.fast_accum = flag(c.fast_accum, "spec->fast_accum");
+  s.tile = {c.block_m, c.block_n, c.stages, c.multicast, c.raster_m, c.ordered};
+  return s;
+}
+
+qf_gemm* new_gemm(const qf::GemmSpec& spec) {
+  auto g = std::make_unique<qf_gemm>();
+  g->g = std::make_unique<qf::rt::Gemm>(spec);
+  g->description = qf::describe(g->g->spec());
+  return g.release();
+}
+
 }  // namespace
 
 extern "C" {
@@ -181,22 +242,7 @@ qf_status qf_quantizer_create_ex(qf_context* ctx, const char* recipe_name, const
     *out = nullptr;
     require(ctx, "ctx");
     require(role, "role");
-    const qf::Recipe* recipe = nullptr;
-    if (!recipe_name) {
-      if (ctx->recipes.size() != 1)
-        throw qf::UserError("recipe_name", "NULL needs a context of exactly one recipe; this one has " +
-                                               std::to_string(ctx->recipes.size()));
-      recipe = &ctx->recipes[0];
-    } else {
-      std::string names;
-      for (const auto& r : ctx->recipes) {
-        if (r.name == recipe_name) recipe = &r;
-        names += (names.empty() ? "" : ", ") + r.name;
-      }
-      if (!recipe)
-        throw qf::UserError("recipe_name", std::string("no recipe named \"") + recipe_name +
-                                               "\" in the context (have: " + names + ")");
-    }
+    const qf::Recipe* recipe = &find_recipe(ctx, recipe_name);
     if (grouped != 0 && grouped != 1)
       throw qf::UserError("grouped", "expected 0 or 1, got " + std::to_string(grouped));
     qf::PlanRequest req{role, to_dtype(input), to_usage(usage), grouped == 1};
@@ -315,6 +361,93 @@ qf_status qf_quantize(qf_quantizer* q, const qf_quantize_args* args, void* cuda_
     call.member_rows = reinterpret_cast<uint64_t>(args->member_rows);
     call.num_members = args->num_members;
     q->q->quantize(call, static_cast<CUstream>(cuda_stream));
+  });
+}
+
+qf_status qf_gemm_create(const qf_gemm_spec* spec, qf_gemm** out) {
+  return guarded([&] {
+    require(out, "out");
+    *out = nullptr;
+    require(spec, "spec");
+    *out = new_gemm(to_gemm_spec(*spec));
+  });
+}
+
+qf_status qf_context_num_gemms(const qf_context* ctx, const char* recipe_name, int* out) {
+  return guarded([&] {
+    require(ctx, "ctx");
+    require(out, "out");
+    *out = int(find_recipe(ctx, recipe_name).gemms.size());
+  });
+}
+
+qf_status qf_gemm_create_from_recipe(const qf_context* ctx, const char* recipe_name, int index, qf_gemm** out) {
+  return guarded([&] {
+    require(out, "out");
+    *out = nullptr;
+    require(ctx, "ctx");
+    const qf::Recipe& r = find_recipe(ctx, recipe_name);
+    if (index < 0 || size_t(index) >= r.gemms.size())
+      throw qf::UserError("index", "index " + std::to_string(index) + " out of range: recipe \"" + r.name + "\" lists " +
+                                       std::to_string(r.gemms.size()) + " gemms");
+    *out = new_gemm(r.gemms[size_t(index)].spec);
+  });
+}
+
+void qf_gemm_destroy(qf_gemm* g) { delete g; }
+
+const char* qf_gemm_describe(const qf_gemm* g) { return g ? g->description.c_str() : ""; }
+
+qf_status qf_gemm_scale_bytes(const qf_gemm* g, int64_t m_total, int num_groups, int64_t* a_bytes, int64_t* b_bytes) {
+  return guarded([&] {
+    require(g, "g");
+    require(a_bytes, "a_bytes");
+    require(b_bytes, "b_bytes");
+    if (m_total < 0 || m_total >= (int64_t(1) << 31))
+      throw qf::UserError("m_total", "expected 0 <= m_total < 2^31, got " + std::to_string(m_total));
+    if (num_groups < 1 || num_groups > (1 << 20))
+      throw qf::UserError("num_groups", "expected 1..2^20, got " + std::to_string(num_groups));
+    const qf::GemmSpec& s = g->g->spec();
+    const qf::GemmScaleElems e = qf::gemm_scale_elems(s, m_total, num_groups);
+    const int bytes = qf::traits(s.scaling).scale_bytes;
+    *a_bytes = e.a * bytes;
+    *b_bytes = e.b * bytes;
+  });
+}
+
+qf_status qf_gemm_prepare(qf_gemm* g, const char* arch) {
+  return guarded([&] {
+    require(g, "g");
+    require(arch, "arch");
+    if (std::string(arch) != "sm_90a")
+      throw qf::UserError("arch", std::string("the GEMM kernels are wgmma code for sm_90a, got \"") + arch + "\"");
+    (void)g->g->prepare(arch);
+  });
+}
+
+qf_status qf_gemm_run(qf_gemm* g, const qf_gemm_args* args, void* cuda_stream) {
+  return guarded([&] {
+    require(g, "g");
+    require(args, "args");
+    auto view = [](const void* p, int64_t bytes, const char* field) {
+      if (bytes < 0) throw qf::UserError(field, "must be >= 0, got " + std::to_string(bytes));
+      return qf::rt::TensorView{reinterpret_cast<uint64_t>(p), bytes, std::nullopt, {}};
+    };
+    qf::rt::GemmCall c;
+    c.a = view(args->a, args->a_bytes, "args->a_bytes");
+    c.b = view(args->b, args->b_bytes, "args->b_bytes");
+    c.d = view(args->d, args->d_bytes, "args->d_bytes");
+    c.a_scale = view(args->a_scale, args->a_scale_bytes, "args->a_scale_bytes");
+    c.b_scale = view(args->b_scale, args->b_scale_bytes, "args->b_scale_bytes");
+    if (args->alpha) c.alpha = view(args->alpha, int64_t(args->num_groups > 0 ? args->num_groups : 0) * 4, "args->alpha");
+    const int64_t g_n = args->num_groups > 0 ? args->num_groups : 0;
+    if (args->group_offsets) c.group_offsets = view(args->group_offsets, (g_n + 1) * 8, "args->group_offsets");
+    if (args->group_counts) c.group_counts = view(args->group_counts, g_n * 8, "args->group_counts");
+    c.m_max = args->m_max;
+    c.m_total = args->m_total;
+    c.num_groups = args->num_groups;
+    c.max_ctas = args->max_ctas;
+    g->g->run(c, static_cast<CUstream>(cuda_stream));
   });
 }
 

@@ -49,6 +49,7 @@ int cmd_check(const Argv& argv) {
         if (!uncovered) ++problems;
       }
     }
+    for (const auto& g : r.gemms) std::cout << "  gemm " << g.pointer << ": " << describe(g.spec) << "\n";
   }
   return problems ? 1 : 0;
 }

@@ -1,7 +1,9 @@
 // qforge prewarm <recipes...|dir> [--arch sm_90a,sm_100a] [-j N] [--dtype ...] [--usage ...]
 // Compiles every quantize kernel the recipes can need into the kernel cache: each standard
 // role x usage (direction set) x input dtype, for each arch. Grouped and single-tensor calls
-// share one kernel (member sizes are read on the device), so "grouped" adds no kernels.
+// share one kernel (member sizes are read on the device), so "grouped" adds no kernels. The
+// recipes' "gemms" entries are compiled too, for sm_90a (the GEMM kernels are wgmma code),
+// unless --role restricts the run to some roles' quantize kernels.
 #include <algorithm>
 #include <atomic>
 #include <chrono>
@@ -10,14 +12,17 @@
 #include <iostream>
 #include <map>
 #include <mutex>
+#include <optional>
 #include <set>
 #include <sstream>
 #include <thread>
 #include <unistd.h>
 
 #include "compiler/codegen.h"
+#include "compiler/gemm_codegen.h"
 #include "compiler/pipeline.h"
 #include "runtime/driver.h"
+#include "runtime/gemm.h"
 #include "runtime/quantizer.h"
 #include "tools/args.h"
 #include "tools/cli_common.h"
@@ -26,14 +31,19 @@
 namespace qf::cli {
 namespace {
 
+// One kernel to build: a quantize plan's, or a GEMM's.
 struct Job {
   std::string recipe;  // for the summary
-  Plan plan;
+  std::optional<Plan> plan;
+  std::optional<GemmSpec> gemm;
   std::string arch;
+  std::string what() const { return plan ? plan->role : describe(*gemm); }
 };
 
+constexpr const char* kGemmArch = "sm_90a";  // wgmma: the GEMM kernels' only target
+
 struct Tally {
-  int plans = 0, kernels = 0, compiled = 0, memory_hits = 0, disk_hits = 0, failed = 0;
+  int plans = 0, gemms = 0, kernels = 0, compiled = 0, memory_hits = 0, disk_hits = 0, failed = 0;
   double seconds = 0;
 };
 
@@ -60,6 +70,7 @@ int cmd_prewarm(const Argv& argv) {
     usages.push_back(*t);
   }
   std::vector<std::string> roles = args.all("--role");
+  const bool with_gemms = roles.empty();  // --role asks for those roles' quantize kernels only
   if (roles.empty())
     for (auto r : standard_roles()) roles.emplace_back(r);
   const int jobs_n = int(args.integer("-j", std::max(1u, std::thread::hardware_concurrency()), 1, 256));
@@ -87,10 +98,18 @@ int cmd_prewarm(const Argv& argv) {
           const std::string src = emit_quantize(p).source;
           for (const auto& a : archs)
             if (seen.insert({src, a}).second) {
-              jobs.push_back({r.name, p, a});
+              jobs.push_back({r.name, p, std::nullopt, a});
               ++t.kernels;
             }
         }
+    for (const auto& g : r.gemms) {
+      if (!with_gemms || std::find(archs.begin(), archs.end(), kGemmArch) == archs.end()) continue;
+      ++t.gemms;
+      if (seen.insert({emit_gemm(g.spec).source, kGemmArch}).second) {
+        jobs.push_back({r.name, std::nullopt, g.spec, kGemmArch});
+        ++t.kernels;
+      }
+    }
   }
 
   std::atomic<size_t> next{0}, done{0};
@@ -103,7 +122,8 @@ int cmd_prewarm(const Argv& argv) {
       std::string err;
       rt::CacheHow how = rt::CacheHow::Compiled;
       try {
-        how = rt::build_quantize_kernels(jobs[i].plan, jobs[i].arch, rt::KernelCache::global()).cached.how;
+        how = jobs[i].plan ? rt::build_quantize_kernels(*jobs[i].plan, jobs[i].arch, rt::KernelCache::global()).cached.how
+                           : rt::build_gemm_kernel(*jobs[i].gemm, jobs[i].arch, rt::KernelCache::global()).cached.how;
       } catch (const std::exception& e) {
         err = e.what();
       }
@@ -113,7 +133,7 @@ int cmd_prewarm(const Argv& argv) {
       t.seconds += s;
       if (!err.empty()) {
         ++t.failed;
-        failures.push_back(jobs[i].recipe + " " + jobs[i].plan.role + " " + jobs[i].arch + ": " + err);
+        failures.push_back(jobs[i].recipe + " " + jobs[i].what() + " " + jobs[i].arch + ": " + err);
       } else if (how == rt::CacheHow::Compiled) {
         ++t.compiled;
       } else if (how == rt::CacheHow::DiskHit) {
@@ -136,18 +156,19 @@ int cmd_prewarm(const Argv& argv) {
   if (tty) std::fprintf(stderr, "\n");
 
   const double total = std::chrono::duration<double>(std::chrono::steady_clock::now() - t_start).count();
-  std::printf("%-28s %6s %8s %9s %10s %7s %10s\n", "recipe", "plans", "kernels", "compiled", "cache hits", "failed", "kernel s");
+  std::printf("%-28s %6s %6s %8s %9s %10s %7s %10s\n", "recipe", "plans", "gemms", "kernels", "compiled", "cache hits",
+              "failed", "kernel s");
   Tally sum;
   for (const auto& n : order) {
     const Tally& t = tally[n];
-    std::printf("%-28s %6d %8d %9d %10d %7d %10.2f\n", n.c_str(), t.plans, t.kernels, t.compiled,
+    std::printf("%-28s %6d %6d %8d %9d %10d %7d %10.2f\n", n.c_str(), t.plans, t.gemms, t.kernels, t.compiled,
                 t.disk_hits + t.memory_hits, t.failed, t.seconds);
-    sum.plans += t.plans, sum.kernels += t.kernels, sum.compiled += t.compiled;
+    sum.plans += t.plans, sum.gemms += t.gemms, sum.kernels += t.kernels, sum.compiled += t.compiled;
     sum.disk_hits += t.disk_hits + t.memory_hits, sum.failed += t.failed, sum.seconds += t.seconds;
   }
   std::string arch_list;
   for (const auto& a : archs) arch_list += (arch_list.empty() ? "" : ",") + a;
-  std::printf("%-28s %6d %8d %9d %10d %7d %10.2f\n", "total", sum.plans, sum.kernels, sum.compiled,
+  std::printf("%-28s %6d %6d %8d %9d %10d %7d %10.2f\n", "total", sum.plans, sum.gemms, sum.kernels, sum.compiled,
               sum.disk_hits, sum.failed, sum.seconds);
   const auto& cache = rt::KernelCache::global();
   std::printf("prewarm: %d kernels for %s: %d compiled, %d cache hits, %d failed in %.2f s (cache: %s)\n",

@@ -30,6 +30,7 @@ commands:
   prewarm <recipes...|dir> [--arch sm_90a,sm_100a] [-j N] [--dtype bf16,fp16,fp32]
           [--usage training,inference,memory] [--role R]...
                                     compile every kernel the recipes can need into the cache
+                                    (and their "gemms" for sm_90a, unless --role is given)
   tune <recipes...|dir> [--role R]... [--usage training,inference] [--dtype bf16]
        [--shape MxK] [--ms MS] [--dry-run]
                                     time candidate tiles of each plan on GPU 0 and store the

@@ -10,7 +10,9 @@
 #include "compiler/buffers.h"
 #include "compiler/codegen.h"
 #include "compiler/error.h"
+#include "compiler/gemm_codegen.h"
 #include "compiler/pipeline.h"
+#include "qforge/gemm.cuh"
 #include "reference/executor.h"
 
 namespace qf::fuzz {
@@ -234,6 +236,12 @@ void run_recipe(std::string_view bytes) {
       if (p.streams.empty()) broken("a plan without streams for role " + role);
       check_plan(p, /*run_ref=*/!rq.usage && rq.dtype == DType::BF16);
     }
+  }
+  // Accepted "gemms" entries are valid specs: they emit a kernel whose shared memory fits.
+  for (const auto& g : recipe.gemms) {
+    const GemmSource src = emit_gemm(g.spec);
+    check_source(src.source, "emitted GEMM source");
+    if (src.smem_bytes > kGemmSmemLimit) broken("GEMM " + g.pointer + " needs " + std::to_string(src.smem_bytes) + " bytes of shared memory");
   }
 }
 

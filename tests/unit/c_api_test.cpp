@@ -1,7 +1,8 @@
 // The C API (runtime/qforge.h): contexts, quantizers, buffer queries against the compiler's
 // output_buffers, ahead-of-time compilation, and that every error comes back as a status and a
 // message (never an exception or a crash), including qf_quantize without a GPU; on a GPU,
-// qf_quantize's outputs bit for bit against the CPU reference.
+// qf_quantize's outputs bit for bit against the CPU reference; the GEMM entry points likewise
+// (spec errors, recipe GEMMs, ahead-of-time compilation, an exact GPU run).
 #include "runtime/qforge.h"
 
 #include <algorithm>
@@ -21,6 +22,8 @@
 #include "compiler/recipe.h"
 #include "qforge/numerics.cuh"
 #include "reference/executor.h"
+#include "reference/gemm.h"
+#include "reference/gemm_problem.h"
 #include "runtime/driver.h"
 #include "runtime/gpu_test_util.h"
 
@@ -420,6 +423,143 @@ TEST_F(CApi, QuantizeOnGpuMatchesReference) {
       size_t bad = 0;
       for (size_t i = 0; i < got.size(); ++i) bad += got[i] != o.bytes[i];
       EXPECT_EQ(bad, 0u) << o.desc.name << ": bytes differing from the CPU reference";
+    }
+  }
+}
+
+// ---- GEMM
+
+qf_gemm_spec blockwise_spec() {
+  qf_gemm_spec s{};
+  s.scaling = "blockwise";
+  s.n = 256;
+  s.k = 512;
+  return s;
+}
+
+TEST_F(CApi, GemmSpecErrorsNameTheField) {
+  qf_gemm* g = nullptr;
+  qf_gemm_spec s = blockwise_spec();
+  s.scaling = nullptr;
+  EXPECT_EQ(qf_gemm_create(&s, &g), QF_ERR_USER);
+  EXPECT_STREQ(qf_last_error(), "spec->scaling: must not be NULL");
+  s = blockwise_spec(), s.scaling = "int8";
+  EXPECT_EQ(qf_gemm_create(&s, &g), QF_ERR_USER);
+  EXPECT_STREQ(qf_last_error(), "spec->scaling: expected tensor, rowwise, blockwise or mxfp8, got \"int8\"");
+  s = blockwise_spec(), s.n = 100;
+  EXPECT_EQ(qf_gemm_create(&s, &g), QF_ERR_USER);
+  EXPECT_NE(std::string(qf_last_error()).find("n: expected a multiple of 8"), std::string::npos) << qf_last_error();
+  s = blockwise_spec(), s.block_n = 256;
+  EXPECT_EQ(qf_gemm_create(&s, &g), QF_ERR_USER);
+  EXPECT_NE(std::string(qf_last_error()).find("tile.block_n"), std::string::npos) << qf_last_error();
+  s = blockwise_spec(), s.a_format = "e2m1";
+  EXPECT_EQ(qf_gemm_create(&s, &g), QF_ERR_USER);
+  EXPECT_STREQ(qf_last_error(), "spec->a_format: expected e4m3 or e5m2, got \"e2m1\"");
+  s = blockwise_spec(), s.accumulate = 2;
+  EXPECT_EQ(qf_gemm_create(&s, &g), QF_ERR_USER);
+  EXPECT_STREQ(qf_last_error(), "spec->accumulate: expected 0 or 1, got 2");
+  EXPECT_EQ(g, nullptr);
+  EXPECT_EQ(qf_gemm_create(nullptr, &g), QF_ERR_USER);
+  EXPECT_STREQ(qf_last_error(), "spec: must not be NULL");
+}
+
+TEST_F(CApi, GemmFromRecipePreparesWithoutAGpu) {
+  const std::string p = recipe_path("float8_block_scaling");
+  const char* paths[] = {p.c_str()};
+  ASSERT_EQ(qf_context_create(paths, 1, &ctx_), QF_OK) << qf_last_error();
+  int n = 0;
+  ASSERT_EQ(qf_context_num_gemms(ctx_, nullptr, &n), QF_OK) << qf_last_error();
+  EXPECT_EQ(n, 4);
+  qf_gemm* g = nullptr;
+  EXPECT_EQ(qf_gemm_create_from_recipe(ctx_, nullptr, 4, &g), QF_ERR_USER);
+  EXPECT_STREQ(qf_last_error(), "index: index 4 out of range: recipe \"float8_block_scaling\" lists 4 gemms");
+  EXPECT_EQ(qf_gemm_create_from_recipe(ctx_, "nope", 0, &g), QF_ERR_USER);
+  ASSERT_EQ(qf_gemm_create_from_recipe(ctx_, "float8_block_scaling", 1, &g), QF_OK) << qf_last_error();
+  EXPECT_STREQ(qf_gemm_describe(g), "e4m3 x e4m3 blockwise N=7168 K=2048 -> bf16");
+  int64_t sa = 0, sb = 0;
+  ASSERT_EQ(qf_gemm_scale_bytes(g, 1000, 8, &sa, &sb), QF_OK);
+  EXPECT_EQ(sa, 1000 * 16 * 4);     // [m_total, K/128] fp32
+  EXPECT_EQ(sb, 8 * 56 * 16 * 4);   // [G, N/128, K/128] fp32
+  EXPECT_EQ(qf_gemm_prepare(g, "sm_100a"), QF_ERR_USER);
+  EXPECT_NE(std::string(qf_last_error()).find("sm_90a"), std::string::npos) << qf_last_error();
+  EXPECT_EQ(qf_gemm_prepare(g, "sm_90a"), QF_OK) << qf_last_error();
+  // Without a GPU (or with short buffers) a run fails cleanly, naming what is wrong.
+  qf_gemm_args a{};
+  a.m_total = 100, a.num_groups = 8;
+  EXPECT_EQ(qf_gemm_run(g, &a, nullptr), QF_ERR_USER);
+  EXPECT_STREQ(qf_last_error(), "argument group_offsets: null pointer; expected a device buffer of 72 bytes for int64 [num_groups + 1]");
+  EXPECT_EQ(qf_gemm_run(g, nullptr, nullptr), QF_ERR_USER);
+  EXPECT_STREQ(qf_last_error(), "args: must not be NULL");
+  qf_gemm_destroy(g);
+
+  qf_gemm_spec mx{};
+  mx.scaling = "mxfp8", mx.n = 256, mx.k = 512;
+  ASSERT_EQ(qf_gemm_create(&mx, &g), QF_OK) << qf_last_error();
+  ASSERT_EQ(qf_gemm_scale_bytes(g, 10, 3, &sa, &sb), QF_OK);
+  EXPECT_EQ(sa, 10 * 16);       // [m_total, K/32] e8m0
+  EXPECT_EQ(sb, 3 * 256 * 16);  // [G, N, K/32] e8m0
+  qf_gemm_destroy(g);
+}
+
+// On a GPU: small-integer operands (every partial sum exact), bit for bit against the reference,
+// contiguous and masked layouts.
+TEST_F(CApi, GemmOnGpuIsExact) {
+  QF_SKIP_WITHOUT_GPU();
+  using qf::rt::DeviceBuffer;
+  for (const char* scaling : {"blockwise", "mxfp8"}) {
+    for (bool masked : {false, true}) {
+      SCOPED_TRACE(std::string(scaling) + (masked ? " masked" : " contiguous"));
+      qf_gemm_spec cs{};
+      cs.scaling = scaling, cs.n = 200, cs.k = 384, cs.out_dtype = "fp32";
+      qf_gemm* g = nullptr;
+      ASSERT_EQ(qf_gemm_create(&cs, &g), QF_OK) << qf_last_error();
+      qf::GemmSpec spec;
+      spec.scaling = *qf::parse_gemm_scaling(scaling), spec.n = 200, spec.k = 384, spec.out_dtype = qf::DType::FP32;
+      const std::vector<int64_t> rows = {37, 0, 150};
+      const qf::ref::GemmProblem p =
+          masked ? qf::ref::make_masked_gemm_problem(spec, rows, 128, qf::ref::GemmValues::SmallIntegers, true, 3)
+                 : qf::ref::make_gemm_problem(spec, rows, 4, qf::ref::GemmValues::SmallIntegers, true, 3);
+      auto up = [](const void* d, size_t bytes) {
+        DeviceBuffer b(std::max<size_t>(bytes, 16));
+        if (bytes) b.upload(d, bytes);
+        return b;
+      };
+      DeviceBuffer da = up(p.a.data(), p.a.size()), db = up(p.b.data(), p.b.size());
+      DeviceBuffer dsa = up(p.a_scale.data(), p.a_scale.size()), dsb = up(p.b_scale.data(), p.b_scale.size());
+      DeviceBuffer dal = up(p.alpha.data(), p.alpha.size() * 4);
+      DeviceBuffer doff = masked ? up(p.counts.data(), p.counts.size() * 8) : up(p.offsets.data(), p.offsets.size() * 8);
+      DeviceBuffer dd = qf::rt::testing::poisoned_buffer(size_t(p.m_total * 200 * 4));
+      int64_t sa = 0, sb = 0;
+      ASSERT_EQ(qf_gemm_scale_bytes(g, p.m_total, 3, &sa, &sb), QF_OK);
+      ASSERT_EQ(size_t(sa), p.a_scale.size());
+      ASSERT_EQ(size_t(sb), p.b_scale.size());
+      qf_gemm_args a{};
+      a.a = reinterpret_cast<const void*>(da.address()), a.a_bytes = int64_t(p.a.size());
+      a.b = reinterpret_cast<const void*>(db.address()), a.b_bytes = int64_t(p.b.size());
+      a.d = reinterpret_cast<void*>(dd.address()), a.d_bytes = p.m_total * 200 * 4;
+      a.a_scale = reinterpret_cast<const void*>(dsa.address()), a.a_scale_bytes = sa;
+      a.b_scale = reinterpret_cast<const void*>(dsb.address()), a.b_scale_bytes = sb;
+      a.alpha = reinterpret_cast<const float*>(dal.address());
+      if (masked) a.group_counts = reinterpret_cast<const int64_t*>(doff.address()), a.m_max = 128;
+      else a.group_offsets = reinterpret_cast<const int64_t*>(doff.address());
+      a.m_total = p.m_total, a.num_groups = 3;
+      ASSERT_EQ(qf_gemm_run(g, &a, nullptr), QF_OK) << qf_last_error();
+      std::vector<float> got(size_t(p.m_total * 200));
+      dd.download(got.data(), got.size() * 4);
+      std::vector<int64_t> all(size_t(p.m_total));
+      for (int64_t r = 0; r < p.m_total; ++r) all[size_t(r)] = r;
+      const qf::ref::GemmRows ref = qf::ref::gemm_reference(spec, p.operands(), all);
+      int64_t bad = 0;
+      for (int64_t r = 0; r < p.m_total; ++r)
+        for (int64_t c = 0; c < 200; ++c) {
+          uint32_t bits;
+          std::memcpy(&bits, &got[size_t(r * 200 + c)], 4);
+          const uint32_t want = ref.group[size_t(r)] < 0 ? 0xFFFFFFFFu
+                                                          : qf::ref::exact_output(spec, ref.value[size_t(r * 200 + c)], 0.0f);
+          bad += bits != want;
+        }
+      EXPECT_EQ(bad, 0);
+      qf_gemm_destroy(g);
     }
   }
 }
