@@ -50,6 +50,8 @@ std::optional<GemmScaling> parse_gemm_scaling(std::string_view name) {
   return std::nullopt;
 }
 
+std::string_view name(GemmLayout l) { return l == GemmLayout::KGrouped ? "k_grouped" : "m_grouped"; }
+
 void validate(const GemmSpec& s) {
   if (!is_fp8(s.a_format))
     throw UserError("a_format", "expected e4m3 or e5m2, got " + std::string(traits(s.a_format).name));
@@ -57,9 +59,20 @@ void validate(const GemmSpec& s) {
     throw UserError("b_format", "expected e4m3 or e5m2, got " + std::string(traits(s.b_format).name));
   if (s.n < 8 || s.n > kMaxDim || s.n % 8 != 0)
     throw UserError("n", "expected a multiple of 8 in [8, 2^24] (16-byte output rows), got " + std::to_string(s.n));
-  if (s.k < 16 || s.k > kMaxDim || s.k % 16 != 0)
+  if (s.layout == GemmLayout::KGrouped) {
+    if (s.m < 1 || s.m > kMaxDim)
+      throw UserError("m", "k-grouped: expected the rows of each output in [1, 2^24], got " + std::to_string(s.m));
+    if (s.k != 0)
+      throw UserError("k", "k-grouped: K is each group's token count, read at run time: expected 0, got " + std::to_string(s.k));
+    if (s.scaling != GemmScaling::PerTensor)
+      throw UserError("scaling", "k-grouped (wgrad): only tensor scaling so far, got " + std::string(traits(s.scaling).name));
+    if (s.tile.multicast > 1) throw UserError("tile.multicast", "k-grouped: expected 1, got " + std::to_string(s.tile.multicast));
+  } else if (s.m != 0) {
+    throw UserError("m", "m-grouped: rows are per group at run time: expected 0, got " + std::to_string(s.m));
+  }
+  if (s.layout != GemmLayout::KGrouped && (s.k < 16 || s.k > kMaxDim || s.k % 16 != 0))
     throw UserError("k", "expected a multiple of 16 in [16, 2^24] (16-byte TMA row strides), got " + std::to_string(s.k));
-  if (const int km = traits(s.scaling).k_multiple; s.k % km != 0)
+  if (const int km = traits(s.scaling).k_multiple; s.layout != GemmLayout::KGrouped && s.k % km != 0)
     throw UserError("k", std::string(traits(s.scaling).name) + " scaling reads the scales of 128 of K at once: expected a multiple of " +
                              std::to_string(km) + ", got " + std::to_string(s.k));
   if (s.out_dtype != DType::BF16 && s.out_dtype != DType::FP32)
@@ -131,7 +144,7 @@ GemmTile resolve_tile(const GemmSpec& s) {
 GemmScaleElems gemm_scale_elems(const GemmSpec& s, int64_t m_total, int64_t num_groups) {
   const int64_t g = num_groups, kb = (s.k + 127) / 128, nb = (s.n + 127) / 128;
   switch (s.scaling) {
-    case GemmScaling::PerTensor: return {g, g};
+    case GemmScaling::PerTensor: return {g, g};  // also K-grouped: one scale per group member
     case GemmScaling::RowChannel: return {m_total, g * s.n};
     case GemmScaling::Block128: return {m_total * kb, g * nb * kb};
     case GemmScaling::Mx32: return {m_total * (s.k / 32), g * s.n * (s.k / 32)};
@@ -141,10 +154,12 @@ GemmScaleElems gemm_scale_elems(const GemmSpec& s, int64_t m_total, int64_t num_
 }
 
 std::string describe(const GemmSpec& s) {
+  const std::string shape = s.layout == GemmLayout::KGrouped
+                                ? " k-grouped M=" + std::to_string(s.m) + " N=" + std::to_string(s.n)
+                                : " N=" + std::to_string(s.n) + " K=" + std::to_string(s.k);
   return std::string(traits(s.a_format).name) + " x " + std::string(traits(s.b_format).name) + " " +
-         std::string(traits(s.scaling).name) + (s.fast_accum ? " (fast accumulation)" : "") +
-         " N=" + std::to_string(s.n) + " K=" + std::to_string(s.k) + " -> " + std::string(traits(s.out_dtype).name) +
-         (s.accumulate ? " (accumulate)" : "");
+         std::string(traits(s.scaling).name) + (s.fast_accum ? " (fast accumulation)" : "") + shape + " -> " +
+         std::string(traits(s.out_dtype).name) + (s.accumulate ? " (accumulate)" : "");
 }
 
 GemmSource emit_gemm(const GemmSpec& s) {
@@ -167,6 +182,8 @@ GemmSource emit_gemm(const GemmSpec& s) {
   e.alias("BFormat", traits(s.b_format).device_type);
   e.alias("Scaling", st.device_policy);
   e.constant_ident("int", "kScaling", st.device_code);
+  e.constant("kKGrouped", s.layout == GemmLayout::KGrouped);
+  e.constant("kM", int64_t(s.m));
   e.constant("kN", int64_t(s.n));
   e.constant("kK", int64_t(s.k));
   e.constant("kOutFp32", s.out_dtype == DType::FP32);

@@ -41,6 +41,13 @@ const GemmScalingTraits& traits(GemmScaling s);
 std::span<const GemmScalingTraits> all_gemm_scalings();
 std::optional<GemmScaling> parse_gemm_scaling(std::string_view name);
 
+// How the groups split the problem.
+enum class GemmLayout : uint8_t {
+  MGrouped,  // fprop / dgrad: groups own rows of A and D (contiguous offsets or masked slots); B [G, N, K]
+  KGrouped,  // wgrad: groups own ranges of the shared K (tokens); A [m, K_total], B [N, K_total], D [G, m, N]
+};
+std::string_view name(GemmLayout l);
+
 // Tile configuration; a zero field is chosen by resolve_tile().
 struct GemmTile {
   int block_m = 0;    // 64 or 128: one consumer warpgroup per 64 rows
@@ -59,8 +66,10 @@ struct GemmSpec {
   ElemFormat a_format = ElemFormat::E4M3;  // e4m3 or e5m2
   ElemFormat b_format = ElemFormat::E4M3;
   GemmScaling scaling = GemmScaling::Block128;
+  GemmLayout layout = GemmLayout::MGrouped;
+  int64_t m = 0;                // K-grouped: rows of each D[g] (rows of A); M-grouped: 0 (run time)
   int64_t n = 0;                // output columns (rows of each B[g]); multiple of 8
-  int64_t k = 0;                // reduction length; multiple of 16
+  int64_t k = 0;                // reduction length; multiple of 16 (K-grouped: 0, per group at run time)
   DType out_dtype = DType::BF16;  // bf16 or fp32
   bool accumulate = false;      // D += result (fp32 output only)
   bool fast_accum = false;      // no fp32 promotion: tensor cores accumulate over all of K

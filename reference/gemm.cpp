@@ -51,11 +51,23 @@ GemmRows gemm_reference(const GemmSpec& spec, const GemmOperands& ops, std::span
   validate(spec);
   const int64_t n = spec.n, k = spec.k, kb = (k + 127) / 128, nb = (n + 127) / 128;
   const bool masked = ops.m_max > 0;
+  const bool kg = spec.layout == GemmLayout::KGrouped;
   const int64_t groups = masked ? int64_t(ops.counts.size()) : int64_t(ops.offsets.size()) - 1;
   QF_CHECK(groups >= 1, "offsets holds G + 1 entries (counts G)");
   QF_CHECK(!masked || ops.m_total == groups * ops.m_max, "masked layout: m_total = G * m_max");
-  QF_CHECK(int64_t(ops.a.size()) >= ops.m_total * k && int64_t(ops.b.size()) >= groups * n * k, "operand sizes");
-  const std::vector<int> owner = masked ? masked_row_groups(ops.counts, ops.m_max) : row_groups(ops.offsets, ops.m_total);
+  // K-grouped: A [m, k_total], B [N, k_total]; output rows g * m + r.
+  const int64_t lda = kg ? ops.k_total : k;
+  const int64_t out_rows = kg ? groups * spec.m : ops.m_total;
+  QF_CHECK(kg ? int64_t(ops.a.size()) >= spec.m * lda && int64_t(ops.b.size()) >= n * lda
+              : int64_t(ops.a.size()) >= ops.m_total * k && int64_t(ops.b.size()) >= groups * n * k,
+           "operand sizes");
+  std::vector<int> owner;
+  if (kg) {
+    owner.resize(size_t(out_rows));
+    for (int64_t r = 0; r < out_rows; ++r) owner[size_t(r)] = int(r / spec.m);
+  } else {
+    owner = masked ? masked_row_groups(ops.counts, ops.m_max) : row_groups(ops.offsets, ops.m_total);
+  }
   const std::vector<double> ta = decode_table(spec.a_format), tb = decode_table(spec.b_format);
 
   GemmRows out;
@@ -64,7 +76,7 @@ GemmRows gemm_reference(const GemmSpec& spec, const GemmOperands& ops, std::span
   out.value.assign(rows.size() * size_t(n), 0.0);
   out.magnitude.assign(rows.size() * size_t(n), 0.0);
   for (size_t i = 0; i < rows.size(); ++i) {
-    QF_CHECK(rows[i] >= 0 && rows[i] < ops.m_total, "row ", rows[i], " outside [0, ", ops.m_total, ")");
+    QF_CHECK(rows[i] >= 0 && rows[i] < out_rows, "row ", rows[i], " outside [0, ", out_rows, ")");
     out.group[i] = owner[size_t(rows[i])];
   }
 
@@ -95,21 +107,29 @@ GemmRows gemm_reference(const GemmSpec& spec, const GemmOperands& ops, std::span
   int nt = threads > 0 ? threads : int(std::max(1u, std::thread::hardware_concurrency()));
   nt = int(std::min<int64_t>(nt, std::max<int64_t>(1, items)));
   auto work = [&](int tid) {
-    std::vector<double> arow(static_cast<size_t>(k)), brow(static_cast<size_t>(k));
+    std::vector<double> arow(static_cast<size_t>(kg ? lda : k)), brow(static_cast<size_t>(kg ? lda : k));
     for (int64_t it = tid; it < items; it += nt) {
       const size_t i = size_t(it / chunks);
       const int64_t c0 = (it % chunks) * kChunk, c1 = std::min(n, c0 + kChunk);
       const int g = out.group[i];
       if (g < 0) continue;
-      const int64_t r = rows[i];
+      // The reduction of this output row: row r of A over K range [k0, k1).
+      int64_t r = rows[i], k0 = 0, k1 = k;
+      if (kg) {
+        r = rows[i] % spec.m;
+        auto clamp = [&](int64_t v) { return std::clamp<int64_t>(v, 0, ops.k_total); };
+        k0 = clamp(ops.offsets[size_t(g)]);
+        k1 = std::max(k0, clamp(ops.offsets[size_t(g) + 1]));
+      }
+      const int64_t len = k1 - k0;
       const double alpha = ops.alpha.empty() ? 1.0 : double(ops.alpha[size_t(g)]);
-      for (int64_t kk = 0; kk < k; ++kk) arow[size_t(kk)] = ta[ops.a[size_t(r * k + kk)]] * a_scale(r, kk, g);
+      for (int64_t kk = k0; kk < k1; ++kk) arow[size_t(kk - k0)] = ta[ops.a[size_t(r * lda + kk)]] * a_scale(r, kk, g);
       for (int64_t col = c0; col < c1; ++col) {
-        const uint8_t* bp = &ops.b[size_t((int64_t(g) * n + col) * k)];
-        for (int64_t kk = 0; kk < k; ++kk) brow[size_t(kk)] = tb[bp[kk]] * b_scale(g, col, kk);
+        const uint8_t* bp = kg ? &ops.b[size_t(col * lda)] : &ops.b[size_t((int64_t(g) * n + col) * k)];
+        for (int64_t kk = k0; kk < k1; ++kk) brow[size_t(kk - k0)] = tb[bp[kk]] * b_scale(g, col, kk);
         double sum = 0, mag = 0;
-        for (int64_t kk = 0; kk < k; ++kk) {
-          const double p = arow[size_t(kk)] * brow[size_t(kk)];
+        for (int64_t j = 0; j < len; ++j) {
+          const double p = arow[size_t(j)] * brow[size_t(j)];
           sum += p;
           mag += std::fabs(p);
         }

@@ -33,6 +33,7 @@ struct GemmOperands {
   std::span<const int64_t> counts;     // masked layout (m_max > 0): [G]
   int64_t m_max = 0;
   int64_t m_total = 0;
+  int64_t k_total = 0;                 // K-grouped: A [m, k_total], B [N, k_total], offsets split K
 };
 
 struct GemmRows {
@@ -49,7 +50,7 @@ std::vector<int> row_groups(std::span<const int64_t> offsets, int64_t m_total);
 std::vector<int> masked_row_groups(std::span<const int64_t> counts, int64_t m_max);
 
 // Reference values of the given rows (all N columns), computed on `threads` threads (0: all
-// hardware threads).
+// hardware threads). K-grouped: rows of D [G * m, N] (row g * m + r of group g).
 GemmRows gemm_reference(const GemmSpec& spec, const GemmOperands& ops, std::span<const int64_t> rows,
                         int threads = 0);
 

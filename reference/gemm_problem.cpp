@@ -71,6 +71,7 @@ GemmOperands GemmProblem::operands() const {
   o.counts = counts;
   o.m_max = m_max;
   o.m_total = m_total;
+  o.k_total = k_total;
   return o;
 }
 
@@ -80,8 +81,10 @@ namespace {
 void fill_problem(const GemmSpec& spec, GemmProblem& p, GemmValues values, bool with_alpha, uint64_t seed,
                   int threads) {
   const int64_t g = p.num_groups(), n = spec.n, k = spec.k;
-  p.a.resize(size_t(p.m_total * k));
-  p.b.resize(size_t(g * n * k));
+  const bool kg = spec.layout == GemmLayout::KGrouped;
+  p.out_rows = kg ? g * spec.m : p.m_total;
+  p.a.resize(size_t(kg ? spec.m * p.k_total : p.m_total * k));
+  p.b.resize(size_t(kg ? n * p.k_total : g * n * k));
   fill_bytes(p.a, byte_table(spec.a_format, values, seed * 3 + 1), seed * 5 + 2, threads);
   fill_bytes(p.b, byte_table(spec.b_format, values, seed * 7 + 3), seed * 11 + 4, threads);
 
@@ -107,7 +110,7 @@ void fill_problem(const GemmSpec& spec, GemmProblem& p, GemmValues values, bool 
     for (auto& a : p.alpha) a = values == GemmValues::Random ? u(rng) : std::ldexp(1.0f, int(rng() % 5) - 2);
   }
   if (spec.accumulate) {
-    p.d_init.resize(size_t(p.m_total * n));
+    p.d_init.resize(size_t(p.out_rows * n));
     std::normal_distribution<float> normal(0.0f, 1.0f);
     for (auto& d : p.d_init) d = values == GemmValues::Random ? normal(rng) : float(int(rng() % 17) - 8);
   }
@@ -127,6 +130,22 @@ GemmProblem make_gemm_problem(const GemmSpec& spec, std::span<const int64_t> gro
     p.offsets.push_back(p.offsets.back() + r);
   }
   p.m_total = p.offsets.back() + trailing_rows;
+  fill_problem(spec, p, values, with_alpha, seed, threads);
+  return p;
+}
+
+GemmProblem make_k_grouped_gemm_problem(const GemmSpec& spec, std::span<const int64_t> tokens, int64_t pad,
+                                        GemmValues values, bool with_alpha, uint64_t seed, int threads) {
+  validate(spec);
+  QF_CHECK(spec.layout == GemmLayout::KGrouped && !tokens.empty() && pad >= 0, "a k-grouped spec and groups");
+  if (threads <= 0) threads = int(std::max(1u, std::thread::hardware_concurrency()));
+  GemmProblem p;
+  p.offsets.push_back(0);
+  for (int64_t t : tokens) {
+    QF_CHECK(t >= 0, "negative token count");
+    p.offsets.push_back(p.offsets.back() + t);
+  }
+  p.k_total = std::max<int64_t>(16, (p.offsets.back() + pad + 15) / 16 * 16);
   fill_problem(spec, p, values, with_alpha, seed, threads);
   return p;
 }

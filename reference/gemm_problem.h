@@ -22,7 +22,9 @@ struct GemmProblem {
   std::vector<int64_t> counts;   // masked layout: [G] (empty when contiguous)
   int64_t m_max = 0;             // masked layout: rows per group slot; 0: contiguous
   int64_t m_total = 0;           // offsets.back() plus any trailing rows outside every group (G * m_max masked)
+  int64_t k_total = 0;           // K-grouped: the token dimension (offsets split it); 0 otherwise
   int num_groups() const { return m_max > 0 ? int(counts.size()) : int(offsets.size()) - 1; }
+  int64_t out_rows = 0;          // rows of D: m_total, or G * m when K-grouped
   std::vector<uint8_t> a, b;     // [m_total, K], [G, N, K]
   std::vector<uint8_t> a_scale, b_scale;  // raw bytes in the kernel's layout (fp32 or e8m0 elements)
   std::vector<float> alpha;      // empty unless requested
@@ -36,6 +38,10 @@ enum class GemmValues { Random, SmallIntegers };
 // and D belong to no group (the kernel must leave them untouched).
 GemmProblem make_gemm_problem(const GemmSpec& spec, std::span<const int64_t> group_rows, int64_t trailing_rows,
                               GemmValues values, bool with_alpha, uint64_t seed, int threads = 0);
+// K-grouped layout (spec.layout == KGrouped): group g reduces over tokens[g] tokens (0 allowed)
+// of the shared token dimension, padded with `pad` unused tokens and up to a multiple of 16.
+GemmProblem make_k_grouped_gemm_problem(const GemmSpec& spec, std::span<const int64_t> tokens, int64_t pad,
+                                        GemmValues values, bool with_alpha, uint64_t seed, int threads = 0);
 // Masked layout: G = counts.size() slots of m_max rows; counts[g] may exceed m_max (the kernel
 // clamps) or be negative (clamped to 0).
 GemmProblem make_masked_gemm_problem(const GemmSpec& spec, std::span<const int64_t> counts, int64_t m_max,

@@ -107,6 +107,7 @@ std::shared_ptr<const Gemm::Loaded> Gemm::load_for_current_device() const {
 }
 
 void Gemm::run(const GemmCall& c, CUstream stream) const {
+  if (spec_.layout == GemmLayout::KGrouped) return run_k_grouped(c, stream);
   const GemmSpec& s = spec_;
   const GemmTile& t = s.tile;
   if (c.num_groups < 1 || c.num_groups > kMaxGroups)
@@ -174,8 +175,13 @@ void Gemm::run(const GemmCall& c, CUstream stream) const {
   args.m_total = m;
   args.num_groups = c.num_groups;
 
-  int64_t clusters = std::min<int64_t>(units, l->grid / t.multicast);
-  if (c.max_ctas > 0) clusters = std::min<int64_t>(clusters, c.max_ctas / t.multicast);
+  launch_persistent(*l, args, units, c.max_ctas, stream);
+}
+
+void Gemm::launch_persistent(const Loaded& l, GemmArgs& args, int64_t units, int max_ctas, CUstream stream) const {
+  const GemmTile& t = spec_.tile;
+  int64_t clusters = std::min<int64_t>(units, l.grid / t.multicast);
+  if (max_ctas > 0) clusters = std::min<int64_t>(clusters, max_ctas / t.multicast);
   const int64_t want = std::max<int64_t>(1, clusters) * t.multicast;
   void* params[] = {&args};
   CUlaunchAttribute attr{};
@@ -187,8 +193,64 @@ void Gemm::run(const GemmCall& c, CUstream stream) const {
     attr.value.clusterDim.z = 1;
     attrs = std::span<CUlaunchAttribute>(&attr, 1);
   }
-  launch(l->fn, Dim3{unsigned(want)}, Dim3{unsigned(l->kernel.source.threads)}, l->kernel.source.smem_bytes, stream,
+  launch(l.fn, Dim3{unsigned(want)}, Dim3{unsigned(l.kernel.source.threads)}, l.kernel.source.smem_bytes, stream,
          params, attrs);
+}
+
+// K-grouped (wgrad): D[g] [m, N] (+)= alpha[g] * sa[g] * sb[g] * A[:, ks] * B[:, ks]^T over the
+// token range ks = [offsets[g], offsets[g+1]) of A [m, k_total] and B [N, k_total].
+void Gemm::run_k_grouped(const GemmCall& c, CUstream stream) const {
+  const GemmSpec& s = spec_;
+  const GemmTile& t = s.tile;
+  if (c.num_groups < 1 || c.num_groups > kMaxGroups)
+    throw UserError("num_groups", "expected 1.." + std::to_string(kMaxGroups) + ", got " + std::to_string(c.num_groups));
+  if (c.k_total < 16 || c.k_total >= (int64_t(1) << 31) || c.k_total % 16 != 0)
+    throw UserError("k_total", "k-grouped: expected the token dimension as a multiple of 16 in [16, 2^31) (16-byte TMA "
+                               "row strides; pad it), got " + std::to_string(c.k_total));
+  if (c.m_total != 0 || c.m_max != 0 || c.group_counts.ptr)
+    throw UserError(c.m_total != 0 ? "m_total" : c.m_max != 0 ? "m_max" : "group_counts",
+                    "k-grouped: rows are the spec's m and groups split K by group_offsets; expected 0 / none");
+  const int64_t g = c.num_groups, kt = c.k_total;
+  const int64_t units = g * ((s.m + t.block_m - 1) / t.block_m) * ((s.n + t.block_n - 1) / t.block_n);
+  if (g * s.m >= (int64_t(1) << 31) || units >= (int64_t(1) << 31))
+    throw UserError("num_groups", "too many output rows or tiles for one launch (" + std::to_string(g) + " x " +
+                                      std::to_string(s.m) + " rows)");
+  const int ob = traits(s.out_dtype).bytes;
+  check_buffer("a", c.a, s.m * kt, 16,
+               "A [" + std::to_string(s.m) + ", " + std::to_string(kt) + "] " + std::string(traits(s.a_format).name));
+  check_buffer("b", c.b, s.n * kt, 16,
+               "B [" + std::to_string(s.n) + ", " + std::to_string(kt) + "] " + std::string(traits(s.b_format).name));
+  check_buffer("d", c.d, g * s.m * s.n * ob, 16,
+               "D [" + std::to_string(g) + ", " + std::to_string(s.m) + ", " + std::to_string(s.n) + "] " +
+                   std::string(traits(s.out_dtype).name));
+  if (c.d.dtype && *c.d.dtype != s.out_dtype) check_dtype("d", c.d, s.out_dtype);
+  check_buffer("a_scale", c.a_scale, g * 4, 4, "fp32 per-group scales [G]");
+  check_buffer("b_scale", c.b_scale, g * 4, 4, "fp32 per-group scales [G]");
+  if (c.alpha.ptr) check_buffer("alpha", c.alpha, g * 4, 4, "fp32 [num_groups]");
+  if (c.max_ctas < 0) throw UserError("max_ctas", "expected >= 0, got " + std::to_string(c.max_ctas));
+  check_buffer("group_offsets", c.group_offsets, (g + 1) * 8, 8, "int64 [num_groups + 1] token offsets");
+  const std::pair<const char*, const TensorView*> inputs[] = {{"a", &c.a},           {"b", &c.b},
+                                                              {"a_scale", &c.a_scale}, {"b_scale", &c.b_scale},
+                                                              {"alpha", &c.alpha},   {"group_offsets", &c.group_offsets}};
+  for (const auto& [name, v] : inputs) check_disjoint("d", c.d, name, *v);
+  const int dev = current_device();
+  check_device_pointer("d", c.d.ptr, dev);
+  for (const auto& [name, v] : inputs) check_device_pointer(name, v->ptr, dev);
+
+  auto l = load_for_current_device();
+  GemmArgs args{};
+  args.a_map = encode_fp8_map("a", c.a.ptr, {cuuint64_t(kt), cuuint64_t(s.m)}, {cuuint64_t(kt)},
+                              {cuuint32_t(kGemmBlockK), cuuint32_t(t.block_m)});
+  args.b_map = encode_fp8_map("b", c.b.ptr, {cuuint64_t(kt), cuuint64_t(s.n)}, {cuuint64_t(kt)},
+                              {cuuint32_t(kGemmBlockK), cuuint32_t(t.block_n)});
+  args.d = reinterpret_cast<void*>(c.d.ptr);
+  args.a_scale = reinterpret_cast<const void*>(c.a_scale.ptr);
+  args.b_scale = reinterpret_cast<const void*>(c.b_scale.ptr);
+  args.alpha = reinterpret_cast<const float*>(c.alpha.ptr);
+  args.group_offsets = reinterpret_cast<const i64*>(c.group_offsets.ptr);
+  args.k_total = kt;
+  args.num_groups = c.num_groups;
+  launch_persistent(*l, args, units, c.max_ctas, stream);
 }
 
 }  // namespace qf::rt

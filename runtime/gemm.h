@@ -23,6 +23,10 @@
 #include "runtime/kernel_cache.h"
 #include "runtime/tensor.h"
 
+namespace qf {
+struct GemmArgs;  // templates/qforge/gemm_args.cuh
+}
+
 namespace qf::rt {
 
 // The spec's kernel for one arch, from the cache (compiled on a miss).
@@ -33,17 +37,20 @@ struct GemmKernel {
 GemmKernel build_gemm_kernel(const GemmSpec& spec, const std::string& arch, KernelCache& cache);
 
 struct GemmCall {
-  TensorView a;              // fp8 [m_total, K], 16-byte aligned
-  TensorView b;              // fp8 [num_groups, N, K], 16-byte aligned
-  TensorView d;              // [m_total, N] bf16 or fp32 (the spec's), 16-byte aligned
+  TensorView a;              // fp8 [m_total, K] (K-grouped: [m, k_total]), 16-byte aligned
+  TensorView b;              // fp8 [num_groups, N, K] (K-grouped: [N, k_total]), 16-byte aligned
+  TensorView d;              // [m_total, N] (K-grouped: [num_groups, m, N]) bf16 or fp32, 16-byte aligned
   TensorView a_scale;        // fp32 (e8m0 bytes for mxfp8), shape per scaling (gemm_scale_elems)
   TensorView b_scale;        // 4-byte aligned
   TensorView alpha;          // optional fp32 [num_groups]
-  TensorView group_offsets;  // contiguous layout: int64 [num_groups + 1], on the device
+  TensorView group_offsets;  // contiguous layout: int64 [num_groups + 1] row offsets, on the device
+                             // (K-grouped: token offsets into k_total)
   TensorView group_counts;   // masked layout: int64 [num_groups] rows used per group slot, on the
                              // device (clamped to [0, m_max]); give exactly one of the two
   int64_t m_max = 0;         // masked layout: rows per group slot (> 0); m_total = num_groups * m_max
-  int64_t m_total = 0;       // rows of A and D, < 2^31
+  int64_t m_total = 0;       // rows of A and D, < 2^31 (K-grouped: 0)
+  int64_t k_total = 0;       // K-grouped: the token dimension of A [m, k_total] and B [N, k_total],
+                             // a multiple of 16; group_offsets split it
   int num_groups = 0;        // 1 .. 2^20
   int max_ctas = 0;          // cap on the persistent CTAs (e.g. to leave SMs to other streams);
                              // 0: one per SM, or as many clusters as fit at once
@@ -71,6 +78,8 @@ class Gemm {
  private:
   struct Loaded;
   std::shared_ptr<const Loaded> load_for_current_device() const;
+  void run_k_grouped(const GemmCall& call, CUstream stream) const;
+  void launch_persistent(const Loaded& l, GemmArgs& args, int64_t units, int max_ctas, CUstream stream) const;
 
   GemmSpec spec_;
   KernelCache& cache_;

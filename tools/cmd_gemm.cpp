@@ -80,7 +80,7 @@ int cmd_gemm(const Argv& argv) {
             {"--a-format", "--b-format", "--scaling", "--groups", "--m", "--n", "--k", "--splits", "--out",
              "--block-m", "--block-n", "--stages", "--multicast", "--raster", "--arch", "--seed", "--check-rows",
              "--iters", "--warmup", "--json", "--zero-groups", "--max-ctas", "--ordered", "--m-max"},
-            {"--accumulate", "--alpha", "--fast-accum", "--uneven", "--source", "--check", "--bench"});
+            {"--accumulate", "--alpha", "--fast-accum", "--uneven", "--source", "--check", "--bench", "--k-grouped"});
   if (!args.positional().empty()) throw UserError(args.positional()[0], "unexpected argument");
   GemmSpec spec;
   spec.a_format = fp8_arg(args, "--a-format");
@@ -91,6 +91,14 @@ int cmd_gemm(const Argv& argv) {
   spec.scaling = *sc;
   spec.n = args.integer("--n", 4096, 8, int64_t(1) << 24);
   spec.k = args.integer("--k", 7168, 16, int64_t(1) << 24);
+  // --k-grouped (wgrad): D[g] [M, N] over the group's tokens; --k is the tokens per group.
+  const bool k_grouped = args.flag("--k-grouped");
+  const int64_t tokens_per_group = spec.k;
+  if (k_grouped) {
+    spec.layout = GemmLayout::KGrouped;
+    spec.m = args.integer("--m", 4096, 1, int64_t(1) << 24);
+    spec.k = 0;
+  }
   const std::string out = args.get("--out").value_or("bf16");
   if (out != "bf16" && out != "fp32") throw UserError("--out", "expected bf16 or fp32, got \"" + out + "\"");
   spec.out_dtype = out == "bf16" ? DType::BF16 : DType::FP32;
@@ -109,7 +117,8 @@ int cmd_gemm(const Argv& argv) {
     validate(spec);
   } catch (const UserError& e) {  // name the flag rather than the spec field
     static const std::map<std::string, std::string> kFlag = {
-        {"a_format", "--a-format"}, {"b_format", "--b-format"}, {"n", "--n"}, {"k", "--k"},
+        {"a_format", "--a-format"}, {"b_format", "--b-format"}, {"n", "--n"}, {"k", "--k"}, {"m", "--m"},
+        {"scaling", "--scaling"},
         {"out_dtype", "--out"}, {"accumulate", "--accumulate"}, {"fast_accum", "--fast-accum"},
         {"tile.block_m", "--block-m"}, {"tile.block_n", "--block-n"}, {"tile.stages", "--stages"},
         {"tile.multicast", "--multicast"}, {"tile.raster_m", "--raster"}, {"tile.ordered", "--ordered"}};
@@ -147,7 +156,7 @@ int cmd_gemm(const Argv& argv) {
   if (auto s = args.get("--splits")) {
     rows = parse_splits(*s);
   } else {
-    const int64_t m = args.integer("--m", 4096, 0, int64_t(1) << 30);
+    const int64_t m = k_grouped ? tokens_per_group : args.integer("--m", 4096, 0, int64_t(1) << 30);
     if (args.flag("--uneven")) {
       const int zero = int(args.integer("--zero-groups", groups > 2 ? 1 : 0, 0, groups - 1));
       rows = ref::random_group_rows(groups, m * groups, zero, m % 64 == 0 ? 64 : 1, seed);
@@ -170,17 +179,23 @@ int cmd_gemm(const Argv& argv) {
   const bool with_alpha = args.flag("--alpha");
   // --m-max: masked layout [G, m_max, K]; the group sizes become the per-slot counts.
   const int64_t m_max = args.integer("--m-max", 0, 0, int64_t(1) << 30);
-  ref::GemmProblem p = m_max > 0 ? ref::make_masked_gemm_problem(spec, rows, m_max, ref::GemmValues::Random, with_alpha, seed)
-                                 : ref::make_gemm_problem(spec, rows, 0, ref::GemmValues::Random, with_alpha, seed);
+  if (k_grouped && m_max > 0) throw UserError("--m-max", "the masked layout is M-grouped; --k-grouped splits K");
+  ref::GemmProblem p =
+      k_grouped  ? ref::make_k_grouped_gemm_problem(spec, rows, 0, ref::GemmValues::Random, with_alpha, seed)
+      : m_max > 0 ? ref::make_masked_gemm_problem(spec, rows, m_max, ref::GemmValues::Random, with_alpha, seed)
+                  : ref::make_gemm_problem(spec, rows, 0, ref::GemmValues::Random, with_alpha, seed);
   // Rows [first, second) of group g.
-  auto group_range = [&](size_t g) -> std::pair<int64_t, int64_t> {
+  auto group_range = [&](size_t g) -> std::pair<int64_t, int64_t> {  // rows of D
+    if (k_grouped) return {int64_t(g) * spec.m, int64_t(g + 1) * spec.m};
     if (m_max == 0) return {p.offsets[g], p.offsets[g + 1]};
     const int64_t s = int64_t(g) * m_max;
     return {s, s + std::clamp<int64_t>(rows[g], 0, m_max)};
   };
+  // Multiply-adds / (N * K): rows times K per group (K-grouped: M times the group's tokens).
   int64_t used_rows = 0;
   for (size_t g = 0; g < rows.size(); ++g) used_rows += group_range(g).second - group_range(g).first;
-  const int64_t m_total = p.m_total, ob = traits(spec.out_dtype).bytes;
+  const double mk = k_grouped ? double(spec.m) * double(p.offsets.back()) : double(used_rows) * double(spec.k);
+  const int64_t m_total = p.m_total, out_rows = p.out_rows, ob = traits(spec.out_dtype).bytes;
   std::cout << "operands generated in "
             << std::chrono::duration<double>(std::chrono::steady_clock::now() - tg).count() << " s\n";
 
@@ -193,7 +208,7 @@ int cmd_gemm(const Argv& argv) {
   rt::DeviceBuffer dsa = upload(p.a_scale.data(), p.a_scale.size()), dsb = upload(p.b_scale.data(), p.b_scale.size());
   rt::DeviceBuffer dal = with_alpha ? upload(p.alpha.data(), p.alpha.size() * 4) : rt::DeviceBuffer();
   rt::DeviceBuffer doff = m_max > 0 ? upload(p.counts.data(), p.counts.size() * 8) : upload(p.offsets.data(), p.offsets.size() * 8);
-  rt::DeviceBuffer dd(std::max<size_t>(size_t(m_total * spec.n * ob), 16));
+  rt::DeviceBuffer dd(std::max<size_t>(size_t(out_rows * spec.n * ob), 16));
   auto reset_d = [&] {
     if (spec.accumulate) dd.upload(p.d_init.data(), p.d_init.size() * 4);
     else dd.fill(0xFF);  // poison: an unwritten element reads as NaN
@@ -206,6 +221,7 @@ int cmd_gemm(const Argv& argv) {
   if (m_max > 0) call.group_counts = view(doff), call.m_max = m_max;
   else call.group_offsets = view(doff);
   call.m_total = m_total;
+  call.k_total = p.k_total;
   call.num_groups = int(rows.size());
   call.max_ctas = int(args.integer("--max-ctas", 0, 0, 1 << 20));
   rt::Gemm gemm(spec);
@@ -290,7 +306,7 @@ int cmd_gemm(const Argv& argv) {
       ms.push_back(rt::Event::elapsed_ms(e0, e1));
     }
     const double t = median(ms);
-    const double flops = 2.0 * double(used_rows) * double(spec.n) * double(spec.k);
+    const double flops = 2.0 * mk * double(spec.n);
     std::printf("bench: median %.3f ms over %d runs (min %.3f), %.1f TFLOP/s\n", t, iters,
                 *std::min_element(ms.begin(), ms.end()), flops / (t * 1e-3) / 1e12);
     result["bench"] = {{"median_ms", t}, {"min_ms", *std::min_element(ms.begin(), ms.end())}, {"tflops", flops / (t * 1e-3) / 1e12}};

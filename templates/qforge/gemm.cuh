@@ -232,13 +232,18 @@ __device__ __forceinline__ void cluster_sync() {
 
 namespace gemm {
 
-// One output tile: rows [row0, row0 + block_m) of group `group` (stores stop at row_end), columns
-// [n0, n0 + block_n). Rows fit in 31 bits (the host checks m_total < 2^31).
+// One output tile. M-grouped: rows [row0, row0 + block_m) of A and D, of group `group` (stores
+// stop at row_end), columns [n0, n0 + block_n), the whole K. K-grouped: rows [row0, ...) of A
+// and of D[group] (out_row0 = group * kM + row0), K restricted to the group's range [k0, k0 +
+// k_len) of the shared token dimension. Rows and K fit in 31 bits (the host checks).
 struct TileInfo {
   int row0;
-  int row_end;  // min(group end, m_total)
+  int row_end;  // M-grouped: min(group end, m_total); K-grouped: kM
   int n0;
   int group;
+  int out_row0;  // row of D holding tile row 0 (M-grouped: row0)
+  int k0;        // first K of the tile's reduction (M-grouped: 0)
+  int k_len;     // its length (M-grouped: kK)
 };
 
 // Where a consumer thread's accumulator fragment sits: wgmma m64nN gives thread `lane` of warp
@@ -273,6 +278,15 @@ struct Scheduler {
 
   // Unit -> tile for this CTA (rank in its cluster); false when past the last group.
   __device__ bool get(int unit, u32 rank, TileInfo& t) {
+    if constexpr (Cfg::kKGrouped) {
+      return get_k_grouped(unit, rank, t);
+    } else {
+      return get_m_grouped(unit, rank, t);
+    }
+  }
+
+  // M-grouped: the groups' row ranges in order; units are walked in increasing order.
+  __device__ bool get_m_grouped(int unit, u32 rank, TileInfo& t) {
     while (unit >= units_before + units_in_group) {
       units_before += units_in_group;
       if (++g >= a.num_groups) return false;
@@ -300,9 +314,45 @@ struct Scheduler {
     t.row0 = g_start + mb * kBM;
     t.row_end = g_end;
     t.n0 = (nu * int(Cfg::kMulticast) + int(rank)) * kBN;
+    t.out_row0 = t.row0;
+    t.k0 = 0;
+    t.k_len = int(Cfg::kK);
+    return true;
+  }
+
+  // K-grouped (wgrad): every group has the same kM x kN output tiles; group g reduces over
+  // K = [offsets[g], offsets[g+1]) of the shared token dimension (clamped to [0, k_total]).
+  __device__ bool get_k_grouped(int unit, u32 rank, TileInfo& t) const {
+    constexpr int kMBlocks = int((Cfg::kM + kBM - 1) / kBM);
+    constexpr int kUnits = kMBlocks * kNUnits;
+    const int g = unit / kUnits;
+    if (g >= a.num_groups) return false;
+    const int local = unit - g * kUnits;
+    const int band = local / (kRaster * kNUnits);
+    const int band_start = band * kRaster;
+    const int rows = min(kMBlocks - band_start, kRaster);
+    const int r = local - band * kRaster * kNUnits;
+    t.group = g;
+    t.row0 = (band_start + r % rows) * kBM;
+    t.row_end = int(Cfg::kM);
+    t.n0 = ((r / rows) * int(Cfg::kMulticast) + int(rank)) * kBN;
+    t.out_row0 = g * int(Cfg::kM) + t.row0;
+    const i64 kt = a.k_total;
+    const i64 s = a.group_offsets[g], e = a.group_offsets[g + 1];
+    const int k0 = int(s < 0 ? 0 : (s > kt ? kt : s));
+    const int k1 = int(e < 0 ? 0 : (e > kt ? kt : e));
+    t.k0 = k0;
+    t.k_len = k1 > k0 ? k1 - k0 : 0;
     return true;
   }
 };
+
+// k-blocks (128 of K, one stage each) of a tile.
+template <class Cfg>
+__device__ __forceinline__ int tile_k_blocks(const TileInfo& t) {
+  if constexpr (Cfg::kKGrouped) return (t.k_len + kGemmBlockK - 1) / kGemmBlockK;
+  return int((Cfg::kK + kGemmBlockK - 1) / kGemmBlockK);
+}
 
 // ------------------------------------------------------------------ scaling policies
 //
@@ -565,6 +615,8 @@ struct Traits {
   static_assert(!Cfg::kOrderedIssue || kConsumers == 2, "ordered issue alternates two warpgroups");
   static_assert(Scaling::kSteps == 1 || (Scaling::kSteps == 4 && Cfg::kPromote && !Cfg::kOrderedIssue),
                 "per-32 promotion: promoted, unordered");
+  static_assert(!Cfg::kKGrouped || (Cfg::kScaling == kGemmPerTensor && kMc == 1),
+                "K-grouped: per-tensor scaling, no multicast");
 };
 
 template <class Cfg>
@@ -583,7 +635,9 @@ __device__ __forceinline__ void producer(const GemmArgs& a, u32 base, u32 rank, 
   for (int unit = int(blockIdx.x) / T::kMc;; unit += stride) {
     TileInfo t;
     if (!sched.get(unit, rank, t)) break;
-    for (int kb = 0; kb < T::kKBlocks; ++kb) {
+    const int k_blocks = tile_k_blocks<Cfg>(t);
+    for (int kb = 0; kb < k_blocks; ++kb) {
+      const int kc = t.k0 + kb * kGemmBlockK;  // K coordinate of the stage
       const u32 full = full0 + 8u * stage, empty = empty0 + 8u * stage;
       sm90::mbar_wait(empty, phase ^ 1u);
       if (lane == 0) {
@@ -591,13 +645,14 @@ __device__ __forceinline__ void producer(const GemmArgs& a, u32 base, u32 rank, 
         const u32 a_dst = base + T::kSmem.a_off + u32(stage) * T::kSmem.a_stage;
         if constexpr (T::kMc == 2) {
           constexpr int kHalf = T::kBM / 2;
-          sm90::tma_load_2d_multicast(a_dst + rank * u32(kHalf) * 128u, &a.a_map, full, kb * kGemmBlockK,
+          sm90::tma_load_2d_multicast(a_dst + rank * u32(kHalf) * 128u, &a.a_map, full, kc,
                                       t.row0 + int(rank) * kHalf, u16(0x3));
         } else {
-          sm90::tma_load_2d(a_dst, &a.a_map, full, kb * kGemmBlockK, t.row0);
+          sm90::tma_load_2d(a_dst, &a.a_map, full, kc, t.row0);
         }
-        sm90::tma_load_3d(base + T::kSmem.b_off + u32(stage) * T::kSmem.b_stage, &a.b_map, full, kb * kGemmBlockK,
-                          t.n0, t.group);
+        const u32 b_dst = base + T::kSmem.b_off + u32(stage) * T::kSmem.b_stage;
+        if constexpr (Cfg::kKGrouped) sm90::tma_load_2d(b_dst, &a.b_map, full, kc, t.n0);  // B [N, k_total]
+        else sm90::tma_load_3d(b_dst, &a.b_map, full, kc, t.n0, t.group);                   // B [G, N, K]
       }
       if constexpr (S::kStageScales) {
         S::template produce<Cfg>(a, t, kb, lane, base + T::kSmem.sc_off + u32(stage) * T::kSmem.sc_stage);
@@ -624,7 +679,7 @@ __device__ __forceinline__ void scale_writer(const GemmArgs& a, u8* smem, u32 ba
   for (int unit = int(blockIdx.x) / T::kMc;; unit += stride) {
     TileInfo t;
     if (!sched.get(unit, rank, t)) break;
-    for (int kb = 0; kb < T::kKBlocks; ++kb) {
+    for (int kb = 0; kb < tile_k_blocks<Cfg>(t); ++kb) {
       if (turn == w) {
         u32 words[S::template kWords<Cfg>];
         S::template load_scales<Cfg>(a, t, kb, lane, words);
@@ -660,7 +715,8 @@ __device__ __forceinline__ void epilogue(const GemmArgs& a, const TileInfo& t, c
   const float rf0 = S::row_factor(ts, 0), rf1 = S::row_factor(ts, 1);
   const int frag_row = f.row - f.wg * 64;  // row within the warpgroup's 64
   const int quad = f.lane & 3;
-  const int wg_row0 = t.row0 + f.wg * 64;
+  const int wg_row0 = t.row0 + f.wg * 64;         // rows of the group (K-grouped) or of D
+  const int out_shift = t.out_row0 - t.row0;      // D row = tile row + out_shift
   constexpr int kChunkElems = 16 / T::kOutBytes;
   constexpr int kChunksPerRow = T::kEpiCols / kChunkElems;
 
@@ -695,8 +751,9 @@ __device__ __forceinline__ void epilogue(const GemmArgs& a, const TileInfo& t, c
       const int grow = wg_row0 + r;
       const int gcol = t.n0 + pass * T::kEpiCols + cc * kChunkElems;
       if (grow >= t.row_end || gcol >= int(Cfg::kN)) continue;
+      const int drow = grow + out_shift;
       uint4 v = *reinterpret_cast<const uint4*>(staging + r * T::kPitch + cc * 4);
-      u8* dst = static_cast<u8*>(a.d) + (i64(grow) * Cfg::kN + gcol) * T::kOutBytes;
+      u8* dst = static_cast<u8*>(a.d) + (i64(drow) * Cfg::kN + gcol) * T::kOutBytes;
       if constexpr (Cfg::kAccumulate) {
         const float4 old = *reinterpret_cast<const float4*>(dst);
         v.x = f32_bits(old.x + __uint_as_float(v.x));
@@ -707,6 +764,32 @@ __device__ __forceinline__ void epilogue(const GemmArgs& a, const TileInfo& t, c
       *reinterpret_cast<uint4*>(dst) = v;
     }
   }
+}
+
+// K-grouped: zeroes K positions [valid, 128) of a stage (A: this warpgroup's 64 rows; B: its
+// share of the block_n rows) so that the next group's tokens add nothing, then makes the writes
+// visible to the tensor cores (async proxy) and waits for the other consumer warpgroups' share.
+// The tiles are TMA's 128-byte swizzle: byte c of row r sits at r * 128 + ((c / 16) ^ (r % 8)) * 16 + c % 16.
+template <class Cfg>
+__device__ __forceinline__ void zero_k_tail(u8* smem, int stage, int valid, const Frag& f) {
+  using T = Traits<Cfg>;
+  auto zero_rows = [&](u8* tile, int rows, int part, int parts) {
+    const int first_chunk = valid / 16;
+    for (int i = part; i < rows * 8; i += parts) {
+      const int r = i / 8, j = i % 8;
+      if (j < first_chunk) continue;
+      u8* chunk = tile + r * 128 + ((j ^ (r % 8)) * 16);
+      if (j == first_chunk && valid % 16 != 0) {
+        for (int c = valid % 16; c < 16; ++c) chunk[c] = 0;
+      } else {
+        *reinterpret_cast<uint4*>(chunk) = make_uint4(0, 0, 0, 0);
+      }
+    }
+  };
+  zero_rows(smem + T::kSmem.a_off + u32(stage) * T::kSmem.a_stage + u32(f.wg) * 64u * 128u, 64, f.tid, 128);
+  zero_rows(smem + T::kSmem.b_off + u32(stage) * T::kSmem.b_stage, T::kBN, f.wg * 128 + f.tid, 128 * T::kConsumers);
+  sm90::fence_proxy_async_shared();
+  if constexpr (T::kConsumers > 1) sm90::named_barrier(1u + u32(T::kConsumers), 128u * T::kConsumers);
 }
 
 template <class Cfg>
@@ -740,7 +823,7 @@ __device__ __forceinline__ void consumer(const GemmArgs& a, u8* smem, u32 base, 
       // released after its last step's promotion (which reads the stage's scale slot).
       float part1[T::kAcc];
       const float* prev_slot = nullptr;
-      for (int kb = 0; kb < T::kKBlocks; ++kb) {
+      for (int kb = 0; kb < T::kKBlocks; ++kb) {  // M-grouped only (static_assert in Traits)
         sm90::mbar_wait(full0 + 8u * stage, phase);
         const float* slot = reinterpret_cast<const float*>(smem + T::kSmem.sc_off + u32(stage) * T::kSmem.sc_stage);
         const u64 da = sm90::smem_desc_sw128(base + T::kSmem.a_off + u32(stage) * T::kSmem.a_stage + u32(wg) * 64u * 128u);
@@ -776,8 +859,20 @@ __device__ __forceinline__ void consumer(const GemmArgs& a, u8* smem, u32 base, 
       release_stage<Cfg>(empty0 + 8u * prev_stage, lane);
       epilogue<Cfg>(a, t, f, smem, total, ts);
     } else {
-      for (int kb = 0; kb < T::kKBlocks; ++kb) {
+      const int k_blocks = tile_k_blocks<Cfg>(t);
+      if constexpr (!Cfg::kPromote) {
+        if (k_blocks == 0) {  // K-grouped empty group: its output is zero
+#pragma unroll
+          for (int i = 0; i < T::kAcc; ++i) acc[i] = 0.0f;
+        }
+      }
+      for (int kb = 0; kb < k_blocks; ++kb) {
         sm90::mbar_wait(full0 + 8u * stage, phase);
+        if constexpr (Cfg::kKGrouped) {
+          // The group's last k-block reads the next group's K (or TMA zeros past k_total): zero it.
+          const int valid = t.k_len - kb * kGemmBlockK;
+          if (valid < kGemmBlockK) zero_k_tail<Cfg>(smem, stage, valid, f);
+        }
         typename S::KBlock kf{};
         if constexpr (S::kStageScales)
           kf = S::template kblock<Cfg>(
@@ -821,7 +916,7 @@ __device__ __forceinline__ void consumer(const GemmArgs& a, u8* smem, u32 base, 
         sm90::wgmma_wait<0>();
 #pragma unroll
         for (int i = 0; i < T::kAcc; ++i) sm90::fence_reg(acc[i]);
-        release_stage<Cfg>(empty0 + 8u * prev_stage, lane);
+        if (k_blocks > 0) release_stage<Cfg>(empty0 + 8u * prev_stage, lane);
         epilogue<Cfg>(a, t, f, smem, acc, ts);
       }
     }

@@ -15,6 +15,8 @@ struct alignas(64) TmaDescriptor {
 // M-grouped GEMM: for every group g with rows [offsets[g], offsets[g+1]) (contiguous layout) or
 // [g * m_max, g * m_max + counts[g]) (masked layout),
 //   D[rows, :] (+)= alpha[g] * dequant(A[rows, :]) * dequant(B[g])^T
+// K-grouped GEMM (wgrad): for every group g with K range ks = [offsets[g], offsets[g+1]),
+//   D[g] (+)= alpha[g] * dequant(A[:, ks]) * dequant(B[:, ks])^T, A [kM, k_total], B [N, k_total].
 // A is [m_total, K] and B is [G, N, K], both K-major (the quantize kernels' rowwise layout, or
 // their transposed columnwise copies); D is [m_total, N] row-major.
 struct GemmArgs {
@@ -33,6 +35,8 @@ struct GemmArgs {
                              // [g * m_max, g * m_max + clamp(counts[g], 0, m_max))
   i64 m_max;                 // masked layout: rows per group slot (A [G, m_max, K], D [G, m_max, N]); 0: contiguous
   i64 m_total;               // rows of the A and D allocations (G * m_max when masked)
+  i64 k_total;               // K-grouped layout: the shared token dimension of A [kM, k_total] and
+                             // B [N, k_total]; group g reduces over [offsets[g], offsets[g+1])
   i32 num_groups;
 };
 

@@ -42,6 +42,18 @@ GemmSpec ordered(GemmSpec s, int o) {
   return s;
 }
 
+std::vector<uint8_t> fp32_bytes(const std::vector<float>& v) {
+  std::vector<uint8_t> out(v.size() * 4);
+  if (!v.empty()) std::memcpy(out.data(), v.data(), out.size());
+  return out;
+}
+
+// K-grouped (wgrad): D[g] [m, n] over each group's tokens.
+GemmSpec k_grouped(GemmSpec s, int64_t m) {
+  s.layout = GemmLayout::KGrouped, s.m = m, s.k = 0;
+  return s;
+}
+
 std::vector<Variant> variants() {
   using S = GemmScaling;
   const auto E4 = ElemFormat::E4M3, E5 = ElemFormat::E5M2;
@@ -61,6 +73,9 @@ std::vector<Variant> variants() {
       {"mxfp8_e4m3_bf16", make(S::Mx32, E4, E4, DType::BF16, false, false, 128, 1)},
       {"mxfp8_e5m2_e4m3_fp32_acc_mc2", make(S::Mx32, E5, E4, DType::FP32, true, false, 128, 2)},
       {"mxfp8_bm64_bn64", make(S::Mx32, E4, E4, DType::BF16, false, false, 64, 1, 64)},
+      {"kgrouped_tensor_bf16", k_grouped(make(S::PerTensor, E4, E4, DType::BF16, false, false, 128, 1), 4096)},
+      {"kgrouped_tensor_fast_fp32_acc", k_grouped(make(S::PerTensor, E4, E5, DType::FP32, true, true, 128, 1), 2048)},
+      {"kgrouped_tensor_bm64_bn256_fast", k_grouped(make(S::PerTensor, E5, E4, DType::BF16, false, true, 256, 1, 64), 1000)},
   };
 }
 
@@ -181,6 +196,20 @@ TEST(GemmCodegen, SpecErrorsNameTheField) {
   expect_spec_error(s, "fast_accum", "every 32 of K is promoted");
   s = ok, s.scaling = GemmScaling::Mx32, s.tile.ordered = 2;
   expect_spec_error(s, "tile.ordered", "not supported");
+  // K-grouped (wgrad).
+  const GemmSpec kg = k_grouped(make(GemmScaling::PerTensor, ElemFormat::E4M3, ElemFormat::E4M3, DType::FP32, true,
+                                     false, 0, 0), 4096);
+  EXPECT_NO_THROW(validate(kg));
+  s = kg, s.scaling = GemmScaling::Block128;
+  expect_spec_error(s, "scaling", "k-grouped (wgrad): only tensor scaling so far, got blockwise");
+  s = kg, s.k = 7168;
+  expect_spec_error(s, "k", "K is each group's token count, read at run time: expected 0, got 7168");
+  s = kg, s.m = 0;
+  expect_spec_error(s, "m", "expected the rows of each output in [1, 2^24], got 0");
+  s = kg, s.tile.multicast = 2;
+  expect_spec_error(s, "tile.multicast", "k-grouped: expected 1, got 2");
+  s = ok, s.m = 5;
+  expect_spec_error(s, "m", "m-grouped: rows are per group at run time: expected 0, got 5");
 }
 
 TEST(GemmRuntime, ArgumentErrorsNameTheArgument) {
@@ -248,6 +277,64 @@ TEST(GemmRuntime, ArgumentErrorsNameTheArgument) {
   expect_error(x, "m_max: expected > 0");
 }
 
+TEST(GemmRuntime, KGroupedArgumentErrors) {
+  GemmSpec spec = k_grouped(make(GemmScaling::PerTensor, ElemFormat::E4M3, ElemFormat::E4M3, DType::FP32, false, false,
+                                 0, 0), 256);
+  spec.n = 128;
+  rt::Gemm gemm(spec);
+  auto buf = [](uint64_t addr, int64_t bytes) { return rt::TensorView{addr, bytes, std::nullopt, {}}; };
+  rt::GemmCall c;
+  c.num_groups = 3, c.k_total = 1024;
+  c.a = buf(0x100000, 256 * 1024);
+  c.b = buf(0x200000, 128 * 1024);
+  c.d = buf(0x300000, 3 * 256 * 128 * 4);
+  c.a_scale = buf(0x400000, 12);
+  c.b_scale = buf(0x500000, 12);
+  c.group_offsets = buf(0x600000, 4 * 8);
+  auto expect_error = [&](rt::GemmCall call, const std::string& what) {
+    try {
+      gemm.run(call, nullptr);
+      FAIL() << "no error: " << what;
+    } catch (const UserError& e) {
+      EXPECT_NE(std::string(e.what()).find(what), std::string::npos) << e.what();
+    } catch (const std::exception& e) {
+      EXPECT_TRUE(what.empty()) << e.what();
+    }
+  };
+  rt::GemmCall x = c;
+  x.k_total = 1000;
+  expect_error(x, "k_total: k-grouped: expected the token dimension as a multiple of 16");
+  x = c, x.m_total = 5;
+  expect_error(x, "m_total: k-grouped: rows are the spec's m");
+  x = c, x.d.bytes -= 4;
+  expect_error(x, "for D [3, 256, 128] fp32");
+  x = c, x.b.bytes = 128 * 1000;
+  expect_error(x, "for B [128, 1024] e4m3");
+  x = c, x.a_scale.bytes = 8;
+  expect_error(x, "argument a_scale");
+  expect_error(c, "");  // valid: only the driver is left
+}
+
+TEST(GemmReference, KGroupedSumsEachGroupsTokens) {
+  // m = 2 rows, N = 8, tokens 3 (group 0) and 2 (group 1) of k_total 16: A = 1 everywhere, B row
+  // c = c + 1 on group 0's tokens and 2 on group 1's; scales 2 and 0.5 (per group).
+  GemmSpec spec = k_grouped(make(GemmScaling::PerTensor, ElemFormat::E4M3, ElemFormat::E4M3, DType::FP32, false,
+                                 false, 64, 1, 64, 8, 16), 2);
+  std::vector<uint8_t> a(2 * 16, encode_rn<E4M3>(1.0f)), b(8 * 16, encode_rn<E4M3>(0.0f));
+  for (int c = 0; c < 8; ++c) {
+    for (int t = 0; t < 3; ++t) b[size_t(c * 16 + t)] = encode_rn<E4M3>(float(c + 1));
+    for (int t = 3; t < 5; ++t) b[size_t(c * 16 + t)] = encode_rn<E4M3>(2.0f);
+  }
+  const std::vector<uint8_t> sa = fp32_bytes({2.0f, 1.0f}), sb = fp32_bytes({0.5f, 1.0f});
+  const std::vector<int64_t> off = {0, 3, 5};
+  ref::GemmOperands ops{a, b, sa, sb, {}, off, {}, 0, 0, 16};
+  const std::vector<int64_t> rows = {0, 1, 2, 3};  // D [2 groups, 2 rows]
+  const ref::GemmRows r = ref::gemm_reference(spec, ops, rows, 1);
+  EXPECT_EQ(r.group, (std::vector<int>{0, 0, 1, 1}));
+  for (int row = 0; row < 4; ++row)
+    for (int c = 0; c < 8; ++c) EXPECT_EQ(r.value[size_t(row * 8 + c)], row < 2 ? 3.0 * (c + 1) : 4.0) << row << " " << c;
+}
+
 TEST(GemmRuntime, MxScaleBuffersAreE8m0Bytes) {
   GemmSpec spec = make(GemmScaling::Mx32, ElemFormat::E4M3, ElemFormat::E4M3, DType::BF16, false, false, 0, 0, 128,
                        256, 256);
@@ -268,12 +355,6 @@ TEST(GemmRuntime, MxScaleBuffersAreE8m0Bytes) {
     EXPECT_NE(std::string(e.what()).find("argument a_scale"), std::string::npos) << e.what();
     EXPECT_NE(std::string(e.what()).find("e8m0 mxfp8 scales [m_total, K/32]"), std::string::npos) << e.what();
   }
-}
-
-std::vector<uint8_t> fp32_bytes(const std::vector<float>& v) {
-  std::vector<uint8_t> out(v.size() * 4);
-  if (!v.empty()) std::memcpy(out.data(), v.data(), out.size());
-  return out;
 }
 
 TEST(GemmReference, SmallHandComputedCase) {

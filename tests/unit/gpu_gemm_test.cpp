@@ -7,7 +7,8 @@
 //               last group that must stay untouched (outputs are poisoned with 0xFF first).
 //   GemmRandom  random fp8 operands and scales against the float64 reference within the bound of
 //               gemm_tolerance(), plus the relative Frobenius error; long K, more tiles than SMs.
-//               The masked layout ([G, m_max, K] with device counts) runs through the same checks.
+//               The masked layout ([G, m_max, K] with device counts) and the K-grouped (wgrad)
+//               layout run through the same checks.
 //   GemmEdge    all groups empty; a second launch gives the same bits.
 #include <gtest/gtest.h>
 
@@ -35,7 +36,15 @@ struct Case {
   int64_t trailing = 0;
   bool alpha = false;
   int64_t m_max = 0;  // > 0: masked layout, `groups` are the per-slot counts
+  // spec.layout == KGrouped: `groups` are token counts, `trailing` padding tokens.
 };
+
+ref::GemmProblem problem_of(const Case& c, ref::GemmValues values, uint64_t seed) {
+  if (c.spec.layout == GemmLayout::KGrouped)
+    return ref::make_k_grouped_gemm_problem(c.spec, c.groups, c.trailing, values, c.alpha, seed);
+  if (c.m_max > 0) return ref::make_masked_gemm_problem(c.spec, c.groups, c.m_max, values, c.alpha, seed);
+  return ref::make_gemm_problem(c.spec, c.groups, c.trailing, values, c.alpha, seed);
+}
 void PrintTo(const Case& c, std::ostream* os) { *os << c.name; }
 
 GemmSpec spec_of(GemmScaling s, ElemFormat a, ElemFormat b, DType out, bool acc, bool fast, int bm, int bn, int mc,
@@ -71,13 +80,14 @@ Device to_device(const GemmSpec& spec, const ref::GemmProblem& p) {
   if (p.m_max > 0) d.off = upload(p.counts.data(), p.counts.size() * 8);
   else d.off = upload(p.offsets.data(), p.offsets.size() * 8);
   if (spec.accumulate) d.d = upload(p.d_init.data(), p.d_init.size() * 4);
-  else d.d = rt::testing::poisoned_buffer(std::max<size_t>(size_t(p.m_total * spec.n) * ob, 16));
+  else d.d = rt::testing::poisoned_buffer(std::max<size_t>(size_t(p.out_rows * spec.n) * ob, 16));
   auto v = [](const DeviceBuffer& b) { return rt::testing::view_of(b); };
   d.call.a = v(d.a), d.call.b = v(d.b), d.call.d = v(d.d), d.call.a_scale = v(d.sa), d.call.b_scale = v(d.sb);
   if (!p.alpha.empty()) d.call.alpha = v(d.alpha);
   if (p.m_max > 0) d.call.group_counts = v(d.off), d.call.m_max = p.m_max;
   else d.call.group_offsets = v(d.off);
   d.call.m_total = p.m_total;
+  d.call.k_total = p.k_total;
   d.call.num_groups = p.num_groups();
   return d;
 }
@@ -111,19 +121,16 @@ TEST_P(GemmExact, BitExactSmallIntegers) {
   QF_SKIP_WITHOUT_GPU();
   const Case& c = GetParam();
   const GemmSpec& s = c.spec;
-  const ref::GemmProblem p =
-      c.m_max > 0
-          ? ref::make_masked_gemm_problem(s, c.groups, c.m_max, ref::GemmValues::SmallIntegers, c.alpha, 99)
-          : ref::make_gemm_problem(s, c.groups, c.trailing, ref::GemmValues::SmallIntegers, c.alpha, 1234 + c.groups.size());
+  const ref::GemmProblem p = problem_of(c, ref::GemmValues::SmallIntegers, 1234 + c.groups.size());
   Device dev = to_device(s, p);
   const std::vector<uint8_t> got = run(s, dev);
 
-  std::vector<int64_t> rows(size_t(p.m_total));
-  for (int64_t r = 0; r < p.m_total; ++r) rows[size_t(r)] = r;
+  std::vector<int64_t> rows(size_t(p.out_rows));
+  for (int64_t r = 0; r < p.out_rows; ++r) rows[size_t(r)] = r;
   const ref::GemmRows ref = ref::gemm_reference(s, p.operands(), rows);
   int64_t bad = 0;
   std::ostringstream first;
-  for (int64_t r = 0; r < p.m_total; ++r)
+  for (int64_t r = 0; r < p.out_rows; ++r)
     for (int64_t n = 0; n < s.n; ++n) {
       const int64_t idx = r * s.n + n;
       const uint32_t g = out_bits(s, got, idx);
@@ -137,7 +144,7 @@ TEST_P(GemmExact, BitExactSmallIntegers) {
         first << "row " << r << " (group " << ref.group[size_t(r)] << ") col " << n << ": got " << bits_value(s, g)
               << " (0x" << std::hex << g << "), expected " << bits_value(s, want) << " (0x" << want << std::dec << ")";
     }
-  EXPECT_EQ(bad, 0) << bad << " of " << p.m_total * s.n << " elements differ; first: " << first.str();
+  EXPECT_EQ(bad, 0) << bad << " of " << p.out_rows * s.n << " elements differ; first: " << first.str();
 }
 
 std::vector<Case> exact_cases() {
@@ -192,6 +199,20 @@ std::vector<Case> exact_cases() {
   masked("masked_block_bf16", spec_of(S::Block128, E4, E4, DType::BF16, false, false, 128, 128, 1, 200, 400), 256);
   masked("masked_tensor_fast_fp32_acc_mc2", spec_of(S::PerTensor, E4, E5, DType::FP32, true, true, 128, 128, 2, 256, 400), 256);
   masked("masked_mxfp8_bm64", spec_of(S::Mx32, E4, E4, DType::BF16, false, false, 64, 128, 1, 200, 256), 200);
+  // K-grouped (wgrad): token counts with an empty group and partial 128-token tails (K of a
+  // group starting mid-block), padding tokens after the last group.
+  auto kgrouped = [&](std::string name, GemmSpec s, std::vector<int64_t> tokens, int64_t pad) {
+    s.layout = GemmLayout::KGrouped;
+    s.m = s.k, s.k = 0;  // spec_of's k argument is the output rows here
+    v.push_back({std::move(name), s, std::move(tokens), pad, true});
+  };
+  const std::vector<int64_t> tok = {37, 0, 300, 129, 1, 16};  // every partial sum < 2^24 with |a|, |b| <= 2
+  kgrouped("kgrouped_tensor_bf16", spec_of(S::PerTensor, E4, E4, DType::BF16, false, false, 128, 128, 1, 200, 200), tok, 5);
+  kgrouped("kgrouped_tensor_fast_fp32_acc", spec_of(S::PerTensor, E4, E5, DType::FP32, true, true, 128, 128, 1, 256, 130), tok, 0);
+  kgrouped("kgrouped_tensor_bm64_bn64_fp32", spec_of(S::PerTensor, E5, E4, DType::FP32, false, false, 64, 64, 1, 72, 64), tok, 40);
+  kgrouped("kgrouped_tensor_unordered", spec_of(S::PerTensor, E4, E4, DType::BF16, false, false, 128, 128, 1, 200, 200, 1), tok, 3);
+  kgrouped("kgrouped_tensor_fast_all_empty_but_one", spec_of(S::PerTensor, E4, E4, DType::BF16, false, true, 128, 128, 1, 128, 128),
+           {0, 0, 200, 0}, 0);
   add("mxfp8_many_groups", spec_of(S::Mx32, E4, E4, DType::BF16, false, false, 128, 128, 1, 1024, 512), many, 3);
   add("tensor_many_groups_fast_mc2", spec_of(S::PerTensor, E4, E4, DType::BF16, false, true, 128, 256, 2, 1024, 512),
       many, 3);
@@ -209,14 +230,15 @@ TEST_P(GemmRandom, WithinTheBoundOfTheFloat64Reference) {
   QF_SKIP_WITHOUT_GPU();
   const Case& c = GetParam();
   const GemmSpec& s = c.spec;
-  const ref::GemmProblem p = ref::make_gemm_problem(s, c.groups, c.trailing, ref::GemmValues::Random, c.alpha, 77);
+  const ref::GemmProblem p = problem_of(c, ref::GemmValues::Random, 77);
   Device dev = to_device(s, p);
   const std::vector<uint8_t> got = run(s, dev);
   // Rows: every group's first and last two, its tile boundary, and a few random ones.
   std::vector<int64_t> rows;
   std::mt19937_64 rng(5);
   for (size_t g = 0; g + 1 < p.offsets.size(); ++g) {
-    const int64_t a = p.offsets[g], e = p.offsets[g + 1];
+    const bool kg = s.layout == GemmLayout::KGrouped;
+    const int64_t a = kg ? int64_t(g) * s.m : p.offsets[g], e = kg ? a + s.m : p.offsets[g + 1];
     if (a == e) continue;
     for (int64_t r : {a, a + 1, a + 127, a + 128, e - 2, e - 1}) if (r >= a && r < e) rows.push_back(r);
     for (int i = 0; i < 6; ++i) rows.push_back(a + int64_t(rng() % uint64_t(e - a)));
@@ -277,6 +299,9 @@ std::vector<Case> random_cases() {
                g8, 0, true});
   v.push_back({"mxfp8_e5m2_e4m3_fp32_acc_k2048", spec_of(S::Mx32, E5, E4, DType::FP32, true, false, 128, 128, 1, 512, 2048),
                g8, 7, false});
+  GemmSpec wg = spec_of(S::PerTensor, E4, E4, DType::FP32, true, false, 128, 128, 1, 512, 0);
+  wg.layout = GemmLayout::KGrouped, wg.m = 384;
+  v.push_back({"kgrouped_tensor_fp32_acc_4096_tokens", wg, ref::random_group_rows(8, 4096, 1, 1, 9), 16, true});
   v.push_back({"rowwise_promote_bf16_k4096", spec_of(S::RowChannel, E4, E5, DType::BF16, false, false, 128, 128, 1, 1024, 4096),
                g8, 0, false});
   return v;
