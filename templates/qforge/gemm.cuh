@@ -242,8 +242,9 @@ struct TileInfo {
   int n0;
   int group;
   int out_row0;  // row of D holding tile row 0 (M-grouped: row0)
-  int k0;        // first K of the tile's reduction (M-grouped: 0)
-  int k_len;     // its length (M-grouped: kK)
+  int k0;        // first K the tile loads: a multiple of 16 (TMA's inner coordinates are 16-byte aligned)
+  int k_lead;    // K-grouped: positions [k0, k0 + k_lead) belong to the previous group (0..15)
+  int k_len;     // K loaded from k0: k_lead + the group's tokens (0 for an empty group; M-grouped: kK)
 };
 
 // Where a consumer thread's accumulator fragment sits: wgmma m64nN gives thread `lane` of warp
@@ -316,6 +317,7 @@ struct Scheduler {
     t.n0 = (nu * int(Cfg::kMulticast) + int(rank)) * kBN;
     t.out_row0 = t.row0;
     t.k0 = 0;
+    t.k_lead = 0;
     t.k_len = int(Cfg::kK);
     return true;
   }
@@ -341,8 +343,9 @@ struct Scheduler {
     const i64 s = a.group_offsets[g], e = a.group_offsets[g + 1];
     const int k0 = int(s < 0 ? 0 : (s > kt ? kt : s));
     const int k1 = int(e < 0 ? 0 : (e > kt ? kt : e));
-    t.k0 = k0;
-    t.k_len = k1 > k0 ? k1 - k0 : 0;
+    t.k0 = k0 & ~15;
+    t.k_lead = k0 - t.k0;
+    t.k_len = k1 > k0 ? k1 - t.k0 : 0;
     return true;
   }
 };
@@ -766,23 +769,25 @@ __device__ __forceinline__ void epilogue(const GemmArgs& a, const TileInfo& t, c
   }
 }
 
-// K-grouped: zeroes K positions [valid, 128) of a stage (A: this warpgroup's 64 rows; B: its
-// share of the block_n rows) so that the next group's tokens add nothing, then makes the writes
-// visible to the tensor cores (async proxy) and waits for the other consumer warpgroups' share.
-// The tiles are TMA's 128-byte swizzle: byte c of row r sits at r * 128 + ((c / 16) ^ (r % 8)) * 16 + c % 16.
+// K-grouped: zeroes the K positions of a stage outside [keep_lo, keep_hi) (A: this warpgroup's 64
+// rows; B: its share of the block_n rows): the previous group's last tokens before the group's
+// first (16-aligned) load and the next group's after its last, so that they add nothing. Then
+// makes the writes visible to the tensor cores (async proxy) and waits for the other consumer
+// warpgroups' share. The tiles are TMA's 128-byte swizzle: byte c of row r sits at
+// r * 128 + ((c / 16) ^ (r % 8)) * 16 + c % 16.
 template <class Cfg>
-__device__ __forceinline__ void zero_k_tail(u8* smem, int stage, int valid, const Frag& f) {
+__device__ __forceinline__ void zero_k_outside(u8* smem, int stage, int keep_lo, int keep_hi, const Frag& f) {
   using T = Traits<Cfg>;
   auto zero_rows = [&](u8* tile, int rows, int part, int parts) {
-    const int first_chunk = valid / 16;
     for (int i = part; i < rows * 8; i += parts) {
-      const int r = i / 8, j = i % 8;
-      if (j < first_chunk) continue;
+      const int r = i / 8, j = i % 8, c0 = 16 * j;
+      if (c0 >= keep_lo && c0 + 16 <= keep_hi) continue;  // all kept
       u8* chunk = tile + r * 128 + ((j ^ (r % 8)) * 16);
-      if (j == first_chunk && valid % 16 != 0) {
-        for (int c = valid % 16; c < 16; ++c) chunk[c] = 0;
-      } else {
+      if (c0 + 16 <= keep_lo || c0 >= keep_hi) {
         *reinterpret_cast<uint4*>(chunk) = make_uint4(0, 0, 0, 0);
+      } else {
+        for (int c = 0; c < 16; ++c)
+          if (c0 + c < keep_lo || c0 + c >= keep_hi) chunk[c] = 0;
       }
     }
   };
@@ -869,9 +874,10 @@ __device__ __forceinline__ void consumer(const GemmArgs& a, u8* smem, u32 base, 
       for (int kb = 0; kb < k_blocks; ++kb) {
         sm90::mbar_wait(full0 + 8u * stage, phase);
         if constexpr (Cfg::kKGrouped) {
-          // The group's last k-block reads the next group's K (or TMA zeros past k_total): zero it.
-          const int valid = t.k_len - kb * kGemmBlockK;
-          if (valid < kGemmBlockK) zero_k_tail<Cfg>(smem, stage, valid, f);
+          // The first k-block starts up to 15 tokens early, the last reads past the group's end.
+          const int keep_lo = kb == 0 ? t.k_lead : 0;
+          const int keep_hi = min(kGemmBlockK, t.k_len - kb * kGemmBlockK);
+          if (keep_lo > 0 || keep_hi < kGemmBlockK) zero_k_outside<Cfg>(smem, stage, keep_lo, keep_hi, f);
         }
         typename S::KBlock kf{};
         if constexpr (S::kStageScales)
