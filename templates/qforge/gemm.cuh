@@ -364,12 +364,11 @@ __device__ __forceinline__ int tile_k_blocks(const TileInfo& t) {
 //   kColScales     the epilogue needs per-column factors in shared memory (store_cols());
 //   Tile begin()   per-tile factors loaded at the start of a tile (kept in registers; their
 //                  load latency hides behind the main loop);
-//   KBlock kblock() per k-block factors, read from the stage's scale slot before the stage is
-//                  released (kStageScales only);
-//   promote()      per k-block, with Cfg::kPromote: total += partial * factor (fp32, fused);
+//   promote_step() with Cfg::kPromote, per step (a k-block, or 32 of K): total += partial *
+//                  factor (fp32, fused), the factors read from the stage's scale slot before the
+//                  stage is released;
 //   row_factor()   the epilogue factor of a fragment row (times col factor when kColScales).
-//   kSteps         promotions per k-block: 1, or 4 (one per 32 of K: the consumer keeps two
-//                  partial sums and promotes one while the tensor cores fill the other);
+//   kSteps         promotions per k-block: 1, or 4 (one per 32 of K);
 //   kScaleWriters  producer threads (warps 1..3 of the producer warpgroup) that write the stages'
 //                  scale slots (load_scales(), store_scales(); one warp per stage, in turn) and
 //                  arrive on its full barrier (0: none).
@@ -385,21 +384,20 @@ struct PerTensorScaling {
   __device__ static void produce(const GemmArgs&, const TileInfo&, int, int, u32) {}
   template <class Cfg>
   __device__ static Tile begin(const GemmArgs& a, const TileInfo& t, const Frag&) {
-    float f = static_cast<const float*>(a.a_scale)[t.group] * static_cast<const float*>(a.b_scale)[t.group];
-    if (a.alpha) f = f * a.alpha[t.group];
-    return {f};
+    const float alpha = a.alpha ? a.alpha[t.group] : 1.0f;
+    return {static_cast<const float*>(a.a_scale)[t.group] * static_cast<const float*>(a.b_scale)[t.group] * alpha};
   }
   template <class Cfg>
   __device__ static void store_cols(const Tile&, float*, const Frag&) {}
-  __device__ static float row_factor(const Tile& s, int) { return s.factor; }
-  struct KBlock {};
-  template <class Cfg>
-  __device__ static KBlock kblock(const float*, const Frag&) { return {}; }
-  template <int kAcc>
-  __device__ static void promote(float* total, const float* acc, const KBlock&) {
+  // With promotion the factor is applied per step (total += partial * factor; the epilogue then
+  // multiplies by 1): ptxas keeps this variant's registers below the limit that way.
+  template <class Cfg, int kAcc>
+  __device__ static void promote_step(float* total, const float* acc, const float*, int, const Frag&, const Tile& s) {
 #pragma unroll
-    for (int i = 0; i < kAcc; ++i) total[i] = total[i] + acc[i];
+    for (int i = 0; i < kAcc; ++i) total[i] = fmaf(acc[i], s.factor, total[i]);
   }
+  template <class Cfg>
+  __device__ static float row_factor(const Tile& s, int) { return Cfg::kPromote ? 1.0f : s.factor; }
 };
 
 // fp32 scale per row of A (token) and per row of B[g] (output channel):
@@ -437,12 +435,10 @@ struct RowChannelScaling {
     for (int i = 0; i < 2; ++i)
       if (f.tid + 128 * i < int(Cfg::kBlockN)) cols[f.tid + 128 * i] = s.col[i];
   }
-  __device__ static float row_factor(const Tile& s, int h) { return s.row[h]; }
-  struct KBlock {};
   template <class Cfg>
-  __device__ static KBlock kblock(const float*, const Frag&) { return {}; }
-  template <int kAcc>
-  __device__ static void promote(float* total, const float* acc, const KBlock&) {
+  __device__ static float row_factor(const Tile& s, int h) { return s.row[h]; }
+  template <class Cfg, int kAcc>
+  __device__ static void promote_step(float* total, const float* acc, const float*, int, const Frag&, const Tile&) {
 #pragma unroll
     for (int i = 0; i < kAcc; ++i) total[i] = total[i] + acc[i];
   }
@@ -480,24 +476,19 @@ struct Block128Scaling {
   }
   template <class Cfg>
   __device__ static void store_cols(const Tile&, float*, const Frag&) {}
-  __device__ static float row_factor(const Tile& s, int) { return s.alpha; }
-  // sa of the fragment's two rows times the tile's sb.
-  struct KBlock {
-    float s0, s1;
-  };
   template <class Cfg>
-  __device__ static KBlock kblock(const float* slot, const Frag& f) {
+  __device__ static float row_factor(const Tile& s, int) { return s.alpha; }
+  // total += partial * (sa of the fragment's row * the tile's sb), from the stage's scale slot.
+  template <class Cfg, int kAcc>
+  __device__ static void promote_step(float* total, const float* acc, const float* slot, int, const Frag& f, const Tile&) {
     const float sb = slot[Cfg::kBlockM];
-    return {slot[f.row] * sb, slot[f.row + 8] * sb};
-  }
-  template <int kAcc>
-  __device__ static void promote(float* total, const float* acc, const KBlock& k) {
+    const float s0 = slot[f.row] * sb, s1 = slot[f.row + 8] * sb;
 #pragma unroll
     for (int j = 0; j < kAcc / 4; ++j) {
-      total[4 * j + 0] = fmaf(acc[4 * j + 0], k.s0, total[4 * j + 0]);
-      total[4 * j + 1] = fmaf(acc[4 * j + 1], k.s0, total[4 * j + 1]);
-      total[4 * j + 2] = fmaf(acc[4 * j + 2], k.s1, total[4 * j + 2]);
-      total[4 * j + 3] = fmaf(acc[4 * j + 3], k.s1, total[4 * j + 3]);
+      total[4 * j + 0] = fmaf(acc[4 * j + 0], s0, total[4 * j + 0]);
+      total[4 * j + 1] = fmaf(acc[4 * j + 1], s0, total[4 * j + 1]);
+      total[4 * j + 2] = fmaf(acc[4 * j + 2], s1, total[4 * j + 2]);
+      total[4 * j + 3] = fmaf(acc[4 * j + 3], s1, total[4 * j + 3]);
     }
   }
 };
@@ -559,10 +550,12 @@ struct Mx32Scaling {
   }
   template <class Cfg>
   __device__ static void store_cols(const Tile&, float*, const Frag&) {}
+  template <class Cfg>
   __device__ static float row_factor(const Tile& s, int) { return s.alpha; }
   // Promotes the partial sum of k-step `step` of the stage whose slot is `slot`.
   template <class Cfg, int kAcc>
-  __device__ static void promote_step(float* total, const float* acc, const float* slot, int step, const Frag& f) {
+  __device__ static void promote_step(float* total, const float* acc, const float* slot, int step, const Frag& f,
+                                      const Tile&) {
     constexpr int kBM = int(Cfg::kBlockM), kBN = int(Cfg::kBlockN);
     const float r0 = slot[step * kBM + f.row], r1 = slot[step * kBM + f.row + 8];
     const float* cols = slot + 4 * kBM + step * kBN + 2 * (f.lane & 3);
@@ -715,7 +708,7 @@ __device__ __forceinline__ void epilogue(const GemmArgs& a, const TileInfo& t, c
   float* cols = reinterpret_cast<float*>(smem + T::kSmem.col_off) + f.wg * T::kBN;
   u32* staging = reinterpret_cast<u32*>(smem + T::kSmem.staging_off + u32(f.wg) * T::kSmem.staging_wg);
   if constexpr (S::kColScales) S::template store_cols<Cfg>(ts, cols, f);
-  const float rf0 = S::row_factor(ts, 0), rf1 = S::row_factor(ts, 1);
+  const float rf0 = S::template row_factor<Cfg>(ts, 0), rf1 = S::template row_factor<Cfg>(ts, 1);
   const int frag_row = f.row - f.wg * 64;  // row within the warpgroup's 64
   const int quad = f.lane & 3;
   const int wg_row0 = t.row0 + f.wg * 64;         // rows of the group (K-grouped) or of D
@@ -809,6 +802,7 @@ __device__ __forceinline__ void consumer(const GemmArgs& a, u8* smem, u32 base, 
   const u32 turn0 = empty0 + 8u * T::kStages;
   u32 turn_phase = wg == 0 ? 1u : 0u;
   float acc[T::kAcc];
+  float part1[Cfg::kPromote ? T::kAcc : 1];  // the second partial sum (promotion)
   float total[Cfg::kPromote ? T::kAcc : 1];
   int stage = 0;
   u32 phase = 0;
@@ -817,114 +811,156 @@ __device__ __forceinline__ void consumer(const GemmArgs& a, u8* smem, u32 base, 
     TileInfo t;
     if (!sched.get(unit, rank, t)) break;
     const typename S::Tile ts = S::template begin<Cfg>(a, t, f);
+    const int k_blocks = tile_k_blocks<Cfg>(t);
+    // Waits for k-block kb of the tile (in `stage`); K-grouped: zeroes the other groups' tokens.
+    auto stage_ready = [&](int kb) {
+      sm90::mbar_wait(full0 + 8u * stage, phase);
+      if constexpr (Cfg::kKGrouped) {
+        // The first k-block starts up to 15 tokens early, the last reads past the group's end.
+        const int keep_lo = kb == 0 ? t.k_lead : 0;
+        const int keep_hi = min(kGemmBlockK, t.k_len - kb * kGemmBlockK);
+        if (keep_lo > 0 || keep_hi < kGemmBlockK) zero_k_outside<Cfg>(smem, stage, keep_lo, keep_hi, f);
+      }
+    };
+    auto wait_turn = [&] {
+      if constexpr (Cfg::kOrderedIssue) {
+        sm90::mbar_wait(turn0 + 8u * u32(wg), turn_phase);
+        turn_phase ^= 1u;
+      }
+    };
+    auto pass_turn = [&] {
+      if constexpr (Cfg::kOrderedIssue) {
+        if (lane == 0) sm90::mbar_arrive(turn0 + 8u * u32(1 - wg));
+      }
+    };
+    const u32 a_wg = base + T::kSmem.a_off + u32(wg) * 64u * 128u;
     if constexpr (Cfg::kPromote) {
+      // fp32 promotion with two partial sums. A step is kMmas MMAs (a k-block of 128, or 32 of K
+      // for per-32 scaling) into part[s % 2]; once step s is issued, step s - 1 is waited for
+      // (wait_group 1) and promoted into `total` while step s runs, and its stage is released
+      // after its stage's last step (the promotion reads the stage's scale slot).
+      constexpr int kSteps = S::kSteps;
+      constexpr int kMmas = kGemmBlockK / 32 / kSteps;
+      constexpr int kUnroll = kSteps == 1 ? 2 : kSteps;  // steps per iteration: even, whole stages
+      // K-grouped (run-time k-block counts): each step is waited for and promoted at once; ptxas
+      // serializes the overlapped form there (C7518).
+      constexpr bool kPingPong = !Cfg::kKGrouped;
 #pragma unroll
       for (int i = 0; i < T::kAcc; ++i) total[i] = 0.0f;
-    }
-    int prev_stage = 0;
-    if constexpr (S::kSteps > 1) {
-      // Per-32 promotion with two partial sums: step s (32 of K) goes into part[s % 2]; once it is
-      // issued, step s - 1 is waited for (wait_group 1) and promoted while step s runs. A stage is
-      // released after its last step's promotion (which reads the stage's scale slot).
-      float part1[T::kAcc];
-      const float* prev_slot = nullptr;
-      for (int kb = 0; kb < T::kKBlocks; ++kb) {  // M-grouped only (static_assert in Traits)
-        sm90::mbar_wait(full0 + 8u * stage, phase);
-        const float* slot = reinterpret_cast<const float*>(smem + T::kSmem.sc_off + u32(stage) * T::kSmem.sc_stage);
-        const u64 da = sm90::smem_desc_sw128(base + T::kSmem.a_off + u32(stage) * T::kSmem.a_stage + u32(wg) * 64u * 128u);
-        const u64 db = sm90::smem_desc_sw128(base + T::kSmem.b_off + u32(stage) * T::kSmem.b_stage);
-#pragma unroll
-        for (int k = 0; k < kGemmBlockK / 32; ++k) {
-          float* part = k % 2 == 0 ? acc : part1;
-          float* done = k % 2 == 0 ? part1 : acc;
-#pragma unroll
-          for (int i = 0; i < T::kAcc; ++i) sm90::fence_reg(part[i]);
-          sm90::wgmma_fence();
-          wgmma::mma_m64k32<T::kBN, typename Cfg::AFormat, typename Cfg::BFormat>(part, da + u64(2 * k),
-                                                                                  db + u64(2 * k), 0);
-          sm90::wgmma_commit();
-          sm90::wgmma_wait<1>();
-#pragma unroll
-          for (int i = 0; i < T::kAcc; ++i) sm90::fence_reg(done[i]);
-          if (k > 0) {
-            S::template promote_step<Cfg, T::kAcc>(total, done, slot, k - 1, f);
-          } else if (kb > 0) {
-            S::template promote_step<Cfg, T::kAcc>(total, done, prev_slot, 3, f);
-            release_stage<Cfg>(empty0 + 8u * prev_stage, lane);
-          }
+      const int steps = k_blocks * kSteps;
+      int prev_stage = 0;
+      auto slot_of = [&](int st) {
+        return reinterpret_cast<const float*>(smem + T::kSmem.sc_off + u32(st) * T::kSmem.sc_stage);
+      };
+      u64 da = 0, db = 0;
+      // Issues step s (step k of its stage) into `part`.
+      auto issue = [&](float* part, int s, int k) {
+        if (k == 0) {
+          stage_ready(s / kSteps);
+          da = sm90::smem_desc_sw128(a_wg + u32(stage) * T::kSmem.a_stage);
+          db = sm90::smem_desc_sw128(base + T::kSmem.b_off + u32(stage) * T::kSmem.b_stage);
+          wait_turn();
         }
-        prev_slot = slot;
+#pragma unroll
+        for (int i = 0; i < T::kAcc; ++i) sm90::fence_reg(part[i]);
+        sm90::wgmma_fence();
+#pragma unroll
+        for (int m = 0; m < kMmas; ++m) {
+          // +32 bytes along K per instruction (2 in the descriptor's 16-byte address units).
+          const int kk = k * kMmas + m;
+          wgmma::mma_m64k32<T::kBN, typename Cfg::AFormat, typename Cfg::BFormat>(part, da + u64(2 * kk),
+                                                                                  db + u64(2 * kk), m > 0);
+        }
+        sm90::wgmma_commit();
+        if (k == kSteps - 1) pass_turn();
+      };
+      auto end_stage = [&](int k) {
+        if (k == kSteps - 1) {
+          prev_stage = stage;
+          if (++stage == T::kStages) stage = 0, phase ^= 1u;
+        }
+      };
+      // An odd number of k-blocks (one step per k-block): the first runs alone, waited for at
+      // once, so that the pairs below end in part1. (K-grouped only: otherwise the count is a
+      // compile-time constant and this folds away.)
+      int first = 0;
+      if (kPingPong && kUnroll > kSteps && steps % 2 == 1) {
+        issue(part1, 0, 0);
+        sm90::wgmma_wait<0>();
+#pragma unroll
+        for (int i = 0; i < T::kAcc; ++i) sm90::fence_reg(part1[i]);
+        S::template promote_step<Cfg, T::kAcc>(total, part1, slot_of(stage), 0, f, ts);
+        release_stage<Cfg>(empty0 + 8u * stage, lane);
+        end_stage(0);
+        first = 1;
+      }
+      for (int s0 = first; s0 < steps; s0 += kUnroll) {
+#pragma unroll
+        for (int u = 0; u < kUnroll; ++u) {
+          const int s = s0 + u;
+          if (!kPingPong && s >= steps) break;
+          const int k = u % kSteps;  // step within its stage
+          float* part = u % 2 == 0 ? acc : part1;
+          float* done = u % 2 == 0 ? part1 : acc;
+          issue(part, s, k);
+          if constexpr (kPingPong) {
+            sm90::wgmma_wait<1>();
+#pragma unroll
+            for (int i = 0; i < T::kAcc; ++i) sm90::fence_reg(done[i]);
+            if (s > first) {  // step s - 1: the previous stage's last step, or this stage's previous one
+              S::template promote_step<Cfg, T::kAcc>(total, done, slot_of(k == 0 ? prev_stage : stage),
+                                                     (k + kSteps - 1) % kSteps, f, ts);
+              if (k == 0) release_stage<Cfg>(empty0 + 8u * prev_stage, lane);
+            }
+          } else {
+            sm90::wgmma_wait<0>();
+#pragma unroll
+            for (int i = 0; i < T::kAcc; ++i) sm90::fence_reg(part[i]);
+            S::template promote_step<Cfg, T::kAcc>(total, part, slot_of(stage), k, f, ts);
+            if (k == kSteps - 1) release_stage<Cfg>(empty0 + 8u * stage, lane);
+          }
+          end_stage(k);
+        }
+      }
+      if (kPingPong && steps > first) {  // the last step, in part1
+        sm90::wgmma_wait<0>();
+#pragma unroll
+        for (int i = 0; i < T::kAcc; ++i) sm90::fence_reg(part1[i]);
+        S::template promote_step<Cfg, T::kAcc>(total, part1, slot_of(prev_stage), kSteps - 1, f, ts);
+        release_stage<Cfg>(empty0 + 8u * prev_stage, lane);
+      }
+      epilogue<Cfg>(a, t, f, smem, total, ts);
+    } else {
+      // No promotion: the tensor cores accumulate over all of K; one k-block's MMAs stay in flight.
+      if (k_blocks == 0) {  // K-grouped empty group: its output is zero
+#pragma unroll
+        for (int i = 0; i < T::kAcc; ++i) acc[i] = 0.0f;
+      }
+      int prev_stage = 0;
+      for (int kb = 0; kb < k_blocks; ++kb) {
+        stage_ready(kb);
+        const u64 da = sm90::smem_desc_sw128(a_wg + u32(stage) * T::kSmem.a_stage);
+        const u64 db = sm90::smem_desc_sw128(base + T::kSmem.b_off + u32(stage) * T::kSmem.b_stage);
+        wait_turn();
+#pragma unroll
+        for (int i = 0; i < T::kAcc; ++i) sm90::fence_reg(acc[i]);
+        sm90::wgmma_fence();
+#pragma unroll
+        for (int k = 0; k < kGemmBlockK / 32; ++k)
+          wgmma::mma_m64k32<T::kBN, typename Cfg::AFormat, typename Cfg::BFormat>(acc, da + u64(2 * k),
+                                                                                  db + u64(2 * k), kb > 0 || k > 0);
+        sm90::wgmma_commit();
+        pass_turn();
+        sm90::wgmma_wait<1>();  // the previous k-block's MMAs are done: release its stage
+        if (kb > 0) release_stage<Cfg>(empty0 + 8u * prev_stage, lane);
         prev_stage = stage;
         if (++stage == T::kStages) stage = 0, phase ^= 1u;
       }
       sm90::wgmma_wait<0>();
 #pragma unroll
-      for (int i = 0; i < T::kAcc; ++i) sm90::fence_reg(part1[i]);
-      S::template promote_step<Cfg, T::kAcc>(total, part1, prev_slot, 3, f);
-      release_stage<Cfg>(empty0 + 8u * prev_stage, lane);
-      epilogue<Cfg>(a, t, f, smem, total, ts);
-    } else {
-      const int k_blocks = tile_k_blocks<Cfg>(t);
-      if constexpr (!Cfg::kPromote) {
-        if (k_blocks == 0) {  // K-grouped empty group: its output is zero
-#pragma unroll
-          for (int i = 0; i < T::kAcc; ++i) acc[i] = 0.0f;
-        }
-      }
-      for (int kb = 0; kb < k_blocks; ++kb) {
-        sm90::mbar_wait(full0 + 8u * stage, phase);
-        if constexpr (Cfg::kKGrouped) {
-          // The first k-block starts up to 15 tokens early, the last reads past the group's end.
-          const int keep_lo = kb == 0 ? t.k_lead : 0;
-          const int keep_hi = min(kGemmBlockK, t.k_len - kb * kGemmBlockK);
-          if (keep_lo > 0 || keep_hi < kGemmBlockK) zero_k_outside<Cfg>(smem, stage, keep_lo, keep_hi, f);
-        }
-        typename S::KBlock kf{};
-        if constexpr (S::kStageScales)
-          kf = S::template kblock<Cfg>(
-              reinterpret_cast<const float*>(smem + T::kSmem.sc_off + u32(stage) * T::kSmem.sc_stage), f);
-        const u64 da = sm90::smem_desc_sw128(base + T::kSmem.a_off + u32(stage) * T::kSmem.a_stage + u32(wg) * 64u * 128u);
-        const u64 db = sm90::smem_desc_sw128(base + T::kSmem.b_off + u32(stage) * T::kSmem.b_stage);
-        if constexpr (Cfg::kOrderedIssue) {
-          sm90::mbar_wait(turn0 + 8u * u32(wg), turn_phase);
-          turn_phase ^= 1u;
-        }
-#pragma unroll
-        for (int i = 0; i < T::kAcc; ++i) sm90::fence_reg(acc[i]);
-        sm90::wgmma_fence();
-#pragma unroll
-        for (int k = 0; k < kGemmBlockK / 32; ++k) {
-          // +32 bytes along K per instruction (2 in the descriptor's 16-byte address units).
-          const int scale_d = Cfg::kPromote ? (k > 0) : (kb > 0 || k > 0);
-          wgmma::mma_m64k32<T::kBN, typename Cfg::AFormat, typename Cfg::BFormat>(acc, da + u64(2 * k),
-                                                                                  db + u64(2 * k), scale_d);
-        }
-        sm90::wgmma_commit();
-        if constexpr (Cfg::kOrderedIssue) {
-          if (lane == 0) sm90::mbar_arrive(turn0 + 8u * u32(1 - wg));
-        }
-        if constexpr (Cfg::kPromote) {
-          sm90::wgmma_wait<0>();
-#pragma unroll
-          for (int i = 0; i < T::kAcc; ++i) sm90::fence_reg(acc[i]);
-          release_stage<Cfg>(empty0 + 8u * stage, lane);
-          S::template promote<T::kAcc>(total, acc, kf);
-        } else {
-          sm90::wgmma_wait<1>();  // the previous k-block's MMAs are done: release its stage
-          if (kb > 0) release_stage<Cfg>(empty0 + 8u * prev_stage, lane);
-        }
-        prev_stage = stage;
-        if (++stage == T::kStages) stage = 0, phase ^= 1u;
-      }
-      if constexpr (Cfg::kPromote) {
-        epilogue<Cfg>(a, t, f, smem, total, ts);
-      } else {
-        sm90::wgmma_wait<0>();
-#pragma unroll
-        for (int i = 0; i < T::kAcc; ++i) sm90::fence_reg(acc[i]);
-        if (k_blocks > 0) release_stage<Cfg>(empty0 + 8u * prev_stage, lane);
-        epilogue<Cfg>(a, t, f, smem, acc, ts);
-      }
+      for (int i = 0; i < T::kAcc; ++i) sm90::fence_reg(acc[i]);
+      if (k_blocks > 0) release_stage<Cfg>(empty0 + 8u * prev_stage, lane);
+      epilogue<Cfg>(a, t, f, smem, acc, ts);
     }
   }
 }

@@ -269,6 +269,10 @@ std::vector<std::pair<std::string, std::string>> emit_all(const Recipe& recipe) 
               out.emplace_back(key + " history/" + std::string(name(s.dir)),
                                emit_history_update(*m, s.format).source);
         }
+  for (const auto& g : recipe.gemms) {
+    const GemmSource src = emit_gemm(g.spec);
+    out.emplace_back("gemm " + g.pointer, src.source + "// kernel: " + src.kernel + "\n");
+  }
   return out;
 }
 

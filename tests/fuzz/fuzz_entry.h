@@ -40,7 +40,7 @@ std::vector<std::string> roles_to_try(const Recipe& recipe);
 // usage (training, inference, memory) x input dtype x {single, grouped}, in that fixed order,
 // as ("<role> <usage> <dtype> <single|grouped>", source) pairs; a request the recipe cannot
 // serve gives the source "<rejected>". Then, for each delayed-scaling stream, its history
-// kernel ("<key> history/<direction>").
+// kernel ("<key> history/<direction>"); last, each "gemms" entry's kernel ("gemm <pointer>").
 std::vector<std::pair<std::string, std::string>> emit_all(const Recipe& recipe);
 
 }  // namespace qf::fuzz
