@@ -900,7 +900,7 @@ __device__ __forceinline__ void consumer(const GemmArgs& a, u8* smem, u32 base, 
           const int s = s0 + u;
           if (!kPingPong && s >= steps) break;
           const int k = u % kSteps;  // step within its stage
-          float* part = u % 2 == 0 ? acc : part1;
+          float* part = !kPingPong || u % 2 == 0 ? acc : part1;
           float* done = u % 2 == 0 ? part1 : acc;
           issue(part, s, k);
           if constexpr (kPingPong) {
@@ -916,8 +916,10 @@ __device__ __forceinline__ void consumer(const GemmArgs& a, u8* smem, u32 base, 
             sm90::wgmma_wait<0>();
 #pragma unroll
             for (int i = 0; i < T::kAcc; ++i) sm90::fence_reg(part[i]);
-            S::template promote_step<Cfg, T::kAcc>(total, part, slot_of(stage), k, f, ts);
+            // The stage is free as soon as its MMAs are done (these policies keep no scales in it).
+            static_assert(!S::kStageScales && !S::kScaleWriters, "waited promotion: no per-stage scales");
             if (k == kSteps - 1) release_stage<Cfg>(empty0 + 8u * stage, lane);
+            S::template promote_step<Cfg, T::kAcc>(total, part, slot_of(stage), k, f, ts);
           }
           end_stage(k);
         }
