@@ -521,6 +521,72 @@ def make_plot(q, t, path):
     return f"- plot: `{Path(path).name}` (log-x input size; y = {ylabel})."
 
 
+def load_jsonl(path):
+    """JSON lines (gemm.jsonl); None when the file is missing, bad lines skipped with a warning."""
+    path = Path(path)
+    if not path.exists():
+        return None
+    out = []
+    for i, line in enumerate(path.read_text().splitlines()):
+        if not line.strip():
+            continue
+        try:
+            out.append(json.loads(line))
+        except json.JSONDecodeError as e:
+            warn(f"{path.name}:{i + 1}: not JSON ({e}); skipped")
+    return out
+
+
+def gemm_section(records):
+    """Markdown for the grouped-GEMM records of scripts/bench.sh (qforge gemm --json, torch
+    baselines): TFLOP/s per shape, and each qforge kernel as a ratio to torch's grouped fp8 GEMM
+    (default accumulation) and to cuBLAS dense fp8 (tensorwise) at the same FLOPs."""
+    q = [r for r in records if isinstance(r, dict) and "gemm" in r and isinstance(r.get("bench"), dict)]
+    t = [r for r in records if isinstance(r, dict) and "kernel" in r and "tflops" in r]
+    if not q and not t:
+        return []
+    lines = ["## Grouped GEMM (TFLOP/s, median of CUDA-event timings)", ""]
+
+    def shape_key(g, rows, n, k):
+        return (int(g), int(rows), int(n), int(k))
+
+    torch_by_shape = {}
+    for r in t:
+        key = shape_key(r["groups"], r["groups"] * r["m"], r["n"], r["k"])
+        torch_by_shape.setdefault(key, {})[r["kernel"]] = num(r["tflops"])
+    rows = []
+    for r in q:
+        b = r["bench"]
+        groups = r.get("groups", [])
+        if r.get("layout") == "k_grouped":
+            shape = f"wgrad {len(groups)} x {sum(groups)} tokens, M {r.get('m')} N {r.get('n')}"
+            key = None
+        else:
+            total = sum(groups)
+            shape = f"{len(groups)} x {total // max(len(groups), 1)} x N {r.get('n')} x K {r.get('k')}"
+            key = shape_key(len(groups), total, r.get("n", 0), r.get("k", 0))
+        base = torch_by_shape.get(key, {}) if key else {}
+        tg = base.get("_scaled_grouped_mm fp8 rowwise")
+        td = base.get("_scaled_mm fp8 tensorwise (dense)")
+        tf = num(b.get("tflops"))
+        rows.append([shape, r["gemm"].split(" N=")[0].split(" k-grouped")[0], fmt(tf, "{:.0f}"),
+                     fmt(tf / tg if tf and tg else None, "{:.2f}x"), fmt(tf / td if tf and td else None, "{:.0%}")])
+    if rows:
+        lines.append(md_table(["shape (groups x rows x N x K)", "qforge kernel", "TFLOP/s",
+                               "vs torch _scaled_grouped_mm", "of cuBLAS dense fp8"], rows,
+                              align=["l", "l", "r", "r", "r"]))
+        lines.append("")
+    trows = []
+    for key, kernels in sorted(torch_by_shape.items()):
+        g, total, n, k = key
+        for name, tf in kernels.items():
+            trows.append([f"{g} x {total // g} x N {n} x K {k}", f"torch {name}", fmt(tf, "{:.0f}")])
+    if trows:
+        lines.append(md_table(["shape", "torch kernel", "TFLOP/s"], trows, align=["l", "l", "r"]))
+        lines.append("")
+    return lines
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--in", dest="indir", required=True, help="directory with qforge_bench.json and/or torch_baselines.json")
@@ -533,8 +599,9 @@ def main(argv=None):
     indir = Path(args.indir)
     q = load_json(args.qforge_json or indir / "qforge_bench.json")
     t = load_json(args.torch_json or indir / "torch_baselines.json")
-    if q is None and t is None:
-        print(f"report.py: neither qforge_bench.json nor torch_baselines.json found in {indir}", file=sys.stderr)
+    gemm = load_jsonl(indir / "gemm.jsonl")
+    if q is None and t is None and not gemm:
+        print(f"report.py: none of qforge_bench.json, torch_baselines.json, gemm.jsonl found in {indir}", file=sys.stderr)
         return 2
     if q is not None and not isinstance(q.get("results", []), list):
         warn("qforge_bench.json: 'results' is not a list; ignored")
@@ -550,6 +617,8 @@ def main(argv=None):
             note = f"- `bandwidth.png` not written: plotting failed ({type(e).__name__}: {e})."
             warn(note)
     text = build_report(q, t, note)
+    if gemm:
+        text += "\n\n" + "\n".join(gemm_section(gemm))
     (out / "report.md").write_text(text + "\n")
     print(f"wrote {out / 'report.md'}" + ("" if "not written" in note or args.no_plot else f" and {out / 'bandwidth.png'}"))
     return 0

@@ -242,3 +242,25 @@ def test_torch_baselines_cpu_end_to_end(tmp_path):
         assert r["bytes"] == r["input_passes"] * 2 * n + r["output_bytes"]
     # the report reads it
     assert report.main(["--in", str(tmp_path), "--out", str(tmp_path / "rep"), "--no-plot"]) == 0
+
+
+def test_gemm_section_ratios(tmp_path):
+    """gemm.jsonl (qforge gemm --json + torch baselines) becomes a table with ratios to torch."""
+    recs = [
+        {"gemm": "e4m3 x e4m3 blockwise N=4096 K=7168 -> bf16", "groups": [4096] * 8, "layout": "contiguous",
+         "n": 4096, "k": 7168, "bench": {"median_ms": 2.0, "tflops": 900.0}},
+        {"gemm": "e4m3 x e4m3 tensor k-grouped M=4096 N=7168 -> bf16", "groups": [4096] * 8, "layout": "k_grouped",
+         "m": 4096, "n": 7168, "k": 0, "bench": {"median_ms": 1.5, "tflops": 1200.0}},
+        {"kernel": "_scaled_grouped_mm fp8 rowwise", "groups": 8, "m": 4096, "n": 4096, "k": 7168, "tflops": 1125.0},
+        {"kernel": "_scaled_mm fp8 tensorwise (dense)", "groups": 8, "m": 4096, "n": 4096, "k": 7168, "tflops": 1440.0},
+        {"kernel": "_grouped_mm bf16", "error": "unavailable"},
+    ]
+    (tmp_path / "gemm.jsonl").write_text("\n".join(json.dumps(r) for r in recs) + "\nnot json\n")
+    assert report.main(["--in", str(tmp_path), "--out", str(tmp_path), "--no-plot"]) == 0
+    text = (tmp_path / "report.md").read_text()
+    assert "## Grouped GEMM" in text
+    row = next(l for l in text.splitlines() if "blockwise" in l and "8 x 4096 x N 4096 x K 7168" in l)
+    assert "| 900 |" in row and "0.80x" in row and "62%" in row
+    wgrad = next(l for l in text.splitlines() if l.startswith("| wgrad"))
+    assert "8 x 32768 tokens, M 4096 N 7168" in wgrad and "| 1200 |" in wgrad
+    assert "torch _scaled_grouped_mm fp8 rowwise" in text

@@ -8,8 +8,11 @@
 #   torch_baselines.json  torch eager / torch.compile on the cases torch can express, checked
 #                         against qforge's outputs first (bench/torch_baselines.py; skipped
 #                         without torch)
-#   report.md, bandwidth.png  tables and the bandwidth-vs-size plot (bench/report.py; the PNG
-#                         needs matplotlib)
+#   gemm.jsonl            on sm_90 GPUs: `qforge gemm --bench` for every scaling on the issue's
+#                         grouped-GEMM shapes plus wgrad, and the torch baselines on the same
+#                         shapes (scripts/gemm_torch_baseline.py; skipped without torch)
+#   report.md, bandwidth.png  tables (quantize bandwidth; grouped GEMM TFLOP/s) and the
+#                         bandwidth-vs-size plot (bench/report.py; the PNG needs matplotlib)
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${1:?usage: scripts/bench.sh OUT_DIR [--quick]}
@@ -26,6 +29,28 @@ tail -3 "$OUT/qforge_bench.log"
 if python3 -c "import torch" 2>/dev/null && [ -f bench/torch_baselines.py ]; then
   python3 bench/torch_baselines.py --qforge "$BUILD/tools/qforge" --out "$OUT" $QUICK >"$OUT/torch_baselines.log" 2>&1 \
     || echo "torch baselines failed (see $OUT/torch_baselines.log)"
+fi
+# Grouped GEMM (sm_90a kernels): qforge and torch on identical shapes, JSON lines in gemm.jsonl.
+if [ "$(nvidia-smi --query-gpu=compute_cap --format=csv,noheader 2>/dev/null | head -1)" = "9.0" ]; then
+  : >"$OUT/gemm.jsonl"
+  GEMM_SHAPES="8:4096:4096:7168 4:8192:7168:2048 32:512:2048:7168"
+  [ "$QUICK" = "--quick" ] && GEMM_SHAPES="8:4096:4096:7168"
+  for shape in $GEMM_SHAPES; do
+    IFS=: read -r g m n k <<<"$shape"
+    for sc in "blockwise" "mxfp8" "rowwise" "rowwise --fast-accum" "tensor --fast-accum"; do
+      timeout 120 "$BUILD/tools/qforge" gemm --scaling $sc --groups "$g" --m "$m" --n "$n" --k "$k" --bench \
+        --json "$OUT/gemm.jsonl" >>"$OUT/gemm.log" 2>&1 || echo "qforge gemm $sc $shape failed (see $OUT/gemm.log)"
+    done
+    if python3 -c "import torch" 2>/dev/null; then
+      timeout 300 python3 scripts/gemm_torch_baseline.py --groups "$g" --m "$m" --n "$n" --k "$k" \
+        --json "$OUT/gemm.jsonl" >>"$OUT/gemm.log" 2>&1 || echo "torch GEMM baselines failed (see $OUT/gemm.log)"
+    fi
+  done
+  # wgrad of the first shape's expert weight (K-grouped over 8 x 4096 tokens, M 4096, N 7168).
+  for sc in "tensor" "tensor --fast-accum"; do
+    timeout 120 "$BUILD/tools/qforge" gemm --scaling $sc --k-grouped --groups 8 --m 4096 --n 7168 --k 4096 --bench \
+      --json "$OUT/gemm.jsonl" >>"$OUT/gemm.log" 2>&1 || echo "qforge gemm wgrad $sc failed (see $OUT/gemm.log)"
+  done
 fi
 if [ -f bench/report.py ]; then
   python3 bench/report.py --in "$OUT" --out "$OUT" >"$OUT/report.log" 2>&1 || echo "report failed (see $OUT/report.log)"

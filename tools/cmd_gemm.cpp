@@ -239,7 +239,14 @@ int cmd_gemm(const Argv& argv) {
                                      {"stages", spec.tile.stages}, {"multicast", spec.tile.multicast},
                                      {"raster_m", spec.tile.raster_m}}},
                            {"groups", rows},
-                           {"layout", m_max > 0 ? "masked" : "contiguous"}};
+                           {"layout", k_grouped ? "k_grouped" : m_max > 0 ? "masked" : "contiguous"},
+                           {"scaling", std::string(traits(spec.scaling).name)},
+                           {"fast_accum", spec.fast_accum},
+                           {"num_groups", rows.size()},
+                           {"m", k_grouped ? spec.m : 0},
+                           {"n", spec.n},
+                           {"k", spec.k},
+                           {"flops", 2.0 * mk * double(spec.n)}};
   int rc = 0;
   if (args.flag("--check")) {
     // Rows: each group's first and last, its tile boundaries around 128, and random ones.
