@@ -35,11 +35,15 @@ python3 -m pytest -q -p no:cacheprovider tests/numerics/test_quantize_device.py 
 # (hybrid 32x64: RHT, fp8 31x33 fp32), interior tiles with transposed runs and the rowwise block-scale pass
 # (blockwise 1x128 / 128x1, 2D 128x128; nvfp4 grouped with SR + RHT), the same-layout
 # columnwise path (mxfp8), 2D 16x16 blocks in ragged rows (nvfp4 weight 200x320), delayed-scaling
-# amax reporting, per-channel int8 SR, grouped. QFORGE_SANITIZE_ALL=1: the whole quantize
-# suite (slow).
+# amax reporting, per-channel int8 SR, grouped; and GEMM cases (below). QFORGE_SANITIZE_ALL=1:
+# the whole quantize suite (slow).
 san_filter='*hybrid*_linear_input__training__bf16__32x64:*hybrid*_linear_input__training__bf16__128x4224:*current*_linear_grad_output__training__fp32__31x33:*nvfp4*grad_output*grouped*:*float8_block*weight__training__bf16__128x4224'
 san_filter+=':*float8_block*_linear_input__training__bf16__128x4224:*mxfp8__linear_input__training__bf16__200x320'
 san_filter+=':*nvfp4__linear_weight__training__bf16__200x320:*delayed*input__training__bf16__128x4224:*int8_weight_sr*weight*grouped*'
+# Grouped GEMM: blockwise (stage scales), MXFP8 (scale writers, per-32 promotion), K-grouped
+# (shared-memory zeroing), masked, multicast with and without promotion.
+san_filter+=':*GemmExact*block_e4m3_bf16:*GemmExact*mxfp8_e4m3_bf16:*GemmExact*kgrouped_tensor_bf16:*GemmExact*masked_block_bf16'
+san_filter+=':*GemmExact*tensor_promote_many_groups_mc2:*GemmExact*tensor_fast_bn256_mc2:*GemmExact*mxfp8_e5m2_e4m3_fp32_acc'
 [ "${QFORGE_SANITIZE_ALL:-0}" = 1 ] && san_filter='*Quantize*'
 mc_rc=-1; rc_rc=-1; ic_rc=-1
 if command -v compute-sanitizer >/dev/null; then

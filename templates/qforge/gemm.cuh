@@ -604,6 +604,7 @@ struct Traits {
   static_assert(Cfg::kScaling != kGemmBlock128 || (kBN <= 128 && 128 % kBN == 0 && Cfg::kPromote),
                 "128x128 B blocks: a tile's columns share one B scale");
   static_assert(kMc == 1 || (kMc == 2 && (Cfg::kN + kBN - 1) / kBN % 2 == 0), "multicast pairs n-blocks");
+  static_assert(kMc == 1 || (!Scaling::kStageScales && !Scaling::kScaleWriters), "multicast: no per-stage scales");
   static_assert(Cfg::kN % 8 == 0 && Cfg::kK % 16 == 0, "N % 8 == 0, K % 16 == 0");
   static_assert(!Cfg::kAccumulate || Cfg::kOutFp32, "accumulation is into fp32");
   static_assert(u32(Cfg::kSmemBytes) == kSmem.total && kSmem.total <= kGemmSmemLimit, "shared memory");
@@ -691,11 +692,14 @@ __device__ __forceinline__ void scale_writer(const GemmArgs& a, u8* smem, u32 ba
 }
 
 template <class Cfg>
-__device__ __forceinline__ void release_stage(u32 empty, int lane) {
+__device__ __forceinline__ void release_stage(u32 empty, int lane, u32 rank) {
   if constexpr (Traits<Cfg>::kMc == 1) {
     if (lane == 0) sm90::mbar_arrive(empty);
   } else {
-    if (lane < Traits<Cfg>::kMc) sm90::mbar_arrive_cluster(empty, u32(lane));
+    // Lane c arrives on CTA c's barrier; on this CTA's own with the plain CTA-scope arrive (the
+    // stage's scale slot, read by this CTA only, is then ordered the usual way).
+    if (u32(lane) == rank) sm90::mbar_arrive(empty);
+    else if (lane < Traits<Cfg>::kMc) sm90::mbar_arrive_cluster(empty, u32(lane));
   }
 }
 
@@ -890,7 +894,7 @@ __device__ __forceinline__ void consumer(const GemmArgs& a, u8* smem, u32 base, 
 #pragma unroll
         for (int i = 0; i < T::kAcc; ++i) sm90::fence_reg(part1[i]);
         S::template promote_step<Cfg, T::kAcc>(total, part1, slot_of(stage), 0, f, ts);
-        release_stage<Cfg>(empty0 + 8u * stage, lane);
+        release_stage<Cfg>(empty0 + 8u * stage, lane, rank);
         end_stage(0);
         first = 1;
       }
@@ -910,7 +914,7 @@ __device__ __forceinline__ void consumer(const GemmArgs& a, u8* smem, u32 base, 
             if (s > first) {  // step s - 1: the previous stage's last step, or this stage's previous one
               S::template promote_step<Cfg, T::kAcc>(total, done, slot_of(k == 0 ? prev_stage : stage),
                                                      (k + kSteps - 1) % kSteps, f, ts);
-              if (k == 0) release_stage<Cfg>(empty0 + 8u * prev_stage, lane);
+              if (k == 0) release_stage<Cfg>(empty0 + 8u * prev_stage, lane, rank);
             }
           } else {
             sm90::wgmma_wait<0>();
@@ -918,7 +922,7 @@ __device__ __forceinline__ void consumer(const GemmArgs& a, u8* smem, u32 base, 
             for (int i = 0; i < T::kAcc; ++i) sm90::fence_reg(part[i]);
             // The stage is free as soon as its MMAs are done (these policies keep no scales in it).
             static_assert(!S::kStageScales && !S::kScaleWriters, "waited promotion: no per-stage scales");
-            if (k == kSteps - 1) release_stage<Cfg>(empty0 + 8u * stage, lane);
+            if (k == kSteps - 1) release_stage<Cfg>(empty0 + 8u * stage, lane, rank);
             S::template promote_step<Cfg, T::kAcc>(total, part, slot_of(stage), k, f, ts);
           }
           end_stage(k);
@@ -929,7 +933,7 @@ __device__ __forceinline__ void consumer(const GemmArgs& a, u8* smem, u32 base, 
 #pragma unroll
         for (int i = 0; i < T::kAcc; ++i) sm90::fence_reg(part1[i]);
         S::template promote_step<Cfg, T::kAcc>(total, part1, slot_of(prev_stage), kSteps - 1, f, ts);
-        release_stage<Cfg>(empty0 + 8u * prev_stage, lane);
+        release_stage<Cfg>(empty0 + 8u * prev_stage, lane, rank);
       }
       epilogue<Cfg>(a, t, f, smem, total, ts);
     } else {
@@ -954,14 +958,14 @@ __device__ __forceinline__ void consumer(const GemmArgs& a, u8* smem, u32 base, 
         sm90::wgmma_commit();
         pass_turn();
         sm90::wgmma_wait<1>();  // the previous k-block's MMAs are done: release its stage
-        if (kb > 0) release_stage<Cfg>(empty0 + 8u * prev_stage, lane);
+        if (kb > 0) release_stage<Cfg>(empty0 + 8u * prev_stage, lane, rank);
         prev_stage = stage;
         if (++stage == T::kStages) stage = 0, phase ^= 1u;
       }
       sm90::wgmma_wait<0>();
 #pragma unroll
       for (int i = 0; i < T::kAcc; ++i) sm90::fence_reg(acc[i]);
-      if (k_blocks > 0) release_stage<Cfg>(empty0 + 8u * prev_stage, lane);
+      if (k_blocks > 0) release_stage<Cfg>(empty0 + 8u * prev_stage, lane, rank);
       epilogue<Cfg>(a, t, f, smem, acc, ts);
     }
   }
