@@ -109,10 +109,6 @@ GemmTile resolve_tile(const GemmSpec& s) {
   if (t.multicast == 0) t.multicast = 1;
   if (t.multicast != 1 && t.multicast != 2)
     throw UserError(tile_field("multicast"), "expected 1 or 2, got " + std::to_string(t.multicast));
-  if (t.multicast == 2 && traits(s.scaling).promote_k != 0)
-    throw UserError(tile_field("multicast"), std::string(traits(s.scaling).name) +
-                                                 " scaling keeps per-stage scales: multicast is not supported (compute-sanitizer "
-                                                 "racecheck flags the scale slots' reuse across the cluster; it was also slower)");
   if (t.multicast == 2 && n_blocks % 2 != 0)
     throw UserError(tile_field("multicast"), "pairs of n-blocks share A: ceil(N / block_n) = " + std::to_string(n_blocks) +
                                                  " must be even");

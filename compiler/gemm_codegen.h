@@ -54,7 +54,7 @@ struct GemmTile {
   int block_n = 0;    // 64, 128, 192 or 256 (<= 128 with promotion; 64/128 for blockwise and mxfp8);
                       // default 128, or 256 without promotion when N >= 512
   int stages = 0;     // pipeline depth (as many as fit in shared memory, at most 8)
-  int multicast = 0;  // 1 (default), or 2 (tensor and rowwise scaling): clusters of two CTAs share the A tile (needs an even
+  int multicast = 0;  // 1 (default), or 2: clusters of two CTAs share the A tile (needs an even
                       // n-block count; correct, but measured slower so far: docs/gemm.md)
   int raster_m = 0;   // m-blocks per scheduling band (L2 reuse)
   int ordered = 0;    // 1 off, 2 on: the two consumer warpgroups issue their MMAs in turn, so one

@@ -58,7 +58,7 @@ if [ "$MODE" != "quick" ]; then
   bench "blockwise mc1 ordered +check" --scaling blockwise --check --check-rows 2
   bench "blockwise mc1 unordered" --scaling blockwise --ordered off
   bench "blockwise mc1 unordered 88 CTAs" --scaling blockwise --ordered off --max-ctas 88
-  bench "rowwise promote mc2 +check" --scaling rowwise --multicast 2 --check --check-rows 2
+  bench "blockwise mc2 ordered +check" --scaling blockwise --multicast 2 --check --check-rows 2
   bench "blockwise mc1 ordered uneven" --scaling blockwise --uneven
   bench "blockwise mc1 ordered raster8" --scaling blockwise --raster 8
   bench "blockwise 4x8192 N7168 K2048" --scaling blockwise --groups 4 --m 8192 --n 7168 --k 2048

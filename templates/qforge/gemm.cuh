@@ -604,7 +604,6 @@ struct Traits {
   static_assert(Cfg::kScaling != kGemmBlock128 || (kBN <= 128 && 128 % kBN == 0 && Cfg::kPromote),
                 "128x128 B blocks: a tile's columns share one B scale");
   static_assert(kMc == 1 || (kMc == 2 && (Cfg::kN + kBN - 1) / kBN % 2 == 0), "multicast pairs n-blocks");
-  static_assert(kMc == 1 || (!Scaling::kStageScales && !Scaling::kScaleWriters), "multicast: no per-stage scales");
   static_assert(Cfg::kN % 8 == 0 && Cfg::kK % 16 == 0, "N % 8 == 0, K % 16 == 0");
   static_assert(!Cfg::kAccumulate || Cfg::kOutFp32, "accumulation is into fp32");
   static_assert(u32(Cfg::kSmemBytes) == kSmem.total && kSmem.total <= kGemmSmemLimit, "shared memory");
@@ -693,11 +692,13 @@ __device__ __forceinline__ void scale_writer(const GemmArgs& a, u8* smem, u32 ba
 
 template <class Cfg>
 __device__ __forceinline__ void release_stage(u32 empty, int lane, u32 rank) {
+  // One lane arrives for its warp: order the other lanes' reads of the stage (its scale slot)
+  // before that arrival's release.
+  __syncwarp();
   if constexpr (Traits<Cfg>::kMc == 1) {
     if (lane == 0) sm90::mbar_arrive(empty);
   } else {
-    // Lane c arrives on CTA c's barrier; on this CTA's own with the plain CTA-scope arrive (the
-    // stage's scale slot, read by this CTA only, is then ordered the usual way).
+    // Lane c arrives on CTA c's barrier; on this CTA's own with the CTA-scope arrive.
     if (u32(lane) == rank) sm90::mbar_arrive(empty);
     else if (lane < Traits<Cfg>::kMc) sm90::mbar_arrive_cluster(empty, u32(lane));
   }

@@ -59,7 +59,7 @@ std::vector<Variant> variants() {
   const auto E4 = ElemFormat::E4M3, E5 = ElemFormat::E5M2;
   return {
       {"block_e4m3_bf16", make(S::Block128, E4, E4, DType::BF16, false, false, 128, 1)},
-      {"tensor_promote_bf16_mc2", make(S::PerTensor, E4, E4, DType::BF16, false, false, 128, 2)},
+      {"block_e4m3_bf16_mc2", make(S::Block128, E4, E4, DType::BF16, false, false, 128, 2)},
       {"block_e4m3_e5m2_fp32_acc", make(S::Block128, E4, E5, DType::FP32, true, false, 128, 1)},
       {"block_e5m2_e4m3_bn64_bm64", make(S::Block128, E5, E4, DType::BF16, false, false, 64, 1, 64)},
       {"tensor_promote_bf16", make(S::PerTensor, E4, E4, DType::BF16, false, false, 128, 1)},
@@ -71,7 +71,7 @@ std::vector<Variant> variants() {
       {"block_unordered", ordered(make(S::Block128, E4, E4, DType::BF16, false, false, 128, 1), 1)},
       {"tensor_fast_ordered_bn256", ordered(make(S::PerTensor, E4, E4, DType::BF16, false, true, 256, 1), 2)},
       {"mxfp8_e4m3_bf16", make(S::Mx32, E4, E4, DType::BF16, false, false, 128, 1)},
-      {"mxfp8_e5m2_e4m3_fp32_acc", make(S::Mx32, E5, E4, DType::FP32, true, false, 128, 1)},
+      {"mxfp8_e5m2_e4m3_fp32_acc_mc2", make(S::Mx32, E5, E4, DType::FP32, true, false, 128, 2)},
       {"mxfp8_bm64_bn64", make(S::Mx32, E4, E4, DType::BF16, false, false, 64, 1, 64)},
       {"kgrouped_tensor_bf16", k_grouped(make(S::PerTensor, E4, E4, DType::BF16, false, false, 128, 1), 4096)},
       {"kgrouped_tensor_fast_fp32_acc", k_grouped(make(S::PerTensor, E4, E5, DType::FP32, true, true, 128, 1), 2048)},
@@ -182,7 +182,7 @@ TEST(GemmCodegen, SpecErrorsNameTheField) {
   expect_spec_error(s, "tile.block_n", "expected 64, 128, 192 or 256");
   s = ok, s.tile.block_m = 256;
   expect_spec_error(s, "tile.block_m", "expected 64 or 128");
-  s = ok, s.scaling = GemmScaling::RowChannel, s.n = 4096 + 128, s.tile.multicast = 2;
+  s = ok, s.n = 4096 + 128, s.tile.multicast = 2;
   expect_spec_error(s, "tile.multicast", "must be even");
   s = ok, s.tile.ordered = 3;
   expect_spec_error(s, "tile.ordered", "expected 1 (off) or 2 (on)");
@@ -196,10 +196,6 @@ TEST(GemmCodegen, SpecErrorsNameTheField) {
   expect_spec_error(s, "fast_accum", "every 32 of K is promoted");
   s = ok, s.scaling = GemmScaling::Mx32, s.tile.ordered = 2;
   expect_spec_error(s, "tile.ordered", "not supported");
-  s = ok, s.tile.multicast = 2;
-  expect_spec_error(s, "tile.multicast", "blockwise scaling keeps per-stage scales: multicast is not supported");
-  s = ok, s.scaling = GemmScaling::Mx32, s.tile.multicast = 2;
-  expect_spec_error(s, "tile.multicast", "mxfp8 scaling keeps per-stage scales");
   // K-grouped (wgrad).
   const GemmSpec kg = k_grouped(make(GemmScaling::PerTensor, ElemFormat::E4M3, ElemFormat::E4M3, DType::FP32, true,
                                      false, 0, 0), 4096);

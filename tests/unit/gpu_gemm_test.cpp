@@ -159,11 +159,11 @@ std::vector<Case> exact_cases() {
   add("block_e4m3_bf16", spec_of(S::Block128, E4, E4, DType::BF16, false, false, 128, 128, 1, 200, 400));
   add("block_e4m3_bf16_noalpha", spec_of(S::Block128, E4, E4, DType::BF16, false, false, 128, 128, 1, 200, 400), {}, 0,
       false);
-  add("tensor_promote_bf16_mc2", spec_of(S::PerTensor, E4, E4, DType::BF16, false, false, 128, 128, 2, 200, 400));
+  add("block_e4m3_bf16_mc2", spec_of(S::Block128, E4, E4, DType::BF16, false, false, 128, 128, 2, 200, 400));
   add("block_e5m2_e4m3_fp32", spec_of(S::Block128, E5, E4, DType::FP32, false, false, 128, 128, 1, 200, 400));
   add("block_e4m3_e5m2_fp32_acc", spec_of(S::Block128, E4, E5, DType::FP32, true, false, 128, 128, 1, 200, 400));
   add("block_bm64_bn64", spec_of(S::Block128, E4, E4, DType::BF16, false, false, 64, 64, 1, 200, 400));
-  add("rowwise_promote_bn64_mc2_acc", spec_of(S::RowChannel, E4, E4, DType::FP32, true, false, 128, 64, 2, 256, 512));
+  add("block_bn64_mc2_acc", spec_of(S::Block128, E4, E4, DType::FP32, true, false, 128, 64, 2, 256, 512));
   add("tensor_promote_bf16", spec_of(S::PerTensor, E4, E4, DType::BF16, false, false, 128, 128, 1, 200, 400));
   add("tensor_fast_bf16", spec_of(S::PerTensor, E4, E4, DType::BF16, false, true, 128, 128, 1, 200, 400));
   add("tensor_fast_bn256_mc2", spec_of(S::PerTensor, E5, E5, DType::BF16, false, true, 128, 256, 2, 504, 400));
@@ -175,12 +175,12 @@ std::vector<Case> exact_cases() {
   add("rowwise_promote_fp32_bm64", spec_of(S::RowChannel, E4, E4, DType::FP32, false, false, 64, 128, 1, 200, 400));
   // Ordered MMA issue off (the default with promotion) and on (without).
   add("block_unordered", spec_of(S::Block128, E4, E4, DType::BF16, false, false, 128, 128, 1, 200, 400, 1));
-  add("rowwise_promote_unordered_mc2_fp32", spec_of(S::RowChannel, E4, E5, DType::FP32, false, false, 128, 128, 2, 200, 400, 1));
+  add("block_unordered_mc2_fp32", spec_of(S::Block128, E4, E5, DType::FP32, false, false, 128, 128, 2, 200, 400, 1));
   add("rowwise_promote_unordered", spec_of(S::RowChannel, E4, E4, DType::BF16, false, false, 128, 128, 1, 200, 400, 1));
   add("tensor_fast_ordered_mc2", spec_of(S::PerTensor, E4, E4, DType::BF16, false, true, 128, 128, 2, 200, 400, 2));
   // MXFP8: e8m0 scales per 32 of K (K a multiple of 128).
   add("mxfp8_e4m3_bf16", spec_of(S::Mx32, E4, E4, DType::BF16, false, false, 128, 128, 1, 200, 384));
-  add("mxfp8_e5m2_e4m3_fp32_acc", spec_of(S::Mx32, E5, E4, DType::FP32, true, false, 128, 128, 1, 256, 512));
+  add("mxfp8_e5m2_e4m3_fp32_acc_mc2", spec_of(S::Mx32, E5, E4, DType::FP32, true, false, 128, 128, 2, 256, 512));
   add("mxfp8_bm64_bn64_fp32", spec_of(S::Mx32, E4, E5, DType::FP32, false, false, 64, 64, 1, 200, 128));
   // One group; K = 16 (one partial k-block); N = 8 (one partial n-block).
   add("block_one_group_tiny", spec_of(S::Block128, E4, E4, DType::BF16, false, false, 128, 128, 1, 8, 16), {3}, 0);
@@ -190,7 +190,7 @@ std::vector<Case> exact_cases() {
   std::vector<int64_t> many(40);
   for (size_t i = 0; i < many.size(); ++i) many[i] = int64_t((i * 37) % 190);
   add("block_many_groups", spec_of(S::Block128, E4, E4, DType::BF16, false, false, 128, 128, 1, 1024, 512), many, 3);
-  add("tensor_promote_many_groups_mc2", spec_of(S::PerTensor, E4, E4, DType::BF16, false, false, 128, 128, 2, 1024, 512), many, 3);
+  add("block_many_groups_mc2", spec_of(S::Block128, E4, E4, DType::BF16, false, false, 128, 128, 2, 1024, 512), many, 3);
   // Masked layout [G, m_max, K]: counts with an empty slot, a partial tile, a full slot, one
   // above m_max (clamped) and one negative (empty); the unused rows of every slot stay untouched.
   auto masked = [&](std::string name, GemmSpec s, int64_t m_max) {
@@ -281,7 +281,7 @@ std::vector<Case> random_cases() {
   std::vector<Case> v;
   v.push_back({"block_e4m3_bf16_k7168", spec_of(S::Block128, E4, E4, DType::BF16, false, false, 128, 128, 1, 1024, 7168),
                g8, 0, true});
-  v.push_back({"rowwise_promote_fp32_k7168_mc2", spec_of(S::RowChannel, E4, E4, DType::FP32, false, false, 128, 128, 2, 1024, 7168),
+  v.push_back({"block_e4m3_fp32_k7168_mc2", spec_of(S::Block128, E4, E4, DType::FP32, false, false, 128, 128, 2, 1024, 7168),
                g8, 0, false});
   v.push_back({"block_e5m2_e4m3_fp32_acc", spec_of(S::Block128, E5, E4, DType::FP32, true, false, 128, 128, 1, 512, 2048),
                g8, 7, true});
@@ -325,7 +325,7 @@ TEST(GemmEdge, AllGroupsEmptyWritesNothing) {
 TEST(GemmEdge, RepeatedLaunchesAreBitIdentical) {
   QF_SKIP_WITHOUT_GPU();
   const GemmSpec s = spec_of(GemmScaling::Block128, ElemFormat::E4M3, ElemFormat::E4M3, DType::BF16, false, false, 128,
-                             128, 1, 512, 1024);
+                             128, 2, 512, 1024);
   const ref::GemmProblem p =
       ref::make_gemm_problem(s, ref::random_group_rows(6, 3000, 1, 1, 4), 0, ref::GemmValues::Random, true, 10);
   Device dev = to_device(s, p);
