@@ -16,6 +16,9 @@ constexpr GemmScalingTraits kScalings[] = {
      "[m_total, ceil(K/128)]", "[G, ceil(N/128), ceil(K/128)]"},
     {GemmScaling::Mx32, "mxfp8", "qf::gemm::Mx32Scaling", "qf::kGemmMx32", true, 32, "e8m0", 1, 128,
      "[m_total, K/32]", "[G, N, K/32]"},
+    // Scales applied while dequantizing to fp16 (no promotion: fp16 MMAs accumulate in fp32).
+    {GemmScaling::Nvfp4, "nvfp4", "qf::gemm::Nvfp4Scaling", "qf::kGemmNvfp4", false, 16, "e4m3", 1, 128,
+     "[m_total, K/16]", "[G, N, K/16]"},
 };
 
 constexpr int kMaxStages = 8;
@@ -53,10 +56,19 @@ std::optional<GemmScaling> parse_gemm_scaling(std::string_view name) {
 std::string_view name(GemmLayout l) { return l == GemmLayout::KGrouped ? "k_grouped" : "m_grouped"; }
 
 void validate(const GemmSpec& s) {
-  if (!is_fp8(s.a_format))
-    throw UserError("a_format", "expected e4m3 or e5m2, got " + std::string(traits(s.a_format).name));
-  if (!is_fp8(s.b_format))
-    throw UserError("b_format", "expected e4m3 or e5m2, got " + std::string(traits(s.b_format).name));
+  if (s.scaling == GemmScaling::Nvfp4) {
+    for (auto [field, f] : {std::pair{"a_format", s.a_format}, std::pair{"b_format", s.b_format}})
+      if (f != ElemFormat::E2M1)
+        throw UserError(field, "nvfp4 scaling: expected e2m1, got " + std::string(traits(f).name));
+    if (s.fast_accum)
+      throw UserError("fast_accum", "nvfp4: the operands are dequantized to fp16, whose MMAs accumulate in fp32; "
+                                    "there is no promotion to skip");
+  } else {
+    if (!is_fp8(s.a_format))
+      throw UserError("a_format", "expected e4m3 or e5m2 (e2m1 with nvfp4 scaling), got " + std::string(traits(s.a_format).name));
+    if (!is_fp8(s.b_format))
+      throw UserError("b_format", "expected e4m3 or e5m2 (e2m1 with nvfp4 scaling), got " + std::string(traits(s.b_format).name));
+  }
   if (s.n < 8 || s.n > kMaxDim || s.n % 8 != 0)
     throw UserError("n", "expected a multiple of 8 in [8, 2^24] (16-byte output rows), got " + std::to_string(s.n));
   if (s.layout == GemmLayout::KGrouped) {
@@ -90,6 +102,7 @@ GemmTile resolve_tile(const GemmSpec& s) {
   const bool promote = !s.fast_accum;
   const bool block128 = s.scaling == GemmScaling::Block128;
   const bool per32 = traits(s.scaling).promote_k == 32;
+  const bool fp4 = s.scaling == GemmScaling::Nvfp4;
   if (t.block_m == 0) t.block_m = 128;
   // Measured on an H200 at 8 x 4096 x 4096 x 7168 (docs/gemm.md): 128 x 256 tiles are the
   // fastest without promotion (one accumulator); promotion keeps two, so 128 x 128.
@@ -117,7 +130,14 @@ GemmTile resolve_tile(const GemmSpec& s) {
   if (per32 && t.block_n > 128)
     throw UserError(tile_field("block_n"), "per-32 promotion keeps three accumulators per thread: block_n <= 128, got " +
                                                std::to_string(t.block_n));
-  if (t.ordered == 0) t.ordered = promote && !per32 && t.block_m == 128 ? 2 : 1;
+  if (fp4 && t.block_n != 128)
+    throw UserError(tile_field("block_n"), "nvfp4: expected 128 (the B dequantization's work split), got " +
+                                               std::to_string(t.block_n));
+  if (fp4 && t.multicast != 1)
+    throw UserError(tile_field("multicast"), "nvfp4: expected 1, got " + std::to_string(t.multicast));
+  if (fp4 && t.ordered == 2)
+    throw UserError(tile_field("ordered"), "nvfp4 accumulates on the tensor cores: ordered issue is not supported");
+  if (t.ordered == 0) t.ordered = promote && !per32 && !fp4 && t.block_m == 128 ? 2 : 1;
   if (per32 && t.ordered == 2)
     throw UserError(tile_field("ordered"), "per-32 promotion overlaps its own steps: ordered issue is not supported");
   if (t.ordered != 1 && t.ordered != 2)
@@ -148,6 +168,7 @@ GemmScaleElems gemm_scale_elems(const GemmSpec& s, int64_t m_total, int64_t num_
     case GemmScaling::RowChannel: return {m_total, g * s.n};
     case GemmScaling::Block128: return {m_total * kb, g * nb * kb};
     case GemmScaling::Mx32: return {m_total * (s.k / 32), g * s.n * (s.k / 32)};
+    case GemmScaling::Nvfp4: return {m_total * (s.k / 16), g * s.n * (s.k / 16)};
   }
   QF_CHECK(false, "unknown GemmScaling");
   return {};

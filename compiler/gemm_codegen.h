@@ -22,6 +22,9 @@ enum class GemmScaling : uint8_t {
                // ([G, ceil(N/128), ceil(K/128)]): the quantize kernels' block-scaling layouts
   Mx32,        // MXFP8: e8m0 per 1x32 block of A ([m_total, K/32] bytes) and of B ([G, N, K/32]):
                // the quantize kernels' compact MXFP8 rowwise scale layout
+  Nvfp4,       // NVFP4: e2m1 operands packed two per byte (A [m_total, K/2], B [G, N, K/2]), e4m3 per
+               // 1x16 block of A ([m_total, K/16] bytes) and of B ([G, N, K/16]), and the per-tensor
+               // amax of each group's A and B (fp32 [G] each): the quantize kernels' NVFP4 layout
 };
 
 struct GemmScalingTraits {
@@ -31,7 +34,7 @@ struct GemmScalingTraits {
   std::string_view device_code;   // its GemmScalingCode constant
   bool promotion_required;        // scales change along K: every k-block is promoted
   int promote_k;                  // K per promotion (0: once per 128, or none with fast_accum)
-  std::string_view scale_type;    // "fp32" or "e8m0"
+  std::string_view scale_type;    // "fp32", "e8m0" or "e4m3"
   int scale_bytes;                // bytes per scale element
   int k_multiple;                 // K must be a multiple of this (16: the TMA row stride)
   std::string_view a_scale_shape; // for messages and --help
@@ -51,7 +54,8 @@ std::string_view name(GemmLayout l);
 // Tile configuration; a zero field is chosen by resolve_tile().
 struct GemmTile {
   int block_m = 0;    // 64 or 128: one consumer warpgroup per 64 rows
-  int block_n = 0;    // 64, 128, 192 or 256 (<= 128 with promotion; 64/128 for blockwise and mxfp8);
+  int block_n = 0;    // 64, 128, 192 or 256 (<= 128 with promotion; 64/128 for blockwise and mxfp8;
+                      // 128 for nvfp4);
                       // default 128, or 256 without promotion when N >= 512
   int stages = 0;     // pipeline depth (as many as fit in shared memory, at most 8)
   int multicast = 0;  // 1 (default), or 2: clusters of two CTAs share the A tile (needs an even
@@ -63,7 +67,7 @@ struct GemmTile {
 };
 
 struct GemmSpec {
-  ElemFormat a_format = ElemFormat::E4M3;  // e4m3 or e5m2
+  ElemFormat a_format = ElemFormat::E4M3;  // e4m3 or e5m2 (nvfp4 scaling: e2m1)
   ElemFormat b_format = ElemFormat::E4M3;
   GemmScaling scaling = GemmScaling::Block128;
   GemmLayout layout = GemmLayout::MGrouped;

@@ -555,13 +555,17 @@ RecipeGemm parse_gemm(const Node& g) {
     sc.fail("unknown value \"" + Node::printable(scaling) + "\"; expected " + join(names));
   }
   s.scaling = *parsed;
-  auto fp8 = [&](const char* key) {
-    ElemFormat f = ElemFormat::E4M3;
-    if (auto n = g.find(key)) f = n->choice<ElemFormat>({{"e4m3", ElemFormat::E4M3}, {"e5m2", ElemFormat::E5M2}});
+  // fp8 operands (default e4m3), or e2m1 with nvfp4 scaling (the default there).
+  const bool fp4 = s.scaling == GemmScaling::Nvfp4;
+  auto format = [&](const char* key) {
+    ElemFormat f = fp4 ? ElemFormat::E2M1 : ElemFormat::E4M3;
+    if (auto n = g.find(key))
+      f = fp4 ? n->choice<ElemFormat>({{"e2m1", ElemFormat::E2M1}})
+              : n->choice<ElemFormat>({{"e4m3", ElemFormat::E4M3}, {"e5m2", ElemFormat::E5M2}});
     return f;
   };
-  s.a_format = fp8("a_format");
-  s.b_format = fp8("b_format");
+  s.a_format = format("a_format");
+  s.b_format = format("b_format");
   s.n = g.at("n").integer(1, int64_t(1) << 24);
   s.k = g.at("k").integer(1, int64_t(1) << 24);
   if (auto o = g.find("out_dtype")) s.out_dtype = o->choice<DType>({{"bf16", DType::BF16}, {"fp32", DType::FP32}});

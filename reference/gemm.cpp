@@ -14,12 +14,15 @@ namespace {
 std::vector<double> decode_table(ElemFormat f) {
   std::vector<double> t(256);
   for (int i = 0; i < 256; ++i)
-    t[size_t(i)] = f == ElemFormat::E4M3 ? double(decode<E4M3>(u8(i))) : double(decode<E5M2>(u8(i)));
+    t[size_t(i)] = f == ElemFormat::E4M3   ? double(decode<E4M3>(u8(i)))
+                   : f == ElemFormat::E2M1 ? double(decode<E2M1>(u8(i & 15)))
+                                           : double(decode<E5M2>(u8(i)));
   return t;
 }
 
-// Scale element i of a raw scale buffer (fp32, or e8m0 for MX).
+// Scale element i of a raw scale buffer (fp32, e8m0 for MX, e4m3 for NVFP4).
 double scale_at(const GemmSpec& spec, std::span<const uint8_t> bytes, int64_t i) {
+  if (spec.scaling == GemmScaling::Nvfp4) return double(decode<E4M3>(bytes[size_t(i)]));
   if (traits(spec.scaling).scale_bytes == 1) return double(e8m0_decode(bytes[size_t(i)]));
   float f;
   std::memcpy(&f, &bytes[size_t(i) * 4], 4);
@@ -58,9 +61,17 @@ GemmRows gemm_reference(const GemmSpec& spec, const GemmOperands& ops, std::span
   // K-grouped: A [m, k_total], B [N, k_total]; output rows g * m + r.
   const int64_t lda = kg ? ops.k_total : k;
   const int64_t out_rows = kg ? groups * spec.m : ops.m_total;
+  const bool fp4 = spec.scaling == GemmScaling::Nvfp4;
+  const int64_t row_bytes = fp4 ? k / 2 : k;
   QF_CHECK(kg ? int64_t(ops.a.size()) >= spec.m * lda && int64_t(ops.b.size()) >= n * lda
-              : int64_t(ops.a.size()) >= ops.m_total * k && int64_t(ops.b.size()) >= groups * n * k,
+              : int64_t(ops.a.size()) >= ops.m_total * row_bytes && int64_t(ops.b.size()) >= groups * n * row_bytes,
            "operand sizes");
+  QF_CHECK(!fp4 || (int64_t(ops.a_amax.size()) >= groups && int64_t(ops.b_amax.size()) >= groups), "nvfp4 amax [G]");
+  // Element kk of an operand row starting at byte p (nvfp4: element 2i in the low nibble).
+  auto elem = [&](const uint8_t* p, int64_t kk) -> uint8_t { return fp4 ? uint8_t(p[kk / 2] >> (4 * (kk & 1))) & 15 : p[kk]; };
+  auto global_decode = [&](std::span<const float> amax, int g) {
+    return fp4 ? double(nvfp4_global_decode_scale(nvfp4_global_encode_scale(amax[size_t(g)]))) : 1.0;
+  };
   std::vector<int> owner;
   if (kg) {
     owner.resize(size_t(out_rows));
@@ -87,6 +98,7 @@ GemmRows gemm_reference(const GemmSpec& spec, const GemmOperands& ops, std::span
       case GemmScaling::RowChannel: return scale_at(spec, ops.a_scale, r);
       case GemmScaling::Block128: return scale_at(spec, ops.a_scale, r * kb + kk / 128);
       case GemmScaling::Mx32: return scale_at(spec, ops.a_scale, r * k32 + kk / 32);
+      case GemmScaling::Nvfp4: return scale_at(spec, ops.a_scale, r * (k / 16) + kk / 16);
     }
     return 0;
   };
@@ -96,6 +108,7 @@ GemmRows gemm_reference(const GemmSpec& spec, const GemmOperands& ops, std::span
       case GemmScaling::RowChannel: return scale_at(spec, ops.b_scale, int64_t(g) * n + col);
       case GemmScaling::Block128: return scale_at(spec, ops.b_scale, (int64_t(g) * nb + col / 128) * kb + kk / 128);
       case GemmScaling::Mx32: return scale_at(spec, ops.b_scale, (int64_t(g) * n + col) * k32 + kk / 32);
+      case GemmScaling::Nvfp4: return scale_at(spec, ops.b_scale, (int64_t(g) * n + col) * (k / 16) + kk / 16);
     }
     return 0;
   };
@@ -122,11 +135,13 @@ GemmRows gemm_reference(const GemmSpec& spec, const GemmOperands& ops, std::span
         k1 = std::max(k0, clamp(ops.offsets[size_t(g) + 1]));
       }
       const int64_t len = k1 - k0;
-      const double alpha = ops.alpha.empty() ? 1.0 : double(ops.alpha[size_t(g)]);
-      for (int64_t kk = k0; kk < k1; ++kk) arow[size_t(kk - k0)] = ta[ops.a[size_t(r * lda + kk)]] * a_scale(r, kk, g);
+      const double alpha = (ops.alpha.empty() ? 1.0 : double(ops.alpha[size_t(g)])) * global_decode(ops.a_amax, g) *
+                           global_decode(ops.b_amax, g);
+      const uint8_t* ap = &ops.a[size_t(kg ? r * lda : r * row_bytes)];
+      for (int64_t kk = k0; kk < k1; ++kk) arow[size_t(kk - k0)] = ta[elem(ap, kk)] * a_scale(r, kk, g);
       for (int64_t col = c0; col < c1; ++col) {
-        const uint8_t* bp = kg ? &ops.b[size_t(col * lda)] : &ops.b[size_t((int64_t(g) * n + col) * k)];
-        for (int64_t kk = k0; kk < k1; ++kk) brow[size_t(kk - k0)] = tb[bp[kk]] * b_scale(g, col, kk);
+        const uint8_t* bp = kg ? &ops.b[size_t(col * lda)] : &ops.b[size_t((int64_t(g) * n + col) * row_bytes)];
+        for (int64_t kk = k0; kk < k1; ++kk) brow[size_t(kk - k0)] = tb[elem(bp, kk)] * b_scale(g, col, kk);
         double sum = 0, mag = 0;
         for (int64_t j = 0; j < len; ++j) {
           const double p = arow[size_t(j)] * brow[size_t(j)];
@@ -153,6 +168,8 @@ GemmTolerance gemm_tolerance(const GemmSpec& spec) {
   // Tensor-core accumulation of fp8 products keeps fewer bits than fp32 (about 13-14 below the
   // largest addend); with promotion the error stays inside one k-block of 128 (or 32).
   t.acc_rel = spec.fast_accum ? std::ldexp(1.0, -9) : std::ldexp(1.0, -12);
+  // nvfp4: exact fp16 products accumulated in fp32 over all of K.
+  if (spec.scaling == GemmScaling::Nvfp4) t.acc_rel = std::ldexp(1.0, -18);
   return t;
 }
 

@@ -6,7 +6,8 @@
 //
 // where g is the group holding row r and deq_x = decode(x) * scale(x) per the spec's scaling
 // (every fp8 value times an fp32 scale is exact in float64, so `value` is exact up to the final
-// sum's float64 rounding). With accumulation the kernel adds `value` to the fp32 output it finds.
+// sum's float64 rounding; nvfp4: e2m1 * e4m3 block scale * the global decode scale of the
+// group's amax, computed as the quantize kernels do). With accumulation the kernel adds `value` to the fp32 output it finds.
 //
 // Error bound of the GPU result (gemm_tolerance): |got - value| <= out_rel * |value| +
 // acc_rel * magnitude, where out_rel covers the output rounding (bf16 RNE; fp32 epilogue
@@ -24,8 +25,8 @@
 namespace qf::ref {
 
 struct GemmOperands {
-  std::span<const uint8_t> a;          // fp8 [m_total, K]
-  std::span<const uint8_t> b;          // fp8 [G, N, K]
+  std::span<const uint8_t> a;          // fp8 [m_total, K] (nvfp4: packed e2m1 [m_total, K/2], element 2i low)
+  std::span<const uint8_t> b;          // fp8 [G, N, K] (nvfp4: [G, N, K/2])
   std::span<const uint8_t> a_scale;    // raw bytes in the kernel's layout: fp32 or e8m0 elements
   std::span<const uint8_t> b_scale;    // per scaling (runtime/gemm.h gemm_scale_elems)
   std::span<const float> alpha;        // empty: 1 for every group
@@ -34,6 +35,8 @@ struct GemmOperands {
   int64_t m_max = 0;
   int64_t m_total = 0;
   int64_t k_total = 0;                 // K-grouped: A [m, k_total], B [N, k_total], offsets split K
+  std::span<const float> a_amax{};     // nvfp4: [G] per-tensor amax of each group's A (global decode scale)
+  std::span<const float> b_amax{};     // nvfp4: [G] amax of each B[g]
 };
 
 struct GemmRows {

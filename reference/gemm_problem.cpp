@@ -21,10 +21,17 @@ uint64_t splitmix(uint64_t& s) {
 
 u8 encode_fp8(ElemFormat f, float x) { return f == ElemFormat::E4M3 ? encode_rn<E4M3>(x) : encode_rn<E5M2>(x); }
 
-// 65536 encodings to draw bytes from: normal samples * fmax / 8, or integers in [-2, 2].
+// 65536 encodings to draw bytes from: normal samples * fmax / 8, or integers in [-2, 2]
+// (e2m1: bytes of two such nibbles, normal samples * 6 / 2).
 std::vector<u8> byte_table(ElemFormat f, GemmValues v, uint64_t seed) {
   std::vector<u8> t(65536);
   std::mt19937_64 rng(seed);
+  if (f == ElemFormat::E2M1) {
+    std::normal_distribution<float> normal(0.0f, 3.0f);
+    auto nibble = [&] { return v == GemmValues::Random ? encode_rn<E2M1>(normal(rng)) : encode_rn<E2M1>(float(int(rng() % 5) - 2)); };
+    for (auto& b : t) b = u8(nibble() | (nibble() << 4));
+    return t;
+  }
   std::normal_distribution<float> normal(0.0f, 1.0f);
   const float spread = (f == ElemFormat::E4M3 ? 448.0f : 57344.0f) / 8.0f;
   for (auto& b : t) b = v == GemmValues::Random ? encode_fp8(f, normal(rng) * spread) : encode_fp8(f, float(int(rng() % 5) - 2));
@@ -67,6 +74,8 @@ GemmOperands GemmProblem::operands() const {
   o.a_scale = a_scale;
   o.b_scale = b_scale;
   o.alpha = alpha;
+  o.a_amax = a_amax;
+  o.b_amax = b_amax;
   o.offsets = offsets;
   o.counts = counts;
   o.m_max = m_max;
@@ -83,8 +92,10 @@ void fill_problem(const GemmSpec& spec, GemmProblem& p, GemmValues values, bool 
   const int64_t g = p.num_groups(), n = spec.n, k = spec.k;
   const bool kg = spec.layout == GemmLayout::KGrouped;
   p.out_rows = kg ? g * spec.m : p.m_total;
-  p.a.resize(size_t(kg ? spec.m * p.k_total : p.m_total * k));
-  p.b.resize(size_t(kg ? n * p.k_total : g * n * k));
+  const bool fp4 = spec.scaling == GemmScaling::Nvfp4;
+  const int64_t row_bytes = fp4 ? k / 2 : k;
+  p.a.resize(size_t(kg ? spec.m * p.k_total : p.m_total * row_bytes));
+  p.b.resize(size_t(kg ? n * p.k_total : g * n * row_bytes));
   fill_bytes(p.a, byte_table(spec.a_format, values, seed * 3 + 1), seed * 5 + 2, threads);
   fill_bytes(p.b, byte_table(spec.b_format, values, seed * 7 + 3), seed * 11 + 4, threads);
 
@@ -95,7 +106,10 @@ void fill_problem(const GemmSpec& spec, GemmProblem& p, GemmValues values, bool 
     out.resize(size_t(count * st.scale_bytes));
     for (int64_t i = 0; i < count; ++i) {
       const float v = random_scale(rng, values);
-      if (st.scale_bytes == 1) {
+      if (fp4) {
+        // e4m3 block scales: powers of two (small integers), else values in [2^-4, 2^4) rounded to e4m3.
+        out[size_t(i)] = encode_rn<E4M3>(v);
+      } else if (st.scale_bytes == 1) {
         out[size_t(i)] = u8(127 + std::ilogb(v));  // the power of two at or below v
       } else {
         std::memcpy(&out[size_t(i) * 4], &v, 4);
@@ -104,6 +118,14 @@ void fill_problem(const GemmSpec& spec, GemmProblem& p, GemmValues values, bool 
   };
   fill_scales(p.a_scale, cnt.a);
   fill_scales(p.b_scale, cnt.b);
+  if (fp4) {
+    // Global amax: 6 * 448 * 2^j (decode scale 2^j exactly) for small integers, else anything positive.
+    std::uniform_real_distribution<float> u(1.0f, 4000.0f);
+    for (auto* v : {&p.a_amax, &p.b_amax}) {
+      v->resize(size_t(g));
+      for (auto& x : *v) x = values == GemmValues::Random ? u(rng) : std::ldexp(2688.0f, int(rng() % 5) - 2);
+    }
+  }
   if (with_alpha) {
     p.alpha.resize(size_t(g));
     std::uniform_real_distribution<float> u(0.5f, 2.0f);

@@ -25,8 +25,9 @@ struct GemmProblem {
   int64_t k_total = 0;           // K-grouped: the token dimension (offsets split it); 0 otherwise
   int num_groups() const { return m_max > 0 ? int(counts.size()) : int(offsets.size()) - 1; }
   int64_t out_rows = 0;          // rows of D: m_total, or G * m when K-grouped
-  std::vector<uint8_t> a, b;     // [m_total, K], [G, N, K]
-  std::vector<uint8_t> a_scale, b_scale;  // raw bytes in the kernel's layout (fp32 or e8m0 elements)
+  std::vector<uint8_t> a, b;     // [m_total, K], [G, N, K] (nvfp4: packed e2m1, K/2 bytes per row)
+  std::vector<uint8_t> a_scale, b_scale;  // raw bytes in the kernel's layout (fp32, e8m0 or e4m3 elements)
+  std::vector<float> a_amax, b_amax;      // nvfp4: per-group amax [G] each (empty otherwise)
   std::vector<float> alpha;      // empty unless requested
   std::vector<float> d_init;     // [m_total, N] previous fp32 output, when the spec accumulates
   GemmOperands operands() const;

@@ -18,14 +18,15 @@ constexpr int kMaxGroups = 1 << 20;
 // K-major fp8 tiles of `box_rows` x 128 bytes, 128-byte swizzle, zero fill out of bounds.
 // dims/strides as cuTensorMapEncodeTiled takes them (innermost first, strides of dims 1..).
 TmaDescriptor encode_fp8_map(const char* what, uint64_t base, std::initializer_list<cuuint64_t> dims,
-                             std::initializer_list<cuuint64_t> strides, std::initializer_list<cuuint32_t> box) {
+                             std::initializer_list<cuuint64_t> strides, std::initializer_list<cuuint32_t> box,
+                             CUtensorMapSwizzle swizzle = CU_TENSOR_MAP_SWIZZLE_128B) {
   const Driver& d = require_driver();
   CUtensorMap map;
   std::vector<cuuint64_t> dv(dims), sv(strides);
   std::vector<cuuint32_t> bv(box), ev(dv.size(), 1);
   const CUresult r = d.cuTensorMapEncodeTiled(
       &map, CU_TENSOR_MAP_DATA_TYPE_UINT8, cuuint32_t(dv.size()), reinterpret_cast<void*>(base), dv.data(), sv.data(),
-      bv.data(), ev.data(), CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
+      bv.data(), ev.data(), CU_TENSOR_MAP_INTERLEAVE_NONE, swizzle,
       CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
   check(r, std::string("cuTensorMapEncodeTiled (") + what + ")");
   TmaDescriptor out;
@@ -132,25 +133,36 @@ void Gemm::run(const GemmCall& c, CUstream stream) const {
   if (units >= (int64_t(1) << 31))
     throw UserError("m_total", "too many tiles for one launch (" + std::to_string(units) + ")");
   const int ob = traits(s.out_dtype).bytes;
-  const std::string shape_a = "A [" + std::to_string(m) + ", " + std::to_string(s.k) + "] " + std::string(traits(s.a_format).name);
+  const bool fp4 = s.scaling == GemmScaling::Nvfp4;
+  const int64_t kb = fp4 ? s.k / 2 : s.k;  // bytes per operand row
+  const std::string packed = fp4 ? " packed two per byte" : "";
+  const std::string shape_a = "A [" + std::to_string(m) + ", " + std::to_string(s.k) + "] " + std::string(traits(s.a_format).name) + packed;
   const std::string shape_b = "B [" + std::to_string(g) + ", " + std::to_string(s.n) + ", " + std::to_string(s.k) + "] " +
-                              std::string(traits(s.b_format).name);
+                              std::string(traits(s.b_format).name) + packed;
   const std::string shape_d = "D [" + std::to_string(m) + ", " + std::to_string(s.n) + "] " + std::string(traits(s.out_dtype).name);
-  check_buffer("a", c.a, m * s.k, 16, shape_a);
-  check_buffer("b", c.b, g * s.n * s.k, 16, shape_b);
+  check_buffer("a", c.a, m * kb, 16, shape_a);
+  check_buffer("b", c.b, g * s.n * kb, 16, shape_b);
   check_buffer("d", c.d, m * s.n * ob, 16, shape_d);
   if (c.d.dtype && *c.d.dtype != s.out_dtype) check_dtype("d", c.d, s.out_dtype);
   const GemmScaleElems se = gemm_scale_elems(s, m, c.num_groups);
   const GemmScalingTraits& st = traits(s.scaling);
   const std::string scales = std::string(st.scale_type) + " " + std::string(st.name) + " scales ";
-  // 4-byte aligned: e8m0 scales are read four at a time.
-  check_buffer("a_scale", c.a_scale, se.a * st.scale_bytes, 4, scales + std::string(st.a_scale_shape));
-  check_buffer("b_scale", c.b_scale, se.b * st.scale_bytes, 4, scales + std::string(st.b_scale_shape));
+  // 4-byte aligned: e8m0 scales are read four at a time (nvfp4: 16, a row's 8 bytes at once).
+  check_buffer("a_scale", c.a_scale, se.a * st.scale_bytes, fp4 ? 16 : 4, scales + std::string(st.a_scale_shape));
+  check_buffer("b_scale", c.b_scale, se.b * st.scale_bytes, fp4 ? 16 : 4, scales + std::string(st.b_scale_shape));
+  if (fp4) {
+    check_buffer("a_amax", c.a_amax, g * 4, 4, "fp32 [num_groups] (nvfp4: per-tensor amax of each group's A)");
+    check_buffer("b_amax", c.b_amax, g * 4, 4, "fp32 [num_groups] (nvfp4: amax of each B[g])");
+  } else if (c.a_amax.ptr || c.b_amax.ptr) {
+    throw UserError(c.a_amax.ptr ? "a_amax" : "b_amax", "only nvfp4 scaling takes per-tensor amax; " +
+                                                            std::string(st.name) + " scaling has none");
+  }
   if (c.alpha.ptr) check_buffer("alpha", c.alpha, g * 4, 4, "fp32 [num_groups]");
   if (c.max_ctas < 0) throw UserError("max_ctas", "expected >= 0, got " + std::to_string(c.max_ctas));
   const std::pair<const char*, const TensorView*> inputs[] = {
       {"a", &c.a},         {"b", &c.b}, {"a_scale", &c.a_scale}, {"b_scale", &c.b_scale},
-      {"alpha", &c.alpha}, masked ? std::pair{"group_counts", &c.group_counts} : std::pair{"group_offsets", &c.group_offsets}};
+      {"alpha", &c.alpha}, masked ? std::pair{"group_counts", &c.group_counts} : std::pair{"group_offsets", &c.group_offsets},
+      {"a_amax", &c.a_amax}, {"b_amax", &c.b_amax}};
   for (const auto& [name, v] : inputs) check_disjoint("d", c.d, name, *v);
   if (m == 0) return;  // no rows: nothing to read or write
 
@@ -160,11 +172,23 @@ void Gemm::run(const GemmCall& c, CUstream stream) const {
 
   auto l = load_for_current_device();
   GemmArgs args{};
-  args.a_map = encode_fp8_map("a", c.a.ptr, {cuuint64_t(s.k), cuuint64_t(m)}, {cuuint64_t(s.k)},
-                              {cuuint32_t(kGemmBlockK), cuuint32_t(t.block_m / t.multicast)});
-  args.b_map = encode_fp8_map("b", c.b.ptr, {cuuint64_t(s.k), cuuint64_t(s.n), cuuint64_t(g)},
-                              {cuuint64_t(s.k), cuuint64_t(s.n * s.k)},
-                              {cuuint32_t(kGemmBlockK), cuuint32_t(t.block_n), 1u});
+  if (fp4) {
+    // Packed e2m1: 64 bytes (128 K) per row per stage; A unswizzled (the consumers read it into
+    // registers), B with the 64-byte swizzle (its converters read it conflict-free).
+    args.a_map = encode_fp8_map("a", c.a.ptr, {cuuint64_t(kb), cuuint64_t(m)}, {cuuint64_t(kb)},
+                                {cuuint32_t(kGemmBlockK / 2), cuuint32_t(t.block_m)}, CU_TENSOR_MAP_SWIZZLE_NONE);
+    args.b_map = encode_fp8_map("b", c.b.ptr, {cuuint64_t(kb), cuuint64_t(s.n), cuuint64_t(g)},
+                                {cuuint64_t(kb), cuuint64_t(s.n * kb)}, {cuuint32_t(kGemmBlockK / 2), cuuint32_t(t.block_n), 1u},
+                                CU_TENSOR_MAP_SWIZZLE_64B);
+    args.a_amax = reinterpret_cast<const float*>(c.a_amax.ptr);
+    args.b_amax = reinterpret_cast<const float*>(c.b_amax.ptr);
+  } else {
+    args.a_map = encode_fp8_map("a", c.a.ptr, {cuuint64_t(s.k), cuuint64_t(m)}, {cuuint64_t(s.k)},
+                                {cuuint32_t(kGemmBlockK), cuuint32_t(t.block_m / t.multicast)});
+    args.b_map = encode_fp8_map("b", c.b.ptr, {cuuint64_t(s.k), cuuint64_t(s.n), cuuint64_t(g)},
+                                {cuuint64_t(s.k), cuuint64_t(s.n * s.k)},
+                                {cuuint32_t(kGemmBlockK), cuuint32_t(t.block_n), 1u});
+  }
   args.d = reinterpret_cast<void*>(c.d.ptr);
   args.a_scale = reinterpret_cast<const void*>(c.a_scale.ptr);
   args.b_scale = reinterpret_cast<const void*>(c.b_scale.ptr);

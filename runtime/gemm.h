@@ -37,11 +37,15 @@ struct GemmKernel {
 GemmKernel build_gemm_kernel(const GemmSpec& spec, const std::string& arch, KernelCache& cache);
 
 struct GemmCall {
-  TensorView a;              // fp8 [m_total, K] (K-grouped: [m, k_total]), 16-byte aligned
-  TensorView b;              // fp8 [num_groups, N, K] (K-grouped: [N, k_total]), 16-byte aligned
+  TensorView a;              // fp8 [m_total, K] (K-grouped: [m, k_total]; nvfp4: packed e2m1 [m_total, K/2]),
+                             // 16-byte aligned
+  TensorView b;              // fp8 [num_groups, N, K] (K-grouped: [N, k_total]; nvfp4: [num_groups, N, K/2]),
+                             // 16-byte aligned
   TensorView d;              // [m_total, N] (K-grouped: [num_groups, m, N]) bf16 or fp32, 16-byte aligned
-  TensorView a_scale;        // fp32 (e8m0 bytes for mxfp8), shape per scaling (gemm_scale_elems)
-  TensorView b_scale;        // 4-byte aligned
+  TensorView a_scale;        // fp32 (e8m0 bytes for mxfp8, e4m3 bytes for nvfp4), shape per scaling
+  TensorView b_scale;        // (gemm_scale_elems); 4-byte aligned (nvfp4: 16)
+  TensorView a_amax;         // nvfp4 only: fp32 [num_groups], the per-tensor amax of each group's A rows
+  TensorView b_amax;         // nvfp4 only: fp32 [num_groups], the amax of each B[g] (global decode scales)
   TensorView alpha;          // optional fp32 [num_groups]
   TensorView group_offsets;  // contiguous layout: int64 [num_groups + 1] row offsets, on the device
                              // (K-grouped: token offsets into k_total)

@@ -130,12 +130,14 @@ qf_status qf_quantize(qf_quantizer* q, const qf_quantize_args* args, void* cuda_
  *   contiguous layout: group g owns rows [group_offsets[g], group_offsets[g+1]) of A and D;
  *   masked layout (m_max > 0): group g owns rows [g*m_max, g*m_max + group_counts[g]).
  *   D[rows] (+)= alpha[g] * dequant(A[rows]) @ dequant(B[g])^T,
- *   A [m_total, K] and B [G, N, K] fp8 K-major, D [m_total, N] bf16 or fp32. */
+ *   A [m_total, K] and B [G, N, K] fp8 K-major (nvfp4: packed e2m1, K/2 bytes per row), D [m_total, N]
+ *   bf16 or fp32. K-grouped specs (wgrad) come from recipes: A [m, k_total], B [N, k_total],
+ *   group_offsets split k_total, D [G, m, N]. */
 typedef struct qf_gemm qf_gemm;
 
 typedef struct qf_gemm_spec {
-  const char* scaling;   /* "tensor", "rowwise", "blockwise" or "mxfp8" */
-  const char* a_format;  /* "e4m3" or "e5m2"; NULL = "e4m3" */
+  const char* scaling;   /* "tensor", "rowwise", "blockwise", "mxfp8" or "nvfp4" */
+  const char* a_format;  /* "e4m3" or "e5m2" (nvfp4: "e2m1"); NULL = "e4m3" ("e2m1" with nvfp4) */
   const char* b_format;
   int64_t n, k;
   const char* out_dtype; /* "bf16" or "fp32"; NULL = "bf16" */
@@ -158,6 +160,9 @@ typedef struct qf_gemm_args {
   int64_t m_total;
   int num_groups;
   int max_ctas;                               /* 0 = one CTA per SM */
+  const float* a_amax;                        /* nvfp4: device fp32 [num_groups], amax of each group's A */
+  const float* b_amax;                        /* nvfp4: device fp32 [num_groups], amax of each B[g] */
+  int64_t k_total;                            /* K-grouped: the token dimension; 0 otherwise */
 } qf_gemm_args;
 
 /* Validates the spec (errors name the field: "n", "tile.block_n", ...). */

@@ -137,17 +137,19 @@ qf::GemmSpec to_gemm_spec(const qf_gemm_spec& c) {
   qf::GemmSpec s;
   require(c.scaling, "spec->scaling");
   const auto sc = qf::parse_gemm_scaling(c.scaling);
-  if (!sc) throw qf::UserError("spec->scaling", std::string("expected tensor, rowwise, blockwise or mxfp8, got \"") + c.scaling + "\"");
+  if (!sc)
+    throw qf::UserError("spec->scaling", std::string("expected tensor, rowwise, blockwise, mxfp8 or nvfp4, got \"") + c.scaling + "\"");
   s.scaling = *sc;
-  auto fp8 = [](const char* name, const char* field) {
-    if (!name) return qf::ElemFormat::E4M3;
+  const bool fp4 = s.scaling == qf::GemmScaling::Nvfp4;
+  auto format = [fp4](const char* name, const char* field) {
+    if (!name) return fp4 ? qf::ElemFormat::E2M1 : qf::ElemFormat::E4M3;
     const auto f = qf::parse_format(name);
-    if (!f || (*f != qf::ElemFormat::E4M3 && *f != qf::ElemFormat::E5M2))
-      throw qf::UserError(field, std::string("expected e4m3 or e5m2, got \"") + name + "\"");
+    if (fp4 ? f != qf::ElemFormat::E2M1 : (!f || (*f != qf::ElemFormat::E4M3 && *f != qf::ElemFormat::E5M2)))
+      throw qf::UserError(field, std::string(fp4 ? "nvfp4 scaling: expected e2m1" : "expected e4m3 or e5m2") + ", got \"" + name + "\"");
     return *f;
   };
-  s.a_format = fp8(c.a_format, "spec->a_format");
-  s.b_format = fp8(c.b_format, "spec->b_format");
+  s.a_format = format(c.a_format, "spec->a_format");
+  s.b_format = format(c.b_format, "spec->b_format");
   s.n = c.n, s.k = c.k;
   if (c.out_dtype) {
     const auto d = qf::parse_dtype(c.out_dtype);
@@ -443,8 +445,11 @@ qf_status qf_gemm_run(qf_gemm* g, const qf_gemm_args* args, void* cuda_stream) {
     const int64_t g_n = args->num_groups > 0 ? args->num_groups : 0;
     if (args->group_offsets) c.group_offsets = view(args->group_offsets, (g_n + 1) * 8, "args->group_offsets");
     if (args->group_counts) c.group_counts = view(args->group_counts, g_n * 8, "args->group_counts");
+    if (args->a_amax) c.a_amax = view(args->a_amax, g_n * 4, "args->a_amax");
+    if (args->b_amax) c.b_amax = view(args->b_amax, g_n * 4, "args->b_amax");
     c.m_max = args->m_max;
     c.m_total = args->m_total;
+    c.k_total = args->k_total;
     c.num_groups = args->num_groups;
     c.max_ctas = args->max_ctas;
     g->g->run(c, static_cast<CUstream>(cuda_stream));

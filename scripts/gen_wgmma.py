@@ -1,6 +1,7 @@
 #!/usr/bin/env python3
-"""Writes templates/qforge/wgmma.cuh: the inline-PTX wrappers of the dense fp8 wgmma
-instructions (m64nNk32, f32 accumulators, A and B from shared memory) that gemm.cuh uses.
+"""Writes templates/qforge/wgmma.cuh: the inline-PTX wrappers of the warpgroup MMAs that gemm.cuh
+uses: dense fp8 (m64nNk32, f32 accumulators, A and B from shared memory) and fp16 with A in
+registers (m64nNk16, for operands dequantized on chip, e.g. NVFP4).
 
 PTX needs every accumulator register spelled out, so the wrappers are generated rather than
 written by hand. Rerun after changing the list of N:  python3 scripts/gen_wgmma.py
@@ -8,6 +9,7 @@ written by hand. Rerun after changing the list of N:  python3 scripts/gen_wgmma.
 import pathlib
 
 NS = [64, 128, 192, 256]
+NS_RS = [64, 128]
 TYPES = ["e4m3", "e5m2"]
 
 out = []
@@ -40,6 +42,25 @@ for n in NS:
     w('               : "l"(desc_a), "l"(desc_b), "r"(scale_d))')
     w("")
 
+w("// fp16 MMAs with A in registers: D[64 x N] (+)= A[64 x 16] * B[N x 16]^T, A as the four fp16x2")
+w("// registers a[0..4) of each thread (the m64nNk16 A fragment: warp w holds rows 16w..16w+15), B")
+w("// K-major fp16 in shared memory. QF_WGMMA_M64N<N>K16_F16_RS reads d, a, desc_b and scale_d.")
+for n in NS_RS:
+    r = n // 2
+    w(f"#define QF_WGMMA_M64N{n}K16_F16_RS \\")
+    w(f'  asm volatile("{{\\n.reg .pred p;\\nsetp.ne.b32 p, %{r + 5}, 0;\\n" \\')
+    w(f'               "wgmma.mma_async.sync.aligned.m64n{n}k16.f32.f16.f16 " \\')
+    chunks = [", ".join(f"%{i}" for i in range(s0, min(s0 + 16, r))) for s0 in range(0, r, 16)]
+    w('               "{" \\')
+    for ci, c in enumerate(chunks):
+        sep = ", " if ci + 1 < len(chunks) else ""
+        w(f'               "{c}{sep}" \\')
+    w(f'               "}}, {{%{r}, %{r + 1}, %{r + 2}, %{r + 3}}}, %{r + 4}, p, 1, 1, 0;\\n}}\\n" \\')
+    ochunks = [", ".join(f'"+f"(d[{i}])' for i in range(s0, min(s0 + 8, r))) for s0 in range(0, r, 8)]
+    w("               : " + (", \\\n                 ".join(ochunks)) + " \\")
+    w('               : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "r"(scale_d))')
+    w("")
+
 w("#if defined(__CUDACC__)")
 w("namespace qf {")
 w("namespace wgmma {")
@@ -60,6 +81,21 @@ for n in NS:
     w(f"    else QF_WGMMA_M64N{n}K32(\"e5m2\", \"e5m2\");")
 w("  } else {")
 w('    static_assert(N == 64, "wgmma: N must be one of ' + ", ".join(map(str, NS)) + '");')
+w("  }")
+w("}")
+w("")
+w("// fp16 x fp16 -> f32 with A from registers (a: four fp16x2 words), for N accumulator columns.")
+w("template <int N>")
+w("__device__ __forceinline__ void mma_m64k16_f16_rs(float* d, const unsigned* a, unsigned long long desc_b,")
+w("                                                  int scale_d) {")
+first = True
+for n in NS_RS:
+    kw = "if" if first else "} else if"
+    first = False
+    w(f"  {kw} constexpr (N == {n}) {{")
+    w(f"    QF_WGMMA_M64N{n}K16_F16_RS;")
+w("  } else {")
+w('    static_assert(N == 64, "fp16 wgmma with A in registers: N must be one of ' + ", ".join(map(str, NS_RS)) + '");')
 w("  }")
 w("}")
 w("")

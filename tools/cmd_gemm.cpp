@@ -31,11 +31,12 @@
 namespace qf::cli {
 namespace {
 
-ElemFormat fp8_arg(const Args& args, const std::string& flag) {
-  const std::string s = args.get(flag).value_or("e4m3");
+// An operand format: e4m3 or e5m2 (default e4m3); with nvfp4 scaling, e2m1 (the default).
+ElemFormat format_arg(const Args& args, const std::string& flag, bool fp4) {
+  const std::string s = args.get(flag).value_or(fp4 ? "e2m1" : "e4m3");
   auto f = parse_format(s);
-  if (!f || (*f != ElemFormat::E4M3 && *f != ElemFormat::E5M2))
-    throw UserError(flag, "expected e4m3 or e5m2, got \"" + s + "\"");
+  if (fp4 ? f != ElemFormat::E2M1 : (!f || (*f != ElemFormat::E4M3 && *f != ElemFormat::E5M2)))
+    throw UserError(flag, std::string(fp4 ? "nvfp4 scaling: expected e2m1" : "expected e4m3 or e5m2") + ", got \"" + s + "\"");
   return *f;
 }
 
@@ -83,12 +84,12 @@ int cmd_gemm(const Argv& argv) {
             {"--accumulate", "--alpha", "--fast-accum", "--uneven", "--source", "--check", "--bench", "--k-grouped"});
   if (!args.positional().empty()) throw UserError(args.positional()[0], "unexpected argument");
   GemmSpec spec;
-  spec.a_format = fp8_arg(args, "--a-format");
-  spec.b_format = fp8_arg(args, "--b-format");
   const std::string scaling = args.get("--scaling").value_or("blockwise");
   auto sc = parse_gemm_scaling(scaling);
-  if (!sc) throw UserError("--scaling", "expected tensor, rowwise, blockwise or mxfp8, got \"" + scaling + "\"");
+  if (!sc) throw UserError("--scaling", "expected tensor, rowwise, blockwise, mxfp8 or nvfp4, got \"" + scaling + "\"");
   spec.scaling = *sc;
+  spec.a_format = format_arg(args, "--a-format", spec.scaling == GemmScaling::Nvfp4);
+  spec.b_format = format_arg(args, "--b-format", spec.scaling == GemmScaling::Nvfp4);
   spec.n = args.integer("--n", 4096, 8, int64_t(1) << 24);
   spec.k = args.integer("--k", 7168, 16, int64_t(1) << 24);
   // --k-grouped (wgrad): D[g] [M, N] over the group's tokens; --k is the tokens per group.
@@ -207,6 +208,7 @@ int cmd_gemm(const Argv& argv) {
   rt::DeviceBuffer da = upload(p.a.data(), p.a.size()), db = upload(p.b.data(), p.b.size());
   rt::DeviceBuffer dsa = upload(p.a_scale.data(), p.a_scale.size()), dsb = upload(p.b_scale.data(), p.b_scale.size());
   rt::DeviceBuffer dal = with_alpha ? upload(p.alpha.data(), p.alpha.size() * 4) : rt::DeviceBuffer();
+  rt::DeviceBuffer dama = upload(p.a_amax.data(), p.a_amax.size() * 4), damb = upload(p.b_amax.data(), p.b_amax.size() * 4);
   rt::DeviceBuffer doff = m_max > 0 ? upload(p.counts.data(), p.counts.size() * 8) : upload(p.offsets.data(), p.offsets.size() * 8);
   rt::DeviceBuffer dd(std::max<size_t>(size_t(out_rows * spec.n * ob), 16));
   auto reset_d = [&] {
@@ -218,6 +220,7 @@ int cmd_gemm(const Argv& argv) {
   rt::GemmCall call;
   call.a = view(da), call.b = view(db), call.d = view(dd), call.a_scale = view(dsa), call.b_scale = view(dsb);
   if (with_alpha) call.alpha = view(dal);
+  if (!p.a_amax.empty()) call.a_amax = view(dama), call.b_amax = view(damb);
   if (m_max > 0) call.group_counts = view(doff), call.m_max = m_max;
   else call.group_offsets = view(doff);
   call.m_total = m_total;

@@ -40,7 +40,7 @@
 namespace qf {
 
 // Scaling kinds, in the order of GemmScaling in compiler/gemm_codegen.h.
-enum GemmScalingCode : int { kGemmPerTensor = 0, kGemmRowChannel = 1, kGemmBlock128 = 2, kGemmMx32 = 3 };
+enum GemmScalingCode : int { kGemmPerTensor = 0, kGemmRowChannel = 1, kGemmBlock128 = 2, kGemmMx32 = 3, kGemmNvfp4 = 4 };
 
 constexpr int kGemmBlockK = 128;           // K per stage: one 128-byte swizzle row of fp8
 constexpr u32 kGemmSmemLimit = 232448;     // sm_90 opt-in dynamic shared memory per block
@@ -58,12 +58,14 @@ QF_HD constexpr int gemm_staging_pitch(int epi_cols, int out_bytes) {
 
 // Shared-memory layout (byte offsets from the 1024-aligned base), host and device.
 struct GemmSmem {
-  u32 a_off, a_stage;      // A stages: block_m rows x 128 bytes each
-  u32 b_off, b_stage;      // B stages: block_n rows x 128 bytes each
+  u32 a_off, a_stage;      // A stages: block_m rows x 128 bytes each (NVFP4: x 64 bytes, packed e2m1)
+  u32 b_off, b_stage;      // B stages: block_n rows x 128 bytes each (NVFP4: the dequantized fp16
+                           // B, two 128-byte-swizzled halves of block_n rows x 64 K each)
+  u32 braw_off, braw_stage;  // NVFP4: B as loaded, block_n rows x 64 bytes (64-byte swizzle)
   u32 sc_off, sc_stage;    // per-stage scales (gemm_stage_scale_bytes)
   u32 staging_off, staging_wg;  // epilogue staging, one region per consumer warpgroup
   u32 col_off;             // per-column scales, block_n floats per consumer warpgroup
-  u32 bar_off;             // full[stages], empty[stages], turn[2] mbarriers
+  u32 bar_off;             // full[stages], empty[stages], turn[2] mbarriers (NVFP4: then loaded[stages])
   u32 total;               // dynamic shared memory to request (includes the alignment slack)
 };
 
@@ -81,18 +83,21 @@ QF_HD constexpr u32 gemm_stage_scale_bytes(int scaling, int block_m, int block_n
 QF_HD constexpr GemmSmem gemm_smem(int block_m, int block_n, int stages, int consumers,
                                    int scaling, bool col_scales, int out_bytes) {
   GemmSmem s{};
-  s.a_stage = u32(block_m) * 128u;
-  s.b_stage = u32(block_n) * 128u;
+  const bool fp4 = scaling == kGemmNvfp4;
+  s.a_stage = u32(block_m) * (fp4 ? 64u : 128u);
+  s.b_stage = u32(block_n) * (fp4 ? 256u : 128u);
+  s.braw_stage = fp4 ? u32(block_n) * 64u : 0u;
   s.a_off = 0;
-  s.b_off = s.a_off + u32(stages) * s.a_stage;
+  s.b_off = s.a_off + u32(stages) * s.a_stage;  // 1024-aligned: the swizzle pattern repeats every 1024 bytes
+  s.braw_off = s.b_off + u32(stages) * s.b_stage;
   s.sc_stage = gemm_stage_scale_bytes(scaling, block_m, block_n);
-  s.sc_off = s.b_off + u32(stages) * s.b_stage;
+  s.sc_off = s.braw_off + u32(stages) * s.braw_stage;
   const int epi = gemm_epi_cols(block_n, out_bytes);
   s.staging_wg = 64u * u32(gemm_staging_pitch(epi, out_bytes)) * 4u;
   s.staging_off = gemm_align_up(s.sc_off + u32(stages) * s.sc_stage, 16);
   s.col_off = s.staging_off + u32(consumers) * s.staging_wg;
   s.bar_off = gemm_align_up(s.col_off + (col_scales ? u32(consumers * block_n) * 4u : 0u), 8);
-  s.total = s.bar_off + u32(2 * stages + 2) * 8u + kGemmSmemAlignSlack;
+  s.total = s.bar_off + u32((fp4 ? 3 : 2) * stages + 2) * 8u + kGemmSmemAlignSlack;
   return s;
 }
 
@@ -199,6 +204,7 @@ __device__ __forceinline__ void wgmma_wait() {
 }
 // Tells the compiler a register may change here (keeps accumulator reads after wgmma waits).
 __device__ __forceinline__ void fence_reg(float& r) { asm volatile("" : "+f"(r)::"memory"); }
+__device__ __forceinline__ void fence_reg(u32& r) { asm volatile("" : "+r"(r)::"memory"); }
 
 // Shared-memory matrix descriptor of a K-major tile written by TMA with the 128-byte swizzle:
 // rows of 128 bytes, 8-row groups 1024 bytes apart (stride byte offset), layout type 1.
@@ -214,6 +220,24 @@ __device__ __forceinline__ void setmaxnreg_inc() {
 template <u32 R>
 __device__ __forceinline__ void setmaxnreg_dec() {
   asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;" ::"n"(R));
+}
+
+// fp16x2 multiply, round to nearest, subnormals kept (no .ftz).
+__device__ __forceinline__ u32 hmul2(u32 a, u32 b) {
+  u32 d;
+  asm("mul.rn.f16x2 %0, %1, %2;" : "=r"(d) : "r"(a), "r"(b));
+  return d;
+}
+// Two e4m3 values (low byte -> low half) to fp16x2, exactly.
+__device__ __forceinline__ u32 e4m3x2_to_f16x2(u32 two_bytes) {
+  u32 d;
+  asm("cvt.rn.f16x2.e4m3x2 %0, %1;" : "=r"(d) : "h"(u16(two_bytes)));
+  return d;
+}
+__device__ __forceinline__ u32 prmt(u32 a, u32 b, u32 sel) {
+  u32 d;
+  asm("prmt.b32 %0, %1, %2, %3;" : "=r"(d) : "r"(a), "r"(b), "r"(sel));
+  return d;
 }
 
 __device__ __forceinline__ void named_barrier(u32 id, u32 threads) {
@@ -570,6 +594,65 @@ struct Mx32Scaling {
   }
 };
 
+// NVFP4 (E2M1 elements, an e4m3 scale per 1x16 block, a per-tensor global scale): Hopper has no
+// fp4 MMA, so the operands are dequantized on chip to fp16 and multiplied with fp16 wgmma
+// (m64nNk16, fp32 accumulation). A ([m_total, K/2] packed, scales [m_total, K/16]) is loaded by
+// TMA and dequantized by the consumers into wgmma's register fragments; B ([G, N, K/2], scales
+// [G, N, K/16]) is loaded by TMA and dequantized by three producer warps into the stage's fp16 B
+// (128-byte swizzle). Every e2m1 value times its e4m3 scale is exact in fp16, and so is every
+// product of two of them in fp32, so the only roundings are the tensor cores' fp32 additions and
+// the epilogue. A dot product does not depend on the order of K, so A and B are laid out along K
+// in the order that makes the conversion cheap (fp4::pair; the same permutation on both sides).
+namespace fp4 {
+
+// The e2m1 nibbles r and r + 4 of x (r in 0..3) as fp16x2 bits of value * 2^-14: the sign to bit
+// 15, exponent and mantissa bits (e1 e0 m) to bits 11..9, so e2m1's subnormal (0.5) lands on fp16's
+// subnormal range and the rest on normals with the same 2^-14 offset. The epilogue multiplies
+// by 2^28 (both operands).
+__device__ __forceinline__ u32 pair(u32 x, int r) {
+  const u32 y = x >> (4 * r);
+  return ((y << 9) & 0x0E000E00u) | ((y << 12) & 0x80008000u);
+}
+constexpr float kOperandOffset = 268435456.0f;  // 2^28
+
+// Four e4m3 scale bytes -> four fp16x2 words, each scale in both halves.
+__device__ __forceinline__ void scales4(u32 bytes, u32* out) {
+  const u32 lo = sm90::e4m3x2_to_f16x2(bytes & 0xFFFFu), hi = sm90::e4m3x2_to_f16x2(bytes >> 16);
+  out[0] = sm90::prmt(lo, 0, 0x1010u);
+  out[1] = sm90::prmt(lo, 0, 0x3232u);
+  out[2] = sm90::prmt(hi, 0, 0x1010u);
+  out[3] = sm90::prmt(hi, 0, 0x3232u);
+}
+
+}  // namespace fp4
+
+// The K order shared by both operands, per k-block of 128 (64 bytes of a row): thread q of a quad
+// (lane % 4) owns bytes [16q, 16q + 16) of its A rows, i.e. words (q, i), i = 0..3; pair r of word
+// (q, i) (fp4::pair) is k-step s = 2i + r / 2 of the k-block (16 K per wgmma), columns 8 * (r % 2)
+// + 2q + {0, 1} of that step: the fragment registers a[0..3] of step s are pair r = 2 (s % 2) of
+// rows g and g + 8, then pair r + 1 of rows g and g + 8. The scale of word (q, i) is the row's
+// 16-block 2q + i / 2.
+struct Nvfp4Scaling {
+  static constexpr bool kStageScales = false, kColScales = false;
+  static constexpr int kSteps = 1, kScaleWriters = 0;
+  struct Tile {
+    float factor;  // alpha * decode(a_amax) * decode(b_amax) * 2^28
+  };
+  template <class Cfg>
+  __device__ static void produce(const GemmArgs&, const TileInfo&, int, int, u32) {}
+  template <class Cfg>
+  __device__ static Tile begin(const GemmArgs& a, const TileInfo& t, const Frag&) {
+    const float alpha = a.alpha ? a.alpha[t.group] : 1.0f;
+    const float da = nvfp4_global_decode_scale(nvfp4_global_encode_scale(a.a_amax[t.group]));
+    const float db = nvfp4_global_decode_scale(nvfp4_global_encode_scale(a.b_amax[t.group]));
+    return {alpha * da * db * fp4::kOperandOffset};
+  }
+  template <class Cfg>
+  __device__ static void store_cols(const Tile&, float*, const Frag&) {}
+  template <class Cfg>
+  __device__ static float row_factor(const Tile& s, int) { return s.factor; }
+};
+
 // ------------------------------------------------------------------ the kernel
 
 template <class Cfg>
@@ -587,14 +670,17 @@ struct Traits {
   static constexpr int kPitch = gemm_staging_pitch(kEpiCols, kOutBytes);
   static constexpr GemmSmem kSmem =
       gemm_smem(kBM, kBN, kStages, kConsumers, int(Cfg::kScaling), Scaling::kColScales, kOutBytes);
-  static constexpr u32 kTxBytes = u32(kBM + kBN) * 128u;
-  static constexpr u32 kFullArrivals = 1u + (Scaling::kStageScales || Scaling::kScaleWriters ? 32u : 0u);
+  static constexpr bool kFp4 = Cfg::kScaling == kGemmNvfp4;
+  static constexpr u32 kTxBytes = u32(kBM + kBN) * (kFp4 ? 64u : 128u);
+  // NVFP4: the TMA bytes complete loaded[stage]; full[stage] takes the three B converter warps.
+  static constexpr u32 kFullArrivals = kFp4 ? 3u : 1u + (Scaling::kStageScales || Scaling::kScaleWriters ? 32u : 0u);
   static constexpr u32 kEmptyArrivals = u32(kConsumers * 4 * kMc);
   // Registers per thread after setmaxnreg (2 or 3 consumer warpgroups; one keeps its entry count).
   // The pool is the launch's 168 x 384 registers (setmaxnreg.inc waits until the pool has them):
   // 2 x 232 + 40 = 504 = 3 x 168. Per-32 promotion keeps three accumulators: 2 x 240 + 24.
-  static constexpr u32 kProducerRegs = kConsumers == 3 ? 24 : 40;
-  static constexpr u32 kConsumerRegs = kConsumers == 3 ? 160 : 232;
+  // NVFP4: the producer warps dequantize B (ptxas spills below about 150 there): 2 x 176 + 152.
+  static constexpr u32 kProducerRegs = kConsumers == 3 ? 24 : kFp4 ? 152 : 40;
+  static constexpr u32 kConsumerRegs = kConsumers == 3 ? 160 : kFp4 ? 176 : 232;
 
   static_assert(kBM == 64 * kConsumers, "one consumer warpgroup per 64 rows");
   static_assert(kConsumers == 1 || kConsumers * kConsumerRegs + kProducerRegs <= (kConsumers + 1) * (65536 / kThreads / 8 * 8),
@@ -613,6 +699,8 @@ struct Traits {
                 "per-32 promotion: promoted, unordered");
   static_assert(!Cfg::kKGrouped || (Cfg::kScaling == kGemmPerTensor && kMc == 1),
                 "K-grouped: per-tensor scaling, no multicast");
+  static_assert(!kFp4 || (kBN == 128 && kMc == 1 && !Cfg::kOrderedIssue && !Cfg::kKGrouped && Cfg::kK % 128 == 0),
+                "NVFP4: block_n 128, no multicast or ordered issue, M-grouped, K % 128 == 0");
 };
 
 template <class Cfg>
@@ -633,8 +721,11 @@ __device__ __forceinline__ void producer(const GemmArgs& a, u32 base, u32 rank, 
     if (!sched.get(unit, rank, t)) break;
     const int k_blocks = tile_k_blocks<Cfg>(t);
     for (int kb = 0; kb < k_blocks; ++kb) {
-      const int kc = t.k0 + kb * kGemmBlockK;  // K coordinate of the stage
-      const u32 full = full0 + 8u * stage, empty = empty0 + 8u * stage;
+      // K coordinate of the stage (NVFP4: bytes of packed e2m1)
+      const int kc = T::kFp4 ? kb * (kGemmBlockK / 2) : t.k0 + kb * kGemmBlockK;
+      // NVFP4: the loads complete loaded[stage]; the B converters then arrive on full[stage].
+      const u32 full = T::kFp4 ? empty0 + 8u * (T::kStages + 2 + stage) : full0 + 8u * stage;
+      const u32 empty = empty0 + 8u * stage;
       sm90::mbar_wait(empty, phase ^ 1u);
       if (lane == 0) {
         sm90::mbar_arrive_expect_tx(full, T::kTxBytes);
@@ -646,7 +737,8 @@ __device__ __forceinline__ void producer(const GemmArgs& a, u32 base, u32 rank, 
         } else {
           sm90::tma_load_2d(a_dst, &a.a_map, full, kc, t.row0);
         }
-        const u32 b_dst = base + T::kSmem.b_off + u32(stage) * T::kSmem.b_stage;
+        const u32 b_dst = T::kFp4 ? base + T::kSmem.braw_off + u32(stage) * T::kSmem.braw_stage
+                                  : base + T::kSmem.b_off + u32(stage) * T::kSmem.b_stage;
         if constexpr (Cfg::kKGrouped) sm90::tma_load_2d(b_dst, &a.b_map, full, kc, t.n0);  // B [N, k_total]
         else sm90::tma_load_3d(b_dst, &a.b_map, full, kc, t.n0, t.group);                   // B [G, N, K]
       }
@@ -685,6 +777,76 @@ __device__ __forceinline__ void scale_writer(const GemmArgs& a, u8* smem, u32 ba
         sm90::mbar_arrive(full0 + 8u * stage);
       }
       if (++turn == S::kWriterWarps) turn = 0;
+      if (++stage == T::kStages) stage = 0, phase ^= 1u;
+    }
+  }
+}
+
+// NVFP4: warps 1..3 of the producer warpgroup (w = 0..2) dequantize every stage's B once it is
+// loaded and free: a unit of work is (row, word index i) of the k-block, the four words (q, i),
+// q = 0..3, of one row, which give four 16-byte chunks of fp16 B (steps 2i and 2i + 1, both
+// column halves). Each thread loads its units' scales (8 bytes per row) before it waits. Then the
+// writes are made visible to the tensor cores (async proxy) and each warp arrives on full[stage].
+template <class Cfg>
+__device__ __forceinline__ void fp4_converter(const GemmArgs& a, u8* smem, u32 base, int w, int lane) {
+  using T = Traits<Cfg>;
+  constexpr int kBN = T::kBN;
+  constexpr int kUnits = kBN * 4;
+  constexpr int kPer = (kUnits + 95) / 96;
+  constexpr i64 kScaleRow = Cfg::kK / 16;
+  Scheduler<Cfg> sched(a);
+  const u32 full0 = base + T::kSmem.bar_off, empty0 = full0 + 8u * T::kStages, loaded0 = empty0 + 8u * (T::kStages + 2);
+  const int tid = w * 32 + lane;
+  const u8* sb = static_cast<const u8*>(a.b_scale);
+  int stage = 0;
+  u32 phase = 0;
+  for (int unit = int(blockIdx.x);; unit += int(gridDim.x)) {
+    TileInfo t;
+    if (!sched.get(unit, 0, t)) break;
+    const int k_blocks = tile_k_blocks<Cfg>(t);
+    for (int kb = 0; kb < k_blocks; ++kb) {
+      uint2 sc[kPer];
+#pragma unroll
+      for (int j = 0; j < kPer; ++j) {
+        const int u = tid + 96 * j;
+        const int row = (u >> 1) & (kBN - 1), col = t.n0 + row;
+        sc[j] = make_uint2(0, 0);
+        if (u < kUnits && col < int(Cfg::kN))
+          sc[j] = *reinterpret_cast<const uint2*>(sb + (i64(t.group) * Cfg::kN + col) * kScaleRow + kb * 8);
+      }
+      sm90::mbar_wait(empty0 + 8u * stage, phase ^ 1u);
+      sm90::mbar_wait(loaded0 + 8u * stage, phase);
+      const u8* raw = smem + T::kSmem.braw_off + u32(stage) * T::kSmem.braw_stage;
+      u8* dst = smem + T::kSmem.b_off + u32(stage) * T::kSmem.b_stage;
+#pragma unroll
+      for (int j = 0; j < kPer; ++j) {
+        const int u = tid + 96 * j;
+        if (u >= kUnits) break;
+        // Lanes take i's low bit fastest, then rows: a quarter-warp's 16-byte stores hit 8 distinct
+        // bank groups.
+        const int i_hi = u / (2 * kBN), row = (u >> 1) & (kBN - 1), i = 2 * i_hi + (u & 1);
+        const u8* rp = raw + row * 64 + 4 * i;  // 64-byte swizzle: chunk q at (q ^ (row / 2 % 4)) * 16
+        const int sw = (row >> 1) & 3;
+        u32 wq[4], s4[4];
+#pragma unroll
+        for (int q = 0; q < 4; ++q) wq[q] = *reinterpret_cast<const u32*>(rp + ((q ^ sw) * 16));
+        // Scale bytes 2q + i_hi, q = 0..3, of the row's eight.
+        fp4::scales4(sm90::prmt(sc[j].x, sc[j].y, 0x6420u + 0x1111u * u32(i_hi)), s4);
+        u8* drow = dst + i_hi * (kBN * 128) + row * 128;
+#pragma unroll
+        for (int r = 0; r < 4; ++r) {
+          const int s = 2 * i + (r >> 1), c = 2 * (s & 3) + (r & 1);
+          uint4 v;
+          v.x = sm90::hmul2(fp4::pair(wq[0], r), s4[0]);
+          v.y = sm90::hmul2(fp4::pair(wq[1], r), s4[1]);
+          v.z = sm90::hmul2(fp4::pair(wq[2], r), s4[2]);
+          v.w = sm90::hmul2(fp4::pair(wq[3], r), s4[3]);
+          *reinterpret_cast<uint4*>(drow + ((c ^ (row & 7)) * 16)) = v;
+        }
+      }
+      sm90::fence_proxy_async_shared();
+      __syncwarp();
+      if (lane == 0) sm90::mbar_arrive(full0 + 8u * stage);
       if (++stage == T::kStages) stage = 0, phase ^= 1u;
     }
   }
@@ -793,6 +955,86 @@ __device__ __forceinline__ void zero_k_outside(u8* smem, int stage, int keep_lo,
   zero_rows(smem + T::kSmem.b_off + u32(stage) * T::kSmem.b_stage, T::kBN, f.wg * 128 + f.tid, 128 * T::kConsumers);
   sm90::fence_proxy_async_shared();
   if constexpr (T::kConsumers > 1) sm90::named_barrier(1u + u32(T::kConsumers), 128u * T::kConsumers);
+}
+
+// NVFP4 consumer: per k-block, its A rows' packed e2m1 (shared memory) and e4m3 scales (global,
+// loaded one k-block ahead) become the eight k-steps' fp16 register fragments (two fragment
+// buffers: one is written while the MMAs of the other run), then eight m64nNk16 MMAs with B from
+// the stage's fp16 copy; the tensor cores accumulate over all of K in fp32.
+template <class Cfg>
+__device__ __forceinline__ void consumer_fp4(const GemmArgs& a, u8* smem, u32 base, int wg) {
+  using T = Traits<Cfg>;
+  using S = typename T::Scaling;
+  const int tid = threadIdx.x % 128, lane = threadIdx.x % 32, warp = tid / 32;
+  const Frag f{wg, tid, lane, wg * 64 + warp * 16 + lane / 4};
+  Scheduler<Cfg> sched(a);
+  const u32 full0 = base + T::kSmem.bar_off, empty0 = full0 + 8u * T::kStages, loaded0 = empty0 + 8u * (T::kStages + 2);
+  constexpr i64 kScaleRow = Cfg::kK / 16;
+  const int quad = lane & 3;
+  const u8* sa = static_cast<const u8*>(a.a_scale);
+  float acc[T::kAcc];
+  u32 frag[32];
+  int stage = 0;
+  u32 phase = 0;
+  for (int unit = int(blockIdx.x);; unit += int(gridDim.x)) {
+    TileInfo t;
+    if (!sched.get(unit, 0, t)) break;
+    const typename S::Tile ts = S::template begin<Cfg>(a, t, f);
+    const int r0 = t.row0 + f.row, r1 = r0 + 8;
+    // Scale bytes 2q and 2q + 1 of rows r0 and r1 in k-block kb (rows past m_total: 0; their
+    // products are never stored).
+    u32 sc0 = 0, sc1 = 0;
+    auto load_scales = [&](int kb) {
+      sc0 = r0 < int(a.m_total) ? *reinterpret_cast<const u16*>(sa + i64(r0) * kScaleRow + kb * 8 + 2 * quad) : 0u;
+      sc1 = r1 < int(a.m_total) ? *reinterpret_cast<const u16*>(sa + i64(r1) * kScaleRow + kb * 8 + 2 * quad) : 0u;
+    };
+    load_scales(0);
+    constexpr int k_blocks = T::kKBlocks;
+    int prev_stage = 0;
+    auto step = [&](u32* fr, int kb) {
+      sm90::mbar_wait(loaded0 + 8u * stage, phase);  // A (TMA)
+      sm90::mbar_wait(full0 + 8u * stage, phase);    // B dequantized
+      const u8* ap = smem + T::kSmem.a_off + u32(stage) * T::kSmem.a_stage + f.row * 64 + 16 * quad;
+      const uint4 x0 = *reinterpret_cast<const uint4*>(ap), x1 = *reinterpret_cast<const uint4*>(ap + 8 * 64);
+      const u32 h0 = sm90::e4m3x2_to_f16x2(sc0), h1 = sm90::e4m3x2_to_f16x2(sc1);
+      const u32 s0[2] = {sm90::prmt(h0, 0, 0x1010u), sm90::prmt(h0, 0, 0x3232u)};
+      const u32 s1[2] = {sm90::prmt(h1, 0, 0x1010u), sm90::prmt(h1, 0, 0x3232u)};
+      if (kb + 1 < k_blocks) load_scales(kb + 1);
+      const u32 w0[4] = {x0.x, x0.y, x0.z, x0.w}, w1[4] = {x1.x, x1.y, x1.z, x1.w};
+      sm90::wgmma_wait<0>();  // the previous k-block's MMAs are done: their fragments and stage are free
+      if (kb > 0) release_stage<Cfg>(empty0 + 8u * prev_stage, lane, 0);
+#pragma unroll
+      for (int st = 0; st < 8; ++st) {
+        const int i = st >> 1, r = 2 * (st & 1);
+        fr[4 * st + 0] = sm90::hmul2(fp4::pair(w0[i], r), s0[i >> 1]);
+        fr[4 * st + 1] = sm90::hmul2(fp4::pair(w1[i], r), s1[i >> 1]);
+        fr[4 * st + 2] = sm90::hmul2(fp4::pair(w0[i], r + 1), s0[i >> 1]);
+        fr[4 * st + 3] = sm90::hmul2(fp4::pair(w1[i], r + 1), s1[i >> 1]);
+      }
+      // Keep the conversions before the MMAs (interleaved with them, ptxas would serialize the MMAs).
+#pragma unroll
+      for (int i = 0; i < 32; ++i) sm90::fence_reg(fr[i]);
+#pragma unroll
+      for (int i = 0; i < T::kAcc; ++i) sm90::fence_reg(acc[i]);
+      sm90::wgmma_fence();
+      const u32 b_st = base + T::kSmem.b_off + u32(stage) * T::kSmem.b_stage;
+#pragma unroll
+      for (int st = 0; st < 8; ++st) {
+        // Step st: fp16 K [16 st, 16 st + 16) = half st / 4, +32 bytes per step inside its 128-byte rows.
+        const u64 db = sm90::smem_desc_sw128(b_st + u32(st >> 2) * u32(T::kBN * 128) + u32(st & 3) * 32u);
+        wgmma::mma_m64k16_f16_rs<T::kBN>(acc, fr + 4 * st, db, kb > 0 || st > 0);
+      }
+      sm90::wgmma_commit();
+      prev_stage = stage;
+      if (++stage == T::kStages) stage = 0, phase ^= 1u;
+    };
+    for (int kb = 0; kb < k_blocks; ++kb) step(frag, kb);
+    sm90::wgmma_wait<0>();
+#pragma unroll
+    for (int i = 0; i < T::kAcc; ++i) sm90::fence_reg(acc[i]);
+    release_stage<Cfg>(empty0 + 8u * prev_stage, lane, 0);
+    epilogue<Cfg>(a, t, f, smem, acc, ts);
+  }
 }
 
 template <class Cfg>
@@ -993,6 +1235,8 @@ __global__ void __launch_bounds__(gemm::Traits<Cfg>::kThreads, 1) gemm_kernel(co
     }
     sm90::mbar_init(empty0 + 8u * T::kStages, 4);  // turn[0]: the four warps of WG1 arrive
     sm90::mbar_init(empty0 + 8u * T::kStages + 8u, 4);
+    if constexpr (T::kFp4)
+      for (int s = 0; s < T::kStages; ++s) sm90::mbar_init(empty0 + 8u * (T::kStages + 2 + s), 1);  // loaded[s]
     sm90::fence_barrier_init();
     sm90::fence_proxy_async_shared();
   }
@@ -1008,10 +1252,12 @@ __global__ void __launch_bounds__(gemm::Traits<Cfg>::kThreads, 1) gemm_kernel(co
     if constexpr (T::kConsumers > 1) sm90::setmaxnreg_dec<T::kProducerRegs>();
     const int pw = int(threadIdx.x / 32) - T::kConsumers * 4;  // warp in the producer warpgroup
     if (pw == 0) gemm::producer<Cfg>(a, base, rank, int(threadIdx.x % 32));
+    else if constexpr (T::kFp4) gemm::fp4_converter<Cfg>(a, smem, base, pw - 1, int(threadIdx.x % 32));
     else if constexpr (T::Scaling::kScaleWriters > 0) gemm::scale_writer<Cfg>(a, smem, base, rank, pw - 1, int(threadIdx.x % 32));
   } else {
     if constexpr (T::kConsumers > 1) sm90::setmaxnreg_inc<T::kConsumerRegs>();
-    gemm::consumer<Cfg>(a, smem, base, rank, wg);
+    if constexpr (T::kFp4) gemm::consumer_fp4<Cfg>(a, smem, base, wg);
+    else gemm::consumer<Cfg>(a, smem, base, rank, wg);
   }
 
   if constexpr (T::kMc > 1) {

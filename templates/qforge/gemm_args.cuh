@@ -21,7 +21,9 @@ struct alignas(64) TmaDescriptor {
 // their transposed columnwise copies); D is [m_total, N] row-major.
 struct GemmArgs {
   TmaDescriptor a_map;       // A, box [block_m / multicast rows, 128 bytes], 128-byte swizzle
+                             // (NVFP4: packed [m_total, K/2], box [block_m, 64 bytes], no swizzle)
   TmaDescriptor b_map;       // B as [G][N][K], box [1, block_n, 128 bytes], 128-byte swizzle
+                             // (NVFP4: packed [G][N][K/2], box [1, block_n, 64 bytes], 64-byte swizzle)
   void* d;                   // output, bf16 or fp32
   // Scales (compiler/gemm_codegen.cpp lists the shapes): fp32 per tensor [G], per token
   // [m_total], 1x128 blocks [m_total, ceil(K/128)]; e8m0 bytes per 1x32 MX block [m_total, K/32].
@@ -30,6 +32,10 @@ struct GemmArgs {
   // per 1x32 MX block [G, N, K/32].
   const void* b_scale;
   const float* alpha;        // optional per-group multiplier [G] (null: 1)
+  // NVFP4: the per-tensor amax of each group's A rows and of B[g] (fp32 [G] each), from which the
+  // kernel recomputes the global decode scales amax / (6 * 448) as the quantize kernels do.
+  const float* a_amax;
+  const float* b_amax;
   const i64* group_offsets;  // contiguous layout: device [G + 1]; rows outside [0, m_total) are never touched
   const i64* group_counts;   // masked layout (m_max > 0): device [G]; group g owns rows
                              // [g * m_max, g * m_max + clamp(counts[g], 0, m_max))

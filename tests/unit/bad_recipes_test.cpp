@@ -122,7 +122,7 @@ const BadRecipe kBadRecipes[] = {
     {"syntax_error_del_byte.json", "", "JSON syntax error at line 10, column 1: syntax error while parsing object - invalid literal; last read: '\"per_tensor_current\"<U+000A>?'"},
     {"number_out_of_range.json", "/roles/0/rowwise/scaling/epsilon", "number 1e999 is out of range (beyond a double)"},
     // "gemms": GEMM specs, checked by the GEMM spec validation, errors at the entry's field.
-    {"gemm_unknown_scaling.json", "/gemms/0/scaling", "unknown value \"int8\"; expected \"tensor\", \"rowwise\", \"blockwise\" or \"mxfp8\""},
+    {"gemm_unknown_scaling.json", "/gemms/0/scaling", "unknown value \"int8\"; expected \"tensor\", \"rowwise\", \"blockwise\", \"mxfp8\" or \"nvfp4\""},
     {"gemm_n_not_multiple.json", "/gemms/1/n", "expected a multiple of 8 in [8, 2^24] (16-byte output rows), got 100"},
     {"gemm_mxfp8_k.json", "/gemms/0/k", "mxfp8 scaling reads the scales of 128 of K at once: expected a multiple of 128, got 7200"},
     {"gemm_tile_block_n.json", "/gemms/0/tile/block_n", "block_n <= 128, got 256"},
@@ -130,6 +130,7 @@ const BadRecipe kBadRecipes[] = {
     {"gemms_not_array.json", "/gemms", "expected an array of GEMM specs, got an object"},
     {"gemm_missing_k.json", "/gemms/0", "missing required key \"k\""},
     {"gemm_format_int8.json", "/gemms/0/a_format", "unknown value \"int8\"; expected \"e4m3\" or \"e5m2\""},
+    {"gemm_nvfp4_fp8_operand.json", "/gemms/0/b_format", "unknown value \"e4m3\"; expected \"e2m1\""},
 };
 
 fs::path bad_dir() { return fs::path(QF_SOURCE_DIR) / "tests" / "recipes" / "bad"; }

@@ -56,7 +56,7 @@ GemmSpec k_grouped(GemmSpec s, int64_t m) {
 
 std::vector<Variant> variants() {
   using S = GemmScaling;
-  const auto E4 = ElemFormat::E4M3, E5 = ElemFormat::E5M2;
+  const auto E4 = ElemFormat::E4M3, E5 = ElemFormat::E5M2, F4 = ElemFormat::E2M1;
   return {
       {"block_e4m3_bf16", make(S::Block128, E4, E4, DType::BF16, false, false, 128, 1)},
       {"block_e4m3_bf16_mc2", make(S::Block128, E4, E4, DType::BF16, false, false, 128, 2)},
@@ -73,6 +73,8 @@ std::vector<Variant> variants() {
       {"mxfp8_e4m3_bf16", make(S::Mx32, E4, E4, DType::BF16, false, false, 128, 1)},
       {"mxfp8_e5m2_e4m3_fp32_acc_mc2", make(S::Mx32, E5, E4, DType::FP32, true, false, 128, 2)},
       {"mxfp8_bm64_bn64", make(S::Mx32, E4, E4, DType::BF16, false, false, 64, 1, 64)},
+      {"nvfp4_bf16", make(S::Nvfp4, F4, F4, DType::BF16, false, false, 128, 1)},
+      {"nvfp4_fp32_acc_bm64", make(S::Nvfp4, F4, F4, DType::FP32, true, false, 128, 1, 64, 7168, 2048)},
       {"kgrouped_tensor_bf16", k_grouped(make(S::PerTensor, E4, E4, DType::BF16, false, false, 128, 1), 4096)},
       {"kgrouped_tensor_fast_fp32_acc", k_grouped(make(S::PerTensor, E4, E5, DType::FP32, true, true, 128, 1), 2048)},
       {"kgrouped_tensor_bm64_bn256_fast", k_grouped(make(S::PerTensor, E5, E4, DType::BF16, false, true, 256, 1, 64), 1000)},
@@ -162,8 +164,8 @@ void expect_spec_error(GemmSpec s, const std::string& where, const std::string& 
 TEST(GemmCodegen, SpecErrorsNameTheField) {
   const GemmSpec ok = make(GemmScaling::Block128, ElemFormat::E4M3, ElemFormat::E4M3, DType::BF16, false, false, 0, 0);
   GemmSpec s = ok;
-  s.a_format = ElemFormat::E2M1;
-  expect_spec_error(s, "a_format", "expected e4m3 or e5m2, got e2m1");
+  s.a_format = ElemFormat::E2M3;
+  expect_spec_error(s, "a_format", "expected e4m3 or e5m2 (e2m1 with nvfp4 scaling), got e2m3");
   s = ok, s.b_format = ElemFormat::Int8;
   expect_spec_error(s, "b_format", "got int8");
   s = ok, s.n = 100;
@@ -196,6 +198,25 @@ TEST(GemmCodegen, SpecErrorsNameTheField) {
   expect_spec_error(s, "fast_accum", "every 32 of K is promoted");
   s = ok, s.scaling = GemmScaling::Mx32, s.tile.ordered = 2;
   expect_spec_error(s, "tile.ordered", "not supported");
+  // NVFP4: e2m1 operands only (and only there), block_n 128, no fast accumulation or multicast.
+  s = ok, s.a_format = ElemFormat::E2M1;
+  expect_spec_error(s, "a_format", "expected e4m3 or e5m2 (e2m1 with nvfp4 scaling), got e2m1");
+  GemmSpec f4 = make(GemmScaling::Nvfp4, ElemFormat::E2M1, ElemFormat::E2M1, DType::BF16, false, false, 0, 0);
+  EXPECT_NO_THROW(validate(f4));
+  EXPECT_EQ(resolve_tile(f4).block_n, 128);
+  EXPECT_EQ(resolve_tile(f4).ordered, 1);
+  s = f4, s.b_format = ElemFormat::E4M3;
+  expect_spec_error(s, "b_format", "nvfp4 scaling: expected e2m1, got e4m3");
+  s = f4, s.fast_accum = true;
+  expect_spec_error(s, "fast_accum", "no promotion to skip");
+  s = f4, s.tile.block_n = 64;
+  expect_spec_error(s, "tile.block_n", "nvfp4: expected 128");
+  s = f4, s.tile.multicast = 2;
+  expect_spec_error(s, "tile.multicast", "nvfp4: expected 1, got 2");
+  s = f4, s.tile.ordered = 2;
+  expect_spec_error(s, "tile.ordered", "not supported");
+  s = f4, s.k = 7168 + 16;
+  expect_spec_error(s, "k", "expected a multiple of 128, got 7184");
   // K-grouped (wgrad).
   const GemmSpec kg = k_grouped(make(GemmScaling::PerTensor, ElemFormat::E4M3, ElemFormat::E4M3, DType::FP32, true,
                                      false, 0, 0), 4096);
@@ -355,6 +376,71 @@ TEST(GemmRuntime, MxScaleBuffersAreE8m0Bytes) {
     EXPECT_NE(std::string(e.what()).find("argument a_scale"), std::string::npos) << e.what();
     EXPECT_NE(std::string(e.what()).find("e8m0 mxfp8 scales [m_total, K/32]"), std::string::npos) << e.what();
   }
+}
+
+TEST(GemmRuntime, Nvfp4BuffersArePackedWithAmax) {
+  GemmSpec spec = make(GemmScaling::Nvfp4, ElemFormat::E2M1, ElemFormat::E2M1, DType::BF16, false, false, 0, 0, 128,
+                       256, 256);
+  rt::Gemm gemm(spec);
+  auto buf = [](uint64_t addr, int64_t bytes) { return rt::TensorView{addr, bytes, std::nullopt, {}}; };
+  rt::GemmCall c;
+  c.m_total = 100, c.num_groups = 2;
+  c.a = buf(0x100000, 100 * 128);  // [100, 256] e2m1: 128 bytes per row
+  c.b = buf(0x200000, 2 * 256 * 128);
+  c.d = buf(0x300000, 100 * 256 * 2);
+  c.a_scale = buf(0x400000, 100 * 16);  // [100, 16] e4m3
+  c.b_scale = buf(0x500000, 2 * 256 * 16);
+  c.group_offsets = buf(0x600000, 3 * 8);
+  auto expect_error = [&](const char* arg, const char* text) {
+    try {
+      gemm.run(c, nullptr);
+      ADD_FAILURE() << "no error for " << arg;
+    } catch (const UserError& e) {
+      EXPECT_NE(std::string(e.what()).find(std::string("argument ") + arg), std::string::npos) << e.what();
+      EXPECT_NE(std::string(e.what()).find(text), std::string::npos) << e.what();
+    }
+  };
+  expect_error("a_amax", "fp32 [num_groups] (nvfp4: per-tensor amax of each group's A)");
+  c.a_amax = buf(0x700000, 8);
+  c.b_amax = buf(0x700100, 4);
+  expect_error("b_amax", "smaller than the 8 bytes required");
+  c.b_amax = buf(0x700100, 8);
+  c.a = buf(0x100000, 100 * 128 - 1);
+  expect_error("a", "e2m1 packed two per byte");
+  c.a = buf(0x100000, 100 * 128);
+  c.b_scale = buf(0x500008, 2 * 256 * 16);
+  expect_error("b_scale", "16-byte aligned");
+  // An fp8 GEMM takes no amax.
+  rt::Gemm fp8(make(GemmScaling::PerTensor, ElemFormat::E4M3, ElemFormat::E4M3, DType::BF16, false, false, 0, 0, 128,
+                    256, 256));
+  c.a = buf(0x100000, 100 * 256), c.b = buf(0x200000, 2 * 256 * 256);
+  c.a_scale = buf(0x400000, 8), c.b_scale = buf(0x500000, 8);
+  try {
+    fp8.run(c, nullptr);
+    FAIL() << "no error";
+  } catch (const UserError& e) {
+    EXPECT_NE(std::string(e.what()).find("only nvfp4 scaling takes per-tensor amax"), std::string::npos) << e.what();
+  }
+}
+
+TEST(GemmReference, Nvfp4PackedNibblesBlockScalesAndGlobalDecode) {
+  // K = 128 (eight 16-blocks), N = 8. A row: element 2i = 1.0 (low nibble), 2i+1 = -0.5; block
+  // scales 2, 0.5, then 0. B row n: every element 1.5, block scales n+1, then 1. amax 2688 * 4
+  // (A: decode 4) and 2688 / 2 (B: decode 0.5): value = 4 * 0.5 * (12 (n+1) + 3).
+  GemmSpec spec = make(GemmScaling::Nvfp4, ElemFormat::E2M1, ElemFormat::E2M1, DType::FP32, false, false, 128, 1, 64, 8,
+                       128);
+  const uint8_t a_byte = uint8_t(encode_rn<E2M1>(1.0f) | (encode_rn<E2M1>(-0.5f) << 4));
+  std::vector<uint8_t> a(64, a_byte), b(8 * 64, uint8_t(encode_rn<E2M1>(1.5f) * 0x11));
+  std::vector<uint8_t> sa(8, 0), sb(8 * 8, encode_rn<E4M3>(1.0f));
+  sa[0] = encode_rn<E4M3>(2.0f), sa[1] = encode_rn<E4M3>(0.5f);
+  for (int n = 0; n < 8; ++n) sb[size_t(8 * n)] = encode_rn<E4M3>(float(n + 1));
+  const std::vector<float> a_amax = {2688.0f * 4}, b_amax = {2688.0f / 2};
+  const std::vector<int64_t> off = {0, 1};
+  const std::vector<int64_t> rows = {0};
+  ref::GemmOperands ops{a, b, sa, sb, {}, off, {}, 0, 1};
+  ops.a_amax = a_amax, ops.b_amax = b_amax;
+  const ref::GemmRows r = ref::gemm_reference(spec, ops, rows, 1);
+  for (int n = 0; n < 8; ++n) EXPECT_EQ(r.value[size_t(n)], 2.0 * (12.0 * (n + 1) + 3.0)) << n;
 }
 
 TEST(GemmReference, SmallHandComputedCase) {

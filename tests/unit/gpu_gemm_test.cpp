@@ -2,7 +2,7 @@
 //
 //   GemmExact   small-integer operands, power-of-two scales and alpha (reference/gemm_problem.h):
 //               every partial sum is exact, so every output element must equal exact_output()
-//               bit for bit; every scaling (incl. MXFP8) x format x output x accumulate x tile variant, uneven
+//               bit for bit; every scaling (incl. MXFP8, NVFP4) x format x output x accumulate x tile variant, uneven
 //               groups including empty ones, M, N and K not multiples of the tile, rows after the
 //               last group that must stay untouched (outputs are poisoned with 0xFF first).
 //   GemmRandom  random fp8 operands and scales against the float64 reference within the bound of
@@ -59,7 +59,7 @@ GemmSpec spec_of(GemmScaling s, ElemFormat a, ElemFormat b, DType out, bool acc,
 
 // Device copies of a problem and a launch of it.
 struct Device {
-  DeviceBuffer a, b, sa, sb, alpha, off, d;
+  DeviceBuffer a, b, sa, sb, alpha, off, d, a_amax, b_amax;
   rt::GemmCall call;
 };
 
@@ -77,6 +77,10 @@ Device to_device(const GemmSpec& spec, const ref::GemmProblem& p) {
   d.sa = upload(p.a_scale.data(), p.a_scale.size());
   d.sb = upload(p.b_scale.data(), p.b_scale.size());
   if (!p.alpha.empty()) d.alpha = upload(p.alpha.data(), p.alpha.size() * 4);
+  if (!p.a_amax.empty()) {
+    d.a_amax = upload(p.a_amax.data(), p.a_amax.size() * 4);
+    d.b_amax = upload(p.b_amax.data(), p.b_amax.size() * 4);
+  }
   if (p.m_max > 0) d.off = upload(p.counts.data(), p.counts.size() * 8);
   else d.off = upload(p.offsets.data(), p.offsets.size() * 8);
   if (spec.accumulate) d.d = upload(p.d_init.data(), p.d_init.size() * 4);
@@ -84,6 +88,7 @@ Device to_device(const GemmSpec& spec, const ref::GemmProblem& p) {
   auto v = [](const DeviceBuffer& b) { return rt::testing::view_of(b); };
   d.call.a = v(d.a), d.call.b = v(d.b), d.call.d = v(d.d), d.call.a_scale = v(d.sa), d.call.b_scale = v(d.sb);
   if (!p.alpha.empty()) d.call.alpha = v(d.alpha);
+  if (!p.a_amax.empty()) d.call.a_amax = v(d.a_amax), d.call.b_amax = v(d.b_amax);
   if (p.m_max > 0) d.call.group_counts = v(d.off), d.call.m_max = p.m_max;
   else d.call.group_offsets = v(d.off);
   d.call.m_total = p.m_total;
@@ -214,6 +219,13 @@ std::vector<Case> exact_cases() {
   kgrouped("kgrouped_tensor_fast_all_empty_but_one", spec_of(S::PerTensor, E4, E4, DType::BF16, false, true, 128, 128, 1, 128, 128),
            {0, 0, 200, 0}, 0);
   add("mxfp8_many_groups", spec_of(S::Mx32, E4, E4, DType::BF16, false, false, 128, 128, 1, 1024, 512), many, 3);
+  // NVFP4: e2m1 operands dequantized to fp16 on chip (e4m3 per 16 of K, per-tensor amax).
+  const auto F4 = ElemFormat::E2M1;
+  add("nvfp4_bf16", spec_of(S::Nvfp4, F4, F4, DType::BF16, false, false, 128, 128, 1, 200, 384));
+  add("nvfp4_fp32_acc_noalpha", spec_of(S::Nvfp4, F4, F4, DType::FP32, true, false, 128, 128, 1, 256, 512), {}, 3, false);
+  add("nvfp4_bm64_fp32", spec_of(S::Nvfp4, F4, F4, DType::FP32, false, false, 64, 128, 1, 136, 128));
+  add("nvfp4_many_groups", spec_of(S::Nvfp4, F4, F4, DType::BF16, false, false, 128, 128, 1, 1024, 512), many, 3);
+  masked("masked_nvfp4_fp32", spec_of(S::Nvfp4, F4, F4, DType::FP32, false, false, 128, 128, 1, 200, 256), 256);
   add("tensor_many_groups_fast_mc2", spec_of(S::PerTensor, E4, E4, DType::BF16, false, true, 128, 256, 2, 1024, 512),
       many, 3);
   return v;
@@ -304,6 +316,10 @@ std::vector<Case> random_cases() {
   v.push_back({"kgrouped_tensor_fp32_acc_4096_tokens", wg, ref::random_group_rows(8, 4096, 1, 1, 9), 16, true});
   v.push_back({"rowwise_promote_bf16_k4096", spec_of(S::RowChannel, E4, E5, DType::BF16, false, false, 128, 128, 1, 1024, 4096),
                g8, 0, false});
+  const auto F4 = ElemFormat::E2M1;
+  v.push_back({"nvfp4_bf16_k7168", spec_of(S::Nvfp4, F4, F4, DType::BF16, false, false, 128, 128, 1, 1024, 7168), g8, 0, true});
+  v.push_back({"nvfp4_fp32_acc_k2048", spec_of(S::Nvfp4, F4, F4, DType::FP32, true, false, 128, 128, 1, 512, 2048), g8, 7,
+               false});
   return v;
 }
 
