@@ -53,7 +53,7 @@ std::string_view name(GemmLayout l);
 
 // Tile configuration; a zero field is chosen by resolve_tile().
 struct GemmTile {
-  int block_m = 0;    // 64 or 128: one consumer warpgroup per 64 rows
+  int block_m = 0;    // 64 or 128: one consumer warpgroup per 64 rows (128 for nvfp4)
   int block_n = 0;    // 64, 128, 192 or 256 (<= 128 with promotion; 64/128 for blockwise and mxfp8;
                       // 128 for nvfp4);
                       // default 128, or 256 without promotion when N >= 512

@@ -46,12 +46,14 @@ constexpr int kGemmBlockK = 128;           // K per stage: one 128-byte swizzle 
 constexpr u32 kGemmSmemLimit = 232448;     // sm_90 opt-in dynamic shared memory per block
 constexpr u32 kGemmSmemAlignSlack = 1024;  // the dynamic window is aligned up to 1024 in-kernel
 
-// Output columns per epilogue pass (bf16: the whole tile; fp32: 64, to bound the staging
-// memory) and the staging row pitch in 32-bit words. Pitches are
+// Output columns per epilogue pass (bf16: the whole tile; fp32 and NVFP4: 64, to bound the staging
+// memory; NVFP4 needs the room for a fourth stage) and the staging row pitch in 32-bit words. Pitches are
 // chosen so that fragment stores hit 32 distinct banks: fp32 pairs (8-byte stores, half-warps of
 // 4 rows x 4 lanes) need pitch = 8 (mod 32), packed bf16 pairs (4-byte stores, 8 rows x 4 lanes)
 // need pitch = 4 (mod 32).
-QF_HD constexpr int gemm_epi_cols(int block_n, int out_bytes) { return out_bytes == 4 ? 64 : block_n; }
+QF_HD constexpr int gemm_epi_cols(int block_n, int out_bytes, int scaling) {
+  return out_bytes == 4 || scaling == kGemmNvfp4 ? 64 : block_n;
+}
 QF_HD constexpr int gemm_staging_pitch(int epi_cols, int out_bytes) {
   return out_bytes == 4 ? epi_cols + 8 : epi_cols / 2 + 4;
 }
@@ -92,7 +94,7 @@ QF_HD constexpr GemmSmem gemm_smem(int block_m, int block_n, int stages, int con
   s.braw_off = s.b_off + u32(stages) * s.b_stage;
   s.sc_stage = gemm_stage_scale_bytes(scaling, block_m, block_n);
   s.sc_off = s.braw_off + u32(stages) * s.braw_stage;
-  const int epi = gemm_epi_cols(block_n, out_bytes);
+  const int epi = gemm_epi_cols(block_n, out_bytes, scaling);
   s.staging_wg = 64u * u32(gemm_staging_pitch(epi, out_bytes)) * 4u;
   s.staging_off = gemm_align_up(s.sc_off + u32(stages) * s.sc_stage, 16);
   s.col_off = s.staging_off + u32(consumers) * s.staging_wg;
@@ -146,6 +148,8 @@ __device__ __forceinline__ u64 global_timer_ns() {
 // Waits for the phase of `parity` to complete. A wait of more than 4 s is a bug (a lost
 // arrival, a TMA fault): the kernel traps (the launch fails with an illegal-instruction error)
 // instead of hanging. No printf here: a call inside the main loop would serialize the wgmmas.
+// (A suspending try_wait, mbarrier.try_wait with a time hint, measured +2.5% on NVFP4 and -3% on
+// blockwise, and ptxas serializes the wgmmas of the one-consumer kernels with it: C7518.)
 __device__ __forceinline__ void mbar_wait(u32 bar, u32 parity) {
   if (mbar_try_wait(bar, parity)) return;
   const u64 start = global_timer_ns();
@@ -598,20 +602,26 @@ struct Mx32Scaling {
 // fp4 MMA, so the operands are dequantized on chip to fp16 and multiplied with fp16 wgmma
 // (m64nNk16, fp32 accumulation). A ([m_total, K/2] packed, scales [m_total, K/16]) is loaded by
 // TMA and dequantized by the consumers into wgmma's register fragments; B ([G, N, K/2], scales
-// [G, N, K/16]) is loaded by TMA and dequantized by three producer warps into the stage's fp16 B
+// [G, N, K/16]) is loaded by TMA and dequantized by the producer warpgroup into the stage's fp16 B
 // (128-byte swizzle). Every e2m1 value times its e4m3 scale is exact in fp16, and so is every
 // product of two of them in fp32, so the only roundings are the tensor cores' fp32 additions and
 // the epilogue. A dot product does not depend on the order of K, so A and B are laid out along K
 // in the order that makes the conversion cheap (fp4::pair; the same permutation on both sides).
 namespace fp4 {
 
-// The e2m1 nibbles r and r + 4 of x (r in 0..3) as fp16x2 bits of value * 2^-14: the sign to bit
-// 15, exponent and mantissa bits (e1 e0 m) to bits 11..9, so e2m1's subnormal (0.5) lands on fp16's
-// subnormal range and the rest on normals with the same 2^-14 offset. The epilogue multiplies
-// by 2^28 (both operands).
-__device__ __forceinline__ u32 pair(u32 x, int r) {
-  const u32 y = x >> (4 * r);
-  return ((y << 9) & 0x0E000E00u) | ((y << 12) & 0x80008000u);
+// The eight e2m1 nibbles of x (element j in nibble j) as four fp16x2 words of value * 2^-14:
+// p[0] = (e0, e2), p[1] = (e4, e6), p[2] = (e1, e3), p[3] = (e5, e7) (low half first). Each
+// nibble s e1 e0 m becomes the high byte s 0 0 0 e1 e0 m 0 of an fp16 (sign to bit 15, exponent
+// and mantissa bits to bits 11..9), so e2m1's subnormal 0.5 lands on fp16's subnormal range and
+// the rest on normals with the same 2^-14 offset: two byte-wise shift-and-mask steps for the even
+// and odd nibbles, then one byte permute per word. The epilogue multiplies by 2^28 (both operands).
+__device__ __forceinline__ void pairs(u32 x, u32* p) {
+  const u32 even = ((x << 1) & 0x0E0E0E0Eu) | ((x << 4) & 0x80808080u);
+  const u32 odd = ((x >> 3) & 0x0E0E0E0Eu) | (x & 0x80808080u);
+  p[0] = sm90::prmt(even, 0, 0x1404u);  // bytes: zero, even.0, zero, even.1
+  p[1] = sm90::prmt(even, 0, 0x3424u);
+  p[2] = sm90::prmt(odd, 0, 0x1404u);
+  p[3] = sm90::prmt(odd, 0, 0x3424u);
 }
 constexpr float kOperandOffset = 268435456.0f;  // 2^28
 
@@ -628,7 +638,7 @@ __device__ __forceinline__ void scales4(u32 bytes, u32* out) {
 
 // The K order shared by both operands, per k-block of 128 (64 bytes of a row): thread q of a quad
 // (lane % 4) owns bytes [16q, 16q + 16) of its A rows, i.e. words (q, i), i = 0..3; pair r of word
-// (q, i) (fp4::pair) is k-step s = 2i + r / 2 of the k-block (16 K per wgmma), columns 8 * (r % 2)
+// (q, i) (fp4::pairs) is k-step s = 2i + r / 2 of the k-block (16 K per wgmma), columns 8 * (r % 2)
 // + 2q + {0, 1} of that step: the fragment registers a[0..3] of step s are pair r = 2 (s % 2) of
 // rows g and g + 8, then pair r + 1 of rows g and g + 8. The scale of word (q, i) is the row's
 // 16-block 2q + i / 2.
@@ -660,30 +670,34 @@ struct Traits {
   using Scaling = typename Cfg::Scaling;
   static constexpr int kBM = int(Cfg::kBlockM), kBN = int(Cfg::kBlockN);
   static constexpr int kConsumers = int(Cfg::kConsumers);
-  static constexpr int kThreads = 128 * (kConsumers + 1);
+  static constexpr bool kFp4 = Cfg::kScaling == kGemmNvfp4;
+  // NVFP4 with two consumer warpgroups: two producer warpgroups, eight warps dequantizing B (one
+  // warp per scheduler is latency bound there; measured).
+  static constexpr int kProducerGroups = kFp4 ? 2 : 1;
+  static constexpr int kThreads = 128 * (kConsumers + kProducerGroups);
   static constexpr int kStages = int(Cfg::kStages);
   static constexpr int kMc = int(Cfg::kMulticast);
   static constexpr int kKBlocks = int((Cfg::kK + kGemmBlockK - 1) / kGemmBlockK);
   static constexpr int kAcc = kBN / 2;  // accumulator registers per thread
   static constexpr int kOutBytes = Cfg::kOutFp32 ? 4 : 2;
-  static constexpr int kEpiCols = gemm_epi_cols(kBN, kOutBytes);
+  static constexpr int kEpiCols = gemm_epi_cols(kBN, kOutBytes, int(Cfg::kScaling));
   static constexpr int kPitch = gemm_staging_pitch(kEpiCols, kOutBytes);
   static constexpr GemmSmem kSmem =
       gemm_smem(kBM, kBN, kStages, kConsumers, int(Cfg::kScaling), Scaling::kColScales, kOutBytes);
-  static constexpr bool kFp4 = Cfg::kScaling == kGemmNvfp4;
   static constexpr u32 kTxBytes = u32(kBM + kBN) * (kFp4 ? 64u : 128u);
-  // NVFP4: the TMA bytes complete loaded[stage]; full[stage] takes the three B converter warps.
-  static constexpr u32 kFullArrivals = kFp4 ? 3u : 1u + (Scaling::kStageScales || Scaling::kScaleWriters ? 32u : 0u);
+  // NVFP4: the TMA bytes complete loaded[stage]; full[stage] takes the B dequantizing warps.
+  static constexpr u32 kFullArrivals = kFp4 ? 4u * kProducerGroups : 1u + (Scaling::kStageScales || Scaling::kScaleWriters ? 32u : 0u);
   static constexpr u32 kEmptyArrivals = u32(kConsumers * 4 * kMc);
   // Registers per thread after setmaxnreg (2 or 3 consumer warpgroups; one keeps its entry count).
   // The pool is the launch's 168 x 384 registers (setmaxnreg.inc waits until the pool has them):
   // 2 x 232 + 40 = 504 = 3 x 168. Per-32 promotion keeps three accumulators: 2 x 240 + 24.
-  // NVFP4: the producer warps dequantize B (ptxas spills below about 150 there): 2 x 176 + 152.
-  static constexpr u32 kProducerRegs = kConsumers == 3 ? 24 : kFp4 ? 152 : 40;
-  static constexpr u32 kConsumerRegs = kConsumers == 3 ? 160 : kFp4 ? 176 : 232;
+  // NVFP4 (512 threads, 128 each): 2 x 168 + 2 x 88.
+  static constexpr u32 kProducerRegs = kConsumers == 3 ? 24 : kFp4 ? 88 : 40;
+  static constexpr u32 kConsumerRegs = kConsumers == 3 ? 160 : kFp4 ? 168 : 232;
 
   static_assert(kBM == 64 * kConsumers, "one consumer warpgroup per 64 rows");
-  static_assert(kConsumers == 1 || kConsumers * kConsumerRegs + kProducerRegs <= (kConsumers + 1) * (65536 / kThreads / 8 * 8),
+  static_assert(kConsumers == 1 || kConsumers * kConsumerRegs + kProducerGroups * kProducerRegs <=
+                                       (kConsumers + kProducerGroups) * (65536 / kThreads / 8 * 8),
                 "the setmaxnreg split must fit the launch's register pool (or the increase never returns)");
   static_assert(kBN % 64 == 0 && kBN <= 256, "block_n: 64, 128, 192 or 256");
   static_assert(!Cfg::kPromote || kBN <= 128, "promotion keeps two accumulators: block_n <= 128");
@@ -699,8 +713,8 @@ struct Traits {
                 "per-32 promotion: promoted, unordered");
   static_assert(!Cfg::kKGrouped || (Cfg::kScaling == kGemmPerTensor && kMc == 1),
                 "K-grouped: per-tensor scaling, no multicast");
-  static_assert(!kFp4 || (kBN == 128 && kMc == 1 && !Cfg::kOrderedIssue && !Cfg::kKGrouped && Cfg::kK % 128 == 0),
-                "NVFP4: block_n 128, no multicast or ordered issue, M-grouped, K % 128 == 0");
+  static_assert(!kFp4 || (kBN == 128 && kBM == 128 && kMc == 1 && !Cfg::kOrderedIssue && !Cfg::kKGrouped && Cfg::kK % 128 == 0),
+                "NVFP4: 128 x 128 tiles, no multicast or ordered issue, M-grouped, K % 128 == 0");
 };
 
 template <class Cfg>
@@ -782,46 +796,91 @@ __device__ __forceinline__ void scale_writer(const GemmArgs& a, u8* smem, u32 ba
   }
 }
 
-// NVFP4: warps 1..3 of the producer warpgroup (w = 0..2) dequantize every stage's B once it is
-// loaded and free: a unit of work is (row, word index i) of the k-block, the four words (q, i),
-// q = 0..3, of one row, which give four 16-byte chunks of fp16 B (steps 2i and 2i + 1, both
-// column halves). Each thread loads its units' scales (8 bytes per row) before it waits. Then the
-// writes are made visible to the tensor cores (async proxy) and each warp arrives on full[stage].
+// NVFP4 producer warpgroups: all their warps dequantize every stage's B once it is loaded and free;
+// warp 0 also issues the stages' TMA loads, kStages - 2 k-blocks ahead of its own dequantization
+// (the load of k-block kb + lag waits for the consumers to release kb + lag - kStages, which
+// needs the dequantization of that k-block, done lag iterations earlier: no cycle, and the
+// dequantization of kb overlaps the consumers' MMAs of kb - 1). A unit of work is (row, word
+// index i) of the k-block: the four words (q, i), q = 0..3, of one row, which give four 16-byte
+// chunks of fp16 B (steps 2i and 2i + 1, both column halves). Then the writes are made visible to
+// the tensor cores (async proxy) and each warp arrives on full[stage].
 template <class Cfg>
-__device__ __forceinline__ void fp4_converter(const GemmArgs& a, u8* smem, u32 base, int w, int lane) {
+__device__ __forceinline__ void fp4_producer(const GemmArgs& a, u8* smem, u32 base, int w, int lane) {
   using T = Traits<Cfg>;
   constexpr int kBN = T::kBN;
   constexpr int kUnits = kBN * 4;
-  constexpr int kPer = (kUnits + 95) / 96;
+  constexpr int kWorkers = 128 * T::kProducerGroups;
+  constexpr int kPer = kUnits / kWorkers;
+  constexpr int kLag = T::kStages - 2;
+  static_assert(kUnits % kWorkers == 0 && kLag >= 1, "NVFP4: whole units per thread, at least three stages");
   constexpr i64 kScaleRow = Cfg::kK / 16;
-  Scheduler<Cfg> sched(a);
   const u32 full0 = base + T::kSmem.bar_off, empty0 = full0 + 8u * T::kStages, loaded0 = empty0 + 8u * (T::kStages + 2);
   const int tid = w * 32 + lane;
   const u8* sb = static_cast<const u8*>(a.b_scale);
+
+  // Warp 0's load sequence: its own scheduler walk, ahead of the dequantization.
+  Scheduler<Cfg> load_sched(a);
+  TileInfo lt;
+  int l_unit = int(blockIdx.x), l_kb = 0, l_stage = 0;
+  u32 l_phase = 0;
+  bool l_more = w == 0 && load_sched.get(l_unit, 0, lt);
+  auto issue_load = [&] {
+    if (!l_more) return;
+    sm90::mbar_wait(empty0 + 8u * l_stage, l_phase ^ 1u);
+    if (lane == 0) {
+      const u32 bar = loaded0 + 8u * l_stage;
+      sm90::mbar_arrive_expect_tx(bar, T::kTxBytes);
+      const int kc = l_kb * (kGemmBlockK / 2);
+      sm90::tma_load_2d(base + T::kSmem.a_off + u32(l_stage) * T::kSmem.a_stage, &a.a_map, bar, kc, lt.row0);
+      sm90::tma_load_3d(base + T::kSmem.braw_off + u32(l_stage) * T::kSmem.braw_stage, &a.b_map, bar, kc, lt.n0, lt.group);
+    }
+    if (++l_kb == tile_k_blocks<Cfg>(lt)) {
+      l_kb = 0;
+      l_unit += int(gridDim.x);
+      l_more = load_sched.get(l_unit, 0, lt);
+    }
+    if (++l_stage == T::kStages) l_stage = 0, l_phase ^= 1u;
+  };
+  if (w == 0) {
+    if (lane == 0) {
+      sm90::tma_prefetch_descriptor(&a.a_map);
+      sm90::tma_prefetch_descriptor(&a.b_map);
+    }
+    for (int i = 0; i < kLag; ++i) issue_load();
+  }
+
+  Scheduler<Cfg> sched(a);
   int stage = 0;
   u32 phase = 0;
   for (int unit = int(blockIdx.x);; unit += int(gridDim.x)) {
     TileInfo t;
     if (!sched.get(unit, 0, t)) break;
     const int k_blocks = tile_k_blocks<Cfg>(t);
-    for (int kb = 0; kb < k_blocks; ++kb) {
-      uint2 sc[kPer];
+    // This thread's units' scales of k-block kb (8 bytes per row; zero past N), loaded one
+    // k-block ahead so that their latency hides behind a k-block's dequantization.
+    uint2 sc[kPer], sc_next[kPer];
+    auto load_scales = [&](int kb, uint2* dst) {
 #pragma unroll
       for (int j = 0; j < kPer; ++j) {
-        const int u = tid + 96 * j;
-        const int row = (u >> 1) & (kBN - 1), col = t.n0 + row;
-        sc[j] = make_uint2(0, 0);
-        if (u < kUnits && col < int(Cfg::kN))
-          sc[j] = *reinterpret_cast<const uint2*>(sb + (i64(t.group) * Cfg::kN + col) * kScaleRow + kb * 8);
+        const int row = ((tid + kWorkers * j) >> 1) & (kBN - 1), col = t.n0 + row;
+        dst[j] = col < int(Cfg::kN)
+                     ? *reinterpret_cast<const uint2*>(sb + (i64(t.group) * Cfg::kN + col) * kScaleRow + kb * 8)
+                     : make_uint2(0, 0);
       }
+    };
+    load_scales(0, sc_next);
+    for (int kb = 0; kb < k_blocks; ++kb) {
+      if (w == 0) issue_load();  // k-block kb + kLag
+#pragma unroll
+      for (int j = 0; j < kPer; ++j) sc[j] = sc_next[j];
+      if (kb + 1 < k_blocks) load_scales(kb + 1, sc_next);
       sm90::mbar_wait(empty0 + 8u * stage, phase ^ 1u);
       sm90::mbar_wait(loaded0 + 8u * stage, phase);
       const u8* raw = smem + T::kSmem.braw_off + u32(stage) * T::kSmem.braw_stage;
       u8* dst = smem + T::kSmem.b_off + u32(stage) * T::kSmem.b_stage;
 #pragma unroll
       for (int j = 0; j < kPer; ++j) {
-        const int u = tid + 96 * j;
-        if (u >= kUnits) break;
+        const int u = tid + kWorkers * j;
         // Lanes take i's low bit fastest, then rows: a quarter-warp's 16-byte stores hit 8 distinct
         // bank groups.
         const int i_hi = u / (2 * kBN), row = (u >> 1) & (kBN - 1), i = 2 * i_hi + (u & 1);
@@ -833,14 +892,17 @@ __device__ __forceinline__ void fp4_converter(const GemmArgs& a, u8* smem, u32 b
         // Scale bytes 2q + i_hi, q = 0..3, of the row's eight.
         fp4::scales4(sm90::prmt(sc[j].x, sc[j].y, 0x6420u + 0x1111u * u32(i_hi)), s4);
         u8* drow = dst + i_hi * (kBN * 128) + row * 128;
+        u32 p[4][4];
+#pragma unroll
+        for (int q = 0; q < 4; ++q) fp4::pairs(wq[q], p[q]);
 #pragma unroll
         for (int r = 0; r < 4; ++r) {
           const int s = 2 * i + (r >> 1), c = 2 * (s & 3) + (r & 1);
           uint4 v;
-          v.x = sm90::hmul2(fp4::pair(wq[0], r), s4[0]);
-          v.y = sm90::hmul2(fp4::pair(wq[1], r), s4[1]);
-          v.z = sm90::hmul2(fp4::pair(wq[2], r), s4[2]);
-          v.w = sm90::hmul2(fp4::pair(wq[3], r), s4[3]);
+          v.x = sm90::hmul2(p[0][r], s4[0]);
+          v.y = sm90::hmul2(p[1][r], s4[1]);
+          v.z = sm90::hmul2(p[2][r], s4[2]);
+          v.w = sm90::hmul2(p[3][r], s4[3]);
           *reinterpret_cast<uint4*>(drow + ((c ^ (row & 7)) * 16)) = v;
         }
       }
@@ -1001,15 +1063,18 @@ __device__ __forceinline__ void consumer_fp4(const GemmArgs& a, u8* smem, u32 ba
       const u32 s1[2] = {sm90::prmt(h1, 0, 0x1010u), sm90::prmt(h1, 0, 0x3232u)};
       if (kb + 1 < k_blocks) load_scales(kb + 1);
       const u32 w0[4] = {x0.x, x0.y, x0.z, x0.w}, w1[4] = {x1.x, x1.y, x1.z, x1.w};
+      u32 p0[4][4], p1[4][4];  // the pairs of every word of rows g and g + 8
       sm90::wgmma_wait<0>();  // the previous k-block's MMAs are done: their fragments and stage are free
       if (kb > 0) release_stage<Cfg>(empty0 + 8u * prev_stage, lane, 0);
 #pragma unroll
+      for (int i = 0; i < 4; ++i) fp4::pairs(w0[i], p0[i]), fp4::pairs(w1[i], p1[i]);
+#pragma unroll
       for (int st = 0; st < 8; ++st) {
         const int i = st >> 1, r = 2 * (st & 1);
-        fr[4 * st + 0] = sm90::hmul2(fp4::pair(w0[i], r), s0[i >> 1]);
-        fr[4 * st + 1] = sm90::hmul2(fp4::pair(w1[i], r), s1[i >> 1]);
-        fr[4 * st + 2] = sm90::hmul2(fp4::pair(w0[i], r + 1), s0[i >> 1]);
-        fr[4 * st + 3] = sm90::hmul2(fp4::pair(w1[i], r + 1), s1[i >> 1]);
+        fr[4 * st + 0] = sm90::hmul2(p0[i][r], s0[i >> 1]);
+        fr[4 * st + 1] = sm90::hmul2(p1[i][r], s1[i >> 1]);
+        fr[4 * st + 2] = sm90::hmul2(p0[i][r + 1], s0[i >> 1]);
+        fr[4 * st + 3] = sm90::hmul2(p1[i][r + 1], s1[i >> 1]);
       }
       // Keep the conversions before the MMAs (interleaved with them, ptxas would serialize the MMAs).
 #pragma unroll
@@ -1248,11 +1313,13 @@ __global__ void __launch_bounds__(gemm::Traits<Cfg>::kThreads, 1) gemm_kernel(co
     __syncthreads();
   }
 
-  if (wg == T::kConsumers) {
+  // (Written as == for one producer warpgroup: with >=, ptxas serializes the wgmmas of the
+  // one-consumer kernels, C7518.)
+  if (T::kProducerGroups == 1 ? wg == T::kConsumers : wg >= T::kConsumers) {
     if constexpr (T::kConsumers > 1) sm90::setmaxnreg_dec<T::kProducerRegs>();
     const int pw = int(threadIdx.x / 32) - T::kConsumers * 4;  // warp in the producer warpgroup
-    if (pw == 0) gemm::producer<Cfg>(a, base, rank, int(threadIdx.x % 32));
-    else if constexpr (T::kFp4) gemm::fp4_converter<Cfg>(a, smem, base, pw - 1, int(threadIdx.x % 32));
+    if constexpr (T::kFp4) gemm::fp4_producer<Cfg>(a, smem, base, pw, int(threadIdx.x % 32));
+    else if (pw == 0) gemm::producer<Cfg>(a, base, rank, int(threadIdx.x % 32));
     else if constexpr (T::Scaling::kScaleWriters > 0) gemm::scale_writer<Cfg>(a, smem, base, rank, pw - 1, int(threadIdx.x % 32));
   } else {
     if constexpr (T::kConsumers > 1) sm90::setmaxnreg_inc<T::kConsumerRegs>();

@@ -74,7 +74,7 @@ std::vector<Variant> variants() {
       {"mxfp8_e5m2_e4m3_fp32_acc_mc2", make(S::Mx32, E5, E4, DType::FP32, true, false, 128, 2)},
       {"mxfp8_bm64_bn64", make(S::Mx32, E4, E4, DType::BF16, false, false, 64, 1, 64)},
       {"nvfp4_bf16", make(S::Nvfp4, F4, F4, DType::BF16, false, false, 128, 1)},
-      {"nvfp4_fp32_acc_bm64", make(S::Nvfp4, F4, F4, DType::FP32, true, false, 128, 1, 64, 7168, 2048)},
+      {"nvfp4_fp32_acc_k2048", make(S::Nvfp4, F4, F4, DType::FP32, true, false, 128, 1, 128, 7168, 2048)},
       {"kgrouped_tensor_bf16", k_grouped(make(S::PerTensor, E4, E4, DType::BF16, false, false, 128, 1), 4096)},
       {"kgrouped_tensor_fast_fp32_acc", k_grouped(make(S::PerTensor, E4, E5, DType::FP32, true, true, 128, 1), 2048)},
       {"kgrouped_tensor_bm64_bn256_fast", k_grouped(make(S::PerTensor, E5, E4, DType::BF16, false, true, 256, 1, 64), 1000)},
@@ -211,6 +211,8 @@ TEST(GemmCodegen, SpecErrorsNameTheField) {
   expect_spec_error(s, "fast_accum", "no promotion to skip");
   s = f4, s.tile.block_n = 64;
   expect_spec_error(s, "tile.block_n", "nvfp4: expected 128");
+  s = f4, s.tile.block_m = 64;
+  expect_spec_error(s, "tile.block_m", "nvfp4: expected 128 (two consumer warpgroups");
   s = f4, s.tile.multicast = 2;
   expect_spec_error(s, "tile.multicast", "nvfp4: expected 1, got 2");
   s = f4, s.tile.ordered = 2;
@@ -427,7 +429,7 @@ TEST(GemmReference, Nvfp4PackedNibblesBlockScalesAndGlobalDecode) {
   // K = 128 (eight 16-blocks), N = 8. A row: element 2i = 1.0 (low nibble), 2i+1 = -0.5; block
   // scales 2, 0.5, then 0. B row n: every element 1.5, block scales n+1, then 1. amax 2688 * 4
   // (A: decode 4) and 2688 / 2 (B: decode 0.5): value = 4 * 0.5 * (12 (n+1) + 3).
-  GemmSpec spec = make(GemmScaling::Nvfp4, ElemFormat::E2M1, ElemFormat::E2M1, DType::FP32, false, false, 128, 1, 64, 8,
+  GemmSpec spec = make(GemmScaling::Nvfp4, ElemFormat::E2M1, ElemFormat::E2M1, DType::FP32, false, false, 128, 1, 128, 8,
                        128);
   const uint8_t a_byte = uint8_t(encode_rn<E2M1>(1.0f) | (encode_rn<E2M1>(-0.5f) << 4));
   std::vector<uint8_t> a(64, a_byte), b(8 * 64, uint8_t(encode_rn<E2M1>(1.5f) * 0x11));
