@@ -37,7 +37,7 @@ if [ "$(nvidia-smi --query-gpu=compute_cap --format=csv,noheader 2>/dev/null | h
   [ "$QUICK" = "--quick" ] && GEMM_SHAPES="8:4096:4096:7168"
   for shape in $GEMM_SHAPES; do
     IFS=: read -r g m n k <<<"$shape"
-    for sc in "blockwise" "mxfp8" "rowwise" "rowwise --fast-accum" "tensor --fast-accum"; do
+    for sc in "blockwise" "mxfp8" "nvfp4" "rowwise" "rowwise --fast-accum" "tensor --fast-accum"; do
       timeout 120 "$BUILD/tools/qforge" gemm --scaling $sc --groups "$g" --m "$m" --n "$n" --k "$k" --bench \
         --json "$OUT/gemm.jsonl" >>"$OUT/gemm.log" 2>&1 || echo "qforge gemm $sc $shape failed (see $OUT/gemm.log)"
     done

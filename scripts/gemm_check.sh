@@ -75,6 +75,9 @@ if [ "$MODE" != "quick" ]; then
   bench "mxfp8 4x8192 N7168 K2048" --scaling mxfp8 --groups 4 --m 8192 --n 7168 --k 2048
   bench "blockwise masked 3072/4096 +check" --scaling blockwise --m 3072 --m-max 4096 --check --check-rows 2
   bench "mxfp8 masked 3072/4096" --scaling mxfp8 --m 3072 --m-max 4096
+  bench "nvfp4 128x128 +check" --scaling nvfp4 --check --check-rows 2
+  bench "nvfp4 uneven" --scaling nvfp4 --uneven
+  bench "nvfp4 4x8192 N7168 K2048" --scaling nvfp4 --groups 4 --m 8192 --n 7168 --k 2048
   bench "wgrad k-grouped tensor promote +check" --scaling tensor --k-grouped --m 4096 --n 7168 --k 4096 --check --check-rows 2
   bench "wgrad k-grouped tensor fast" --scaling tensor --k-grouped --m 4096 --n 7168 --k 4096 --fast-accum
   bench "wgrad k-grouped tensor fast uneven" --scaling tensor --k-grouped --m 4096 --n 7168 --k 4096 --fast-accum --uneven
