@@ -23,43 +23,39 @@ w("// QF_WGMMA_M64N<N>K32(A, B) expands to the asm statement for element types A
 w("// \"e5m2\"), reading d[0..N/2), desc_a, desc_b and scale_d from the enclosing scope.")
 w("#pragma once")
 w("")
-for n in NS:
-    r = n // 2
-    regs = ", ".join(f"%{i}" for i in range(r))
-    outs = ", ".join(f'"+f"(d[{i}])' for i in range(r))
-    w(f"#define QF_WGMMA_M64N{n}K32(TA, TB) \\")
-    w(f'  asm volatile("{{\\n.reg .pred p;\\nsetp.ne.b32 p, %{r + 2}, 0;\\n" \\')
-    w(f'               "wgmma.mma_async.sync.aligned.m64n{n}k32.f32." TA "." TB " " \\')
-    # break the register list into lines of 16
-    chunks = [", ".join(f"%{i}" for i in range(s, min(s + 16, r))) for s in range(0, r, 16)]
+def define(name, instr, operands, inputs, r):
+    """One #define: the asm statement of `instr` with the r accumulators d[0..r) as %0..%r-1,
+    then `operands` (PTX text after the accumulator list) and the input constraints; the last
+    input is scale_d, turned into the predicate p."""
+    n_in = inputs.count('"') // 2  # each input constraint is one quoted string
+    w(f"#define {name} \\")
+    w(f'  asm volatile("{{\\n.reg .pred p;\\nsetp.ne.b32 p, %{r + n_in - 1}, 0;\\n" \\')
+    w(f'               "{instr} " \\')
+    chunks = [", ".join(f"%{i}" for i in range(s0, min(s0 + 16, r))) for s0 in range(0, r, 16)]
     w('               "{" \\')
     for ci, c in enumerate(chunks):
         sep = ", " if ci + 1 < len(chunks) else ""
         w(f'               "{c}{sep}" \\')
-    w(f'               "}}, %{r}, %{r + 1}, p, 1, 1;\\n}}\\n" \\')
-    ochunks = [", ".join(f'"+f"(d[{i}])' for i in range(s, min(s + 8, r))) for s in range(0, r, 8)]
+    w(f'               "}}, {operands};\\n}}\\n" \\')
+    ochunks = [", ".join(f'"+f"(d[{i}])' for i in range(s0, min(s0 + 8, r))) for s0 in range(0, r, 8)]
     w("               : " + (", \\\n                 ".join(ochunks)) + " \\")
-    w('               : "l"(desc_a), "l"(desc_b), "r"(scale_d))')
+    w(f"               : {inputs})")
     w("")
+
+
+for n in NS:
+    r = n // 2
+    define(f"QF_WGMMA_M64N{n}K32(TA, TB)", f'wgmma.mma_async.sync.aligned.m64n{n}k32.f32." TA "." TB "',
+           f"%{r}, %{r + 1}, p, 1, 1", '"l"(desc_a), "l"(desc_b), "r"(scale_d)', r)
 
 w("// fp16 MMAs with A in registers: D[64 x N] (+)= A[64 x 16] * B[N x 16]^T, A as the four fp16x2")
 w("// registers a[0..4) of each thread (the m64nNk16 A fragment: warp w holds rows 16w..16w+15), B")
 w("// K-major fp16 in shared memory. QF_WGMMA_M64N<N>K16_F16_RS reads d, a, desc_b and scale_d.")
 for n in NS_RS:
     r = n // 2
-    w(f"#define QF_WGMMA_M64N{n}K16_F16_RS \\")
-    w(f'  asm volatile("{{\\n.reg .pred p;\\nsetp.ne.b32 p, %{r + 5}, 0;\\n" \\')
-    w(f'               "wgmma.mma_async.sync.aligned.m64n{n}k16.f32.f16.f16 " \\')
-    chunks = [", ".join(f"%{i}" for i in range(s0, min(s0 + 16, r))) for s0 in range(0, r, 16)]
-    w('               "{" \\')
-    for ci, c in enumerate(chunks):
-        sep = ", " if ci + 1 < len(chunks) else ""
-        w(f'               "{c}{sep}" \\')
-    w(f'               "}}, {{%{r}, %{r + 1}, %{r + 2}, %{r + 3}}}, %{r + 4}, p, 1, 1, 0;\\n}}\\n" \\')
-    ochunks = [", ".join(f'"+f"(d[{i}])' for i in range(s0, min(s0 + 8, r))) for s0 in range(0, r, 8)]
-    w("               : " + (", \\\n                 ".join(ochunks)) + " \\")
-    w('               : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "r"(scale_d))')
-    w("")
+    define(f"QF_WGMMA_M64N{n}K16_F16_RS", f"wgmma.mma_async.sync.aligned.m64n{n}k16.f32.f16.f16",
+           f"{{%{r}, %{r + 1}, %{r + 2}, %{r + 3}}}, %{r + 4}, p, 1, 1, 0",
+           '"r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "r"(scale_d)', r)
 
 w("#if defined(__CUDACC__)")
 w("namespace qf {")

@@ -501,6 +501,38 @@ TEST_F(CApi, GemmFromRecipePreparesWithoutAGpu) {
   qf_gemm_destroy(g);
 }
 
+TEST_F(CApi, Nvfp4GemmFromRecipe) {
+  const std::string p = recipe_path("nvfp4");
+  const char* paths[] = {p.c_str()};
+  ASSERT_EQ(qf_context_create(paths, 1, &ctx_), QF_OK) << qf_last_error();
+  int n = 0;
+  ASSERT_EQ(qf_context_num_gemms(ctx_, nullptr, &n), QF_OK) << qf_last_error();
+  EXPECT_EQ(n, 2);
+  qf_gemm* g = nullptr;
+  ASSERT_EQ(qf_gemm_create_from_recipe(ctx_, nullptr, 0, &g), QF_OK) << qf_last_error();
+  EXPECT_STREQ(qf_gemm_describe(g), "e2m1 x e2m1 nvfp4 N=4096 K=7168 -> bf16");
+  int64_t sa = 0, sb = 0;
+  ASSERT_EQ(qf_gemm_scale_bytes(g, 10, 3, &sa, &sb), QF_OK);
+  EXPECT_EQ(sa, 10 * 448);         // [m_total, K/16] e4m3
+  EXPECT_EQ(sb, 3 * 4096 * 448);   // [G, N, K/16] e4m3
+  // Packed operands: A is K/2 bytes per row; the amax arrays are required.
+  qf_gemm_args a{};
+  a.m_total = 10, a.num_groups = 1;
+  a.group_offsets = reinterpret_cast<const int64_t*>(0x10000);
+  a.a = reinterpret_cast<const void*>(0x100000), a.a_bytes = 10 * 3584 - 1;
+  EXPECT_EQ(qf_gemm_run(g, &a, nullptr), QF_ERR_USER);
+  EXPECT_STREQ(qf_last_error(), "argument a: buffer of 35839 bytes is smaller than the 35840 bytes required for A [10, 7168] e2m1 packed two per byte");
+  qf_gemm_destroy(g);
+  qf_gemm_spec s{};
+  s.scaling = "nvfp4", s.n = 256, s.k = 512, s.a_format = "e4m3";
+  EXPECT_EQ(qf_gemm_create(&s, &g), QF_ERR_USER);
+  EXPECT_STREQ(qf_last_error(), "spec->a_format: nvfp4 scaling: expected e2m1, got \"e4m3\"");
+  s.a_format = nullptr;  // e2m1 by default with nvfp4
+  ASSERT_EQ(qf_gemm_create(&s, &g), QF_OK) << qf_last_error();
+  EXPECT_STREQ(qf_gemm_describe(g), "e2m1 x e2m1 nvfp4 N=256 K=512 -> bf16");
+  qf_gemm_destroy(g);
+}
+
 // On a GPU: small-integer operands (every partial sum exact), bit for bit against the reference,
 // contiguous and masked layouts.
 TEST_F(CApi, GemmOnGpuIsExact) {

@@ -54,6 +54,20 @@ GemmSpec k_grouped(GemmSpec s, int64_t m) {
   return s;
 }
 
+// Runs `call` and expects a UserError whose message contains `what`; with `what` empty, any
+// error from past the argument checks (only the driver is left there: no GPU here).
+void expect_run_error(const rt::Gemm& gemm, const rt::GemmCall& call, const std::string& what) {
+  try {
+    gemm.run(call, nullptr);
+    FAIL() << "no error: " << what;
+  } catch (const UserError& e) {
+    EXPECT_FALSE(what.empty()) << e.what();
+    EXPECT_NE(std::string(e.what()).find(what), std::string::npos) << e.what();
+  } catch (const std::exception& e) {
+    EXPECT_TRUE(what.empty()) << e.what();
+  }
+}
+
 std::vector<Variant> variants() {
   using S = GemmScaling;
   const auto E4 = ElemFormat::E4M3, E5 = ElemFormat::E5M2, F4 = ElemFormat::E2M1;
@@ -249,17 +263,7 @@ TEST(GemmRuntime, ArgumentErrorsNameTheArgument) {
   c.a_scale = buf(0x400000, 100 * 2 * 4);
   c.b_scale = buf(0x500000, 2 * 2 * 2 * 4);
   c.group_offsets = buf(0x600000, 3 * 8);
-  auto expect_error = [&](rt::GemmCall call, const std::string& what) {
-    try {
-      gemm.run(call, nullptr);
-      FAIL() << "no error: " << what;
-    } catch (const UserError& e) {
-      EXPECT_NE(std::string(e.what()).find(what), std::string::npos) << e.what();
-    } catch (const std::exception& e) {
-      // Past the argument checks only the driver is left (no GPU here).
-      EXPECT_TRUE(what.empty()) << e.what();
-    }
-  };
+  auto expect_error = [&](const rt::GemmCall& call, const std::string& what) { expect_run_error(gemm, call, what); };
   rt::GemmCall x = c;
   x.num_groups = 0;
   expect_error(x, "num_groups: expected 1..");
@@ -314,16 +318,7 @@ TEST(GemmRuntime, KGroupedArgumentErrors) {
   c.a_scale = buf(0x400000, 12);
   c.b_scale = buf(0x500000, 12);
   c.group_offsets = buf(0x600000, 4 * 8);
-  auto expect_error = [&](rt::GemmCall call, const std::string& what) {
-    try {
-      gemm.run(call, nullptr);
-      FAIL() << "no error: " << what;
-    } catch (const UserError& e) {
-      EXPECT_NE(std::string(e.what()).find(what), std::string::npos) << e.what();
-    } catch (const std::exception& e) {
-      EXPECT_TRUE(what.empty()) << e.what();
-    }
-  };
+  auto expect_error = [&](const rt::GemmCall& call, const std::string& what) { expect_run_error(gemm, call, what); };
   rt::GemmCall x = c;
   x.k_total = 1000;
   expect_error(x, "k_total: k-grouped: expected the token dimension as a multiple of 16");
@@ -393,36 +388,23 @@ TEST(GemmRuntime, Nvfp4BuffersArePackedWithAmax) {
   c.a_scale = buf(0x400000, 100 * 16);  // [100, 16] e4m3
   c.b_scale = buf(0x500000, 2 * 256 * 16);
   c.group_offsets = buf(0x600000, 3 * 8);
-  auto expect_error = [&](const char* arg, const char* text) {
-    try {
-      gemm.run(c, nullptr);
-      ADD_FAILURE() << "no error for " << arg;
-    } catch (const UserError& e) {
-      EXPECT_NE(std::string(e.what()).find(std::string("argument ") + arg), std::string::npos) << e.what();
-      EXPECT_NE(std::string(e.what()).find(text), std::string::npos) << e.what();
-    }
-  };
-  expect_error("a_amax", "fp32 [num_groups] (nvfp4: per-tensor amax of each group's A)");
+  expect_run_error(gemm, c, "argument a_amax: null pointer; expected a device buffer of 8 bytes for fp32 [num_groups] "
+                            "(nvfp4: per-tensor amax of each group's A)");
   c.a_amax = buf(0x700000, 8);
   c.b_amax = buf(0x700100, 4);
-  expect_error("b_amax", "smaller than the 8 bytes required");
+  expect_run_error(gemm, c, "argument b_amax: buffer of 4 bytes is smaller than the 8 bytes required");
   c.b_amax = buf(0x700100, 8);
   c.a = buf(0x100000, 100 * 128 - 1);
-  expect_error("a", "e2m1 packed two per byte");
+  expect_run_error(gemm, c, "e2m1 packed two per byte");
   c.a = buf(0x100000, 100 * 128);
   c.b_scale = buf(0x500008, 2 * 256 * 16);
-  expect_error("b_scale", "16-byte aligned");
+  expect_run_error(gemm, c, "argument b_scale: pointer 0x500008 is not 16-byte aligned");
   // An fp8 GEMM takes no amax.
   rt::Gemm fp8(make(GemmScaling::PerTensor, ElemFormat::E4M3, ElemFormat::E4M3, DType::BF16, false, false, 0, 0, 128,
                     256, 256));
   c.a = buf(0x100000, 100 * 256), c.b = buf(0x200000, 2 * 256 * 256);
   c.a_scale = buf(0x400000, 8), c.b_scale = buf(0x500000, 8);
-  try {
-    fp8.run(c, nullptr);
-    FAIL() << "no error";
-  } catch (const UserError& e) {
-    EXPECT_NE(std::string(e.what()).find("only nvfp4 scaling takes per-tensor amax"), std::string::npos) << e.what();
-  }
+  expect_run_error(fp8, c, "only nvfp4 scaling takes per-tensor amax; tensor scaling has none");
 }
 
 TEST(GemmReference, Nvfp4PackedNibblesBlockScalesAndGlobalDecode) {
