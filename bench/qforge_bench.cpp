@@ -12,7 +12,10 @@
 //   bytes    - the minimal traffic: the input read once per pass the plan needs (2 with a global
 //              amax phase, else 1) plus every output (data, scales, amax) written once;
 //   gbps     - bytes / time; ratio = gbps / copy_gbps;
-//   e2e_us   - (small sizes) host wall time of one call + stream sync, launch overhead included.
+//   e2e_us   - (small sizes) host wall time of one call + stream sync, launch overhead included;
+//   host_us  - (small sizes) host wall time of the call alone (argument checks, memsets and
+//              launches enqueued), against op_floor_us: one 4-byte cuMemsetD8Async + sync, the
+//              round trip of a single stream operation, measured in the same run.
 // Copy bandwidth: cuMemcpyDtoDAsync of 1 GiB, counting bytes read + written.
 // Grouped cases: 8 uneven members (multiples of 64 rows) against one tensor of the same total.
 #include <algorithm>
@@ -58,6 +61,19 @@ int main(int argc, char** argv) try {
   const std::string device = rt::device_name(0);
   const double copy_gbps = copy_bandwidth_gbps(stream.get());
   std::fprintf(stderr, "%s: copy bandwidth %.0f GB/s (read + write)\n", device.c_str(), copy_gbps);
+  double op_floor_us = 0;
+  {
+    rt::DeviceBuffer word(256);
+    std::vector<double> w;
+    for (int i = 0; i < 300; ++i) {
+      const auto t0 = std::chrono::steady_clock::now();
+      rt::check(rt::driver().cuMemsetD8Async(CUdeviceptr(word.address()), 0, 4, stream.get()), "cuMemsetD8Async");
+      rt::check(rt::driver().cuStreamSynchronize(stream.get()), "sync");
+      if (i >= 100) w.push_back(std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count());
+    }
+    op_floor_us = median(w);
+    std::fprintf(stderr, "one stream operation + sync: %.1f us\n", op_floor_us);
+  }
 
   std::vector<Shape2D> sizes = {{1024, 1024}, {2048, 2048}, {4096, 4096}, {8192, 8192}, {16384, 16384}, {65536, 7168}};
   if (quick) sizes = {{1024, 1024}, {16384, 16384}};
@@ -130,16 +146,18 @@ int main(int argc, char** argv) try {
         set.push_back(make_set(q, plan, c, pool.address() + uint64_t(off), in_bytes, offsets.address()));
       }
       const double us = time_us(stream.get(), [&](int i) { q.quantize(set[size_t(i % sets)].call, stream.get()); }, target_ms);
-      double e2e = 0;
+      double e2e = 0, host = 0;
       if (c.shape.m * c.shape.k <= 2048 * 2048) {
-        std::vector<double> w;
+        std::vector<double> w, h;
         for (int i = 0; i < 200; ++i) {
           const auto t0 = std::chrono::steady_clock::now();
           q.quantize(set[size_t(i % sets)].call, stream.get());
+          const auto t1 = std::chrono::steady_clock::now();
           rt::check(d.cuStreamSynchronize(stream.get()), "sync");
           w.push_back(std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count());
+          h.push_back(std::chrono::duration<double, std::micro>(t1 - t0).count());
         }
-        e2e = median(w);
+        e2e = median(w), host = median(h);
       }
       int kernels = 0;
       for (const auto& ph : plan.phases) kernels += ph.kind == PhaseKind::AmaxReduce ? 1 : 0;
@@ -152,17 +170,19 @@ int main(int argc, char** argv) try {
                           {"gbps", gbps},            {"ratio", gbps / copy_gbps}, {"kernels", kernels},
                           {"tile", {plan.tile.rows, plan.tile.cols, plan.tile.threads}}};
       if (!c.members.empty()) j["groups"] = c.members;
-      if (e2e > 0) j["e2e_us"] = e2e;
+      if (e2e > 0) j["e2e_us"] = e2e, j["host_us"] = host;
       results.push_back(j);
-      std::fprintf(stderr, "%-60s %6lldx%-6lld %9.1f us %7.0f GB/s %5.1f%%%s\n", label.c_str(), (long long)c.shape.m,
+      std::fprintf(stderr, "%-60s %6lldx%-6lld %9.1f us %7.0f GB/s %5.1f%%%s", label.c_str(), (long long)c.shape.m,
                    (long long)c.shape.k, us, gbps, 100.0 * gbps / copy_gbps, c.members.empty() ? "" : " (grouped)");
+      if (e2e > 0) std::fprintf(stderr, "  call+sync %.1f us (host %.1f)", e2e, host);
+      std::fprintf(stderr, "\n");
     } catch (const std::exception& e) {
       std::fprintf(stderr, "%-60s skipped: %s\n", label.c_str(), e.what());
       results.push_back({{"recipe", c.recipe}, {"role", c.role}, {"usage", std::string(name(c.usage))},
                          {"shape", {c.shape.m, c.shape.k}}, {"grouped", !c.members.empty()}, {"error", e.what()}});
     }
   }
-  const nlohmann::json doc = {{"device", device}, {"copy_gbps", copy_gbps}, {"results", results}};
+  const nlohmann::json doc = {{"device", device}, {"copy_gbps", copy_gbps}, {"op_floor_us", op_floor_us}, {"results", results}};
   std::ofstream(out_path) << doc.dump(1) << "\n";
   std::fprintf(stderr, "wrote %s (%zu results)\n", out_path.c_str(), results.size());
   return 0;

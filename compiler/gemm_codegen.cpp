@@ -17,7 +17,7 @@ constexpr GemmScalingTraits kScalings[] = {
     {GemmScaling::Mx32, "mxfp8", "qf::gemm::Mx32Scaling", "qf::kGemmMx32", true, 32, "e8m0", 1, 128,
      "[m_total, K/32]", "[G, N, K/32]"},
     // Scales applied while dequantizing to fp16 (no promotion: fp16 MMAs accumulate in fp32).
-    {GemmScaling::Nvfp4, "nvfp4", "qf::gemm::Nvfp4Scaling", "qf::kGemmNvfp4", false, 16, "e4m3", 1, 128,
+    {GemmScaling::Nvfp4, "nvfp4", "qf::gemm::Nvfp4Scaling", "qf::kGemmNvfp4", false, 0, "e4m3", 1, 128,
      "[m_total, K/16]", "[G, N, K/16]"},
 };
 
@@ -99,19 +99,26 @@ void validate(const GemmSpec& s) {
 
 GemmTile resolve_tile(const GemmSpec& s) {
   GemmTile t = s.tile;
-  const bool promote = !s.fast_accum;
+  const bool fp4 = s.scaling == GemmScaling::Nvfp4;
+  // NVFP4 dequantizes to fp16, whose MMAs accumulate in fp32: nothing to promote.
+  const bool promote = !s.fast_accum && !fp4;
   const bool block128 = s.scaling == GemmScaling::Block128;
   const bool per32 = traits(s.scaling).promote_k == 32;
-  const bool fp4 = s.scaling == GemmScaling::Nvfp4;
   if (t.block_m == 0) t.block_m = 128;
   // Measured on an H200 at 8 x 4096 x 4096 x 7168 (docs/gemm.md): 128 x 256 tiles are the
   // fastest without promotion (one accumulator); promotion keeps two, so 128 x 128.
-  if (t.block_n == 0) t.block_n = !promote && s.n >= 512 ? 256 : 128;
+  if (t.block_n == 0) t.block_n = !promote && !fp4 && s.n >= 512 ? 256 : 128;
   if (t.raster_m == 0) t.raster_m = 16;
   if (t.block_m != 64 && t.block_m != 128)
     throw UserError(tile_field("block_m"), "expected 64 or 128, got " + std::to_string(t.block_m));
   if (t.block_n != 64 && t.block_n != 128 && t.block_n != 192 && t.block_n != 256)
     throw UserError(tile_field("block_n"), "expected 64, 128, 192 or 256, got " + std::to_string(t.block_n));
+  if (fp4 && t.block_m != 128)
+    throw UserError(tile_field("block_m"), "nvfp4: expected 128 (two consumer warpgroups, two dequantizing producer "
+                                           "warpgroups), got " + std::to_string(t.block_m));
+  if (fp4 && t.block_n != 128)
+    throw UserError(tile_field("block_n"), "nvfp4: expected 128 (the B dequantization's work split), got " +
+                                               std::to_string(t.block_n));
   if (promote && t.block_n > 128)
     throw UserError(tile_field("block_n"), "fp32 promotion keeps two accumulators per thread: block_n <= 128, got " +
                                                std::to_string(t.block_n));
@@ -129,12 +136,6 @@ GemmTile resolve_tile(const GemmSpec& s) {
     throw UserError(tile_field("raster_m"), "expected 1..256, got " + std::to_string(t.raster_m));
   if (per32 && t.block_n > 128)
     throw UserError(tile_field("block_n"), "per-32 promotion keeps three accumulators per thread: block_n <= 128, got " +
-                                               std::to_string(t.block_n));
-  if (fp4 && t.block_m != 128)
-    throw UserError(tile_field("block_m"), "nvfp4: expected 128 (two consumer warpgroups, two dequantizing producer "
-                                           "warpgroups), got " + std::to_string(t.block_m));
-  if (fp4 && t.block_n != 128)
-    throw UserError(tile_field("block_n"), "nvfp4: expected 128 (the B dequantization's work split), got " +
                                                std::to_string(t.block_n));
   if (fp4 && t.multicast != 1)
     throw UserError(tile_field("multicast"), "nvfp4: expected 1, got " + std::to_string(t.multicast));
@@ -157,6 +158,9 @@ GemmTile resolve_tile(const GemmSpec& s) {
   }
   if (t.stages < 2 || t.stages > kMaxStages)
     throw UserError(tile_field("stages"), "expected 2.." + std::to_string(kMaxStages) + ", got " + std::to_string(t.stages));
+  if (fp4 && t.stages < 3)
+    throw UserError(tile_field("stages"), "nvfp4: the TMA loads run stages - 2 k-blocks ahead of the B dequantization: "
+                                          "expected at least 3, got " + std::to_string(t.stages));
   if (smem_for(s, t).total > kGemmSmemLimit)
     throw UserError(tile_field("stages"), std::to_string(t.stages) + " stages need " +
                                               std::to_string(smem_for(s, t).total) + " bytes of shared memory (limit " +
@@ -212,7 +216,7 @@ GemmSource emit_gemm(const GemmSpec& s) {
   e.constant("kK", int64_t(s.k));
   e.constant("kOutFp32", s.out_dtype == DType::FP32);
   e.constant("kAccumulate", s.accumulate);
-  e.constant("kPromote", !s.fast_accum);
+  e.constant("kPromote", !s.fast_accum && s.scaling != GemmScaling::Nvfp4);
   e.constant("kBlockM", int64_t(t.block_m));
   e.constant("kBlockN", int64_t(t.block_n));
   e.constant("kStages", int64_t(t.stages));

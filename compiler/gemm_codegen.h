@@ -33,7 +33,8 @@ struct GemmScalingTraits {
   std::string_view device_policy; // policy struct in gemm.cuh
   std::string_view device_code;   // its GemmScalingCode constant
   bool promotion_required;        // scales change along K: every k-block is promoted
-  int promote_k;                  // K per promotion (0: once per 128, or none with fast_accum)
+  int promote_k;                  // K per promotion (0: once per 128 with promotion_required; never for
+                                  // nvfp4, whose fp16 MMAs accumulate in fp32, or with fast_accum)
   std::string_view scale_type;    // "fp32", "e8m0" or "e4m3"
   int scale_bytes;                // bytes per scale element
   int k_multiple;                 // K must be a multiple of this (16: the TMA row stride)

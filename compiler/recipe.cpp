@@ -559,9 +559,12 @@ RecipeGemm parse_gemm(const Node& g) {
   const bool fp4 = s.scaling == GemmScaling::Nvfp4;
   auto format = [&](const char* key) {
     ElemFormat f = fp4 ? ElemFormat::E2M1 : ElemFormat::E4M3;
-    if (auto n = g.find(key))
-      f = fp4 ? n->choice<ElemFormat>({{"e2m1", ElemFormat::E2M1}})
-              : n->choice<ElemFormat>({{"e4m3", ElemFormat::E4M3}, {"e5m2", ElemFormat::E5M2}});
+    if (auto n = g.find(key)) {
+      if (fp4) return n->choice<ElemFormat>({{"e2m1", ElemFormat::E2M1}});
+      if (n->str() == "e2m1")
+        n->fail("e2m1 operands take \"scaling\": \"nvfp4\" (got \"" + scaling + "\"); expected e4m3 or e5m2 here");
+      f = n->choice<ElemFormat>({{"e4m3", ElemFormat::E4M3}, {"e5m2", ElemFormat::E5M2}});
+    }
     return f;
   };
   s.a_format = format("a_format");

@@ -14,6 +14,7 @@ namespace {
 static_assert(sizeof(CUtensorMap) == sizeof(TmaDescriptor), "TmaDescriptor mirrors CUtensorMap");
 
 constexpr int kMaxGroups = 1 << 20;
+constexpr int64_t kMaxMTotal = (int64_t(1) << 31) - 257;  // + block_m (<= 128) + 128 stays in int
 
 // K-major fp8 tiles of `box_rows` x 128 bytes, 128-byte swizzle, zero fill out of bounds.
 // dims/strides as cuTensorMapEncodeTiled takes them (innermost first, strides of dims 1..).
@@ -113,8 +114,12 @@ void Gemm::run(const GemmCall& c, CUstream stream) const {
   const GemmTile& t = s.tile;
   if (c.num_groups < 1 || c.num_groups > kMaxGroups)
     throw UserError("num_groups", "expected 1.." + std::to_string(kMaxGroups) + ", got " + std::to_string(c.num_groups));
-  if (c.m_total < 0 || c.m_total >= (int64_t(1) << 31))
-    throw UserError("m_total", "expected 0 <= m_total < 2^31, got " + std::to_string(c.m_total));
+  // Tile rows are 32-bit in the kernel: the last tile's rows (m_total + block_m) must stay below 2^31.
+  if (c.m_total < 0 || c.m_total > kMaxMTotal)
+    throw UserError("m_total", "expected 0 <= m_total <= 2^31 - 257, got " + std::to_string(c.m_total));
+  if (c.k_total != 0)
+    throw UserError("k_total", "m-grouped: K is the spec's k; k_total is the token count of the k-grouped layout: "
+                               "expected 0, got " + std::to_string(c.k_total));
   const int64_t g = c.num_groups, m = c.m_total;
   const bool masked = c.m_max != 0;
   if (masked) {
@@ -234,6 +239,8 @@ void Gemm::run_k_grouped(const GemmCall& c, CUstream stream) const {
   if (c.m_total != 0 || c.m_max != 0 || c.group_counts.ptr)
     throw UserError(c.m_total != 0 ? "m_total" : c.m_max != 0 ? "m_max" : "group_counts",
                     "k-grouped: rows are the spec's m and groups split K by group_offsets; expected 0 / none");
+  if (c.a_amax.ptr || c.b_amax.ptr)
+    throw UserError(c.a_amax.ptr ? "a_amax" : "b_amax", "k-grouped (tensor scaling) takes a_scale / b_scale, not per-tensor amax");
   const int64_t g = c.num_groups, kt = c.k_total;
   const int64_t units = g * ((s.m + t.block_m - 1) / t.block_m) * ((s.n + t.block_n - 1) / t.block_n);
   if (g * s.m >= (int64_t(1) << 31) || units >= (int64_t(1) << 31))

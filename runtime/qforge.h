@@ -147,9 +147,16 @@ typedef struct qf_gemm_spec {
   int block_m, block_n, stages, multicast, raster_m, ordered;
 } qf_gemm_spec;
 
+/* Every pointer is device memory of the current context, 16-byte aligned for a, b and d (TMA),
+   4-byte for fp32 / e8m0 scales and 16-byte for nvfp4's e4m3 scales (a row's 8 bytes of a
+   k-block are read at once). Fields were appended in 0.1.0 (a_amax, b_amax, k_total): zero the
+   struct ({0} / memset) before filling it so that fields a caller does not know stay 0. */
 typedef struct qf_gemm_args {
-  const void* a; int64_t a_bytes;             /* fp8 [m_total, K] */
-  const void* b; int64_t b_bytes;             /* fp8 [num_groups, N, K] */
+  const void* a; int64_t a_bytes;             /* fp8 [m_total, K]; nvfp4: e2m1 [m_total, K/2] packed,
+                                                 element 2i in the low nibble of byte i;
+                                                 K-grouped: [m, k_total] */
+  const void* b; int64_t b_bytes;             /* fp8 [num_groups, N, K]; nvfp4: e2m1 [num_groups, N, K/2];
+                                                 K-grouped: [N, k_total] */
   void* d; int64_t d_bytes;                   /* [m_total, N] in the spec's out_dtype */
   const void* a_scale; int64_t a_scale_bytes; /* qf_gemm_scale_bytes() */
   const void* b_scale; int64_t b_scale_bytes;
@@ -157,7 +164,7 @@ typedef struct qf_gemm_args {
   const int64_t* group_offsets;               /* contiguous: device int64 [num_groups + 1] */
   const int64_t* group_counts;                /* masked: device int64 [num_groups] */
   int64_t m_max;                              /* masked: rows per group slot; 0 = contiguous */
-  int64_t m_total;
+  int64_t m_total;                            /* M-grouped: rows of A and D (<= 2^31 - 257); K-grouped: 0 */
   int num_groups;
   int max_ctas;                               /* 0 = one CTA per SM */
   const float* a_amax;                        /* nvfp4: device fp32 [num_groups], amax of each group's A */

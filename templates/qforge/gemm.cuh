@@ -614,7 +614,8 @@ namespace fp4 {
 // nibble s e1 e0 m becomes the high byte s 0 0 0 e1 e0 m 0 of an fp16 (sign to bit 15, exponent
 // and mantissa bits to bits 11..9), so e2m1's subnormal 0.5 lands on fp16's subnormal range and
 // the rest on normals with the same 2^-14 offset: two byte-wise shift-and-mask steps for the even
-// and odd nibbles, then one byte permute per word. The epilogue multiplies by 2^28 (both operands).
+// and odd nibbles, then one byte permute per word. The accumulators are multiplied by 2^28 (both
+// operands) before the epilogue.
 __device__ __forceinline__ void pairs(u32 x, u32* p) {
   const u32 even = ((x << 1) & 0x0E0E0E0Eu) | ((x << 4) & 0x80808080u);
   const u32 odd = ((x >> 3) & 0x0E0E0E0Eu) | (x & 0x80808080u);
@@ -646,7 +647,7 @@ struct Nvfp4Scaling {
   static constexpr bool kStageScales = false, kColScales = false;
   static constexpr int kSteps = 1, kScaleWriters = 0;
   struct Tile {
-    float factor;  // alpha * decode(a_amax) * decode(b_amax) * 2^28
+    float factor;  // alpha * decode(a_amax) * decode(b_amax), rounded once (the accumulators carry the 2^28)
   };
   template <class Cfg>
   __device__ static void produce(const GemmArgs&, const TileInfo&, int, int, u32) {}
@@ -655,7 +656,8 @@ struct Nvfp4Scaling {
     const float alpha = a.alpha ? a.alpha[t.group] : 1.0f;
     const float da = nvfp4_global_decode_scale(nvfp4_global_encode_scale(a.a_amax[t.group]));
     const float db = nvfp4_global_decode_scale(nvfp4_global_encode_scale(a.b_amax[t.group]));
-    return {alpha * da * db * fp4::kOperandOffset};
+    // In double: the fp32 factor under- or overflows only where the product of the three does.
+    return {float(double(alpha) * double(da) * double(db))};
   }
   template <class Cfg>
   __device__ static void store_cols(const Tile&, float*, const Frag&) {}
@@ -713,8 +715,9 @@ struct Traits {
                 "per-32 promotion: promoted, unordered");
   static_assert(!Cfg::kKGrouped || (Cfg::kScaling == kGemmPerTensor && kMc == 1),
                 "K-grouped: per-tensor scaling, no multicast");
-  static_assert(!kFp4 || (kBN == 128 && kBM == 128 && kMc == 1 && !Cfg::kOrderedIssue && !Cfg::kKGrouped && Cfg::kK % 128 == 0),
-                "NVFP4: 128 x 128 tiles, no multicast or ordered issue, M-grouped, K % 128 == 0");
+  static_assert(!kFp4 || (kBN == 128 && kBM == 128 && kMc == 1 && !Cfg::kOrderedIssue && !Cfg::kKGrouped &&
+                          !Cfg::kPromote && Cfg::kK % 128 == 0 && kStages >= 3),
+                "NVFP4: 128 x 128 tiles, no multicast, ordered issue or promotion, M-grouped, K % 128 == 0, 3+ stages");
 };
 
 template <class Cfg>
@@ -1020,9 +1023,10 @@ __device__ __forceinline__ void zero_k_outside(u8* smem, int stage, int keep_lo,
 }
 
 // NVFP4 consumer: per k-block, its A rows' packed e2m1 (shared memory) and e4m3 scales (global,
-// loaded one k-block ahead) become the eight k-steps' fp16 register fragments (two fragment
-// buffers: one is written while the MMAs of the other run), then eight m64nNk16 MMAs with B from
-// the stage's fp16 copy; the tensor cores accumulate over all of K in fp32.
+// loaded one k-block ahead) become the eight k-steps' fp16 register fragments (one buffer: the
+// previous k-block's MMAs are waited for first, as ptxas serializes MMAs whose fragments are
+// written while they may run), then eight m64nNk16 MMAs with B from the stage's fp16 copy; the
+// tensor cores accumulate over all of K in fp32, scaled by 2^-28 (fp4::pairs) until the epilogue.
 template <class Cfg>
 __device__ __forceinline__ void consumer_fp4(const GemmArgs& a, u8* smem, u32 base, int wg) {
   using T = Traits<Cfg>;
@@ -1096,7 +1100,7 @@ __device__ __forceinline__ void consumer_fp4(const GemmArgs& a, u8* smem, u32 ba
     for (int kb = 0; kb < k_blocks; ++kb) step(frag, kb);
     sm90::wgmma_wait<0>();
 #pragma unroll
-    for (int i = 0; i < T::kAcc; ++i) sm90::fence_reg(acc[i]);
+    for (int i = 0; i < T::kAcc; ++i) sm90::fence_reg(acc[i]), acc[i] *= fp4::kOperandOffset;  // exact
     release_stage<Cfg>(empty0 + 8u * prev_stage, lane, 0);
     epilogue<Cfg>(a, t, f, smem, acc, ts);
   }

@@ -131,6 +131,8 @@ const BadRecipe kBadRecipes[] = {
     {"gemm_missing_k.json", "/gemms/0", "missing required key \"k\""},
     {"gemm_format_int8.json", "/gemms/0/a_format", "unknown value \"int8\"; expected \"e4m3\" or \"e5m2\""},
     {"gemm_nvfp4_fp8_operand.json", "/gemms/0/b_format", "unknown value \"e4m3\"; expected \"e2m1\""},
+    {"gemm_fp8_e2m1_operand.json", "/gemms/0/a_format", "e2m1 operands take \"scaling\": \"nvfp4\" (got \"blockwise\"); expected e4m3 or e5m2 here"},
+    {"gemm_nvfp4_two_stages.json", "/gemms/0/tile/stages", "nvfp4: the TMA loads run stages - 2 k-blocks ahead of the B dequantization: expected at least 3, got 2"},
 };
 
 fs::path bad_dir() { return fs::path(QF_SOURCE_DIR) / "tests" / "recipes" / "bad"; }

@@ -538,7 +538,7 @@ TEST_F(CApi, Nvfp4GemmFromRecipe) {
 TEST_F(CApi, GemmOnGpuIsExact) {
   QF_SKIP_WITHOUT_GPU();
   using qf::rt::DeviceBuffer;
-  for (const char* scaling : {"blockwise", "mxfp8"}) {
+  for (const char* scaling : {"blockwise", "mxfp8", "nvfp4"}) {
     for (bool masked : {false, true}) {
       SCOPED_TRACE(std::string(scaling) + (masked ? " masked" : " contiguous"));
       qf_gemm_spec cs{};
@@ -547,6 +547,7 @@ TEST_F(CApi, GemmOnGpuIsExact) {
       ASSERT_EQ(qf_gemm_create(&cs, &g), QF_OK) << qf_last_error();
       qf::GemmSpec spec;
       spec.scaling = *qf::parse_gemm_scaling(scaling), spec.n = 200, spec.k = 384, spec.out_dtype = qf::DType::FP32;
+      if (spec.scaling == qf::GemmScaling::Nvfp4) spec.a_format = spec.b_format = qf::ElemFormat::E2M1;
       const std::vector<int64_t> rows = {37, 0, 150};
       const qf::ref::GemmProblem p =
           masked ? qf::ref::make_masked_gemm_problem(spec, rows, 128, qf::ref::GemmValues::SmallIntegers, true, 3)
@@ -559,6 +560,7 @@ TEST_F(CApi, GemmOnGpuIsExact) {
       DeviceBuffer da = up(p.a.data(), p.a.size()), db = up(p.b.data(), p.b.size());
       DeviceBuffer dsa = up(p.a_scale.data(), p.a_scale.size()), dsb = up(p.b_scale.data(), p.b_scale.size());
       DeviceBuffer dal = up(p.alpha.data(), p.alpha.size() * 4);
+      DeviceBuffer daa = up(p.a_amax.data(), p.a_amax.size() * 4), dba = up(p.b_amax.data(), p.b_amax.size() * 4);
       DeviceBuffer doff = masked ? up(p.counts.data(), p.counts.size() * 8) : up(p.offsets.data(), p.offsets.size() * 8);
       DeviceBuffer dd = qf::rt::testing::poisoned_buffer(size_t(p.m_total * 200 * 4));
       int64_t sa = 0, sb = 0;
@@ -572,6 +574,11 @@ TEST_F(CApi, GemmOnGpuIsExact) {
       a.a_scale = reinterpret_cast<const void*>(dsa.address()), a.a_scale_bytes = sa;
       a.b_scale = reinterpret_cast<const void*>(dsb.address()), a.b_scale_bytes = sb;
       a.alpha = reinterpret_cast<const float*>(dal.address());
+      if (spec.scaling == qf::GemmScaling::Nvfp4) {
+        ASSERT_EQ(p.a_amax.size(), 3u);
+        a.a_amax = reinterpret_cast<const float*>(daa.address());
+        a.b_amax = reinterpret_cast<const float*>(dba.address());
+      }
       if (masked) a.group_counts = reinterpret_cast<const int64_t*>(doff.address()), a.m_max = 128;
       else a.group_offsets = reinterpret_cast<const int64_t*>(doff.address());
       a.m_total = p.m_total, a.num_groups = 3;

@@ -54,15 +54,17 @@ GemmSpec k_grouped(GemmSpec s, int64_t m) {
   return s;
 }
 
-// Runs `call` and expects a UserError whose message contains `what`; with `what` empty, any
-// error from past the argument checks (only the driver is left there: no GPU here).
+// Runs `call` and expects a UserError whose message contains `what`; with `what` empty, an
+// error from past the argument checks: the driver's (no GPU), or, on a GPU machine, the device
+// pointer check, which runs after every other check and rejects the tests' fake addresses.
 void expect_run_error(const rt::Gemm& gemm, const rt::GemmCall& call, const std::string& what) {
   try {
     gemm.run(call, nullptr);
     FAIL() << "no error: " << what;
   } catch (const UserError& e) {
-    EXPECT_FALSE(what.empty()) << e.what();
-    EXPECT_NE(std::string(e.what()).find(what), std::string::npos) << e.what();
+    const std::string msg = e.what();
+    const std::string want = what.empty() ? "is not CUDA memory" : what;
+    EXPECT_NE(msg.find(want), std::string::npos) << msg;
   } catch (const std::exception& e) {
     EXPECT_TRUE(what.empty()) << e.what();
   }
@@ -161,7 +163,9 @@ TEST(GemmCodegen, StagesFillSharedMemory) {
     more.tile = t;
     more.tile.stages = t.stages + 1;
     EXPECT_GE(t.stages, 3) << v.name;
-    if (t.stages < 8) EXPECT_THROW(resolve_tile(more), UserError) << v.name;
+    if (t.stages < 8) {
+      EXPECT_THROW(resolve_tile(more), UserError) << v.name;
+    }
   }
 }
 
@@ -225,6 +229,13 @@ TEST(GemmCodegen, SpecErrorsNameTheField) {
   expect_spec_error(s, "fast_accum", "no promotion to skip");
   s = f4, s.tile.block_n = 64;
   expect_spec_error(s, "tile.block_n", "nvfp4: expected 128");
+  s = f4, s.tile.block_n = 256;  // not the promotion message: nvfp4 has no promotion
+  expect_spec_error(s, "tile.block_n", "nvfp4: expected 128 (the B dequantization's work split), got 256");
+  s = f4, s.tile.stages = 2;  // the kernel's load lag (stages - 2) must be at least 1
+  expect_spec_error(s, "tile.stages", "nvfp4: the TMA loads run stages - 2 k-blocks ahead");
+  s = f4, s.tile.stages = 3;
+  EXPECT_NO_THROW(validate(s));
+  EXPECT_NE(emit_gemm(f4).source.find("kPromote = false"), std::string::npos) << emit_gemm(f4).source;
   s = f4, s.tile.block_m = 64;
   expect_spec_error(s, "tile.block_m", "nvfp4: expected 128 (two consumer warpgroups");
   s = f4, s.tile.multicast = 2;
@@ -267,8 +278,10 @@ TEST(GemmRuntime, ArgumentErrorsNameTheArgument) {
   rt::GemmCall x = c;
   x.num_groups = 0;
   expect_error(x, "num_groups: expected 1..");
-  x = c, x.m_total = int64_t(1) << 31;
-  expect_error(x, "m_total: expected 0 <= m_total < 2^31");
+  x = c, x.m_total = (int64_t(1) << 31) - 256;  // the last tile's row indices must fit an int
+  expect_error(x, "m_total: expected 0 <= m_total <= 2^31 - 257, got 2147483392");
+  x = c, x.k_total = 1024;
+  expect_error(x, "k_total: m-grouped: K is the spec's k");
   x = c, x.a.bytes -= 1;
   expect_error(x, "argument a: buffer of");
   x = c, x.a.ptr += 8;
@@ -330,6 +343,8 @@ TEST(GemmRuntime, KGroupedArgumentErrors) {
   expect_error(x, "for B [128, 1024] e4m3");
   x = c, x.a_scale.bytes = 8;
   expect_error(x, "argument a_scale");
+  x = c, x.b_amax = buf(0x700000, 12);
+  expect_error(x, "b_amax: k-grouped (tensor scaling) takes a_scale / b_scale, not per-tensor amax");
   expect_error(c, "");  // valid: only the driver is left
 }
 
@@ -399,6 +414,8 @@ TEST(GemmRuntime, Nvfp4BuffersArePackedWithAmax) {
   c.a = buf(0x100000, 100 * 128);
   c.b_scale = buf(0x500008, 2 * 256 * 16);
   expect_run_error(gemm, c, "argument b_scale: pointer 0x500008 is not 16-byte aligned");
+  c.b_scale = buf(0x500000, 2 * 256 * 16);
+  expect_run_error(gemm, c, "");  // valid: only the driver is left
   // An fp8 GEMM takes no amax.
   rt::Gemm fp8(make(GemmScaling::PerTensor, ElemFormat::E4M3, ElemFormat::E4M3, DType::BF16, false, false, 0, 0, 128,
                     256, 256));
@@ -409,12 +426,14 @@ TEST(GemmRuntime, Nvfp4BuffersArePackedWithAmax) {
 
 TEST(GemmReference, Nvfp4PackedNibblesBlockScalesAndGlobalDecode) {
   // K = 128 (eight 16-blocks), N = 8. A row: element 2i = 1.0 (low nibble), 2i+1 = -0.5; block
-  // scales 2, 0.5, then 0. B row n: every element 1.5, block scales n+1, then 1. amax 2688 * 4
-  // (A: decode 4) and 2688 / 2 (B: decode 0.5): value = 4 * 0.5 * (12 (n+1) + 3).
+  // scales 2, 0.5, then 0. B row n: element 2i = 1.5, 2i+1 = 1.0, block scales n+1, then 1. A
+  // 16-block's dot is 8 (1.5 - 0.5) = 8 (2 with A's nibbles swapped). amax 2688 * 4 (A: decode
+  // 4) and 2688 / 2 (B: decode 0.5): value = 4 * 0.5 * (16 (n+1) + 4).
   GemmSpec spec = make(GemmScaling::Nvfp4, ElemFormat::E2M1, ElemFormat::E2M1, DType::FP32, false, false, 128, 1, 128, 8,
                        128);
   const uint8_t a_byte = uint8_t(encode_rn<E2M1>(1.0f) | (encode_rn<E2M1>(-0.5f) << 4));
-  std::vector<uint8_t> a(64, a_byte), b(8 * 64, uint8_t(encode_rn<E2M1>(1.5f) * 0x11));
+  const uint8_t b_byte = uint8_t(encode_rn<E2M1>(1.5f) | (encode_rn<E2M1>(1.0f) << 4));
+  std::vector<uint8_t> a(64, a_byte), b(8 * 64, b_byte);
   std::vector<uint8_t> sa(8, 0), sb(8 * 8, encode_rn<E4M3>(1.0f));
   sa[0] = encode_rn<E4M3>(2.0f), sa[1] = encode_rn<E4M3>(0.5f);
   for (int n = 0; n < 8; ++n) sb[size_t(8 * n)] = encode_rn<E4M3>(float(n + 1));
@@ -424,7 +443,7 @@ TEST(GemmReference, Nvfp4PackedNibblesBlockScalesAndGlobalDecode) {
   ref::GemmOperands ops{a, b, sa, sb, {}, off, {}, 0, 1};
   ops.a_amax = a_amax, ops.b_amax = b_amax;
   const ref::GemmRows r = ref::gemm_reference(spec, ops, rows, 1);
-  for (int n = 0; n < 8; ++n) EXPECT_EQ(r.value[size_t(n)], 2.0 * (12.0 * (n + 1) + 3.0)) << n;
+  for (int n = 0; n < 8; ++n) EXPECT_EQ(r.value[size_t(n)], 2.0 * (16.0 * (n + 1) + 4.0)) << n;
 }
 
 TEST(GemmReference, SmallHandComputedCase) {
