@@ -591,8 +591,16 @@ float Event::elapsed_ms(const Event& start, const Event& end) {
 
 // ------------------------------------------------------------------------------- launches
 
+void allow_dynamic_smem(CUfunction f, size_t smem_bytes) {
+  constexpr size_t kDefaultDynamicSmem = 48 * 1024;
+  if (smem_bytes <= kDefaultDynamicSmem) return;
+  if (smem_bytes > INT_MAX) check(CUDA_ERROR_INVALID_VALUE, detail::concat("dynamic shared memory of ", smem_bytes, " bytes"));
+  check(require_driver().cuFuncSetAttribute(f, CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, static_cast<int>(smem_bytes)),
+        detail::concat("cuFuncSetAttribute(MAX_DYNAMIC_SHARED_SIZE_BYTES, ", smem_bytes, ")"));
+}
+
 void launch(CUfunction f, Dim3 grid, Dim3 block, size_t smem_bytes, CUstream stream, void** args,
-            std::span<CUlaunchAttribute> attrs) {
+            std::span<CUlaunchAttribute> attrs, SmemLimit limit) {
   const Driver& d = require_driver();
   auto describe = [&](const char* call) {
     return detail::concat(call, "(grid [", grid.x, ", ", grid.y, ", ", grid.z, "], block [",
@@ -601,7 +609,7 @@ void launch(CUfunction f, Dim3 grid, Dim3 block, size_t smem_bytes, CUstream str
   };
   if (smem_bytes > UINT_MAX) check(CUDA_ERROR_INVALID_VALUE, describe("launch"));
   constexpr size_t kDefaultDynamicSmem = 48 * 1024;
-  if (smem_bytes > kDefaultDynamicSmem) {
+  if (limit == SmemLimit::kRaise && smem_bytes > kDefaultDynamicSmem) {
     CUresult r = d.cuFuncSetAttribute(f, CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
                                       static_cast<int>(smem_bytes));
     if (r != CUDA_SUCCESS) check(r, describe("cuFuncSetAttribute(MAX_DYNAMIC_SHARED_SIZE_BYTES)"));

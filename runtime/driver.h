@@ -368,12 +368,20 @@ struct Dim3 {
   unsigned x = 1, y = 1, z = 1;
 };
 
+// Raises f's CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES to smem_bytes when that is above the
+// 48 KiB default (once per loaded function: the driver call costs microseconds per launch).
+void allow_dynamic_smem(CUfunction f, size_t smem_bytes);
+
+// Whether launch() raises the dynamic shared-memory limit itself (kRaise) or the caller did it
+// once with allow_dynamic_smem() when it loaded the function (kPrepared: the per-call path).
+enum class SmemLimit { kRaise, kPrepared };
+
 // Launches f through cuLaunchKernelEx. The CUlaunchConfig is built on this call's stack; extra
-// launch attributes (cluster dimensions, PDL, ...) come from the caller's own storage. A dynamic
-// shared-memory size above the 48 KiB default also raises the function's
-// CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES. `args` is the kernel's parameter array, as
-// for cuLaunchKernel. Errors name the grid, block and shared-memory size.
+// launch attributes (cluster dimensions, PDL, ...) come from the caller's own storage. With
+// SmemLimit::kRaise, a dynamic shared-memory size above the 48 KiB default also raises the
+// function's limit (allow_dynamic_smem). `args` is the kernel's parameter array, as for
+// cuLaunchKernel. Errors name the grid, block and shared-memory size.
 void launch(CUfunction f, Dim3 grid, Dim3 block, size_t smem_bytes, CUstream stream,
-            void** args, std::span<CUlaunchAttribute> attrs = {});
+            void** args, std::span<CUlaunchAttribute> attrs = {}, SmemLimit limit = SmemLimit::kRaise);
 
 }  // namespace qf::rt

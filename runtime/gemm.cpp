@@ -79,8 +79,7 @@ std::shared_ptr<const Gemm::Loaded> Gemm::load_for_current_device() const {
   l->fn = l->module->function(entry.lowered(l->kernel.source.kernel));
   const Driver& d = require_driver();
   const GemmSource& src = l->kernel.source;
-  check(d.cuFuncSetAttribute(l->fn, CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, int(src.smem_bytes)),
-        "cuFuncSetAttribute(MAX_DYNAMIC_SHARED_SIZE_BYTES) for the GEMM kernel");
+  allow_dynamic_smem(l->fn, src.smem_bytes);
   const int sms = device_sm_count(dev);
   if (src.tile.multicast == 1) {
     l->grid = sms;
@@ -223,7 +222,7 @@ void Gemm::launch_persistent(const Loaded& l, GemmArgs& args, int64_t units, int
     attrs = std::span<CUlaunchAttribute>(&attr, 1);
   }
   launch(l.fn, Dim3{unsigned(want)}, Dim3{unsigned(l.kernel.source.threads)}, l.kernel.source.smem_bytes, stream,
-         params, attrs);
+         params, attrs, SmemLimit::kPrepared);
 }
 
 // K-grouped (wgrad): D[g] [m, N] (+)= alpha[g] * sa[g] * sb[g] * A[:, ks] * B[:, ks]^T over the

@@ -62,6 +62,8 @@ std::shared_ptr<const Quantizer::Loaded> Quantizer::load_for_current_device() co
   l->module = module_registry().get(dev, entry.key, std::string_view(entry.image));
   l->cast = l->module->function(entry.lowered(l->kernels.source.cast_kernel));
   if (l->kernels.source.amax_kernel) l->amax = l->module->function(entry.lowered(*l->kernels.source.amax_kernel));
+  allow_dynamic_smem(l->cast, l->kernels.source.smem_bytes);
+  if (l->amax) allow_dynamic_smem(l->amax, l->kernels.source.smem_bytes);
   std::lock_guard<std::mutex> g(mu_);
   return loaded_.emplace(dev, std::move(l)).first->second;
 }
@@ -204,8 +206,9 @@ void Quantizer::quantize(const QuantizeCall& call, CUstream stream) const {
   if (tile_rows > 0x7fffffffu || grid.y > 65535)
     throw UserError("input", "tensor too large for one launch (" + std::to_string(tile_rows) + " x " + std::to_string(grid.y) + " tiles)");
   void* params[] = {&args};
-  if (l->amax) launch(l->amax, grid, Dim3{unsigned(t.threads)}, l->kernels.source.smem_bytes, stream, params);
-  launch(l->cast, grid, Dim3{unsigned(t.threads)}, l->kernels.source.smem_bytes, stream, params);
+  const size_t smem = l->kernels.source.smem_bytes;
+  if (l->amax) launch(l->amax, grid, Dim3{unsigned(t.threads)}, smem, stream, params, {}, SmemLimit::kPrepared);
+  launch(l->cast, grid, Dim3{unsigned(t.threads)}, smem, stream, params, {}, SmemLimit::kPrepared);
 }
 
 void update_amax_history(const PerTensorDelayed& mode, ElemFormat format, const HistoryCall& call,

@@ -50,20 +50,21 @@ void check_buffer(const std::string& arg_name, const TensorView& given, int64_t 
   QF_CHECK(alignment > 0 && (alignment & (alignment - 1)) == 0, "alignment ", alignment,
            " is not a power of two");
   QF_CHECK(required_bytes >= 0, "negative requirement ", required_bytes, " for ", arg_name);
-  const std::string suffix = required_for.empty() ? "" : " for " + std::string(required_for);
+  // Built only for a message: this runs for every buffer of every call.
+  auto suffix = [&] { return required_for.empty() ? std::string() : " for " + std::string(required_for); };
   if (given.bytes < 0)
     throw UserError(where(arg_name), "buffer size " + std::to_string(given.bytes) + " is negative");
   if (required_bytes == 0) return;  // nothing will be read or written
   if (given.ptr == 0)
     throw UserError(where(arg_name), "null pointer; expected a device buffer of " +
-                                         bytes_str(required_bytes) + suffix);
+                                         bytes_str(required_bytes) + suffix());
   if (given.ptr % alignment != 0)
     throw UserError(where(arg_name), "pointer " + format_pointer(given.ptr) + " is not " +
                                          std::to_string(alignment) + "-byte aligned");
   if (given.bytes < required_bytes)
     throw UserError(where(arg_name), "buffer of " + bytes_str(given.bytes) +
                                          " is smaller than the " + bytes_str(required_bytes) +
-                                         " required" + suffix);
+                                         " required" + suffix());
 }
 
 void check_dtype(const std::string& arg_name, const TensorView& given,
