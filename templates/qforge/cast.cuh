@@ -7,9 +7,11 @@
 //   cast_kernel<Cfg, S...>  - the cast: one read of each input tile into shared memory, then
 //                             every stream S (rowwise / columnwise, any format) written from it.
 //
-// A tile is kTileRows x kTileCols of the input, staged once in shared memory as fp32 (rows of
-// 16-byte chunks, XOR-swizzled by row so that both row and column walks are free of bank
-// conflicts). A stream walks the tile in "runs":
+// A tile is kTileRows x kTileCols of the input, staged once in shared memory (rows of 4-element
+// chunks, XOR-swizzled by row so that both row and column walks are free of bank conflicts), as
+// fp32, or, with Cfg::kStage16, as the 16-bit input's own bits (half the shared memory: more
+// CTAs per SM where fp32 staging would limit them; codegen decides). A stream walks the tile in
+// "runs":
 //   rowwise      - kEpt (= 4) consecutive elements of one row per thread, one 16-byte smem read
 //                  and one vector store; kGroup consecutive lanes whose runs share one scale
 //                  block reduce its amax with shuffles;
@@ -78,9 +80,20 @@ QF_HD constexpr int cast_scratch_entries(int tile_rows, int tile_cols, bool colu
   return (n + 3) / 4 * 4;
 }
 
-// Shared-memory bytes of cast_kernel (also computed by the host code generator).
-QF_HD constexpr u32 cast_smem_bytes(int tile_rows, int tile_cols, bool rht, int scratch_entries) {
-  return 4u * u32(tile_rows) * u32(tile_cols) * (rht ? 2u : 1u) + 4u * u32(scratch_entries);
+// Shared-memory bytes of cast_kernel (also computed by the host code generator): the staged
+// tile (and its rotated copy with RHT), 4 bytes per element or 2 with 16-bit staging, then the
+// scratch.
+QF_HD constexpr u32 cast_smem_bytes(int tile_rows, int tile_cols, bool rht, int scratch_entries, bool stage16 = false) {
+  return (stage16 ? 2u : 4u) * u32(tile_rows) * u32(tile_cols) * (rht ? 2u : 1u) + 4u * u32(scratch_entries);
+}
+
+// CTAs per SM the cast kernel asks registers for (Cfg::kMinBlocks, chosen by codegen): up to 5/8
+// of the SM's threads (threads_per_sm 1280) where shared memory allows it (more loads in flight
+// per SM; one tile per CTA has no other overlap).
+QF_HD constexpr int cast_min_blocks(int threads, u32 smem_bytes, int threads_per_sm = 1280) {
+  const int by_threads = threads_per_sm / threads, by_smem = int((227u * 1024u) / (smem_bytes + 1024u));
+  const int n = by_threads < by_smem ? by_threads : by_smem;
+  return n < 1 ? 1 : n;
 }
 
 #if defined(__CUDACC__)
@@ -97,6 +110,68 @@ __device__ __forceinline__ int tile_off(int r, int c) {
   static_assert(TC % 32 == 0, "a tile row holds a multiple of 8 chunks");
   return r * TC + ((((c >> 2) ^ (r & 7))) << 2) + (c & 3);
 }
+
+// Staged-tile elements. fp32 staging holds floats; 16-bit staging (Cfg::kStage16) holds the
+// input's bits, tagged by type so that every read converts the right way. Every value staged is
+// an input value, zero, or an RHT output already rounded to the input dtype, so 16 bits hold it
+// exactly (a NaN may come back with another payload, which no output depends on).
+struct Bf16Bits {
+  u16 bits;
+};
+struct F16Bits {
+  u16 bits;
+};
+template <bool k16, int D>
+struct TileElemOf {
+  using type = float;
+};
+template <>
+struct TileElemOf<true, 1> {
+  using type = Bf16Bits;
+};
+template <>
+struct TileElemOf<true, 2> {
+  using type = F16Bits;
+};
+template <class Cfg>
+using TileElem = typename TileElemOf<Cfg::kStage16, int(Cfg::kInDtype)>::type;
+
+__device__ __forceinline__ float h2f(u16 h) {
+  float f;
+  asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(h));
+  return f;
+}
+__device__ __forceinline__ u16 f2h(float f) {  // exact for the staged values
+  u16 h;
+  asm("cvt.rn.f16.f32 %0, %1;" : "=h"(h) : "f"(f));
+  return h;
+}
+
+__device__ __forceinline__ float tld(const float* t, int off) { return t[off]; }
+__device__ __forceinline__ float tld(const Bf16Bits* t, int off) { return f32_from_bits(u32(t[off].bits) << 16); }
+__device__ __forceinline__ float tld(const F16Bits* t, int off) { return h2f(t[off].bits); }
+// Four elements of one chunk (off % 4 == 0).
+__device__ __forceinline__ float4 tld4(const float* t, int off) { return *reinterpret_cast<const float4*>(t + off); }
+__device__ __forceinline__ float4 tld4(const Bf16Bits* t, int off) {
+  const uint2 w = *reinterpret_cast<const uint2*>(t + off);
+  return make_float4(f32_from_bits(w.x << 16), f32_from_bits(w.x & 0xFFFF0000u), f32_from_bits(w.y << 16),
+                     f32_from_bits(w.y & 0xFFFF0000u));
+}
+__device__ __forceinline__ float4 tld4(const F16Bits* t, int off) {
+  const uint2 w = *reinterpret_cast<const uint2*>(t + off);
+  return make_float4(h2f(u16(w.x)), h2f(u16(w.x >> 16)), h2f(u16(w.y)), h2f(u16(w.y >> 16)));
+}
+__device__ __forceinline__ void tst4(float* t, int off, float4 v) { *reinterpret_cast<float4*>(t + off) = v; }
+__device__ __forceinline__ void tst4(Bf16Bits* t, int off, float4 v) {  // the high halves: exact for bf16 values
+  *reinterpret_cast<uint2*>(t + off) =
+      make_uint2(__byte_perm(f32_bits(v.x), f32_bits(v.y), 0x7632), __byte_perm(f32_bits(v.z), f32_bits(v.w), 0x7632));
+}
+__device__ __forceinline__ void tst4(F16Bits* t, int off, float4 v) {
+  *reinterpret_cast<uint2*>(t + off) = make_uint2(u32(f2h(v.x)) | (u32(f2h(v.y)) << 16), u32(f2h(v.z)) | (u32(f2h(v.w)) << 16));
+}
+__device__ __forceinline__ void tst1(float* t, int off, float v) { t[off] = v; }
+__device__ __forceinline__ void tst1(Bf16Bits* t, int off, float v) { t[off].bits = u16(f32_bits(v) >> 16); }
+__device__ __forceinline__ void tst1(F16Bits* t, int off, float v) { t[off].bits = f2h(v); }
 
 // v rounded (RNE) to the input dtype and back (the RHT output, as the reference rounds it).
 // The hardware conversions give the same value for every non-NaN v; a NaN stays a NaN (its
@@ -488,7 +563,7 @@ __device__ bool resolve_member(const QuantizeArgs& a, Member& mem, i64 (&scale_b
 // Interior tiles (kFull: the whole tile inside the member and K, K % 16 == 0) take 16-byte
 // loads without checks.
 template <class Cfg>
-__device__ __forceinline__ void load_tile_full(const QuantizeArgs& a, const Member& mem, i64 col0, float* tile) {
+__device__ __forceinline__ void load_tile_full(const QuantizeArgs& a, const Member& mem, i64 col0, TileElem<Cfg>* tile) {
   constexpr int TR = Cfg::kTileRows, TC = Cfg::kTileCols, T = Cfg::kThreads;
   constexpr int E = Cfg::kInDtype == 0 ? 4 : 8, CH = TC / E, N = TR * CH, kIters = (N + T - 1) / T;
   static_assert(TC % E == 0, "whole 16-byte chunks per tile row");
@@ -510,6 +585,9 @@ __device__ __forceinline__ void load_tile_full(const QuantizeArgs& a, const Memb
       const int r = i / CH, c = (i % CH) * E;
       if constexpr (Cfg::kInDtype == 0) {
         *reinterpret_cast<uint4*>(tile + tile_off<TC>(r, c)) = raw[it];
+      } else if constexpr (Cfg::kStage16) {  // the input's bits: two chunks of four
+        *reinterpret_cast<uint2*>(tile + tile_off<TC>(r, c)) = make_uint2(raw[it].x, raw[it].y);
+        *reinterpret_cast<uint2*>(tile + tile_off<TC>(r, c + 4)) = make_uint2(raw[it].z, raw[it].w);
       } else {
         const u32 w[4] = {raw[it].x, raw[it].y, raw[it].z, raw[it].w};
         float f[8];
@@ -518,18 +596,19 @@ __device__ __forceinline__ void load_tile_full(const QuantizeArgs& a, const Memb
           f[2 * e] = Cfg::kInDtype == 1 ? f32_from_bits(w[e] << 16) : f16_to_f32(u16(w[e]));
           f[2 * e + 1] = Cfg::kInDtype == 1 ? f32_from_bits(w[e] & 0xFFFF0000u) : f16_to_f32(u16(w[e] >> 16));
         }
-        *reinterpret_cast<float4*>(tile + tile_off<TC>(r, c)) = make_float4(f[0], f[1], f[2], f[3]);
-        *reinterpret_cast<float4*>(tile + tile_off<TC>(r, c + 4)) = make_float4(f[4], f[5], f[6], f[7]);
+        tst4(tile, tile_off<TC>(r, c), make_float4(f[0], f[1], f[2], f[3]));
+        tst4(tile, tile_off<TC>(r, c + 4), make_float4(f[4], f[5], f[6], f[7]));
       }
     }
   }
 }
 
-// Loads the tile (fp32, zero outside the member / K): every load of a thread is issued before
-// the first shared-memory store. With RHT, also the rotated copy (16-row groups per column,
-// rounded to the input dtype).
+// Loads the tile (zero outside the member / K): every load of a thread is issued before the
+// first shared-memory store. With RHT, also the rotated copy (16-row groups per column, rounded
+// to the input dtype).
 template <class Cfg>
-__device__ void load_tile(const QuantizeArgs& a, const Member& mem, i64 col0, bool full, float* tile, float* rtile) {
+__device__ void load_tile(const QuantizeArgs& a, const Member& mem, i64 col0, bool full, TileElem<Cfg>* tile,
+                          TileElem<Cfg>* rtile) {
   constexpr int TR = Cfg::kTileRows, TC = Cfg::kTileCols, CH = TC / 4, N = TR * CH, T = Cfg::kThreads;
   constexpr int kIters = (N + T - 1) / T;
   const i64 row0 = mem.tile_row * TR;
@@ -560,7 +639,7 @@ __device__ void load_tile(const QuantizeArgs& a, const Member& mem, i64 col0, bo
 #pragma unroll
     for (int it = 0; it < kIters; ++it) {
       const int i = it * T + int(threadIdx.x);
-      if (N % T == 0 || i < N) *reinterpret_cast<float4*>(tile + tile_off<TC>(i / CH, (i % CH) * 4)) = val[it];
+      if (N % T == 0 || i < N) tst4(tile, tile_off<TC>(i / CH, (i % CH) * 4), val[it]);
     }
   }
   if constexpr (Cfg::kRht) {
@@ -569,10 +648,10 @@ __device__ void load_tile(const QuantizeArgs& a, const Member& mem, i64 col0, bo
       const int grp = i / TC, c = i % TC;
       float v[16];
 #pragma unroll
-      for (int j = 0; j < 16; ++j) v[j] = tile[tile_off<TC>(grp * 16 + j, c)];
+      for (int j = 0; j < 16; ++j) v[j] = tld(tile, tile_off<TC>(grp * 16 + j, c));
       rht16(v, Cfg::kRhtMask);
 #pragma unroll
-      for (int j = 0; j < 16; ++j) rtile[tile_off<TC>(grp * 16 + j, c)] = round_to_dtype(v[j], Cfg::kInDtype);
+      for (int j = 0; j < 16; ++j) tst1(rtile, tile_off<TC>(grp * 16 + j, c), round_to_dtype(v[j], Cfg::kInDtype));
     }
   }
   __syncthreads();
@@ -712,7 +791,7 @@ __device__ __forceinline__ void maybe_store_entry(const StreamArgs& out, i64 dr,
 // consecutive rows, which the swizzle keeps apart), G lanes per block reduced with shuffles,
 // then one shared atomic per group.
 template <class Cfg, class S>
-__device__ void block2d_amax(const float* src, u32* out) {
+__device__ void block2d_amax(const TileElem<Cfg>* src, u32* out) {
   constexpr int TR = Cfg::kTileRows, TC = Cfg::kTileCols, BR = S::kBlockRows, BC = S::kBlockCols, T = Cfg::kThreads;
   constexpr int NBC = TC / BC, NB = (TR / BR) * NBC, N = NB * BR;
   constexpr int G = BR % 32 == 0 ? 32 : 32 % BR == 0 ? BR : 1;  // lanes of one block in a warp
@@ -725,7 +804,7 @@ __device__ void block2d_amax(const float* src, u32* out) {
     if (j < N) {
 #pragma unroll 8
       for (int q = 0; q < BC; q += 4) {
-        const float4 f = *reinterpret_cast<const float4*>(src + tile_off<TC>(r, c0 + q));
+        const float4 f = tld4(src, tile_off<TC>(r, c0 + q));
         m = amax_step(amax_step(amax_step(amax_step(m, f.x), f.y), f.z), f.w);
       }
     }
@@ -740,7 +819,7 @@ __device__ void block2d_amax(const float* src, u32* out) {
 // (row, block) once, by one thread (lanes on consecutive rows: the swizzle keeps their 16-byte
 // reads apart), into mul_out[r * (TC / B) + block]; its scale entry goes to global memory.
 template <class Cfg, class S>
-__device__ void row_block_scales(const QuantizeArgs& a, const Member& mem, i64 col0, const float* src,
+__device__ void row_block_scales(const QuantizeArgs& a, const Member& mem, i64 col0, const TileElem<Cfg>* src,
                                  const StreamCtx<S>& ctx, float* mul_out, i64 scale_base) {
   constexpr int TR = Cfg::kTileRows, TC = Cfg::kTileCols, B = S::kBlockCols, NBC = TC / B, N = TR * NBC;
   constexpr int T = Cfg::kThreads;
@@ -753,7 +832,7 @@ __device__ void row_block_scales(const QuantizeArgs& a, const Member& mem, i64 c
     float m = 0.0f;
 #pragma unroll 8
     for (int q = 0; q < B; q += 4) {
-      const float4 f = *reinterpret_cast<const float4*>(src + tile_off<TC>(r, b * B + q));
+      const float4 f = tld4(src, tile_off<TC>(r, b * B + q));
       m = amax_step(amax_step(amax_step(amax_step(m, f.x), f.y), f.z), f.w);
     }
     float mul;
@@ -767,7 +846,7 @@ __device__ void row_block_scales(const QuantizeArgs& a, const Member& mem, i64 c
 // Rowwise stream ([M, K] layout): runs of 4 elements of a row, kGroup lanes per scale block.
 // kFull: an interior tile (no bounds, aligned vector stores).
 template <class Cfg, class S, bool kFull>
-__device__ float cast_rowwise(const QuantizeArgs& a, const Member& mem, i64 col0, const float* src, const u32* bamax,
+__device__ float cast_rowwise(const QuantizeArgs& a, const Member& mem, i64 col0, const TileElem<Cfg>* src, const u32* bamax,
                               float* scratch, i64 scale_base) {
   constexpr int TR = Cfg::kTileRows, TC = Cfg::kTileCols, CH = TC / 4, N = TR * CH, T = Cfg::kThreads, G = S::kGroup;
   static_assert(S::kEpt == 4 && CH % G == 0 && 32 % G == 0, "rowwise runs: 4 elements, groups within a warp row");
@@ -788,7 +867,7 @@ __device__ float cast_rowwise(const QuantizeArgs& a, const Member& mem, i64 col0
     int r, c;
     item_rc<CH, T>(it, r, c);
     c *= 4;
-    const float4 f = *reinterpret_cast<const float4*>(src + tile_off<TC>(r, c));
+    const float4 f = tld4(src, tile_off<TC>(r, c));
     const float v[4] = {f.x, f.y, f.z, f.w};
     if constexpr (kRowScales) {
       encode_store<S, 4, true>(a, out.data, tile_lin + i64(r) * a.k + c, v, scratch[r * (TC / S::kBlockCols) + c / S::kBlockCols], 4);
@@ -820,7 +899,7 @@ __device__ float cast_rowwise(const QuantizeArgs& a, const Member& mem, i64 col0
 // ([K, M]): each 16-row chunk is one vector store into the output row of its column; same
 // layout ([M, K]): element stores (consecutive lanes fill consecutive bytes of a row).
 template <class Cfg, class S>
-__device__ float cast_columnwise(const QuantizeArgs& a, const Member& mem, i64 col0, const float* src,
+__device__ float cast_columnwise(const QuantizeArgs& a, const Member& mem, i64 col0, const TileElem<Cfg>* src,
                                  const u32* bamax, i64 scale_base) {
   constexpr int TR = Cfg::kTileRows, TC = Cfg::kTileCols, L = S::kEpt, N = TC * (TR / L), T = Cfg::kThreads;
   static_assert(TR % L == 0 && L % 16 == 0, "columnwise runs: whole 16-row chunks");
@@ -834,7 +913,7 @@ __device__ float cast_columnwise(const QuantizeArgs& a, const Member& mem, i64 c
     if (cg >= a.k || rl >= mem.rows) continue;
     float amax = 0.0f;  // of the run (one scale block when the stream has 1D blocks)
 #pragma unroll 16
-    for (int e = 0; e < L; ++e) amax = amax_step(amax, src[tile_off<TC>(r + e, c)]);
+    for (int e = 0; e < L; ++e) amax = amax_step(amax, tld(src, tile_off<TC>(r + e, c)));
     if constexpr (S::kMode == kModeTensorDelayed) reported = fmaxf(reported, amax);
     float block_amax = amax;
     if constexpr (S::kBlock2d) {
@@ -855,36 +934,41 @@ __device__ float cast_columnwise(const QuantizeArgs& a, const Member& mem, i64 c
         if (left <= e0) break;
         float v[16];
 #pragma unroll
-        for (int e = 0; e < 16; ++e) v[e] = src[tile_off<TC>(r + e0 + e, c)];
+        for (int e = 0; e < 16; ++e) v[e] = tld(src, tile_off<TC>(r + e0 + e, c));
         encode_store<S, 16>(a, out.data, line + e0, v, mul, left - e0 >= 16 ? 16 : int(left - e0));
       }
     } else {
 #pragma unroll 4
       for (int e = 0; e < L; ++e) {
         if (e >= left) break;
-        encode_store1<S>(a, out.data, data_base + (rl + e) * a.k + cg, src[tile_off<TC>(r + e, c)], mul);
+        encode_store1<S>(a, out.data, data_base + (rl + e) * a.k + cg, tld(src, tile_off<TC>(r + e, c)), mul);
       }
     }
   }
   return reported;
 }
 
-// Partial amaxes of the tile's columns, 16 rows each: part[seg * TC + c] = max |tile[seg*16 .. +15][c]|.
+// Partial amaxes of the tile's columns, 16 rows each: part[seg * TC + c] = max |tile[seg*16 .. +15][c]|,
+// by row walks: one item is a 16-row segment of one 4-column chunk (16 vector reads, lanes on
+// consecutive chunks of the same rows), a quarter of the shared-memory reads of a column walk.
 // Returns the max over this thread's partials.
 template <class Cfg>
-__device__ float column_partials(const float* src, float* part) {
-  constexpr int TR = Cfg::kTileRows, TC = Cfg::kTileCols, N = TC * (TR / 16), T = Cfg::kThreads;
+__device__ float column_partials(const TileElem<Cfg>* src, float* part) {
+  constexpr int TR = Cfg::kTileRows, TC = Cfg::kTileCols, CH = TC / 4, N = CH * (TR / 16), T = Cfg::kThreads;
   float all = 0.0f;
 #pragma unroll 2
   for (int it = 0; it < (N + T - 1) / T; ++it) {
     if (item_past_end<N, T>(it)) break;
-    int seg, c;
-    item_rc<TC, T>(it, seg, c);
-    float m = 0.0f;
+    int seg, q;
+    item_rc<CH, T>(it, seg, q);
+    float m[4] = {0.0f, 0.0f, 0.0f, 0.0f};
 #pragma unroll
-    for (int e = 0; e < 16; ++e) m = amax_step(m, src[tile_off<TC>(seg * 16 + e, c)]);
-    part[seg * TC + c] = m;
-    all = fmaxf(all, m);
+    for (int e = 0; e < 16; ++e) {
+      const float4 f = tld4(src, tile_off<TC>(seg * 16 + e, 4 * q));
+      m[0] = amax_step(m[0], f.x), m[1] = amax_step(m[1], f.y), m[2] = amax_step(m[2], f.z), m[3] = amax_step(m[3], f.w);
+    }
+    *reinterpret_cast<float4*>(part + seg * TC + 4 * q) = make_float4(m[0], m[1], m[2], m[3]);
+    all = fmaxf(all, fmaxf(fmaxf(m[0], m[1]), fmaxf(m[2], m[3])));
   }
   return all;
 }
@@ -913,7 +997,7 @@ __device__ __forceinline__ float column_block_amax(const QuantizeArgs& a, const 
 // thread per 16 rows of a column, read once from shared memory, one vector store. Blocks
 // longer than 16 rows read the partials column_partials left in `part`.
 template <class Cfg, class S>
-__device__ float cast_columnwise_transposed_full(const QuantizeArgs& a, const Member& mem, i64 col0, const float* src,
+__device__ float cast_columnwise_transposed_full(const QuantizeArgs& a, const Member& mem, i64 col0, const TileElem<Cfg>* src,
                                                  const u32* bamax, const float* part, i64 scale_base) {
   constexpr int TR = Cfg::kTileRows, TC = Cfg::kTileCols, N = TC * (TR / 16), T = Cfg::kThreads;
   const StreamArgs& out = a.streams[S::kIndex];
@@ -929,7 +1013,7 @@ __device__ float cast_columnwise_transposed_full(const QuantizeArgs& a, const Me
     float v[16], amax = 0.0f;
 #pragma unroll
     for (int e = 0; e < 16; ++e) {
-      v[e] = src[tile_off<TC>(r + e, c)];
+      v[e] = tld(src, tile_off<TC>(r + e, c));
       amax = amax_step(amax, v[e]);
     }
     if constexpr (S::kMode == kModeTensorDelayed) reported = fmaxf(reported, amax);
@@ -948,7 +1032,7 @@ __device__ float cast_columnwise_transposed_full(const QuantizeArgs& a, const Me
 // then runs of 4 elements of a row, as the rowwise stream, each element with its column's
 // multiplier.
 template <class Cfg, class S>
-__device__ float cast_columnwise_same_full(const QuantizeArgs& a, const Member& mem, i64 col0, const float* src,
+__device__ float cast_columnwise_same_full(const QuantizeArgs& a, const Member& mem, i64 col0, const TileElem<Cfg>* src,
                                            const u32* bamax, float* part, float* mul_out, i64 scale_base) {
   constexpr int TR = Cfg::kTileRows, TC = Cfg::kTileCols, T = Cfg::kThreads, L = S::kEpt, NB = TC * (TR / L);
   constexpr int CH = TC / 4, N = TR * CH;
@@ -981,7 +1065,7 @@ __device__ float cast_columnwise_same_full(const QuantizeArgs& a, const Member& 
     int r, c;
     item_rc<CH, T>(it, r, c);
     c *= 4;
-    const float4 f = *reinterpret_cast<const float4*>(src + tile_off<TC>(r, c));
+    const float4 f = tld4(src, tile_off<TC>(r, c));
     const float4 m = *reinterpret_cast<const float4*>(mul_out + (r / L) * TC + c);
     const bool id = is_identity<typename S::Format>::value;
     const float x[4] = {id ? f.x : f.x * m.x, id ? f.y : f.y * m.y, id ? f.z : f.z * m.z, id ? f.w : f.w * m.w};
@@ -993,7 +1077,7 @@ __device__ float cast_columnwise_same_full(const QuantizeArgs& a, const Member& 
 // One stream over the tile. `full`: an interior tile with K % 16 == 0 (same for the whole CTA).
 template <class Cfg, class S>
 __device__ __forceinline__ void cast_stream(const QuantizeArgs& a, const Member& mem, i64 col0, bool full,
-                                            const float* tile, const float* rtile, float* scratch, i64 scale_base,
+                                            const TileElem<Cfg>* tile, const TileElem<Cfg>* rtile, float* scratch, i64 scale_base,
                                             bool report) {
   constexpr int TR = Cfg::kTileRows, TC = Cfg::kTileCols;
   if constexpr (S::kMode != kModeNone && S::kEntryRows == 0 && S::kEntryCols == 0) {
@@ -1006,7 +1090,7 @@ __device__ __forceinline__ void cast_stream(const QuantizeArgs& a, const Member&
       store_entry<S>(a.streams[S::kIndex].scale_inv, scale_base, entry);
     }
   }
-  const float* src = S::kRht ? rtile : tile;
+  const TileElem<Cfg>* src = S::kRht ? rtile : tile;
   const u32* bamax = reinterpret_cast<const u32*>(scratch);
   float* part = scratch + cast_block2d_entries(TR, TC, S::kBlock2d, S::kBlockRows, S::kBlockCols);
   float reported;
@@ -1062,16 +1146,8 @@ __device__ void fill_empty_members(const QuantizeArgs& a) {
 
 }  // namespace detail
 
-// CTAs per SM the cast kernel asks registers for: up to 5/8 of the SM's threads where shared
-// memory allows it (more loads in flight per SM; one tile per CTA has no other overlap).
-QF_HD constexpr int cast_min_blocks(int threads, u32 smem_bytes) {
-  const int by_threads = 1280 / threads, by_smem = int((227u * 1024u) / (smem_bytes + 1024u));
-  const int n = by_threads < by_smem ? by_threads : by_smem;
-  return n < 1 ? 1 : n;
-}
-
 template <class Cfg, class... S>
-__global__ void __launch_bounds__(Cfg::kThreads, cast_min_blocks(Cfg::kThreads, Cfg::kSmemBytes))
+__global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocks)
     cast_kernel(const QuantizeArgs a) {
   if (a.noop && *a.noop == 1.0f) return;
   if (a.member_rows && blockIdx.x == gridDim.x - 1) {
@@ -1086,20 +1162,20 @@ __global__ void __launch_bounds__(Cfg::kThreads, cast_min_blocks(Cfg::kThreads, 
   constexpr int kTileFloats = Cfg::kTileRows * Cfg::kTileCols;
   static_assert(cast_smem_bytes(Cfg::kTileRows, Cfg::kTileCols, Cfg::kRht,
                                 (0 + ... + cast_scratch_entries(Cfg::kTileRows, Cfg::kTileCols, S::kDir == 1, S::kTransposed,
-                                                                S::kEpt, S::kBlock2d, S::kBlockRows, S::kBlockCols))) ==
-                    Cfg::kSmemBytes,
+                                                                S::kEpt, S::kBlock2d, S::kBlockRows, S::kBlockCols)),
+                                Cfg::kStage16) == Cfg::kSmemBytes,
                 "shared memory as the host sized it");
+  static_assert(!Cfg::kStage16 || Cfg::kInDtype != 0, "16-bit staging of a 16-bit input");
   extern __shared__ float4 smem4[];
-  float* smem = reinterpret_cast<float*>(smem4);
-  float* tile = smem;
-  float* rtile = Cfg::kRht ? smem + kTileFloats : smem;
+  detail::TileElem<Cfg>* tile = reinterpret_cast<detail::TileElem<Cfg>*>(smem4);
+  detail::TileElem<Cfg>* rtile = Cfg::kRht ? tile + kTileFloats : tile;
   const i64 row0 = mem.tile_row * Cfg::kTileRows;
   const bool full = row0 + Cfg::kTileRows <= mem.rows && col0 + Cfg::kTileCols <= a.k && a.k % 16 == 0;
   detail::load_tile<Cfg>(a, mem, col0, full, tile, rtile);
 
   // Shared scratch, one region per stream (cast_scratch_entries): 2D block amaxes first (all
   // streams), then each stream.
-  float* region = smem + kTileFloats * (Cfg::kRht ? 2 : 1);
+  float* region = reinterpret_cast<float*>(tile + kTileFloats * (Cfg::kRht ? 2 : 1));  // 16-byte aligned
   float* regions[sizeof...(S)];
   int s = 0;
   (
@@ -1140,8 +1216,8 @@ __global__ void __launch_bounds__(Cfg::kThreads) amax_kernel(const QuantizeArgs 
   const i64 col0 = i64(blockIdx.y) * TC, row0 = mem.tile_row * TR;
   constexpr bool kNeedsTile = ((A::kRht || A::kScope != kScopeTensor) || ...);
   extern __shared__ float4 smem4[];
-  float* tile = reinterpret_cast<float*>(smem4);
-  float* rtile = Cfg::kRht ? tile + TR * TC : tile;
+  detail::TileElem<Cfg>* tile = reinterpret_cast<detail::TileElem<Cfg>*>(smem4);
+  detail::TileElem<Cfg>* rtile = Cfg::kRht ? tile + TR * TC : tile;
   const bool full = row0 + TR <= mem.rows && col0 + TC <= a.k && a.k % 16 == 0;
   if constexpr (kNeedsTile) detail::load_tile<Cfg>(a, mem, col0, full, tile, rtile);
   (
@@ -1172,30 +1248,30 @@ __global__ void __launch_bounds__(Cfg::kThreads) amax_kernel(const QuantizeArgs 
         } else if constexpr (A::kScope == kScopeTensor) {
           // From the staged tile (zero outside the tensor), raw or rotated, when another
           // reduction of this launch needed the tile anyway.
-          const float* src = A::kRht ? rtile : tile;
+          const detail::TileElem<Cfg>* src = A::kRht ? rtile : tile;
           float m = 0.0f;
           for (int i = threadIdx.x; i < TR * TC / 4; i += T) {
             const int r = i / (TC / 4), c = (i % (TC / 4)) * 4;
-            const float4 f = *reinterpret_cast<const float4*>(src + detail::tile_off<TC>(r, c));
+            const float4 f = detail::tld4(src, detail::tile_off<TC>(r, c));
             m = amax_step(amax_step(amax_step(amax_step(m, f.x), f.y), f.z), f.w);
           }
           detail::block_max_atomic<Cfg::kThreads>(a.amax[A::kSlot] + mem.index, m);
         } else if constexpr (A::kScope == kScopeChannelRows) {
           // One warp per row: lanes read consecutive columns.
-          const float* src = A::kRht ? rtile : tile;
+          const detail::TileElem<Cfg>* src = A::kRht ? rtile : tile;
           for (int r = threadIdx.x / 32; r < TR; r += T / 32) {
             float m = 0.0f;
-            for (int c = threadIdx.x % 32; c < TC; c += 32) m = amax_step(m, src[detail::tile_off<TC>(r, c)]);
+            for (int c = threadIdx.x % 32; c < TC; c += 32) m = amax_step(m, detail::tld(src, detail::tile_off<TC>(r, c)));
             m = detail::warp_max(m);
             if ((threadIdx.x & 31) == 0 && row0 + r < mem.rows)
               detail::atomic_max_nonneg(a.amax[A::kSlot] + mem.row_base + row0 + r, m);
           }
         } else {
-          const float* src = A::kRht ? rtile : tile;
+          const detail::TileElem<Cfg>* src = A::kRht ? rtile : tile;
           for (int c = threadIdx.x; c < TC; c += T) {
             if (col0 + c >= a.k) continue;
             float m = 0.0f;
-            for (int r = 0; r < TR; ++r) m = amax_step(m, src[detail::tile_off<TC>(r, c)]);
+            for (int r = 0; r < TR; ++r) m = amax_step(m, detail::tld(src, detail::tile_off<TC>(r, c)));
             detail::atomic_max_nonneg(a.amax[A::kSlot] + i64(mem.index) * a.k + col0 + c, m);
           }
         }

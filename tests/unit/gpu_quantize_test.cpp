@@ -206,6 +206,8 @@ std::vector<Case> all_cases() {
       cases.push_back({r, role, Usage::Training, DType::BF16, {1000, 192}, {200, 0, 98, 702}, false});
       cases.push_back({r, role, Usage::Training, DType::FP32, {64, 256}, {}, true});
       cases.push_back({r, role, Usage::Memory, DType::FP16, {96, 160}, {}, false});
+      // fp16 through interior and edge tiles of every tile shape (128-row tiles: 16-bit staging).
+      cases.push_back({r, role, Usage::Training, DType::FP16, {300, 384}, {}, false});
     }
   return cases;
 }
