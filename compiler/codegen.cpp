@@ -135,10 +135,9 @@ KernelSource emit_quantize(const Plan& p) {
   // 16-bit inputs are staged as their own bits where fp32 staging would hold the SM below the
   // CTAs its threads allow (cast_min_blocks: 128-row tiles of 128x128 blocks), and the register
   // target is then 4 CTAs of 256 threads, not 5 (spills below 64 registers). Measured on an H100
-  // at 16384^2 (docs/quantize.md): 128x128 rowwise 58 -> 92 % of copy bandwidth with a 128-column
-  // tile, row + transposed 77 -> 80 %. Tiles with transposed 1D blocks longer than 16 rows stay
-  // fp32 (1x128 row + transposed: 61 -> 58 % with 16-bit staging). Elsewhere fp32, which reads
-  // take without a conversion.
+  // at 16384^2 (README, "Quantize bandwidth"): 128x128 row + transposed 77 -> 80 % of copy
+  // bandwidth. Tiles with transposed 1D blocks longer than 16 rows stay fp32 (1x128 row +
+  // transposed: 61 -> 58 % with 16-bit staging). Elsewhere fp32, which reads take as they are.
   const bool in16 = traits(p.input).bytes == 2;
   const u32 smem32 = cast_smem_bytes(p.tile.rows, p.tile.cols, rht.has_value(), scratch_entries, false);
   const u32 smem16 = cast_smem_bytes(p.tile.rows, p.tile.cols, rht.has_value(), scratch_entries, true);
