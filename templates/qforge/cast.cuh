@@ -657,6 +657,26 @@ __device__ void load_tile(const QuantizeArgs& a, const Member& mem, i64 col0, bo
   __syncthreads();
 }
 
+// max |x| over the elements of one 16-byte chunk of the input (4 fp32 or 8 16-bit values; for
+// 16-bit inputs packed abs/max on pairs, whose max ignores a NaN operand as amax_step does).
+template <int D>
+__device__ __forceinline__ float chunk_amax(const uint4& raw, float m) {
+  if constexpr (D == 0) {
+    return amax_step(amax_step(amax_step(amax_step(m, f32_from_bits(raw.x)), f32_from_bits(raw.y)), f32_from_bits(raw.z)),
+                     f32_from_bits(raw.w));
+  } else {
+    u32 m2 = 0;
+    const u32 w[4] = {raw.x, raw.y, raw.z, raw.w};
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      if constexpr (D == 1) asm("{\n\t.reg .b32 t;\n\tabs.bf16x2 t, %1;\n\tmax.bf16x2 %0, %0, t;\n\t}" : "+r"(m2) : "r"(w[e]));
+      else asm("{\n\t.reg .b32 t;\n\tabs.f16x2 t, %1;\n\tmax.f16x2 %0, %0, t;\n\t}" : "+r"(m2) : "r"(w[e]));
+    }
+    const u16 lo = u16(m2), hi = u16(m2 >> 16);
+    return fmaxf(m, D == 1 ? fmaxf(bf16_to_f32(lo), bf16_to_f32(hi)) : fmaxf(h2f(lo), h2f(hi)));
+  }
+}
+
 // max |x| over an interior tile, straight from global memory: 16-byte loads, and for 16-bit
 // inputs packed max/abs on pairs (max ignores a NaN operand, as amax_step does).
 template <class Cfg>
@@ -1214,7 +1234,9 @@ __global__ void __launch_bounds__(Cfg::kThreads) amax_kernel(const QuantizeArgs 
   if (!detail::resolve_member<Cfg>(a, mem, unused)) return;
   constexpr int TR = Cfg::kTileRows, TC = Cfg::kTileCols, T = Cfg::kThreads;
   const i64 col0 = i64(blockIdx.y) * TC, row0 = mem.tile_row * TR;
-  constexpr bool kNeedsTile = ((A::kRht || A::kScope != kScopeTensor) || ...);
+  // The staged tile serves RHT'd reductions and column walks; raw tensor and row amaxes read
+  // global memory directly.
+  constexpr bool kNeedsTile = ((A::kRht || A::kScope == kScopeChannelCols) || ...);
   extern __shared__ float4 smem4[];
   detail::TileElem<Cfg>* tile = reinterpret_cast<detail::TileElem<Cfg>*>(smem4);
   detail::TileElem<Cfg>* rtile = Cfg::kRht ? tile + TR * TC : tile;
@@ -1256,9 +1278,30 @@ __global__ void __launch_bounds__(Cfg::kThreads) amax_kernel(const QuantizeArgs 
             m = amax_step(amax_step(amax_step(amax_step(m, f.x), f.y), f.z), f.w);
           }
           detail::block_max_atomic<Cfg::kThreads>(a.amax[A::kSlot] + mem.index, m);
+        } else if constexpr (A::kScope == kScopeChannelRows && !A::kRht) {
+          // One warp per row, straight from global memory: 16-byte loads on interior tiles
+          // (lanes on consecutive chunks), checked element loads on edge tiles.
+          constexpr int E = Cfg::kInDtype == 0 ? 4 : 8;
+          const int lane = int(threadIdx.x % 32);
+          for (int r = int(threadIdx.x / 32); r < TR; r += T / 32) {
+            const i64 rl = row0 + r;
+            if (rl >= mem.rows) break;  // warp-uniform
+            const i64 idx = (mem.row_base + rl) * a.k + col0;
+            float m = 0.0f;
+            if (full) {
+              const char* row = static_cast<const char*>(a.x) + idx * (Cfg::kInDtype == 0 ? 4 : 2);
+#pragma unroll 4
+              for (int c = lane * E; c < TC; c += 32 * E)
+                m = detail::chunk_amax<Cfg::kInDtype>(__ldg(reinterpret_cast<const uint4*>(row + c * (Cfg::kInDtype == 0 ? 4 : 2))), m);
+            } else {
+              for (int c = lane; c < TC && col0 + c < a.k; c += 32) m = amax_step(m, detail::load1<Cfg::kInDtype>(a.x, idx + c));
+            }
+            m = detail::warp_max(m);
+            if (lane == 0) detail::atomic_max_nonneg(a.amax[A::kSlot] + mem.row_base + rl, m);
+          }
         } else if constexpr (A::kScope == kScopeChannelRows) {
-          // One warp per row: lanes read consecutive columns.
-          const detail::TileElem<Cfg>* src = A::kRht ? rtile : tile;
+          // One warp per row of the rotated tile: lanes read consecutive columns.
+          const detail::TileElem<Cfg>* src = rtile;
           for (int r = threadIdx.x / 32; r < TR; r += T / 32) {
             float m = 0.0f;
             for (int c = threadIdx.x % 32; c < TC; c += 32) m = amax_step(m, detail::tld(src, detail::tile_off<TC>(r, c)));
