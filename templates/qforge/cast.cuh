@@ -62,21 +62,33 @@ QF_HD constexpr int cast_block2d_entries(int tile_rows, int tile_cols, bool bloc
   return block2d ? ((tile_rows / block_rows) * (tile_cols / block_cols) + 3) / 4 * 4 : 0;
 }
 
+// A transposed stream stages an interior tile's output in shared memory, one row per tile
+// column (TR elements of out_bits, then a pad of one copy unit so that lanes on consecutive
+// rows hit distinct banks), and copies it out in units of 16 elements' bytes (at most 16):
+// whole sectors of consecutive output bytes per warp store, where lanes on consecutive tile
+// columns would each write a piece of a different output row.
+QF_HD constexpr int transposed_unit_bytes(int out_bits) { return 2 * out_bits < 16 ? 2 * out_bits : 16; }
+QF_HD constexpr int transposed_stage_stride(int tile_rows, int out_bits) {
+  return tile_rows * out_bits / 8 + transposed_unit_bytes(out_bits);
+}
+
 // Shared-memory scratch (4-byte entries, a multiple of 4 so every region stays 16-byte aligned)
-// of one stream of cast_kernel, the same on host (code generator) and device:
+// of one stream of cast_kernel, the same on host (code generator) and device, in this order:
 //   2D blocks                  - one amax per block of the tile;
 //   columnwise, same layout    - a partial amax per 16 rows of each column, then the element
 //                                multiplier per scale block of each column;
-//   columnwise, transposed,    - the partial amaxes, when a 1D block is longer than the 16 rows
-//   blocks longer than 16 rows   one thread encodes;
+//   columnwise, transposed     - the partial amaxes, when a 1D block is longer than the 16 rows
+//                                one thread encodes; then the staged output (above);
 //   rowwise, 1D blocks wider   - the element multiplier per (row, block) of the tile.
 //   than 4 elements
+// out_bits: the bits an element takes in the stream's data buffer (StoreBits).
 QF_HD constexpr int cast_scratch_entries(int tile_rows, int tile_cols, bool columnwise, bool transposed, int ept,
-                                         bool block2d, int block_rows, int block_cols) {
+                                         bool block2d, int block_rows, int block_cols, int out_bits) {
   int n = cast_block2d_entries(tile_rows, tile_cols, block2d, block_rows, block_cols);
   if (!columnwise && !block2d && block_cols > 4) n += tile_rows * (tile_cols / block_cols);
   if (columnwise && !transposed) n += tile_cols * (tile_rows / 16) + tile_cols * (tile_rows / ept);
-  else if (columnwise && ept > 16) n += tile_cols * (tile_rows / 16);
+  if (columnwise && transposed && ept > 16) n += tile_cols * (tile_rows / 16);
+  if (columnwise && transposed) n += tile_cols * transposed_stage_stride(tile_rows, out_bits) / 4;
   return (n + 3) / 4 * 4;
 }
 
@@ -355,6 +367,64 @@ __device__ __forceinline__ u32 pack4(const QuantizeArgs& a, i64 lin, const float
   }
 }
 
+// Bits one element of format F takes in its data buffer: 4 for fp4 (two per byte), the
+// dtype's width for identity streams, a byte otherwise (fp6 and int8 included).
+template <class F>
+struct StoreBits {
+  static constexpr int value = is_identity<F>::value ? F::kBits : F::kBits == 4 ? 4 : 8;
+};
+
+// N consecutive elements (N % 4 == 0, starting at element `lin`, lin % 4 == 0) as the words
+// they are stored as, element 0 lowest: x holds the scaled values (identity streams: the input
+// values), rounded to nearest or stochastically with the random words of element `lin`'s group.
+template <class S, int N>
+struct RunWords {
+  static constexpr int kBytes = N * StoreBits<typename S::Format>::value / 8, kWords = kBytes / 4;
+  u32 w[kWords < 1 ? 1 : kWords];
+};
+template <class S, int N>
+__device__ __forceinline__ RunWords<S, N> pack_run(const QuantizeArgs& a, i64 lin, const float (&x)[N]) {
+  using F = typename S::Format;
+  RunWords<S, N> r;
+  if constexpr (is_identity<F>::value) {
+#pragma unroll
+    for (int i = 0; i < N; i += 2) {
+      if constexpr (F::kDtype == 0) {
+        r.w[i] = f32_bits(x[i]), r.w[i + 1] = f32_bits(x[i + 1]);
+      } else {
+        const u32 lo = F::kDtype == 1 ? f32_to_bf16(x[i]) : f32_to_f16(x[i]);
+        const u32 hi = F::kDtype == 1 ? f32_to_bf16(x[i + 1]) : f32_to_f16(x[i + 1]);
+        r.w[i / 2] = lo | (hi << 16);
+      }
+    }
+  } else if constexpr (F::kBits == 4 && N == 4) {
+    r.w[0] = pack4<S>(a, lin, x);  // the low 16 bits
+  } else if constexpr (F::kBits == 4) {
+#pragma unroll
+    for (int g = 0; g < N / 8; ++g) r.w[g] = pack4<S>(a, lin + g * 8, x + g * 8) | (pack4<S>(a, lin + g * 8 + 4, x + g * 8 + 4) << 16);
+  } else {
+#pragma unroll
+    for (int g = 0; g < N / 4; ++g) r.w[g] = pack4<S>(a, lin + g * 4, x + g * 4);
+  }
+  return r;
+}
+
+// B bytes of words to an address aligned to min(B, 16): 16-byte stores, or one narrower one.
+template <int B>
+__device__ __forceinline__ void store_words(void* p, const u32* w) {
+  if constexpr (B >= 16) {
+#pragma unroll
+    for (int i = 0; i < B / 16; ++i) reinterpret_cast<uint4*>(p)[i] = make_uint4(w[4 * i], w[4 * i + 1], w[4 * i + 2], w[4 * i + 3]);
+  } else if constexpr (B == 8) {
+    *reinterpret_cast<uint2*>(p) = make_uint2(w[0], w[1]);
+  } else if constexpr (B == 4) {
+    *reinterpret_cast<u32*>(p) = w[0];
+  } else {
+    static_assert(B == 2, "2, 4, 8 or a multiple of 16 bytes");
+    *reinterpret_cast<u16*>(p) = u16(w[0]);
+  }
+}
+
 // Stores N consecutive elements of one output row, starting at element `lin` (the element's
 // offset in the stream's data buffer, which is also its stochastic-rounding index); x holds
 // the scaled values (identity streams: the input values). Only the first `valid` are written.
@@ -363,40 +433,22 @@ __device__ __forceinline__ u32 pack4(const QuantizeArgs& a, i64 lin, const float
 template <class S, int N, bool kAligned = false>
 __device__ __forceinline__ void store_run(const QuantizeArgs& a, void* data, i64 lin, const float (&x)[N], int valid) {
   using F = typename S::Format;
+  constexpr int kBits = StoreBits<F>::value;
   const bool vec = kAligned || (valid == N && lin % N == 0);
+  if (vec) {
+    if constexpr (N * kBits >= 16) {
+      const RunWords<S, N> r = pack_run<S, N>(a, lin, x);
+      store_words<RunWords<S, N>::kBytes>(static_cast<u8*>(data) + lin * kBits / 8, r.w);
+      return;
+    }
+  }
   if constexpr (is_identity<F>::value) {
     if constexpr (F::kDtype == 0) {
       float* o = static_cast<float*>(data) + lin;
-      if (vec) {
-#pragma unroll
-        for (int i = 0; i < N; i += 4) *reinterpret_cast<float4*>(o + i) = make_float4(x[i], x[i + 1], x[i + 2], x[i + 3]);
-      } else {
-        for (int i = 0; i < valid; ++i) o[i] = x[i];
-      }
+      for (int i = 0; i < valid; ++i) o[i] = x[i];
     } else {
       u16* o = static_cast<u16*>(data) + lin;
-      u32 h[N];
-#pragma unroll
-      for (int i = 0; i < N; ++i) h[i] = F::kDtype == 1 ? f32_to_bf16(x[i]) : f32_to_f16(x[i]);
-      if (vec) {
-#pragma unroll
-        for (int i = 0; i < N; i += 4) *reinterpret_cast<uint2*>(o + i) = make_uint2(h[i] | (h[i + 1] << 16), h[i + 2] | (h[i + 3] << 16));
-      } else {
-        for (int i = 0; i < valid; ++i) o[i] = u16(h[i]);
-      }
-    }
-  } else if (vec) {
-    u32 w[N / 4];
-#pragma unroll
-    for (int g = 0; g < N / 4; ++g) w[g] = pack4<S>(a, lin + g * 4, x + g * 4);
-    if constexpr (F::kBits == 4) {
-      u8* o = static_cast<u8*>(data) + lin / 2;
-      if constexpr (N == 4) *reinterpret_cast<u16*>(o) = u16(w[0]);
-      else *reinterpret_cast<uint2*>(o) = make_uint2(w[0] | (w[1] << 16), w[2] | (w[3] << 16));
-    } else {
-      u8* o = static_cast<u8*>(data) + lin;
-      if constexpr (N == 4) *reinterpret_cast<u32*>(o) = w[0];
-      else *reinterpret_cast<uint4*>(o) = make_uint4(w[0], w[1], w[2], w[3]);
+      for (int i = 0; i < valid; ++i) o[i] = u16(F::kDtype == 1 ? f32_to_bf16(x[i]) : f32_to_f16(x[i]));
     }
   } else {
     // Edges: element by element (each with its own random word).
@@ -560,6 +612,22 @@ __device__ bool resolve_member(const QuantizeArgs& a, Member& mem, i64 (&scale_b
 
 // ------------------------------------------------------------------------------------ tiles
 
+// Rows r .. r + 15 of tile column c after the RHT (r % 16 == 0): unrounded, and each rounded
+// to the input dtype as the reference rounds it.
+template <class Cfg>
+__device__ __forceinline__ void rotated_group_raw(const TileElem<Cfg>* tile, int r, int c, float (&v)[16]) {
+  constexpr int TC = Cfg::kTileCols;
+#pragma unroll
+  for (int j = 0; j < 16; ++j) v[j] = tld(tile, tile_off<TC>(r + j, c));
+  rht16(v, Cfg::kRhtMask);
+}
+template <class Cfg>
+__device__ __forceinline__ void rotated_group(const TileElem<Cfg>* tile, int r, int c, float (&v)[16]) {
+  rotated_group_raw<Cfg>(tile, r, c, v);
+#pragma unroll
+  for (int j = 0; j < 16; ++j) v[j] = round_to_dtype(v[j], Cfg::kInDtype);
+}
+
 // Interior tiles (kFull: the whole tile inside the member and K, K % 16 == 0) take 16-byte
 // loads without checks.
 template <class Cfg>
@@ -604,11 +672,11 @@ __device__ __forceinline__ void load_tile_full(const QuantizeArgs& a, const Memb
 }
 
 // Loads the tile (zero outside the member / K): every load of a thread is issued before the
-// first shared-memory store. With RHT, also the rotated copy (16-row groups per column, rounded
-// to the input dtype).
+// first shared-memory store. With RHT and `rotate`, also the rotated copy (16-row groups per
+// column, rounded to the input dtype) for the readers that cannot rotate in registers.
 template <class Cfg>
 __device__ void load_tile(const QuantizeArgs& a, const Member& mem, i64 col0, bool full, TileElem<Cfg>* tile,
-                          TileElem<Cfg>* rtile) {
+                          TileElem<Cfg>* rtile, bool rotate = true) {
   constexpr int TR = Cfg::kTileRows, TC = Cfg::kTileCols, CH = TC / 4, N = TR * CH, T = Cfg::kThreads;
   constexpr int kIters = (N + T - 1) / T;
   const i64 row0 = mem.tile_row * TR;
@@ -643,15 +711,15 @@ __device__ void load_tile(const QuantizeArgs& a, const Member& mem, i64 col0, bo
     }
   }
   if constexpr (Cfg::kRht) {
-    __syncthreads();
-    for (int i = threadIdx.x; i < (TR / 16) * TC; i += T) {
-      const int grp = i / TC, c = i % TC;
-      float v[16];
+    if (rotate) {
+      __syncthreads();
+      for (int i = threadIdx.x; i < (TR / 16) * TC; i += T) {
+        const int grp = i / TC, c = i % TC;
+        float v[16];
+        rotated_group<Cfg>(tile, grp * 16, c, v);
 #pragma unroll
-      for (int j = 0; j < 16; ++j) v[j] = tld(tile, tile_off<TC>(grp * 16 + j, c));
-      rht16(v, Cfg::kRhtMask);
-#pragma unroll
-      for (int j = 0; j < 16; ++j) tst1(rtile, tile_off<TC>(grp * 16 + j, c), round_to_dtype(v[j], Cfg::kInDtype));
+        for (int j = 0; j < 16; ++j) tst1(rtile, tile_off<TC>(grp * 16 + j, c), v[j]);
+      }
     }
   }
   __syncthreads();
@@ -1013,13 +1081,21 @@ __device__ __forceinline__ float column_block_amax(const QuantizeArgs& a, const 
   }
 }
 
+// RHT streams whose interior tiles rotate each 16-row group in registers, from the raw tile
+// (transposed, one thread per 16 rows); the others read the rotated copy load_tile makes.
+template <class S>
+constexpr bool kRhtInRegisters = S::kRht && S::kTransposed && S::kEpt == 16 && !S::kBlock2d;
+
 // Interior tile, transposed columnwise stream ([K, M] per member, mem.rows % 16 == 0): one
-// thread per 16 rows of a column, read once from shared memory, one vector store. Blocks
-// longer than 16 rows read the partials column_partials left in `part`.
+// thread per 16 rows of a column, read once from shared memory (RHT streams: the raw tile,
+// rotated in registers), encoded into the staged output (transposed_stage_stride), which the
+// CTA then copies out row by row. Blocks longer than 16 rows read the partials column_partials
+// left in `part`.
 template <class Cfg, class S>
 __device__ float cast_columnwise_transposed_full(const QuantizeArgs& a, const Member& mem, i64 col0, const TileElem<Cfg>* src,
-                                                 const u32* bamax, const float* part, i64 scale_base) {
+                                                 const u32* bamax, const float* part, u8* stage, i64 scale_base) {
   constexpr int TR = Cfg::kTileRows, TC = Cfg::kTileCols, N = TC * (TR / 16), T = Cfg::kThreads;
+  constexpr int kBits = StoreBits<typename S::Format>::value, RS = transposed_stage_stride(TR, kBits);
   const StreamArgs& out = a.streams[S::kIndex];
   const StreamCtx<S> ctx = stream_ctx<Cfg, S>(a, mem);
   const i64 row0 = mem.tile_row * TR, tile_lin = mem.row_base * a.k + col0 * mem.rows + row0;
@@ -1031,9 +1107,10 @@ __device__ float cast_columnwise_transposed_full(const QuantizeArgs& a, const Me
     item_rc<TC, T>(it, r, c);
     r *= 16;
     float v[16], amax = 0.0f;
+    if constexpr (kRhtInRegisters<S>) rotated_group<Cfg>(src, r, c, v);
 #pragma unroll
     for (int e = 0; e < 16; ++e) {
-      v[e] = tld(src, tile_off<TC>(r + e, c));
+      if constexpr (!kRhtInRegisters<S>) v[e] = tld(src, tile_off<TC>(r + e, c));
       amax = amax_step(amax, v[e]);
     }
     if constexpr (S::kMode == kModeTensorDelayed) reported = fmaxf(reported, amax);
@@ -1042,7 +1119,28 @@ __device__ float cast_columnwise_transposed_full(const QuantizeArgs& a, const Me
     u32 entry;
     block_scale<Cfg, S>(block_amax, ctx, mul, entry);
     maybe_store_entry<S>(out, col0 + c, row0 + r, ctx.grid_pcols, scale_base, entry);
-    encode_store<S, 16, true>(a, out.data, tile_lin + i64(c) * mem.rows + r, v, mul, 16);
+    float x[16];
+#pragma unroll
+    for (int e = 0; e < 16; ++e) x[e] = is_identity<typename S::Format>::value ? v[e] : v[e] * mul;
+    const RunWords<S, 16> w = pack_run<S, 16>(a, tile_lin + i64(c) * mem.rows + r, x);
+    store_words<RunWords<S, 16>::kBytes>(stage + c * RS + r * kBits / 8, w.w);
+  }
+  __syncthreads();
+  // Copy-out: units of U bytes, consecutive lanes on consecutive units of one output row. Every
+  // output row of the tile starts at an element offset that is a multiple of 16 (a.k and
+  // mem.rows are), so at a multiple of U bytes.
+  constexpr int U = transposed_unit_bytes(kBits), UPR = TR * kBits / 8 / U, NU = TC * UPR;
+  u8* dst = static_cast<u8*>(out.data) + tile_lin * kBits / 8;
+  const i64 row_bytes = mem.rows * kBits / 8;
+#pragma unroll 4
+  for (int it = 0; it < (NU + T - 1) / T; ++it) {
+    if (item_past_end<NU, T>(it)) break;
+    int c, u;
+    item_rc<UPR, T>(it, c, u);
+    const u8* p = stage + c * RS + u * U;
+    u8* q = dst + c * row_bytes + u * U;
+    if constexpr (U == 16) *reinterpret_cast<uint4*>(q) = *reinterpret_cast<const uint4*>(p);
+    else *reinterpret_cast<uint2*>(q) = *reinterpret_cast<const uint2*>(p);
   }
   return reported;
 }
@@ -1110,7 +1208,8 @@ __device__ __forceinline__ void cast_stream(const QuantizeArgs& a, const Member&
       store_entry<S>(a.streams[S::kIndex].scale_inv, scale_base, entry);
     }
   }
-  const TileElem<Cfg>* src = S::kRht ? rtile : tile;
+  const bool transposed_full = S::kTransposed && full && mem.rows % 16 == 0;
+  const TileElem<Cfg>* src = S::kRht && !(kRhtInRegisters<S> && transposed_full) ? rtile : tile;
   const u32* bamax = reinterpret_cast<const u32*>(scratch);
   float* part = scratch + cast_block2d_entries(TR, TC, S::kBlock2d, S::kBlockRows, S::kBlockCols);
   float reported;
@@ -1118,12 +1217,13 @@ __device__ __forceinline__ void cast_stream(const QuantizeArgs& a, const Member&
     reported = full ? cast_rowwise<Cfg, S, true>(a, mem, col0, src, bamax, part, scale_base)
                     : cast_rowwise<Cfg, S, false>(a, mem, col0, src, bamax, part, scale_base);
   } else if constexpr (S::kTransposed) {
-    if (full && mem.rows % 16 == 0) {
+    if (transposed_full) {
       if constexpr (S::kEpt > 16 && !S::kBlock2d) {
         column_partials<Cfg>(src, part);
         __syncthreads();
       }
-      reported = cast_columnwise_transposed_full<Cfg, S>(a, mem, col0, src, bamax, part, scale_base);
+      u8* stage = reinterpret_cast<u8*>(part + (S::kEpt > 16 ? TC * (TR / 16) : 0));
+      reported = cast_columnwise_transposed_full<Cfg, S>(a, mem, col0, src, bamax, part, stage, scale_base);
     } else {
       reported = cast_columnwise<Cfg, S>(a, mem, col0, src, bamax, scale_base);
     }
@@ -1182,7 +1282,8 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocks)
   constexpr int kTileFloats = Cfg::kTileRows * Cfg::kTileCols;
   static_assert(cast_smem_bytes(Cfg::kTileRows, Cfg::kTileCols, Cfg::kRht,
                                 (0 + ... + cast_scratch_entries(Cfg::kTileRows, Cfg::kTileCols, S::kDir == 1, S::kTransposed,
-                                                                S::kEpt, S::kBlock2d, S::kBlockRows, S::kBlockCols)),
+                                                                S::kEpt, S::kBlock2d, S::kBlockRows, S::kBlockCols,
+                                                                detail::StoreBits<typename S::Format>::value)),
                                 Cfg::kStage16) == Cfg::kSmemBytes,
                 "shared memory as the host sized it");
   static_assert(!Cfg::kStage16 || Cfg::kInDtype != 0, "16-bit staging of a 16-bit input");
@@ -1191,7 +1292,9 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocks)
   detail::TileElem<Cfg>* rtile = Cfg::kRht ? tile + kTileFloats : tile;
   const i64 row0 = mem.tile_row * Cfg::kTileRows;
   const bool full = row0 + Cfg::kTileRows <= mem.rows && col0 + Cfg::kTileCols <= a.k && a.k % 16 == 0;
-  detail::load_tile<Cfg>(a, mem, col0, full, tile, rtile);
+  // The rotated copy, unless every RHT stream rotates in registers on this tile.
+  constexpr bool kAllRhtInRegisters = ((!S::kRht || detail::kRhtInRegisters<S>) && ...);
+  detail::load_tile<Cfg>(a, mem, col0, full, tile, rtile, !(kAllRhtInRegisters && full && mem.rows % 16 == 0));
 
   // Shared scratch, one region per stream (cast_scratch_entries): 2D block amaxes first (all
   // streams), then each stream.
@@ -1203,7 +1306,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocks)
         regions[s++] = region;
         if constexpr (S::kBlock2d) detail::block2d_amax<Cfg, S>(S::kRht ? rtile : tile, reinterpret_cast<u32*>(region));
         region += cast_scratch_entries(Cfg::kTileRows, Cfg::kTileCols, S::kDir == 1, S::kTransposed, S::kEpt, S::kBlock2d,
-                                       S::kBlockRows, S::kBlockCols);
+                                       S::kBlockRows, S::kBlockCols, detail::StoreBits<typename S::Format>::value);
       }(),
       ...);
   __syncthreads();
@@ -1241,7 +1344,9 @@ __global__ void __launch_bounds__(Cfg::kThreads) amax_kernel(const QuantizeArgs 
   detail::TileElem<Cfg>* tile = reinterpret_cast<detail::TileElem<Cfg>*>(smem4);
   detail::TileElem<Cfg>* rtile = Cfg::kRht ? tile + TR * TC : tile;
   const bool full = row0 + TR <= mem.rows && col0 + TC <= a.k && a.k % 16 == 0;
-  if constexpr (kNeedsTile) detail::load_tile<Cfg>(a, mem, col0, full, tile, rtile);
+  // RHT'd tensor amaxes rotate in registers; only RHT'd channel amaxes read a rotated copy.
+  constexpr bool kRotate = ((A::kRht && A::kScope != kScopeTensor) || ...);
+  if constexpr (kNeedsTile) detail::load_tile<Cfg>(a, mem, col0, full, tile, rtile, kRotate);
   (
       [&] {
         if constexpr (A::kScope == kScopeTensor && !A::kRht && !kNeedsTile) {
@@ -1267,10 +1372,22 @@ __global__ void __launch_bounds__(Cfg::kThreads) amax_kernel(const QuantizeArgs 
             }
           }
           detail::block_max_atomic<Cfg::kThreads>(a.amax[A::kSlot] + mem.index, m);
+        } else if constexpr (A::kScope == kScopeTensor && A::kRht) {
+          // After RHT: each 16-row group of a column rotated in registers from the staged tile
+          // (zero outside the tensor; M % 16 == 0). Rounding to the input dtype is monotone in
+          // |x| and keeps NaN a NaN, so the max of the rounded values is the rounded max.
+          float m = 0.0f;
+          for (int i = threadIdx.x; i < (TR / 16) * TC; i += T) {
+            float v[16];
+            detail::rotated_group_raw<Cfg>(tile, (i / TC) * 16, i % TC, v);
+#pragma unroll
+            for (int j = 0; j < 16; ++j) m = amax_step(m, v[j]);
+          }
+          detail::block_max_atomic<Cfg::kThreads>(a.amax[A::kSlot] + mem.index, detail::round_to_dtype(m, Cfg::kInDtype));
         } else if constexpr (A::kScope == kScopeTensor) {
-          // From the staged tile (zero outside the tensor), raw or rotated, when another
-          // reduction of this launch needed the tile anyway.
-          const detail::TileElem<Cfg>* src = A::kRht ? rtile : tile;
+          // From the staged tile (zero outside the tensor) when another reduction of this launch
+          // needed the tile anyway.
+          const detail::TileElem<Cfg>* src = tile;
           float m = 0.0f;
           for (int i = threadIdx.x; i < TR * TC / 4; i += T) {
             const int r = i / (TC / 4), c = (i % (TC / 4)) * 4;
