@@ -66,7 +66,8 @@ QF_HD constexpr int cast_block2d_entries(int tile_rows, int tile_cols, bool bloc
 // column (TR elements of out_bits, then a pad of one copy unit so that lanes on consecutive
 // rows hit distinct banks), and copies it out in units of 16 elements' bytes (at most 16):
 // whole sectors of consecutive output bytes per warp store, where lanes on consecutive tile
-// columns would each write a piece of a different output row.
+// columns would each write a piece of a different output row. Byte scale entries (MX, NVFP4,
+// compact) are staged likewise after the data, TR / 16 bytes per tile column at most.
 QF_HD constexpr int transposed_unit_bytes(int out_bits) { return 2 * out_bits < 16 ? 2 * out_bits : 16; }
 QF_HD constexpr int transposed_stage_stride(int tile_rows, int out_bits) {
   return tile_rows * out_bits / 8 + transposed_unit_bytes(out_bits);
@@ -79,16 +80,16 @@ QF_HD constexpr int transposed_stage_stride(int tile_rows, int out_bits) {
 //                                multiplier per scale block of each column;
 //   columnwise, transposed     - the partial amaxes, when a 1D block is longer than the 16 rows
 //                                one thread encodes; then the staged output (above);
-//   rowwise, 1D blocks wider   - the element multiplier per (row, block) of the tile.
-//   than 4 elements
+//   rowwise, 1D blocks wider   - the element multiplier per (row, block) of the tile, then
+//   than 4 elements              its byte scale entry (MX, NVFP4, compact), staged.
 // out_bits: the bits an element takes in the stream's data buffer (StoreBits).
 QF_HD constexpr int cast_scratch_entries(int tile_rows, int tile_cols, bool columnwise, bool transposed, int ept,
                                          bool block2d, int block_rows, int block_cols, int out_bits) {
   int n = cast_block2d_entries(tile_rows, tile_cols, block2d, block_rows, block_cols);
-  if (!columnwise && !block2d && block_cols > 4) n += tile_rows * (tile_cols / block_cols);
+  if (!columnwise && !block2d && block_cols > 4) n += tile_rows * (tile_cols / block_cols) * 5 / 4 + 1;
   if (columnwise && !transposed) n += tile_cols * (tile_rows / 16) + tile_cols * (tile_rows / ept);
   if (columnwise && transposed && ept > 16) n += tile_cols * (tile_rows / 16);
-  if (columnwise && transposed) n += tile_cols * transposed_stage_stride(tile_rows, out_bits) / 4;
+  if (columnwise && transposed) n += tile_cols * transposed_stage_stride(tile_rows, out_bits) / 4 + tile_cols * (tile_rows / 16) / 4;
   return (n + 3) / 4 * 4;
 }
 
@@ -612,18 +613,14 @@ __device__ bool resolve_member(const QuantizeArgs& a, Member& mem, i64 (&scale_b
 
 // ------------------------------------------------------------------------------------ tiles
 
-// Rows r .. r + 15 of tile column c after the RHT (r % 16 == 0): unrounded, and each rounded
-// to the input dtype as the reference rounds it.
+// Rows r .. r + 15 of tile column c after the RHT (r % 16 == 0), each rounded to the input
+// dtype as the reference rounds it.
 template <class Cfg>
-__device__ __forceinline__ void rotated_group_raw(const TileElem<Cfg>* tile, int r, int c, float (&v)[16]) {
+__device__ __forceinline__ void rotated_group(const TileElem<Cfg>* tile, int r, int c, float (&v)[16]) {
   constexpr int TC = Cfg::kTileCols;
 #pragma unroll
   for (int j = 0; j < 16; ++j) v[j] = tld(tile, tile_off<TC>(r + j, c));
   rht16(v, Cfg::kRhtMask);
-}
-template <class Cfg>
-__device__ __forceinline__ void rotated_group(const TileElem<Cfg>* tile, int r, int c, float (&v)[16]) {
-  rotated_group_raw<Cfg>(tile, r, c, v);
 #pragma unroll
   for (int j = 0; j < 16; ++j) v[j] = round_to_dtype(v[j], Cfg::kInDtype);
 }
@@ -903,9 +900,23 @@ __device__ void block2d_amax(const TileElem<Cfg>* src, u32* out) {
 
 // -------------------------------------------------------------------------------- streams
 
+// Byte scale entries (MX, NVFP4) in the compact layout: a tile's entries of one data row are
+// consecutive bytes, staged in shared memory and copied out with lanes on consecutive entries
+// (a store request per row instead of one per entry).
+template <class S>
+constexpr bool kStagedEntries = (S::kMode == kModeMx || S::kMode == kModeNvfp4) && !S::kSwizzled;
+
+// Copies rows x per_row staged entry bytes to rows `pitch` bytes apart (every thread calls it,
+// after a barrier that follows the last staging write).
+template <int T>
+__device__ __forceinline__ void copy_entries(u8* dst, i64 pitch, const u8* src, int rows, int per_row) {
+  for (int j = threadIdx.x; j < rows * per_row; j += T) dst[(j / per_row) * pitch + j % per_row] = src[j];
+}
+
 // Interior tiles, rowwise 1D blocks wider than one run (1x16, 1x32, 1x128): the scale of each
 // (row, block) once, by one thread (lanes on consecutive rows: the swizzle keeps their 16-byte
-// reads apart), into mul_out[r * (TC / B) + block]; its scale entry goes to global memory.
+// reads apart), into mul_out[r * (TC / B) + block]; its scale entry goes to global memory, or,
+// for staged byte entries, to the bytes after mul_out (the caller copies them out).
 template <class Cfg, class S>
 __device__ void row_block_scales(const QuantizeArgs& a, const Member& mem, i64 col0, const TileElem<Cfg>* src,
                                  const StreamCtx<S>& ctx, float* mul_out, i64 scale_base) {
@@ -927,7 +938,8 @@ __device__ void row_block_scales(const QuantizeArgs& a, const Member& mem, i64 c
     u32 entry;
     block_scale<Cfg, S>(m, ctx, mul, entry);
     mul_out[r * NBC + b] = mul;
-    maybe_store_entry<S>(out, row0 + r, col0 + b * B, ctx.grid_pcols, scale_base, entry);
+    if constexpr (kStagedEntries<S>) reinterpret_cast<u8*>(mul_out + N)[r * NBC + b] = u8(entry);
+    else maybe_store_entry<S>(out, row0 + r, col0 + b * B, ctx.grid_pcols, scale_base, entry);
   }
 }
 
@@ -947,6 +959,11 @@ __device__ float cast_rowwise(const QuantizeArgs& a, const Member& mem, i64 col0
   if constexpr (kRowScales) {
     row_block_scales<Cfg, S>(a, mem, col0, src, ctx, scratch, scale_base);
     __syncthreads();
+    if constexpr (kStagedEntries<S>) {
+      constexpr int NBC = TC / S::kBlockCols;
+      copy_entries<T>(static_cast<u8*>(out.scale_inv) + scale_base + row0 * ctx.grid_pcols + col0 / S::kBlockCols,
+                      ctx.grid_pcols, reinterpret_cast<const u8*>(scratch + TR * NBC), TR, NBC);
+    }
   }
   float reported = 0.0f;
 #pragma unroll 4
@@ -1096,6 +1113,11 @@ __device__ float cast_columnwise_transposed_full(const QuantizeArgs& a, const Me
                                                  const u32* bamax, const float* part, u8* stage, i64 scale_base) {
   constexpr int TR = Cfg::kTileRows, TC = Cfg::kTileCols, N = TC * (TR / 16), T = Cfg::kThreads;
   constexpr int kBits = StoreBits<typename S::Format>::value, RS = transposed_stage_stride(TR, kBits);
+  // Byte entries, one per kEntryCols rows of a column (compact layout), staged too: EPR per
+  // tile column, copied out with the data.
+  constexpr bool kStageEntries = kStagedEntries<S> && S::kEntryRows == 1 && S::kEntryCols >= 16 && TR % S::kEntryCols == 0;
+  constexpr int EPR = kStageEntries ? TR / S::kEntryCols : 1;
+  u8* entries = stage + TC * RS;
   const StreamArgs& out = a.streams[S::kIndex];
   const StreamCtx<S> ctx = stream_ctx<Cfg, S>(a, mem);
   const i64 row0 = mem.tile_row * TR, tile_lin = mem.row_base * a.k + col0 * mem.rows + row0;
@@ -1118,7 +1140,11 @@ __device__ float cast_columnwise_transposed_full(const QuantizeArgs& a, const Me
     float mul;
     u32 entry;
     block_scale<Cfg, S>(block_amax, ctx, mul, entry);
-    maybe_store_entry<S>(out, col0 + c, row0 + r, ctx.grid_pcols, scale_base, entry);
+    if constexpr (kStageEntries) {
+      if (r % S::kEntryCols == 0) entries[c * EPR + r / S::kEntryCols] = u8(entry);
+    } else {
+      maybe_store_entry<S>(out, col0 + c, row0 + r, ctx.grid_pcols, scale_base, entry);
+    }
     float x[16];
 #pragma unroll
     for (int e = 0; e < 16; ++e) x[e] = is_identity<typename S::Format>::value ? v[e] : v[e] * mul;
@@ -1142,6 +1168,9 @@ __device__ float cast_columnwise_transposed_full(const QuantizeArgs& a, const Me
     if constexpr (U == 16) *reinterpret_cast<uint4*>(q) = *reinterpret_cast<const uint4*>(p);
     else *reinterpret_cast<uint2*>(q) = *reinterpret_cast<const uint2*>(p);
   }
+  if constexpr (kStageEntries)
+    copy_entries<T>(static_cast<u8*>(out.scale_inv) + scale_base + col0 * ctx.grid_pcols + row0 / S::kEntryCols,
+                    ctx.grid_pcols, entries, TC, EPR);
   return reported;
 }
 
@@ -1374,16 +1403,20 @@ __global__ void __launch_bounds__(Cfg::kThreads) amax_kernel(const QuantizeArgs 
           detail::block_max_atomic<Cfg::kThreads>(a.amax[A::kSlot] + mem.index, m);
         } else if constexpr (A::kScope == kScopeTensor && A::kRht) {
           // After RHT: each 16-row group of a column rotated in registers from the staged tile
-          // (zero outside the tensor; M % 16 == 0). Rounding to the input dtype is monotone in
-          // |x| and keeps NaN a NaN, so the max of the rounded values is the rounded max.
+          // (zero outside the tensor; M % 16 == 0), without the transform's 1/4 (rht16_unscaled).
+          // The 1/4 and the rounding to the input dtype are monotone in |x| and keep NaN a NaN,
+          // so they apply to the max: the same value as the max of the rounded outputs.
           float m = 0.0f;
           for (int i = threadIdx.x; i < (TR / 16) * TC; i += T) {
+            const int r = (i / TC) * 16, c = i % TC;
             float v[16];
-            detail::rotated_group_raw<Cfg>(tile, (i / TC) * 16, i % TC, v);
+#pragma unroll
+            for (int j = 0; j < 16; ++j) v[j] = detail::tld(tile, detail::tile_off<TC>(r + j, c));
+            rht16_unscaled(v, Cfg::kRhtMask);
 #pragma unroll
             for (int j = 0; j < 16; ++j) m = amax_step(m, v[j]);
           }
-          detail::block_max_atomic<Cfg::kThreads>(a.amax[A::kSlot] + mem.index, detail::round_to_dtype(m, Cfg::kInDtype));
+          detail::block_max_atomic<Cfg::kThreads>(a.amax[A::kSlot] + mem.index, detail::round_to_dtype(m * 0.25f, Cfg::kInDtype));
         } else if constexpr (A::kScope == kScopeTensor) {
           // From the staged tile (zero outside the tensor) when another reduction of this launch
           // needed the tile anyway.

@@ -562,7 +562,10 @@ QF_HD u32 sr_random_bits(u64 seed, u64 offset, u32 stream_id, u64 linear_index) 
 // ---------------------------------------------------------------------------------------------
 constexpr u32 kDefaultRhtSignMask = 0xD7E8u;
 
-QF_HD void rht16(float v[16], u32 sign_mask) {
+// The signs and butterflies of rht16, without its final 1/4 (4 * the transform; a max of
+// magnitudes over it, times 1/4, is the max over rht16's outputs: the exact power-of-two
+// scaling is monotone, and NaN outputs are skipped either way).
+QF_HD void rht16_unscaled(float v[16], u32 sign_mask) {
 #if defined(__CUDA_ARCH__)
 #pragma unroll
 #endif
@@ -583,6 +586,10 @@ QF_HD void rht16(float v[16], u32 sign_mask) {
       }
     }
   }
+}
+
+QF_HD void rht16(float v[16], u32 sign_mask) {
+  rht16_unscaled(v, sign_mask);
 #if defined(__CUDA_ARCH__)
 #pragma unroll
 #endif
