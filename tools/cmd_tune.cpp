@@ -1,10 +1,11 @@
 // qforge tune <recipes...|dir> [--role R]... [--usage training,inference] [--dtype bf16]
-//             [--shape MxK] [--ms MS] [--dry-run]
+//             [--shape MxK] [--ms MS] [--dry-run] [--verbose]
 // Times every candidate tile (compiler/passes/select_tiles.h tile_candidates) of each plan on
 // GPU 0, on a tensor of --shape (default 8192x8192, random normal input), and stores the
 // fastest in the kernel cache (runtime/tuning.h) when it beats the default by more than 2%;
 // later Quantizer loads on a GPU of the same model use it. Prints one line per plan and a
-// summary; --dry-run times and reports without storing.
+// summary; --dry-run times and reports without storing; --verbose also prints every candidate's
+// time.
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
@@ -32,7 +33,7 @@ std::string tile_str(const TileConfig& t) {
 }  // namespace
 
 int cmd_tune(const Argv& argv) {
-  Args args(argv, {"--role", "--usage", "--dtype", "--shape", "--ms"}, {"--dry-run"});
+  Args args(argv, {"--role", "--usage", "--dtype", "--shape", "--ms"}, {"--dry-run", "--verbose"});
   if (args.positional().empty()) throw UserError("recipes", "expected recipe files or a directory of them");
   const std::vector<std::filesystem::path> files = recipe_files(args.positional());
   std::vector<std::string> roles = args.all("--role");
@@ -48,7 +49,7 @@ int cmd_tune(const Argv& argv) {
   const Shape2D shape = parse_shape("--shape", args.get("--shape").value_or("8192x8192"));
   if (shape.m * shape.k > (int64_t(1) << 32)) throw UserError("--shape", "expected M*K <= 2^32");
   const double target_ms = std::stod(args.get("--ms").value_or("20"));
-  const bool dry = args.flag("--dry-run");
+  const bool dry = args.flag("--dry-run"), verbose = args.flag("--verbose");
 
   if (rt::device_count() == 0) throw UserError("device", "qforge tune times kernels on GPU 0, and there is no CUDA device");
   rt::primary_context(0)->make_current();
@@ -96,6 +97,7 @@ int cmd_tune(const Argv& argv) {
           const rt::Quantizer q(p, rt::KernelCache::global(), /*use_tuning=*/false);
           CallSet set = make_set(q, p, c, input.address(), in_bytes, 0);
           const double us = time_us(stream.get(), [&](int) { q.quantize(set.call, stream.get()); }, target_ms);
+          if (verbose) std::printf("    %-12s %8.1f us\n", tile_str(t).c_str(), us);
           if (tried++ == 0) default_us = us, best_us = us;
           if (us < best_us) best_us = us, best = t;
         }

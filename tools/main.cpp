@@ -32,7 +32,7 @@ commands:
                                     compile every kernel the recipes can need into the cache
                                     (and their "gemms" for sm_90a, unless --role is given)
   tune <recipes...|dir> [--role R]... [--usage training,inference] [--dtype bf16]
-       [--shape MxK] [--ms MS] [--dry-run]
+       [--shape MxK] [--ms MS] [--dry-run] [--verbose]
                                     time candidate tiles of each plan on GPU 0 and store the
                                     fastest in the kernel cache (used by later loads)
   gemm [--scaling tensor|rowwise|blockwise|mxfp8|nvfp4] [--a-format e4m3|e5m2|e2m1] [--b-format ...]

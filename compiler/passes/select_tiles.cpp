@@ -62,12 +62,43 @@ std::vector<TileConfig> tile_candidates(const Plan& p) {
   return out;
 }
 
+namespace {
+
+bool packs_fp4(const Plan& p) {
+  for (const auto& s : p.streams)
+    if (traits(s.format).elems_per_byte == 2) return true;
+  return false;
+}
+
+bool stochastic(const Plan& p) {
+  for (const auto& s : p.streams)
+    if (s.rounding == Rounding::Stochastic) return true;
+  return false;
+}
+
+}  // namespace
+
+// Defaults from `qforge tune --verbose` on an H100 at 16384^2, bf16 (README, "Quantize
+// bandwidth"); a tuned tile stored by `qforge tune` replaces them per GPU model.
 Plan select_tiles(Plan p) {
   const TileConstraints c = tile_constraints(p);
   TileConfig t;
-  if (transposes(p)) {
+  t.threads = 256;
+  if (transposes(p) && packs_fp4(p)) {
+    // fp4 plans (NVFP4, the hybrid's NVFP4 copy) are instruction bound (e2m1 encoding, RHT,
+    // Philox): 64 x 128 tiles; 128 threads (more registers and CTAs), 256 with stochastic
+    // rounding. nvfp4 input 1117 -> 976 us, weight 1038 -> 937, grad 1720 -> 1611, hybrid
+    // input 865 -> 755, grad 1144 -> 1057 against 64 x 64 / 256.
     t.rows = std::lcm(c.row_multiple, 64);
-    t.cols = std::lcm(c.col_multiple, 64);
+    t.cols = std::lcm(c.col_multiple, 128);
+    t.threads = stochastic(p) ? 256 : 128;
+  } else if (transposes(p)) {
+    // 32 x 256: long rows for the tile load and the rowwise copy; the transposed copy goes out
+    // through the staged output in whole sectors. 128-row blocks keep 128 columns (shared
+    // memory). fp8 current 601 -> 571 us, delayed 416 -> 386, bf16 passthrough 630 -> 593
+    // against 64 x 64.
+    t.rows = std::lcm(c.row_multiple, 32);
+    t.cols = std::lcm(c.col_multiple, t.rows >= 128 ? 128 : 256);
   } else {
     t.rows = std::lcm(c.row_multiple, 16);
     // 256 columns of 16 rows; blocks of 128 rows (128x128) keep 128 columns: a 128 x 256 tile
@@ -75,7 +106,6 @@ Plan select_tiles(Plan p) {
     t.cols = std::lcm(c.col_multiple, t.rows >= 128 ? 128 : 256);
   }
   t.vec = 4;
-  t.threads = 256;
   p.tile = t;
   return p;
 }

@@ -271,8 +271,14 @@ TEST(SelectTiles, ShapesFollowLayoutsAndBlocks) {
   const Plan w8 = plan_for("w8a8_int8_inference", "linear:input");  // no transpose: a wide row tile
   EXPECT_EQ(w8.tile, (TileConfig{16, 256, 256, 4}));
   const Plan cs = plan_for("current_scaling", "linear:input", std::nullopt, DType::FP32);
-  EXPECT_EQ(cs.tile, (TileConfig{64, 64, 256, 4})) << "transposing: square tiles";
-  for (const Plan& p : {mx, w8, cs}) EXPECT_TRUE(tile_fits(p, p.tile));
+  EXPECT_EQ(cs.tile, (TileConfig{32, 256, 256, 4})) << "transposing: 32 rows of 256 columns";
+  const Plan bw = plan_for("float8_block_scaling", "linear:input");  // 128x1 blocks: 128 rows
+  EXPECT_EQ(bw.tile, (TileConfig{128, 128, 256, 4}));
+  const Plan nv = plan_for("nvfp4", "linear:input");  // fp4: 64 x 128, 128 threads
+  EXPECT_EQ(nv.tile, (TileConfig{64, 128, 128, 4}));
+  const Plan sr = plan_for("nvfp4", "linear:grad_output");  // fp4 with stochastic rounding: 256 threads
+  EXPECT_EQ(sr.tile, (TileConfig{64, 128, 256, 4}));
+  for (const Plan& p : {mx, w8, cs, bw, nv, sr}) EXPECT_TRUE(tile_fits(p, p.tile));
 }
 
 TEST(SelectTiles, CandidatesAreValidAndStartWithTheDefault) {
