@@ -19,10 +19,12 @@
 //                  16 rows without blocks), lanes on consecutive columns; a transposed stream
 //                  writes each 16-row chunk of the run as one vector store into its output row.
 // Interior tiles (inside the member and K, K % 16 == 0) take vector paths without checks:
-// 16-byte tile loads; transposed runs of 16 rows read once and stored with one 16-byte store
-// (blocks longer than 16 rows through per-16-row partial amaxes in shared scratch); same-layout
-// columnwise streams through one multiplier per (column, block) in shared scratch, then
-// rowwise-style runs. Edge tiles take the checked paths above, element by element where needed.
+// 16-byte tile loads; transposed runs of 16 rows read once (RHT streams: rotated in registers),
+// encoded into a staged copy of the tile's output in shared memory, which the CTA copies out in
+// whole sectors of each output row (blocks longer than 16 rows through per-16-row partial amaxes
+// in shared scratch); same-layout columnwise streams through one multiplier per (column, block)
+// in shared scratch, then rowwise-style runs; MX / NVFP4 byte scale entries staged and copied
+// out a row at a time. Edge tiles take the checked paths above, element by element where needed.
 // fp8 is encoded with the hardware cvt on sm_89+, two elements per instruction with a NaN byte
 // fix-up (bit-identical to the software encoder, checked exhaustively by the GPU tests);
 // stochastic rounding draws one Philox call per 4 elements. Scales come from docs/numerics.md through
