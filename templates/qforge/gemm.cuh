@@ -689,7 +689,8 @@ struct Traits {
   static constexpr u32 kTxBytes = u32(kBM + kBN) * (kFp4 ? 64u : 128u);
   // NVFP4: the TMA bytes complete loaded[stage]; full[stage] takes the B dequantizing warps.
   static constexpr u32 kFullArrivals = kFp4 ? 4u * kProducerGroups : 1u + (Scaling::kStageScales || Scaling::kScaleWriters ? 32u : 0u);
-  static constexpr u32 kEmptyArrivals = u32(kConsumers * 4 * kMc);
+  // Every lane of every consumer warp (of each CTA of the multicast group) releases the stage.
+  static constexpr u32 kEmptyArrivals = u32(kConsumers * 4 * 32 * kMc);
   // Registers per thread after setmaxnreg (2 or 3 consumer warpgroups; one keeps its entry count).
   // The pool is the launch's 168 x 384 registers (setmaxnreg.inc waits until the pool has them):
   // 2 x 232 + 40 = 504 = 3 x 168. Per-32 promotion keeps three accumulators: 2 x 240 + 24.
@@ -917,17 +918,22 @@ __device__ __forceinline__ void fp4_producer(const GemmArgs& a, u8* smem, u32 ba
   }
 }
 
+// Every lane arrives, so that each thread's own reads of the stage (its scale slot) are ordered
+// by its own release before the producer's acquire and next writes (one lane's arrival after a
+// __syncwarp orders them too, by cumulativity, but compute-sanitizer racecheck reports the
+// next round's writes as hazards then). With multicast, on each CTA's barrier of the group (this
+// CTA's own with the CTA-scope arrive).
 template <class Cfg>
 __device__ __forceinline__ void release_stage(u32 empty, int lane, u32 rank) {
-  // One lane arrives for its warp: order the other lanes' reads of the stage (its scale slot)
-  // before that arrival's release.
-  __syncwarp();
+  (void)lane;
   if constexpr (Traits<Cfg>::kMc == 1) {
-    if (lane == 0) sm90::mbar_arrive(empty);
+    sm90::mbar_arrive(empty);
   } else {
-    // Lane c arrives on CTA c's barrier; on this CTA's own with the CTA-scope arrive.
-    if (u32(lane) == rank) sm90::mbar_arrive(empty);
-    else if (lane < Traits<Cfg>::kMc) sm90::mbar_arrive_cluster(empty, u32(lane));
+#pragma unroll
+    for (u32 c = 0; c < u32(Traits<Cfg>::kMc); ++c) {
+      if (c == rank) sm90::mbar_arrive(empty);
+      else sm90::mbar_arrive_cluster(empty, c);
+    }
   }
 }
 
