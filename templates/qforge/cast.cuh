@@ -847,9 +847,13 @@ __device__ __forceinline__ void block_scale(float block_amax, const StreamCtx<S>
   }
 }
 
+// MX and NVFP4 scale entries are bytes (e8m0, e4m3); the others fp32 bits.
+template <class S>
+constexpr bool kByteEntries = S::kMode == kModeMx || S::kMode == kModeNvfp4;
+
 template <class S>
 __device__ __forceinline__ void store_entry(void* base, i64 off, u32 entry) {
-  if constexpr (S::kMode == kModeMx || S::kMode == kModeNvfp4)
+  if constexpr (kByteEntries<S>)
     static_cast<u8*>(base)[off] = u8(entry);
   else
     static_cast<u32*>(base)[off] = entry;
@@ -906,7 +910,7 @@ __device__ void block2d_amax(const TileElem<Cfg>* src, u32* out) {
 // consecutive bytes, staged in shared memory and copied out with lanes on consecutive entries
 // (a store request per row instead of one per entry).
 template <class S>
-constexpr bool kStagedEntries = (S::kMode == kModeMx || S::kMode == kModeNvfp4) && !S::kSwizzled;
+constexpr bool kStagedEntries = kByteEntries<S> && !S::kSwizzled;
 
 // Copies rows x per_row staged entry bytes to rows `pitch` bytes apart (every thread calls it,
 // after a barrier that follows the last staging write).
