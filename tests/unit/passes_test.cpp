@@ -8,6 +8,7 @@
 #include <sstream>
 #include <string>
 
+#include "compiler/codegen.h"
 #include "compiler/error.h"
 #include "compiler/ir.h"
 #include "compiler/lower.h"
@@ -295,6 +296,33 @@ TEST(SelectTiles, CandidatesAreValidAndStartWithTheDefault) {
   const Plan b = plan_for("float8_block_scaling", "linear:weight");  // 128x128 blocks
   EXPECT_FALSE(tile_fits(b, TileConfig{64, 128, 256, 4}));
   EXPECT_FALSE(tile_fits(b, TileConfig{128, 128, 48, 4})) << "threads: whole warps, at least 64";
+}
+
+// The tile is only part of a kernel's shared memory (scratch, the staged transposed output and
+// entries come on top): every candidate `qforge tune` may time, of every shipped plan, must
+// still fit an SM's 227 KiB.
+TEST(SelectTiles, EveryCandidateFitsSharedMemory) {
+  size_t checked = 0;
+  for (const char* recipe : {"delayed_scaling", "current_scaling", "float8_block_scaling", "mxfp8", "nvfp4",
+                             "hybrid_mxfp8_fwd_nvfp4_bwd", "int8_weight_sr", "w8a8_int8_inference"})
+    for (const char* role : {"linear:input", "linear:weight", "linear:grad_output"})
+      for (Usage u : {Usage::Training, Usage::Inference})
+        for (DType d : {DType::BF16, DType::FP32}) {
+          Plan p;
+          try {
+            p = plan_for(recipe, role, u, d);
+          } catch (const UserError&) {
+            continue;  // a role or usage the recipe does not define
+          }
+          for (const TileConfig& t : tile_candidates(p)) {
+            Plan c = p;
+            c.tile = t;
+            EXPECT_LE(emit_quantize(c).smem_bytes, 227u * 1024u)
+                << recipe << " " << role << " " << t.rows << "x" << t.cols << "/" << t.threads;
+            ++checked;
+          }
+        }
+  EXPECT_GT(checked, 500u);
 }
 
 // ---- verify ----
