@@ -33,6 +33,10 @@ Shape2D data_shape(const Stream& s, Shape2D in) {
   return s.layout == DataLayout::Transposed ? Shape2D{in.k, in.m} : in;
 }
 
+int data_bits(const Stream& s) {
+  return s.format == ElemFormat::Identity ? 8 * traits(s.out_dtype).bytes : 8 / traits(s.format).elems_per_byte;
+}
+
 EntryShape scale_entry_shape(const Stream& s) {
   const bool transposed = s.layout == DataLayout::Transposed;
   return std::visit(

@@ -54,6 +54,10 @@ EntryShape scale_entry_shape(const Stream& s);
 
 // Data-layout shape of a stream's output: [M, K] or [K, M] (elements, not bytes).
 Shape2D data_shape(const Stream& s, Shape2D in);
+// Bits one element of a stream's data takes in its buffer: the dtype's width for identity
+// streams, 4 for packed fp4, else 8 (fp6 and int8 take a byte). templates/qforge/cast.cuh
+// StoreBits is the device-side twin.
+int data_bits(const Stream& s);
 ScaleGrid scale_grid(const Stream& s, Shape2D in);
 
 std::vector<BufferDesc> output_buffers(const Plan& plan, Shape2D shape);

@@ -53,11 +53,9 @@ void emit_stream(Emitter& e, const Plan& p, int index, int& scratch_entries) {
   if (auto* m = std::get_if<PerTensorCurrent>(&s.scaling)) eps = m->epsilon, pow2 = m->pow2;
   if (auto* m = std::get_if<BlockScaling>(&s.scaling)) eps = m->epsilon, pow2 = m->pow2;
   if (auto* m = std::get_if<MxScaling>(&s.scaling)) mx_floor = m->rule == MxRule::Floor;
-  // Bits an element takes in the data buffer (cast.cuh StoreBits).
-  const int out_bits = s.format == ElemFormat::Identity ? 8 * traits(s.out_dtype).bytes : 8 / traits(s.format).elems_per_byte;
   scratch_entries += cast_scratch_entries(p.tile.rows, p.tile.cols, s.dir == Direction::Columnwise,
                                           s.layout == DataLayout::Transposed, rs.ept, block2d, b ? b->rows : 1,
-                                          b ? b->cols : 1, out_bits);
+                                          b ? b->cols : 1, data_bits(s));
   QF_CHECK((s.dir == Direction::Rowwise ? p.tile.cols : p.tile.rows) % (rs.ept * rs.group) == 0,
            "tile fits the stream's runs");
   QF_CHECK(p.tile.cols % 32 == 0 && (!block2d || (p.tile.rows % b->rows == 0 && p.tile.cols % b->cols == 0)),

@@ -88,7 +88,10 @@ QF_HD constexpr int transposed_stage_stride(int tile_rows, int out_bits) {
 QF_HD constexpr int cast_scratch_entries(int tile_rows, int tile_cols, bool columnwise, bool transposed, int ept,
                                          bool block2d, int block_rows, int block_cols, int out_bits) {
   int n = cast_block2d_entries(tile_rows, tile_cols, block2d, block_rows, block_cols);
-  if (!columnwise && !block2d && block_cols > 4) n += tile_rows * (tile_cols / block_cols) * 5 / 4 + 1;
+  if (!columnwise && !block2d && block_cols > 4) {
+    const int blocks = tile_rows * (tile_cols / block_cols);
+    n += blocks + blocks / 4 + 1;  // a float multiplier per block, then its entry byte
+  }
   if (columnwise && !transposed) n += tile_cols * (tile_rows / 16) + tile_cols * (tile_rows / ept);
   if (columnwise && transposed && ept > 16) n += tile_cols * (tile_rows / 16);
   if (columnwise && transposed) n += tile_cols * transposed_stage_stride(tile_rows, out_bits) / 4 + tile_cols * (tile_rows / 16) / 4;
