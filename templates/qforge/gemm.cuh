@@ -73,13 +73,11 @@ struct GemmSmem {
 
 QF_HD constexpr u32 gemm_align_up(u32 v, u32 a) { return (v + a - 1) / a * a; }
 
-// Bytes of one stage's scale slot: 1x128 blocks: block_m A scales and the tile's B scale (fp32,
-// padded to 16 bytes); MX: the fp32 factors of the stage's four 32-wide k-steps, [4][block_m]
-// for A then [4][block_n] for B; none for the other kinds.
+// Bytes of one stage's scale slot: MX: the fp32 factors of the stage's four 32-wide k-steps,
+// [4][block_m] for A then [4][block_n] for B; none for the other kinds (1x128 blocks: the
+// consumers load their scales into registers).
 QF_HD constexpr u32 gemm_stage_scale_bytes(int scaling, int block_m, int block_n) {
-  return scaling == kGemmBlock128 ? u32(block_m + 4) * 4u
-         : scaling == kGemmMx32   ? 4u * u32(block_m + block_n) * 4u
-                                  : 0u;
+  return scaling == kGemmMx32 ? 4u * u32(block_m + block_n) * 4u : 0u;
 }
 
 QF_HD constexpr GemmSmem gemm_smem(int block_m, int block_n, int stages, int consumers,
@@ -188,16 +186,6 @@ __device__ __forceinline__ void tma_load_3d(u32 dst, const TmaDescriptor* map, u
 }
 __device__ __forceinline__ void tma_prefetch_descriptor(const TmaDescriptor* map) {
   asm volatile("prefetch.tensormap [%0];" ::"l"(reinterpret_cast<u64>(map)) : "memory");
-}
-
-// 4-byte asynchronous copy global -> shared; src_bytes 0 writes a zero without reading.
-__device__ __forceinline__ void cp_async_4(u32 dst, const void* src, u32 src_bytes) {
-  asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;" ::"r"(dst), "l"(src), "r"(src_bytes) : "memory");
-}
-// Arrives on `bar` once this thread's earlier cp.async copies have landed (the barrier's
-// expected count includes this arrival: .noinc).
-__device__ __forceinline__ void cp_async_mbar_arrive_noinc(u32 bar) {
-  asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];" ::"r"(bar) : "memory");
 }
 
 __device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;" ::: "memory"); }
@@ -388,13 +376,14 @@ __device__ __forceinline__ int tile_k_blocks(const TileInfo& t) {
 // ------------------------------------------------------------------ scaling policies
 //
 // A policy says how the scales of its kind enter the product:
-//   kStageScales   the producer copies per-k-block scales into every stage (produce());
 //   kColScales     the epilogue needs per-column factors in shared memory (store_cols());
 //   Tile begin()   per-tile factors loaded at the start of a tile (kept in registers; their
 //                  load latency hides behind the main loop);
+//   Step load_step() with Cfg::kPromote, per k-block, called when the consumer issues the
+//                  k-block's MMAs: what its promotions need (scales loaded into registers, or
+//                  the stage's scale slot);
 //   promote_step() with Cfg::kPromote, per step (a k-block, or 32 of K): total += partial *
-//                  factor (fp32, fused), the factors read from the stage's scale slot before the
-//                  stage is released;
+//                  factor (fp32, fused), from the k-block's Step, before its stage is released;
 //   row_factor()   the epilogue factor of a fragment row (times col factor when kColScales).
 //   kSteps         promotions per k-block: 1, or 4 (one per 32 of K);
 //   kScaleWriters  producer threads (warps 1..3 of the producer warpgroup) that write the stages'
@@ -403,13 +392,14 @@ __device__ __forceinline__ int tile_k_blocks(const TileInfo& t) {
 
 // One fp32 scale per group for A and for B: D = alpha * sa * sb * sum(a * b).
 struct PerTensorScaling {
-  static constexpr bool kStageScales = false, kColScales = false;
+  static constexpr bool kColScales = false;
   static constexpr int kSteps = 1, kScaleWriters = 0;
   struct Tile {
     float factor;
   };
+  struct Step {};
   template <class Cfg>
-  __device__ static void produce(const GemmArgs&, const TileInfo&, int, int, u32) {}
+  __device__ static Step load_step(const GemmArgs&, const TileInfo&, const Frag&, int, const float*) { return {}; }
   template <class Cfg>
   __device__ static Tile begin(const GemmArgs& a, const TileInfo& t, const Frag&) {
     const float alpha = a.alpha ? a.alpha[t.group] : 1.0f;
@@ -420,7 +410,7 @@ struct PerTensorScaling {
   // With promotion the factor is applied per step (total += partial * factor; the epilogue then
   // multiplies by 1): ptxas keeps this variant's registers below the limit that way.
   template <class Cfg, int kAcc>
-  __device__ static void promote_step(float* total, const float* acc, const float*, int, const Frag&, const Tile& s) {
+  __device__ static void promote_step(float* total, const float* acc, const Step&, int, const Frag&, const Tile& s) {
 #pragma unroll
     for (int i = 0; i < kAcc; ++i) total[i] = fmaf(acc[i], s.factor, total[i]);
   }
@@ -431,14 +421,15 @@ struct PerTensorScaling {
 // fp32 scale per row of A (token) and per row of B[g] (output channel):
 // D[r, n] = alpha * sa[r] * sb[g, n] * sum(a * b).
 struct RowChannelScaling {
-  static constexpr bool kStageScales = false, kColScales = true;
+  static constexpr bool kColScales = true;
   static constexpr int kSteps = 1, kScaleWriters = 0;
   struct Tile {
     float row[2];
     float col[2];  // block_n <= 256: two columns per thread
   };
+  struct Step {};
   template <class Cfg>
-  __device__ static void produce(const GemmArgs&, const TileInfo&, int, int, u32) {}
+  __device__ static Step load_step(const GemmArgs&, const TileInfo&, const Frag&, int, const float*) { return {}; }
   template <class Cfg>
   __device__ static Tile begin(const GemmArgs& a, const TileInfo& t, const Frag& f) {
     static_assert(Cfg::kBlockN <= 256, "two column scales per thread");
@@ -466,7 +457,7 @@ struct RowChannelScaling {
   template <class Cfg>
   __device__ static float row_factor(const Tile& s, int h) { return s.row[h]; }
   template <class Cfg, int kAcc>
-  __device__ static void promote_step(float* total, const float* acc, const float*, int, const Frag&, const Tile&) {
+  __device__ static void promote_step(float* total, const float* acc, const Step&, int, const Frag&, const Tile&) {
 #pragma unroll
     for (int i = 0; i < kAcc; ++i) total[i] = total[i] + acc[i];
   }
@@ -474,43 +465,44 @@ struct RowChannelScaling {
 
 // DeepSeek-V3 blockwise: an fp32 scale per 1x128 block of A ([m_total, ceil(K/128)]) and per
 // 128x128 block of B ([G, ceil(N/128), ceil(K/128)]). Every k-block's partial sum is promoted:
-// main += partial * (sa[r, kb] * sb[g, n/128, kb]); D = alpha * main.
+// main += partial * (sa[r, kb] * sb[g, n/128, kb]); D = alpha * main. Each consumer thread loads
+// the three scales its fragment needs (its two rows' sa, the tile's sb) from global memory when
+// it issues the k-block's MMAs and uses them at the k-block's promotion, a k-block later: the
+// loads' latency hides behind the MMAs, and the producer and the stages carry no scales.
 struct Block128Scaling {
-  static constexpr bool kStageScales = true, kColScales = false;
+  static constexpr bool kColScales = false;
   static constexpr int kSteps = 1, kScaleWriters = 0;
   struct Tile {
     float alpha;
   };
-  // Stage scale slot: sa[block_m] then sb at index block_m.
-  template <class Cfg>
-  __device__ static void produce(const GemmArgs& a, const TileInfo& t, int kb, int lane, u32 dst) {
-    constexpr i64 kKb = (Cfg::kK + 127) / 128;
-    constexpr i64 kNb = (Cfg::kN + 127) / 128;
-    const float* sa = static_cast<const float*>(a.a_scale);
-#pragma unroll
-    for (int ii = 0; ii < int(Cfg::kBlockM) / 32; ++ii) {
-      const int i = ii * 32 + lane;
-      const int r = t.row0 + i;
-      const bool ok = r < int(a.m_total);
-      sm90::cp_async_4(dst + 4u * u32(i), ok ? sa + i64(r) * kKb + kb : sa, ok ? 4u : 0u);
-    }
-    if (lane == 0)
-      sm90::cp_async_4(dst + 4u * u32(Cfg::kBlockM),
-                       static_cast<const float*>(a.b_scale) + (i64(t.group) * kNb + t.n0 / 128) * kKb + kb, 4u);
-  }
+  struct Step {
+    float sa0, sa1, sb;
+  };
   template <class Cfg>
   __device__ static Tile begin(const GemmArgs& a, const TileInfo& t, const Frag&) {
     return {a.alpha ? a.alpha[t.group] : 1.0f};
+  }
+  // k-block kb's scales of the fragment's rows (0 past m_total: those rows are never stored).
+  template <class Cfg>
+  __device__ static Step load_step(const GemmArgs& a, const TileInfo& t, const Frag& f, int kb, const float*) {
+    constexpr i64 kKb = (Cfg::kK + 127) / 128;
+    constexpr i64 kNb = (Cfg::kN + 127) / 128;
+    const float* sa = static_cast<const float*>(a.a_scale);
+    const int r0 = t.row0 + f.row, r1 = r0 + 8;
+    Step s;
+    s.sa0 = r0 < int(a.m_total) ? sa[i64(r0) * kKb + kb] : 0.0f;
+    s.sa1 = r1 < int(a.m_total) ? sa[i64(r1) * kKb + kb] : 0.0f;
+    s.sb = static_cast<const float*>(a.b_scale)[(i64(t.group) * kNb + t.n0 / 128) * kKb + kb];
+    return s;
   }
   template <class Cfg>
   __device__ static void store_cols(const Tile&, float*, const Frag&) {}
   template <class Cfg>
   __device__ static float row_factor(const Tile& s, int) { return s.alpha; }
-  // total += partial * (sa of the fragment's row * the tile's sb), from the stage's scale slot.
+  // total += partial * (sa of the fragment's row * the tile's sb).
   template <class Cfg, int kAcc>
-  __device__ static void promote_step(float* total, const float* acc, const float* slot, int, const Frag& f, const Tile&) {
-    const float sb = slot[Cfg::kBlockM];
-    const float s0 = slot[f.row] * sb, s1 = slot[f.row + 8] * sb;
+  __device__ static void promote_step(float* total, const float* acc, const Step& st, int, const Frag&, const Tile&) {
+    const float s0 = st.sa0 * st.sb, s1 = st.sa1 * st.sb;
 #pragma unroll
     for (int j = 0; j < kAcc / 4; ++j) {
       total[4 * j + 0] = fmaf(acc[4 * j + 0], s0, total[4 * j + 0]);
@@ -529,11 +521,18 @@ struct Block128Scaling {
 // slot, [4][block_m] A then [4][block_n] B, so a consumer reads ready factors. K % 128 == 0
 // (one u32 of four scales per row per stage).
 struct Mx32Scaling {
-  static constexpr bool kStageScales = false, kColScales = false;
+  static constexpr bool kColScales = false;
   static constexpr int kSteps = 4, kScaleWriters = 96;  // three writer warps
   struct Tile {
     float alpha;
   };
+  struct Step {
+    const float* slot;  // the stage's factors (written by the scale writers before its full barrier)
+  };
+  template <class Cfg>
+  __device__ static Step load_step(const GemmArgs&, const TileInfo&, const Frag&, int, const float* slot) {
+    return {slot};
+  }
   // A stage's scales are written by one warp (stages go round the writer warps): lane l loads
   // the words of rows / columns l, l + 32, ... (four e8m0 each) before it waits for the stage to
   // be free, so the loads of one stage overlap the waits of the others.
@@ -582,9 +581,10 @@ struct Mx32Scaling {
   __device__ static float row_factor(const Tile& s, int) { return s.alpha; }
   // Promotes the partial sum of k-step `step` of the stage whose slot is `slot`.
   template <class Cfg, int kAcc>
-  __device__ static void promote_step(float* total, const float* acc, const float* slot, int step, const Frag& f,
+  __device__ static void promote_step(float* total, const float* acc, const Step& st, int step, const Frag& f,
                                       const Tile&) {
     constexpr int kBM = int(Cfg::kBlockM), kBN = int(Cfg::kBlockN);
+    const float* slot = st.slot;
     const float r0 = slot[step * kBM + f.row], r1 = slot[step * kBM + f.row + 8];
     const float* cols = slot + 4 * kBM + step * kBN + 2 * (f.lane & 3);
 #pragma unroll
@@ -644,13 +644,11 @@ __device__ __forceinline__ void scales4(u32 bytes, u32* out) {
 // rows g and g + 8, then pair r + 1 of rows g and g + 8. The scale of word (q, i) is the row's
 // 16-block 2q + i / 2.
 struct Nvfp4Scaling {
-  static constexpr bool kStageScales = false, kColScales = false;
+  static constexpr bool kColScales = false;
   static constexpr int kSteps = 1, kScaleWriters = 0;
   struct Tile {
     float factor;  // alpha * decode(a_amax) * decode(b_amax), rounded once (the accumulators carry the 2^28)
   };
-  template <class Cfg>
-  __device__ static void produce(const GemmArgs&, const TileInfo&, int, int, u32) {}
   template <class Cfg>
   __device__ static Tile begin(const GemmArgs& a, const TileInfo& t, const Frag&) {
     const float alpha = a.alpha ? a.alpha[t.group] : 1.0f;
@@ -688,7 +686,7 @@ struct Traits {
       gemm_smem(kBM, kBN, kStages, kConsumers, int(Cfg::kScaling), Scaling::kColScales, kOutBytes);
   static constexpr u32 kTxBytes = u32(kBM + kBN) * (kFp4 ? 64u : 128u);
   // NVFP4: the TMA bytes complete loaded[stage]; full[stage] takes the B dequantizing warps.
-  static constexpr u32 kFullArrivals = kFp4 ? 4u * kProducerGroups : 1u + (Scaling::kStageScales || Scaling::kScaleWriters ? 32u : 0u);
+  static constexpr u32 kFullArrivals = kFp4 ? 4u * kProducerGroups : 1u + (Scaling::kScaleWriters ? 32u : 0u);
   // Every lane of every consumer warp (of each CTA of the multicast group) releases the stage.
   static constexpr u32 kEmptyArrivals = u32(kConsumers * 4 * 32 * kMc);
   // Registers per thread after setmaxnreg (2 or 3 consumer warpgroups; one keeps its entry count).
@@ -724,7 +722,6 @@ struct Traits {
 template <class Cfg>
 __device__ __forceinline__ void producer(const GemmArgs& a, u32 base, u32 rank, int lane) {
   using T = Traits<Cfg>;
-  using S = typename T::Scaling;
   Scheduler<Cfg> sched(a);
   const u32 full0 = base + T::kSmem.bar_off, empty0 = full0 + 8u * T::kStages;
   if (lane == 0) {
@@ -759,10 +756,6 @@ __device__ __forceinline__ void producer(const GemmArgs& a, u32 base, u32 rank, 
                                   : base + T::kSmem.b_off + u32(stage) * T::kSmem.b_stage;
         if constexpr (Cfg::kKGrouped) sm90::tma_load_2d(b_dst, &a.b_map, full, kc, t.n0);  // B [N, k_total]
         else sm90::tma_load_3d(b_dst, &a.b_map, full, kc, t.n0, t.group);                   // B [G, N, K]
-      }
-      if constexpr (S::kStageScales) {
-        S::template produce<Cfg>(a, t, kb, lane, base + T::kSmem.sc_off + u32(stage) * T::kSmem.sc_stage);
-        sm90::cp_async_mbar_arrive_noinc(full);
       }
       if (++stage == T::kStages) stage = 0, phase ^= 1u;
     }
@@ -1160,7 +1153,9 @@ __device__ __forceinline__ void consumer(const GemmArgs& a, u8* smem, u32 base, 
       // fp32 promotion with two partial sums. A step is kMmas MMAs (a k-block of 128, or 32 of K
       // for per-32 scaling) into part[s % 2]; once step s is issued, step s - 1 is waited for
       // (wait_group 1) and promoted into `total` while step s runs, and its stage is released
-      // after its stage's last step (the promotion reads the stage's scale slot).
+      // after its stage's last step (the promotion may read the stage's scale slot). A k-block's
+      // Step (the policy's scales for it) is taken when its MMAs are issued: `cur`, and `prev`
+      // for the k-block before.
       constexpr int kSteps = S::kSteps;
       constexpr int kMmas = kGemmBlockK / 32 / kSteps;
       constexpr int kUnroll = kSteps == 1 ? 2 : kSteps;  // steps per iteration: even, whole stages
@@ -1175,9 +1170,12 @@ __device__ __forceinline__ void consumer(const GemmArgs& a, u8* smem, u32 base, 
         return reinterpret_cast<const float*>(smem + T::kSmem.sc_off + u32(st) * T::kSmem.sc_stage);
       };
       u64 da = 0, db = 0;
+      typename S::Step cur{}, prev{};
       // Issues step s (step k of its stage) into `part`.
       auto issue = [&](float* part, int s, int k) {
         if (k == 0) {
+          prev = cur;
+          cur = S::template load_step<Cfg>(a, t, f, s / kSteps, slot_of(stage));
           stage_ready(s / kSteps);
           da = sm90::smem_desc_sw128(a_wg + u32(stage) * T::kSmem.a_stage);
           db = sm90::smem_desc_sw128(base + T::kSmem.b_off + u32(stage) * T::kSmem.b_stage);
@@ -1211,7 +1209,7 @@ __device__ __forceinline__ void consumer(const GemmArgs& a, u8* smem, u32 base, 
         sm90::wgmma_wait<0>();
 #pragma unroll
         for (int i = 0; i < T::kAcc; ++i) sm90::fence_reg(part1[i]);
-        S::template promote_step<Cfg, T::kAcc>(total, part1, slot_of(stage), 0, f, ts);
+        S::template promote_step<Cfg, T::kAcc>(total, part1, cur, 0, f, ts);
         release_stage<Cfg>(empty0 + 8u * stage, lane, rank);
         end_stage(0);
         first = 1;
@@ -1230,8 +1228,8 @@ __device__ __forceinline__ void consumer(const GemmArgs& a, u8* smem, u32 base, 
 #pragma unroll
             for (int i = 0; i < T::kAcc; ++i) sm90::fence_reg(done[i]);
             if (s > first) {  // step s - 1: the previous stage's last step, or this stage's previous one
-              S::template promote_step<Cfg, T::kAcc>(total, done, slot_of(k == 0 ? prev_stage : stage),
-                                                     (k + kSteps - 1) % kSteps, f, ts);
+              S::template promote_step<Cfg, T::kAcc>(total, done, k == 0 ? prev : cur, (k + kSteps - 1) % kSteps, f,
+                                                     ts);
               if (k == 0) release_stage<Cfg>(empty0 + 8u * prev_stage, lane, rank);
             }
           } else {
@@ -1239,9 +1237,9 @@ __device__ __forceinline__ void consumer(const GemmArgs& a, u8* smem, u32 base, 
 #pragma unroll
             for (int i = 0; i < T::kAcc; ++i) sm90::fence_reg(part[i]);
             // The stage is free as soon as its MMAs are done (these policies keep no scales in it).
-            static_assert(!S::kStageScales && !S::kScaleWriters, "waited promotion: no per-stage scales");
+            static_assert(!S::kScaleWriters, "waited promotion: no per-stage scales");
             if (k == kSteps - 1) release_stage<Cfg>(empty0 + 8u * stage, lane, rank);
-            S::template promote_step<Cfg, T::kAcc>(total, part, slot_of(stage), k, f, ts);
+            S::template promote_step<Cfg, T::kAcc>(total, part, cur, k, f, ts);
           }
           end_stage(k);
         }
@@ -1250,7 +1248,7 @@ __device__ __forceinline__ void consumer(const GemmArgs& a, u8* smem, u32 base, 
         sm90::wgmma_wait<0>();
 #pragma unroll
         for (int i = 0; i < T::kAcc; ++i) sm90::fence_reg(part1[i]);
-        S::template promote_step<Cfg, T::kAcc>(total, part1, slot_of(prev_stage), kSteps - 1, f, ts);
+        S::template promote_step<Cfg, T::kAcc>(total, part1, cur, kSteps - 1, f, ts);
         release_stage<Cfg>(empty0 + 8u * prev_stage, lane, rank);
       }
       epilogue<Cfg>(a, t, f, smem, total, ts);
