@@ -53,6 +53,8 @@ san_filter_race="$san_filter:$gemm_slot_free:*GemmExact*block_e4m3_bf16:*GemmExa
 # under racecheck) and on the exact GEMM cases.
 [ "${QFORGE_SANITIZE_ALL:-0}" = 1 ] && san_filter_all='*Quantize*:*Gemm*' &&
   san_filter_race='*GpuQuantize*:*GemmExact*-*4096x4096*:*8192x5120*'
+# QFORGE_SANITIZE_ALL=gemm: the whole GEMM suites only (racecheck: the exact GEMM cases).
+[ "${QFORGE_SANITIZE_ALL:-0}" = gemm ] && san_filter_all='*Gemm*' && san_filter_race='*GemmExact*'
 mc_rc=-1; rc_rc=-1; ic_rc=-1
 if command -v compute-sanitizer >/dev/null; then
   compute-sanitizer --tool memcheck --error-exitcode 9 "$BUILD/tests/qforge_unit_tests" --gtest_filter="$san_filter_all" \

@@ -399,7 +399,7 @@ struct PerTensorScaling {
   };
   struct Step {};
   template <class Cfg>
-  __device__ static Step load_step(const GemmArgs&, const TileInfo&, const Frag&, int, const float*) { return {}; }
+  __device__ static Step load_step(const GemmArgs&, Tile&, const Frag&, int, const float*) { return {}; }
   template <class Cfg>
   __device__ static Tile begin(const GemmArgs& a, const TileInfo& t, const Frag&) {
     const float alpha = a.alpha ? a.alpha[t.group] : 1.0f;
@@ -429,7 +429,7 @@ struct RowChannelScaling {
   };
   struct Step {};
   template <class Cfg>
-  __device__ static Step load_step(const GemmArgs&, const TileInfo&, const Frag&, int, const float*) { return {}; }
+  __device__ static Step load_step(const GemmArgs&, Tile&, const Frag&, int, const float*) { return {}; }
   template <class Cfg>
   __device__ static Tile begin(const GemmArgs& a, const TileInfo& t, const Frag& f) {
     static_assert(Cfg::kBlockN <= 256, "two column scales per thread");
@@ -472,28 +472,52 @@ struct RowChannelScaling {
 struct Block128Scaling {
   static constexpr bool kColScales = false;
   static constexpr int kSteps = 1, kScaleWriters = 0;
+  // The four lanes of a quad share their fragment rows, so they share the loads: every 8
+  // k-blocks, lane q of a quad loads the scales of k-blocks 8g + q and 8g + 4 + q (its two A
+  // rows, the tile's B row; one 32-byte sector per row for the whole quad), and k-block kb's
+  // scales come from lane kb % 4 by shuffle: an eighth of the memory requests of one load per
+  // k-block.
   struct Tile {
     float alpha;
+    const float* sa0;  // the fragment's two rows of A's grid (clamped to the last row: rows
+    const float* sa1;  // past m_total are never stored) and the tile's row of B's grid
+    const float* sb;
+    float c[2][3];     // this lane's cached scales: k-blocks 8g + q and 8g + 4 + q, (sa0, sa1, sb)
   };
   struct Step {
     float sa0, sa1, sb;
   };
   template <class Cfg>
-  __device__ static Tile begin(const GemmArgs& a, const TileInfo& t, const Frag&) {
-    return {a.alpha ? a.alpha[t.group] : 1.0f};
-  }
-  // k-block kb's scales of the fragment's rows (0 past m_total: those rows are never stored).
-  template <class Cfg>
-  __device__ static Step load_step(const GemmArgs& a, const TileInfo& t, const Frag& f, int kb, const float*) {
+  __device__ static Tile begin(const GemmArgs& a, const TileInfo& t, const Frag& f) {
     constexpr i64 kKb = (Cfg::kK + 127) / 128;
     constexpr i64 kNb = (Cfg::kN + 127) / 128;
     const float* sa = static_cast<const float*>(a.a_scale);
+    const int last = int(a.m_total) - 1;
     const int r0 = t.row0 + f.row, r1 = r0 + 8;
-    Step s;
-    s.sa0 = r0 < int(a.m_total) ? sa[i64(r0) * kKb + kb] : 0.0f;
-    s.sa1 = r1 < int(a.m_total) ? sa[i64(r1) * kKb + kb] : 0.0f;
-    s.sb = static_cast<const float*>(a.b_scale)[(i64(t.group) * kNb + t.n0 / 128) * kKb + kb];
-    return s;
+    return {a.alpha ? a.alpha[t.group] : 1.0f, sa + i64(min(r0, last)) * kKb, sa + i64(min(r1, last)) * kKb,
+            static_cast<const float*>(a.b_scale) + (i64(t.group) * kNb + t.n0 / 128) * kKb, {}};
+  }
+  template <class Cfg>
+  __device__ static Step load_step(const GemmArgs&, Tile& ts, const Frag& f, int kb, const float*) {
+    constexpr int kKb = int((Cfg::kK + 127) / 128);
+    const int q = f.lane & 3;
+    if (kb % 8 == 0) {
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        const int i = kb + 4 * h + q;
+        const bool ok = i < kKb;
+        ts.c[h][0] = ok ? ts.sa0[i] : 0.0f;
+        ts.c[h][1] = ok ? ts.sa1[i] : 0.0f;
+        ts.c[h][2] = ok ? ts.sb[i] : 0.0f;
+      }
+    }
+    const int src = (f.lane & ~3) | (kb & 3);
+    const bool hi = kb & 4;
+    Step st;
+    st.sa0 = __shfl_sync(0xffffffffu, hi ? ts.c[1][0] : ts.c[0][0], src);
+    st.sa1 = __shfl_sync(0xffffffffu, hi ? ts.c[1][1] : ts.c[0][1], src);
+    st.sb = __shfl_sync(0xffffffffu, hi ? ts.c[1][2] : ts.c[0][2], src);
+    return st;
   }
   template <class Cfg>
   __device__ static void store_cols(const Tile&, float*, const Frag&) {}
@@ -530,7 +554,7 @@ struct Mx32Scaling {
     const float* slot;  // the stage's factors (written by the scale writers before its full barrier)
   };
   template <class Cfg>
-  __device__ static Step load_step(const GemmArgs&, const TileInfo&, const Frag&, int, const float* slot) {
+  __device__ static Step load_step(const GemmArgs&, Tile&, const Frag&, int, const float* slot) {
     return {slot};
   }
   // A stage's scales are written by one warp (stages go round the writer warps): lane l loads
@@ -1125,7 +1149,7 @@ __device__ __forceinline__ void consumer(const GemmArgs& a, u8* smem, u32 base, 
   for (int unit = int(blockIdx.x) / T::kMc;; unit += stride) {
     TileInfo t;
     if (!sched.get(unit, rank, t)) break;
-    const typename S::Tile ts = S::template begin<Cfg>(a, t, f);
+    typename S::Tile ts = S::template begin<Cfg>(a, t, f);
     const int k_blocks = tile_k_blocks<Cfg>(t);
     // Waits for k-block kb of the tile (in `stage`); K-grouped: zeroes the other groups' tokens.
     auto stage_ready = [&](int kb) {
@@ -1175,7 +1199,7 @@ __device__ __forceinline__ void consumer(const GemmArgs& a, u8* smem, u32 base, 
       auto issue = [&](float* part, int s, int k) {
         if (k == 0) {
           prev = cur;
-          cur = S::template load_step<Cfg>(a, t, f, s / kSteps, slot_of(stage));
+          cur = S::template load_step<Cfg>(a, ts, f, s / kSteps, slot_of(stage));
           stage_ready(s / kSteps);
           da = sm90::smem_desc_sw128(a_wg + u32(stage) * T::kSmem.a_stage);
           db = sm90::smem_desc_sw128(base + T::kSmem.b_off + u32(stage) * T::kSmem.b_stage);
