@@ -491,18 +491,20 @@ void DeviceBuffer::copy_from_async(const DeviceBuffer& src, CUstream stream) {
 
 PointerInfo pointer_info(uint64_t address) {
   const Driver& d = require_driver();
-  PointerInfo info;
+  // cuPointerGetAttributes (unlike cuPointerGetAttribute) answers CUDA_SUCCESS with a zero memory
+  // type for an address CUDA does not know, so rejecting a host pointer is not a failed driver
+  // call (which compute-sanitizer would report as an API error).
   CUmemorytype type{};
-  CUresult r = d.cuPointerGetAttribute(&type, CU_POINTER_ATTRIBUTE_MEMORY_TYPE,
-                                       static_cast<CUdeviceptr>(address));
-  if (r == CUDA_ERROR_INVALID_VALUE) return info;  // not known to CUDA
-  check(r, "cuPointerGetAttribute(MEMORY_TYPE, " + hex(address) + ")");
+  int ordinal = -1;
+  CUpointer_attribute attrs[] = {CU_POINTER_ATTRIBUTE_MEMORY_TYPE, CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL};
+  void* data[] = {&type, &ordinal};
+  check(d.cuPointerGetAttributes(2, attrs, data, static_cast<CUdeviceptr>(address)),
+        "cuPointerGetAttributes(MEMORY_TYPE, DEVICE_ORDINAL, " + hex(address) + ")");
+  PointerInfo info;
+  if (type == CUmemorytype{}) return info;  // not known to CUDA
   info.known = true;
   info.memory_type = type;
-  int ordinal = -1;
-  r = d.cuPointerGetAttribute(&ordinal, CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL,
-                              static_cast<CUdeviceptr>(address));
-  if (r == CUDA_SUCCESS) info.device = ordinal;
+  info.device = ordinal;
   return info;
 }
 

@@ -84,7 +84,7 @@ namespace qf::rt {
   X(cuEventSynchronize)           \
   X(cuEventElapsedTime)           \
   X(cuEventDestroy)               \
-  X(cuPointerGetAttribute)        \
+  X(cuPointerGetAttributes)       \
   X(cuTensorMapEncodeTiled)       \
   X(cuOccupancyMaxActiveClusters)
 
@@ -310,7 +310,7 @@ class DeviceBuffer {
   CUcontext ctx_ = nullptr;
 };
 
-// What a device address is, per cuPointerGetAttribute.
+// What a device address is, per cuPointerGetAttributes.
 struct PointerInfo {
   bool known = false;  // allocated or registered with CUDA
   CUmemorytype memory_type = CU_MEMORYTYPE_HOST;
