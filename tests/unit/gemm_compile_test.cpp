@@ -133,8 +133,8 @@ TEST(GemmCodegen, ThinConfigOverTheHeader) {
   EXPECT_EQ(src.kernel, "qf::gemm_kernel<qf_gen::GemmCfg>");
   EXPECT_EQ(src.threads, 384);
   EXPECT_EQ(src.tile.stages, 5);  // 5 x 32 KiB stages + bf16 staging fit in 227 KiB
-  EXPECT_EQ(src.tile.ordered, 2);  // promotion with two consumer warpgroups: ordered issue
-  EXPECT_NE(src.source.find("static constexpr bool kOrderedIssue = true;"), std::string::npos);
+  EXPECT_EQ(src.tile.ordered, 1);  // blockwise: unordered issue (measured faster)
+  EXPECT_NE(src.source.find("static constexpr bool kOrderedIssue = false;"), std::string::npos);
   EXPECT_EQ(src.smem_bytes, gemm_smem(128, 128, 5, 2, kGemmBlock128, false, 2).total);
   // Same spec, same source; a different N, a different source.
   GemmSpec s2 = make(GemmScaling::Block128, ElemFormat::E4M3, ElemFormat::E5M2, DType::BF16, false, false, 128, 0);
@@ -144,10 +144,14 @@ TEST(GemmCodegen, ThinConfigOverTheHeader) {
 }
 
 TEST(GemmCodegen, DefaultTiles) {
-  // Promotion: 128 x 128, ordered issue, 5 stages; without: 128 x 256 (N >= 512), 3 stages.
+  // Promotion: 128 x 128, 5 stages, ordered issue but for blockwise; without: 128 x 256 (N >= 512),
+  // 3 stages.
   const GemmTile b = resolve_tile(make(GemmScaling::Block128, ElemFormat::E4M3, ElemFormat::E4M3, DType::BF16, false,
                                        false, 0, 0));
-  EXPECT_EQ(b, (GemmTile{128, 128, 5, 1, 16, 2}));
+  EXPECT_EQ(b, (GemmTile{128, 128, 5, 1, 16, 1}));
+  const GemmTile r = resolve_tile(make(GemmScaling::RowChannel, ElemFormat::E4M3, ElemFormat::E4M3, DType::BF16, false,
+                                       false, 0, 0));
+  EXPECT_EQ(r, (GemmTile{128, 128, 5, 1, 16, 2}));
   const GemmTile f = resolve_tile(make(GemmScaling::PerTensor, ElemFormat::E4M3, ElemFormat::E4M3, DType::BF16, false,
                                        true, 0, 0));
   EXPECT_EQ(f, (GemmTile{128, 256, 3, 1, 16, 1}));
