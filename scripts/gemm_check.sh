@@ -55,12 +55,12 @@ bench() {  # label, args... (default shape: 8 groups x 4096 rows, N 4096, K 7168
 }
 : >"$OUT/bench.txt"
 if [ "$MODE" != "quick" ]; then
-  bench "blockwise mc1 ordered +check" --scaling blockwise --check --check-rows 2
-  bench "blockwise mc1 unordered" --scaling blockwise --ordered off
-  bench "blockwise mc1 unordered 88 CTAs" --scaling blockwise --ordered off --max-ctas 88
-  bench "blockwise mc2 ordered +check" --scaling blockwise --multicast 2 --check --check-rows 2
-  bench "blockwise mc1 ordered uneven" --scaling blockwise --uneven
-  bench "blockwise mc1 ordered raster8" --scaling blockwise --raster 8
+  bench "blockwise mc1 (unordered) +check" --scaling blockwise --check --check-rows 2
+  bench "blockwise mc1 ordered" --scaling blockwise --ordered on
+  bench "blockwise mc1 88 CTAs" --scaling blockwise --max-ctas 88
+  bench "blockwise mc2 +check" --scaling blockwise --multicast 2 --check --check-rows 2
+  bench "blockwise mc1 uneven" --scaling blockwise --uneven
+  bench "blockwise mc1 raster8" --scaling blockwise --raster 8
   bench "blockwise 4x8192 N7168 K2048" --scaling blockwise --groups 4 --m 8192 --n 7168 --k 2048
   bench "blockwise 32x512 N2048 K7168" --scaling blockwise --groups 32 --m 512 --n 2048 --k 7168
   bench "rowwise promote mc1 ordered" --scaling rowwise
