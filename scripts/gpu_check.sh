@@ -35,19 +35,20 @@ python3 -m pytest -q -p no:cacheprovider tests/numerics/test_quantize_device.py 
 # (hybrid 32x64: RHT, fp8 31x33 fp32), interior tiles with transposed runs and the rowwise block-scale pass
 # (blockwise 1x128 / 128x1, 2D 128x128; nvfp4 grouped with SR + RHT), the same-layout
 # columnwise path (mxfp8), 2D 16x16 blocks in ragged rows (nvfp4 weight 200x320), delayed-scaling
-# amax reporting, per-channel int8 SR, grouped; and GEMM cases (below). QFORGE_SANITIZE_ALL=1:
-# the whole quantize suite (slow).
+# amax reporting, per-channel int8 SR, grouped; and GEMM cases (below). QFORGE_SANITIZE_ALL=1 or
+# =gemm: whole suites (below; slow).
 san_filter='*hybrid*_linear_input__training__bf16__32x64:*hybrid*_linear_input__training__bf16__128x4224:*current*_linear_grad_output__training__fp32__31x33:*nvfp4*grad_output*grouped*:*float8_block*weight__training__bf16__128x4224'
 san_filter+=':*float8_block*_linear_input__training__bf16__128x4224:*mxfp8__linear_input__training__bf16__200x320'
 san_filter+=':*float8_block*weight__training__fp16__300x384:*nvfp4__linear_weight__training__bf16__200x320:*delayed*input__training__bf16__128x4224:*int8_weight_sr*weight*grouped*'
-# Grouped GEMM: blockwise (stage scales), MXFP8 (scale writers, per-32 promotion), NVFP4, K-grouped
-# (shared-memory zeroing), masked, multicast, several tiles per CTA. racecheck takes every fp8
-# kind (every consumer lane releases a stage: docs/gemm.md).
-gemm_slot_free='*GemmExact*tensor_promote_bf16:*GemmExact*rowwise_promote_bf16:*GemmExact*kgrouped_tensor_bf16:*GemmExact*tensor_many_groups_fast_mc2'
-san_filter_all="$san_filter:$gemm_slot_free:*GemmExact*block_e4m3_bf16:*GemmExact*mxfp8_e4m3_bf16:*GemmExact*masked_block_bf16:*GemmExact*block_many_groups_mc2:*GemmExact*mxfp8_many_groups"
-# NVFP4 (B dequantized into the stages by the producer warps, A into registers): memcheck and initcheck.
-san_filter_all+=":*GemmExact*nvfp4_bf16:*GemmExact*nvfp4_many_groups"
-san_filter_race="$san_filter:$gemm_slot_free:*GemmExact*block_e4m3_bf16:*GemmExact*mxfp8_e4m3_bf16:*GemmExact*masked_block_bf16:*GemmExact*block_many_groups_mc2:*GemmExact*mxfp8_many_groups"
+# Grouped GEMM: blockwise (scales in registers), MXFP8 (scale writers, per-32 promotion), NVFP4, K-grouped
+# (shared-memory zeroing), masked, multicast, several tiles per CTA; all three tools take every
+# kind (every consumer lane releases a stage: docs/gemm.md; NVFP4 raced clean 2026-11-24).
+gemm_cases='*GemmExact*tensor_promote_bf16:*GemmExact*rowwise_promote_bf16:*GemmExact*kgrouped_tensor_bf16:*GemmExact*tensor_many_groups_fast_mc2'
+gemm_cases+=':*GemmExact*block_e4m3_bf16:*GemmExact*mxfp8_e4m3_bf16:*GemmExact*masked_block_bf16:*GemmExact*block_many_groups_mc2:*GemmExact*mxfp8_many_groups'
+# NVFP4 (B dequantized into the stages by the producer warps, A into registers).
+gemm_cases+=':*GemmExact*nvfp4_bf16:*GemmExact*nvfp4_many_groups'
+san_filter_all="$san_filter:$gemm_cases"
+san_filter_race="$san_filter_all"
 # QFORGE_SANITIZE_ALL=1: the whole quantize and GEMM suites; racecheck on every quantize case but
 # the 4096x4096 and 8192x5120 ones (the kernel paths of the smaller shapes on larger grids; hours
 # under racecheck) and on the exact GEMM cases.

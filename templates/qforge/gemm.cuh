@@ -390,16 +390,20 @@ __device__ __forceinline__ int tile_k_blocks(const TileInfo& t) {
 //                  scale slots (load_scales(), store_scales(); one warp per stage, in turn) and
 //                  arrive on its full barrier (0: none).
 
+// Policies whose promotions need nothing per k-block.
+struct NoStepScales {
+  struct Step {};
+  template <class Cfg, class Tile>
+  __device__ static Step load_step(const GemmArgs&, Tile&, const Frag&, int, const float*) { return {}; }
+};
+
 // One fp32 scale per group for A and for B: D = alpha * sa * sb * sum(a * b).
-struct PerTensorScaling {
+struct PerTensorScaling : NoStepScales {
   static constexpr bool kColScales = false;
   static constexpr int kSteps = 1, kScaleWriters = 0;
   struct Tile {
     float factor;
   };
-  struct Step {};
-  template <class Cfg>
-  __device__ static Step load_step(const GemmArgs&, Tile&, const Frag&, int, const float*) { return {}; }
   template <class Cfg>
   __device__ static Tile begin(const GemmArgs& a, const TileInfo& t, const Frag&) {
     const float alpha = a.alpha ? a.alpha[t.group] : 1.0f;
@@ -420,16 +424,13 @@ struct PerTensorScaling {
 
 // fp32 scale per row of A (token) and per row of B[g] (output channel):
 // D[r, n] = alpha * sa[r] * sb[g, n] * sum(a * b).
-struct RowChannelScaling {
+struct RowChannelScaling : NoStepScales {
   static constexpr bool kColScales = true;
   static constexpr int kSteps = 1, kScaleWriters = 0;
   struct Tile {
     float row[2];
     float col[2];  // block_n <= 256: two columns per thread
   };
-  struct Step {};
-  template <class Cfg>
-  __device__ static Step load_step(const GemmArgs&, Tile&, const Frag&, int, const float*) { return {}; }
   template <class Cfg>
   __device__ static Tile begin(const GemmArgs& a, const TileInfo& t, const Frag& f) {
     static_assert(Cfg::kBlockN <= 256, "two column scales per thread");
