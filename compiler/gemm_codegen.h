@@ -61,7 +61,7 @@ struct GemmTile {
   int stages = 0;     // pipeline depth (as many as fit in shared memory, at most 8)
   int multicast = 0;  // 1 (default), or 2: clusters of two CTAs share the A tile (needs an even
                       // n-block count; correct, but measured slower so far: docs/gemm.md)
-  int raster_m = 0;   // m-blocks per scheduling band (L2 reuse)
+  int raster_m = 0;   // m-blocks per scheduling band (L2 reuse); default 16, 4 for blockwise
   int ordered = 0;    // 1 off, 2 on: the two consumer warpgroups issue their MMAs in turn, so one
                       // promotes while the other's MMAs run (0: on with promotion and 2 groups)
   bool operator==(const GemmTile&) const = default;

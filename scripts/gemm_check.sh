@@ -60,7 +60,7 @@ if [ "$MODE" != "quick" ]; then
   bench "blockwise mc1 88 CTAs" --scaling blockwise --max-ctas 88
   bench "blockwise mc2 +check" --scaling blockwise --multicast 2 --check --check-rows 2
   bench "blockwise mc1 uneven" --scaling blockwise --uneven
-  bench "blockwise mc1 raster8" --scaling blockwise --raster 8
+  bench "blockwise mc1 raster16" --scaling blockwise --raster 16
   bench "blockwise 4x8192 N7168 K2048" --scaling blockwise --groups 4 --m 8192 --n 7168 --k 2048
   bench "blockwise 32x512 N2048 K7168" --scaling blockwise --groups 32 --m 512 --n 2048 --k 7168
   bench "rowwise promote mc1 ordered" --scaling rowwise

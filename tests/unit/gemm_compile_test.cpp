@@ -145,10 +145,10 @@ TEST(GemmCodegen, ThinConfigOverTheHeader) {
 
 TEST(GemmCodegen, DefaultTiles) {
   // Promotion: 128 x 128, 5 stages, ordered issue but for blockwise; without: 128 x 256 (N >= 512),
-  // 3 stages.
+  // 3 stages. Raster bands of 16 m-blocks, 4 for blockwise.
   const GemmTile b = resolve_tile(make(GemmScaling::Block128, ElemFormat::E4M3, ElemFormat::E4M3, DType::BF16, false,
                                        false, 0, 0));
-  EXPECT_EQ(b, (GemmTile{128, 128, 5, 1, 16, 1}));
+  EXPECT_EQ(b, (GemmTile{128, 128, 5, 1, 4, 1}));
   const GemmTile r = resolve_tile(make(GemmScaling::RowChannel, ElemFormat::E4M3, ElemFormat::E4M3, DType::BF16, false,
                                        false, 0, 0));
   EXPECT_EQ(r, (GemmTile{128, 128, 5, 1, 16, 2}));
