@@ -16,6 +16,7 @@ struct KernelSource {
   std::string source;                     // the translation unit given to NVRTC
   std::string cast_kernel;                // name expression of the cast kernel
   std::optional<std::string> amax_kernel; // name expression of the phase-0 reduction, if any
+  std::optional<std::string> fused_kernel;  // the one-launch form for small single tensors, if any
   uint32_t smem_bytes = 0;                // dynamic shared memory of either kernel
   TileConfig tile;
 };

@@ -86,7 +86,8 @@ namespace qf::rt {
   X(cuEventDestroy)               \
   X(cuPointerGetAttributes)       \
   X(cuTensorMapEncodeTiled)       \
-  X(cuOccupancyMaxActiveClusters)
+  X(cuOccupancyMaxActiveClusters)  \
+  X(cuOccupancyMaxActiveBlocksPerMultiprocessor)
 
 // One entry point: its name in qforge's source and the libcuda symbol it resolves to.
 struct EntryPoint {

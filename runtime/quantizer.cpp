@@ -1,6 +1,8 @@
 #include "runtime/quantizer.h"
 
 #include <algorithm>
+#include <cstdlib>
+#include <string_view>
 
 #include "compiler/error.h"
 #include "qforge/args.cuh"
@@ -19,6 +21,7 @@ QuantizeKernels build_quantize_kernels(const Plan& plan, const std::string& arch
   req.source_name = "qforge_quantize.cu";
   req.name_expressions = {k.source.cast_kernel};
   if (k.source.amax_kernel) req.name_expressions.push_back(*k.source.amax_kernel);
+  if (k.source.fused_kernel) req.name_expressions.push_back(*k.source.fused_kernel);
   req.arch = arch;
   nlohmann::json meta = {{"kind", "quantize"},
                          {"recipe", plan.recipe},
@@ -34,10 +37,21 @@ struct Quantizer::Loaded {
   std::shared_ptr<const Module> module;
   CUfunction cast = nullptr;
   CUfunction amax = nullptr;
+  CUfunction fused = nullptr;
+  int64_t fused_ctas = 0;  // how many CTAs of `fused` fit on the device at once
 };
 
+namespace {
+
+bool one_launch_enabled() {
+  const char* v = std::getenv("QFORGE_ONE_LAUNCH");
+  return !(v && std::string_view(v) == "0");
+}
+
+}  // namespace
+
 Quantizer::Quantizer(Plan plan, KernelCache& cache, bool use_tuning)
-    : plan_(std::move(plan)), cache_(cache), use_tuning_(use_tuning) {
+    : plan_(std::move(plan)), cache_(cache), use_tuning_(use_tuning), one_launch_(one_launch_enabled()) {
   verify(plan_);
 }
 
@@ -64,6 +78,14 @@ std::shared_ptr<const Quantizer::Loaded> Quantizer::load_for_current_device() co
   if (l->kernels.source.amax_kernel) l->amax = l->module->function(entry.lowered(*l->kernels.source.amax_kernel));
   allow_dynamic_smem(l->cast, l->kernels.source.smem_bytes);
   if (l->amax) allow_dynamic_smem(l->amax, l->kernels.source.smem_bytes);
+  if (l->kernels.source.fused_kernel) {
+    l->fused = l->module->function(entry.lowered(*l->kernels.source.fused_kernel));
+    allow_dynamic_smem(l->fused, l->kernels.source.smem_bytes);
+    int per_sm = 0;
+    check(driver().cuOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, l->fused, plan.tile.threads, l->kernels.source.smem_bytes),
+          "cuOccupancyMaxActiveBlocksPerMultiprocessor (fused quantize kernel)");
+    l->fused_ctas = int64_t(per_sm) * device_sm_count(dev);
+  }
   std::lock_guard<std::mutex> g(mu_);
   return loaded_.emplace(dev, std::move(l)).first->second;
 }
@@ -145,6 +167,7 @@ void Quantizer::quantize(const QuantizeCall& call, CUstream stream) const {
   struct Zero {
     uint64_t ptr;
     int64_t bytes;
+    bool amax;  // an amax output: the one-launch form zeroes it itself
   };
   std::vector<Zero> zero;
   for (const auto& b : outs) {
@@ -166,7 +189,7 @@ void Quantizer::quantize(const QuantizeCall& call, CUstream stream) const {
     // Amax outputs accumulate atomically from zero; swizzled padding must read as zero; a
     // grouped per-tensor scale of an empty member (no tile writes it) reads as zero.
     if (b.kind == BufferKind::Amax || (b.kind == BufferKind::ScaleInv && (b.zero_padding || grouped)))
-      zero.push_back({v.ptr, need});
+      zero.push_back({v.ptr, need, b.kind == BufferKind::Amax});
     if (b.kind == BufferKind::Data) args.streams[b.stream].data = reinterpret_cast<void*>(v.ptr);
     if (b.kind == BufferKind::ScaleInv) args.streams[b.stream].scale_inv = reinterpret_cast<void*>(v.ptr);
   }
@@ -185,7 +208,7 @@ void Quantizer::quantize(const QuantizeCall& call, CUstream stream) const {
   const int64_t ws = workspace_bytes(call.shape, members);
   if (ws > 0) {
     check_buffer("workspace", call.workspace, ws, 256);
-    zero.push_back({call.workspace.ptr, ws});
+    zero.push_back({call.workspace.ptr, ws, false});
     uint64_t p = call.workspace.ptr;
     for (size_t a = 0; a < plan_.amax.size(); ++a) {
       if (plan_.amax[a].scope != AmaxScope::Channel) continue;
@@ -197,7 +220,6 @@ void Quantizer::quantize(const QuantizeCall& call, CUstream stream) const {
 
   auto l = load_for_current_device();
   const Driver& d = driver();
-  for (const auto& z : zero) check(d.cuMemsetD8Async(CUdeviceptr(z.ptr), 0, size_t(z.bytes), stream), "zeroing amax / padded scales");
   const TileConfig& t = l->kernels.source.tile;
   // One CTA per tile. Grouped: sum(ceil(m_i / rows)) <= ceil(M / rows) + N tile rows, plus one
   // row of CTAs for the scales of empty members.
@@ -207,8 +229,36 @@ void Quantizer::quantize(const QuantizeCall& call, CUstream stream) const {
     throw UserError("input", "tensor too large for one launch (" + std::to_string(tile_rows) + " x " + std::to_string(grid.y) + " tiles)");
   void* params[] = {&args};
   const size_t smem = l->kernels.source.smem_bytes;
-  if (l->amax) launch(l->amax, grid, Dim3{unsigned(t.threads)}, smem, stream, params, {}, SmemLimit::kPrepared);
-  launch(l->cast, grid, Dim3{unsigned(t.threads)}, smem, stream, params, {}, SmemLimit::kPrepared);
+  const Dim3 block{unsigned(t.threads)};
+  // A single tensor whose tiles all fit on the GPU at once: one cooperative launch of the fused
+  // kernel, which zeroes the amax outputs and folds the amax pre-pass in. Every stream operation
+  // costs microseconds of host and GPU time, which is most of a small call.
+  const bool fused = l->fused && one_launch_ && !grouped && int64_t(grid.x) * grid.y <= l->fused_ctas;
+  for (const auto& z : zero)
+    if (!(fused && z.amax)) check(d.cuMemsetD8Async(CUdeviceptr(z.ptr), 0, size_t(z.bytes), stream), "zeroing amax / padded scales");
+  if (fused) {
+    CUlaunchAttribute coop{};
+    coop.id = CU_LAUNCH_ATTRIBUTE_COOPERATIVE;
+    coop.value.cooperative = 1;
+    CUlaunchConfig config{};
+    config.gridDimX = grid.x, config.gridDimY = grid.y, config.gridDimZ = 1;
+    config.blockDimX = block.x, config.blockDimY = 1, config.blockDimZ = 1;
+    config.sharedMemBytes = unsigned(smem);
+    config.hStream = stream;
+    config.attrs = &coop;
+    config.numAttrs = 1;
+    const CUresult r = d.cuLaunchKernelEx(&config, l->fused, params, nullptr);
+    if (r != CUDA_ERROR_COOPERATIVE_LAUNCH_TOO_LARGE) {
+      check(r, "cuLaunchKernelEx (cooperative fused quantize kernel, grid [" + std::to_string(grid.x) + ", " +
+                   std::to_string(grid.y) + "], block [" + std::to_string(block.x) + "])");
+      return;
+    }
+    // Fewer SMs than the device has (MPS, green contexts): the separate launches.
+    for (const auto& z : zero)
+      if (z.amax) check(d.cuMemsetD8Async(CUdeviceptr(z.ptr), 0, size_t(z.bytes), stream), "zeroing amax");
+  }
+  if (l->amax) launch(l->amax, grid, block, smem, stream, params, {}, SmemLimit::kPrepared);
+  launch(l->cast, grid, block, smem, stream, params, {}, SmemLimit::kPrepared);
 }
 
 void update_amax_history(const PerTensorDelayed& mode, ElemFormat format, const HistoryCall& call,

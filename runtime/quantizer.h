@@ -53,7 +53,12 @@ class Quantizer {
   int64_t workspace_bytes(Shape2D shape, int num_members = 1) const;
 
   // Validates every argument (UserError naming it), then launches on `stream` in the current
-  // context. The first call per device compiles or loads the kernels.
+  // context. The first call per device compiles or loads the kernels. A call is one launch
+  // (memsets included) where it can be: plans with tensor amaxes (current / delayed scaling,
+  // NVFP4) on a single tensor whose tiles all fit on the GPU at once run the cooperative
+  // fused_kernel, which zeroes the amax outputs and reduces the amax pre-pass itself; larger or
+  // grouped calls zero the amax outputs with memsets and launch the amax and cast kernels.
+  // QFORGE_ONE_LAUNCH=0 (read at construction) always takes the second way.
   void quantize(const QuantizeCall& call, CUstream stream) const;
 
   // Compiles (or loads) for `arch` without a GPU; returns how the cache answered.
@@ -66,6 +71,7 @@ class Quantizer {
   Plan plan_;
   KernelCache& cache_;
   bool use_tuning_ = true;
+  bool one_launch_ = true;  // QFORGE_ONE_LAUNCH=0 turns the fused form off (A/B, debugging)
   mutable std::mutex mu_;
   mutable std::map<int, std::shared_ptr<const Loaded>> loaded_;  // by device
 };

@@ -57,6 +57,8 @@ int cmd_inspect(const Argv& argv) {
     // Name expressions in launch order: the phase-0 reduction (if any), then the cast.
     if (ks.amax_kernel) std::cout << "// amax_kernel: " << *ks.amax_kernel << "\n";
     std::cout << "// cast_kernel: " << ks.cast_kernel << "\n";
+    // Instead of both, for a single tensor whose grid fits on the GPU at once (runtime/quantizer.h).
+    if (ks.fused_kernel) std::cout << "// fused_kernel: " << *ks.fused_kernel << "\n";
     std::cout << "// smem_bytes: " << ks.smem_bytes << "\n";
     std::cout << ks.source;
     if (!ks.source.empty() && ks.source.back() != '\n') std::cout << "\n";

@@ -616,6 +616,73 @@ __device__ bool resolve_member(const QuantizeArgs& a, Member& mem, i64 (&scale_b
   return true;
 }
 
+// Grid-wide barrier of a cooperative launch (fused_kernel), in two halves so that a CTA can
+// arrive early and wait late. The driver gives every cooperative launch a workspace whose address
+// is in %envreg1 (high half) and %envreg2 (low half): a u32 size, then a u32 barrier word that
+// starts at zero. Each CTA adds 1, except CTA 0, which adds 2^31 - (CTAs - 1): once all have
+// arrived the word has grown by exactly 2^31, so its top bit has flipped (and its low bits are
+// back where they were, ready for the next barrier). Arrival is a release, the polling load an
+// acquire, both at GPU scope: what any CTA wrote before arriving is visible to every CTA after
+// its wait. Thread 0 arrives and waits; the value grid_arrive returns is its ticket.
+__device__ __forceinline__ u32 grid_arrive() {
+  __syncthreads();
+  u32 old = 0;
+  if (threadIdx.x == 0) {
+    u32 hi, lo;
+    asm volatile("mov.u32 %0, %%envreg1;" : "=r"(hi));
+    asm volatile("mov.u32 %0, %%envreg2;" : "=r"(lo));
+    u32* word = reinterpret_cast<u32*>((u64(hi) << 32) | lo) + 1;
+    const u32 ctas = gridDim.x * gridDim.y * gridDim.z;
+    const u32 add = blockIdx.x == 0 && blockIdx.y == 0 && blockIdx.z == 0 ? 0x80000000u - (ctas - 1) : 1u;
+    asm volatile("atom.add.release.gpu.global.u32 %0, [%1], %2;" : "=r"(old) : "l"(word), "r"(add) : "memory");
+  }
+  return old;
+}
+
+__device__ __forceinline__ void grid_wait(u32 ticket) {
+  if (threadIdx.x == 0) {
+    u32 hi, lo, now;
+    asm volatile("mov.u32 %0, %%envreg1;" : "=r"(hi));
+    asm volatile("mov.u32 %0, %%envreg2;" : "=r"(lo));
+    const u32* word = reinterpret_cast<const u32*>((u64(hi) << 32) | lo) + 1;
+    do {
+      asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(now) : "l"(word) : "memory");
+    } while (((ticket ^ now) & 0x80000000u) == 0);
+    __threadfence();
+  }
+  __syncthreads();
+}
+
+// This thread's part of the max of |x| over a staged tile (zero outside the tensor), for
+// block_max_atomic: the raw input, or after the 16-point RHT, each 16-row group of a column
+// rotated in registers (M % 16 == 0) without the transform's 1/4 (rht16_unscaled). The 1/4 and
+// the rounding to the input dtype are monotone in |x| and keep NaN a NaN, so they apply to the
+// max: the same value as the max of the rounded outputs.
+template <class Cfg, bool kRht>
+__device__ __forceinline__ float staged_tensor_amax(const TileElem<Cfg>* tile) {
+  constexpr int TR = Cfg::kTileRows, TC = Cfg::kTileCols, T = Cfg::kThreads;
+  float m = 0.0f;
+  if constexpr (kRht) {
+    for (int i = threadIdx.x; i < (TR / 16) * TC; i += T) {
+      const int r = (i / TC) * 16, c = i % TC;
+      float v[16];
+#pragma unroll
+      for (int j = 0; j < 16; ++j) v[j] = tld(tile, tile_off<TC>(r + j, c));
+      rht16_unscaled(v, Cfg::kRhtMask);
+#pragma unroll
+      for (int j = 0; j < 16; ++j) m = amax_step(m, v[j]);
+    }
+    return round_to_dtype(m * 0.25f, Cfg::kInDtype);
+  } else {
+    for (int i = threadIdx.x; i < TR * TC / 4; i += T) {
+      const int r = i / (TC / 4), c = (i % (TC / 4)) * 4;
+      const float4 f = tld4(tile, tile_off<TC>(r, c));
+      m = amax_step(amax_step(amax_step(amax_step(m, f.x), f.y), f.z), f.w);
+    }
+    return m;
+  }
+}
+
 // ------------------------------------------------------------------------------------ tiles
 
 // Rows r .. r + 15 of tile column c after the RHT (r % 16 == 0), each rounded to the input
@@ -1304,35 +1371,74 @@ __device__ void fill_empty_members(const QuantizeArgs& a) {
 
 }  // namespace detail
 
-template <class Cfg, class... S>
-__global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocks)
-    cast_kernel(const QuantizeArgs a) {
+// The pre-pass amax sources a fused_kernel reduces from its staged tile (tensor scope: the raw
+// input or after RHT), each into its amax output.
+template <class... A>
+struct PrePass {
+  static constexpr int kSources = int(sizeof...(A));
+  // Every source's part of this tile first, then (after the zeroing barrier) the atomics.
+  template <class Cfg>
+  __device__ static void reduce(const QuantizeArgs& a, const detail::TileElem<Cfg>* tile, u32 ticket) {
+    static_assert(((A::kScope == kScopeTensor) && ...), "a fused launch reduces tensor-scope amaxes only");
+    float part[sizeof...(A)] = {detail::staged_tensor_amax<Cfg, A::kRht>(tile)...};
+    detail::grid_wait(ticket);
+    int i = 0;
+    (detail::block_max_atomic<Cfg::kThreads>(a.amax[A::kSlot], part[i++]), ...);
+  }
+};
+
+namespace detail {
+
+// The cast of one tile, all streams; kFused: the single-tensor, cooperative form (fused_kernel).
+template <class Cfg, class Pre, bool kFused, class... S>
+__device__ __forceinline__ void cast_tile(const QuantizeArgs& a) {
   if (a.noop && *a.noop == 1.0f) return;
   if (a.member_rows && blockIdx.x == gridDim.x - 1) {
-    if (blockIdx.y == 0) detail::fill_empty_members<Cfg, S...>(a);
+    if (blockIdx.y == 0) fill_empty_members<Cfg, S...>(a);
     return;
   }
-  detail::Member mem;
+  Member mem;
   i64 scale_base[kMaxStreams];
-  if (!detail::resolve_member<Cfg, S...>(a, mem, scale_base)) return;
+  if (!resolve_member<Cfg, S...>(a, mem, scale_base)) return;
   const i64 col0 = i64(blockIdx.y) * Cfg::kTileCols;
 
   constexpr int kTileFloats = Cfg::kTileRows * Cfg::kTileCols;
   static_assert(cast_smem_bytes(Cfg::kTileRows, Cfg::kTileCols, Cfg::kRht,
                                 (0 + ... + cast_scratch_entries(Cfg::kTileRows, Cfg::kTileCols, S::kDir == 1, S::kTransposed,
                                                                 S::kEpt, S::kBlock2d, S::kBlockRows, S::kBlockCols,
-                                                                detail::StoreBits<typename S::Format>::value)),
+                                                                StoreBits<typename S::Format>::value)),
                                 Cfg::kStage16) == Cfg::kSmemBytes,
                 "shared memory as the host sized it");
   static_assert(!Cfg::kStage16 || Cfg::kInDtype != 0, "16-bit staging of a 16-bit input");
   extern __shared__ float4 smem4[];
-  detail::TileElem<Cfg>* tile = reinterpret_cast<detail::TileElem<Cfg>*>(smem4);
-  detail::TileElem<Cfg>* rtile = Cfg::kRht ? tile + kTileFloats : tile;
+  TileElem<Cfg>* tile = reinterpret_cast<TileElem<Cfg>*>(smem4);
+  TileElem<Cfg>* rtile = Cfg::kRht ? tile + kTileFloats : tile;
   const i64 row0 = mem.tile_row * Cfg::kTileRows;
   const bool full = row0 + Cfg::kTileRows <= mem.rows && col0 + Cfg::kTileCols <= a.k && a.k % 16 == 0;
   // The rotated copy, unless every RHT stream rotates in registers on this tile.
-  constexpr bool kAllRhtInRegisters = ((!S::kRht || detail::kRhtInRegisters<S>) && ...);
-  detail::load_tile<Cfg>(a, mem, col0, full, tile, rtile, !(kAllRhtInRegisters && full && mem.rows % 16 == 0));
+  constexpr bool kAllRhtInRegisters = ((!S::kRht || kRhtInRegisters<S>) && ...);
+  // Fused: one launch instead of memset(amax) [+ amax kernel] + cast kernel. CTA 0 zeroes the
+  // amax outputs before it arrives at a first grid barrier; every CTA waits there only before its
+  // first atomic on them (its tile load and its part of the pre-pass amaxes happen meanwhile).
+  // With a pre-pass, a second barrier: after it every CTA reads the amaxes complete.
+  u32 ticket = 0;
+  if constexpr (kFused) {
+    if (blockIdx.x == 0 && blockIdx.y == 0 && threadIdx.x == 0) {
+#pragma unroll
+      for (int i = 0; i < kMaxAmaxSlots; ++i)
+        if (a.amax[i]) a.amax[i][0] = 0.0f;
+    }
+    ticket = grid_arrive();
+  }
+  load_tile<Cfg>(a, mem, col0, full, tile, rtile, !(kAllRhtInRegisters && full && mem.rows % 16 == 0));
+  if constexpr (kFused) {
+    if constexpr (Pre::kSources > 0) {
+      Pre::template reduce<Cfg>(a, tile, ticket);
+      grid_wait(grid_arrive());
+    } else {
+      grid_wait(ticket);
+    }
+  }
 
   // Shared scratch, one region per stream (cast_scratch_entries): 2D block amaxes first (all
   // streams), then each stream.
@@ -1342,9 +1448,9 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocks)
   (
       [&] {
         regions[s++] = region;
-        if constexpr (S::kBlock2d) detail::block2d_amax<Cfg, S>(S::kRht ? rtile : tile, reinterpret_cast<u32*>(region));
+        if constexpr (S::kBlock2d) block2d_amax<Cfg, S>(S::kRht ? rtile : tile, reinterpret_cast<u32*>(region));
         region += cast_scratch_entries(Cfg::kTileRows, Cfg::kTileCols, S::kDir == 1, S::kTransposed, S::kEpt, S::kBlock2d,
-                                       S::kBlockRows, S::kBlockCols, detail::StoreBits<typename S::Format>::value);
+                                       S::kBlockRows, S::kBlockCols, StoreBits<typename S::Format>::value);
       }(),
       ...);
   __syncthreads();
@@ -1359,10 +1465,27 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocks)
           report = !reported[S::kTensorAmax];
           reported[S::kTensorAmax] = true;
         }
-        detail::cast_stream<Cfg, S>(a, mem, col0, full, tile, rtile, regions[s], scale_base[s], report);
+        cast_stream<Cfg, S>(a, mem, col0, full, tile, rtile, regions[s], scale_base[s], report);
         ++s;
       }(),
       ...);
+}
+
+}  // namespace detail
+
+template <class Cfg, class... S>
+__global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocks)
+    cast_kernel(const QuantizeArgs a) {
+  detail::cast_tile<Cfg, PrePass<>, false, S...>(a);
+}
+
+// cast_kernel for a single tensor whose grid fits on the GPU at once, launched cooperatively:
+// the pre-pass amaxes (Pre, tensor scope) and the zeroing of every amax output happen inside,
+// around grid barriers, so a call is one launch and reads its input once.
+template <class Cfg, class Pre, class... S>
+__global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocks)
+    fused_kernel(const QuantizeArgs a) {
+  detail::cast_tile<Cfg, Pre, true, S...>(a);
 }
 
 // Global reductions before the cast: the tensor amax (raw: straight from global memory with
@@ -1410,33 +1533,10 @@ __global__ void __launch_bounds__(Cfg::kThreads) amax_kernel(const QuantizeArgs 
             }
           }
           detail::block_max_atomic<Cfg::kThreads>(a.amax[A::kSlot] + mem.index, m);
-        } else if constexpr (A::kScope == kScopeTensor && A::kRht) {
-          // After RHT: each 16-row group of a column rotated in registers from the staged tile
-          // (zero outside the tensor; M % 16 == 0), without the transform's 1/4 (rht16_unscaled).
-          // The 1/4 and the rounding to the input dtype are monotone in |x| and keep NaN a NaN,
-          // so they apply to the max: the same value as the max of the rounded outputs.
-          float m = 0.0f;
-          for (int i = threadIdx.x; i < (TR / 16) * TC; i += T) {
-            const int r = (i / TC) * 16, c = i % TC;
-            float v[16];
-#pragma unroll
-            for (int j = 0; j < 16; ++j) v[j] = detail::tld(tile, detail::tile_off<TC>(r + j, c));
-            rht16_unscaled(v, Cfg::kRhtMask);
-#pragma unroll
-            for (int j = 0; j < 16; ++j) m = amax_step(m, v[j]);
-          }
-          detail::block_max_atomic<Cfg::kThreads>(a.amax[A::kSlot] + mem.index, detail::round_to_dtype(m * 0.25f, Cfg::kInDtype));
         } else if constexpr (A::kScope == kScopeTensor) {
-          // From the staged tile (zero outside the tensor) when another reduction of this launch
-          // needed the tile anyway.
-          const detail::TileElem<Cfg>* src = tile;
-          float m = 0.0f;
-          for (int i = threadIdx.x; i < TR * TC / 4; i += T) {
-            const int r = i / (TC / 4), c = (i % (TC / 4)) * 4;
-            const float4 f = detail::tld4(src, detail::tile_off<TC>(r, c));
-            m = amax_step(amax_step(amax_step(amax_step(m, f.x), f.y), f.z), f.w);
-          }
-          detail::block_max_atomic<Cfg::kThreads>(a.amax[A::kSlot] + mem.index, m);
+          // After RHT (rotated in registers from the staged tile), or raw from the staged tile
+          // when another reduction of this launch needed the tile anyway.
+          detail::block_max_atomic<Cfg::kThreads>(a.amax[A::kSlot] + mem.index, detail::staged_tensor_amax<Cfg, A::kRht>(tile));
         } else if constexpr (A::kScope == kScopeChannelRows && !A::kRht) {
           // One warp per row, straight from global memory: 16-byte loads on interior tiles
           // (lanes on consecutive chunks), checked element loads on edge tiles.

@@ -151,12 +151,14 @@ void check_plan(const Plan& p, bool run_ref) {
   check_source(ks.source, "emitted source");
   check_source(ks.cast_kernel, "cast kernel name expression");
   if (ks.amax_kernel) check_source(*ks.amax_kernel, "amax kernel name expression");
+  if (ks.fused_kernel) check_source(*ks.fused_kernel, "fused kernel name expression");
   // The source depends on the plan's structure only: not on recipe text or the role's name.
   Plan anon = p;
   anon.recipe = "r";
   anon.role = "m:t";
   const KernelSource ka = emit_quantize(anon);
-  if (ka.source != ks.source || ka.cast_kernel != ks.cast_kernel || ka.amax_kernel != ks.amax_kernel)
+  if (ka.source != ks.source || ka.cast_kernel != ks.cast_kernel || ka.amax_kernel != ks.amax_kernel ||
+      ka.fused_kernel != ks.fused_kernel)
     broken("emitted source depends on the recipe name or role name");
   for (const auto& s : p.streams)
     if (const auto* d = std::get_if<PerTensorDelayed>(&s.scaling))
@@ -263,7 +265,7 @@ std::vector<std::pair<std::string, std::string>> emit_all(const Recipe& recipe) 
           const KernelSource ks = emit_quantize(p);
           // The name expressions reach NVRTC too.
           out.emplace_back(key, ks.source + "// cast_kernel: " + ks.cast_kernel + "\n// amax_kernel: " +
-                                    ks.amax_kernel.value_or("-") + "\n");
+                                    ks.amax_kernel.value_or("-") + "\n// fused_kernel: " + ks.fused_kernel.value_or("-") + "\n");
           for (const auto& s : p.streams)
             if (const auto* m = std::get_if<PerTensorDelayed>(&s.scaling))
               out.emplace_back(key + " history/" + std::string(name(s.dir)),

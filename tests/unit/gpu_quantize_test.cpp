@@ -6,6 +6,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -31,6 +32,7 @@ struct Case {
   Shape2D shape;
   std::vector<int64_t> splits;  // grouped when non-empty
   bool edge_values = false;     // NaN, Inf, denormals, values at / above max
+  bool separate = false;        // QFORGE_ONE_LAUNCH=0: memsets + amax kernel + cast kernel
 };
 
 std::string case_label(const Case& c) {
@@ -42,6 +44,7 @@ std::string case_label(const Case& c) {
                   std::to_string(c.shape.k);
   if (!c.splits.empty()) s += "__grouped" + std::to_string(c.splits.size());
   if (c.edge_values) s += "__edge";
+  if (c.separate) s += "__separate";
   return s;
 }
 std::string case_name(const ::testing::TestParamInfo<Case>& info) { return case_label(info.param); }
@@ -118,7 +121,9 @@ TEST_P(GpuQuantize, BitExactAgainstCpuReference) {
       c.splits.empty() ? ref::quantize(plan, x, params) : ref::quantize_grouped(plan, x, c.splits, params);
 
   using namespace qf::rt;
+  if (c.separate) ::setenv("QFORGE_ONE_LAUNCH", "0", 1);
   Quantizer q(plan);
+  if (c.separate) ::unsetenv("QFORGE_ONE_LAUNCH");
   DeviceBuffer dx(x.bytes.size());
   dx.upload(x.bytes.data(), x.bytes.size());
   QuantizeCall call;
@@ -208,6 +213,10 @@ std::vector<Case> all_cases() {
       cases.push_back({r, role, Usage::Memory, DType::FP16, {96, 160}, {}, false});
       // fp16 through interior and edge tiles of every tile shape (128-row tiles: 16-bit staging).
       cases.push_back({r, role, Usage::Training, DType::FP16, {300, 384}, {}, false});
+      // Small single tensors take the one-launch fused kernel where the plan has one; these take
+      // the separate launches instead (as large and grouped tensors do).
+      for (Shape2D s : {Shape2D{31, 33}, Shape2D{200, 320}})
+        cases.push_back({r, role, Usage::Training, DType::BF16, s, {}, false, true});
     }
   return cases;
 }
