@@ -234,29 +234,24 @@ void Quantizer::quantize(const QuantizeCall& call, CUstream stream) const {
   // kernel, which zeroes the amax outputs and folds the amax pre-pass in. Every stream operation
   // costs microseconds of host and GPU time, which is most of a small call.
   const bool fused = l->fused && one_launch_ && !grouped && int64_t(grid.x) * grid.y <= l->fused_ctas;
-  for (const auto& z : zero)
-    if (!(fused && z.amax)) check(d.cuMemsetD8Async(CUdeviceptr(z.ptr), 0, size_t(z.bytes), stream), "zeroing amax / padded scales");
+  auto zero_buffers = [&](bool amax) {
+    for (const auto& z : zero)
+      if (z.amax == amax) check(d.cuMemsetD8Async(CUdeviceptr(z.ptr), 0, size_t(z.bytes), stream), "zeroing amax / padded scales");
+  };
+  zero_buffers(false);
   if (fused) {
     CUlaunchAttribute coop{};
     coop.id = CU_LAUNCH_ATTRIBUTE_COOPERATIVE;
     coop.value.cooperative = 1;
-    CUlaunchConfig config{};
-    config.gridDimX = grid.x, config.gridDimY = grid.y, config.gridDimZ = 1;
-    config.blockDimX = block.x, config.blockDimY = 1, config.blockDimZ = 1;
-    config.sharedMemBytes = unsigned(smem);
-    config.hStream = stream;
-    config.attrs = &coop;
-    config.numAttrs = 1;
-    const CUresult r = d.cuLaunchKernelEx(&config, l->fused, params, nullptr);
-    if (r != CUDA_ERROR_COOPERATIVE_LAUNCH_TOO_LARGE) {
-      check(r, "cuLaunchKernelEx (cooperative fused quantize kernel, grid [" + std::to_string(grid.x) + ", " +
-                   std::to_string(grid.y) + "], block [" + std::to_string(block.x) + "])");
+    try {
+      launch(l->fused, grid, block, smem, stream, params, {&coop, 1}, SmemLimit::kPrepared);
       return;
+    } catch (const CudaError& e) {
+      // Fewer SMs than the device has (MPS, green contexts): the separate launches.
+      if (e.code() != CUDA_ERROR_COOPERATIVE_LAUNCH_TOO_LARGE) throw;
     }
-    // Fewer SMs than the device has (MPS, green contexts): the separate launches.
-    for (const auto& z : zero)
-      if (z.amax) check(d.cuMemsetD8Async(CUdeviceptr(z.ptr), 0, size_t(z.bytes), stream), "zeroing amax");
   }
+  zero_buffers(true);
   if (l->amax) launch(l->amax, grid, block, smem, stream, params, {}, SmemLimit::kPrepared);
   launch(l->cast, grid, block, smem, stream, params, {}, SmemLimit::kPrepared);
 }

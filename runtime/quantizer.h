@@ -30,7 +30,8 @@ struct QuantizeCall {
   Shape2D shape;                              // [M, K] (grouped: total rows)
   std::map<std::string, TensorView> buffers;  // outputs and scale inputs, by buffer name
   TensorView workspace;                       // workspace_bytes() (may be empty when 0)
-  uint64_t noop = 0;                          // optional device float: 1.0 skips the launch
+  uint64_t noop = 0;                          // optional device float: 1.0 makes the call a no-op
+                                              // (outputs untouched, but amax outputs read zero)
   uint64_t seed = 0, offset = 0;              // stochastic rounding
   // Grouped: device int64 [num_members + 1] row offsets (member_rows[0] == 0, last == M).
   uint64_t member_rows = 0;

@@ -624,14 +624,18 @@ __device__ bool resolve_member(const QuantizeArgs& a, Member& mem, i64 (&scale_b
 // back where they were, ready for the next barrier). Arrival is a release, the polling load an
 // acquire, both at GPU scope: what any CTA wrote before arriving is visible to every CTA after
 // its wait. Thread 0 arrives and waits; the value grid_arrive returns is its ticket.
+__device__ __forceinline__ u32* grid_barrier_word() {
+  u32 hi, lo;
+  asm volatile("mov.u32 %0, %%envreg1;" : "=r"(hi));
+  asm volatile("mov.u32 %0, %%envreg2;" : "=r"(lo));
+  return reinterpret_cast<u32*>((u64(hi) << 32) | lo) + 1;
+}
+
 __device__ __forceinline__ u32 grid_arrive() {
   __syncthreads();
   u32 old = 0;
   if (threadIdx.x == 0) {
-    u32 hi, lo;
-    asm volatile("mov.u32 %0, %%envreg1;" : "=r"(hi));
-    asm volatile("mov.u32 %0, %%envreg2;" : "=r"(lo));
-    u32* word = reinterpret_cast<u32*>((u64(hi) << 32) | lo) + 1;
+    u32* word = grid_barrier_word();
     const u32 ctas = gridDim.x * gridDim.y * gridDim.z;
     const u32 add = blockIdx.x == 0 && blockIdx.y == 0 && blockIdx.z == 0 ? 0x80000000u - (ctas - 1) : 1u;
     asm volatile("atom.add.release.gpu.global.u32 %0, [%1], %2;" : "=r"(old) : "l"(word), "r"(add) : "memory");
@@ -641,10 +645,8 @@ __device__ __forceinline__ u32 grid_arrive() {
 
 __device__ __forceinline__ void grid_wait(u32 ticket) {
   if (threadIdx.x == 0) {
-    u32 hi, lo, now;
-    asm volatile("mov.u32 %0, %%envreg1;" : "=r"(hi));
-    asm volatile("mov.u32 %0, %%envreg2;" : "=r"(lo));
-    const u32* word = reinterpret_cast<const u32*>((u64(hi) << 32) | lo) + 1;
+    const u32* word = grid_barrier_word();
+    u32 now;
     do {
       asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(now) : "l"(word) : "memory");
     } while (((ticket ^ now) & 0x80000000u) == 0);
@@ -1392,6 +1394,15 @@ namespace detail {
 // The cast of one tile, all streams; kFused: the single-tensor, cooperative form (fused_kernel).
 template <class Cfg, class Pre, bool kFused, class... S>
 __device__ __forceinline__ void cast_tile(const QuantizeArgs& a) {
+  // Fused: CTA 0 zeroes the amax outputs (the separate form's memsets), also on a no-op call,
+  // whose amax outputs read zero either way.
+  if constexpr (kFused) {
+    if (blockIdx.x == 0 && blockIdx.y == 0 && threadIdx.x == 0) {
+#pragma unroll
+      for (int i = 0; i < kMaxAmaxSlots; ++i)
+        if (a.amax[i]) a.amax[i][0] = 0.0f;
+    }
+  }
   if (a.noop && *a.noop == 1.0f) return;
   if (a.member_rows && blockIdx.x == gridDim.x - 1) {
     if (blockIdx.y == 0) fill_empty_members<Cfg, S...>(a);
@@ -1417,19 +1428,12 @@ __device__ __forceinline__ void cast_tile(const QuantizeArgs& a) {
   const bool full = row0 + Cfg::kTileRows <= mem.rows && col0 + Cfg::kTileCols <= a.k && a.k % 16 == 0;
   // The rotated copy, unless every RHT stream rotates in registers on this tile.
   constexpr bool kAllRhtInRegisters = ((!S::kRht || kRhtInRegisters<S>) && ...);
-  // Fused: one launch instead of memset(amax) [+ amax kernel] + cast kernel. CTA 0 zeroes the
-  // amax outputs before it arrives at a first grid barrier; every CTA waits there only before its
-  // first atomic on them (its tile load and its part of the pre-pass amaxes happen meanwhile).
-  // With a pre-pass, a second barrier: after it every CTA reads the amaxes complete.
+  // Fused: one launch instead of memset(amax) [+ amax kernel] + cast kernel. CTA 0 has zeroed
+  // the amax outputs before it arrives at a first grid barrier; every CTA waits there only before
+  // its first atomic on them (its tile load and its part of the pre-pass amaxes happen
+  // meanwhile). With a pre-pass, a second barrier: after it every CTA reads the amaxes complete.
   u32 ticket = 0;
-  if constexpr (kFused) {
-    if (blockIdx.x == 0 && blockIdx.y == 0 && threadIdx.x == 0) {
-#pragma unroll
-      for (int i = 0; i < kMaxAmaxSlots; ++i)
-        if (a.amax[i]) a.amax[i][0] = 0.0f;
-    }
-    ticket = grid_arrive();
-  }
+  if constexpr (kFused) ticket = grid_arrive();
   load_tile<Cfg>(a, mem, col0, full, tile, rtile, !(kAllRhtInRegisters && full && mem.rows % 16 == 0));
   if constexpr (kFused) {
     if constexpr (Pre::kSources > 0) {

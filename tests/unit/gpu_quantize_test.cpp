@@ -5,6 +5,7 @@
 // QFORGE_TEST_DUMP_DIR is set, the input, expected and actual buffers are written there.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
@@ -222,5 +223,53 @@ std::vector<Case> all_cases() {
 }
 
 INSTANTIATE_TEST_SUITE_P(Shipped, GpuQuantize, ::testing::ValuesIn(all_cases()), case_name);
+
+// noop == 1.0 (a CUDA graph switching a quantize off): both forms leave data and scales as they
+// were and leave the amax outputs zero (the separate form zeroes them with its memsets before the
+// kernels see the flag; the fused form's CTA 0 zeroes them before it does).
+TEST(GpuQuantizeNoop, OutputsUntouchedAmaxZeroInBothForms) {
+  QF_SKIP_WITHOUT_GPU();
+  using namespace qf::rt;
+  for (const char* recipe : {"current_scaling", "delayed_scaling", "nvfp4"}) {
+    for (bool separate : {false, true}) {
+      SCOPED_TRACE(std::string(recipe) + (separate ? " separate" : " fused"));
+      const Plan plan = compile_plan(load_recipe(std::string(QF_SOURCE_DIR) + "/recipes/" + recipe + ".json"),
+                                     PlanRequest{"linear:input", DType::BF16, Usage::Training, false});
+      if (separate) ::setenv("QFORGE_ONE_LAUNCH", "0", 1);
+      Quantizer q(plan);
+      if (separate) ::unsetenv("QFORGE_ONE_LAUNCH");
+      const Shape2D shape{256, 512};
+      DeviceBuffer dx(size_t(shape.m * shape.k * 2));
+      dx.fill(0x3c);  // bf16 0x3c3c: 0.0115
+      QuantizeCall call;
+      call.input = TensorView{dx.address(), int64_t(dx.size()), DType::BF16, {shape.m, shape.k}};
+      call.shape = shape;
+      std::vector<DeviceBuffer> keep;
+      std::vector<BufferDesc> outs = q.outputs(shape);
+      for (const auto& b : outs) {
+        keep.push_back(qf::rt::testing::poisoned_buffer(size_t(std::max<int64_t>(b.bytes, 16))));
+        call.buffers[b.name] = qf::rt::testing::view_of(keep.back());
+      }
+      const float one = 1.0f, scale = 2.0f;
+      for (const auto& b : q.inputs()) {
+        keep.emplace_back(4);
+        keep.back().upload(&scale, 4);
+        call.buffers[b.name] = qf::rt::testing::view_of(keep.back());
+      }
+      DeviceBuffer noop(4);
+      noop.upload(&one, 4);
+      call.noop = noop.address();
+      qf::rt::Stream stream;
+      q.quantize(call, stream.get());
+      stream.synchronize();
+      for (size_t i = 0; i < outs.size(); ++i) {
+        std::vector<uint8_t> got(size_t(outs[i].bytes));
+        keep[i].download(got.data(), got.size());
+        const uint8_t want = outs[i].kind == BufferKind::Amax ? 0x00 : 0xFF;
+        EXPECT_EQ(std::count(got.begin(), got.end(), want), int64_t(got.size())) << outs[i].name;
+      }
+    }
+  }
+}
 
 }  // namespace
