@@ -215,6 +215,21 @@ __device__ __forceinline__ float round_to_dtype(float v, int dtype) {
 #endif
 }
 
+// Two values rounded as round_to_dtype rounds them; bf16 in one paired conversion.
+__device__ __forceinline__ void round2_to_dtype(float& lo, float& hi, int dtype) {
+#if defined(__CUDA_ARCH__)
+  if (dtype == 1) {
+    u32 h2;
+    asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(h2) : "f"(hi), "f"(lo));
+    lo = f32_from_bits(h2 << 16);
+    hi = f32_from_bits(h2 & 0xFFFF0000u);
+    return;
+  }
+#endif
+  lo = round_to_dtype(lo, dtype);
+  hi = round_to_dtype(hi, dtype);
+}
+
 // Four consecutive input elements; idx is 4-aligned (8- or 16-byte load).
 template <int D>
 __device__ __forceinline__ float4 load4(const void* x, i64 idx) {
@@ -239,6 +254,29 @@ __device__ __forceinline__ float load1(const void* x, i64 idx) {
 
 // ---------------------------------------------------------------------------------- encoders
 
+// e2m1, round to nearest even, in one fp32 addition. a = min(|x|, 6) plus a number M whose ulp
+// is the e2m1 step of a's binade (0.5 below 2, 1 in [2, 4), 2 from 4: M = 1.5 * 2^22, 2^23 or
+// 2^24) rounds a onto the e2m1 grid, ties to even; M's low mantissa bits hold the code of the
+// binade's first step (0, 2, 4) and the sign (8), both even, so ties still go to the even code
+// and the sum's low byte is the 4-bit code. NaN -> +max (the fminf), as encode_rn. Returns the
+// sum's bits: only the low byte is the code (pack_e2m1 packs them without masking).
+__device__ __forceinline__ u32 e2m1_rn_byte(float x) {
+  const float xm = fminf(x, 6.0f), a = fminf(fabsf(xm), 6.0f);
+  // The exponent of max(a, 1) (127, 128 or 129) as a high product: on the FMA pipe, off the
+  // integer pipe the rest of the encoder keeps busy.
+  const u32 e = __umulhi(f32_bits(fmaxf(a, 1.0f)), 1u << 9);
+  const u32 m = e * 0x800002u + ((f32_bits(xm) >> 31) * 8u + 0x0B3FFF02u);
+  return f32_bits(a + f32_from_bits(m));
+}
+
+// Eight e2m1 codes from e2m1_rn_byte (low bytes) as one word, element 0 in the low nibble.
+__device__ __forceinline__ u32 pack_e2m1(const u32 (&b)[8]) {
+  u32 p[4];
+#pragma unroll
+  for (int i = 0; i < 4; ++i) p[i] = b[2 * i] + (b[2 * i + 1] << 4);  // low byte: the pair
+  return __byte_perm(__byte_perm(p[0], p[1], 0x0040), __byte_perm(p[2], p[3], 0x0040), 0x5410);
+}
+
 // fp32 -> format, round to nearest even: the same bits as encode_rn<F> (numerics.cuh), with the
 // hardware conversion where one exists. cvt.rn.satfinite gives +-max for +-Inf and for values
 // above max; NaN is forced to the documented 0x7F.
@@ -256,17 +294,7 @@ __device__ __forceinline__ u32 enc_rn(float x) {
   }
 #endif
   if constexpr (F::kBits == 4 && F::kExpBits == 2 && F::kManBits == 1) {
-    // e2m1: magnitudes {0, .5, 1, 1.5, 2, 3, 4, 6}, codes 0..7, ties to the even code.
-    // |x| < 1: the step is 0.5, so the code is |x| * 2 (exact) rounded to an integer, ties to
-    // even. |x| >= 1: the code is 2 * (exponent - 127) + 2 + the fp32 mantissa rounded to one
-    // bit (round to nearest even through the carry into the exponent), saturated at 7 (6.0);
-    // Inf lands there too. NaN -> +max (no sign), as encode_rn.
-    const u32 b = f32_bits(x), ab = b & kF32AbsMask;
-    const float a = f32_from_bits(ab);
-    const u32 lo = u32(__float2int_rn(a * 2.0f));
-    const u32 hi = min(((ab + 0x1FFFFFu + ((ab >> 22) & 1u)) >> 22) - 252u, 7u);
-    const u32 m = ((b >> 28) & 0x8u) | (a < 1.0f ? lo : hi);
-    return ab > kF32InfBits ? u32(F::kNanBits) : m;
+    return e2m1_rn_byte(x) & 0xFu;
   } else {
     return encode_rn<F>(x);
   }
@@ -345,6 +373,9 @@ __device__ __forceinline__ u32 pack4(const QuantizeArgs& a, i64 lin, const float
 #pragma unroll
     for (int i = 0; i < 4; ++i) p |= (enc_sr<F>(x[i], w[i]) & kMask) << (kShift * i);
     return p;
+  } else if constexpr (F::kBits == 4 && F::kExpBits == 2 && F::kManBits == 1) {
+    const u32 p01 = e2m1_rn_byte(x[0]) + (e2m1_rn_byte(x[1]) << 4), p23 = e2m1_rn_byte(x[2]) + (e2m1_rn_byte(x[3]) << 4);
+    return __byte_perm(p01, p23, 0x0040) & 0xFFFFu;
   } else {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 890
     if constexpr (F::kBits == 8 && !F::kIsInt && (F::kExpBits == 4 || F::kExpBits == 5)) {
@@ -388,6 +419,10 @@ struct RunWords {
   static constexpr int kBytes = N * StoreBits<typename S::Format>::value / 8, kWords = kBytes / 4;
   u32 w[kWords < 1 ? 1 : kWords];
 };
+// Round-to-nearest e2m1 streams pack through e2m1_rn_byte / pack_e2m1.
+template <class S>
+constexpr bool kFastE2m1 = !S::kStochastic && S::Format::kBits == 4 && S::Format::kExpBits == 2 && S::Format::kManBits == 1;
+
 template <class S, int N>
 __device__ __forceinline__ RunWords<S, N> pack_run(const QuantizeArgs& a, i64 lin, const float (&x)[N]) {
   using F = typename S::Format;
@@ -405,6 +440,14 @@ __device__ __forceinline__ RunWords<S, N> pack_run(const QuantizeArgs& a, i64 li
     }
   } else if constexpr (F::kBits == 4 && N == 4) {
     r.w[0] = pack4<S>(a, lin, x);  // the low 16 bits
+  } else if constexpr (kFastE2m1<S>) {
+#pragma unroll
+    for (int g = 0; g < N / 8; ++g) {
+      u32 b[8];
+#pragma unroll
+      for (int i = 0; i < 8; ++i) b[i] = e2m1_rn_byte(x[g * 8 + i]);
+      r.w[g] = pack_e2m1(b);
+    }
   } else if constexpr (F::kBits == 4) {
 #pragma unroll
     for (int g = 0; g < N / 8; ++g) r.w[g] = pack4<S>(a, lin + g * 8, x + g * 8) | (pack4<S>(a, lin + g * 8 + 4, x + g * 8 + 4) << 16);
@@ -696,7 +739,7 @@ __device__ __forceinline__ void rotated_group(const TileElem<Cfg>* tile, int r, 
   for (int j = 0; j < 16; ++j) v[j] = tld(tile, tile_off<TC>(r + j, c));
   rht16(v, Cfg::kRhtMask);
 #pragma unroll
-  for (int j = 0; j < 16; ++j) v[j] = round_to_dtype(v[j], Cfg::kInDtype);
+  for (int j = 0; j < 16; j += 2) round2_to_dtype(v[j], v[j + 1], Cfg::kInDtype);
 }
 
 // Interior tiles (kFull: the whole tile inside the member and K, K % 16 == 0) take 16-byte

@@ -594,10 +594,15 @@ QF_HD void rht16(float v[16], u32 sign_mask) {
 #pragma unroll
 #endif
   for (int i = 0; i < 16; ++i) {
-    // A NaN output is made the canonical +qNaN: NaN payload and sign propagation differ between
-    // the host FPU (keeps the operand's payload) and the GPU (0x7FFFFFFF).
+    // On the host a NaN output is made the canonical +qNaN (the FPU keeps an operand's payload;
+    // the GPU's arithmetic gives 0x7FFFFFFF). RHT streams are quantized formats, whose encoders
+    // map every NaN to one code, so the payload reaches no output either way.
     const float y = v[i] * 0.25f;
+#if defined(__CUDA_ARCH__)
+    v[i] = y;
+#else
     v[i] = f32_is_nan(y) ? f32_quiet_nan() : y;
+#endif
   }
 }
 

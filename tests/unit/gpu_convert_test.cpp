@@ -1,5 +1,5 @@
 // The kernels' fast element encoders (cast.cuh enc_rn: hardware cvt for fp8 on sm_89+, the
-// comparison ladder for e2m1; enc_sr for e2m1 / int8) against the one software definition
+// one-addition e2m1 encoder; enc_sr for e2m1 / int8) against the one software definition
 // (numerics.cuh encode_rn / encode_sr), and the packed fp8 encoder of the vector paths (pack4),
 // over every one of the 2^32 fp32 bit patterns, on the GPU. The compile test runs everywhere.
 #include <gtest/gtest.h>
@@ -45,14 +45,22 @@ struct PackStream {
 };
 template <class F>
 __device__ void check_pack(unsigned int bits, unsigned int* count, unsigned int* first) {
+  constexpr int kShift = F::kBits == 4 ? 4 : 8;
   float x[4];
   unsigned int want = 0;
   for (int i = 0; i < 4; ++i) {
     x[i] = qf::f32_from_bits((bits << (8 * i)) | (i ? bits >> (32 - 8 * i) : 0u));
-    want |= (unsigned int)(qf::encode_rn<F>(x[i]) & 0xFFu) << (8 * i);
+    want |= (unsigned int)(qf::encode_rn<F>(x[i]) & ((1u << kShift) - 1u)) << (kShift * i);
   }
   const qf::QuantizeArgs unused{};
-  if (qf::detail::pack4<PackStream<F>>(unused, 0, x) != want) {
+  bool ok = qf::detail::pack4<PackStream<F>>(unused, 0, x) == want;
+  if constexpr (F::kBits == 4) {  // eight to a word (pack_run's e2m1 path): slot i sees every pattern
+    float y[8];
+    for (int i = 0; i < 8; ++i) y[i] = qf::f32_from_bits((bits << (4 * i)) | (i ? bits >> (32 - 4 * i) : 0u));
+    const qf::detail::RunWords<PackStream<F>, 8> r = qf::detail::pack_run<PackStream<F>, 8>(unused, 0, y);
+    for (int i = 0; i < 8; ++i) ok = ok && ((r.w[0] >> (4 * i)) & 0xFu) == qf::encode_rn<F>(y[i]);
+  }
+  if (!ok) {
     atomicAdd(count, 1u);
     atomicMin(first, bits);
   }
@@ -68,11 +76,19 @@ extern "C" __global__ void exhaustive(unsigned int* out) {
     check_sr<qf::Int8>(b, out + 8, out + 9);
     check_pack<qf::E4M3>(b, out + 10, out + 11);
     check_pack<qf::E5M2>(b, out + 12, out + 13);
+    check_pack<qf::E2M1>(b, out + 20, out + 21);
     // RHT outputs rounded to bf16 / fp16 by the hardware: the software value, or NaN for NaN.
     for (int d = 1; d <= 2; ++d) {
       const float x = qf::f32_from_bits(b), got = qf::detail::round_to_dtype(x, d);
       const float want = d == 1 ? qf::bf16_to_f32(qf::f32_to_bf16(x)) : qf::f16_to_f32(qf::f32_to_f16(x));
-      if (!(qf::f32_bits(got) == qf::f32_bits(want) || (got != got && want != want))) {
+      // The paired conversion, with the pattern in either half.
+      float lo = x, hi = qf::f32_from_bits(b ^ 0x80000001u), lo2 = hi, hi2 = x;
+      qf::detail::round2_to_dtype(lo, hi, d);
+      qf::detail::round2_to_dtype(lo2, hi2, d);
+      const bool pair_ok = (qf::f32_bits(lo) == qf::f32_bits(got) || (lo != lo && got != got)) &&
+                           (qf::f32_bits(hi2) == qf::f32_bits(got) || (hi2 != hi2 && got != got)) &&
+                           (qf::f32_bits(hi) == qf::f32_bits(lo2) || (hi != hi && lo2 != lo2));
+      if (!(qf::f32_bits(got) == qf::f32_bits(want) || (got != got && want != want)) || !pair_ok) {
         atomicAdd(out + 14 + 2 * d, 1u);
         atomicMin(out + 15 + 2 * d, b);
       }
@@ -103,7 +119,7 @@ TEST(FastEncoders, GpuEqualSoftwareOnAllFp32Patterns) {
   Module m(r.image);
   CUfunction f = m.function(r.lowered_names.at("exhaustive"));
   std::vector<uint32_t> init;
-  for (int i = 0; i < 10; ++i) init.insert(init.end(), {0u, 0xFFFFFFFFu});
+  for (int i = 0; i < 11; ++i) init.insert(init.end(), {0u, 0xFFFFFFFFu});
   DeviceBuffer out(init.size() * 4);
   out.upload(init.data(), init.size() * 4);
   uint64_t p = out.address();
@@ -113,8 +129,8 @@ TEST(FastEncoders, GpuEqualSoftwareOnAllFp32Patterns) {
   s.synchronize();
   const auto got = out.download_as<uint32_t>();
   const char* names[] = {"e4m3 rn", "e5m2 rn", "e2m1 rn", "e2m1 sr", "int8 sr", "e4m3 rn x4", "e5m2 rn x4", "e4m3 decode",
-                         "bf16 round", "fp16 round"};
-  for (int i = 0; i < 10; ++i)
+                         "bf16 round", "fp16 round", "e2m1 rn packed"};
+  for (int i = 0; i < 11; ++i)
     EXPECT_EQ(got[2 * i], 0u) << names[i] << ": " << got[2 * i] << " patterns differ, first 0x" << std::hex
                               << got[2 * i + 1];
 }
