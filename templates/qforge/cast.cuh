@@ -1173,7 +1173,9 @@ template <class S>
 constexpr bool kWholeBlockRows = S::kDir == 0 && !S::kBlock2d && S::kGroup > 1 && S::kBlockCols == 16 &&
                                  S::kEntryRows == 1 && S::kEntryCols == S::kBlockCols;
 
-template <class Cfg, class S>
+// kDirect: the block's elements come straight from global memory (16-byte loads; plans whose one
+// stream this is do not stage the tile).
+template <class Cfg, class S, bool kDirect = false>
 __device__ void cast_rowwise_blocks(const QuantizeArgs& a, const Member& mem, i64 col0, const TileElem<Cfg>* src,
                                     i64 scale_base) {
   constexpr int TR = Cfg::kTileRows, TC = Cfg::kTileCols, BC = S::kBlockCols, NBC = TC / BC, N = TR * NBC;
@@ -1187,10 +1189,32 @@ __device__ void cast_rowwise_blocks(const QuantizeArgs& a, const Member& mem, i6
     int r, b;
     item_rc<NBC, T>(it, r, b);
     float v[BC], amax = 0.0f;
+    const i64 lin = tile_lin + i64(r) * a.k + b * BC;
+    if constexpr (kDirect) {
+      constexpr int E = Cfg::kInDtype == 0 ? 4 : 8;  // elements per 16 bytes
+      uint4 raw[BC / E];
 #pragma unroll
-    for (int q = 0; q < BC; q += 4) {
-      const float4 f = tld4(src, tile_off<TC>(r, b * BC + q));
-      v[q] = f.x, v[q + 1] = f.y, v[q + 2] = f.z, v[q + 3] = f.w;
+      for (int q = 0; q < BC / E; ++q)
+        raw[q] = __ldg(reinterpret_cast<const uint4*>(static_cast<const char*>(a.x) + (lin + q * E) * (E == 4 ? 4 : 2)));
+#pragma unroll
+      for (int q = 0; q < BC / E; ++q) {
+        const u32 w[4] = {raw[q].x, raw[q].y, raw[q].z, raw[q].w};
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          if constexpr (E == 4) {
+            v[q * 4 + e] = f32_from_bits(w[e]);
+          } else {
+            v[q * 8 + 2 * e] = Cfg::kInDtype == 1 ? f32_from_bits(w[e] << 16) : f16_to_f32(u16(w[e]));
+            v[q * 8 + 2 * e + 1] = Cfg::kInDtype == 1 ? f32_from_bits(w[e] & 0xFFFF0000u) : f16_to_f32(u16(w[e] >> 16));
+          }
+        }
+      }
+    } else {
+#pragma unroll
+      for (int q = 0; q < BC; q += 4) {
+        const float4 f = tld4(src, tile_off<TC>(r, b * BC + q));
+        v[q] = f.x, v[q + 1] = f.y, v[q + 2] = f.z, v[q + 3] = f.w;
+      }
     }
 #pragma unroll
     for (int q = 0; q < BC; ++q) amax = amax_step(amax, v[q]);
@@ -1198,7 +1222,6 @@ __device__ void cast_rowwise_blocks(const QuantizeArgs& a, const Member& mem, i6
     u32 entry;
     block_scale<Cfg, S>(amax, ctx, mul, entry);
     maybe_store_entry<S>(out, row0 + r, col0 + b * BC, ctx.grid_pcols, scale_base, entry);
-    const i64 lin = tile_lin + i64(r) * a.k + b * BC;
     float x[BC];
 #pragma unroll
     for (int q = 0; q < BC; ++q) x[q] = v[q] * mul;
@@ -1564,6 +1587,14 @@ __device__ __forceinline__ void cast_tile(const QuantizeArgs& a) {
   // the amax outputs before it arrives at a first grid barrier; every CTA waits there only before
   // its first atomic on them (its tile load and its part of the pre-pass amaxes happen
   // meanwhile). With a pre-pass, a second barrier: after it every CTA reads the amaxes complete.
+  // A plan of one rowwise whole-block stream (NVFP4 inference) reads interior tiles straight
+  // from global memory: no staging, no barrier.
+  if constexpr (!kFused && sizeof...(S) == 1 && (kWholeBlockRows<S> && ...)) {
+    if (full) {
+      (cast_rowwise_blocks<Cfg, S, true>(a, mem, col0, tile, scale_base[0]), ...);
+      return;
+    }
+  }
   u32 ticket = 0;
   if constexpr (kFused) ticket = grid_arrive();
   load_tile<Cfg>(a, mem, col0, full, tile, rtile, !(kAllRhtInRegisters && full && mem.rows % 16 == 0));
