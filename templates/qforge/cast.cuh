@@ -1164,20 +1164,21 @@ __device__ float cast_rowwise(const QuantizeArgs& a, const Member& mem, i64 col0
   return reported;
 }
 
-// Rowwise streams whose 1D blocks are 16 columns (NVFP4): on interior tiles one thread takes a
-// whole block (its amax, scale, entry and one 8-byte store for fp4), lanes on consecutive blocks
-// of a row; the 16-byte chunk swizzle keeps the reads of the warp's rows apart. (MXFP8's 32-column
+// Rowwise streams whose blocks are 16 columns (NVFP4, 1D or 16x16): on interior tiles one thread
+// takes a whole block row (its amax, or the 2D block's from block2d_amax, scale, entry and one
+// 8-byte store for fp4), lanes on consecutive blocks of a row; the 16-byte chunk swizzle keeps the reads of the warp's rows apart. (MXFP8's 32-column
 // blocks measured slower this way: 518 against 414 us at 16384^2, H100; they keep the 4-element
 // runs.)
 template <class S>
-constexpr bool kWholeBlockRows = S::kDir == 0 && !S::kBlock2d && S::kGroup > 1 && S::kBlockCols == 16 &&
+constexpr bool kWholeBlockRows = S::kDir == 0 && (S::kBlock2d || S::kGroup > 1) && S::kBlockCols == 16 &&
                                  S::kEntryRows == 1 && S::kEntryCols == S::kBlockCols;
 
 // kDirect: the block's elements come straight from global memory (16-byte loads; plans whose one
 // stream this is do not stage the tile).
 template <class Cfg, class S, bool kDirect = false>
 __device__ void cast_rowwise_blocks(const QuantizeArgs& a, const Member& mem, i64 col0, const TileElem<Cfg>* src,
-                                    i64 scale_base) {
+                                    const u32* bamax, i64 scale_base) {
+  static_assert(!(kDirect && S::kBlock2d), "2D block amaxes come from the staged tile");
   constexpr int TR = Cfg::kTileRows, TC = Cfg::kTileCols, BC = S::kBlockCols, NBC = TC / BC, N = TR * NBC;
   constexpr int T = Cfg::kThreads;
   const StreamArgs& out = a.streams[S::kIndex];
@@ -1216,8 +1217,12 @@ __device__ void cast_rowwise_blocks(const QuantizeArgs& a, const Member& mem, i6
         v[q] = f.x, v[q + 1] = f.y, v[q + 2] = f.z, v[q + 3] = f.w;
       }
     }
+    if constexpr (S::kBlock2d) {
+      amax = f32_from_bits(bamax[(r / S::kBlockRows) * NBC + b]);
+    } else {
 #pragma unroll
-    for (int q = 0; q < BC; ++q) amax = amax_step(amax, v[q]);
+      for (int q = 0; q < BC; ++q) amax = amax_step(amax, v[q]);
+    }
     float mul;
     u32 entry;
     block_scale<Cfg, S>(amax, ctx, mul, entry);
@@ -1473,7 +1478,7 @@ __device__ __forceinline__ void cast_stream(const QuantizeArgs& a, const Member&
   float* part = scratch + cast_block2d_entries(TR, TC, S::kBlock2d, S::kBlockRows, S::kBlockCols);
   float reported = 0.0f;
   if constexpr (kWholeBlockRows<S>) {
-    if (full) cast_rowwise_blocks<Cfg, S>(a, mem, col0, src, scale_base);
+    if (full) cast_rowwise_blocks<Cfg, S>(a, mem, col0, src, bamax, scale_base);
     else reported = cast_rowwise<Cfg, S, false>(a, mem, col0, src, bamax, part, scale_base);
   } else if constexpr (S::kDir == 0) {
     reported = full ? cast_rowwise<Cfg, S, true>(a, mem, col0, src, bamax, part, scale_base)
@@ -1589,9 +1594,9 @@ __device__ __forceinline__ void cast_tile(const QuantizeArgs& a) {
   // meanwhile). With a pre-pass, a second barrier: after it every CTA reads the amaxes complete.
   // A plan of one rowwise whole-block stream (NVFP4 inference) reads interior tiles straight
   // from global memory: no staging, no barrier.
-  if constexpr (!kFused && sizeof...(S) == 1 && (kWholeBlockRows<S> && ...)) {
+  if constexpr (!kFused && sizeof...(S) == 1 && ((kWholeBlockRows<S> && !S::kBlock2d) && ...)) {
     if (full) {
-      (cast_rowwise_blocks<Cfg, S, true>(a, mem, col0, tile, scale_base[0]), ...);
+      (cast_rowwise_blocks<Cfg, S, true>(a, mem, col0, tile, nullptr, scale_base[0]), ...);
       return;
     }
   }
