@@ -230,6 +230,13 @@ __device__ __forceinline__ void round2_to_dtype(float& lo, float& hi, int dtype)
   hi = round_to_dtype(hi, dtype);
 }
 
+// The two 16-bit input elements of a word (D: 1 bf16, 2 fp16), element 0 in the low half.
+template <int D>
+__device__ __forceinline__ void unpack2(u32 w, float& lo, float& hi) {
+  lo = D == 1 ? f32_from_bits(w << 16) : f16_to_f32(u16(w));
+  hi = D == 1 ? f32_from_bits(w & 0xFFFF0000u) : f16_to_f32(u16(w >> 16));
+}
+
 // Four consecutive input elements; idx is 4-aligned (8- or 16-byte load).
 template <int D>
 __device__ __forceinline__ float4 load4(const void* x, i64 idx) {
@@ -776,10 +783,7 @@ __device__ __forceinline__ void load_tile_full(const QuantizeArgs& a, const Memb
         const u32 w[4] = {raw[it].x, raw[it].y, raw[it].z, raw[it].w};
         float f[8];
 #pragma unroll
-        for (int e = 0; e < 4; ++e) {
-          f[2 * e] = Cfg::kInDtype == 1 ? f32_from_bits(w[e] << 16) : f16_to_f32(u16(w[e]));
-          f[2 * e + 1] = Cfg::kInDtype == 1 ? f32_from_bits(w[e] & 0xFFFF0000u) : f16_to_f32(u16(w[e] >> 16));
-        }
+        for (int e = 0; e < 4; ++e) unpack2<Cfg::kInDtype>(w[e], f[2 * e], f[2 * e + 1]);
         tst4(tile, tile_off<TC>(r, c), make_float4(f[0], f[1], f[2], f[3]));
         tst4(tile, tile_off<TC>(r, c + 4), make_float4(f[4], f[5], f[6], f[7]));
       }
@@ -906,11 +910,11 @@ __device__ __forceinline__ float tile_amax_full(const QuantizeArgs& a, const Mem
 }
 
 // The tensor amaxes of an interior tile straight from global memory, without staging: raw (max
-// |x|) and, with kRot, the unscaled RHT max (max |rht16_unscaled| over the tile's 16-row groups
-// of each column; staged_tensor_amax's value before its 1/4 and rounding). One item is 16 rows
-// of 8 bytes (4 16-bit or 2 fp32 elements), lanes on consecutive items of the same rows: every
-// load of a thread is in flight before the first butterfly.
-template <class Cfg, bool kRot>
+// |x|) and the unscaled RHT max (max |rht16_unscaled| over the tile's 16-row groups of each
+// column; staged_tensor_amax's value before its 1/4 and rounding). One item is 16 rows of 8
+// bytes (4 16-bit or 2 fp32 elements), lanes on consecutive items of the same rows: every load
+// of a thread is in flight before the first butterfly.
+template <class Cfg>
 __device__ __forceinline__ void tile_tensor_amaxes_full(const QuantizeArgs& a, const Member& mem, i64 col0, float& raw,
                                                         float& rot) {
   constexpr int TR = Cfg::kTileRows, TC = Cfg::kTileCols, T = Cfg::kThreads;
@@ -932,16 +936,18 @@ __device__ __forceinline__ void tile_tensor_amaxes_full(const QuantizeArgs& a, c
 #pragma unroll
       for (int j = 0; j < 16; ++j) {
         const u32 h = e < E / 2 ? word[j].x : word[j].y;
-        if constexpr (Cfg::kInDtype == 0) v[j] = f32_from_bits(h);
-        else if constexpr (Cfg::kInDtype == 1) v[j] = f32_from_bits(e % 2 == 0 ? h << 16 : h & 0xFFFF0000u);
-        else v[j] = f16_to_f32(u16(e % 2 == 0 ? h : h >> 16));
+        if constexpr (Cfg::kInDtype == 0) {
+          v[j] = f32_from_bits(h);
+        } else {
+          float lo, hi;
+          unpack2<Cfg::kInDtype>(h, lo, hi);
+          v[j] = e % 2 == 0 ? lo : hi;
+        }
         raw = amax_step(raw, v[j]);
       }
-      if constexpr (kRot) {
-        rht16_unscaled(v, Cfg::kRhtMask);
+      rht16_unscaled(v, Cfg::kRhtMask);
 #pragma unroll
-        for (int j = 0; j < 16; ++j) rot = amax_step(rot, v[j]);
-      }
+      for (int j = 0; j < 16; ++j) rot = amax_step(rot, v[j]);
     }
   }
 }
@@ -1166,9 +1172,9 @@ __device__ float cast_rowwise(const QuantizeArgs& a, const Member& mem, i64 col0
 
 // Rowwise streams whose blocks are 16 columns (NVFP4, 1D or 16x16): on interior tiles one thread
 // takes a whole block row (its amax, or the 2D block's from block2d_amax, scale, entry and one
-// 8-byte store for fp4), lanes on consecutive blocks of a row; the 16-byte chunk swizzle keeps the reads of the warp's rows apart. (MXFP8's 32-column
-// blocks measured slower this way: 518 against 414 us at 16384^2, H100; they keep the 4-element
-// runs.)
+// 8-byte store for fp4), lanes on consecutive blocks of a row; the chunk swizzle keeps the reads
+// of the warp's four rows apart. (MXFP8's 32-column blocks measured slower this way, 518 against
+// 414 us at 16384^2 on an H100: they keep the 4-element runs.)
 template <class S>
 constexpr bool kWholeBlockRows = S::kDir == 0 && (S::kBlock2d || S::kGroup > 1) && S::kBlockCols == 16 &&
                                  S::kEntryRows == 1 && S::kEntryCols == S::kBlockCols;
@@ -1202,12 +1208,8 @@ __device__ void cast_rowwise_blocks(const QuantizeArgs& a, const Member& mem, i6
         const u32 w[4] = {raw[q].x, raw[q].y, raw[q].z, raw[q].w};
 #pragma unroll
         for (int e = 0; e < 4; ++e) {
-          if constexpr (E == 4) {
-            v[q * 4 + e] = f32_from_bits(w[e]);
-          } else {
-            v[q * 8 + 2 * e] = Cfg::kInDtype == 1 ? f32_from_bits(w[e] << 16) : f16_to_f32(u16(w[e]));
-            v[q * 8 + 2 * e + 1] = Cfg::kInDtype == 1 ? f32_from_bits(w[e] & 0xFFFF0000u) : f16_to_f32(u16(w[e] >> 16));
-          }
+          if constexpr (E == 4) v[q * 4 + e] = f32_from_bits(w[e]);
+          else unpack2<Cfg::kInDtype>(w[e], v[q * 8 + 2 * e], v[q * 8 + 2 * e + 1]);
         }
       }
     } else {
@@ -1588,18 +1590,18 @@ __device__ __forceinline__ void cast_tile(const QuantizeArgs& a) {
   const bool full = row0 + Cfg::kTileRows <= mem.rows && col0 + Cfg::kTileCols <= a.k && a.k % 16 == 0;
   // The rotated copy, unless every RHT stream rotates in registers on this tile.
   constexpr bool kAllRhtInRegisters = ((!S::kRht || kRhtInRegisters<S>) && ...);
-  // Fused: one launch instead of memset(amax) [+ amax kernel] + cast kernel. CTA 0 has zeroed
-  // the amax outputs before it arrives at a first grid barrier; every CTA waits there only before
-  // its first atomic on them (its tile load and its part of the pre-pass amaxes happen
-  // meanwhile). With a pre-pass, a second barrier: after it every CTA reads the amaxes complete.
   // A plan of one rowwise whole-block stream (NVFP4 inference) reads interior tiles straight
   // from global memory: no staging, no barrier.
   if constexpr (!kFused && sizeof...(S) == 1 && ((kWholeBlockRows<S> && !S::kBlock2d) && ...)) {
     if (full) {
-      (cast_rowwise_blocks<Cfg, S, true>(a, mem, col0, tile, nullptr, scale_base[0]), ...);
+      (cast_rowwise_blocks<Cfg, S, true>(a, mem, col0, nullptr, nullptr, scale_base[0]), ...);
       return;
     }
   }
+  // Fused: one launch instead of memset(amax) [+ amax kernel] + cast kernel. CTA 0 has zeroed
+  // the amax outputs before it arrives at a first grid barrier; every CTA waits there only before
+  // its first atomic on them (its tile load and its part of the pre-pass amaxes happen
+  // meanwhile). With a pre-pass, a second barrier: after it every CTA reads the amaxes complete.
   u32 ticket = 0;
   if constexpr (kFused) ticket = grid_arrive();
   load_tile<Cfg>(a, mem, col0, full, tile, rtile, !(kAllRhtInRegisters && full && mem.rows % 16 == 0));
@@ -1682,7 +1684,7 @@ __global__ void __launch_bounds__(Cfg::kThreads) amax_kernel(const QuantizeArgs 
   if constexpr (kNeedsTile && ((A::kScope == kScopeTensor) && ...)) {
     if (full) {
       float raw, rot;
-      detail::tile_tensor_amaxes_full<Cfg, true>(a, mem, col0, raw, rot);
+      detail::tile_tensor_amaxes_full<Cfg>(a, mem, col0, raw, rot);
       rot = detail::round_to_dtype(rot * 0.25f, Cfg::kInDtype);
       (detail::block_max_atomic<Cfg::kThreads>(a.amax[A::kSlot] + mem.index, A::kRht ? rot : raw), ...);
       return;

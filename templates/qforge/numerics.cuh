@@ -558,7 +558,7 @@ QF_HD u32 sr_random_bits(u64 seed, u64 offset, u32 stream_id, u64 linear_index) 
 
 // ---------------------------------------------------------------------------------------------
 // 16-point random Hadamard transform (in place, no dtype rounding: the caller rounds).
-// NaN outputs are canonical 0x7FC00000 so host and device agree bit for bit.
+// NaN outputs are canonical 0x7FC00000 on the host (see rht16); no output depends on the payload.
 // ---------------------------------------------------------------------------------------------
 constexpr u32 kDefaultRhtSignMask = 0xD7E8u;
 
