@@ -24,10 +24,13 @@
 // whole sectors of each output row (blocks longer than 16 rows through per-16-row partial amaxes
 // in shared scratch); same-layout columnwise streams through one multiplier per (column, block)
 // in shared scratch, then rowwise-style runs; MX / NVFP4 byte scale entries staged and copied
-// out a row at a time. Edge tiles take the checked paths above, element by element where needed.
+// out a row at a time; rowwise 16-column blocks (NVFP4) one whole block per thread, straight
+// from global memory when the plan has no other stream; tensor amaxes after the RHT from global
+// memory too. Edge tiles take the checked paths above, element by element where needed.
 // fp8 is encoded with the hardware cvt on sm_89+, two elements per instruction with a NaN byte
-// fix-up (bit-identical to the software encoder, checked exhaustively by the GPU tests);
-// stochastic rounding draws one Philox call per 4 elements. Scales come from docs/numerics.md through
+// fix-up, e2m1 (round to nearest) in one fp32 addition (both bit-identical to the software
+// encoder, checked exhaustively by the GPU tests); stochastic rounding draws one Philox call per
+// 4 elements. Scales come from docs/numerics.md through
 // numerics.cuh, the same functions the CPU reference runs.
 #pragma once
 #include "qforge/args.cuh"
