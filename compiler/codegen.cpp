@@ -173,13 +173,15 @@ KernelSource emit_quantize(const Plan& p) {
     for (int idx : reduced) amax += ", qf_gen::A" + std::to_string(idx);
     ks.amax_kernel = amax + ">";
   }
-  // The one-launch form for single tensors that fit on the GPU at once: every amax of the plan
-  // is tensor scope (channel amaxes live in a workspace the host zeroes), and there is one to
-  // zero (delayed scaling's output) or a pre-pass to fold in.
-  bool channel = false, delayed = false;
-  for (const auto& a : p.amax) channel |= a.scope == AmaxScope::Channel;
-  for (const auto& st : p.streams) delayed |= std::holds_alternative<PerTensorDelayed>(st.scaling);
-  if (!channel && (delayed || !reduced.empty())) {
+  // The one-launch form for single tensors that fit on the GPU at once: the plan has a tensor
+  // amax (reduced in the pre-pass, or reported during the cast into an output the kernel zeroes)
+  // and no channel amax (those live in a workspace the host zeroes).
+  bool channel = false, tensor = false;
+  for (const auto& a : p.amax) {
+    channel |= a.scope == AmaxScope::Channel;
+    tensor |= a.scope == AmaxScope::Tensor;
+  }
+  if (tensor && !channel) {
     std::string fused = "qf::fused_kernel<qf_gen::Cfg, qf::PrePass<";
     for (size_t i = 0; i < reduced.size(); ++i) fused += (i ? ", qf_gen::A" : "qf_gen::A") + std::to_string(reduced[i]);
     fused += ">";

@@ -264,6 +264,10 @@ __device__ __forceinline__ float load1(const void* x, i64 idx) {
 
 // ---------------------------------------------------------------------------------- encoders
 
+// Whether format F is e2m1 (the fp4 encoders below have fast paths for it).
+template <class F>
+constexpr bool kIsE2m1 = F::kBits == 4 && F::kExpBits == 2 && F::kManBits == 1;
+
 // e2m1, round to nearest even, in one fp32 addition. a = min(|x|, 6) plus a number M whose ulp
 // is the e2m1 step of a's binade (0.5 below 2, 1 in [2, 4), 2 from 4: M = 1.5 * 2^22, 2^23 or
 // 2^24) rounds a onto the e2m1 grid, ties to even; M's low mantissa bits hold the code of the
@@ -305,7 +309,7 @@ __device__ __forceinline__ u32 enc_rn(float x) {
     return f32_is_nan(x) ? u32(F::kNanBits) : u32(r & 0xFF);
   }
 #endif
-  if constexpr (F::kBits == 4 && F::kExpBits == 2 && F::kManBits == 1) {
+  if constexpr (kIsE2m1<F>) {
     return e2m1_rn_byte(x) & 0xFu;
   } else {
     return encode_rn<F>(x);
@@ -332,7 +336,7 @@ __device__ __forceinline__ float e4m3_value(u32 bits) {
 // integer one of grid_round_sr. Other formats use the generic encoder.
 template <class F>
 __device__ __forceinline__ u32 enc_sr(float x, u32 r) {
-  if constexpr (F::kBits == 4 && F::kExpBits == 2 && F::kManBits == 1) {
+  if constexpr (kIsE2m1<F>) {
     const u32 b = f32_bits(x), ab = b & kF32AbsMask;
     if (ab > kF32InfBits) return F::kNanBits;
     const float a = f32_from_bits(ab), u = float(r >> 8) * 0x1p-24f;
@@ -385,7 +389,7 @@ __device__ __forceinline__ u32 pack4(const QuantizeArgs& a, i64 lin, const float
 #pragma unroll
     for (int i = 0; i < 4; ++i) p |= (enc_sr<F>(x[i], w[i]) & kMask) << (kShift * i);
     return p;
-  } else if constexpr (F::kBits == 4 && F::kExpBits == 2 && F::kManBits == 1) {
+  } else if constexpr (kIsE2m1<F>) {
     const u32 p01 = e2m1_rn_byte(x[0]) + (e2m1_rn_byte(x[1]) << 4), p23 = e2m1_rn_byte(x[2]) + (e2m1_rn_byte(x[3]) << 4);
     return __byte_perm(p01, p23, 0x0040) & 0xFFFFu;
   } else {
@@ -433,7 +437,7 @@ struct RunWords {
 };
 // Round-to-nearest e2m1 streams pack through e2m1_rn_byte / pack_e2m1.
 template <class S>
-constexpr bool kFastE2m1 = !S::kStochastic && S::Format::kBits == 4 && S::Format::kExpBits == 2 && S::Format::kManBits == 1;
+constexpr bool kFastE2m1 = !S::kStochastic && kIsE2m1<typename S::Format>;
 
 template <class S, int N>
 __device__ __forceinline__ RunWords<S, N> pack_run(const QuantizeArgs& a, i64 lin, const float (&x)[N]) {
