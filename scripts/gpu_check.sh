@@ -35,11 +35,13 @@ python3 -m pytest -q -p no:cacheprovider tests/numerics/test_quantize_device.py 
 # (hybrid 32x64: RHT, fp8 31x33 fp32), interior tiles with transposed runs and the rowwise block-scale pass
 # (blockwise 1x128 / 128x1, 2D 128x128; nvfp4 grouped with SR + RHT), the same-layout
 # columnwise path (mxfp8), 2D 16x16 blocks in ragged rows (nvfp4 weight 200x320), delayed-scaling
-# amax reporting, per-channel int8 SR, grouped; and GEMM cases (below). QFORGE_SANITIZE_ALL=1 or
+# amax reporting, per-channel int8 SR, grouped, rowwise-only plans cast straight from global memory
+# (mxfp8 / 1x128 fp32 / delayed inference); and GEMM cases (below). QFORGE_SANITIZE_ALL=1 or
 # =gemm: whole suites (below; slow).
 san_filter='*hybrid*_linear_input__training__bf16__32x64:*hybrid*_linear_input__training__bf16__128x4224:*current*_linear_grad_output__training__fp32__31x33:*nvfp4*grad_output*grouped*:*float8_block*weight__training__bf16__128x4224'
 san_filter+=':*float8_block*_linear_input__training__bf16__128x4224:*mxfp8__linear_input__training__bf16__200x320'
 san_filter+=':*float8_block*weight__training__fp16__300x384:*nvfp4__linear_weight__training__bf16__200x320:*delayed*input__training__bf16__128x4224:*int8_weight_sr*weight*grouped*'
+san_filter+=':*mxfp8__linear_input__inference__bf16__128x4224:*float8_block*_linear_input__inference__fp32__128x4224:*delayed*input__inference__bf16__200x320'
 # Grouped GEMM: blockwise (scales in registers), MXFP8 (scale writers, per-32 promotion), NVFP4, K-grouped
 # (shared-memory zeroing), masked, multicast, several tiles per CTA; all three tools take every
 # kind (every consumer lane releases a stage: docs/gemm.md; NVFP4 raced clean 2026-11-24).
