@@ -27,7 +27,8 @@
 // out a row at a time; rowwise 16-column blocks (NVFP4) one whole block per thread. A plan whose
 // one stream is rowwise (inference) casts interior tiles straight from global memory, without
 // staging; tensor amaxes after the RHT come from global memory too. Edge tiles take the checked
-// paths above, element by element where needed. CTAs take tiles column-fastest (tile_pos).
+// paths above, element by element where needed. CTAs take tiles column-fastest, most plans
+// (tile_pos).
 // fp8 is encoded with the hardware cvt on sm_89+, two elements per instruction with a NaN byte
 // fix-up, e2m1 (round to nearest) in one fp32 addition (both bit-identical to the software
 // encoder, checked exhaustively by the GPU tests); stochastic rounding draws one Philox call per
@@ -671,11 +672,15 @@ __device__ __forceinline__ void block_max_atomic(float* dst, float v) {
 // completed while still in L2, where row-fastest order left a sector's pieces a whole column
 // sweep apart (at 65536 x 7168 more than L2 holds). H100, bf16: MXFP8 rowwise 81 -> 100 % of
 // copy bandwidth at 65536 x 7168 and 93 -> 99.5 % at 16384^2, MXFP8 row + columnwise 87 -> 96 %,
-// per-tensor delayed rowwise 96 -> 99 %.
+// per-tensor delayed rowwise 96 -> 99 %. Plans with Cfg::kRowFastest (codegen: a transposed copy
+// of 16-bit or wider elements) keep the grid's own row-fastest order: their bf16 passthrough +
+// transpose measured 592 us row-fastest against 872 us column-fastest at 16384^2.
 struct TilePos {
   i64 row, col;
 };
+template <class Cfg>
 __device__ __forceinline__ TilePos tile_pos() {
+  if constexpr (Cfg::kRowFastest) return TilePos{i64(blockIdx.x), i64(blockIdx.y)};
   const u64 lin = u64(blockIdx.y) * gridDim.x + blockIdx.x;
   return TilePos{i64(lin / gridDim.y), i64(lin % gridDim.y)};
 }
@@ -1671,7 +1676,7 @@ __device__ __forceinline__ void cast_tile(const QuantizeArgs& a) {
     }
   }
   if (a.noop && *a.noop == 1.0f) return;
-  const TilePos pos = tile_pos();
+  const TilePos pos = tile_pos<Cfg>();
   if (a.member_rows && pos.row == i64(gridDim.x) - 1) {
     if (pos.col == 0) fill_empty_members<Cfg, S...>(a);
     return;
@@ -1786,7 +1791,7 @@ __global__ void __launch_bounds__(Cfg::kThreads) amax_kernel(const QuantizeArgs 
   if (a.noop && *a.noop == 1.0f) return;
   detail::Member mem;
   i64 unused[kMaxStreams];
-  const detail::TilePos pos = detail::tile_pos();
+  const detail::TilePos pos = detail::tile_pos<Cfg>();
   if (!detail::resolve_member<Cfg>(a, pos.row, mem, unused)) return;
   constexpr int TR = Cfg::kTileRows, TC = Cfg::kTileCols, T = Cfg::kThreads;
   const i64 col0 = pos.col * TC, row0 = mem.tile_row * TR;
