@@ -165,7 +165,7 @@ KernelSource emit_quantize(const Plan& p) {
   // row-fastest against 872 us column-fastest at 16384^2 on an H100).
   bool wide_transposed = false;
   for (const auto& st : p.streams)
-    wide_transposed |= st.layout == DataLayout::Transposed && st.format == ElemFormat::Identity;
+    wide_transposed |= st.layout == DataLayout::Transposed && data_bits(st) >= 16;
   e.constant("kRowFastest", wide_transposed);
   e.constant("kMinBlocks", int64_t(min_blocks));
   e.constant_u32("kSmemBytes", ks.smem_bytes);

@@ -516,7 +516,7 @@ __device__ __forceinline__ void store_words(void* p, const u32* w) {
 // Stores N consecutive elements of one output row, starting at element `lin` (the element's
 // offset in the stream's data buffer, which is also its stochastic-rounding index); x holds
 // the scaled values (identity streams: the input values). Only the first `valid` are written.
-// N is 4 or 16; kAligned promises valid == N and lin % N == 0 (interior tiles): one vector
+// N is 4, 8 or 16; kAligned promises valid == N and lin % N == 0 (interior tiles): one vector
 // store, no checks.
 template <class S, int N, bool kAligned = false>
 __device__ __forceinline__ void store_run(const QuantizeArgs& a, void* data, i64 lin, const float (&x)[N], int valid) {
@@ -1270,11 +1270,7 @@ __device__ void cast_rowwise_blocks(const QuantizeArgs& a, const Member& mem, i6
     u32 entry;
     block_scale<Cfg, S>(amax, ctx, mul, entry);
     maybe_store_entry<S>(out, row0 + r, col0 + b * BC, ctx.grid_pcols, scale_base, entry);
-    float x[BC];
-#pragma unroll
-    for (int q = 0; q < BC; ++q) x[q] = v[q] * mul;
-    const RunWords<S, BC> w = pack_run<S, BC>(a, lin, x);
-    store_words<RunWords<S, BC>::kBytes>(static_cast<u8*>(out.data) + lin * StoreBits<typename S::Format>::value / 8, w.w);
+    encode_store<S, BC, true>(a, out.data, lin, v, mul, BC);
   }
 }
 
@@ -1285,8 +1281,9 @@ __device__ void cast_rowwise_blocks(const QuantizeArgs& a, const Member& mem, i6
 // the BC / E lanes of a block reduce its amax with shuffles. (H100, 16384^2, bf16, 16 x 256
 // tiles, both in row-fastest tile order: delayed 298 -> 279 us, MXFP8 298 -> 290, 1x128 297 ->
 // 292 against the staged form.)
+// A rowwise stream's 1D scale blocks (kBlockCols is 1 for per-tensor and per-channel scales).
 template <class S>
-constexpr bool kRowBlocks = S::kMode == kModeBlock || S::kMode == kModeMx || S::kMode == kModeNvfp4;
+constexpr bool kRowBlocks = S::kBlockCols > 1;
 template <class Cfg, class S>
 constexpr bool kRowwiseDirect =
     S::kDir == 0 && !S::kBlock2d && !S::kRht && !kWholeBlockRows<S> &&
@@ -1331,12 +1328,7 @@ __device__ float cast_rowwise_direct(const QuantizeArgs& a, const Member& mem, i
       u32 entry;
       block_scale<Cfg, S>(block_amax, ctx, mul, entry);
       maybe_store_entry<S>(out, row0 + r, col0 + c, ctx.grid_pcols, scale_base, entry);
-      const i64 lin = tile_lin + i64(r) * a.k + c;
-      float x[E];
-#pragma unroll
-      for (int e = 0; e < E; ++e) x[e] = is_identity<typename S::Format>::value ? v[e] : v[e] * mul;
-      const RunWords<S, E> w = pack_run<S, E>(a, lin, x);
-      store_words<RunWords<S, E>::kBytes>(static_cast<u8*>(out.data) + lin * StoreBits<typename S::Format>::value / 8, w.w);
+      encode_store<S, E, true>(a, out.data, tile_lin + i64(r) * a.k + c, v, mul, E);
     }
   }
   return reported;
