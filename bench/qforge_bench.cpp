@@ -2,7 +2,7 @@
 // bandwidth measured in the same run.
 //
 //   qforge_bench [--recipes DIR] [--out FILE.json] [--quick] [--filter SUBSTR] [--iters-ms MS]
-//                [--sizes MxK,MxK]
+//                [--sizes MxK,MxK] [--groups ROWS,ROWS,...]
 //
 // For every shipped recipe x role x usage (training: rowwise + columnwise; inference: rowwise
 // only) and every size, with bf16 input:
@@ -17,7 +17,8 @@
 //              launches enqueued), against op_floor_us: one 4-byte cuMemsetD8Async + sync, the
 //              round trip of a single stream operation, measured in the same run.
 // Copy bandwidth: cuMemcpyDtoDAsync of 1 GiB, counting bytes read + written.
-// Grouped cases: 8 uneven members (multiples of 64 rows) against one tensor of the same total.
+// Grouped cases: 8 uneven members (multiples of 1024 rows) x 2048 columns against one tensor of
+// the same total; --groups sets the member rows (also with --sizes, which otherwise drops them).
 #include <algorithm>
 #include <chrono>
 #include <cmath>
@@ -48,13 +49,30 @@ using namespace qf;
 using namespace qf::cli;
 
 int main(int argc, char** argv) try {
-  const cli::Args args(std::vector<std::string>(argv + 1, argv + argc), {"--recipes", "--out", "--filter", "--iters-ms", "--sizes"},
+  const cli::Args args(std::vector<std::string>(argv + 1, argv + argc), {"--recipes", "--out", "--filter", "--iters-ms", "--sizes", "--groups"},
                        {"--quick"});
   const fs::path recipes_dir = args.get("--recipes").value_or("recipes");
   const std::string out_path = args.get("--out").value_or("qforge_bench.json");
   const std::string filter = args.get("--filter").value_or("");
   const bool quick = args.flag("--quick");
   const double target_ms = std::stod(args.get("--iters-ms").value_or("40"));
+
+  std::vector<Shape2D> sizes = {{1024, 1024}, {2048, 2048}, {4096, 4096}, {8192, 8192}, {16384, 16384}, {65536, 7168}};
+  if (quick) sizes = {{1024, 1024}, {16384, 16384}};
+  bool grouped_cases = true;
+  if (auto list = args.get("--sizes")) {  // "MxK,MxK": only these (grouped cases only with --groups)
+    sizes.clear();
+    grouped_cases = false;
+    for (const std::string& item : split_list(*list)) sizes.push_back(parse_shape("--sizes", item));
+  }
+  std::vector<int64_t> uneven = {2048, 6144, 3072, 5120, 4096, 1024, 7168, 4096};  // 32768 rows
+  if (auto list = args.get("--groups")) {
+    uneven = cli::parse_row_counts("--groups", *list);
+    grouped_cases = true;
+  }
+  int64_t grouped_rows = 0;
+  for (int64_t v : uneven) grouped_rows += v;
+  if (grouped_rows == 0) throw UserError("--groups", "the members add up to 0 rows");
 
   rt::primary_context(0)->make_current();
   rt::Stream stream;
@@ -75,15 +93,6 @@ int main(int argc, char** argv) try {
     std::fprintf(stderr, "one stream operation + sync: %.1f us\n", op_floor_us);
   }
 
-  std::vector<Shape2D> sizes = {{1024, 1024}, {2048, 2048}, {4096, 4096}, {8192, 8192}, {16384, 16384}, {65536, 7168}};
-  if (quick) sizes = {{1024, 1024}, {16384, 16384}};
-  bool grouped_cases = true;
-  if (auto list = args.get("--sizes")) {  // "MxK,MxK": only these, no grouped cases
-    sizes.clear();
-    grouped_cases = false;
-    for (const std::string& item : split_list(*list)) sizes.push_back(parse_shape("--sizes", item));
-  }
-  const std::vector<int64_t> uneven = {2048, 6144, 3072, 5120, 4096, 1024, 7168, 4096};  // 32768 rows
   const char* roles[] = {"linear:input", "linear:weight", "linear:grad_output"};
 
   std::vector<Case> cases;
@@ -95,8 +104,8 @@ int main(int argc, char** argv) try {
         if (quick && u != Usage::Training) continue;
         for (Shape2D s : sizes) cases.push_back({f.string(), r.name, role, u, s, {}});
         if (u == Usage::Training && grouped_cases) {
-          cases.push_back({f.string(), r.name, role, u, {32768, 2048}, {}});
-          cases.push_back({f.string(), r.name, std::string("grouped_") + role, u, {32768, 2048}, uneven});
+          cases.push_back({f.string(), r.name, role, u, {grouped_rows, 2048}, {}});
+          cases.push_back({f.string(), r.name, std::string("grouped_") + role, u, {grouped_rows, 2048}, uneven});
         }
       }
     }

@@ -186,9 +186,10 @@ void Quantizer::quantize(const QuantizeCall& call, CUstream stream) const {
     for (const auto& [n2, v2] : call.buffers)
       if (n2 != b.name) check_disjoint(b.name, v, n2, v2);
     check_disjoint(b.name, v, "input", call.input);
-    // Amax outputs accumulate atomically from zero; swizzled padding must read as zero; a
-    // grouped per-tensor scale of an empty member (no tile writes it) reads as zero.
-    if (b.kind == BufferKind::Amax || (b.kind == BufferKind::ScaleInv && (b.zero_padding || grouped)))
+    // Amax outputs accumulate atomically from zero; swizzled padding must read as zero. (The
+    // scale entries of a grouped launch's empty members are written by the kernel; bytes past
+    // the members' concatenation are left as they were.)
+    if (b.kind == BufferKind::Amax || (b.kind == BufferKind::ScaleInv && b.zero_padding))
       zero.push_back({v.ptr, need, b.kind == BufferKind::Amax});
     if (b.kind == BufferKind::Data) args.streams[b.stream].data = reinterpret_cast<void*>(v.ptr);
     if (b.kind == BufferKind::ScaleInv) args.streams[b.stream].scale_inv = reinterpret_cast<void*>(v.ptr);
@@ -222,7 +223,7 @@ void Quantizer::quantize(const QuantizeCall& call, CUstream stream) const {
   const Driver& d = driver();
   const TileConfig& t = l->kernels.source.tile;
   // One CTA per tile. Grouped: sum(ceil(m_i / rows)) <= ceil(M / rows) + N tile rows, plus one
-  // row of CTAs for the scales of empty members.
+  // row of CTAs for the scale entries of empty members.
   const uint64_t tile_rows = ceil_div(u64(call.shape.m), u64(t.rows)) + (grouped ? u64(members) + 1 : 0);
   const Dim3 grid{unsigned(tile_rows), unsigned(ceil_div(u64(call.shape.k), u64(t.cols))), 1};
   if (tile_rows > 0x7fffffffu || grid.y > 65535)

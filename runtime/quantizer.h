@@ -29,6 +29,8 @@ struct QuantizeCall {
   TensorView input;                           // [M, K], the plan's input dtype
   Shape2D shape;                              // [M, K] (grouped: total rows)
   std::map<std::string, TensorView> buffers;  // outputs and scale inputs, by buffer name
+                                              // (grouped: each output holds the members' outputs
+                                              // concatenated; the bytes past them are unspecified)
   TensorView workspace;                       // workspace_bytes() (may be empty when 0)
   uint64_t noop = 0;                          // optional device float: 1.0 makes the call a no-op
                                               // (outputs untouched, but amax outputs read zero)

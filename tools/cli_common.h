@@ -46,6 +46,25 @@ inline Shape2D parse_shape(const std::string& flag, const std::string& text) {
   return s;
 }
 
+// "512,0,1024" -> {512, 0, 1024}: member (group) row counts; UserError naming `flag` unless
+// every item is an integer >= 0 and there is at least one.
+inline std::vector<int64_t> parse_row_counts(const std::string& flag, const std::string& text) {
+  std::vector<int64_t> v;
+  std::stringstream ss(text);
+  for (std::string item; std::getline(ss, item, ',');) {
+    try {
+      size_t used = 0;
+      const long long x = std::stoll(item, &used);
+      if (used != item.size() || x < 0) throw std::invalid_argument("");
+      v.push_back(x);
+    } catch (const std::exception&) {
+      throw UserError(flag, "expected comma-separated row counts >= 0, got \"" + text + "\"");
+    }
+  }
+  if (v.empty()) throw UserError(flag, "expected at least one group");
+  return v;
+}
+
 // Recipe files named on the command line: files as given, directories expanded to their *.json
 // (except recipe.schema.json), sorted. UserError when nothing is found.
 inline std::vector<std::filesystem::path> recipe_files(const std::vector<std::string>& args) {

@@ -26,6 +26,7 @@
 #include "qforge/numerics.cuh"
 #include "runtime/gemm.h"
 #include "tools/args.h"
+#include "tools/cli_common.h"
 #include "tools/commands.h"
 
 namespace qf::cli {
@@ -38,24 +39,6 @@ ElemFormat format_arg(const Args& args, const std::string& flag, bool fp4) {
   if (fp4 ? f != ElemFormat::E2M1 : (!f || (*f != ElemFormat::E4M3 && *f != ElemFormat::E5M2)))
     throw UserError(flag, std::string(fp4 ? "nvfp4 scaling: expected e2m1" : "expected e4m3 or e5m2") + ", got \"" + s + "\"");
   return *f;
-}
-
-std::vector<int64_t> parse_splits(const std::string& s) {
-  std::vector<int64_t> v;
-  std::stringstream ss(s);
-  std::string item;
-  while (std::getline(ss, item, ',')) {
-    try {
-      size_t used = 0;
-      const long long x = std::stoll(item, &used);
-      if (used != item.size() || x < 0) throw std::invalid_argument("");
-      v.push_back(x);
-    } catch (const std::exception&) {
-      throw UserError("--splits", "expected comma-separated row counts >= 0, got \"" + s + "\"");
-    }
-  }
-  if (v.empty()) throw UserError("--splits", "expected at least one group");
-  return v;
 }
 
 double median(std::vector<double> v) {
@@ -155,7 +138,7 @@ int cmd_gemm(const Argv& argv) {
   const uint64_t seed = uint64_t(args.integer("--seed", 1, 0, INT64_MAX));
   std::vector<int64_t> rows;
   if (auto s = args.get("--splits")) {
-    rows = parse_splits(*s);
+    rows = cli::parse_row_counts("--splits", *s);
   } else {
     const int64_t m = k_grouped ? tokens_per_group : args.integer("--m", 4096, 0, int64_t(1) << 30);
     if (args.flag("--uneven")) {

@@ -1607,26 +1607,27 @@ __device__ __forceinline__ void cast_stream(const QuantizeArgs& a, const Member&
   }
 }
 
-// Grouped launches get one extra tile row; its first CTA writes the per-tensor scale entry of
-// every empty member (no tile of theirs exists): the scale an all-zero tensor gets.
+// Grouped launches get one extra tile row, whose CTAs write every scale entry of the empty
+// members (no tile of theirs exists): the scale of an all-zero block. That is the per-tensor
+// entry, and the per-channel entries of a transposed stream (one per column); block grids of an
+// empty member have no entries. The entries are spread over every thread of the row.
 template <class Cfg, class... S>
-__device__ void fill_empty_members(const QuantizeArgs& a) {
-  if (threadIdx.x != 0) return;
+__device__ void fill_empty_members(const QuantizeArgs& a, i64 cta) {
+  const i64 first = cta * Cfg::kThreads + threadIdx.x, stride = i64(gridDim.y) * Cfg::kThreads;
   i64 bases[kMaxStreams] = {};
   for (int g = 0; g < a.num_members; ++g) {
     const i64 mg = a.member_rows[g + 1] - a.member_rows[g];
     int s = 0;
     (
         [&] {
-          if constexpr (S::kMode == kModeTensorCurrent || S::kMode == kModeTensorDelayed) {
-            if (mg == 0) {
-              float mul;
-              u32 entry;
-              StreamCtx<S> ctx;
-              if constexpr (S::kMode == kModeTensorDelayed) ctx.delayed_scale = *a.streams[S::kIndex].scale_in;
-              block_scale<Cfg, S>(0.0f, ctx, mul, entry);
-              store_entry<S>(a.streams[S::kIndex].scale_inv, bases[s], entry);
-            }
+          if (mg == 0) {
+            StreamCtx<S> ctx;
+            if constexpr (S::kMode == kModeTensorDelayed) ctx.delayed_scale = *a.streams[S::kIndex].scale_in;
+            float mul;
+            u32 entry;
+            block_scale<Cfg, S>(0.0f, ctx, mul, entry);
+            const i64 n = scale_grid_size<S>(0, a.k);
+            for (i64 e = first; e < n; e += stride) store_entry<S>(a.streams[S::kIndex].scale_inv, bases[s] + e, entry);
           }
           bases[s] += scale_grid_size<S>(mg, a.k);
           ++s;
@@ -1670,7 +1671,7 @@ __device__ __forceinline__ void cast_tile(const QuantizeArgs& a) {
   if (a.noop && *a.noop == 1.0f) return;
   const TilePos pos = tile_pos<Cfg>();
   if (a.member_rows && pos.row == i64(gridDim.x) - 1) {
-    if (pos.col == 0) fill_empty_members<Cfg, S...>(a);
+    fill_empty_members<Cfg, S...>(a, pos.col);
     return;
   }
   Member mem;

@@ -212,6 +212,15 @@ std::vector<Case> all_cases() {
       cases.push_back({r, role, Usage::Training, DType::BF16, {1000, 192}, {200, 0, 98, 702}, false});
       cases.push_back({r, role, Usage::Training, DType::FP32, {64, 256}, {}, true});
       cases.push_back({r, role, Usage::Memory, DType::FP16, {96, 160}, {}, false});
+      // Many members, every fifth one empty (and one more): their scale entries come from the kernel's
+      // extra tile row alone (grouped scale buffers are not zeroed first).
+      {
+        std::vector<int64_t> many;
+        for (int i = 0; i < 37; ++i) many.push_back(i == 32 ? 0 : 16 * (i % 5));
+        int64_t rows = 0;
+        for (int64_t m : many) rows += m;
+        cases.push_back({r, role, Usage::Training, DType::BF16, {rows, 128}, many, false});
+      }
       // fp16 through interior and edge tiles of every tile shape (128-row tiles: 16-bit staging).
       cases.push_back({r, role, Usage::Training, DType::FP16, {300, 384}, {}, false});
       // Small single tensors take the one-launch fused kernel where the plan has one; these take
