@@ -279,7 +279,9 @@ TEST(SelectTiles, ShapesFollowLayoutsAndBlocks) {
   EXPECT_EQ(nv.tile, (TileConfig{64, 128, 128, 4}));
   const Plan sr = plan_for("nvfp4", "linear:grad_output");  // fp4 with stochastic rounding: 256 threads
   EXPECT_EQ(sr.tile, (TileConfig{64, 128, 256, 4}));
-  for (const Plan& p : {mx, w8, cs, bw, nv, sr}) EXPECT_TRUE(tile_fits(p, p.tile));
+  const Plan id = plan_for("int8_weight_sr", "linear:input");  // bf16 passthrough + transpose: 128 x 128
+  EXPECT_EQ(id.tile, (TileConfig{128, 128, 256, 4}));
+  for (const Plan& p : {mx, w8, cs, bw, nv, sr, id}) EXPECT_TRUE(tile_fits(p, p.tile));
 }
 
 TEST(SelectTiles, CandidatesAreValidAndStartWithTheDefault) {
