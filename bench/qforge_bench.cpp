@@ -139,6 +139,8 @@ int main(int argc, char** argv) try {
       const Plan plan = compile_plan(r, PlanRequest{c.role, DType::BF16, c.usage, !c.members.empty()});
       const rt::Quantizer q(plan);
       check_shape(plan, c.shape);
+      for (int64_t rows : c.members)  // the per-member rules the kernel relies on (e.g. 16-row RHT groups)
+        if (rows > 0) check_shape(plan, Shape2D{rows, c.shape.k});
       const int64_t in_bytes = c.shape.m * c.shape.k * 2;
       const int64_t bytes = minimal_bytes(q, plan, c);
       const int sets = int(std::clamp<int64_t>((kRotateBytes + bytes - 1) / bytes, 1, 32));
