@@ -37,6 +37,12 @@ int data_bits(const Stream& s) {
   return s.format == ElemFormat::Identity ? 8 * traits(s.out_dtype).bytes : 8 / traits(s.format).elems_per_byte;
 }
 
+bool transposes_wide(const Plan& p) {
+  for (const auto& s : p.streams)
+    if (s.layout == DataLayout::Transposed && data_bits(s) >= 16) return true;
+  return false;
+}
+
 EntryShape scale_entry_shape(const Stream& s) {
   const bool transposed = s.layout == DataLayout::Transposed;
   return std::visit(

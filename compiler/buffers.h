@@ -58,6 +58,9 @@ Shape2D data_shape(const Stream& s, Shape2D in);
 // streams, 4 for packed fp4, else 8 (fp6 and int8 take a byte). templates/qforge/cast.cuh
 // StoreBits is the device-side twin.
 int data_bits(const Stream& s);
+// Whether the plan writes a transposed copy of 16 or 32 bits per element (the identity
+// passthrough): it takes its own tile shape (select_tiles) and CTA order (codegen, kRowFastest).
+bool transposes_wide(const Plan& p);
 ScaleGrid scale_grid(const Stream& s, Shape2D in);
 
 std::vector<BufferDesc> output_buffers(const Plan& plan, Shape2D shape);

@@ -163,10 +163,7 @@ KernelSource emit_quantize(const Plan& p) {
   // CTA order over the tiles (cast.cuh, tile_pos): column-fastest, except for plans with a
   // transposed copy of 16-bit or wider elements (bf16 passthrough + transpose, measured 592 us
   // row-fastest against 872 us column-fastest at 16384^2 on an H100).
-  bool wide_transposed = false;
-  for (const auto& st : p.streams)
-    wide_transposed |= st.layout == DataLayout::Transposed && data_bits(st) >= 16;
-  e.constant("kRowFastest", wide_transposed);
+  e.constant("kRowFastest", transposes_wide(p));
   e.constant("kMinBlocks", int64_t(min_blocks));
   e.constant_u32("kSmemBytes", ks.smem_bytes);
   e.close(";");

@@ -15,13 +15,6 @@ bool transposes(const Plan& p) {
   return false;
 }
 
-// A transposed copy of 16 or 32 bits per element (the identity passthrough).
-bool transposes_wide(const Plan& p) {
-  for (const auto& s : p.streams)
-    if (s.layout == DataLayout::Transposed && data_bits(s) >= 16) return true;
-  return false;
-}
-
 bool has_rht(const Plan& p) {
   for (const auto& s : p.streams)
     if (s.rht) return true;

@@ -21,9 +21,10 @@ bool tile_fits(const Plan& plan, const TileConfig& t);
 // Candidate tiles for `qforge tune`: valid tiles around the default, default first.
 std::vector<TileConfig> tile_candidates(const Plan& plan);
 
-// Chooses the cast kernel's default tile: square (64 x 64, or the blocks' multiple) when a
-// transposed copy is written, so both the read and the transposed write are coalesced; 16 x 256
-// when only rows are written. Vector width: 4 input elements per load.
+// Chooses the cast kernel's default tile from the plan's streams and blocks (the measured
+// choices are listed in select_tiles.cpp): 64 x 128 for fp4 with a transposed copy, 128 x 128 for
+// a 16- or 32-bit transposed copy, 32 x 256 for other transposed copies, 16 x 256 when only rows
+// are written; wider where the blocks need it. Vector width: 4 input elements per load.
 Plan select_tiles(Plan plan);
 
 }  // namespace qf
