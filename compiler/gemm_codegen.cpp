@@ -28,10 +28,22 @@ bool is_fp8(ElemFormat f) { return f == ElemFormat::E4M3 || f == ElemFormat::E5M
 
 int out_bytes(const GemmSpec& s) { return traits(s.out_dtype).bytes; }
 
-GemmSmem smem_for(const GemmSpec& s, const GemmTile& t) {
+// The device policy (gemm.cuh) and its GemmScalingCode: the scaling's own, except blockwise
+// scaling in the K-grouped layout (wgrad), whose operands both carry 1x128 blocks along the tokens.
+struct DevicePolicy {
+  std::string_view policy, code;
+  int id;
+};
+DevicePolicy device_policy(const GemmSpec& s) {
+  if (s.scaling == GemmScaling::Block128 && s.layout == GemmLayout::KGrouped)
+    return {"qf::gemm::Block128KScaling", "qf::kGemmBlock128K", kGemmBlock128K};
   const auto& st = traits(s.scaling);
-  return gemm_smem(t.block_m, t.block_n, t.stages, t.block_m / 64, int(st.id), st.id == GemmScaling::RowChannel,
-                   out_bytes(s));
+  return {st.device_policy, st.device_code, int(st.id)};
+}
+
+GemmSmem smem_for(const GemmSpec& s, const GemmTile& t) {
+  return gemm_smem(t.block_m, t.block_n, t.stages, t.block_m / 64, device_policy(s).id,
+                   s.scaling == GemmScaling::RowChannel, out_bytes(s));
 }
 
 std::string tile_field(const char* f) { return std::string("tile.") + f; }
@@ -76,8 +88,9 @@ void validate(const GemmSpec& s) {
       throw UserError("m", "k-grouped: expected the rows of each output in [1, 2^24], got " + std::to_string(s.m));
     if (s.k != 0)
       throw UserError("k", "k-grouped: K is each group's token count, read at run time: expected 0, got " + std::to_string(s.k));
-    if (s.scaling != GemmScaling::PerTensor)
-      throw UserError("scaling", "k-grouped (wgrad): only tensor scaling so far, got " + std::string(traits(s.scaling).name));
+    if (s.scaling != GemmScaling::PerTensor && s.scaling != GemmScaling::Block128 && s.scaling != GemmScaling::Mx32)
+      throw UserError("scaling", "k-grouped (wgrad): expected tensor, blockwise or mxfp8, got " +
+                                     std::string(traits(s.scaling).name));
     if (s.tile.multicast > 1) throw UserError("tile.multicast", "k-grouped: expected 1, got " + std::to_string(s.tile.multicast));
   } else if (s.m != 0) {
     throw UserError("m", "m-grouped: rows are per group at run time: expected 0, got " + std::to_string(s.m));
@@ -125,7 +138,7 @@ GemmTile resolve_tile(const GemmSpec& s) {
   if (promote && t.block_n > 128)
     throw UserError(tile_field("block_n"), "fp32 promotion keeps two accumulators per thread: block_n <= 128, got " +
                                                std::to_string(t.block_n));
-  if (block128 && 128 % t.block_n != 0)
+  if (block128 && s.layout == GemmLayout::MGrouped && 128 % t.block_n != 0)
     throw UserError(tile_field("block_n"), "blockwise scaling: a tile must lie in one 128-column B block (64 or 128), got " +
                                                std::to_string(t.block_n));
   const int64_t n_blocks = (s.n + t.block_n - 1) / t.block_n;
@@ -144,10 +157,12 @@ GemmTile resolve_tile(const GemmSpec& s) {
     throw UserError(tile_field("multicast"), "nvfp4: expected 1, got " + std::to_string(t.multicast));
   if (fp4 && t.ordered == 2)
     throw UserError(tile_field("ordered"), "nvfp4 accumulates on the tensor cores: ordered issue is not supported");
-  // Ordered issue by default where it measured faster: per-tensor and rowwise promotion. Blockwise
-  // runs 7-10 % faster without it since its scales moved into the consumers' registers (H100,
-  // 2026-11-24, docs/gemm.md).
-  if (t.ordered == 0) t.ordered = promote && !per32 && !fp4 && !block128 && t.block_m == 128 ? 2 : 1;
+  // Ordered issue by default where it measured faster: per-tensor and rowwise promotion, and the
+  // K-grouped blockwise kernel (waited promotion; 687 vs 671 TFLOP/s, 555 vs 531 with fp32
+  // accumulation, H100, 2026-11-25). M-grouped blockwise runs 7-10 % faster without it since its
+  // scales moved into the consumers' registers (H100, 2026-11-24, docs/gemm.md).
+  const bool block128_m = block128 && s.layout == GemmLayout::MGrouped;
+  if (t.ordered == 0) t.ordered = promote && !per32 && !fp4 && !block128_m && t.block_m == 128 ? 2 : 1;
   if (per32 && t.ordered == 2)
     throw UserError(tile_field("ordered"), "per-32 promotion overlaps its own steps: ordered issue is not supported");
   if (t.ordered != 1 && t.ordered != 2)
@@ -174,10 +189,17 @@ GemmTile resolve_tile(const GemmSpec& s) {
   return t;
 }
 
-GemmScaleElems gemm_scale_elems(const GemmSpec& s, int64_t m_total, int64_t num_groups) {
+GemmScaleElems gemm_scale_elems(const GemmSpec& s, int64_t m_total, int64_t num_groups, int64_t k_total) {
   const int64_t g = num_groups, kb = (s.k + 127) / 128, nb = (s.n + 127) / 128;
+  if (s.layout == GemmLayout::KGrouped) {  // per row of A [m, k_total] and of B [N, k_total], along the tokens
+    const int64_t cols = s.scaling == GemmScaling::Block128 ? (k_total + 127) / 128
+                         : s.scaling == GemmScaling::Mx32   ? (k_total + 31) / 32
+                                                            : 0;
+    if (cols == 0) return {g, g};  // tensor: one scale per group member
+    return {s.m * cols, s.n * cols};
+  }
   switch (s.scaling) {
-    case GemmScaling::PerTensor: return {g, g};  // also K-grouped: one scale per group member
+    case GemmScaling::PerTensor: return {g, g};
     case GemmScaling::RowChannel: return {m_total, g * s.n};
     case GemmScaling::Block128: return {m_total * kb, g * nb * kb};
     case GemmScaling::Mx32: return {m_total * (s.k / 32), g * s.n * (s.k / 32)};
@@ -199,7 +221,6 @@ std::string describe(const GemmSpec& s) {
 GemmSource emit_gemm(const GemmSpec& s) {
   validate(s);
   const GemmTile t = resolve_tile(s);
-  const GemmScalingTraits& st = traits(s.scaling);
   GemmSource out;
   out.tile = t;
   out.smem_bytes = smem_for(s, t).total;
@@ -214,8 +235,9 @@ GemmSource emit_gemm(const GemmSpec& s) {
   e.open("struct GemmCfg");
   e.alias("AFormat", traits(s.a_format).device_type);
   e.alias("BFormat", traits(s.b_format).device_type);
-  e.alias("Scaling", st.device_policy);
-  e.constant_ident("int", "kScaling", st.device_code);
+  const DevicePolicy dp = device_policy(s);
+  e.alias("Scaling", dp.policy);
+  e.constant_ident("int", "kScaling", dp.code);
   e.constant("kKGrouped", s.layout == GemmLayout::KGrouped);
   e.constant("kM", int64_t(s.m));
   e.constant("kN", int64_t(s.n));

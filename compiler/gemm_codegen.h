@@ -48,7 +48,8 @@ std::optional<GemmScaling> parse_gemm_scaling(std::string_view name);
 // How the groups split the problem.
 enum class GemmLayout : uint8_t {
   MGrouped,  // fprop / dgrad: groups own rows of A and D (contiguous offsets or masked slots); B [G, N, K]
-  KGrouped,  // wgrad: groups own ranges of the shared K (tokens); A [m, K_total], B [N, K_total], D [G, m, N]
+  KGrouped,  // wgrad: groups own ranges of the shared K (tokens); A [m, K_total], B [N, K_total], D [G, m, N];
+             // tensor, blockwise (1x128 blocks along the tokens on both operands) or mxfp8 scaling
 };
 std::string_view name(GemmLayout l);
 
@@ -99,10 +100,14 @@ struct GemmSource {
 GemmSource emit_gemm(const GemmSpec& spec);
 
 // Elements of the scale buffers for this spec (see GemmScaling; traits(scaling).scale_bytes each).
+// M-grouped: m_total rows of A. K-grouped: k_total tokens; blockwise and mxfp8 scales are per row
+// of A [m, k_total] and of B [N, k_total] along the tokens: [m, ceil(k_total/128)] and
+// [N, ceil(k_total/128)] fp32, or [m, ceil(k_total/32)] and [N, ceil(k_total/32)] e8m0 (the
+// quantize kernels' 128x1 / 32x1 columnwise grids of one tensor, transposed).
 struct GemmScaleElems {
   int64_t a = 0, b = 0;
 };
-GemmScaleElems gemm_scale_elems(const GemmSpec& spec, int64_t m_total, int64_t num_groups);
+GemmScaleElems gemm_scale_elems(const GemmSpec& spec, int64_t m_total, int64_t num_groups, int64_t k_total = 0);
 
 // "e4m3 x e4m3 blockwise N=4096 K=7168 -> bf16" (logs, cache metadata).
 std::string describe(const GemmSpec& spec);

@@ -541,8 +541,8 @@ std::array<std::string, 3> parse_role(std::string_view role, std::string_view wh
 // One "gemms" entry: every field of a GemmSpec under its own name (tile fields under "tile");
 // the spec's own validation runs here, its field name turned into this entry's JSON pointer.
 RecipeGemm parse_gemm(const Node& g) {
-  g.expect_object({"scaling", "a_format", "b_format", "n", "k", "out_dtype", "accumulate", "fast_accum", "tile",
-                   "comment"});
+  g.expect_object({"scaling", "a_format", "b_format", "layout", "m", "n", "k", "out_dtype", "accumulate", "fast_accum",
+                   "tile", "comment"});
   RecipeGemm out;
   out.pointer = g.ptr();
   GemmSpec& s = out.spec;
@@ -569,8 +569,18 @@ RecipeGemm parse_gemm(const Node& g) {
   };
   s.a_format = format("a_format");
   s.b_format = format("b_format");
+  // "m_grouped" (fprop, dgrad; the default): K fixed, token rows at run time. "k_grouped" (wgrad):
+  // the output rows m fixed, the tokens (K) split per group at run time.
+  if (auto l = g.find("layout"))
+    s.layout = l->choice<GemmLayout>({{"m_grouped", GemmLayout::MGrouped}, {"k_grouped", GemmLayout::KGrouped}});
   s.n = g.at("n").integer(1, int64_t(1) << 24);
-  s.k = g.at("k").integer(1, int64_t(1) << 24);
+  if (s.layout == GemmLayout::KGrouped) {
+    s.m = g.at("m").integer(1, int64_t(1) << 24);
+    if (auto k = g.find("k")) k->fail("a k_grouped GEMM reduces over each group's tokens, given at run time: no \"k\"");
+  } else {
+    if (auto m = g.find("m")) m->fail("an m_grouped GEMM takes its rows at run time: no \"m\" (it is for \"layout\": \"k_grouped\")");
+    s.k = g.at("k").integer(1, int64_t(1) << 24);
+  }
   if (auto o = g.find("out_dtype")) s.out_dtype = o->choice<DType>({{"bf16", DType::BF16}, {"fp32", DType::FP32}});
   if (auto a = g.find("accumulate")) s.accumulate = a->boolean();
   if (auto f = g.find("fast_accum")) s.fast_accum = f->boolean();

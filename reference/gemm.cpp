@@ -92,7 +92,11 @@ GemmRows gemm_reference(const GemmSpec& spec, const GemmOperands& ops, std::span
   }
 
   const int64_t k32 = k / 32;
+  // K-grouped blockwise / mxfp8: a scale per row of A and of B per 128 / 32 tokens of k_total.
+  const int64_t kg_cols = kg ? gemm_scale_elems(spec, 0, groups, ops.k_total).a / spec.m : 0;
+  const int64_t kg_block = spec.scaling == GemmScaling::Mx32 ? 32 : 128;
   auto a_scale = [&](int64_t r, int64_t kk, int g) -> double {
+    if (kg && spec.scaling != GemmScaling::PerTensor) return scale_at(spec, ops.a_scale, r * kg_cols + kk / kg_block);
     switch (spec.scaling) {
       case GemmScaling::PerTensor: return scale_at(spec, ops.a_scale, g);
       case GemmScaling::RowChannel: return scale_at(spec, ops.a_scale, r);
@@ -103,6 +107,7 @@ GemmRows gemm_reference(const GemmSpec& spec, const GemmOperands& ops, std::span
     return 0;
   };
   auto b_scale = [&](int g, int64_t col, int64_t kk) -> double {
+    if (kg && spec.scaling != GemmScaling::PerTensor) return scale_at(spec, ops.b_scale, col * kg_cols + kk / kg_block);
     switch (spec.scaling) {
       case GemmScaling::PerTensor: return scale_at(spec, ops.b_scale, g);
       case GemmScaling::RowChannel: return scale_at(spec, ops.b_scale, int64_t(g) * n + col);

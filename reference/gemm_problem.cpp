@@ -100,7 +100,7 @@ void fill_problem(const GemmSpec& spec, GemmProblem& p, GemmValues values, bool 
   fill_bytes(p.b, byte_table(spec.b_format, values, seed * 7 + 3), seed * 11 + 4, threads);
 
   std::mt19937_64 rng(seed * 13 + 5);
-  const GemmScaleElems cnt = gemm_scale_elems(spec, p.m_total, g);
+  const GemmScaleElems cnt = gemm_scale_elems(spec, p.m_total, g, p.k_total);
   const GemmScalingTraits& st = traits(spec.scaling);
   auto fill_scales = [&](std::vector<uint8_t>& out, int64_t count) {
     out.resize(size_t(count * st.scale_bytes));

@@ -225,8 +225,9 @@ void Gemm::launch_persistent(const Loaded& l, GemmArgs& args, int64_t units, int
          params, attrs, SmemLimit::kPrepared);
 }
 
-// K-grouped (wgrad): D[g] [m, N] (+)= alpha[g] * sa[g] * sb[g] * A[:, ks] * B[:, ks]^T over the
-// token range ks = [offsets[g], offsets[g+1]) of A [m, k_total] and B [N, k_total].
+// K-grouped (wgrad): D[g] [m, N] (+)= alpha[g] * dequant(A[:, ks]) * dequant(B[:, ks])^T over the
+// token range ks = [offsets[g], offsets[g+1]) of A [m, k_total] and B [N, k_total]: per-group
+// tensor scales, or blockwise / MX scales per row along the tokens (gemm_scale_elems).
 void Gemm::run_k_grouped(const GemmCall& c, CUstream stream) const {
   const GemmSpec& s = spec_;
   const GemmTile& t = s.tile;
@@ -239,7 +240,7 @@ void Gemm::run_k_grouped(const GemmCall& c, CUstream stream) const {
     throw UserError(c.m_total != 0 ? "m_total" : c.m_max != 0 ? "m_max" : "group_counts",
                     "k-grouped: rows are the spec's m and groups split K by group_offsets; expected 0 / none");
   if (c.a_amax.ptr || c.b_amax.ptr)
-    throw UserError(c.a_amax.ptr ? "a_amax" : "b_amax", "k-grouped (tensor scaling) takes a_scale / b_scale, not per-tensor amax");
+    throw UserError(c.a_amax.ptr ? "a_amax" : "b_amax", "k-grouped scaling takes a_scale / b_scale, not per-tensor amax");
   const int64_t g = c.num_groups, kt = c.k_total;
   const int64_t units = g * ((s.m + t.block_m - 1) / t.block_m) * ((s.n + t.block_n - 1) / t.block_n);
   if (g * s.m >= (int64_t(1) << 31) || units >= (int64_t(1) << 31))
@@ -254,8 +255,19 @@ void Gemm::run_k_grouped(const GemmCall& c, CUstream stream) const {
                "D [" + std::to_string(g) + ", " + std::to_string(s.m) + ", " + std::to_string(s.n) + "] " +
                    std::string(traits(s.out_dtype).name));
   if (c.d.dtype && *c.d.dtype != s.out_dtype) check_dtype("d", c.d, s.out_dtype);
-  check_buffer("a_scale", c.a_scale, g * 4, 4, "fp32 per-group scales [G]");
-  check_buffer("b_scale", c.b_scale, g * 4, 4, "fp32 per-group scales [G]");
+  const GemmScalingTraits& st = traits(s.scaling);
+  const GemmScaleElems se = gemm_scale_elems(s, 0, g, kt);
+  if (s.scaling == GemmScaling::PerTensor) {
+    check_buffer("a_scale", c.a_scale, se.a * 4, 4, "fp32 per-group scales [G]");
+    check_buffer("b_scale", c.b_scale, se.b * 4, 4, "fp32 per-group scales [G]");
+  } else {
+    const int64_t cols = se.a / s.m;
+    const std::string what = std::string(st.scale_type) + " " + std::string(st.name) + " scales per row along the tokens ";
+    check_buffer("a_scale", c.a_scale, se.a * st.scale_bytes, st.scale_bytes,
+                 what + "[" + std::to_string(s.m) + ", " + std::to_string(cols) + "]");
+    check_buffer("b_scale", c.b_scale, se.b * st.scale_bytes, st.scale_bytes,
+                 what + "[" + std::to_string(s.n) + ", " + std::to_string(cols) + "]");
+  }
   if (c.alpha.ptr) check_buffer("alpha", c.alpha, g * 4, 4, "fp32 [num_groups]");
   if (c.max_ctas < 0) throw UserError("max_ctas", "expected >= 0, got " + std::to_string(c.max_ctas));
   check_buffer("group_offsets", c.group_offsets, (g + 1) * 8, 8, "int64 [num_groups + 1] token offsets");

@@ -180,8 +180,10 @@ qf_status qf_gemm_create_from_recipe(const qf_context* ctx, const char* recipe_n
 void qf_gemm_destroy(qf_gemm* g); /* NULL is fine */
 /* One line describing the spec ("e4m3 x e4m3 blockwise N=4096 K=7168 -> bf16"), valid while g lives. */
 const char* qf_gemm_describe(const qf_gemm* g);
-/* Bytes of the A and B scale buffers for m_total rows and num_groups groups. */
-qf_status qf_gemm_scale_bytes(const qf_gemm* g, int64_t m_total, int num_groups, int64_t* a_bytes,
+/* Bytes of the A and B scale buffers for num_groups groups and `extent`: the rows m_total of an
+   M-grouped spec, the token dimension k_total of a K-grouped one (its blockwise / mxfp8 scales run
+   along the tokens). */
+qf_status qf_gemm_scale_bytes(const qf_gemm* g, int64_t extent, int num_groups, int64_t* a_bytes,
                               int64_t* b_bytes);
 /* Compile (or load) the kernel for arch (only "sm_90a") into the kernel cache; no GPU needed. */
 qf_status qf_gemm_prepare(qf_gemm* g, const char* arch);

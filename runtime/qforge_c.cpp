@@ -400,17 +400,20 @@ void qf_gemm_destroy(qf_gemm* g) { delete g; }
 
 const char* qf_gemm_describe(const qf_gemm* g) { return g ? g->description.c_str() : ""; }
 
-qf_status qf_gemm_scale_bytes(const qf_gemm* g, int64_t m_total, int num_groups, int64_t* a_bytes, int64_t* b_bytes) {
+qf_status qf_gemm_scale_bytes(const qf_gemm* g, int64_t extent, int num_groups, int64_t* a_bytes, int64_t* b_bytes) {
   return guarded([&] {
     require(g, "g");
     require(a_bytes, "a_bytes");
     require(b_bytes, "b_bytes");
-    if (m_total < 0 || m_total >= (int64_t(1) << 31))
-      throw qf::UserError("m_total", "expected 0 <= m_total < 2^31, got " + std::to_string(m_total));
+    const qf::GemmSpec& s = g->g->spec();
+    const bool kg = s.layout == qf::GemmLayout::KGrouped;
+    if (extent < 0 || extent >= (int64_t(1) << 31))
+      throw qf::UserError("extent", std::string("expected 0 <= ") + (kg ? "k_total" : "m_total") + " < 2^31, got " +
+                                        std::to_string(extent));
     if (num_groups < 1 || num_groups > (1 << 20))
       throw qf::UserError("num_groups", "expected 1..2^20, got " + std::to_string(num_groups));
-    const qf::GemmSpec& s = g->g->spec();
-    const qf::GemmScaleElems e = qf::gemm_scale_elems(s, m_total, num_groups);
+    const qf::GemmScaleElems e = kg ? qf::gemm_scale_elems(s, 0, num_groups, extent)
+                                    : qf::gemm_scale_elems(s, extent, num_groups);
     const int bytes = qf::traits(s.scaling).scale_bytes;
     *a_bytes = e.a * bytes;
     *b_bytes = e.b * bytes;

@@ -84,6 +84,11 @@ if [ "$MODE" != "quick" ]; then
   bench "wgrad k-grouped fast fp32 acc" --scaling tensor --k-grouped --m 4096 --n 7168 --k 4096 --fast-accum --out fp32 --accumulate
   bench "wgrad k-grouped fast odd splits +check" --scaling tensor --k-grouped --m 4096 --n 7168 --fast-accum \
     --splits 4001,4100,3999,4200,4096,3900,4003,4469 --check --check-rows 2
+  bench "wgrad k-grouped blockwise +check" --scaling blockwise --k-grouped --m 4096 --n 7168 --k 4096 --check --check-rows 2
+  bench "wgrad k-grouped blockwise fp32 acc" --scaling blockwise --k-grouped --m 4096 --n 7168 --k 4096 --out fp32 --accumulate
+  bench "wgrad k-grouped blockwise odd splits +check" --scaling blockwise --k-grouped --m 4096 --n 7168 \
+    --splits 4001,4100,3999,4200,4096,3900,4003,4469 --check --check-rows 2
+  bench "wgrad k-grouped mxfp8 +check" --scaling mxfp8 --k-grouped --m 4096 --n 7168 --k 4096 --check --check-rows 2
   timeout 120 python3 scripts/gemm_torch_baseline.py --groups 8 --m 4096 --n 4096 --k 7168 --json "$RES" \
     >>"$OUT/bench.txt" 2>&1
 fi

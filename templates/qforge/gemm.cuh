@@ -40,7 +40,11 @@
 namespace qf {
 
 // Scaling kinds, in the order of GemmScaling in compiler/gemm_codegen.h.
-enum GemmScalingCode : int { kGemmPerTensor = 0, kGemmRowChannel = 1, kGemmBlock128 = 2, kGemmMx32 = 3, kGemmNvfp4 = 4 };
+// kGemmBlock128K has no GemmScaling of its own: it is blockwise scaling in the K-grouped layout
+// (wgrad), where both operands carry 1x128 blocks along the tokens (Block128KScaling).
+enum GemmScalingCode : int {
+  kGemmPerTensor = 0, kGemmRowChannel = 1, kGemmBlock128 = 2, kGemmMx32 = 3, kGemmNvfp4 = 4, kGemmBlock128K = 5
+};
 
 constexpr int kGemmBlockK = 128;           // K per stage: one 128-byte swizzle row of fp8
 constexpr u32 kGemmSmemLimit = 232448;     // sm_90 opt-in dynamic shared memory per block
@@ -74,10 +78,13 @@ struct GemmSmem {
 QF_HD constexpr u32 gemm_align_up(u32 v, u32 a) { return (v + a - 1) / a * a; }
 
 // Bytes of one stage's scale slot: MX: the fp32 factors of the stage's four 32-wide k-steps,
-// [4][block_m] for A then [4][block_n] for B; none for the other kinds (1x128 blocks: the
-// consumers load their scales into registers).
+// [4][block_m] for A then [4][block_n] for B; K-grouped blockwise: the k-block's, [block_m] then
+// [block_n]; none for the other kinds (M-grouped 1x128 blocks: the consumers load their scales
+// into registers).
 QF_HD constexpr u32 gemm_stage_scale_bytes(int scaling, int block_m, int block_n) {
-  return scaling == kGemmMx32 ? 4u * u32(block_m + block_n) * 4u : 0u;
+  return scaling == kGemmMx32 ? 4u * u32(block_m + block_n) * 4u
+         : scaling == kGemmBlock128K ? u32(block_m + block_n) * 4u
+                                     : 0u;
 }
 
 QF_HD constexpr GemmSmem gemm_smem(int block_m, int block_n, int stages, int consumers,
@@ -258,8 +265,9 @@ struct TileInfo {
   int n0;
   int group;
   int out_row0;  // row of D holding tile row 0 (M-grouped: row0)
-  int k0;        // first K the tile loads: a multiple of 16 (TMA's inner coordinates are 16-byte aligned)
-  int k_lead;    // K-grouped: positions [k0, k0 + k_lead) belong to the previous group (0..15)
+  int k0;        // first K the tile loads: a multiple of 16 (TMA's inner coordinates are 16-byte
+                 // aligned), of 128 where scales change along K (a k-block is then whole scale blocks)
+  int k_lead;    // K-grouped: positions [k0, k0 + k_lead) belong to the previous group (0..15, or 0..127)
   int k_len;     // K loaded from k0: k_lead + the group's tokens (0 for an empty group; M-grouped: kK)
 };
 
@@ -281,6 +289,10 @@ struct Scheduler {
   static constexpr int kNBlocks = int((Cfg::kN + kBN - 1) / kBN);
   static constexpr int kNUnits = kNBlocks / int(Cfg::kMulticast);
   static constexpr int kRaster = int(Cfg::kRasterM);
+  // K-grouped: where a group's first k-block starts. Per-tensor scales: the 16-byte TMA alignment.
+  // Scales along K (1x128, 1x32 blocks of the token dimension): a multiple of 128, so that a
+  // k-block covers whole scale blocks of the shared token grid.
+  static constexpr int kKAlign = Cfg::kScaling == kGemmPerTensor ? 16 : kGemmBlockK;
 
   // The launch arguments stay in the kernel's parameter space (__grid_constant__): the scheduler
   // keeps only its position in registers, which every role (three accumulators in the consumers,
@@ -359,7 +371,7 @@ struct Scheduler {
     const i64 s = a.group_offsets[g], e = a.group_offsets[g + 1];
     const int k0 = int(s < 0 ? 0 : (s > kt ? kt : s));
     const int k1 = int(e < 0 ? 0 : (e > kt ? kt : e));
-    t.k0 = k0 & ~15;
+    t.k0 = k0 & ~(kKAlign - 1);
     t.k_lead = k0 - t.k0;
     t.k_len = k1 > k0 ? k1 - t.k0 : 0;
     return true;
@@ -538,16 +550,21 @@ struct Block128Scaling {
   }
 };
 
-// OCP MX (MXFP8): an e8m0 scale per 32 consecutive K of every row of A ([m_total, K/32] bytes,
-// the quantize kernels' compact rowwise scale layout) and of every row of B[g] ([G, N, K/32]).
-// The factor changes every 32 of K and per row and column, so every 32-wide k-step is promoted:
-// main += (partial * sb[n, step]) * sa[r, step] (both powers of two: the multiply is exact, the
-// fma rounds once). Three producer warps turn a stage's scale bytes into fp32 factors in its
-// slot, [4][block_m] A then [4][block_n] B, so a consumer reads ready factors. K % 128 == 0
-// (one u32 of four scales per row per stage).
-struct Mx32Scaling {
+// Policies whose factor is the outer product of a per-row A factor and a per-row B factor that
+// change along K (a step of 32 or 128 of K): main += (partial * fb[n, step]) * fa[r, step] (both
+// powers of two or plain fp32 scales: the multiply is exact for powers of two, the fma rounds
+// once). Three producer warps write a stage's factors into its slot, [kSteps][block_m] A then
+// [kSteps][block_n] B (the policy's load_scales() / store_scales()), so a consumer reads ready
+// factors after the stage's full barrier. One warp per stage, in turn: lane l loads the scales of
+// rows / columns l, l + 32, ... before it waits for the stage to be free, so the loads of one stage
+// overlap the waits of the others.
+template <int Steps>
+struct SlotScaling {
   static constexpr bool kColScales = false;
-  static constexpr int kSteps = 4, kScaleWriters = 96;  // three writer warps
+  static constexpr int kSteps = Steps, kScaleWriters = 96;  // three writer warps
+  static constexpr int kWriterWarps = kScaleWriters / 32;
+  template <class Cfg>
+  static constexpr int kWords = int(Cfg::kBlockM + Cfg::kBlockN) / 32;  // loaded words per lane
   struct Tile {
     float alpha;
   };
@@ -558,44 +575,6 @@ struct Mx32Scaling {
   __device__ static Step load_step(const GemmArgs&, Tile&, const Frag&, int, const float* slot) {
     return {slot};
   }
-  // A stage's scales are written by one warp (stages go round the writer warps): lane l loads
-  // the words of rows / columns l, l + 32, ... (four e8m0 each) before it waits for the stage to
-  // be free, so the loads of one stage overlap the waits of the others.
-  static constexpr int kWriterWarps = kScaleWriters / 32;
-  template <class Cfg>
-  static constexpr int kWords = int(Cfg::kBlockM + Cfg::kBlockN) / 32;
-  template <class Cfg>
-  __device__ static void load_scales(const GemmArgs& a, const TileInfo& t, int kb, int lane, u32* words) {
-    static_assert(Cfg::kK % 128 == 0, "MX scales: K % 128 == 0");
-    constexpr int kBM = int(Cfg::kBlockM);
-    constexpr i64 kRowBytes = Cfg::kK / 32;
-    const u8* sa = static_cast<const u8*>(a.a_scale);
-    const u8* sb = static_cast<const u8*>(a.b_scale);
-#pragma unroll
-    for (int j = 0; j < kWords<Cfg>; ++j) {
-      const int i = lane + 32 * j;
-      words[j] = 0;  // rows past m_total, columns past N: factor 2^-127, their products are never stored
-      if (i < kBM) {
-        const int r = t.row0 + i;
-        if (r < int(a.m_total)) words[j] = *reinterpret_cast<const u32*>(sa + i64(r) * kRowBytes + 4 * kb);
-      } else {
-        const int c = t.n0 + i - kBM;
-        if (c < int(Cfg::kN)) words[j] = *reinterpret_cast<const u32*>(sb + (i64(t.group) * Cfg::kN + c) * kRowBytes + 4 * kb);
-      }
-    }
-  }
-  template <class Cfg>
-  __device__ static void store_scales(const u32* words, int lane, float* slot) {
-    constexpr int kBM = int(Cfg::kBlockM), kBN = int(Cfg::kBlockN);
-#pragma unroll
-    for (int j = 0; j < kWords<Cfg>; ++j) {
-      const int i = lane + 32 * j;
-      float* dst = i < kBM ? slot + i : slot + 4 * kBM + (i - kBM);
-      const int pitch = i < kBM ? kBM : kBN;
-#pragma unroll
-      for (int k = 0; k < 4; ++k) dst[k * pitch] = e8m0_decode(u8(words[j] >> (8 * k)));
-    }
-  }
   template <class Cfg>
   __device__ static Tile begin(const GemmArgs& a, const TileInfo& t, const Frag&) {
     return {a.alpha ? a.alpha[t.group] : 1.0f};
@@ -604,22 +583,140 @@ struct Mx32Scaling {
   __device__ static void store_cols(const Tile&, float*, const Frag&) {}
   template <class Cfg>
   __device__ static float row_factor(const Tile& s, int) { return s.alpha; }
-  // Promotes the partial sum of k-step `step` of the stage whose slot is `slot`.
+  // The factors of a thread's fragment for k-step `step` of the stage whose slot is `st.slot`:
+  // its two rows' A factors and its kAcc / 2 columns' B factors.
+  template <int kAcc>
+  struct Factors {
+    float r0, r1;
+    float2 c[kAcc / 4];
+  };
+  template <class Cfg, int kAcc>
+  __device__ static Factors<kAcc> factors(const Step& st, int step, const Frag& f) {
+    constexpr int kBM = int(Cfg::kBlockM), kBN = int(Cfg::kBlockN);
+    Factors<kAcc> x;
+    x.r0 = st.slot[step * kBM + f.row], x.r1 = st.slot[step * kBM + f.row + 8];
+    const float* cols = st.slot + kSteps * kBM + step * kBN + 2 * (f.lane & 3);
+#pragma unroll
+    for (int j = 0; j < kAcc / 4; ++j) x.c[j] = *reinterpret_cast<const float2*>(cols + 8 * j);
+    return x;
+  }
+  template <int kAcc>
+  __device__ static void promote(float* total, const float* acc, const Factors<kAcc>& x) {
+#pragma unroll
+    for (int j = 0; j < kAcc / 4; ++j) {
+      total[4 * j + 0] = fmaf(acc[4 * j + 0] * x.c[j].x, x.r0, total[4 * j + 0]);
+      total[4 * j + 1] = fmaf(acc[4 * j + 1] * x.c[j].y, x.r0, total[4 * j + 1]);
+      total[4 * j + 2] = fmaf(acc[4 * j + 2] * x.c[j].x, x.r1, total[4 * j + 2]);
+      total[4 * j + 3] = fmaf(acc[4 * j + 3] * x.c[j].y, x.r1, total[4 * j + 3]);
+    }
+  }
+  // Promotes the partial sum of k-step `step` of the stage whose slot is `st.slot`.
   template <class Cfg, int kAcc>
   __device__ static void promote_step(float* total, const float* acc, const Step& st, int step, const Frag& f,
                                       const Tile&) {
-    constexpr int kBM = int(Cfg::kBlockM), kBN = int(Cfg::kBlockN);
-    const float* slot = st.slot;
-    const float r0 = slot[step * kBM + f.row], r1 = slot[step * kBM + f.row + 8];
-    const float* cols = slot + 4 * kBM + step * kBN + 2 * (f.lane & 3);
+    promote<kAcc>(total, acc, factors<Cfg, kAcc>(st, step, f));
+  }
+  // Entry i of a stage's loads: row i of the A tile (i < block_m), else column i - block_m of B.
+  template <class Cfg>
+  __device__ static float* slot_entry(float* slot, int i) {
+    constexpr int kBM = int(Cfg::kBlockM);
+    return i < kBM ? slot + i : slot + kSteps * kBM + (i - kBM);
+  }
+};
+
+// OCP MX (MXFP8): an e8m0 scale per 32 consecutive K of every row of A and of B, promoted every
+// 32 of K. M-grouped: A [m_total, K/32] bytes (the quantize kernels' compact rowwise scale
+// layout), B [G, N, K/32], K % 128 == 0 (one u32 of four scales per row per stage). K-grouped
+// (wgrad, the transposed columnwise copies): A [kM, ceil(k_total/32)], B [N, ceil(k_total/32)],
+// read a byte at a time (rows need not be 4-byte aligned); the 32-steps of a k-block that lie
+// wholly outside the group get factor 2^-127 (their data is zeroed), so another group's scales
+// (NaN included) never reach this group's sums.
+struct Mx32Scaling : SlotScaling<4> {
+  template <class Cfg>
+  __device__ static void load_scales(const GemmArgs& a, const TileInfo& t, int kb, int lane, u32* words) {
+    constexpr int kBM = int(Cfg::kBlockM);
+    const u8* sa = static_cast<const u8*>(a.a_scale);
+    const u8* sb = static_cast<const u8*>(a.b_scale);
+    if constexpr (Cfg::kKGrouped) {
+      const i64 row_bytes = (a.k_total + 31) / 32;
+      const int s0 = t.k0 / 32 + 4 * kb;  // the k-block's first 32-step of the token grid
+      u32 keep = 0;                       // byte mask of the steps that hold tokens of the group
 #pragma unroll
-    for (int j = 0; j < kAcc / 4; ++j) {
-      const float2 c = *reinterpret_cast<const float2*>(cols + 8 * j);
-      total[4 * j + 0] = fmaf(acc[4 * j + 0] * c.x, r0, total[4 * j + 0]);
-      total[4 * j + 1] = fmaf(acc[4 * j + 1] * c.y, r0, total[4 * j + 1]);
-      total[4 * j + 2] = fmaf(acc[4 * j + 2] * c.x, r1, total[4 * j + 2]);
-      total[4 * j + 3] = fmaf(acc[4 * j + 3] * c.y, r1, total[4 * j + 3]);
+      for (int k = 0; k < 4; ++k) {
+        const int lo = (4 * kb + k) * 32;  // the step's first position from k0
+        if (lo + 32 > t.k_lead && lo < t.k_len) keep |= 0xFFu << (8 * k);
+      }
+      // Rows past kM, columns past N: factor 2^-127, their products are never stored.
+      auto word = [&](const u8* p, bool ok) {
+        u32 w = 0;
+        for (int k = 0; ok && k < 4; ++k) w |= (keep >> (8 * k) & 1u) ? u32(p[k]) << (8 * k) : 0u;
+        return w;
+      };
+      const u8* pa = sa + i64(t.row0 + lane) * row_bytes + s0;
+#pragma unroll
+      for (int j = 0; j < kBM / 32; ++j)
+        words[j] = word(pa + i64(32 * j) * row_bytes, t.row0 + lane + 32 * j < int(Cfg::kM));
+      const u8* pb = sb + i64(t.n0 + lane) * row_bytes + s0;
+      constexpr int kBN = int(Cfg::kBlockN);
+#pragma unroll
+      for (int j = 0; j < kBN / 32; ++j)
+        words[kBM / 32 + j] = word(pb + i64(32 * j) * row_bytes, t.n0 + lane + 32 * j < int(Cfg::kN));
+    } else {
+      static_assert(Cfg::kK % 128 == 0, "MX scales: K % 128 == 0");
+      constexpr i64 kRowBytes = Cfg::kK / 32;
+#pragma unroll
+      for (int j = 0; j < kWords<Cfg>; ++j) {
+        const int i = lane + 32 * j;
+        words[j] = 0;  // rows past m_total, columns past N: factor 2^-127, their products are never stored
+        if (i < kBM) {
+          const int r = t.row0 + i;
+          if (r < int(a.m_total)) words[j] = *reinterpret_cast<const u32*>(sa + i64(r) * kRowBytes + 4 * kb);
+        } else {
+          const int c = t.n0 + i - kBM;
+          if (c < int(Cfg::kN)) words[j] = *reinterpret_cast<const u32*>(sb + (i64(t.group) * Cfg::kN + c) * kRowBytes + 4 * kb);
+        }
+      }
     }
+  }
+  template <class Cfg>
+  __device__ static void store_scales(const u32* words, int lane, float* slot) {
+#pragma unroll
+    for (int j = 0; j < kWords<Cfg>; ++j) {
+      const int i = lane + 32 * j;
+      float* dst = slot_entry<Cfg>(slot, i);
+      const int pitch = i < int(Cfg::kBlockM) ? int(Cfg::kBlockM) : int(Cfg::kBlockN);
+#pragma unroll
+      for (int k = 0; k < 4; ++k) dst[k * pitch] = e8m0_decode(u8(words[j] >> (8 * k)));
+    }
+  }
+};
+
+// DeepSeek-V3 blockwise wgrad (K-grouped): both operands are transposed columnwise copies with
+// an fp32 scale per 128 tokens of every row, A [kM, ceil(k_total/128)] and B [N, ceil(k_total/128)]
+// (the quantize kernels' 128x1 columnwise scale grid). A K-grouped tile starts on a 128-token
+// boundary (Scheduler::kKAlign), so k-block kb is scale column k0 / 128 + kb, and every k-block
+// holds tokens of the group: main += (partial * sb[n, j]) * sa[r, j].
+struct Block128KScaling : SlotScaling<1> {
+  template <class Cfg>
+  __device__ static void load_scales(const GemmArgs& a, const TileInfo& t, int kb, int lane, u32* words) {
+    static_assert(Cfg::kKGrouped, "the M-grouped blockwise kernels use Block128Scaling");
+    constexpr int kBM = int(Cfg::kBlockM), kBN = int(Cfg::kBlockN);
+    const i64 cols = (a.k_total + 127) / 128;
+    const int j = t.k0 / 128 + kb;
+    // Rows past kM, columns past N: 0 (never stored).
+    const float* pa = static_cast<const float*>(a.a_scale) + i64(t.row0 + lane) * cols + j;
+#pragma unroll
+    for (int w = 0; w < kBM / 32; ++w)
+      words[w] = t.row0 + lane + 32 * w < int(Cfg::kM) ? __float_as_uint(pa[i64(32 * w) * cols]) : 0u;
+    const float* pb = static_cast<const float*>(a.b_scale) + i64(t.n0 + lane) * cols + j;
+#pragma unroll
+    for (int w = 0; w < kBN / 32; ++w)
+      words[kBM / 32 + w] = t.n0 + lane + 32 * w < int(Cfg::kN) ? __float_as_uint(pb[i64(32 * w) * cols]) : 0u;
+  }
+  template <class Cfg>
+  __device__ static void store_scales(const u32* words, int lane, float* slot) {
+#pragma unroll
+    for (int w = 0; w < kWords<Cfg>; ++w) *slot_entry<Cfg>(slot, lane + 32 * w) = __uint_as_float(words[w]);
   }
 };
 
@@ -717,9 +814,11 @@ struct Traits {
   // Registers per thread after setmaxnreg (2 or 3 consumer warpgroups; one keeps its entry count).
   // The pool is the launch's 168 x 384 registers (setmaxnreg.inc waits until the pool has them):
   // 2 x 232 + 40 = 504 = 3 x 168. Per-32 promotion keeps three accumulators: 2 x 240 + 24.
-  // NVFP4 (512 threads, 128 each): 2 x 168 + 2 x 88.
-  static constexpr u32 kProducerRegs = kConsumers == 3 ? 24 : kFp4 ? 88 : 40;
-  static constexpr u32 kConsumerRegs = kConsumers == 3 ? 160 : kFp4 ? 168 : 232;
+  // NVFP4 (512 threads, 128 each): 2 x 168 + 2 x 88. K-grouped with scale writers (their byte-wise
+  // MX loads): 2 x 216 + 72; those consumers keep two accumulators (the waited promotion).
+  static constexpr bool kWideWriters = Cfg::kKGrouped && Scaling::kScaleWriters > 0;
+  static constexpr u32 kProducerRegs = kConsumers == 3 ? 24 : kFp4 ? 88 : kWideWriters ? 72 : 40;
+  static constexpr u32 kConsumerRegs = kConsumers == 3 ? 160 : kFp4 ? 168 : kWideWriters ? 216 : 232;
 
   static_assert(kBM == 64 * kConsumers, "one consumer warpgroup per 64 rows");
   static_assert(kConsumers == 1 || kConsumers * kConsumerRegs + kProducerGroups * kProducerRegs <=
@@ -737,8 +836,11 @@ struct Traits {
   static_assert(!Cfg::kOrderedIssue || kConsumers == 2, "ordered issue alternates two warpgroups");
   static_assert(Scaling::kSteps == 1 || (Scaling::kSteps == 4 && Cfg::kPromote && !Cfg::kOrderedIssue),
                 "per-32 promotion: promoted, unordered");
-  static_assert(!Cfg::kKGrouped || (Cfg::kScaling == kGemmPerTensor && kMc == 1),
-                "K-grouped: per-tensor scaling, no multicast");
+  static_assert(!Cfg::kKGrouped || ((Cfg::kScaling == kGemmPerTensor || Cfg::kScaling == kGemmBlock128K ||
+                                      Cfg::kScaling == kGemmMx32) && kMc == 1),
+                "K-grouped: per-tensor, blockwise (1x128 along the tokens) or MX scaling, no multicast");
+  static_assert(Cfg::kScaling != kGemmBlock128K || (Cfg::kKGrouped && Cfg::kPromote),
+                "Block128KScaling: the K-grouped layout, promoted");
   static_assert(!kFp4 || (kBN == 128 && kBM == 128 && kMc == 1 && !Cfg::kOrderedIssue && !Cfg::kKGrouped &&
                           !Cfg::kPromote && Cfg::kK % 128 == 0 && kStages >= 3),
                 "NVFP4: 128 x 128 tiles, no multicast, ordered issue or promotion, M-grouped, K % 128 == 0, 3+ stages");
@@ -1257,12 +1359,20 @@ __device__ __forceinline__ void consumer(const GemmArgs& a, u8* smem, u32 base, 
                                                      ts);
               if (k == 0) release_stage<Cfg>(empty0 + 8u * prev_stage, lane, rank);
             }
+          } else if constexpr (S::kScaleWriters > 0) {
+            // Factors from the stage's scale slot into registers while the MMAs run; the stage
+            // is free as soon as they are done.
+            const auto x = S::template factors<Cfg, T::kAcc>(cur, k, f);
+            sm90::wgmma_wait<0>();
+#pragma unroll
+            for (int i = 0; i < T::kAcc; ++i) sm90::fence_reg(part[i]);
+            if (k == kSteps - 1) release_stage<Cfg>(empty0 + 8u * stage, lane, rank);
+            S::template promote<T::kAcc>(total, part, x);
           } else {
             sm90::wgmma_wait<0>();
 #pragma unroll
             for (int i = 0; i < T::kAcc; ++i) sm90::fence_reg(part[i]);
             // The stage is free as soon as its MMAs are done (these policies keep no scales in it).
-            static_assert(!S::kScaleWriters, "waited promotion: no per-stage scales");
             if (k == kSteps - 1) release_stage<Cfg>(empty0 + 8u * stage, lane, rank);
             S::template promote_step<Cfg, T::kAcc>(total, part, cur, k, f, ts);
           }

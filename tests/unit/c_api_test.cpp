@@ -469,10 +469,18 @@ TEST_F(CApi, GemmFromRecipePreparesWithoutAGpu) {
   ASSERT_EQ(qf_context_create(paths, 1, &ctx_), QF_OK) << qf_last_error();
   int n = 0;
   ASSERT_EQ(qf_context_num_gemms(ctx_, nullptr, &n), QF_OK) << qf_last_error();
-  EXPECT_EQ(n, 4);
+  EXPECT_EQ(n, 6);
   qf_gemm* g = nullptr;
-  EXPECT_EQ(qf_gemm_create_from_recipe(ctx_, nullptr, 4, &g), QF_ERR_USER);
-  EXPECT_STREQ(qf_last_error(), "index: index 4 out of range: recipe \"float8_block_scaling\" lists 4 gemms");
+  EXPECT_EQ(qf_gemm_create_from_recipe(ctx_, nullptr, 6, &g), QF_ERR_USER);
+  EXPECT_STREQ(qf_last_error(), "index: index 6 out of range: recipe \"float8_block_scaling\" lists 6 gemms");
+  // The wgrad entries: K-grouped, scales per row along the tokens (extent = k_total).
+  ASSERT_EQ(qf_gemm_create_from_recipe(ctx_, nullptr, 4, &g), QF_OK) << qf_last_error();
+  EXPECT_STREQ(qf_gemm_describe(g), "e4m3 x e4m3 blockwise k-grouped M=4096 N=7168 -> fp32 (accumulate)");
+  int64_t ka = 0, kb = 0;
+  ASSERT_EQ(qf_gemm_scale_bytes(g, 1000, 8, &ka, &kb), QF_OK);
+  EXPECT_EQ(ka, 4096 * 8 * 4);  // [m, ceil(k_total/128)] fp32
+  EXPECT_EQ(kb, 7168 * 8 * 4);  // [N, ceil(k_total/128)] fp32
+  qf_gemm_destroy(g);
   EXPECT_EQ(qf_gemm_create_from_recipe(ctx_, "nope", 0, &g), QF_ERR_USER);
   ASSERT_EQ(qf_gemm_create_from_recipe(ctx_, "float8_block_scaling", 1, &g), QF_OK) << qf_last_error();
   EXPECT_STREQ(qf_gemm_describe(g), "e4m3 x e4m3 blockwise N=7168 K=2048 -> bf16");

@@ -94,6 +94,11 @@ std::vector<Variant> variants() {
       {"kgrouped_tensor_bf16", k_grouped(make(S::PerTensor, E4, E4, DType::BF16, false, false, 128, 1), 4096)},
       {"kgrouped_tensor_fast_fp32_acc", k_grouped(make(S::PerTensor, E4, E5, DType::FP32, true, true, 128, 1), 2048)},
       {"kgrouped_tensor_bm64_bn256_fast", k_grouped(make(S::PerTensor, E5, E4, DType::BF16, false, true, 256, 1, 64), 1000)},
+      {"kgrouped_block_bf16", k_grouped(make(S::Block128, E4, E4, DType::BF16, false, false, 128, 1), 4096)},
+      {"kgrouped_block_fp32_acc_bn64", k_grouped(make(S::Block128, E4, E5, DType::FP32, true, false, 64, 1), 2048)},
+      {"kgrouped_block_bm64", k_grouped(make(S::Block128, E5, E4, DType::BF16, false, false, 128, 1, 64), 1000)},
+      {"kgrouped_mxfp8_bf16", k_grouped(make(S::Mx32, E4, E4, DType::BF16, false, false, 128, 1), 4096)},
+      {"kgrouped_mxfp8_fp32_acc_bm64", k_grouped(make(S::Mx32, E4, E4, DType::FP32, true, false, 128, 1, 64), 2048)},
   };
 }
 
@@ -253,7 +258,14 @@ TEST(GemmCodegen, SpecErrorsNameTheField) {
                                      false, 0, 0), 4096);
   EXPECT_NO_THROW(validate(kg));
   s = kg, s.scaling = GemmScaling::Block128;
-  expect_spec_error(s, "scaling", "k-grouped (wgrad): only tensor scaling so far, got blockwise");
+  EXPECT_NO_THROW(validate(s));  // both operands 1x128 along the tokens
+  EXPECT_NE(emit_gemm(s).source.find("using Scaling = qf::gemm::Block128KScaling;"), std::string::npos);
+  s.tile.block_n = 64;  // any tile: B's scales are per row
+  EXPECT_NO_THROW(validate(s));
+  s = kg, s.scaling = GemmScaling::Mx32;
+  EXPECT_NO_THROW(validate(s));
+  s = kg, s.scaling = GemmScaling::RowChannel;
+  expect_spec_error(s, "scaling", "k-grouped (wgrad): expected tensor, blockwise or mxfp8, got rowwise");
   s = kg, s.k = 7168;
   expect_spec_error(s, "k", "K is each group's token count, read at run time: expected 0, got 7168");
   s = kg, s.m = 0;
@@ -348,8 +360,29 @@ TEST(GemmRuntime, KGroupedArgumentErrors) {
   x = c, x.a_scale.bytes = 8;
   expect_error(x, "argument a_scale");
   x = c, x.b_amax = buf(0x700000, 12);
-  expect_error(x, "b_amax: k-grouped (tensor scaling) takes a_scale / b_scale, not per-tensor amax");
+  expect_error(x, "b_amax: k-grouped scaling takes a_scale / b_scale, not per-tensor amax");
   expect_error(c, "");  // valid: only the driver is left
+
+  // Blockwise and MX: scales per row of A and B along the tokens (1000 tokens: 8 and 32 columns).
+  for (const auto sc : {GemmScaling::Block128, GemmScaling::Mx32}) {
+    GemmSpec bs = spec;
+    bs.scaling = sc;
+    rt::Gemm bg(bs);
+    const bool mx = sc == GemmScaling::Mx32;
+    const int64_t cols = mx ? 32 : 8, eb = mx ? 1 : 4;
+    rt::GemmCall y = c;
+    y.k_total = 1008;
+    y.a = buf(0x100000, 256 * 1008), y.b = buf(0x200000, 128 * 1008);
+    y.a_scale = buf(0x400000, 256 * cols * eb);
+    y.b_scale = buf(0x500000, 128 * cols * eb);
+    expect_run_error(bg, y, "");
+    rt::GemmCall z = y;
+    z.a_scale.bytes -= 1;
+    expect_run_error(bg, z, mx ? "e8m0 mxfp8 scales per row along the tokens [256, 32]"
+                               : "fp32 blockwise scales per row along the tokens [256, 8]");
+    z = y, z.b_scale.bytes -= 1;
+    expect_run_error(bg, z, mx ? "[128, 32]" : "[128, 8]");
+  }
 }
 
 TEST(GemmReference, KGroupedSumsEachGroupsTokens) {

@@ -218,6 +218,16 @@ std::vector<Case> exact_cases() {
   kgrouped("kgrouped_tensor_unordered", spec_of(S::PerTensor, E4, E4, DType::BF16, false, false, 128, 128, 1, 200, 200, 1), tok, 3);
   kgrouped("kgrouped_tensor_fast_all_empty_but_one", spec_of(S::PerTensor, E4, E4, DType::BF16, false, true, 128, 128, 1, 128, 128),
            {0, 0, 200, 0}, 0);
+  // Blockwise and MX wgrad: scales per row of A and B per 128 / 32 tokens; groups start inside a
+  // 128-token block (the tile starts at the block, up to 127 tokens early), 32-steps of a k-block
+  // wholly outside the group.
+  const std::vector<int64_t> tok128 = {127, 1, 255, 0, 129, 384, 2};
+  kgrouped("kgrouped_block_bf16", spec_of(S::Block128, E4, E4, DType::BF16, false, false, 128, 128, 1, 200, 200), tok, 5);
+  kgrouped("kgrouped_block_fp32_acc_bn64_unordered",
+           spec_of(S::Block128, E4, E5, DType::FP32, true, false, 128, 64, 1, 136, 130, 1), tok128, 0);
+  kgrouped("kgrouped_block_bm64_fp32", spec_of(S::Block128, E5, E4, DType::FP32, false, false, 64, 128, 1, 72, 64), tok128, 40);
+  kgrouped("kgrouped_mxfp8_bf16", spec_of(S::Mx32, E4, E4, DType::BF16, false, false, 128, 128, 1, 200, 200), tok, 5);
+  kgrouped("kgrouped_mxfp8_fp32_acc_bm64", spec_of(S::Mx32, E5, E4, DType::FP32, true, false, 64, 128, 1, 256, 130), tok128, 3);
   add("mxfp8_many_groups", spec_of(S::Mx32, E4, E4, DType::BF16, false, false, 128, 128, 1, 1024, 512), many, 3);
   // NVFP4: e2m1 operands dequantized to fp16 on chip (e4m3 per 16 of K, per-tensor amax).
   const auto F4 = ElemFormat::E2M1;
@@ -314,6 +324,12 @@ std::vector<Case> random_cases() {
   GemmSpec wg = spec_of(S::PerTensor, E4, E4, DType::FP32, true, false, 128, 128, 1, 512, 0);
   wg.layout = GemmLayout::KGrouped, wg.m = 384;
   v.push_back({"kgrouped_tensor_fp32_acc_4096_tokens", wg, ref::random_group_rows(8, 4096, 1, 1, 9), 16, true});
+  GemmSpec wb = spec_of(S::Block128, E4, E4, DType::BF16, false, false, 128, 128, 1, 512, 0);
+  wb.layout = GemmLayout::KGrouped, wb.m = 384;
+  v.push_back({"kgrouped_block_bf16_4096_tokens", wb, ref::random_group_rows(8, 4096, 1, 1, 9), 16, true});
+  GemmSpec wm = spec_of(S::Mx32, E4, E5, DType::FP32, true, false, 128, 128, 1, 512, 0);
+  wm.layout = GemmLayout::KGrouped, wm.m = 384;
+  v.push_back({"kgrouped_mxfp8_fp32_acc_4096_tokens", wm, ref::random_group_rows(8, 4096, 1, 1, 9), 16, false});
   v.push_back({"rowwise_promote_bf16_k4096", spec_of(S::RowChannel, E4, E5, DType::BF16, false, false, 128, 128, 1, 1024, 4096),
                g8, 0, false});
   const auto F4 = ElemFormat::E2M1;
@@ -336,6 +352,35 @@ TEST(GemmEdge, AllGroupsEmptyWritesNothing) {
   Device dev = to_device(s, p);
   const std::vector<uint8_t> got = run(s, dev);
   for (uint8_t b : got) ASSERT_EQ(b, 0xFF);
+}
+
+// K-grouped MXFP8: a NaN scale (e8m0 0xFF) of a 32-token step that lies in group 0's first
+// k-block but holds only group 1's tokens must not reach group 0's sums (the kernel gives such
+// steps a zero-contribution factor); group 1, whose tokens it scales, comes out NaN as in the reference.
+TEST(GemmEdge, KGroupedMxNanScaleStaysInItsGroup) {
+  QF_SKIP_WITHOUT_GPU();
+  GemmSpec s = spec_of(GemmScaling::Mx32, ElemFormat::E4M3, ElemFormat::E4M3, DType::FP32, false, false, 128, 128, 1,
+                       128, 0);
+  s.layout = GemmLayout::KGrouped, s.m = 128;
+  ref::GemmProblem p = ref::make_k_grouped_gemm_problem(s, std::vector<int64_t>{40, 200}, 0, ref::GemmValues::SmallIntegers,
+                                                        false, 21);
+  const int64_t cols = (p.k_total + 31) / 32;
+  for (int64_t r = 0; r < s.m; ++r) p.a_scale[size_t(r * cols + 2)] = 0xFF;  // tokens 64..95: group 1 only
+  Device dev = to_device(s, p);
+  const std::vector<uint8_t> got = run(s, dev);
+  std::vector<int64_t> rows(size_t(p.out_rows));
+  for (int64_t r = 0; r < p.out_rows; ++r) rows[size_t(r)] = r;
+  const ref::GemmRows ref = ref::gemm_reference(s, p.operands(), rows);
+  int64_t bad0 = 0, finite1 = 0;
+  for (int64_t r = 0; r < p.out_rows; ++r)
+    for (int64_t n = 0; n < s.n; ++n) {
+      const int64_t idx = r * s.n + n;
+      const uint32_t g = out_bits(s, got, idx);
+      if (r < s.m) bad0 += g != ref::exact_output(s, ref.value[size_t(idx)], 0.0f);
+      else finite1 += !std::isnan(bits_value(s, g));
+    }
+  EXPECT_EQ(bad0, 0) << "group 0 elements that differ from the exact reference";
+  EXPECT_EQ(finite1, 0) << "group 1 elements that are not NaN";
 }
 
 TEST(GemmEdge, RepeatedLaunchesAreBitIdentical) {

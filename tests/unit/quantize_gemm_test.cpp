@@ -65,13 +65,17 @@ std::vector<float> amax_of(const std::vector<ref::Output>& outs, const std::stri
   return {};
 }
 
-std::vector<ref::Output> quantize(const std::string& recipe, const std::string& role, const ref::HostTensor& x,
-                                  std::span<const int64_t> splits) {
-  const Recipe r = load_recipe(std::filesystem::path(QF_SOURCE_DIR) / "recipes" / (recipe + ".json"));
+std::vector<ref::Output> quantize_with(const Recipe& r, const std::string& role, const ref::HostTensor& x,
+                                       std::span<const int64_t> splits) {
   const Plan plan = compile_plan(r, PlanRequest{role, DType::BF16, Usage::Training, true});
   ref::QuantizeParams params;
   params.seed = 11, params.offset = 0;
   return ref::quantize_grouped(plan, x, splits, params);
+}
+std::vector<ref::Output> quantize(const std::string& recipe, const std::string& role, const ref::HostTensor& x,
+                                  std::span<const int64_t> splits) {
+  return quantize_with(load_recipe(std::filesystem::path(QF_SOURCE_DIR) / "recipes" / (recipe + ".json")), role, x,
+                       splits);
 }
 
 double rel_error(const std::vector<double>& got, const std::vector<double>& want) {
@@ -163,5 +167,90 @@ INSTANTIATE_TEST_SUITE_P(
     [](const ::testing::TestParamInfo<Case>& i) {
       return std::string(i.param.recipe) + (i.param.dgrad ? "_dgrad" : "_fprop");
     });
+
+}  // namespace
+
+namespace {
+
+// wgrad (K-grouped): dW[g] = dY_g^T X_g over each group's tokens. X [T, K_in] and dY [T, N_out] are
+// each quantized as one tensor; their transposed columnwise copies (dY^T [N_out, T] as A, X^T
+// [K_in, T] as B) and those copies' scale grids (per row, per 128 or 32 tokens) go into the
+// K-grouped GEMM unchanged. Groups start and end inside scale blocks.
+struct WgradCase {
+  const char* name;
+  const char* recipe;  // shipped recipe, or empty: `inline_recipe`
+  const char* inline_recipe;
+  GemmScaling scaling;
+};
+void PrintTo(const WgradCase& c, std::ostream* os) { *os << c.name; }
+
+// MXFP8 for Hopper's K-major GEMMs: the columnwise copy transposed (formats.md allows both layouts).
+constexpr const char* kMxfp8Transposed = R"({"qforge_recipe": 1, "name": "mxfp8_transposed", "usage": "training",
+  "roles": [{"match": "*:*",
+    "rowwise": {"format": "e4m3", "scaling": {"mode": "mx", "block": [1, 32], "rule": "rceil"}, "scale_layout": "compact"},
+    "columnwise": {"format": "e4m3", "scaling": {"mode": "mx", "block": [32, 1], "rule": "rceil"}, "layout": "transposed",
+                   "scale_layout": "compact"}}]})";
+
+class QuantizeToWgrad : public ::testing::TestWithParam<WgradCase> {};
+
+TEST_P(QuantizeToWgrad, TransposedColumnwiseCopiesNeedNoReshuffling) {
+  const WgradCase& c = GetParam();
+  const Recipe r = *c.recipe ? load_recipe(std::filesystem::path(QF_SOURCE_DIR) / "recipes" / (std::string(c.recipe) + ".json"))
+                             : parse_recipe(c.inline_recipe);
+  const int64_t t = 384, k_in = 256, n_out = 192;
+  const std::vector<int64_t> tokens = {100, 0, 200, 84};
+  const std::vector<int64_t> offsets = {0, 100, 100, 300, 384};
+  const ref::HostTensor x = random_bf16(t, k_in, 3), dy = random_bf16(t, n_out, 4);
+  const std::vector<int64_t> one = {t};
+  const auto qx = quantize_with(r, "linear:input", x, one);
+  const auto qdy = quantize_with(r, "linear:grad_output", dy, one);
+
+  GemmSpec spec;
+  spec.scaling = c.scaling;
+  spec.layout = GemmLayout::KGrouped;
+  spec.m = n_out, spec.n = k_in, spec.k = 0, spec.out_dtype = DType::FP32;
+  ref::GemmOperands ops;
+  ops.a = output(qdy, "columnwise_data").bytes;
+  ops.a_scale = output(qdy, "columnwise_scale_inv").bytes;
+  ops.b = output(qx, "columnwise_data").bytes;
+  ops.b_scale = output(qx, "columnwise_scale_inv").bytes;
+  ops.offsets = offsets;
+  ops.k_total = t;
+  const GemmScaleElems se = gemm_scale_elems(spec, 0, 4, t);
+  const int64_t sb = traits(c.scaling).scale_bytes;
+  ASSERT_EQ(int64_t(ops.a_scale.size()), se.a * sb);
+  ASSERT_EQ(int64_t(ops.b_scale.size()), se.b * sb);
+  ASSERT_EQ(int64_t(ops.a.size()), n_out * t);
+  std::vector<int64_t> all(size_t(4 * n_out));
+  for (size_t i = 0; i < all.size(); ++i) all[i] = int64_t(i);
+
+  auto want_for = [&](std::span<const int64_t> offs) {
+    std::vector<double> want(all.size() * size_t(k_in), 0.0);
+    for (int64_t g = 0; g < 4; ++g)
+      for (int64_t o = 0; o < n_out; ++o)
+        for (int64_t i = 0; i < k_in; ++i) {
+          double s = 0;
+          for (int64_t tok = offs[size_t(g)]; tok < offs[size_t(g) + 1]; ++tok) s += double(dy.at(tok, o)) * double(x.at(tok, i));
+          want[size_t((g * n_out + o) * k_in + i)] = s;
+        }
+    return want;
+  };
+  const std::vector<double> want = want_for(offsets);
+  const std::vector<double> got = ref::gemm_reference(spec, ops, all).value;
+  const double err = rel_error(got, want);
+  // Control: the same outputs against another token split.
+  const std::vector<int64_t> other = {0, 200, 200, 216, 384};
+  const double err_other = rel_error(got, want_for(other));
+  std::printf("[ measure  ] %s wgrad: relative Frobenius error %.4f (against another token split: %.3f)\n", c.name, err,
+              err_other);
+  EXPECT_LT(err, 0.1);
+  EXPECT_GT(err_other, 0.6);
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Shipped, QuantizeToWgrad,
+    ::testing::Values(WgradCase{"float8_block_scaling", "float8_block_scaling", "", GemmScaling::Block128},
+                      WgradCase{"mxfp8_transposed", "", kMxfp8Transposed, GemmScaling::Mx32}),
+    [](const ::testing::TestParamInfo<WgradCase>& i) { return std::string(i.param.name); });
 
 }  // namespace
