@@ -1,5 +1,7 @@
 #include "compiler/gemm_codegen.h"
 
+#include <vector>
+
 #include "compiler/emitter.h"
 #include "compiler/error.h"
 #include "qforge/gemm.cuh"
@@ -8,17 +10,19 @@ namespace qf {
 namespace {
 
 constexpr GemmScalingTraits kScalings[] = {
-    {GemmScaling::PerTensor, "tensor", "qf::gemm::PerTensorScaling", "qf::kGemmPerTensor", false, 0, "fp32", 4, 16,
-     "[G]", "[G]"},
-    {GemmScaling::RowChannel, "rowwise", "qf::gemm::RowChannelScaling", "qf::kGemmRowChannel", false, 0, "fp32", 4,
-     16, "[m_total]", "[G, N]"},
-    {GemmScaling::Block128, "blockwise", "qf::gemm::Block128Scaling", "qf::kGemmBlock128", true, 128, "fp32", 4, 16,
+    {GemmScaling::PerTensor, "tensor", {"qf::gemm::PerTensorScaling", "qf::kGemmPerTensor", kGemmPerTensor},
+     {"qf::gemm::PerTensorScaling", "qf::kGemmPerTensor", kGemmPerTensor}, false, 0, "fp32", 4, 16, "[G]", "[G]"},
+    {GemmScaling::RowChannel, "rowwise", {"qf::gemm::RowChannelScaling", "qf::kGemmRowChannel", kGemmRowChannel}, {},
+     false, 0, "fp32", 4, 16, "[m_total]", "[G, N]"},
+    // K-grouped: both operands 1x128 along the tokens (the 128x1 columnwise grids).
+    {GemmScaling::Block128, "blockwise", {"qf::gemm::Block128Scaling", "qf::kGemmBlock128", kGemmBlock128},
+     {"qf::gemm::Block128KScaling", "qf::kGemmBlock128K", kGemmBlock128K}, true, 128, "fp32", 4, 16,
      "[m_total, ceil(K/128)]", "[G, ceil(N/128), ceil(K/128)]"},
-    {GemmScaling::Mx32, "mxfp8", "qf::gemm::Mx32Scaling", "qf::kGemmMx32", true, 32, "e8m0", 1, 128,
-     "[m_total, K/32]", "[G, N, K/32]"},
+    {GemmScaling::Mx32, "mxfp8", {"qf::gemm::Mx32Scaling", "qf::kGemmMx32", kGemmMx32},
+     {"qf::gemm::Mx32Scaling", "qf::kGemmMx32", kGemmMx32}, true, 32, "e8m0", 1, 128, "[m_total, K/32]", "[G, N, K/32]"},
     // Scales applied while dequantizing to fp16 (no promotion: fp16 MMAs accumulate in fp32).
-    {GemmScaling::Nvfp4, "nvfp4", "qf::gemm::Nvfp4Scaling", "qf::kGemmNvfp4", false, 0, "e4m3", 1, 128,
-     "[m_total, K/16]", "[G, N, K/16]"},
+    {GemmScaling::Nvfp4, "nvfp4", {"qf::gemm::Nvfp4Scaling", "qf::kGemmNvfp4", kGemmNvfp4}, {}, false, 0, "e4m3", 1,
+     128, "[m_total, K/16]", "[G, N, K/16]"},
 };
 
 constexpr int kMaxStages = 8;
@@ -28,17 +32,8 @@ bool is_fp8(ElemFormat f) { return f == ElemFormat::E4M3 || f == ElemFormat::E5M
 
 int out_bytes(const GemmSpec& s) { return traits(s.out_dtype).bytes; }
 
-// The device policy (gemm.cuh) and its GemmScalingCode: the scaling's own, except blockwise
-// scaling in the K-grouped layout (wgrad), whose operands both carry 1x128 blocks along the tokens.
-struct DevicePolicy {
-  std::string_view policy, code;
-  int id;
-};
-DevicePolicy device_policy(const GemmSpec& s) {
-  if (s.scaling == GemmScaling::Block128 && s.layout == GemmLayout::KGrouped)
-    return {"qf::gemm::Block128KScaling", "qf::kGemmBlock128K", kGemmBlock128K};
-  const auto& st = traits(s.scaling);
-  return {st.device_policy, st.device_code, int(st.id)};
+const GemmDevicePolicy& device_policy(const GemmSpec& s) {
+  return s.layout == GemmLayout::KGrouped ? traits(s.scaling).k_grouped : traits(s.scaling).m_grouped;
 }
 
 GemmSmem smem_for(const GemmSpec& s, const GemmTile& t) {
@@ -88,9 +83,15 @@ void validate(const GemmSpec& s) {
       throw UserError("m", "k-grouped: expected the rows of each output in [1, 2^24], got " + std::to_string(s.m));
     if (s.k != 0)
       throw UserError("k", "k-grouped: K is each group's token count, read at run time: expected 0, got " + std::to_string(s.k));
-    if (s.scaling != GemmScaling::PerTensor && s.scaling != GemmScaling::Block128 && s.scaling != GemmScaling::Mx32)
-      throw UserError("scaling", "k-grouped (wgrad): expected tensor, blockwise or mxfp8, got " +
-                                     std::string(traits(s.scaling).name));
+    if (traits(s.scaling).k_grouped.policy.empty()) {
+      std::vector<std::string_view> ok;  // "tensor, blockwise or mxfp8"
+      for (const auto& t : kScalings)
+        if (!t.k_grouped.policy.empty()) ok.push_back(t.name);
+      std::string list;
+      for (size_t i = 0; i < ok.size(); ++i)
+        list += (i == 0 ? "" : i + 1 == ok.size() ? " or " : ", ") + std::string(ok[i]);
+      throw UserError("scaling", "k-grouped (wgrad): expected " + list + ", got " + std::string(traits(s.scaling).name));
+    }
     if (s.tile.multicast > 1) throw UserError("tile.multicast", "k-grouped: expected 1, got " + std::to_string(s.tile.multicast));
   } else if (s.m != 0) {
     throw UserError("m", "m-grouped: rows are per group at run time: expected 0, got " + std::to_string(s.m));
@@ -191,11 +192,11 @@ GemmTile resolve_tile(const GemmSpec& s) {
 
 GemmScaleElems gemm_scale_elems(const GemmSpec& s, int64_t m_total, int64_t num_groups, int64_t k_total) {
   const int64_t g = num_groups, kb = (s.k + 127) / 128, nb = (s.n + 127) / 128;
-  if (s.layout == GemmLayout::KGrouped) {  // per row of A [m, k_total] and of B [N, k_total], along the tokens
-    const int64_t cols = s.scaling == GemmScaling::Block128 ? (k_total + 127) / 128
-                         : s.scaling == GemmScaling::Mx32   ? (k_total + 31) / 32
-                                                            : 0;
-    if (cols == 0) return {g, g};  // tensor: one scale per group member
+  if (s.layout == GemmLayout::KGrouped) {
+    const GemmScalingTraits& st = traits(s.scaling);
+    if (!st.promotion_required) return {g, g};  // tensor: one scale per group member
+    // A scale per row of A [m, k_total] and of B [N, k_total] per promotion step of the tokens.
+    const int64_t cols = (k_total + st.promote_k - 1) / st.promote_k;
     return {s.m * cols, s.n * cols};
   }
   switch (s.scaling) {
@@ -235,7 +236,7 @@ GemmSource emit_gemm(const GemmSpec& s) {
   e.open("struct GemmCfg");
   e.alias("AFormat", traits(s.a_format).device_type);
   e.alias("BFormat", traits(s.b_format).device_type);
-  const DevicePolicy dp = device_policy(s);
+  const GemmDevicePolicy& dp = device_policy(s);
   e.alias("Scaling", dp.policy);
   e.constant_ident("int", "kScaling", dp.code);
   e.constant("kKGrouped", s.layout == GemmLayout::KGrouped);

@@ -27,11 +27,20 @@ enum class GemmScaling : uint8_t {
                // amax of each group's A and B (fp32 [G] each): the quantize kernels' NVFP4 layout
 };
 
+// The device side of a scaling kind in one layout: the policy struct in gemm.cuh, its
+// GemmScalingCode constant and that constant's value (an empty policy: the layout does not take
+// this scaling).
+struct GemmDevicePolicy {
+  std::string_view policy;
+  std::string_view code;
+  int id = -1;
+};
+
 struct GemmScalingTraits {
   GemmScaling id;
   std::string_view name;          // as on the command line: "tensor", "rowwise", "blockwise"
-  std::string_view device_policy; // policy struct in gemm.cuh
-  std::string_view device_code;   // its GemmScalingCode constant
+  GemmDevicePolicy m_grouped;     // contiguous and masked layouts (fprop, dgrad)
+  GemmDevicePolicy k_grouped;     // K-grouped (wgrad): scales per group, or per row along the tokens
   bool promotion_required;        // scales change along K: every k-block is promoted
   int promote_k;                  // K per promotion (0: once per 128 with promotion_required; never for
                                   // nvfp4, whose fp16 MMAs accumulate in fp32, or with fast_accum)

@@ -92,11 +92,13 @@ GemmRows gemm_reference(const GemmSpec& spec, const GemmOperands& ops, std::span
   }
 
   const int64_t k32 = k / 32;
-  // K-grouped blockwise / mxfp8: a scale per row of A and of B per 128 / 32 tokens of k_total.
-  const int64_t kg_cols = kg ? gemm_scale_elems(spec, 0, groups, ops.k_total).a / spec.m : 0;
-  const int64_t kg_block = spec.scaling == GemmScaling::Mx32 ? 32 : 128;
+  // K-grouped blockwise / mxfp8: a scale per row of A and of B per promotion step (128 / 32) of
+  // the tokens.
+  const bool kg_rows = kg && traits(spec.scaling).promotion_required;
+  const int64_t kg_block = traits(spec.scaling).promote_k;
+  const int64_t kg_cols = kg_rows ? (ops.k_total + kg_block - 1) / kg_block : 0;
   auto a_scale = [&](int64_t r, int64_t kk, int g) -> double {
-    if (kg && spec.scaling != GemmScaling::PerTensor) return scale_at(spec, ops.a_scale, r * kg_cols + kk / kg_block);
+    if (kg_rows) return scale_at(spec, ops.a_scale, r * kg_cols + kk / kg_block);
     switch (spec.scaling) {
       case GemmScaling::PerTensor: return scale_at(spec, ops.a_scale, g);
       case GemmScaling::RowChannel: return scale_at(spec, ops.a_scale, r);
@@ -107,7 +109,7 @@ GemmRows gemm_reference(const GemmSpec& spec, const GemmOperands& ops, std::span
     return 0;
   };
   auto b_scale = [&](int g, int64_t col, int64_t kk) -> double {
-    if (kg && spec.scaling != GemmScaling::PerTensor) return scale_at(spec, ops.b_scale, col * kg_cols + kk / kg_block);
+    if (kg_rows) return scale_at(spec, ops.b_scale, col * kg_cols + kk / kg_block);
     switch (spec.scaling) {
       case GemmScaling::PerTensor: return scale_at(spec, ops.b_scale, g);
       case GemmScaling::RowChannel: return scale_at(spec, ops.b_scale, int64_t(g) * n + col);
