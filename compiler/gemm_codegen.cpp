@@ -38,7 +38,7 @@ const GemmDevicePolicy& device_policy(const GemmSpec& s) {
 
 GemmSmem smem_for(const GemmSpec& s, const GemmTile& t) {
   return gemm_smem(t.block_m, t.block_n, t.stages, t.block_m / 64, device_policy(s).id,
-                   s.scaling == GemmScaling::RowChannel, out_bytes(s));
+                   s.scaling == GemmScaling::RowChannel, out_bytes(s), s.layout == GemmLayout::KGrouped);
 }
 
 std::string tile_field(const char* f) { return std::string("tile.") + f; }
@@ -158,12 +158,13 @@ GemmTile resolve_tile(const GemmSpec& s) {
     throw UserError(tile_field("multicast"), "nvfp4: expected 1, got " + std::to_string(t.multicast));
   if (fp4 && t.ordered == 2)
     throw UserError(tile_field("ordered"), "nvfp4 accumulates on the tensor cores: ordered issue is not supported");
-  // Ordered issue by default where it measured faster: per-tensor and rowwise promotion, and the
-  // K-grouped blockwise kernel (waited promotion; 687 vs 671 TFLOP/s, 555 vs 531 with fp32
-  // accumulation, H100, 2026-11-25). M-grouped blockwise runs 7-10 % faster without it since its
-  // scales moved into the consumers' registers (H100, 2026-11-24, docs/gemm.md).
-  const bool block128_m = block128 && s.layout == GemmLayout::MGrouped;
-  if (t.ordered == 0) t.ordered = promote && !per32 && !fp4 && !block128_m && t.block_m == 128 ? 2 : 1;
+  // Ordered issue by default where it measured faster: M-grouped per-tensor and rowwise
+  // promotion. M-grouped blockwise runs 7-10 % faster without it since its scales moved into the
+  // consumers' registers (H100, 2026-11-24), and so do the K-grouped kernels since their promotion
+  // overlaps the next step's MMAs (blockwise 741 vs 712-723 TFLOP/s, 707 vs 703 with fp32
+  // accumulation; per-tensor 1048 vs 1029-1041; H100, 2026-11-25, docs/gemm.md).
+  const bool m_grouped = s.layout == GemmLayout::MGrouped;
+  if (t.ordered == 0) t.ordered = promote && !per32 && !fp4 && !block128 && m_grouped && t.block_m == 128 ? 2 : 1;
   if (per32 && t.ordered == 2)
     throw UserError(tile_field("ordered"), "per-32 promotion overlaps its own steps: ordered issue is not supported");
   if (t.ordered != 1 && t.ordered != 2)

@@ -16,23 +16,30 @@ static_assert(sizeof(CUtensorMap) == sizeof(TmaDescriptor), "TmaDescriptor mirro
 constexpr int kMaxGroups = 1 << 20;
 constexpr int64_t kMaxMTotal = (int64_t(1) << 31) - 257;  // + block_m (<= 128) + 128 stays in int
 
-// K-major fp8 tiles of `box_rows` x 128 bytes, 128-byte swizzle, zero fill out of bounds.
-// dims/strides as cuTensorMapEncodeTiled takes them (innermost first, strides of dims 1..).
-TmaDescriptor encode_fp8_map(const char* what, uint64_t base, std::initializer_list<cuuint64_t> dims,
-                             std::initializer_list<cuuint64_t> strides, std::initializer_list<cuuint32_t> box,
-                             CUtensorMapSwizzle swizzle = CU_TENSOR_MAP_SWIZZLE_128B) {
+// A tensor map of `type` elements: dims / byte strides as cuTensorMapEncodeTiled takes them
+// (innermost first, strides of dims 1..), zero fill out of bounds (loads), clipping (stores).
+TmaDescriptor encode_map(const char* what, CUtensorMapDataType type, uint64_t base, std::initializer_list<cuuint64_t> dims,
+                         std::initializer_list<cuuint64_t> strides, std::initializer_list<cuuint32_t> box,
+                         CUtensorMapSwizzle swizzle) {
   const Driver& d = require_driver();
   CUtensorMap map;
   std::vector<cuuint64_t> dv(dims), sv(strides);
   std::vector<cuuint32_t> bv(box), ev(dv.size(), 1);
   const CUresult r = d.cuTensorMapEncodeTiled(
-      &map, CU_TENSOR_MAP_DATA_TYPE_UINT8, cuuint32_t(dv.size()), reinterpret_cast<void*>(base), dv.data(), sv.data(),
+      &map, type, cuuint32_t(dv.size()), reinterpret_cast<void*>(base), dv.data(), sv.data(),
       bv.data(), ev.data(), CU_TENSOR_MAP_INTERLEAVE_NONE, swizzle,
       CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
   check(r, std::string("cuTensorMapEncodeTiled (") + what + ")");
   TmaDescriptor out;
   std::memcpy(&out, &map, sizeof out);
   return out;
+}
+
+// K-major fp8 tiles of `box_rows` x 128 bytes, 128-byte swizzle by default.
+TmaDescriptor encode_fp8_map(const char* what, uint64_t base, std::initializer_list<cuuint64_t> dims,
+                             std::initializer_list<cuuint64_t> strides, std::initializer_list<cuuint32_t> box,
+                             CUtensorMapSwizzle swizzle = CU_TENSOR_MAP_SWIZZLE_128B) {
+  return encode_map(what, CU_TENSOR_MAP_DATA_TYPE_UINT8, base, dims, strides, box, swizzle);
 }
 
 }  // namespace
@@ -285,6 +292,11 @@ void Gemm::run_k_grouped(const GemmCall& c, CUstream stream) const {
                               {cuuint32_t(kGemmBlockK), cuuint32_t(t.block_m)});
   args.b_map = encode_fp8_map("b", c.b.ptr, {cuuint64_t(kt), cuuint64_t(s.n)}, {cuuint64_t(kt)},
                               {cuuint32_t(kGemmBlockK), cuuint32_t(t.block_n)});
+  // D [G][m][N] for the epilogue's tensor stores: boxes of 64 rows x 128 bytes (gemm.cuh, epilogue_tma).
+  const cuuint64_t row_bytes = cuuint64_t(s.n * ob);
+  args.d_map = encode_map("d", s.out_dtype == DType::FP32 ? CU_TENSOR_MAP_DATA_TYPE_FLOAT32 : CU_TENSOR_MAP_DATA_TYPE_BFLOAT16,
+                          c.d.ptr, {cuuint64_t(s.n), cuuint64_t(s.m), cuuint64_t(g)}, {row_bytes, row_bytes * cuuint64_t(s.m)},
+                          {cuuint32_t(kGemmEpiBoxBytes / ob), 64u, 1u}, CU_TENSOR_MAP_SWIZZLE_128B);
   args.d = reinterpret_cast<void*>(c.d.ptr);
   args.a_scale = reinterpret_cast<const void*>(c.a_scale.ptr);
   args.b_scale = reinterpret_cast<const void*>(c.b_scale.ptr);

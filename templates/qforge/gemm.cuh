@@ -50,6 +50,10 @@ constexpr int kGemmBlockK = 128;           // K per stage: one 128-byte swizzle 
 constexpr u32 kGemmSmemLimit = 232448;     // sm_90 opt-in dynamic shared memory per block
 constexpr u32 kGemmSmemAlignSlack = 1024;  // the dynamic window is aligned up to 1024 in-kernel
 
+// K-grouped kernels store their output through the tensor engine (epilogue_tma): a pass's
+// staging is boxes of 64 rows x 128 bytes in the 128-byte swizzle, each 1024-byte aligned.
+constexpr int kGemmEpiBoxBytes = 128;
+
 // Output columns per epilogue pass (bf16: the whole tile; fp32 and NVFP4: 64, to bound the staging
 // memory; NVFP4 needs the room for a fourth stage) and the staging row pitch in 32-bit words. Pitches are
 // chosen so that fragment stores hit 32 distinct banks: fp32 pairs (8-byte stores, half-warps of
@@ -88,7 +92,7 @@ QF_HD constexpr u32 gemm_stage_scale_bytes(int scaling, int block_m, int block_n
 }
 
 QF_HD constexpr GemmSmem gemm_smem(int block_m, int block_n, int stages, int consumers,
-                                   int scaling, bool col_scales, int out_bytes) {
+                                   int scaling, bool col_scales, int out_bytes, bool tma_epilogue = false) {
   GemmSmem s{};
   const bool fp4 = scaling == kGemmNvfp4;
   s.a_stage = u32(block_m) * (fp4 ? 64u : 128u);
@@ -100,8 +104,9 @@ QF_HD constexpr GemmSmem gemm_smem(int block_m, int block_n, int stages, int con
   s.sc_stage = gemm_stage_scale_bytes(scaling, block_m, block_n);
   s.sc_off = s.braw_off + u32(stages) * s.braw_stage;
   const int epi = gemm_epi_cols(block_n, out_bytes, scaling);
-  s.staging_wg = 64u * u32(gemm_staging_pitch(epi, out_bytes)) * 4u;
-  s.staging_off = gemm_align_up(s.sc_off + u32(stages) * s.sc_stage, 16);
+  s.staging_wg = tma_epilogue ? gemm_align_up(64u * u32(epi * out_bytes), 1024)
+                              : 64u * u32(gemm_staging_pitch(epi, out_bytes)) * 4u;
+  s.staging_off = gemm_align_up(s.sc_off + u32(stages) * s.sc_stage, tma_epilogue ? 1024 : 16);
   s.col_off = s.staging_off + u32(consumers) * s.staging_wg;
   s.bar_off = gemm_align_up(s.col_off + (col_scales ? u32(consumers * block_n) * 4u : 0u), 8);
   s.total = s.bar_off + u32((fp4 ? 3 : 2) * stages + 2) * 8u + kGemmSmemAlignSlack;
@@ -191,6 +196,26 @@ __device__ __forceinline__ void tma_load_3d(u32 dst, const TmaDescriptor* map, u
       "l"(reinterpret_cast<u64>(map)), "r"(bar), "r"(c0), "r"(c1), "r"(c2)
       : "memory");
 }
+// Shared -> global through the tensor engine: a plain store of the box, or (reduce_add) D += box
+// element-wise in fp32, done at L2. Completion by bulk groups: commit, then wait_group.read before
+// the source is written again (its reads are done), wait_group before the CTA exits.
+template <bool kReduceAdd>
+__device__ __forceinline__ void tma_store_3d(const TmaDescriptor* map, u32 src, int c0, int c1, int c2) {
+  if constexpr (kReduceAdd) {
+    asm volatile("cp.reduce.async.bulk.tensor.3d.global.shared::cta.add.tile.bulk_group [%0, {%2, %3, %4}], [%1];" ::"l"(
+                     reinterpret_cast<u64>(map)),
+                 "r"(src), "r"(c0), "r"(c1), "r"(c2)
+                 : "memory");
+  } else {
+    asm volatile("cp.async.bulk.tensor.3d.global.shared::cta.bulk_group [%0, {%2, %3, %4}], [%1];" ::"l"(
+                     reinterpret_cast<u64>(map)),
+                 "r"(src), "r"(c0), "r"(c1), "r"(c2)
+                 : "memory");
+  }
+}
+__device__ __forceinline__ void bulk_commit() { asm volatile("cp.async.bulk.commit_group;" ::: "memory"); }
+__device__ __forceinline__ void bulk_wait_read_all() { asm volatile("cp.async.bulk.wait_group.read 0;" ::: "memory"); }
+__device__ __forceinline__ void bulk_wait_all() { asm volatile("cp.async.bulk.wait_group 0;" ::: "memory"); }
 __device__ __forceinline__ void tma_prefetch_descriptor(const TmaDescriptor* map) {
   asm volatile("prefetch.tensormap [%0];" ::"l"(reinterpret_cast<u64>(map)) : "memory");
 }
@@ -805,7 +830,7 @@ struct Traits {
   static constexpr int kEpiCols = gemm_epi_cols(kBN, kOutBytes, int(Cfg::kScaling));
   static constexpr int kPitch = gemm_staging_pitch(kEpiCols, kOutBytes);
   static constexpr GemmSmem kSmem =
-      gemm_smem(kBM, kBN, kStages, kConsumers, int(Cfg::kScaling), Scaling::kColScales, kOutBytes);
+      gemm_smem(kBM, kBN, kStages, kConsumers, int(Cfg::kScaling), Scaling::kColScales, kOutBytes, Cfg::kKGrouped);
   static constexpr u32 kTxBytes = u32(kBM + kBN) * (kFp4 ? 64u : 128u);
   // NVFP4: the TMA bytes complete loaded[stage]; full[stage] takes the B dequantizing warps.
   static constexpr u32 kFullArrivals = kFp4 ? 4u * kProducerGroups : 1u + (Scaling::kScaleWriters ? 32u : 0u);
@@ -1057,6 +1082,72 @@ __device__ __forceinline__ void release_stage(u32 empty, int lane, u32 rank) {
   }
 }
 
+// K-grouped: D[g] is a whole [kM, N] matrix per group, so every tile goes out through the tensor
+// engine (a.d_map, D as [G][kM][N]; rows past kM and columns past N are clipped by the map): each
+// pass, the warpgroup writes its 64 rows into boxes of [64][128 bytes] (128-byte swizzle), makes
+// them visible to the async proxy, and one thread stores them, or with accumulation reduce-adds
+// them (D += v in fp32 at L2, the same rounding as the load-add-store form). The warpgroup goes on
+// to its next tile while the engine reads the staging; the next pass first waits for those reads.
+template <class Cfg>
+__device__ __forceinline__ void epilogue_tma(const GemmArgs& a, const TileInfo& t, const Frag& f, u8* smem,
+                                             u32 base, float* acc, const typename Traits<Cfg>::Scaling::Tile& ts) {
+  using T = Traits<Cfg>;
+  using S = typename T::Scaling;
+  static_assert(!S::kColScales, "K-grouped policies have no per-column epilogue factors");
+  constexpr int kBoxCols = kGemmEpiBoxBytes / T::kOutBytes;
+  constexpr int kBoxes = T::kEpiCols / kBoxCols;
+  static_assert(T::kEpiCols % kBoxCols == 0, "whole boxes per pass");
+  const u32 bar_id = 1u + u32(f.wg);
+  const u32 staging_off = T::kSmem.staging_off + u32(f.wg) * T::kSmem.staging_wg;
+  u8* staging = smem + staging_off;
+  const float rf0 = S::template row_factor<Cfg>(ts, 0), rf1 = S::template row_factor<Cfg>(ts, 1);
+  const int quad = f.lane & 3;
+  // Byte of column c (within the pass) of row r in the boxes: box c / kBoxCols, 16-byte chunk
+  // ((c % kBoxCols) * bytes / 16) ^ (r % 8) of the box's row r. The fragment's rows r and r + 8
+  // share r % 8; the quad's 2 * quad columns sit at byte (2 * quad * bytes) % 16 of their chunk.
+  const int r0 = f.row - f.wg * 64;  // the first fragment row within the warpgroup's 64
+  u8* row0 = staging + r0 * kGemmEpiBoxBytes + ((2 * quad * T::kOutBytes) & 15);
+  u8* row1 = row0 + 8 * kGemmEpiBoxBytes;
+  const int swz = (r0 & 7) << 4;
+  auto off = [&](int c) {  // c: the quad's first column, 8 * jj + 2 * quad
+    const int cb = (c % kBoxCols) * T::kOutBytes;
+    return (c / kBoxCols) * (64 * kGemmEpiBoxBytes) + ((cb & ~15) ^ swz);
+  };
+#pragma unroll
+  for (int pass = 0; pass < T::kBN / T::kEpiCols; ++pass) {
+    if (f.tid == 0) sm90::bulk_wait_read_all();  // the previous pass's (or tile's) boxes are read
+    sm90::named_barrier(bar_id, 128);
+#pragma unroll
+    for (int i = 0; i < T::kEpiCols / 2; ++i) sm90::fence_reg(acc[pass * (T::kEpiCols / 2) + i]);
+#pragma unroll
+    for (int jj = 0; jj < T::kEpiCols / 8; ++jj) {
+      const int j = pass * (T::kEpiCols / 8) + jj;
+      const int c = 8 * jj + 2 * quad;
+      const float v0 = acc[4 * j + 0] * rf0, v1 = acc[4 * j + 1] * rf0;
+      const float v2 = acc[4 * j + 2] * rf1, v3 = acc[4 * j + 3] * rf1;
+      if constexpr (T::kOutBytes == 4) {
+        *reinterpret_cast<float2*>(row0 + off(c)) = make_float2(v0, v1);
+        *reinterpret_cast<float2*>(row1 + off(c)) = make_float2(v2, v3);
+      } else {
+        *reinterpret_cast<u32*>(row0 + off(c)) = u32(f32_to_bf16(v0)) | (u32(f32_to_bf16(v1)) << 16);
+        *reinterpret_cast<u32*>(row1 + off(c)) = u32(f32_to_bf16(v2)) | (u32(f32_to_bf16(v3)) << 16);
+      }
+    }
+    sm90::fence_proxy_async_shared();  // this thread's writes, visible to the tensor engine
+    sm90::named_barrier(bar_id, 128);
+    if (f.tid == 0) {
+#pragma unroll
+      for (int b = 0; b < kBoxes; ++b) {
+        const int col = t.n0 + pass * T::kEpiCols + b * kBoxCols;
+        if (col < int(Cfg::kN))
+          sm90::tma_store_3d<Cfg::kAccumulate>(&a.d_map, base + staging_off + u32(b * 64 * kGemmEpiBoxBytes), col,
+                                               t.row0 + f.wg * 64, t.group);
+      }
+      sm90::bulk_commit();
+    }
+  }
+}
+
 template <class Cfg>
 __device__ __forceinline__ void epilogue(const GemmArgs& a, const TileInfo& t, const Frag& f, u8* smem,
                                          float* acc, const typename Traits<Cfg>::Scaling::Tile& ts) {
@@ -1118,6 +1209,14 @@ __device__ __forceinline__ void epilogue(const GemmArgs& a, const TileInfo& t, c
       *reinterpret_cast<uint4*>(dst) = v;
     }
   }
+}
+
+// A finished tile of a consumer warpgroup -> D.
+template <class Cfg>
+__device__ __forceinline__ void store_tile(const GemmArgs& a, const TileInfo& t, const Frag& f, u8* smem, u32 base,
+                                           float* acc, const typename Traits<Cfg>::Scaling::Tile& ts) {
+  if constexpr (Cfg::kKGrouped) epilogue_tma<Cfg>(a, t, f, smem, base, acc, ts);
+  else epilogue<Cfg>(a, t, f, smem, acc, ts);
 }
 
 // K-grouped: zeroes the K positions of a stage outside [keep_lo, keep_hi) (A: this warpgroup's 64
@@ -1286,9 +1385,10 @@ __device__ __forceinline__ void consumer(const GemmArgs& a, u8* smem, u32 base, 
       constexpr int kSteps = S::kSteps;
       constexpr int kMmas = kGemmBlockK / 32 / kSteps;
       constexpr int kUnroll = kSteps == 1 ? 2 : kSteps;  // steps per iteration: even, whole stages
-      // K-grouped (run-time k-block counts): each step is waited for and promoted at once; ptxas
-      // serializes the overlapped form there (C7518).
-      constexpr bool kPingPong = !Cfg::kKGrouped;
+      // K-grouped MXFP8 (four steps per k-block) keeps the waited form: each step is waited for
+      // and promoted at once (the overlapped form needs a third accumulator array, which spills
+      // at the 216 registers its consumers get beside the wide scale writers).
+      constexpr bool kPingPong = !Cfg::kKGrouped || kSteps == 1;
 #pragma unroll
       for (int i = 0; i < T::kAcc; ++i) total[i] = 0.0f;
       const int steps = k_blocks * kSteps;
@@ -1379,14 +1479,16 @@ __device__ __forceinline__ void consumer(const GemmArgs& a, u8* smem, u32 base, 
           end_stage(k);
         }
       }
+      // Waited for outside the branch: with a run-time step count (K-grouped), a wait inside it
+      // makes ptxas serialize every wgmma of the kernel (C7518).
+      sm90::wgmma_wait<0>();
       if (kPingPong && steps > first) {  // the last step, in part1
-        sm90::wgmma_wait<0>();
 #pragma unroll
         for (int i = 0; i < T::kAcc; ++i) sm90::fence_reg(part1[i]);
         S::template promote_step<Cfg, T::kAcc>(total, part1, cur, kSteps - 1, f, ts);
         release_stage<Cfg>(empty0 + 8u * prev_stage, lane, rank);
       }
-      epilogue<Cfg>(a, t, f, smem, total, ts);
+      store_tile<Cfg>(a, t, f, smem, base, total, ts);
     } else {
       // No promotion: the tensor cores accumulate over all of K; one k-block's MMAs stay in flight.
       if (k_blocks == 0) {  // K-grouped empty group: its output is zero
@@ -1417,7 +1519,7 @@ __device__ __forceinline__ void consumer(const GemmArgs& a, u8* smem, u32 base, 
 #pragma unroll
       for (int i = 0; i < T::kAcc; ++i) sm90::fence_reg(acc[i]);
       if (k_blocks > 0) release_stage<Cfg>(empty0 + 8u * prev_stage, lane, rank);
-      epilogue<Cfg>(a, t, f, smem, acc, ts);
+      store_tile<Cfg>(a, t, f, smem, base, acc, ts);
     }
   }
 }
@@ -1470,6 +1572,10 @@ __global__ void __launch_bounds__(gemm::Traits<Cfg>::kThreads, 1) gemm_kernel(co
     else gemm::consumer<Cfg>(a, smem, base, rank, wg);
   }
 
+  // K-grouped epilogues store through the tensor engine: the staging must outlive its reads, and
+  // the stores be done with the kernel (a thread without bulk groups passes at once). Here rather
+  // than after the consumers' tile loop, where any code makes ptxas spill the consumers' registers.
+  if constexpr (Cfg::kKGrouped) sm90::bulk_wait_all();
   if constexpr (T::kMc > 1) {
     // Neither CTA may exit while its peer can still multicast into it or arrive on its barriers.
     __syncwarp();

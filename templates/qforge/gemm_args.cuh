@@ -24,6 +24,8 @@ struct GemmArgs {
                              // (NVFP4: packed [m_total, K/2], box [block_m, 64 bytes], no swizzle)
   TmaDescriptor b_map;       // B as [G][N][K], box [1, block_n, 128 bytes], 128-byte swizzle
                              // (NVFP4: packed [G][N][K/2], box [1, block_n, 64 bytes], 64-byte swizzle)
+  TmaDescriptor d_map;       // K-grouped: D as [G][kM][N], box [1, 64 rows, 128 bytes], 128-byte swizzle
+                             // (the epilogue's tensor stores or fp32 reduce-adds); unused otherwise
   void* d;                   // output, bf16 or fp32
   // Scales (compiler/gemm_codegen.cpp lists the shapes): fp32 per tensor [G], per token
   // [m_total], 1x128 blocks [m_total, ceil(K/128)]; e8m0 bytes per 1x32 MX block [m_total, K/32].

@@ -260,6 +260,17 @@ TEST(GemmCodegen, SpecErrorsNameTheField) {
   s = kg, s.scaling = GemmScaling::Block128;
   EXPECT_NO_THROW(validate(s));  // both operands 1x128 along the tokens
   EXPECT_NE(emit_gemm(s).source.find("using Scaling = qf::gemm::Block128KScaling;"), std::string::npos);
+  // K-grouped kernels: unordered issue by default (their promotion overlaps the next step's MMAs),
+  // and the epilogue's staging holds boxes of 64 x 128 bytes, 1024-byte aligned for the 128-byte
+  // swizzle of the tensor stores.
+  EXPECT_EQ(resolve_tile(s).ordered, 1);
+  EXPECT_EQ(resolve_tile(kg).ordered, 1);
+  for (const int out_bytes : {2, 4}) {
+    const GemmSmem sm = gemm_smem(128, 128, 5, 2, kGemmBlock128K, false, out_bytes, true);
+    EXPECT_EQ(sm.staging_off % 1024, 0u);
+    EXPECT_EQ(sm.staging_wg, 16384u);  // 64 rows x (128 bf16 | 64 fp32 columns per pass)
+    EXPECT_LE(sm.total, kGemmSmemLimit);
+  }
   s.tile.block_n = 64;  // any tile: B's scales are per row
   EXPECT_NO_THROW(validate(s));
   s = kg, s.scaling = GemmScaling::Mx32;

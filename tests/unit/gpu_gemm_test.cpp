@@ -9,11 +9,13 @@
 //               gemm_tolerance(), plus the relative Frobenius error; long K, more tiles than SMs.
 //               The masked layout ([G, m_max, K] with device counts) and the K-grouped (wgrad)
 //               layout run through the same checks.
-//   GemmEdge    all groups empty; a second launch gives the same bits.
+//   GemmEdge    all groups empty; a K-grouped MX NaN scale stays in its group; the K-grouped fp32
+//               reduce-add keeps subnormal and special old values; a second launch gives the same bits.
 #include <gtest/gtest.h>
 
 #include <cmath>
 #include <cstring>
+#include <iterator>
 #include <random>
 #include <sstream>
 
@@ -381,6 +383,41 @@ TEST(GemmEdge, KGroupedMxNanScaleStaysInItsGroup) {
     }
   EXPECT_EQ(bad0, 0) << "group 0 elements that differ from the exact reference";
   EXPECT_EQ(finite1, 0) << "group 1 elements that are not NaN";
+}
+
+// K-grouped fp32 accumulation goes through the tensor engine's reduce-add (D += v at L2): it must
+// round like the fp32 addition of the reference, subnormal old values, signed zeros and infinities
+// included (an add that flushed subnormals would lose them), NaN staying NaN. Group 1 is empty
+// (v = +0 there).
+TEST(GemmEdge, KGroupedReduceAddKeepsSubnormalsAndSpecials) {
+  QF_SKIP_WITHOUT_GPU();
+  GemmSpec s = spec_of(GemmScaling::PerTensor, ElemFormat::E4M3, ElemFormat::E4M3, DType::FP32, true, false, 128, 128, 1,
+                       136, 0);
+  s.layout = GemmLayout::KGrouped, s.m = 72;
+  ref::GemmProblem p = ref::make_k_grouped_gemm_problem(s, std::vector<int64_t>{100, 0, 37}, 0,
+                                                        ref::GemmValues::SmallIntegers, true, 22);
+  const float specials[] = {std::ldexp(1.0f, -149), -std::ldexp(1.0f, -149), std::ldexp(3.0f, -140), -std::ldexp(5.0f, -130),
+                            std::ldexp(1.0f, -126) * 0.75f, 0.0f, -0.0f, INFINITY, -INFINITY, NAN, 3.0e38f, -1.5f};
+  for (size_t i = 0; i < p.d_init.size(); ++i) p.d_init[i] = specials[(i * 7 + i / 136) % std::size(specials)];
+  Device dev = to_device(s, p);
+  const std::vector<uint8_t> got = run(s, dev);
+  std::vector<int64_t> rows(size_t(p.out_rows));
+  for (int64_t r = 0; r < p.out_rows; ++r) rows[size_t(r)] = r;
+  const ref::GemmRows ref = ref::gemm_reference(s, p.operands(), rows);
+  int64_t bad = 0, subnormal_kept = 0;
+  std::ostringstream first;
+  for (int64_t idx = 0; idx < p.out_rows * s.n; ++idx) {
+    const uint32_t g = out_bits(s, got, idx);
+    const uint32_t want = ref::exact_output(s, ref.value[size_t(idx)], p.d_init[size_t(idx)]);
+    const bool nan_both = std::isnan(f32_from_bits(g)) && std::isnan(f32_from_bits(want));
+    if (g != want && !nan_both && bad++ < 1)
+      first << "element " << idx << ": old " << p.d_init[size_t(idx)] << " + " << ref.value[size_t(idx)] << ": got 0x"
+            << std::hex << g << ", expected 0x" << want << std::dec;
+    const float w = f32_from_bits(want);
+    subnormal_kept += w != 0.0f && std::fabs(w) < std::ldexp(1.0f, -126);
+  }
+  EXPECT_EQ(bad, 0) << bad << " elements differ; first: " << first.str();
+  EXPECT_GT(subnormal_kept, 0) << "the case must produce subnormal sums";
 }
 
 TEST(GemmEdge, RepeatedLaunchesAreBitIdentical) {
