@@ -840,10 +840,10 @@ struct Traits {
   // The pool is the launch's 168 x 384 registers (setmaxnreg.inc waits until the pool has them):
   // 2 x 232 + 40 = 504 = 3 x 168. Per-32 promotion keeps three accumulators: 2 x 240 + 24.
   // NVFP4 (512 threads, 128 each): 2 x 168 + 2 x 88. K-grouped with scale writers (their byte-wise
-  // MX loads): 2 x 216 + 72; those consumers keep two accumulators (the waited promotion).
+  // MX loads spill at 40): 2 x 224 + 56 (at 2 x 216 + 72 the consumers' three accumulators spill).
   static constexpr bool kWideWriters = Cfg::kKGrouped && Scaling::kScaleWriters > 0;
-  static constexpr u32 kProducerRegs = kConsumers == 3 ? 24 : kFp4 ? 88 : kWideWriters ? 72 : 40;
-  static constexpr u32 kConsumerRegs = kConsumers == 3 ? 160 : kFp4 ? 168 : kWideWriters ? 216 : 232;
+  static constexpr u32 kProducerRegs = kConsumers == 3 ? 24 : kFp4 ? 88 : kWideWriters ? 56 : 40;
+  static constexpr u32 kConsumerRegs = kConsumers == 3 ? 160 : kFp4 ? 168 : kWideWriters ? 224 : 232;
 
   static_assert(kBM == 64 * kConsumers, "one consumer warpgroup per 64 rows");
   static_assert(kConsumers == 1 || kConsumers * kConsumerRegs + kProducerGroups * kProducerRegs <=
@@ -1385,10 +1385,6 @@ __device__ __forceinline__ void consumer(const GemmArgs& a, u8* smem, u32 base, 
       constexpr int kSteps = S::kSteps;
       constexpr int kMmas = kGemmBlockK / 32 / kSteps;
       constexpr int kUnroll = kSteps == 1 ? 2 : kSteps;  // steps per iteration: even, whole stages
-      // K-grouped MXFP8 (four steps per k-block) keeps the waited form: each step is waited for
-      // and promoted at once (the overlapped form needs a third accumulator array, which spills
-      // at the 216 registers its consumers get beside the wide scale writers).
-      constexpr bool kPingPong = !Cfg::kKGrouped || kSteps == 1;
 #pragma unroll
       for (int i = 0; i < T::kAcc; ++i) total[i] = 0.0f;
       const int steps = k_blocks * kSteps;
@@ -1431,7 +1427,7 @@ __device__ __forceinline__ void consumer(const GemmArgs& a, u8* smem, u32 base, 
       // once, so that the pairs below end in part1. (K-grouped only: otherwise the count is a
       // compile-time constant and this folds away.)
       int first = 0;
-      if (kPingPong && kUnroll > kSteps && steps % 2 == 1) {
+      if (kUnroll > kSteps && steps % 2 == 1) {
         issue(part1, 0, 0);
         sm90::wgmma_wait<0>();
 #pragma unroll
@@ -1445,36 +1441,16 @@ __device__ __forceinline__ void consumer(const GemmArgs& a, u8* smem, u32 base, 
 #pragma unroll
         for (int u = 0; u < kUnroll; ++u) {
           const int s = s0 + u;
-          if (!kPingPong && s >= steps) break;
           const int k = u % kSteps;  // step within its stage
-          float* part = !kPingPong || u % 2 == 0 ? acc : part1;
+          float* part = u % 2 == 0 ? acc : part1;
           float* done = u % 2 == 0 ? part1 : acc;
           issue(part, s, k);
-          if constexpr (kPingPong) {
-            sm90::wgmma_wait<1>();
+          sm90::wgmma_wait<1>();
 #pragma unroll
-            for (int i = 0; i < T::kAcc; ++i) sm90::fence_reg(done[i]);
-            if (s > first) {  // step s - 1: the previous stage's last step, or this stage's previous one
-              S::template promote_step<Cfg, T::kAcc>(total, done, k == 0 ? prev : cur, (k + kSteps - 1) % kSteps, f,
-                                                     ts);
-              if (k == 0) release_stage<Cfg>(empty0 + 8u * prev_stage, lane, rank);
-            }
-          } else if constexpr (S::kScaleWriters > 0) {
-            // Factors from the stage's scale slot into registers while the MMAs run; the stage
-            // is free as soon as they are done.
-            const auto x = S::template factors<Cfg, T::kAcc>(cur, k, f);
-            sm90::wgmma_wait<0>();
-#pragma unroll
-            for (int i = 0; i < T::kAcc; ++i) sm90::fence_reg(part[i]);
-            if (k == kSteps - 1) release_stage<Cfg>(empty0 + 8u * stage, lane, rank);
-            S::template promote<T::kAcc>(total, part, x);
-          } else {
-            sm90::wgmma_wait<0>();
-#pragma unroll
-            for (int i = 0; i < T::kAcc; ++i) sm90::fence_reg(part[i]);
-            // The stage is free as soon as its MMAs are done (these policies keep no scales in it).
-            if (k == kSteps - 1) release_stage<Cfg>(empty0 + 8u * stage, lane, rank);
-            S::template promote_step<Cfg, T::kAcc>(total, part, cur, k, f, ts);
+          for (int i = 0; i < T::kAcc; ++i) sm90::fence_reg(done[i]);
+          if (s > first) {  // step s - 1: the previous stage's last step, or this stage's previous one
+            S::template promote_step<Cfg, T::kAcc>(total, done, k == 0 ? prev : cur, (k + kSteps - 1) % kSteps, f, ts);
+            if (k == 0) release_stage<Cfg>(empty0 + 8u * prev_stage, lane, rank);
           }
           end_stage(k);
         }
@@ -1482,7 +1458,7 @@ __device__ __forceinline__ void consumer(const GemmArgs& a, u8* smem, u32 base, 
       // Waited for outside the branch: with a run-time step count (K-grouped), a wait inside it
       // makes ptxas serialize every wgmma of the kernel (C7518).
       sm90::wgmma_wait<0>();
-      if (kPingPong && steps > first) {  // the last step, in part1
+      if (steps > first) {  // the last step, in part1
 #pragma unroll
         for (int i = 0; i < T::kAcc; ++i) sm90::fence_reg(part1[i]);
         S::template promote_step<Cfg, T::kAcc>(total, part1, cur, kSteps - 1, f, ts);
