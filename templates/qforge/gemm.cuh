@@ -671,10 +671,16 @@ struct Mx32Scaling : SlotScaling<4> {
         const int lo = (4 * kb + k) * 32;  // the step's first position from k0
         if (lo + 32 > t.k_lead && lo < t.k_len) keep |= 0xFFu << (8 * k);
       }
-      // Rows past kM, columns past N: factor 2^-127, their products are never stored.
+      // Rows past kM, columns past N: factor 2^-127, their products are never stored. Rows of a
+      // multiple of 4 bytes (k_total a multiple of 128) take one aligned u32 load: a k-block starts
+      // (a multiple of 128 tokens) at or before a token of the group, so its four bytes lie inside
+      // the row.
+      const bool aligned = (row_bytes & 3) == 0;
       auto word = [&](const u8* p, bool ok) {
+        if (!ok) return 0u;
+        if (aligned) return *reinterpret_cast<const u32*>(p) & keep;
         u32 w = 0;
-        for (int k = 0; ok && k < 4; ++k) w |= (keep >> (8 * k) & 1u) ? u32(p[k]) << (8 * k) : 0u;
+        for (int k = 0; k < 4; ++k) w |= (keep >> (8 * k) & 1u) ? u32(p[k]) << (8 * k) : 0u;
         return w;
       };
       const u8* pa = sa + i64(t.row0 + lane) * row_bytes + s0;

@@ -228,6 +228,8 @@ std::vector<Case> exact_cases() {
   kgrouped("kgrouped_block_fp32_acc_bn64_unordered",
            spec_of(S::Block128, E4, E5, DType::FP32, true, false, 128, 64, 1, 136, 130, 1), tok128, 0);
   kgrouped("kgrouped_block_bm64_fp32", spec_of(S::Block128, E5, E4, DType::FP32, false, false, 64, 128, 1, 72, 64), tok128, 40);
+  // MX scale rows of 16 bytes (496 tokens; one u32 load per row and k-block) and of 33 bytes (1040
+  // tokens; byte loads).
   kgrouped("kgrouped_mxfp8_bf16", spec_of(S::Mx32, E4, E4, DType::BF16, false, false, 128, 128, 1, 200, 200), tok, 5);
   kgrouped("kgrouped_mxfp8_fp32_acc_bm64", spec_of(S::Mx32, E5, E4, DType::FP32, true, false, 64, 128, 1, 256, 130), tok128, 3);
   add("mxfp8_many_groups", spec_of(S::Mx32, E4, E4, DType::BF16, false, false, 128, 128, 1, 1024, 512), many, 3);
