@@ -118,6 +118,13 @@ uint32_t out_bits(const GemmSpec& s, const std::vector<uint8_t>& d, int64_t idx)
   return h;
 }
 
+// The float64 reference of every output row of a problem.
+ref::GemmRows reference_of_every_row(const GemmSpec& s, const ref::GemmProblem& p) {
+  std::vector<int64_t> rows(size_t(p.out_rows));
+  for (int64_t r = 0; r < p.out_rows; ++r) rows[size_t(r)] = r;
+  return ref::gemm_reference(s, p.operands(), rows);
+}
+
 float bits_value(const GemmSpec& s, uint32_t bits) { return s.out_dtype == DType::FP32 ? f32_from_bits(bits) : bf16_to_f32(u16(bits)); }
 
 // ------------------------------------------------------------------------------- exact
@@ -132,9 +139,7 @@ TEST_P(GemmExact, BitExactSmallIntegers) {
   Device dev = to_device(s, p);
   const std::vector<uint8_t> got = run(s, dev);
 
-  std::vector<int64_t> rows(size_t(p.out_rows));
-  for (int64_t r = 0; r < p.out_rows; ++r) rows[size_t(r)] = r;
-  const ref::GemmRows ref = ref::gemm_reference(s, p.operands(), rows);
+  const ref::GemmRows ref = reference_of_every_row(s, p);
   int64_t bad = 0;
   std::ostringstream first;
   for (int64_t r = 0; r < p.out_rows; ++r)
@@ -372,9 +377,7 @@ TEST(GemmEdge, KGroupedMxNanScaleStaysInItsGroup) {
   for (int64_t r = 0; r < s.m; ++r) p.a_scale[size_t(r * cols + 2)] = 0xFF;  // tokens 64..95: group 1 only
   Device dev = to_device(s, p);
   const std::vector<uint8_t> got = run(s, dev);
-  std::vector<int64_t> rows(size_t(p.out_rows));
-  for (int64_t r = 0; r < p.out_rows; ++r) rows[size_t(r)] = r;
-  const ref::GemmRows ref = ref::gemm_reference(s, p.operands(), rows);
+  const ref::GemmRows ref = reference_of_every_row(s, p);
   int64_t bad0 = 0, finite1 = 0;
   for (int64_t r = 0; r < p.out_rows; ++r)
     for (int64_t n = 0; n < s.n; ++n) {
@@ -403,9 +406,7 @@ TEST(GemmEdge, KGroupedReduceAddKeepsSubnormalsAndSpecials) {
   for (size_t i = 0; i < p.d_init.size(); ++i) p.d_init[i] = specials[(i * 7 + i / 136) % std::size(specials)];
   Device dev = to_device(s, p);
   const std::vector<uint8_t> got = run(s, dev);
-  std::vector<int64_t> rows(size_t(p.out_rows));
-  for (int64_t r = 0; r < p.out_rows; ++r) rows[size_t(r)] = r;
-  const ref::GemmRows ref = ref::gemm_reference(s, p.operands(), rows);
+  const ref::GemmRows ref = reference_of_every_row(s, p);
   int64_t bad = 0, subnormal_kept = 0;
   std::ostringstream first;
   for (int64_t idx = 0; idx < p.out_rows * s.n; ++idx) {
