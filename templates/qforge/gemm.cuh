@@ -426,6 +426,7 @@ __device__ __forceinline__ int tile_k_blocks(const TileInfo& t) {
 //   kScaleWriters  producer threads (warps 1..3 of the producer warpgroup) that write the stages'
 //                  scale slots (load_scales(), store_scales(); one warp per stage, in turn) and
 //                  arrive on its full barrier (0: none).
+// NoStepScales and NoColScales give the defaults (no per-k-block scales; no column factors).
 
 // Policies whose promotions need nothing per k-block.
 struct NoStepScales {
@@ -434,20 +435,29 @@ struct NoStepScales {
   __device__ static Step load_step(const GemmArgs&, Tile&, const Frag&, int, const float*) { return {}; }
 };
 
-// One fp32 scale per group for A and for B: D = alpha * sa * sb * sum(a * b).
-struct PerTensorScaling : NoStepScales {
+// Policies whose epilogue factors are per row only.
+struct NoColScales {
   static constexpr bool kColScales = false;
+  template <class Cfg, class Tile>
+  __device__ static void store_cols(const Tile&, float*, const Frag&) {}
+};
+
+// The group's optional alpha (1 without).
+__device__ __forceinline__ float group_alpha(const GemmArgs& a, const TileInfo& t) {
+  return a.alpha ? a.alpha[t.group] : 1.0f;
+}
+
+// One fp32 scale per group for A and for B: D = alpha * sa * sb * sum(a * b).
+struct PerTensorScaling : NoStepScales, NoColScales {
   static constexpr int kSteps = 1, kScaleWriters = 0;
   struct Tile {
     float factor;
   };
   template <class Cfg>
   __device__ static Tile begin(const GemmArgs& a, const TileInfo& t, const Frag&) {
-    const float alpha = a.alpha ? a.alpha[t.group] : 1.0f;
+    const float alpha = group_alpha(a, t);
     return {static_cast<const float*>(a.a_scale)[t.group] * static_cast<const float*>(a.b_scale)[t.group] * alpha};
   }
-  template <class Cfg>
-  __device__ static void store_cols(const Tile&, float*, const Frag&) {}
   // With promotion the factor is applied per step (total += partial * factor; the epilogue then
   // multiplies by 1): ptxas keeps this variant's registers below the limit that way.
   template <class Cfg, int kAcc>
@@ -472,7 +482,7 @@ struct RowChannelScaling : NoStepScales {
   __device__ static Tile begin(const GemmArgs& a, const TileInfo& t, const Frag& f) {
     static_assert(Cfg::kBlockN <= 256, "two column scales per thread");
     Tile s;
-    const float alpha = a.alpha ? a.alpha[t.group] : 1.0f;
+    const float alpha = group_alpha(a, t);
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
       const int r = t.row0 + f.row + 8 * h;
@@ -507,8 +517,7 @@ struct RowChannelScaling : NoStepScales {
 // the three scales its fragment needs (its two rows' sa, the tile's sb) from global memory when
 // it issues the k-block's MMAs and uses them at the k-block's promotion, a k-block later: the
 // loads' latency hides behind the MMAs, and the producer and the stages carry no scales.
-struct Block128Scaling {
-  static constexpr bool kColScales = false;
+struct Block128Scaling : NoColScales {
   static constexpr int kSteps = 1, kScaleWriters = 0;
   // The four lanes of a quad share their fragment rows, so they share the loads: every 8
   // k-blocks, lane q of a quad loads the scales of k-blocks 8g + q and 8g + 4 + q (its two A
@@ -532,7 +541,7 @@ struct Block128Scaling {
     const float* sa = static_cast<const float*>(a.a_scale);
     const int last = int(a.m_total) - 1;
     const int r0 = t.row0 + f.row, r1 = r0 + 8;
-    return {a.alpha ? a.alpha[t.group] : 1.0f, sa + i64(min(r0, last)) * kKb, sa + i64(min(r1, last)) * kKb,
+    return {group_alpha(a, t), sa + i64(min(r0, last)) * kKb, sa + i64(min(r1, last)) * kKb,
             static_cast<const float*>(a.b_scale) + (i64(t.group) * kNb + t.n0 / 128) * kKb, {}};
   }
   template <class Cfg>
@@ -558,8 +567,6 @@ struct Block128Scaling {
     return st;
   }
   template <class Cfg>
-  __device__ static void store_cols(const Tile&, float*, const Frag&) {}
-  template <class Cfg>
   __device__ static float row_factor(const Tile& s, int) { return s.alpha; }
   // total += partial * (sa of the fragment's row * the tile's sb).
   template <class Cfg, int kAcc>
@@ -584,8 +591,7 @@ struct Block128Scaling {
 // rows / columns l, l + 32, ... before it waits for the stage to be free, so the loads of one stage
 // overlap the waits of the others.
 template <int Steps>
-struct SlotScaling {
-  static constexpr bool kColScales = false;
+struct SlotScaling : NoColScales {
   static constexpr int kSteps = Steps, kScaleWriters = 96;  // three writer warps
   static constexpr int kWriterWarps = kScaleWriters / 32;
   template <class Cfg>
@@ -602,44 +608,28 @@ struct SlotScaling {
   }
   template <class Cfg>
   __device__ static Tile begin(const GemmArgs& a, const TileInfo& t, const Frag&) {
-    return {a.alpha ? a.alpha[t.group] : 1.0f};
+    return {group_alpha(a, t)};
   }
-  template <class Cfg>
-  __device__ static void store_cols(const Tile&, float*, const Frag&) {}
   template <class Cfg>
   __device__ static float row_factor(const Tile& s, int) { return s.alpha; }
-  // The factors of a thread's fragment for k-step `step` of the stage whose slot is `st.slot`:
-  // its two rows' A factors and its kAcc / 2 columns' B factors.
-  template <int kAcc>
-  struct Factors {
-    float r0, r1;
-    float2 c[kAcc / 4];
-  };
-  template <class Cfg, int kAcc>
-  __device__ static Factors<kAcc> factors(const Step& st, int step, const Frag& f) {
-    constexpr int kBM = int(Cfg::kBlockM), kBN = int(Cfg::kBlockN);
-    Factors<kAcc> x;
-    x.r0 = st.slot[step * kBM + f.row], x.r1 = st.slot[step * kBM + f.row + 8];
-    const float* cols = st.slot + kSteps * kBM + step * kBN + 2 * (f.lane & 3);
-#pragma unroll
-    for (int j = 0; j < kAcc / 4; ++j) x.c[j] = *reinterpret_cast<const float2*>(cols + 8 * j);
-    return x;
-  }
-  template <int kAcc>
-  __device__ static void promote(float* total, const float* acc, const Factors<kAcc>& x) {
-#pragma unroll
-    for (int j = 0; j < kAcc / 4; ++j) {
-      total[4 * j + 0] = fmaf(acc[4 * j + 0] * x.c[j].x, x.r0, total[4 * j + 0]);
-      total[4 * j + 1] = fmaf(acc[4 * j + 1] * x.c[j].y, x.r0, total[4 * j + 1]);
-      total[4 * j + 2] = fmaf(acc[4 * j + 2] * x.c[j].x, x.r1, total[4 * j + 2]);
-      total[4 * j + 3] = fmaf(acc[4 * j + 3] * x.c[j].y, x.r1, total[4 * j + 3]);
-    }
-  }
-  // Promotes the partial sum of k-step `step` of the stage whose slot is `st.slot`.
+  // Promotes the partial sum of k-step `step` of the stage whose slot is `st.slot`, with the
+  // factors of the thread's fragment: its two rows' A factors and its kAcc / 2 columns' B factors.
   template <class Cfg, int kAcc>
   __device__ static void promote_step(float* total, const float* acc, const Step& st, int step, const Frag& f,
                                       const Tile&) {
-    promote<kAcc>(total, acc, factors<Cfg, kAcc>(st, step, f));
+    constexpr int kBM = int(Cfg::kBlockM), kBN = int(Cfg::kBlockN);
+    const float r0 = st.slot[step * kBM + f.row], r1 = st.slot[step * kBM + f.row + 8];
+    const float* cols = st.slot + kSteps * kBM + step * kBN + 2 * (f.lane & 3);
+    float2 c[kAcc / 4];
+#pragma unroll
+    for (int j = 0; j < kAcc / 4; ++j) c[j] = *reinterpret_cast<const float2*>(cols + 8 * j);
+#pragma unroll
+    for (int j = 0; j < kAcc / 4; ++j) {
+      total[4 * j + 0] = fmaf(acc[4 * j + 0] * c[j].x, r0, total[4 * j + 0]);
+      total[4 * j + 1] = fmaf(acc[4 * j + 1] * c[j].y, r0, total[4 * j + 1]);
+      total[4 * j + 2] = fmaf(acc[4 * j + 2] * c[j].x, r1, total[4 * j + 2]);
+      total[4 * j + 3] = fmaf(acc[4 * j + 3] * c[j].y, r1, total[4 * j + 3]);
+    }
   }
   // Entry i of a stage's loads: row i of the A tile (i < block_m), else column i - block_m of B.
   template <class Cfg>
@@ -796,22 +786,19 @@ __device__ __forceinline__ void scales4(u32 bytes, u32* out) {
 // + 2q + {0, 1} of that step: the fragment registers a[0..3] of step s are pair r = 2 (s % 2) of
 // rows g and g + 8, then pair r + 1 of rows g and g + 8. The scale of word (q, i) is the row's
 // 16-block 2q + i / 2.
-struct Nvfp4Scaling {
-  static constexpr bool kColScales = false;
+struct Nvfp4Scaling : NoColScales {
   static constexpr int kSteps = 1, kScaleWriters = 0;
   struct Tile {
     float factor;  // alpha * decode(a_amax) * decode(b_amax), rounded once (the accumulators carry the 2^28)
   };
   template <class Cfg>
   __device__ static Tile begin(const GemmArgs& a, const TileInfo& t, const Frag&) {
-    const float alpha = a.alpha ? a.alpha[t.group] : 1.0f;
+    const float alpha = group_alpha(a, t);
     const float da = nvfp4_global_decode_scale(nvfp4_global_encode_scale(a.a_amax[t.group]));
     const float db = nvfp4_global_decode_scale(nvfp4_global_encode_scale(a.b_amax[t.group]));
     // In double: the fp32 factor under- or overflows only where the product of the three does.
     return {float(double(alpha) * double(da) * double(db))};
   }
-  template <class Cfg>
-  __device__ static void store_cols(const Tile&, float*, const Frag&) {}
   template <class Cfg>
   __device__ static float row_factor(const Tile& s, int) { return s.factor; }
 };
