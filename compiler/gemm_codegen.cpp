@@ -21,8 +21,10 @@ constexpr GemmScalingTraits kScalings[] = {
     {GemmScaling::Mx32, "mxfp8", {"qf::gemm::Mx32Scaling", "qf::kGemmMx32", kGemmMx32},
      {"qf::gemm::Mx32Scaling", "qf::kGemmMx32", kGemmMx32}, true, 32, "e8m0", 1, 128, "[m_total, K/32]", "[G, N, K/32]"},
     // Scales applied while dequantizing to fp16 (no promotion: fp16 MMAs accumulate in fp32).
-    {GemmScaling::Nvfp4, "nvfp4", {"qf::gemm::Nvfp4Scaling", "qf::kGemmNvfp4", kGemmNvfp4}, {}, false, 0, "e4m3", 1,
-     128, "[m_total, K/16]", "[G, N, K/16]"},
+    // K-grouped: both operands' 1x16 blocks along the tokens (the transposed columnwise copies).
+    {GemmScaling::Nvfp4, "nvfp4", {"qf::gemm::Nvfp4Scaling", "qf::kGemmNvfp4", kGemmNvfp4},
+     {"qf::gemm::Nvfp4Scaling", "qf::kGemmNvfp4", kGemmNvfp4}, false, 0, "e4m3", 1, 128, "[m_total, K/16]",
+     "[G, N, K/16]"},
 };
 
 constexpr int kMaxStages = 8;
@@ -84,7 +86,7 @@ void validate(const GemmSpec& s) {
     if (s.k != 0)
       throw UserError("k", "k-grouped: K is each group's token count, read at run time: expected 0, got " + std::to_string(s.k));
     if (traits(s.scaling).k_grouped.policy.empty()) {
-      std::vector<std::string_view> ok;  // "tensor, blockwise or mxfp8"
+      std::vector<std::string_view> ok;  // "tensor, blockwise, mxfp8 or nvfp4"
       for (const auto& t : kScalings)
         if (!t.k_grouped.policy.empty()) ok.push_back(t.name);
       std::string list;
@@ -195,6 +197,8 @@ GemmScaleElems gemm_scale_elems(const GemmSpec& s, int64_t m_total, int64_t num_
   const int64_t g = num_groups, kb = (s.k + 127) / 128, nb = (s.n + 127) / 128;
   if (s.layout == GemmLayout::KGrouped) {
     const GemmScalingTraits& st = traits(s.scaling);
+    // nvfp4: e4m3 per 16 tokens per row of A [m, k_total] and of B [N, k_total].
+    if (s.scaling == GemmScaling::Nvfp4) return {s.m * (k_total / 16), s.n * (k_total / 16)};
     if (!st.promotion_required) return {g, g};  // tensor: one scale per group member
     // A scale per row of A [m, k_total] and of B [N, k_total] per promotion step of the tokens.
     const int64_t cols = (k_total + st.promote_k - 1) / st.promote_k;

@@ -58,7 +58,8 @@ std::optional<GemmScaling> parse_gemm_scaling(std::string_view name);
 enum class GemmLayout : uint8_t {
   MGrouped,  // fprop / dgrad: groups own rows of A and D (contiguous offsets or masked slots); B [G, N, K]
   KGrouped,  // wgrad: groups own ranges of the shared K (tokens); A [m, K_total], B [N, K_total], D [G, m, N];
-             // tensor, blockwise (1x128 blocks along the tokens on both operands) or mxfp8 scaling
+             // tensor, blockwise (1x128 blocks along the tokens on both operands), mxfp8 or nvfp4
+             // scaling (1x32 / 1x16 blocks along the tokens)
 };
 std::string_view name(GemmLayout l);
 
@@ -111,8 +112,9 @@ GemmSource emit_gemm(const GemmSpec& spec);
 // Elements of the scale buffers for this spec (see GemmScaling; traits(scaling).scale_bytes each).
 // M-grouped: m_total rows of A. K-grouped: k_total tokens; blockwise and mxfp8 scales are per row
 // of A [m, k_total] and of B [N, k_total] along the tokens: [m, ceil(k_total/128)] and
-// [N, ceil(k_total/128)] fp32, or [m, ceil(k_total/32)] and [N, ceil(k_total/32)] e8m0 (the
-// quantize kernels' 128x1 / 32x1 columnwise grids of one tensor, transposed).
+// [N, ceil(k_total/128)] fp32, [m, ceil(k_total/32)] and [N, ceil(k_total/32)] e8m0, or
+// [m, k_total/16] and [N, k_total/16] e4m3 for nvfp4 (k_total % 32 == 0): the quantize kernels'
+// 128x1 / 32x1 / 16x1 columnwise grids of one tensor, transposed.
 struct GemmScaleElems {
   int64_t a = 0, b = 0;
 };

@@ -62,8 +62,9 @@ GemmRows gemm_reference(const GemmSpec& spec, const GemmOperands& ops, std::span
   const int64_t lda = kg ? ops.k_total : k;
   const int64_t out_rows = kg ? groups * spec.m : ops.m_total;
   const bool fp4 = spec.scaling == GemmScaling::Nvfp4;
-  const int64_t row_bytes = fp4 ? k / 2 : k;
-  QF_CHECK(kg ? int64_t(ops.a.size()) >= spec.m * lda && int64_t(ops.b.size()) >= n * lda
+  const int64_t row_bytes = fp4 ? lda / 2 : lda;  // bytes per operand row
+  QF_CHECK(!kg || !fp4 || ops.k_total % 32 == 0, "nvfp4 k-grouped: k_total % 32 == 0");
+  QF_CHECK(kg ? int64_t(ops.a.size()) >= spec.m * row_bytes && int64_t(ops.b.size()) >= n * row_bytes
               : int64_t(ops.a.size()) >= ops.m_total * row_bytes && int64_t(ops.b.size()) >= groups * n * row_bytes,
            "operand sizes");
   QF_CHECK(!fp4 || (int64_t(ops.a_amax.size()) >= groups && int64_t(ops.b_amax.size()) >= groups), "nvfp4 amax [G]");
@@ -99,6 +100,7 @@ GemmRows gemm_reference(const GemmSpec& spec, const GemmOperands& ops, std::span
   const int64_t kg_cols = kg_rows ? (ops.k_total + kg_block - 1) / kg_block : 0;
   auto a_scale = [&](int64_t r, int64_t kk, int g) -> double {
     if (kg_rows) return scale_at(spec, ops.a_scale, r * kg_cols + kk / kg_block);
+    if (kg && fp4) return scale_at(spec, ops.a_scale, r * (ops.k_total / 16) + kk / 16);
     switch (spec.scaling) {
       case GemmScaling::PerTensor: return scale_at(spec, ops.a_scale, g);
       case GemmScaling::RowChannel: return scale_at(spec, ops.a_scale, r);
@@ -110,6 +112,7 @@ GemmRows gemm_reference(const GemmSpec& spec, const GemmOperands& ops, std::span
   };
   auto b_scale = [&](int g, int64_t col, int64_t kk) -> double {
     if (kg_rows) return scale_at(spec, ops.b_scale, col * kg_cols + kk / kg_block);
+    if (kg && fp4) return scale_at(spec, ops.b_scale, col * (ops.k_total / 16) + kk / 16);
     switch (spec.scaling) {
       case GemmScaling::PerTensor: return scale_at(spec, ops.b_scale, g);
       case GemmScaling::RowChannel: return scale_at(spec, ops.b_scale, int64_t(g) * n + col);
@@ -144,10 +147,10 @@ GemmRows gemm_reference(const GemmSpec& spec, const GemmOperands& ops, std::span
       const int64_t len = k1 - k0;
       const double alpha = (ops.alpha.empty() ? 1.0 : double(ops.alpha[size_t(g)])) * global_decode(ops.a_amax, g) *
                            global_decode(ops.b_amax, g);
-      const uint8_t* ap = &ops.a[size_t(kg ? r * lda : r * row_bytes)];
+      const uint8_t* ap = &ops.a[size_t(r * row_bytes)];
       for (int64_t kk = k0; kk < k1; ++kk) arow[size_t(kk - k0)] = ta[elem(ap, kk)] * a_scale(r, kk, g);
       for (int64_t col = c0; col < c1; ++col) {
-        const uint8_t* bp = kg ? &ops.b[size_t(col * lda)] : &ops.b[size_t((int64_t(g) * n + col) * row_bytes)];
+        const uint8_t* bp = kg ? &ops.b[size_t(col * row_bytes)] : &ops.b[size_t((int64_t(g) * n + col) * row_bytes)];
         for (int64_t kk = k0; kk < k1; ++kk) brow[size_t(kk - k0)] = tb[elem(bp, kk)] * b_scale(g, col, kk);
         double sum = 0, mag = 0;
         for (int64_t j = 0; j < len; ++j) {

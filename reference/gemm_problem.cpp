@@ -93,9 +93,9 @@ void fill_problem(const GemmSpec& spec, GemmProblem& p, GemmValues values, bool 
   const bool kg = spec.layout == GemmLayout::KGrouped;
   p.out_rows = kg ? g * spec.m : p.m_total;
   const bool fp4 = spec.scaling == GemmScaling::Nvfp4;
-  const int64_t row_bytes = fp4 ? k / 2 : k;
-  p.a.resize(size_t(kg ? spec.m * p.k_total : p.m_total * row_bytes));
-  p.b.resize(size_t(kg ? n * p.k_total : g * n * row_bytes));
+  const int64_t row_bytes = (kg ? p.k_total : k) / (fp4 ? 2 : 1);
+  p.a.resize(size_t(kg ? spec.m * row_bytes : p.m_total * row_bytes));
+  p.b.resize(size_t(kg ? n * row_bytes : g * n * row_bytes));
   fill_bytes(p.a, byte_table(spec.a_format, values, seed * 3 + 1), seed * 5 + 2, threads);
   fill_bytes(p.b, byte_table(spec.b_format, values, seed * 7 + 3), seed * 11 + 4, threads);
 
@@ -167,7 +167,9 @@ GemmProblem make_k_grouped_gemm_problem(const GemmSpec& spec, std::span<const in
     QF_CHECK(t >= 0, "negative token count");
     p.offsets.push_back(p.offsets.back() + t);
   }
-  p.k_total = std::max<int64_t>(16, (p.offsets.back() + pad + 15) / 16 * 16);
+  // A multiple of 16 tokens (16-byte TMA row strides), of 32 for packed nvfp4.
+  const int64_t mult = spec.scaling == GemmScaling::Nvfp4 ? 32 : 16;
+  p.k_total = std::max<int64_t>(mult, (p.offsets.back() + pad + mult - 1) / mult * mult);
   fill_problem(spec, p, values, with_alpha, seed, threads);
   return p;
 }

@@ -40,7 +40,7 @@ enum class GemmValues { Random, SmallIntegers };
 GemmProblem make_gemm_problem(const GemmSpec& spec, std::span<const int64_t> group_rows, int64_t trailing_rows,
                               GemmValues values, bool with_alpha, uint64_t seed, int threads = 0);
 // K-grouped layout (spec.layout == KGrouped): group g reduces over tokens[g] tokens (0 allowed)
-// of the shared token dimension, padded with `pad` unused tokens and up to a multiple of 16.
+// of the shared token dimension, padded with `pad` unused tokens and up to a multiple of 16 (nvfp4: 32).
 GemmProblem make_k_grouped_gemm_problem(const GemmSpec& spec, std::span<const int64_t> tokens, int64_t pad,
                                         GemmValues values, bool with_alpha, uint64_t seed, int threads = 0);
 // Masked layout: G = counts.size() slots of m_max rows; counts[g] may exceed m_max (the kernel

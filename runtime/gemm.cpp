@@ -234,30 +234,37 @@ void Gemm::launch_persistent(const Loaded& l, GemmArgs& args, int64_t units, int
 
 // K-grouped (wgrad): D[g] [m, N] (+)= alpha[g] * dequant(A[:, ks]) * dequant(B[:, ks])^T over the
 // token range ks = [offsets[g], offsets[g+1]) of A [m, k_total] and B [N, k_total]: per-group
-// tensor scales, or blockwise / MX scales per row along the tokens (gemm_scale_elems).
+// tensor scales, blockwise / MX scales per row along the tokens, or NVFP4 (packed e2m1, e4m3 per 16
+// tokens per row, the copies' amax per group) (gemm_scale_elems).
 void Gemm::run_k_grouped(const GemmCall& c, CUstream stream) const {
   const GemmSpec& s = spec_;
   const GemmTile& t = s.tile;
   if (c.num_groups < 1 || c.num_groups > kMaxGroups)
     throw UserError("num_groups", "expected 1.." + std::to_string(kMaxGroups) + ", got " + std::to_string(c.num_groups));
-  if (c.k_total < 16 || c.k_total >= (int64_t(1) << 31) || c.k_total % 16 != 0)
-    throw UserError("k_total", "k-grouped: expected the token dimension as a multiple of 16 in [16, 2^31) (16-byte TMA "
-                               "row strides; pad it), got " + std::to_string(c.k_total));
+  const bool fp4 = s.scaling == GemmScaling::Nvfp4;
+  const int64_t k_multiple = fp4 ? 32 : 16;  // 16-byte TMA row strides (nvfp4: two tokens per byte)
+  if (c.k_total < k_multiple || c.k_total >= (int64_t(1) << 31) || c.k_total % k_multiple != 0)
+    throw UserError("k_total", "k-grouped: expected the token dimension as a multiple of " + std::to_string(k_multiple) +
+                                   " in [" + std::to_string(k_multiple) + ", 2^31) (16-byte TMA row strides" +
+                                   (fp4 ? " of packed e2m1" : "") + "; pad it), got " + std::to_string(c.k_total));
   if (c.m_total != 0 || c.m_max != 0 || c.group_counts.ptr)
     throw UserError(c.m_total != 0 ? "m_total" : c.m_max != 0 ? "m_max" : "group_counts",
                     "k-grouped: rows are the spec's m and groups split K by group_offsets; expected 0 / none");
-  if (c.a_amax.ptr || c.b_amax.ptr)
-    throw UserError(c.a_amax.ptr ? "a_amax" : "b_amax", "k-grouped scaling takes a_scale / b_scale, not per-tensor amax");
+  if (!fp4 && (c.a_amax.ptr || c.b_amax.ptr))
+    throw UserError(c.a_amax.ptr ? "a_amax" : "b_amax", "only nvfp4 scaling takes per-tensor amax; " +
+                                                            std::string(traits(s.scaling).name) + " scaling has none");
   const int64_t g = c.num_groups, kt = c.k_total;
   const int64_t units = g * ((s.m + t.block_m - 1) / t.block_m) * ((s.n + t.block_n - 1) / t.block_n);
   if (g * s.m >= (int64_t(1) << 31) || units >= (int64_t(1) << 31))
     throw UserError("num_groups", "too many output rows or tiles for one launch (" + std::to_string(g) + " x " +
                                       std::to_string(s.m) + " rows)");
   const int ob = traits(s.out_dtype).bytes;
-  check_buffer("a", c.a, s.m * kt, 16,
-               "A [" + std::to_string(s.m) + ", " + std::to_string(kt) + "] " + std::string(traits(s.a_format).name));
-  check_buffer("b", c.b, s.n * kt, 16,
-               "B [" + std::to_string(s.n) + ", " + std::to_string(kt) + "] " + std::string(traits(s.b_format).name));
+  const int64_t row_bytes = fp4 ? kt / 2 : kt;
+  const std::string packed = fp4 ? " packed two per byte" : "";
+  check_buffer("a", c.a, s.m * row_bytes, 16,
+               "A [" + std::to_string(s.m) + ", " + std::to_string(kt) + "] " + std::string(traits(s.a_format).name) + packed);
+  check_buffer("b", c.b, s.n * row_bytes, 16,
+               "B [" + std::to_string(s.n) + ", " + std::to_string(kt) + "] " + std::string(traits(s.b_format).name) + packed);
   check_buffer("d", c.d, g * s.m * s.n * ob, 16,
                "D [" + std::to_string(g) + ", " + std::to_string(s.m) + ", " + std::to_string(s.n) + "] " +
                    std::string(traits(s.out_dtype).name));
@@ -270,17 +277,20 @@ void Gemm::run_k_grouped(const GemmCall& c, CUstream stream) const {
   } else {
     const int64_t cols = se.a / s.m;
     const std::string what = std::string(st.scale_type) + " " + std::string(st.name) + " scales per row along the tokens ";
-    check_buffer("a_scale", c.a_scale, se.a * st.scale_bytes, st.scale_bytes,
-                 what + "[" + std::to_string(s.m) + ", " + std::to_string(cols) + "]");
-    check_buffer("b_scale", c.b_scale, se.b * st.scale_bytes, st.scale_bytes,
-                 what + "[" + std::to_string(s.n) + ", " + std::to_string(cols) + "]");
+    const int align = fp4 ? 16 : st.scale_bytes;  // nvfp4: a row's eight bytes of a k-block at once
+    check_buffer("a_scale", c.a_scale, se.a * st.scale_bytes, align, what + "[" + std::to_string(s.m) + ", " + std::to_string(cols) + "]");
+    check_buffer("b_scale", c.b_scale, se.b * st.scale_bytes, align, what + "[" + std::to_string(s.n) + ", " + std::to_string(cols) + "]");
+  }
+  if (fp4) {
+    check_buffer("a_amax", c.a_amax, g * 4, 4, "fp32 [num_groups] (nvfp4: the amax of the A copy each group's tokens come from)");
+    check_buffer("b_amax", c.b_amax, g * 4, 4, "fp32 [num_groups] (nvfp4: the amax of the B copy each group's tokens come from)");
   }
   if (c.alpha.ptr) check_buffer("alpha", c.alpha, g * 4, 4, "fp32 [num_groups]");
   if (c.max_ctas < 0) throw UserError("max_ctas", "expected >= 0, got " + std::to_string(c.max_ctas));
   check_buffer("group_offsets", c.group_offsets, (g + 1) * 8, 8, "int64 [num_groups + 1] token offsets");
-  const std::pair<const char*, const TensorView*> inputs[] = {{"a", &c.a},           {"b", &c.b},
-                                                              {"a_scale", &c.a_scale}, {"b_scale", &c.b_scale},
-                                                              {"alpha", &c.alpha},   {"group_offsets", &c.group_offsets}};
+  const std::pair<const char*, const TensorView*> inputs[] = {
+      {"a", &c.a},         {"b", &c.b}, {"a_scale", &c.a_scale}, {"b_scale", &c.b_scale},
+      {"alpha", &c.alpha}, {"group_offsets", &c.group_offsets}, {"a_amax", &c.a_amax}, {"b_amax", &c.b_amax}};
   for (const auto& [name, v] : inputs) check_disjoint("d", c.d, name, *v);
   const int dev = current_device();
   check_device_pointer("d", c.d.ptr, dev);
@@ -288,14 +298,24 @@ void Gemm::run_k_grouped(const GemmCall& c, CUstream stream) const {
 
   auto l = load_for_current_device();
   GemmArgs args{};
-  args.a_map = encode_fp8_map("a", c.a.ptr, {cuuint64_t(kt), cuuint64_t(s.m)}, {cuuint64_t(kt)},
-                              {cuuint32_t(kGemmBlockK), cuuint32_t(t.block_m)});
-  args.b_map = encode_fp8_map("b", c.b.ptr, {cuuint64_t(kt), cuuint64_t(s.n)}, {cuuint64_t(kt)},
-                              {cuuint32_t(kGemmBlockK), cuuint32_t(t.block_n)});
+  if (fp4) {  // packed e2m1, as M-grouped: A unswizzled, B with the 64-byte swizzle
+    const cuuint64_t rb = cuuint64_t(row_bytes);
+    args.a_map = encode_fp8_map("a", c.a.ptr, {rb, cuuint64_t(s.m)}, {rb}, {cuuint32_t(kGemmBlockK / 2), cuuint32_t(t.block_m)},
+                                CU_TENSOR_MAP_SWIZZLE_NONE);
+    args.b_map = encode_fp8_map("b", c.b.ptr, {rb, cuuint64_t(s.n)}, {rb}, {cuuint32_t(kGemmBlockK / 2), cuuint32_t(t.block_n)},
+                                CU_TENSOR_MAP_SWIZZLE_64B);
+    args.a_amax = reinterpret_cast<const float*>(c.a_amax.ptr);
+    args.b_amax = reinterpret_cast<const float*>(c.b_amax.ptr);
+  } else {
+    args.a_map = encode_fp8_map("a", c.a.ptr, {cuuint64_t(kt), cuuint64_t(s.m)}, {cuuint64_t(kt)},
+                                {cuuint32_t(kGemmBlockK), cuuint32_t(t.block_m)});
+    args.b_map = encode_fp8_map("b", c.b.ptr, {cuuint64_t(kt), cuuint64_t(s.n)}, {cuuint64_t(kt)},
+                                {cuuint32_t(kGemmBlockK), cuuint32_t(t.block_n)});
+  }
   // D [G][m][N] for the epilogue's tensor stores: boxes of 64 rows x 128 bytes (gemm.cuh, epilogue_tma).
-  const cuuint64_t row_bytes = cuuint64_t(s.n * ob);
+  const cuuint64_t d_row = cuuint64_t(s.n * ob);
   args.d_map = encode_map("d", s.out_dtype == DType::FP32 ? CU_TENSOR_MAP_DATA_TYPE_FLOAT32 : CU_TENSOR_MAP_DATA_TYPE_BFLOAT16,
-                          c.d.ptr, {cuuint64_t(s.n), cuuint64_t(s.m), cuuint64_t(g)}, {row_bytes, row_bytes * cuuint64_t(s.m)},
+                          c.d.ptr, {cuuint64_t(s.n), cuuint64_t(s.m), cuuint64_t(g)}, {d_row, d_row * cuuint64_t(s.m)},
                           {cuuint32_t(kGemmEpiBoxBytes / ob), 64u, 1u}, CU_TENSOR_MAP_SWIZZLE_128B);
   args.d = reinterpret_cast<void*>(c.d.ptr);
   args.a_scale = reinterpret_cast<const void*>(c.a_scale.ptr);

@@ -37,15 +37,17 @@ struct GemmKernel {
 GemmKernel build_gemm_kernel(const GemmSpec& spec, const std::string& arch, KernelCache& cache);
 
 struct GemmCall {
-  TensorView a;              // fp8 [m_total, K] (K-grouped: [m, k_total]; nvfp4: packed e2m1 [m_total, K/2]),
+  TensorView a;              // fp8 [m_total, K] (K-grouped: [m, k_total]; nvfp4: packed e2m1 [m_total, K/2] or [m, k_total/2]),
                              // 16-byte aligned
-  TensorView b;              // fp8 [num_groups, N, K] (K-grouped: [N, k_total]; nvfp4: [num_groups, N, K/2]),
+  TensorView b;              // fp8 [num_groups, N, K] (K-grouped: [N, k_total]; nvfp4: [num_groups, N, K/2] or [N, k_total/2]),
                              // 16-byte aligned
   TensorView d;              // [m_total, N] (K-grouped: [num_groups, m, N]) bf16 or fp32, 16-byte aligned
   TensorView a_scale;        // fp32 (e8m0 bytes for mxfp8, e4m3 bytes for nvfp4), shape per scaling
   TensorView b_scale;        // (gemm_scale_elems); 4-byte aligned (nvfp4: 16)
   TensorView a_amax;         // nvfp4 only: fp32 [num_groups], the per-tensor amax of each group's A rows
-  TensorView b_amax;         // nvfp4 only: fp32 [num_groups], the amax of each B[g] (global decode scales)
+  TensorView b_amax;         // nvfp4 only: fp32 [num_groups], the amax of each B[g] (global decode scales);
+                             // K-grouped: the amax of the A and of the B copy that group g's tokens
+                             // were quantized with (one tensor each: the same value G times)
   TensorView alpha;          // optional fp32 [num_groups]
   TensorView group_offsets;  // contiguous layout: int64 [num_groups + 1] row offsets, on the device
                              // (K-grouped: token offsets into k_total)
@@ -54,7 +56,7 @@ struct GemmCall {
   int64_t m_max = 0;         // masked layout: rows per group slot (> 0); m_total = num_groups * m_max
   int64_t m_total = 0;       // rows of A and D, < 2^31 (K-grouped: 0)
   int64_t k_total = 0;       // K-grouped: the token dimension of A [m, k_total] and B [N, k_total],
-                             // a multiple of 16; group_offsets split it
+                             // a multiple of 16 (nvfp4: 32); group_offsets split it
   int num_groups = 0;        // 1 .. 2^20
   int max_ctas = 0;          // cap on the persistent CTAs (e.g. to leave SMs to other streams);
                              // 0: one per SM, or as many clusters as fit at once

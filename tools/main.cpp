@@ -45,7 +45,7 @@ commands:
                                     grouped fp8 GEMM on GPU 0 with random operands (G groups of M
                                     rows, or --splits; --m-max: masked layout [G, M_MAX, K] with
                                     those as counts; --k-grouped: wgrad, D[g] [M, N] over K
-                                    tokens per group; tensor, blockwise or mxfp8 scaling):
+                                    tokens per group; tensor, blockwise, mxfp8 or nvfp4):
                                     --check compares sampled rows with the
                                     float64 CPU reference, --bench prints TFLOP/s; without a GPU,
                                     --source prints the kernel's CUDA and --arch compiles it

@@ -778,6 +778,27 @@ __device__ __forceinline__ void scales4(u32 bytes, u32* out) {
   out[3] = sm90::prmt(hi, 0, 0x3232u);
 }
 
+// K-grouped k-blocks at a group's edge: masks of the four words fp4::pairs makes of a word whose
+// element j is token first + j of the k-block, keeping tokens [lo, hi) (0xFFFF per kept half).
+// Applied after the scale multiply, so that another group's NaN scale never reaches this group.
+__device__ __forceinline__ void pair_masks(int first, int lo, int hi, u32* m) {
+  const int from = min(max(lo - first, 0), 8), to = min(max(hi - first, 0), 8);
+  const u32 keep = ((1u << to) - 1u) & ~((1u << from) - 1u);  // bit j: element j kept
+  auto half = [&](int j, int shift) { return (keep >> j) & 1u ? 0xFFFFu << shift : 0u; };
+  m[0] = half(0, 0) | half(2, 16);
+  m[1] = half(4, 0) | half(6, 16);
+  m[2] = half(1, 0) | half(3, 16);
+  m[3] = half(5, 0) | half(7, 16);
+}
+
+// The tokens of k-block kb that belong to the tile's group, relative to the k-block: [lo, hi);
+// a whole k-block (0, 128) everywhere but at a K-grouped group's edges.
+template <class Cfg>
+__device__ __forceinline__ int2 kept_tokens(const TileInfo& t, int kb) {
+  if constexpr (!Cfg::kKGrouped) return make_int2(0, kGemmBlockK);
+  return make_int2(kb == 0 ? t.k_lead : 0, min(kGemmBlockK, t.k_len - kb * kGemmBlockK));
+}
+
 }  // namespace fp4
 
 // The K order shared by both operands, per k-block of 128 (64 bytes of a row): thread q of a quad
@@ -817,7 +838,6 @@ struct Traits {
   static constexpr int kThreads = 128 * (kConsumers + kProducerGroups);
   static constexpr int kStages = int(Cfg::kStages);
   static constexpr int kMc = int(Cfg::kMulticast);
-  static constexpr int kKBlocks = int((Cfg::kK + kGemmBlockK - 1) / kGemmBlockK);
   static constexpr int kAcc = kBN / 2;  // accumulator registers per thread
   static constexpr int kOutBytes = Cfg::kOutFp32 ? 4 : 2;
   static constexpr int kEpiCols = gemm_epi_cols(kBN, kOutBytes, int(Cfg::kScaling));
@@ -855,13 +875,13 @@ struct Traits {
   static_assert(Scaling::kSteps == 1 || (Scaling::kSteps == 4 && Cfg::kPromote && !Cfg::kOrderedIssue),
                 "per-32 promotion: promoted, unordered");
   static_assert(!Cfg::kKGrouped || ((Cfg::kScaling == kGemmPerTensor || Cfg::kScaling == kGemmBlock128K ||
-                                      Cfg::kScaling == kGemmMx32) && kMc == 1),
-                "K-grouped: per-tensor, blockwise (1x128 along the tokens) or MX scaling, no multicast");
+                                      Cfg::kScaling == kGemmMx32 || Cfg::kScaling == kGemmNvfp4) && kMc == 1),
+                "K-grouped: per-tensor, blockwise (1x128 along the tokens), MX or NVFP4 scaling, no multicast");
   static_assert(Cfg::kScaling != kGemmBlock128K || (Cfg::kKGrouped && Cfg::kPromote),
                 "Block128KScaling: the K-grouped layout, promoted");
-  static_assert(!kFp4 || (kBN == 128 && kBM == 128 && kMc == 1 && !Cfg::kOrderedIssue && !Cfg::kKGrouped &&
-                          !Cfg::kPromote && Cfg::kK % 128 == 0 && kStages >= 3),
-                "NVFP4: 128 x 128 tiles, no multicast, ordered issue or promotion, M-grouped, K % 128 == 0, 3+ stages");
+  static_assert(!kFp4 || (kBN == 128 && kBM == 128 && kMc == 1 && !Cfg::kOrderedIssue && !Cfg::kPromote &&
+                          (Cfg::kKGrouped || Cfg::kK % 128 == 0) && kStages >= 3),
+                "NVFP4: 128 x 128 tiles, no multicast, ordered issue or promotion, K % 128 == 0, 3+ stages");
 };
 
 template <class Cfg>
@@ -955,7 +975,11 @@ __device__ __forceinline__ void fp4_producer(const GemmArgs& a, u8* smem, u32 ba
   constexpr int kPer = kUnits / kWorkers;
   constexpr int kLag = T::kStages - 2;
   static_assert(kUnits % kWorkers == 0 && kLag >= 1, "NVFP4: whole units per thread, at least three stages");
-  constexpr i64 kScaleRow = Cfg::kK / 16;
+  // Scale bytes per row of B: [G, N, K/16], or K-grouped [N, k_total/16] (k_total % 32 == 0: a
+  // 32-token quarter of a k-block is wholly inside or past the row; 8-byte loads when the row is
+  // a multiple of 8 bytes, k_total % 128 == 0).
+  const i64 scale_row = Cfg::kKGrouped ? a.k_total / 16 : Cfg::kK / 16;
+  const bool scale_u64 = scale_row % 8 == 0;
   const u32 full0 = base + T::kSmem.bar_off, empty0 = full0 + 8u * T::kStages, loaded0 = empty0 + 8u * (T::kStages + 2);
   const int tid = w * 32 + lane;
   const u8* sb = static_cast<const u8*>(a.b_scale);
@@ -966,20 +990,32 @@ __device__ __forceinline__ void fp4_producer(const GemmArgs& a, u8* smem, u32 ba
   int l_unit = int(blockIdx.x), l_kb = 0, l_stage = 0;
   u32 l_phase = 0;
   bool l_more = w == 0 && load_sched.get(l_unit, 0, lt);
+  auto skip_empty = [&] {  // K-grouped: an empty group's tiles load nothing
+    if constexpr (Cfg::kKGrouped) {
+      while (l_more && tile_k_blocks<Cfg>(lt) == 0) {
+        l_unit += int(gridDim.x);
+        l_more = load_sched.get(l_unit, 0, lt);
+      }
+    }
+  };
+  skip_empty();
   auto issue_load = [&] {
     if (!l_more) return;
     sm90::mbar_wait(empty0 + 8u * l_stage, l_phase ^ 1u);
     if (lane == 0) {
       const u32 bar = loaded0 + 8u * l_stage;
       sm90::mbar_arrive_expect_tx(bar, T::kTxBytes);
-      const int kc = l_kb * (kGemmBlockK / 2);
+      const int kc = lt.k0 / 2 + l_kb * (kGemmBlockK / 2);  // bytes of packed e2m1 (M-grouped: k0 = 0)
+      const u32 b_dst = base + T::kSmem.braw_off + u32(l_stage) * T::kSmem.braw_stage;
       sm90::tma_load_2d(base + T::kSmem.a_off + u32(l_stage) * T::kSmem.a_stage, &a.a_map, bar, kc, lt.row0);
-      sm90::tma_load_3d(base + T::kSmem.braw_off + u32(l_stage) * T::kSmem.braw_stage, &a.b_map, bar, kc, lt.n0, lt.group);
+      if constexpr (Cfg::kKGrouped) sm90::tma_load_2d(b_dst, &a.b_map, bar, kc, lt.n0);  // B [N, k_total/2]
+      else sm90::tma_load_3d(b_dst, &a.b_map, bar, kc, lt.n0, lt.group);                   // B [G, N, K/2]
     }
     if (++l_kb == tile_k_blocks<Cfg>(lt)) {
       l_kb = 0;
       l_unit += int(gridDim.x);
       l_more = load_sched.get(l_unit, 0, lt);
+      skip_empty();
     }
     if (++l_stage == T::kStages) l_stage = 0, l_phase ^= 1u;
   };
@@ -998,19 +1034,28 @@ __device__ __forceinline__ void fp4_producer(const GemmArgs& a, u8* smem, u32 ba
     TileInfo t;
     if (!sched.get(unit, 0, t)) break;
     const int k_blocks = tile_k_blocks<Cfg>(t);
-    // This thread's units' scales of k-block kb (8 bytes per row; zero past N), loaded one
-    // k-block ahead so that their latency hides behind a k-block's dequantization.
+    // This thread's units' scales of k-block kb (8 bytes per row; zero past N and past k_total),
+    // loaded one k-block ahead so that their latency hides behind a k-block's dequantization.
     uint2 sc[kPer], sc_next[kPer];
     auto load_scales = [&](int kb, uint2* dst) {
+      const int tok = t.k0 + kb * kGemmBlockK;  // the k-block's first token (M-grouped: of K)
 #pragma unroll
       for (int j = 0; j < kPer; ++j) {
         const int row = ((tid + kWorkers * j) >> 1) & (kBN - 1), col = t.n0 + row;
-        dst[j] = col < int(Cfg::kN)
-                     ? *reinterpret_cast<const uint2*>(sb + (i64(t.group) * Cfg::kN + col) * kScaleRow + kb * 8)
-                     : make_uint2(0, 0);
+        const u8* p = sb + (Cfg::kKGrouped ? i64(col) : i64(t.group) * Cfg::kN + col) * scale_row + tok / 16;
+        dst[j] = make_uint2(0, 0);
+        if (col >= int(Cfg::kN) || (Cfg::kKGrouped && tok >= a.k_total)) continue;
+        if (!Cfg::kKGrouped || scale_u64) {
+          dst[j] = *reinterpret_cast<const uint2*>(p);
+        } else {  // K-grouped rows of 2 (mod 8) bytes: the quarters inside the row, two bytes each
+          u32 h[4];
+#pragma unroll
+          for (int c = 0; c < 4; ++c) h[c] = tok + 32 * c < a.k_total ? *reinterpret_cast<const u16*>(p + 2 * c) : 0u;
+          dst[j] = make_uint2(h[0] | (h[1] << 16), h[2] | (h[3] << 16));
+        }
       }
     };
-    load_scales(0, sc_next);
+    if (k_blocks > 0) load_scales(0, sc_next);
     for (int kb = 0; kb < k_blocks; ++kb) {
       if (w == 0) issue_load();  // k-block kb + kLag
 #pragma unroll
@@ -1020,6 +1065,8 @@ __device__ __forceinline__ void fp4_producer(const GemmArgs& a, u8* smem, u32 ba
       sm90::mbar_wait(loaded0 + 8u * stage, phase);
       const u8* raw = smem + T::kSmem.braw_off + u32(stage) * T::kSmem.braw_stage;
       u8* dst = smem + T::kSmem.b_off + u32(stage) * T::kSmem.b_stage;
+      const int2 kept = fp4::kept_tokens<Cfg>(t, kb);
+      const bool edge = kept.x > 0 || kept.y < kGemmBlockK;  // K-grouped: zero the other groups' tokens
 #pragma unroll
       for (int j = 0; j < kPer; ++j) {
         const int u = tid + kWorkers * j;
@@ -1045,6 +1092,12 @@ __device__ __forceinline__ void fp4_producer(const GemmArgs& a, u8* smem, u32 ba
           v.y = sm90::hmul2(p[1][r], s4[1]);
           v.z = sm90::hmul2(p[2][r], s4[2]);
           v.w = sm90::hmul2(p[3][r], s4[3]);
+          if (edge) {  // word (q, i) holds tokens 32 q + 8 i + [0, 8)
+            u32 m[4][4];
+#pragma unroll
+            for (int q = 0; q < 4; ++q) fp4::pair_masks(32 * q + 8 * i, kept.x, kept.y, m[q]);
+            v.x &= m[0][r], v.y &= m[1][r], v.z &= m[2][r], v.w &= m[3][r];
+          }
           *reinterpret_cast<uint4*>(drow + ((c ^ (row & 7)) * 16)) = v;
         }
       }
@@ -1253,7 +1306,8 @@ __device__ __forceinline__ void consumer_fp4(const GemmArgs& a, u8* smem, u32 ba
   const Frag f{wg, tid, lane, wg * 64 + warp * 16 + lane / 4};
   Scheduler<Cfg> sched(a);
   const u32 full0 = base + T::kSmem.bar_off, empty0 = full0 + 8u * T::kStages, loaded0 = empty0 + 8u * (T::kStages + 2);
-  constexpr i64 kScaleRow = Cfg::kK / 16;
+  const i64 scale_row = Cfg::kKGrouped ? a.k_total / 16 : Cfg::kK / 16;  // A [rows, K/16] or [kM, k_total/16]
+  const int a_rows = Cfg::kKGrouped ? int(Cfg::kM) : int(a.m_total);
   const int quad = lane & 3;
   const u8* sa = static_cast<const u8*>(a.a_scale);
   float acc[T::kAcc];
@@ -1265,15 +1319,17 @@ __device__ __forceinline__ void consumer_fp4(const GemmArgs& a, u8* smem, u32 ba
     if (!sched.get(unit, 0, t)) break;
     const typename S::Tile ts = S::template begin<Cfg>(a, t, f);
     const int r0 = t.row0 + f.row, r1 = r0 + 8;
-    // Scale bytes 2q and 2q + 1 of rows r0 and r1 in k-block kb (rows past m_total: 0; their
-    // products are never stored).
+    // Scale bytes 2q and 2q + 1 of rows r0 and r1 in k-block kb: tokens [32 q, 32 q + 32) (rows
+    // past the end, and K-grouped tokens past k_total: 0; their products are never stored).
     u32 sc0 = 0, sc1 = 0;
     auto load_scales = [&](int kb) {
-      sc0 = r0 < int(a.m_total) ? *reinterpret_cast<const u16*>(sa + i64(r0) * kScaleRow + kb * 8 + 2 * quad) : 0u;
-      sc1 = r1 < int(a.m_total) ? *reinterpret_cast<const u16*>(sa + i64(r1) * kScaleRow + kb * 8 + 2 * quad) : 0u;
+      const int tok = t.k0 + kb * kGemmBlockK + 32 * quad;
+      const bool in_k = !Cfg::kKGrouped || tok < a.k_total;
+      sc0 = r0 < a_rows && in_k ? *reinterpret_cast<const u16*>(sa + i64(r0) * scale_row + tok / 16) : 0u;
+      sc1 = r1 < a_rows && in_k ? *reinterpret_cast<const u16*>(sa + i64(r1) * scale_row + tok / 16) : 0u;
     };
-    load_scales(0);
-    constexpr int k_blocks = T::kKBlocks;
+    const int k_blocks = tile_k_blocks<Cfg>(t);
+    if (k_blocks > 0) load_scales(0);
     int prev_stage = 0;
     auto step = [&](u32* fr, int kb) {
       sm90::mbar_wait(loaded0 + 8u * stage, phase);  // A (TMA)
@@ -1298,6 +1354,22 @@ __device__ __forceinline__ void consumer_fp4(const GemmArgs& a, u8* smem, u32 ba
         fr[4 * st + 2] = sm90::hmul2(p0[i][r + 1], s0[i >> 1]);
         fr[4 * st + 3] = sm90::hmul2(p1[i][r + 1], s1[i >> 1]);
       }
+      if constexpr (Cfg::kKGrouped) {
+        const int2 kept = fp4::kept_tokens<Cfg>(t, kb);
+        if (kept.x > 0 || kept.y < kGemmBlockK) {  // zero the other groups' tokens (word i: tokens 32 q + 8 i + [0, 8))
+#pragma unroll
+          for (int i = 0; i < 4; ++i) {
+            u32 m[4];
+            fp4::pair_masks(32 * quad + 8 * i, kept.x, kept.y, m);
+#pragma unroll
+            for (int h = 0; h < 2; ++h) {  // steps 2i, 2i + 1: pairs r = 2h and 2h + 1
+              const int st = 2 * i + h;
+              fr[4 * st + 0] &= m[2 * h], fr[4 * st + 1] &= m[2 * h];
+              fr[4 * st + 2] &= m[2 * h + 1], fr[4 * st + 3] &= m[2 * h + 1];
+            }
+          }
+        }
+      }
       // Keep the conversions before the MMAs (interleaved with them, ptxas would serialize the MMAs).
 #pragma unroll
       for (int i = 0; i < 32; ++i) sm90::fence_reg(fr[i]);
@@ -1315,12 +1387,16 @@ __device__ __forceinline__ void consumer_fp4(const GemmArgs& a, u8* smem, u32 ba
       prev_stage = stage;
       if (++stage == T::kStages) stage = 0, phase ^= 1u;
     };
+    if (k_blocks == 0) {  // K-grouped empty group: its output is zero
+#pragma unroll
+      for (int i = 0; i < T::kAcc; ++i) acc[i] = 0.0f;
+    }
     for (int kb = 0; kb < k_blocks; ++kb) step(frag, kb);
     sm90::wgmma_wait<0>();
 #pragma unroll
     for (int i = 0; i < T::kAcc; ++i) sm90::fence_reg(acc[i]), acc[i] *= fp4::kOperandOffset;  // exact
-    release_stage<Cfg>(empty0 + 8u * prev_stage, lane, 0);
-    epilogue<Cfg>(a, t, f, smem, acc, ts);
+    if (k_blocks > 0) release_stage<Cfg>(empty0 + 8u * prev_stage, lane, 0);
+    store_tile<Cfg>(a, t, f, smem, base, acc, ts);
   }
 }
 

@@ -99,6 +99,8 @@ std::vector<Variant> variants() {
       {"kgrouped_block_bm64", k_grouped(make(S::Block128, E5, E4, DType::BF16, false, false, 128, 1, 64), 1000)},
       {"kgrouped_mxfp8_bf16", k_grouped(make(S::Mx32, E4, E4, DType::BF16, false, false, 128, 1), 4096)},
       {"kgrouped_mxfp8_fp32_acc_bm64", k_grouped(make(S::Mx32, E4, E4, DType::FP32, true, false, 128, 1, 64), 2048)},
+      {"kgrouped_nvfp4_bf16", k_grouped(make(S::Nvfp4, F4, F4, DType::BF16, false, false, 128, 1), 4096)},
+      {"kgrouped_nvfp4_fp32_acc", k_grouped(make(S::Nvfp4, F4, F4, DType::FP32, true, false, 128, 1), 2048)},
   };
 }
 
@@ -276,7 +278,7 @@ TEST(GemmCodegen, SpecErrorsNameTheField) {
   s = kg, s.scaling = GemmScaling::Mx32;
   EXPECT_NO_THROW(validate(s));
   s = kg, s.scaling = GemmScaling::RowChannel;
-  expect_spec_error(s, "scaling", "k-grouped (wgrad): expected tensor, blockwise or mxfp8, got rowwise");
+  expect_spec_error(s, "scaling", "k-grouped (wgrad): expected tensor, blockwise, mxfp8 or nvfp4, got rowwise");
   s = kg, s.k = 7168;
   expect_spec_error(s, "k", "K is each group's token count, read at run time: expected 0, got 7168");
   s = kg, s.m = 0;
@@ -371,7 +373,7 @@ TEST(GemmRuntime, KGroupedArgumentErrors) {
   x = c, x.a_scale.bytes = 8;
   expect_error(x, "argument a_scale");
   x = c, x.b_amax = buf(0x700000, 12);
-  expect_error(x, "b_amax: k-grouped scaling takes a_scale / b_scale, not per-tensor amax");
+  expect_error(x, "b_amax: only nvfp4 scaling takes per-tensor amax; tensor scaling has none");
   expect_error(c, "");  // valid: only the driver is left
 
   // Blockwise and MX: scales per row of A and B along the tokens (1000 tokens: 8 and 32 columns).
@@ -394,6 +396,31 @@ TEST(GemmRuntime, KGroupedArgumentErrors) {
     z = y, z.b_scale.bytes -= 1;
     expect_run_error(bg, z, mx ? "[128, 32]" : "[128, 8]");
   }
+
+  // NVFP4: packed e2m1 rows of k_total / 2 bytes (k_total % 32 == 0), e4m3 per 16 tokens, amax [G].
+  GemmSpec fs = spec;
+  fs.scaling = GemmScaling::Nvfp4, fs.a_format = fs.b_format = ElemFormat::E2M1;
+  rt::Gemm fg(fs);
+  rt::GemmCall f = c;
+  f.k_total = 1056;  // 33 x 32 tokens: scale rows of 66 bytes
+  f.a = buf(0x100000, 256 * 528), f.b = buf(0x200000, 128 * 528);
+  f.a_scale = buf(0x400000, 256 * 66), f.b_scale = buf(0x500000, 128 * 66);
+  f.a_amax = buf(0x700000, 12), f.b_amax = buf(0x700100, 12);
+  expect_run_error(fg, f, "");  // valid
+  rt::GemmCall y = f;
+  y.k_total = 1040;
+  expect_run_error(fg, y, "k_total: k-grouped: expected the token dimension as a multiple of 32 in [32, 2^31) "
+                          "(16-byte TMA row strides of packed e2m1; pad it), got 1040");
+  y = f, y.b.bytes -= 1;
+  expect_run_error(fg, y, "for B [128, 1056] e2m1 packed two per byte");
+  y = f, y.a_scale.bytes -= 1;
+  expect_run_error(fg, y, "e4m3 nvfp4 scales per row along the tokens [256, 66]");
+  y = f, y.b_scale = buf(0x500008, 128 * 66);
+  expect_run_error(fg, y, "argument b_scale: pointer 0x500008 is not 16-byte aligned");
+  y = f, y.a_amax = {};
+  expect_run_error(fg, y, "argument a_amax: null pointer; expected a device buffer of 12 bytes");
+  y = f, y.b_amax.bytes = 8;
+  expect_run_error(fg, y, "argument b_amax: buffer of 8 bytes is smaller than the 12 bytes required");
 }
 
 TEST(GemmReference, KGroupedSumsEachGroupsTokens) {
@@ -414,6 +441,41 @@ TEST(GemmReference, KGroupedSumsEachGroupsTokens) {
   EXPECT_EQ(r.group, (std::vector<int>{0, 0, 1, 1}));
   for (int row = 0; row < 4; ++row)
     for (int c = 0; c < 8; ++c) EXPECT_EQ(r.value[size_t(row * 8 + c)], row < 2 ? 3.0 * (c + 1) : 4.0) << row << " " << c;
+}
+
+TEST(GemmReference, KGroupedNvfp4PacksTokensAndScalesPerRow) {
+  // m = 1 row, N = 8, k_total 32 (16 bytes and two 16-token scale blocks per row); group 0 takes
+  // tokens [0, 5), group 1 [5, 20), which crosses the scale blocks. A: token t is 1.0 (even t, low
+  // nibble) or 0.5 (odd t), block scales 2 | 4. B row c: 1.5 (even c) or 3.0 (odd c), block scales
+  // 1 | 0.5 (even c) or 2 | 1 (odd c). Global decode scales: 1 (amax 2688), 2 for group 1's A.
+  GemmSpec spec = k_grouped(make(GemmScaling::Nvfp4, ElemFormat::E2M1, ElemFormat::E2M1, DType::FP32, false, false,
+                                 128, 1, 128, 8, 0), 1);
+  const uint8_t a_byte = uint8_t(encode_rn<E2M1>(1.0f) | (encode_rn<E2M1>(0.5f) << 4));
+  std::vector<uint8_t> a(16, a_byte), b(8 * 16), sb(8 * 2);
+  for (int c = 0; c < 8; ++c) {
+    const bool odd = c % 2 == 1;
+    for (int i = 0; i < 16; ++i) b[size_t(c * 16 + i)] = uint8_t(encode_rn<E2M1>(odd ? 3.0f : 1.5f) * 17);
+    sb[size_t(2 * c)] = encode_rn<E4M3>(odd ? 2.0f : 1.0f);
+    sb[size_t(2 * c + 1)] = encode_rn<E4M3>(odd ? 1.0f : 0.5f);
+  }
+  const std::vector<uint8_t> sa = {encode_rn<E4M3>(2.0f), encode_rn<E4M3>(4.0f)};
+  const std::vector<float> a_amax = {2688.0f, 2 * 2688.0f}, b_amax = {2688.0f, 2688.0f};
+  const std::vector<int64_t> off = {0, 5, 20};
+  ref::GemmOperands ops{a, b, sa, sb, {}, off, {}, 0, 0, 32};
+  ops.a_amax = a_amax, ops.b_amax = b_amax;
+  const std::vector<int64_t> rows = {0, 1};  // D [2 groups, 1 row]
+  const ref::GemmRows r = ref::gemm_reference(spec, ops, rows, 1);
+  auto dot = [&](int c, int t0, int t1) {
+    const bool odd = c % 2 == 1;
+    double s = 0;
+    for (int t = t0; t < t1; ++t)
+      s += (t % 2 == 0 ? 1.0 : 0.5) * (t < 16 ? 2.0 : 4.0) * (odd ? 3.0 : 1.5) * (t < 16 ? (odd ? 2.0 : 1.0) : (odd ? 1.0 : 0.5));
+    return s;
+  };
+  for (int c = 0; c < 8; ++c) {
+    EXPECT_EQ(r.value[size_t(c)], dot(c, 0, 5)) << c;
+    EXPECT_EQ(r.value[size_t(8 + c)], 2.0 * dot(c, 5, 20)) << c;
+  }
 }
 
 TEST(GemmRuntime, MxScaleBuffersAreE8m0Bytes) {

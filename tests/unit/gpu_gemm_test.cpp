@@ -9,7 +9,7 @@
 //               gemm_tolerance(), plus the relative Frobenius error; long K, more tiles than SMs.
 //               The masked layout ([G, m_max, K] with device counts) and the K-grouped (wgrad)
 //               layout run through the same checks.
-//   GemmEdge    all groups empty; a K-grouped MX NaN scale stays in its group; the K-grouped fp32
+//   GemmEdge    all groups empty; a K-grouped MX or NVFP4 NaN scale stays in its group; the K-grouped fp32
 //               reduce-add keeps subnormal and special old values; a second launch gives the same bits.
 #include <gtest/gtest.h>
 
@@ -238,8 +238,13 @@ std::vector<Case> exact_cases() {
   kgrouped("kgrouped_mxfp8_bf16", spec_of(S::Mx32, E4, E4, DType::BF16, false, false, 128, 128, 1, 200, 200), tok, 5);
   kgrouped("kgrouped_mxfp8_fp32_acc_bm64", spec_of(S::Mx32, E5, E4, DType::FP32, true, false, 64, 128, 1, 256, 130), tok128, 3);
   add("mxfp8_many_groups", spec_of(S::Mx32, E4, E4, DType::BF16, false, false, 128, 128, 1, 1024, 512), many, 3);
-  // NVFP4: e2m1 operands dequantized to fp16 on chip (e4m3 per 16 of K, per-tensor amax).
+  // NVFP4 wgrad: groups start and end at odd tokens (inside a byte of packed e2m1 and inside 16-token
+  // scale blocks); scale rows of 16 bytes (512 tokens: one 8-byte load per row and k-block) and of
+  // 58 bytes (928 tokens: two-byte loads).
   const auto F4 = ElemFormat::E2M1;
+  kgrouped("kgrouped_nvfp4_bf16", spec_of(S::Nvfp4, F4, F4, DType::BF16, false, false, 128, 128, 1, 200, 200), tok, 5);
+  kgrouped("kgrouped_nvfp4_fp32_acc", spec_of(S::Nvfp4, F4, F4, DType::FP32, true, false, 128, 128, 1, 136, 130), tok128, 3);
+  // NVFP4: e2m1 operands dequantized to fp16 on chip (e4m3 per 16 of K, per-tensor amax).
   add("nvfp4_bf16", spec_of(S::Nvfp4, F4, F4, DType::BF16, false, false, 128, 128, 1, 200, 384));
   add("nvfp4_fp32_acc_noalpha", spec_of(S::Nvfp4, F4, F4, DType::FP32, true, false, 128, 128, 1, 256, 512), {}, 3, false);
   add("nvfp4_one_kblock_fp32", spec_of(S::Nvfp4, F4, F4, DType::FP32, false, false, 128, 128, 1, 136, 128));
@@ -339,6 +344,9 @@ std::vector<Case> random_cases() {
   GemmSpec wm = spec_of(S::Mx32, E4, E5, DType::FP32, true, false, 128, 128, 1, 512, 0);
   wm.layout = GemmLayout::KGrouped, wm.m = 384;
   v.push_back({"kgrouped_mxfp8_fp32_acc_4096_tokens", wm, ref::random_group_rows(8, 4096, 1, 1, 9), 16, false});
+  GemmSpec wf = spec_of(S::Nvfp4, ElemFormat::E2M1, ElemFormat::E2M1, DType::BF16, false, false, 128, 128, 1, 512, 0);
+  wf.layout = GemmLayout::KGrouped, wf.m = 384;
+  v.push_back({"kgrouped_nvfp4_bf16_4096_tokens", wf, ref::random_group_rows(8, 4096, 1, 1, 9), 16, true});
   v.push_back({"rowwise_promote_bf16_k4096", spec_of(S::RowChannel, E4, E5, DType::BF16, false, false, 128, 128, 1, 1024, 4096),
                g8, 0, false});
   const auto F4 = ElemFormat::E2M1;
@@ -363,18 +371,9 @@ TEST(GemmEdge, AllGroupsEmptyWritesNothing) {
   for (uint8_t b : got) ASSERT_EQ(b, 0xFF);
 }
 
-// K-grouped MXFP8: a NaN scale (e8m0 0xFF) of a 32-token step that lies in group 0's first
-// k-block but holds only group 1's tokens must not reach group 0's sums (the kernel gives such
-// steps a zero-contribution factor); group 1, whose tokens it scales, comes out NaN as in the reference.
-TEST(GemmEdge, KGroupedMxNanScaleStaysInItsGroup) {
-  QF_SKIP_WITHOUT_GPU();
-  GemmSpec s = spec_of(GemmScaling::Mx32, ElemFormat::E4M3, ElemFormat::E4M3, DType::FP32, false, false, 128, 128, 1,
-                       128, 0);
-  s.layout = GemmLayout::KGrouped, s.m = 128;
-  ref::GemmProblem p = ref::make_k_grouped_gemm_problem(s, std::vector<int64_t>{40, 200}, 0, ref::GemmValues::SmallIntegers,
-                                                        false, 21);
-  const int64_t cols = (p.k_total + 31) / 32;
-  for (int64_t r = 0; r < s.m; ++r) p.a_scale[size_t(r * cols + 2)] = 0xFF;  // tokens 64..95: group 1 only
+// Runs a two-group K-grouped problem whose NaN scales lie in group 0's first k-block but scale
+// only group 1's tokens: group 0 must equal the exact reference, group 1 must be NaN throughout.
+void expect_nan_scales_stay_in_group_1(const GemmSpec& s, const ref::GemmProblem& p) {
   Device dev = to_device(s, p);
   const std::vector<uint8_t> got = run(s, dev);
   const ref::GemmRows ref = reference_of_every_row(s, p);
@@ -388,6 +387,36 @@ TEST(GemmEdge, KGroupedMxNanScaleStaysInItsGroup) {
     }
   EXPECT_EQ(bad0, 0) << "group 0 elements that differ from the exact reference";
   EXPECT_EQ(finite1, 0) << "group 1 elements that are not NaN";
+}
+
+// K-grouped MXFP8: a NaN scale (e8m0 0xFF) of a 32-token step that holds only group 1's tokens
+// (the kernel gives such steps a zero-contribution factor).
+TEST(GemmEdge, KGroupedMxNanScaleStaysInItsGroup) {
+  QF_SKIP_WITHOUT_GPU();
+  GemmSpec s = spec_of(GemmScaling::Mx32, ElemFormat::E4M3, ElemFormat::E4M3, DType::FP32, false, false, 128, 128, 1,
+                       128, 0);
+  s.layout = GemmLayout::KGrouped, s.m = 128;
+  ref::GemmProblem p = ref::make_k_grouped_gemm_problem(s, std::vector<int64_t>{40, 200}, 0, ref::GemmValues::SmallIntegers,
+                                                        false, 21);
+  const int64_t cols = (p.k_total + 31) / 32;
+  for (int64_t r = 0; r < s.m; ++r) p.a_scale[size_t(r * cols + 2)] = 0xFF;  // tokens 64..95: group 1 only
+  expect_nan_scales_stay_in_group_1(s, p);
+}
+
+// K-grouped NVFP4: NaN block scales (e4m3 0x7F) of 16-token blocks that hold only group 1's tokens,
+// on A (tokens 48..63) and on B (64..79): the kernel zeroes the other groups' tokens after the
+// scale multiply, so neither reaches group 0.
+TEST(GemmEdge, KGroupedNvfp4NanScaleStaysInItsGroup) {
+  QF_SKIP_WITHOUT_GPU();
+  GemmSpec s = spec_of(GemmScaling::Nvfp4, ElemFormat::E2M1, ElemFormat::E2M1, DType::FP32, false, false, 128, 128, 1,
+                       128, 0);
+  s.layout = GemmLayout::KGrouped, s.m = 128;
+  ref::GemmProblem p = ref::make_k_grouped_gemm_problem(s, std::vector<int64_t>{40, 200}, 0, ref::GemmValues::SmallIntegers,
+                                                        false, 21);
+  const int64_t cols = p.k_total / 16;
+  for (int64_t r = 0; r < s.m; ++r) p.a_scale[size_t(r * cols + 3)] = 0x7F;  // A, tokens 48..63: group 1 only
+  for (int64_t r = 0; r < s.n; ++r) p.b_scale[size_t(r * cols + 4)] = 0x7F;  // B, tokens 64..79: group 1 only
+  expect_nan_scales_stay_in_group_1(s, p);
 }
 
 // K-grouped fp32 accumulation goes through the tensor engine's reduce-add (D += v at L2): it must
