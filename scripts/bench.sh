@@ -47,7 +47,7 @@ if [ "$(nvidia-smi --query-gpu=compute_cap --format=csv,noheader 2>/dev/null | h
     fi
   done
   # wgrad of the first shape's expert weight (K-grouped over 8 x 4096 tokens, M 4096, N 7168).
-  for sc in "tensor" "tensor --fast-accum" "blockwise" "mxfp8"; do
+  for sc in "tensor" "tensor --fast-accum" "blockwise" "mxfp8" "nvfp4"; do
     timeout 120 "$BUILD/tools/qforge" gemm --scaling $sc --k-grouped --groups 8 --m 4096 --n 7168 --k 4096 --bench \
       --json "$OUT/gemm.jsonl" >>"$OUT/gemm.log" 2>&1 || echo "qforge gemm wgrad $sc failed (see $OUT/gemm.log)"
   done

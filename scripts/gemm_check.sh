@@ -89,6 +89,9 @@ if [ "$MODE" != "quick" ]; then
   bench "wgrad k-grouped blockwise odd splits +check" --scaling blockwise --k-grouped --m 4096 --n 7168 \
     --splits 4001,4100,3999,4200,4096,3900,4003,4469 --check --check-rows 2
   bench "wgrad k-grouped mxfp8 +check" --scaling mxfp8 --k-grouped --m 4096 --n 7168 --k 4096 --check --check-rows 2
+  bench "wgrad k-grouped nvfp4 +check" --scaling nvfp4 --k-grouped --m 4096 --n 7168 --k 4096 --check --check-rows 2
+  bench "wgrad k-grouped nvfp4 fp32 acc odd splits +check" --scaling nvfp4 --k-grouped --m 4096 --n 7168 --out fp32 \
+    --accumulate --splits 4001,4100,3999,4200,4096,3900,4003,4469 --check --check-rows 2
   timeout 120 python3 scripts/gemm_torch_baseline.py --groups 8 --m 4096 --n 4096 --k 7168 --json "$RES" \
     >>"$OUT/bench.txt" 2>&1
 fi

@@ -1298,6 +1298,8 @@ __device__ __forceinline__ void zero_k_outside(u8* smem, int stage, int keep_lo,
 // previous k-block's MMAs are waited for first, as ptxas serializes MMAs whose fragments are
 // written while they may run), then eight m64nNk16 MMAs with B from the stage's fp16 copy; the
 // tensor cores accumulate over all of K in fp32, scaled by 2^-28 (fp4::pairs) until the epilogue.
+// K-grouped: the k-blocks of the group's token range, other groups' tokens masked to zero at its
+// edges (as in fp4_producer for B).
 template <class Cfg>
 __device__ __forceinline__ void consumer_fp4(const GemmArgs& a, u8* smem, u32 base, int wg) {
   using T = Traits<Cfg>;

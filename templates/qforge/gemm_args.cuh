@@ -21,9 +21,11 @@ struct alignas(64) TmaDescriptor {
 // their transposed columnwise copies); D is [m_total, N] row-major.
 struct GemmArgs {
   TmaDescriptor a_map;       // A, box [block_m / multicast rows, 128 bytes], 128-byte swizzle
-                             // (NVFP4: packed [m_total, K/2], box [block_m, 64 bytes], no swizzle)
+                             // (NVFP4: packed [m_total, K/2] or K-grouped [kM, k_total/2], box
+                             // [block_m, 64 bytes], no swizzle)
   TmaDescriptor b_map;       // B as [G][N][K], box [1, block_n, 128 bytes], 128-byte swizzle
-                             // (NVFP4: packed [G][N][K/2], box [1, block_n, 64 bytes], 64-byte swizzle)
+                             // (NVFP4: packed [G][N][K/2], box [1, block_n, 64 bytes], 64-byte swizzle;
+                             // K-grouped: [N, k_total/2], box [block_n, 64 bytes])
   TmaDescriptor d_map;       // K-grouped: D as [G][kM][N], box [1, 64 rows, 128 bytes], 128-byte swizzle
                              // (the epilogue's tensor stores or fp32 reduce-adds); unused otherwise
   void* d;                   // output, bf16 or fp32
