@@ -515,8 +515,15 @@ TEST_F(CApi, Nvfp4GemmFromRecipe) {
   ASSERT_EQ(qf_context_create(paths, 1, &ctx_), QF_OK) << qf_last_error();
   int n = 0;
   ASSERT_EQ(qf_context_num_gemms(ctx_, nullptr, &n), QF_OK) << qf_last_error();
-  EXPECT_EQ(n, 2);
+  EXPECT_EQ(n, 6);  // fprop, dgrad and wgrad of both projections
   qf_gemm* g = nullptr;
+  ASSERT_EQ(qf_gemm_create_from_recipe(ctx_, nullptr, 4, &g), QF_OK) << qf_last_error();
+  EXPECT_STREQ(qf_gemm_describe(g), "e2m1 x e2m1 nvfp4 k-grouped M=4096 N=7168 -> fp32 (accumulate)");
+  int64_t ka = 0, kb = 0;
+  ASSERT_EQ(qf_gemm_scale_bytes(g, 1056, 8, &ka, &kb), QF_OK);  // K-grouped: the extent is k_total
+  EXPECT_EQ(ka, 4096 * 66);  // [m, k_total/16] e4m3
+  EXPECT_EQ(kb, 7168 * 66);  // [N, k_total/16] e4m3
+  qf_gemm_destroy(g);
   ASSERT_EQ(qf_gemm_create_from_recipe(ctx_, nullptr, 0, &g), QF_OK) << qf_last_error();
   EXPECT_STREQ(qf_gemm_describe(g), "e2m1 x e2m1 nvfp4 N=4096 K=7168 -> bf16");
   int64_t sa = 0, sb = 0;
