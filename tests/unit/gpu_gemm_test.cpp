@@ -389,15 +389,22 @@ void expect_nan_scales_stay_in_group_1(const GemmSpec& s, const ref::GemmProblem
   EXPECT_EQ(finite1, 0) << "group 1 elements that are not NaN";
 }
 
+// Its K-grouped problem: groups of 40 and 200 tokens, 128 x 128 fp32 outputs, small integers.
+struct TwoGroups {
+  GemmSpec spec;
+  ref::GemmProblem problem;
+};
+TwoGroups two_groups(GemmScaling scaling, ElemFormat format) {
+  GemmSpec s = spec_of(scaling, format, format, DType::FP32, false, false, 128, 128, 1, 128, 0);
+  s.layout = GemmLayout::KGrouped, s.m = 128;
+  return {s, ref::make_k_grouped_gemm_problem(s, std::vector<int64_t>{40, 200}, 0, ref::GemmValues::SmallIntegers, false, 21)};
+}
+
 // K-grouped MXFP8: a NaN scale (e8m0 0xFF) of a 32-token step that holds only group 1's tokens
 // (the kernel gives such steps a zero-contribution factor).
 TEST(GemmEdge, KGroupedMxNanScaleStaysInItsGroup) {
   QF_SKIP_WITHOUT_GPU();
-  GemmSpec s = spec_of(GemmScaling::Mx32, ElemFormat::E4M3, ElemFormat::E4M3, DType::FP32, false, false, 128, 128, 1,
-                       128, 0);
-  s.layout = GemmLayout::KGrouped, s.m = 128;
-  ref::GemmProblem p = ref::make_k_grouped_gemm_problem(s, std::vector<int64_t>{40, 200}, 0, ref::GemmValues::SmallIntegers,
-                                                        false, 21);
+  auto [s, p] = two_groups(GemmScaling::Mx32, ElemFormat::E4M3);
   const int64_t cols = (p.k_total + 31) / 32;
   for (int64_t r = 0; r < s.m; ++r) p.a_scale[size_t(r * cols + 2)] = 0xFF;  // tokens 64..95: group 1 only
   expect_nan_scales_stay_in_group_1(s, p);
@@ -408,11 +415,7 @@ TEST(GemmEdge, KGroupedMxNanScaleStaysInItsGroup) {
 // scale multiply, so neither reaches group 0.
 TEST(GemmEdge, KGroupedNvfp4NanScaleStaysInItsGroup) {
   QF_SKIP_WITHOUT_GPU();
-  GemmSpec s = spec_of(GemmScaling::Nvfp4, ElemFormat::E2M1, ElemFormat::E2M1, DType::FP32, false, false, 128, 128, 1,
-                       128, 0);
-  s.layout = GemmLayout::KGrouped, s.m = 128;
-  ref::GemmProblem p = ref::make_k_grouped_gemm_problem(s, std::vector<int64_t>{40, 200}, 0, ref::GemmValues::SmallIntegers,
-                                                        false, 21);
+  auto [s, p] = two_groups(GemmScaling::Nvfp4, ElemFormat::E2M1);
   const int64_t cols = p.k_total / 16;
   for (int64_t r = 0; r < s.m; ++r) p.a_scale[size_t(r * cols + 3)] = 0x7F;  // A, tokens 48..63: group 1 only
   for (int64_t r = 0; r < s.n; ++r) p.b_scale[size_t(r * cols + 4)] = 0x7F;  // B, tokens 64..79: group 1 only
