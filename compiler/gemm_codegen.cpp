@@ -11,19 +11,20 @@ namespace {
 
 constexpr GemmScalingTraits kScalings[] = {
     {GemmScaling::PerTensor, "tensor", {"qf::gemm::PerTensorScaling", "qf::kGemmPerTensor", kGemmPerTensor},
-     {"qf::gemm::PerTensorScaling", "qf::kGemmPerTensor", kGemmPerTensor}, false, 0, "fp32", 4, 16, "[G]", "[G]"},
+     {"qf::gemm::PerTensorScaling", "qf::kGemmPerTensor", kGemmPerTensor}, false, 0, 0, "fp32", 4, 16, "[G]", "[G]"},
     {GemmScaling::RowChannel, "rowwise", {"qf::gemm::RowChannelScaling", "qf::kGemmRowChannel", kGemmRowChannel}, {},
-     false, 0, "fp32", 4, 16, "[m_total]", "[G, N]"},
+     false, 0, 0, "fp32", 4, 16, "[m_total]", "[G, N]"},
     // K-grouped: both operands 1x128 along the tokens (the 128x1 columnwise grids).
     {GemmScaling::Block128, "blockwise", {"qf::gemm::Block128Scaling", "qf::kGemmBlock128", kGemmBlock128},
-     {"qf::gemm::Block128KScaling", "qf::kGemmBlock128K", kGemmBlock128K}, true, 128, "fp32", 4, 16,
+     {"qf::gemm::Block128KScaling", "qf::kGemmBlock128K", kGemmBlock128K}, true, 128, 128, "fp32", 4, 16,
      "[m_total, ceil(K/128)]", "[G, ceil(N/128), ceil(K/128)]"},
     {GemmScaling::Mx32, "mxfp8", {"qf::gemm::Mx32Scaling", "qf::kGemmMx32", kGemmMx32},
-     {"qf::gemm::Mx32Scaling", "qf::kGemmMx32", kGemmMx32}, true, 32, "e8m0", 1, 128, "[m_total, K/32]", "[G, N, K/32]"},
+     {"qf::gemm::Mx32Scaling", "qf::kGemmMx32", kGemmMx32}, true, 32, 32, "e8m0", 1, 128, "[m_total, K/32]",
+     "[G, N, K/32]"},
     // Scales applied while dequantizing to fp16 (no promotion: fp16 MMAs accumulate in fp32).
     // K-grouped: both operands' 1x16 blocks along the tokens (the transposed columnwise copies).
     {GemmScaling::Nvfp4, "nvfp4", {"qf::gemm::Nvfp4Scaling", "qf::kGemmNvfp4", kGemmNvfp4},
-     {"qf::gemm::Nvfp4Scaling", "qf::kGemmNvfp4", kGemmNvfp4}, false, 0, "e4m3", 1, 128, "[m_total, K/16]",
+     {"qf::gemm::Nvfp4Scaling", "qf::kGemmNvfp4", kGemmNvfp4}, false, 0, 16, "e4m3", 1, 128, "[m_total, K/16]",
      "[G, N, K/16]"},
 };
 
@@ -196,12 +197,10 @@ GemmTile resolve_tile(const GemmSpec& s) {
 GemmScaleElems gemm_scale_elems(const GemmSpec& s, int64_t m_total, int64_t num_groups, int64_t k_total) {
   const int64_t g = num_groups, kb = (s.k + 127) / 128, nb = (s.n + 127) / 128;
   if (s.layout == GemmLayout::KGrouped) {
-    const GemmScalingTraits& st = traits(s.scaling);
-    // nvfp4: e4m3 per 16 tokens per row of A [m, k_total] and of B [N, k_total].
-    if (s.scaling == GemmScaling::Nvfp4) return {s.m * (k_total / 16), s.n * (k_total / 16)};
-    if (!st.promotion_required) return {g, g};  // tensor: one scale per group member
-    // A scale per row of A [m, k_total] and of B [N, k_total] per promotion step of the tokens.
-    const int64_t cols = (k_total + st.promote_k - 1) / st.promote_k;
+    const int sk = traits(s.scaling).scale_k;
+    if (sk == 0) return {g, g};  // tensor: one scale per group member
+    // A scale per row of A [m, k_total] and of B [N, k_total] per scale_k tokens.
+    const int64_t cols = (k_total + sk - 1) / sk;
     return {s.m * cols, s.n * cols};
   }
   switch (s.scaling) {
@@ -214,6 +213,8 @@ GemmScaleElems gemm_scale_elems(const GemmSpec& s, int64_t m_total, int64_t num_
   QF_CHECK(false, "unknown GemmScaling");
   return {};
 }
+
+int64_t gemm_k_total_multiple(const GemmSpec& s) { return 16 * traits(s.a_format).elems_per_byte; }
 
 std::string describe(const GemmSpec& s) {
   const std::string shape = s.layout == GemmLayout::KGrouped

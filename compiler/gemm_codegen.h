@@ -44,6 +44,8 @@ struct GemmScalingTraits {
   bool promotion_required;        // scales change along K: every k-block is promoted
   int promote_k;                  // K per promotion (0: once per 128 with promotion_required; never for
                                   // nvfp4, whose fp16 MMAs accumulate in fp32, or with fast_accum)
+  int scale_k;                    // K (tokens) per scale along K: 128, 32, 16; 0 when the scales do
+                                  // not change along K (K-grouped: [G] per group, else per row along the tokens)
   std::string_view scale_type;    // "fp32", "e8m0" or "e4m3"
   int scale_bytes;                // bytes per scale element
   int k_multiple;                 // K must be a multiple of this (16: the TMA row stride)
@@ -119,6 +121,9 @@ struct GemmScaleElems {
   int64_t a = 0, b = 0;
 };
 GemmScaleElems gemm_scale_elems(const GemmSpec& spec, int64_t m_total, int64_t num_groups, int64_t k_total = 0);
+// K-grouped: k_total must be a multiple of this (16-byte TMA row strides of the operands: 16 fp8
+// or 32 packed e2m1 tokens).
+int64_t gemm_k_total_multiple(const GemmSpec& spec);
 
 // "e4m3 x e4m3 blockwise N=4096 K=7168 -> bf16" (logs, cache metadata).
 std::string describe(const GemmSpec& spec);

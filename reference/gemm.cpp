@@ -63,7 +63,7 @@ GemmRows gemm_reference(const GemmSpec& spec, const GemmOperands& ops, std::span
   const int64_t out_rows = kg ? groups * spec.m : ops.m_total;
   const bool fp4 = spec.scaling == GemmScaling::Nvfp4;
   const int64_t row_bytes = fp4 ? lda / 2 : lda;  // bytes per operand row
-  QF_CHECK(!kg || !fp4 || ops.k_total % 32 == 0, "nvfp4 k-grouped: k_total % 32 == 0");
+  QF_CHECK(!kg || ops.k_total % gemm_k_total_multiple(spec) == 0, "k-grouped: k_total % gemm_k_total_multiple == 0");
   QF_CHECK(kg ? int64_t(ops.a.size()) >= spec.m * row_bytes && int64_t(ops.b.size()) >= n * row_bytes
               : int64_t(ops.a.size()) >= ops.m_total * row_bytes && int64_t(ops.b.size()) >= groups * n * row_bytes,
            "operand sizes");
@@ -93,14 +93,12 @@ GemmRows gemm_reference(const GemmSpec& spec, const GemmOperands& ops, std::span
   }
 
   const int64_t k32 = k / 32;
-  // K-grouped blockwise / mxfp8: a scale per row of A and of B per promotion step (128 / 32) of
-  // the tokens.
-  const bool kg_rows = kg && traits(spec.scaling).promotion_required;
-  const int64_t kg_block = traits(spec.scaling).promote_k;
+  // K-grouped blockwise / mxfp8 / nvfp4: a scale per row of A and of B per 128 / 32 / 16 tokens.
+  const int64_t kg_block = traits(spec.scaling).scale_k;
+  const bool kg_rows = kg && kg_block > 0;
   const int64_t kg_cols = kg_rows ? (ops.k_total + kg_block - 1) / kg_block : 0;
   auto a_scale = [&](int64_t r, int64_t kk, int g) -> double {
     if (kg_rows) return scale_at(spec, ops.a_scale, r * kg_cols + kk / kg_block);
-    if (kg && fp4) return scale_at(spec, ops.a_scale, r * (ops.k_total / 16) + kk / 16);
     switch (spec.scaling) {
       case GemmScaling::PerTensor: return scale_at(spec, ops.a_scale, g);
       case GemmScaling::RowChannel: return scale_at(spec, ops.a_scale, r);
@@ -112,7 +110,6 @@ GemmRows gemm_reference(const GemmSpec& spec, const GemmOperands& ops, std::span
   };
   auto b_scale = [&](int g, int64_t col, int64_t kk) -> double {
     if (kg_rows) return scale_at(spec, ops.b_scale, col * kg_cols + kk / kg_block);
-    if (kg && fp4) return scale_at(spec, ops.b_scale, col * (ops.k_total / 16) + kk / 16);
     switch (spec.scaling) {
       case GemmScaling::PerTensor: return scale_at(spec, ops.b_scale, g);
       case GemmScaling::RowChannel: return scale_at(spec, ops.b_scale, int64_t(g) * n + col);

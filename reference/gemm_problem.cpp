@@ -167,8 +167,7 @@ GemmProblem make_k_grouped_gemm_problem(const GemmSpec& spec, std::span<const in
     QF_CHECK(t >= 0, "negative token count");
     p.offsets.push_back(p.offsets.back() + t);
   }
-  // A multiple of 16 tokens (16-byte TMA row strides), of 32 for packed nvfp4.
-  const int64_t mult = spec.scaling == GemmScaling::Nvfp4 ? 32 : 16;
+  const int64_t mult = gemm_k_total_multiple(spec);
   p.k_total = std::max<int64_t>(mult, (p.offsets.back() + pad + mult - 1) / mult * mult);
   fill_problem(spec, p, values, with_alpha, seed, threads);
   return p;

@@ -242,7 +242,7 @@ void Gemm::run_k_grouped(const GemmCall& c, CUstream stream) const {
   if (c.num_groups < 1 || c.num_groups > kMaxGroups)
     throw UserError("num_groups", "expected 1.." + std::to_string(kMaxGroups) + ", got " + std::to_string(c.num_groups));
   const bool fp4 = s.scaling == GemmScaling::Nvfp4;
-  const int64_t k_multiple = fp4 ? 32 : 16;  // 16-byte TMA row strides (nvfp4: two tokens per byte)
+  const int64_t k_multiple = gemm_k_total_multiple(s);
   if (c.k_total < k_multiple || c.k_total >= (int64_t(1) << 31) || c.k_total % k_multiple != 0)
     throw UserError("k_total", "k-grouped: expected the token dimension as a multiple of " + std::to_string(k_multiple) +
                                    " in [" + std::to_string(k_multiple) + ", 2^31) (16-byte TMA row strides" +
@@ -259,7 +259,7 @@ void Gemm::run_k_grouped(const GemmCall& c, CUstream stream) const {
     throw UserError("num_groups", "too many output rows or tiles for one launch (" + std::to_string(g) + " x " +
                                       std::to_string(s.m) + " rows)");
   const int ob = traits(s.out_dtype).bytes;
-  const int64_t row_bytes = fp4 ? kt / 2 : kt;
+  const int64_t row_bytes = kt / traits(s.a_format).elems_per_byte;
   const std::string packed = fp4 ? " packed two per byte" : "";
   check_buffer("a", c.a, s.m * row_bytes, 16,
                "A [" + std::to_string(s.m) + ", " + std::to_string(kt) + "] " + std::string(traits(s.a_format).name) + packed);

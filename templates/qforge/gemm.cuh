@@ -410,6 +410,15 @@ __device__ __forceinline__ int tile_k_blocks(const TileInfo& t) {
   return int((Cfg::kK + kGemmBlockK - 1) / kGemmBlockK);
 }
 
+// The K positions of k-block kb that belong to the tile's group, relative to the k-block:
+// [x, y); the whole k-block (0, 128) everywhere but at a K-grouped group's edges (the first
+// k-block starts up to 127 tokens early, the last reads past the group's end).
+template <class Cfg>
+__device__ __forceinline__ int2 kept_tokens(const TileInfo& t, int kb) {
+  if constexpr (!Cfg::kKGrouped) return make_int2(0, kGemmBlockK);
+  return make_int2(kb == 0 ? t.k_lead : 0, min(kGemmBlockK, t.k_len - kb * kGemmBlockK));
+}
+
 // ------------------------------------------------------------------ scaling policies
 //
 // A policy says how the scales of its kind enter the product:
@@ -791,14 +800,6 @@ __device__ __forceinline__ void pair_masks(int first, int lo, int hi, u32* m) {
   m[3] = half(5, 0) | half(7, 16);
 }
 
-// The tokens of k-block kb that belong to the tile's group, relative to the k-block: [lo, hi);
-// a whole k-block (0, 128) everywhere but at a K-grouped group's edges.
-template <class Cfg>
-__device__ __forceinline__ int2 kept_tokens(const TileInfo& t, int kb) {
-  if constexpr (!Cfg::kKGrouped) return make_int2(0, kGemmBlockK);
-  return make_int2(kb == 0 ? t.k_lead : 0, min(kGemmBlockK, t.k_len - kb * kGemmBlockK));
-}
-
 }  // namespace fp4
 
 // The K order shared by both operands, per k-block of 128 (64 bytes of a row): thread q of a quad
@@ -1065,7 +1066,7 @@ __device__ __forceinline__ void fp4_producer(const GemmArgs& a, u8* smem, u32 ba
       sm90::mbar_wait(loaded0 + 8u * stage, phase);
       const u8* raw = smem + T::kSmem.braw_off + u32(stage) * T::kSmem.braw_stage;
       u8* dst = smem + T::kSmem.b_off + u32(stage) * T::kSmem.b_stage;
-      const int2 kept = fp4::kept_tokens<Cfg>(t, kb);
+      const int2 kept = kept_tokens<Cfg>(t, kb);
       const bool edge = kept.x > 0 || kept.y < kGemmBlockK;  // K-grouped: zero the other groups' tokens
 #pragma unroll
       for (int j = 0; j < kPer; ++j) {
@@ -1357,7 +1358,7 @@ __device__ __forceinline__ void consumer_fp4(const GemmArgs& a, u8* smem, u32 ba
         fr[4 * st + 3] = sm90::hmul2(p1[i][r + 1], s1[i >> 1]);
       }
       if constexpr (Cfg::kKGrouped) {
-        const int2 kept = fp4::kept_tokens<Cfg>(t, kb);
+        const int2 kept = kept_tokens<Cfg>(t, kb);
         if (kept.x > 0 || kept.y < kGemmBlockK) {  // zero the other groups' tokens (word i: tokens 32 q + 8 i + [0, 8))
 #pragma unroll
           for (int i = 0; i < 4; ++i) {
@@ -1428,10 +1429,8 @@ __device__ __forceinline__ void consumer(const GemmArgs& a, u8* smem, u32 base, 
     auto stage_ready = [&](int kb) {
       sm90::mbar_wait(full0 + 8u * stage, phase);
       if constexpr (Cfg::kKGrouped) {
-        // The first k-block starts up to 15 tokens early, the last reads past the group's end.
-        const int keep_lo = kb == 0 ? t.k_lead : 0;
-        const int keep_hi = min(kGemmBlockK, t.k_len - kb * kGemmBlockK);
-        if (keep_lo > 0 || keep_hi < kGemmBlockK) zero_k_outside<Cfg>(smem, stage, keep_lo, keep_hi, f);
+        const int2 kept = kept_tokens<Cfg>(t, kb);
+        if (kept.x > 0 || kept.y < kGemmBlockK) zero_k_outside<Cfg>(smem, stage, kept.x, kept.y, f);
       }
     };
     auto wait_turn = [&] {
