@@ -162,6 +162,7 @@ INSTANTIATE_TEST_SUITE_P(
     Shipped, QuantizeToGemm,
     ::testing::Values(Case{"nvfp4", GemmScaling::Nvfp4, false, 0.25}, Case{"nvfp4", GemmScaling::Nvfp4, true, 0.25},
                       Case{"mxfp8", GemmScaling::Mx32, false, 0.1},
+                      Case{"mxfp8_hopper", GemmScaling::Mx32, false, 0.1}, Case{"mxfp8_hopper", GemmScaling::Mx32, true, 0.1},
                       Case{"float8_block_scaling", GemmScaling::Block128, false, 0.1},
                       Case{"float8_block_scaling", GemmScaling::Block128, true, 0.1}),
     [](const ::testing::TestParamInfo<Case>& i) {
@@ -179,27 +180,17 @@ namespace {
 // NVFP4's random Hadamard transform (16 tokens at a time, the same signs on both copies, so it
 // cancels in the product) they start and end on multiples of 16.
 struct WgradCase {
-  const char* name;
-  const char* recipe;  // shipped recipe, or empty: `inline_recipe`
-  const char* inline_recipe;
+  const char* recipe;  // shipped
   GemmScaling scaling;
   double max_rel;  // relative Frobenius error of the quantized product (the measured one + margin)
 };
-void PrintTo(const WgradCase& c, std::ostream* os) { *os << c.name; }
-
-// MXFP8 for Hopper's K-major GEMMs: the columnwise copy transposed (formats.md allows both layouts).
-constexpr const char* kMxfp8Transposed = R"({"qforge_recipe": 1, "name": "mxfp8_transposed", "usage": "training",
-  "roles": [{"match": "*:*",
-    "rowwise": {"format": "e4m3", "scaling": {"mode": "mx", "block": [1, 32], "rule": "rceil"}, "scale_layout": "compact"},
-    "columnwise": {"format": "e4m3", "scaling": {"mode": "mx", "block": [32, 1], "rule": "rceil"}, "layout": "transposed",
-                   "scale_layout": "compact"}}]})";
+void PrintTo(const WgradCase& c, std::ostream* os) { *os << c.recipe; }
 
 class QuantizeToWgrad : public ::testing::TestWithParam<WgradCase> {};
 
 TEST_P(QuantizeToWgrad, TransposedColumnwiseCopiesNeedNoReshuffling) {
   const WgradCase& c = GetParam();
-  const Recipe r = *c.recipe ? load_recipe(std::filesystem::path(QF_SOURCE_DIR) / "recipes" / (std::string(c.recipe) + ".json"))
-                             : parse_recipe(c.inline_recipe);
+  const Recipe r = load_recipe(std::filesystem::path(QF_SOURCE_DIR) / "recipes" / (std::string(c.recipe) + ".json"));
   const bool fp4 = c.scaling == GemmScaling::Nvfp4;
   const int64_t t = 384, k_in = 256, n_out = 192;
   const std::vector<int64_t> offsets = fp4 ? std::vector<int64_t>{0, 96, 96, 304, 384} : std::vector<int64_t>{0, 100, 100, 300, 384};
@@ -253,7 +244,7 @@ TEST_P(QuantizeToWgrad, TransposedColumnwiseCopiesNeedNoReshuffling) {
   // Control: the same outputs against another token split.
   const std::vector<int64_t> other = {0, 208, 208, 224, 384};
   const double err_other = rel_error(got, want_for(other));
-  std::printf("[ measure  ] %s wgrad: relative Frobenius error %.4f (against another token split: %.3f)\n", c.name, err,
+  std::printf("[ measure  ] %s wgrad: relative Frobenius error %.4f (against another token split: %.3f)\n", c.recipe, err,
               err_other);
   EXPECT_LT(err, c.max_rel);
   EXPECT_GT(err_other, 0.6);
@@ -261,9 +252,9 @@ TEST_P(QuantizeToWgrad, TransposedColumnwiseCopiesNeedNoReshuffling) {
 
 INSTANTIATE_TEST_SUITE_P(
     Shipped, QuantizeToWgrad,
-    ::testing::Values(WgradCase{"float8_block_scaling", "float8_block_scaling", "", GemmScaling::Block128, 0.1},
-                      WgradCase{"mxfp8_transposed", "", kMxfp8Transposed, GemmScaling::Mx32, 0.1},
-                      WgradCase{"nvfp4", "nvfp4", "", GemmScaling::Nvfp4, 0.25}),
-    [](const ::testing::TestParamInfo<WgradCase>& i) { return std::string(i.param.name); });
+    ::testing::Values(WgradCase{"float8_block_scaling", GemmScaling::Block128, 0.1},
+                      WgradCase{"mxfp8_hopper", GemmScaling::Mx32, 0.1},
+                      WgradCase{"nvfp4", GemmScaling::Nvfp4, 0.25}),
+    [](const ::testing::TestParamInfo<WgradCase>& i) { return std::string(i.param.recipe); });
 
 }  // namespace

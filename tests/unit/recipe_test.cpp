@@ -52,7 +52,7 @@ TEST(ShippedRecipes, AllParse) {
     }
     ++n;
   }
-  EXPECT_EQ(n, 8);
+  EXPECT_EQ(n, 9);
 }
 
 TEST(ShippedRecipes, CurrentScaling) {
@@ -95,6 +95,23 @@ TEST(ShippedRecipes, Mxfp8) {
   EXPECT_EQ(any.rule->columnwise->scaling, Scaling(MxScaling{{32, 1}, MxRule::RCeil}));
   EXPECT_EQ(any.rule->columnwise->layout, DataLayout::RowMajor);
   EXPECT_EQ(any.rule->columnwise->scale_layout, ScaleLayout::Compact);
+}
+
+// Hopper's K-major dgrad and wgrad GEMMs read the columnwise copy transposed; the numerics are mxfp8's.
+TEST(ShippedRecipes, Mxfp8Hopper) {
+  const Recipe h = shipped("mxfp8_hopper"), b = shipped("mxfp8");
+  const auto hr = resolve_role(h, "grouped_linear:weight"), br = resolve_role(b, "grouped_linear:weight");
+  EXPECT_EQ(hr.rule->rowwise->scaling, br.rule->rowwise->scaling);
+  EXPECT_EQ(hr.rule->columnwise->scaling, br.rule->columnwise->scaling);
+  EXPECT_EQ(hr.rule->columnwise->layout, DataLayout::Transposed);
+  EXPECT_EQ(hr.rule->columnwise->scale_layout, ScaleLayout::Compact);
+  ASSERT_EQ(h.gemms.size(), 6u);
+  int k_grouped = 0;
+  for (const auto& g : h.gemms) {
+    EXPECT_EQ(g.spec.scaling, GemmScaling::Mx32);
+    k_grouped += g.spec.layout == GemmLayout::KGrouped;
+  }
+  EXPECT_EQ(k_grouped, 2);
 }
 
 TEST(ShippedRecipes, Nvfp4) {
