@@ -1,7 +1,7 @@
 // The kernels' fast element encoders (cast.cuh enc_rn: hardware cvt for fp8 on sm_89+, the
-// one-addition e2m1 encoder; enc_sr for e2m1 / int8) against the one software definition
-// (numerics.cuh encode_rn / encode_sr), and the packed fp8 encoder of the vector paths (pack4),
-// over every one of the 2^32 fp32 bit patterns, on the GPU. The compile test runs everywhere.
+// one-addition e2m1 encoder; enc_sr for e2m1 / int8, without conversions) against the one
+// software definition (numerics.cuh encode_rn / encode_sr), and the packed fp8 encoder of the
+// vector paths (pack4), over every one of the 2^32 fp32 bit patterns, on the GPU. The compile test runs everywhere.
 #include <gtest/gtest.h>
 
 #include <cstdint>
@@ -25,12 +25,26 @@ __device__ void check_one(unsigned int bits, unsigned int* count, unsigned int* 
     atomicMin(first, bits);
   }
 }
-// Stochastic rounding: the fast exact paths (e2m1, int8) with a pseudo-random word per pattern.
+// Stochastic rounding: the fast exact paths (e2m1, int8) with a pseudo-random word per pattern,
+// and with words whose threshold u = (r >> 8) * 2^-24 sits just below, at and just above the
+// pattern's fraction of a grid step (the comparisons the fast paths must get exactly right).
 template <class F>
 __device__ void check_sr(unsigned int bits, unsigned int* count, unsigned int* first) {
   const float x = qf::f32_from_bits(bits);
   const unsigned int r = (bits * 2654435761u) ^ (bits >> 11) ^ 0x5bd1e995u;
-  if (qf::detail::enc_sr<F>(x, r) != qf::encode_sr<F>(x, r)) {
+  bool ok = qf::detail::enc_sr<F>(x, r) == qf::encode_sr<F>(x, r);
+  const double a = fabs((double)x);
+  if (a < 200.0) {
+    const double step = F::kIsInt ? 1.0 : a < 2.0 ? 0.5 : a < 4.0 ? 1.0 : 2.0, q = a / step;
+    const double at = floor((q - floor(q)) * 16777216.0);
+    for (int d = -1; d <= 1; ++d) {
+      const double u = at + d;
+      if (u < 0.0 || u >= 16777216.0) continue;
+      const unsigned int rd = ((unsigned int)u << 8) | (r & 0xFFu);
+      ok = ok && qf::detail::enc_sr<F>(x, rd) == qf::encode_sr<F>(x, rd);
+    }
+  }
+  if (!ok) {
     atomicAdd(count, 1u);
     atomicMin(first, bits);
   }
