@@ -1,7 +1,8 @@
 // The kernels' fast element encoders (cast.cuh enc_rn: hardware cvt for fp8 on sm_89+, the
-// one-addition e2m1 encoder; enc_sr for e2m1 / int8, without conversions) against the one
-// software definition (numerics.cuh encode_rn / encode_sr), and the packed fp8 encoder of the
-// vector paths (pack4), over every one of the 2^32 fp32 bit patterns, on the GPU. The compile test runs everywhere.
+// one-addition e2m1 encoder; enc_sr for e2m1 (without int <-> float conversions) and int8)
+// against the one software definition (numerics.cuh encode_rn / encode_sr), and the packed fp8
+// encoder of the vector paths (pack4), over every one of the 2^32 fp32 bit patterns, on the GPU.
+// The compile test runs everywhere.
 #include <gtest/gtest.h>
 
 #include <cstdint>
