@@ -11,20 +11,20 @@ namespace {
 
 constexpr GemmScalingTraits kScalings[] = {
     {GemmScaling::PerTensor, "tensor", {"qf::gemm::PerTensorScaling", "qf::kGemmPerTensor", kGemmPerTensor},
-     {"qf::gemm::PerTensorScaling", "qf::kGemmPerTensor", kGemmPerTensor}, false, 0, 0, "fp32", 4, 16, "[G]", "[G]"},
+     {"qf::gemm::PerTensorScaling", "qf::kGemmPerTensor", kGemmPerTensor}, false, 0, 0, "fp32", 4, 0, 16, "[G]", "[G]"},
     {GemmScaling::RowChannel, "rowwise", {"qf::gemm::RowChannelScaling", "qf::kGemmRowChannel", kGemmRowChannel}, {},
-     false, 0, 0, "fp32", 4, 16, "[m_total]", "[G, N]"},
+     false, 0, 0, "fp32", 4, 0, 16, "[m_total]", "[G, N]"},
     // K-grouped: both operands 1x128 along the tokens (the 128x1 columnwise grids).
     {GemmScaling::Block128, "blockwise", {"qf::gemm::Block128Scaling", "qf::kGemmBlock128", kGemmBlock128},
-     {"qf::gemm::Block128KScaling", "qf::kGemmBlock128K", kGemmBlock128K}, true, 128, 128, "fp32", 4, 16,
+     {"qf::gemm::Block128KScaling", "qf::kGemmBlock128K", kGemmBlock128K}, true, 128, 128, "fp32", 4, 0, 16,
      "[m_total, ceil(K/128)]", "[G, ceil(N/128), ceil(K/128)]"},
     {GemmScaling::Mx32, "mxfp8", {"qf::gemm::Mx32Scaling", "qf::kGemmMx32", kGemmMx32},
-     {"qf::gemm::Mx32Scaling", "qf::kGemmMx32", kGemmMx32}, true, 32, 32, "e8m0", 1, 128, "[m_total, K/32]",
+     {"qf::gemm::Mx32Scaling", "qf::kGemmMx32", kGemmMx32}, true, 32, 32, "e8m0", 1, 0, 128, "[m_total, K/32]",
      "[G, N, K/32]"},
     // Scales applied while dequantizing to fp16 (no promotion: fp16 MMAs accumulate in fp32).
     // K-grouped: both operands' 1x16 blocks along the tokens (the transposed columnwise copies).
     {GemmScaling::Nvfp4, "nvfp4", {"qf::gemm::Nvfp4Scaling", "qf::kGemmNvfp4", kGemmNvfp4},
-     {"qf::gemm::Nvfp4Scaling", "qf::kGemmNvfp4", kGemmNvfp4}, false, 0, 16, "e4m3", 1, 128, "[m_total, K/16]",
+     {"qf::gemm::Nvfp4Scaling", "qf::kGemmNvfp4", kGemmNvfp4}, false, 0, 16, "e4m3", 1, 16, 128, "[m_total, K/16]",
      "[G, N, K/16]"},
 };
 

@@ -35,11 +35,32 @@ TmaDescriptor encode_map(const char* what, CUtensorMapDataType type, uint64_t ba
   return out;
 }
 
-// K-major fp8 tiles of `box_rows` x 128 bytes, 128-byte swizzle by default.
-TmaDescriptor encode_fp8_map(const char* what, uint64_t base, std::initializer_list<cuuint64_t> dims,
-                             std::initializer_list<cuuint64_t> strides, std::initializer_list<cuuint32_t> box,
-                             CUtensorMapSwizzle swizzle = CU_TENSOR_MAP_SWIZZLE_128B) {
-  return encode_map(what, CU_TENSOR_MAP_DATA_TYPE_UINT8, base, dims, strides, box, swizzle);
+// nvfp4 takes each operand's per-tensor amax (fp32 [num_groups], the global decode scales);
+// the other scalings take none.
+void check_amaxes(const GemmSpec& s, const GemmCall& c, const std::string& a_what, const std::string& b_what) {
+  if (s.scaling == GemmScaling::Nvfp4) {
+    check_buffer("a_amax", c.a_amax, int64_t(c.num_groups) * 4, 4, "fp32 [num_groups] (nvfp4: " + a_what + ")");
+    check_buffer("b_amax", c.b_amax, int64_t(c.num_groups) * 4, 4, "fp32 [num_groups] (nvfp4: " + b_what + ")");
+  } else if (c.a_amax.ptr || c.b_amax.ptr) {
+    throw UserError(c.a_amax.ptr ? "a_amax" : "b_amax", "only nvfp4 scaling takes per-tensor amax; " +
+                                                            std::string(traits(s.scaling).name) + " scaling has none");
+  }
+}
+
+// How the operands' K-major rows go through TMA: fp8 rows stage 128 bytes (128 K) per stage
+// with the 128-byte swizzle; packed e2m1 (two per byte) 64 bytes, A unswizzled (the consumers
+// read it into registers) and B with the 64-byte swizzle (its converters read it conflict-free).
+struct OperandRows {
+  int elems_per_byte;
+  cuuint32_t box_bytes;
+  CUtensorMapSwizzle a_swizzle, b_swizzle;
+  const char* packed;  // for messages
+  int64_t bytes(int64_t k) const { return k / elems_per_byte; }
+};
+OperandRows operand_rows(const GemmSpec& s) {
+  if (traits(s.a_format).elems_per_byte == 2)
+    return {2, kGemmBlockK / 2, CU_TENSOR_MAP_SWIZZLE_NONE, CU_TENSOR_MAP_SWIZZLE_64B, " packed two per byte"};
+  return {1, kGemmBlockK, CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_SWIZZLE_128B, ""};
 }
 
 }  // namespace
@@ -144,9 +165,9 @@ void Gemm::run(const GemmCall& c, CUstream stream) const {
   if (units >= (int64_t(1) << 31))
     throw UserError("m_total", "too many tiles for one launch (" + std::to_string(units) + ")");
   const int ob = traits(s.out_dtype).bytes;
-  const bool fp4 = s.scaling == GemmScaling::Nvfp4;
-  const int64_t kb = fp4 ? s.k / 2 : s.k;  // bytes per operand row
-  const std::string packed = fp4 ? " packed two per byte" : "";
+  const OperandRows rows = operand_rows(s);
+  const int64_t kb = rows.bytes(s.k);  // bytes per operand row
+  const std::string packed = rows.packed;
   const std::string shape_a = "A [" + std::to_string(m) + ", " + std::to_string(s.k) + "] " + std::string(traits(s.a_format).name) + packed;
   const std::string shape_b = "B [" + std::to_string(g) + ", " + std::to_string(s.n) + ", " + std::to_string(s.k) + "] " +
                               std::string(traits(s.b_format).name) + packed;
@@ -159,15 +180,10 @@ void Gemm::run(const GemmCall& c, CUstream stream) const {
   const GemmScalingTraits& st = traits(s.scaling);
   const std::string scales = std::string(st.scale_type) + " " + std::string(st.name) + " scales ";
   // 4-byte aligned: e8m0 scales are read four at a time (nvfp4: 16, a row's 8 bytes at once).
-  check_buffer("a_scale", c.a_scale, se.a * st.scale_bytes, fp4 ? 16 : 4, scales + std::string(st.a_scale_shape));
-  check_buffer("b_scale", c.b_scale, se.b * st.scale_bytes, fp4 ? 16 : 4, scales + std::string(st.b_scale_shape));
-  if (fp4) {
-    check_buffer("a_amax", c.a_amax, g * 4, 4, "fp32 [num_groups] (nvfp4: per-tensor amax of each group's A)");
-    check_buffer("b_amax", c.b_amax, g * 4, 4, "fp32 [num_groups] (nvfp4: amax of each B[g])");
-  } else if (c.a_amax.ptr || c.b_amax.ptr) {
-    throw UserError(c.a_amax.ptr ? "a_amax" : "b_amax", "only nvfp4 scaling takes per-tensor amax; " +
-                                                            std::string(st.name) + " scaling has none");
-  }
+  const int align = std::max(4, st.scale_align);
+  check_buffer("a_scale", c.a_scale, se.a * st.scale_bytes, align, scales + std::string(st.a_scale_shape));
+  check_buffer("b_scale", c.b_scale, se.b * st.scale_bytes, align, scales + std::string(st.b_scale_shape));
+  check_amaxes(s, c, "per-tensor amax of each group's A", "amax of each B[g]");
   if (c.alpha.ptr) check_buffer("alpha", c.alpha, g * 4, 4, "fp32 [num_groups]");
   if (c.max_ctas < 0) throw UserError("max_ctas", "expected >= 0, got " + std::to_string(c.max_ctas));
   const std::pair<const char*, const TensorView*> inputs[] = {
@@ -183,23 +199,13 @@ void Gemm::run(const GemmCall& c, CUstream stream) const {
 
   auto l = load_for_current_device();
   GemmArgs args{};
-  if (fp4) {
-    // Packed e2m1: 64 bytes (128 K) per row per stage; A unswizzled (the consumers read it into
-    // registers), B with the 64-byte swizzle (its converters read it conflict-free).
-    args.a_map = encode_fp8_map("a", c.a.ptr, {cuuint64_t(kb), cuuint64_t(m)}, {cuuint64_t(kb)},
-                                {cuuint32_t(kGemmBlockK / 2), cuuint32_t(t.block_m)}, CU_TENSOR_MAP_SWIZZLE_NONE);
-    args.b_map = encode_fp8_map("b", c.b.ptr, {cuuint64_t(kb), cuuint64_t(s.n), cuuint64_t(g)},
-                                {cuuint64_t(kb), cuuint64_t(s.n * kb)}, {cuuint32_t(kGemmBlockK / 2), cuuint32_t(t.block_n), 1u},
-                                CU_TENSOR_MAP_SWIZZLE_64B);
-    args.a_amax = reinterpret_cast<const float*>(c.a_amax.ptr);
-    args.b_amax = reinterpret_cast<const float*>(c.b_amax.ptr);
-  } else {
-    args.a_map = encode_fp8_map("a", c.a.ptr, {cuuint64_t(s.k), cuuint64_t(m)}, {cuuint64_t(s.k)},
-                                {cuuint32_t(kGemmBlockK), cuuint32_t(t.block_m / t.multicast)});
-    args.b_map = encode_fp8_map("b", c.b.ptr, {cuuint64_t(s.k), cuuint64_t(s.n), cuuint64_t(g)},
-                                {cuuint64_t(s.k), cuuint64_t(s.n * s.k)},
-                                {cuuint32_t(kGemmBlockK), cuuint32_t(t.block_n), 1u});
-  }
+  // A's box rows: each CTA of a multicast cluster loads its share (nvfp4: no multicast).
+  args.a_map = encode_map("a", CU_TENSOR_MAP_DATA_TYPE_UINT8, c.a.ptr, {cuuint64_t(kb), cuuint64_t(m)}, {cuuint64_t(kb)},
+                          {rows.box_bytes, cuuint32_t(t.block_m / t.multicast)}, rows.a_swizzle);
+  args.b_map = encode_map("b", CU_TENSOR_MAP_DATA_TYPE_UINT8, c.b.ptr, {cuuint64_t(kb), cuuint64_t(s.n), cuuint64_t(g)},
+                          {cuuint64_t(kb), cuuint64_t(s.n * kb)}, {rows.box_bytes, cuuint32_t(t.block_n), 1u}, rows.b_swizzle);
+  args.a_amax = reinterpret_cast<const float*>(c.a_amax.ptr);  // null unless nvfp4 (checked above)
+  args.b_amax = reinterpret_cast<const float*>(c.b_amax.ptr);
   args.d = reinterpret_cast<void*>(c.d.ptr);
   args.a_scale = reinterpret_cast<const void*>(c.a_scale.ptr);
   args.b_scale = reinterpret_cast<const void*>(c.b_scale.ptr);
@@ -241,26 +247,23 @@ void Gemm::run_k_grouped(const GemmCall& c, CUstream stream) const {
   const GemmTile& t = s.tile;
   if (c.num_groups < 1 || c.num_groups > kMaxGroups)
     throw UserError("num_groups", "expected 1.." + std::to_string(kMaxGroups) + ", got " + std::to_string(c.num_groups));
-  const bool fp4 = s.scaling == GemmScaling::Nvfp4;
+  const OperandRows rows = operand_rows(s);
   const int64_t k_multiple = gemm_k_total_multiple(s);
   if (c.k_total < k_multiple || c.k_total >= (int64_t(1) << 31) || c.k_total % k_multiple != 0)
     throw UserError("k_total", "k-grouped: expected the token dimension as a multiple of " + std::to_string(k_multiple) +
                                    " in [" + std::to_string(k_multiple) + ", 2^31) (16-byte TMA row strides" +
-                                   (fp4 ? " of packed e2m1" : "") + "; pad it), got " + std::to_string(c.k_total));
+                                   (rows.elems_per_byte == 2 ? " of packed e2m1" : "") + "; pad it), got " + std::to_string(c.k_total));
   if (c.m_total != 0 || c.m_max != 0 || c.group_counts.ptr)
     throw UserError(c.m_total != 0 ? "m_total" : c.m_max != 0 ? "m_max" : "group_counts",
                     "k-grouped: rows are the spec's m and groups split K by group_offsets; expected 0 / none");
-  if (!fp4 && (c.a_amax.ptr || c.b_amax.ptr))
-    throw UserError(c.a_amax.ptr ? "a_amax" : "b_amax", "only nvfp4 scaling takes per-tensor amax; " +
-                                                            std::string(traits(s.scaling).name) + " scaling has none");
   const int64_t g = c.num_groups, kt = c.k_total;
   const int64_t units = g * ((s.m + t.block_m - 1) / t.block_m) * ((s.n + t.block_n - 1) / t.block_n);
   if (g * s.m >= (int64_t(1) << 31) || units >= (int64_t(1) << 31))
     throw UserError("num_groups", "too many output rows or tiles for one launch (" + std::to_string(g) + " x " +
                                       std::to_string(s.m) + " rows)");
   const int ob = traits(s.out_dtype).bytes;
-  const int64_t row_bytes = kt / traits(s.a_format).elems_per_byte;
-  const std::string packed = fp4 ? " packed two per byte" : "";
+  const int64_t row_bytes = rows.bytes(kt);
+  const std::string packed = rows.packed;
   check_buffer("a", c.a, s.m * row_bytes, 16,
                "A [" + std::to_string(s.m) + ", " + std::to_string(kt) + "] " + std::string(traits(s.a_format).name) + packed);
   check_buffer("b", c.b, s.n * row_bytes, 16,
@@ -277,14 +280,11 @@ void Gemm::run_k_grouped(const GemmCall& c, CUstream stream) const {
   } else {
     const int64_t cols = se.a / s.m;
     const std::string what = std::string(st.scale_type) + " " + std::string(st.name) + " scales per row along the tokens ";
-    const int align = fp4 ? 16 : st.scale_bytes;  // nvfp4: a row's eight bytes of a k-block at once
+    const int align = std::max(st.scale_bytes, st.scale_align);
     check_buffer("a_scale", c.a_scale, se.a * st.scale_bytes, align, what + "[" + std::to_string(s.m) + ", " + std::to_string(cols) + "]");
     check_buffer("b_scale", c.b_scale, se.b * st.scale_bytes, align, what + "[" + std::to_string(s.n) + ", " + std::to_string(cols) + "]");
   }
-  if (fp4) {
-    check_buffer("a_amax", c.a_amax, g * 4, 4, "fp32 [num_groups] (nvfp4: the amax of the A copy each group's tokens come from)");
-    check_buffer("b_amax", c.b_amax, g * 4, 4, "fp32 [num_groups] (nvfp4: the amax of the B copy each group's tokens come from)");
-  }
+  check_amaxes(s, c, "the amax of the A copy each group's tokens come from", "the amax of the B copy each group's tokens come from");
   if (c.alpha.ptr) check_buffer("alpha", c.alpha, g * 4, 4, "fp32 [num_groups]");
   if (c.max_ctas < 0) throw UserError("max_ctas", "expected >= 0, got " + std::to_string(c.max_ctas));
   check_buffer("group_offsets", c.group_offsets, (g + 1) * 8, 8, "int64 [num_groups + 1] token offsets");
@@ -298,20 +298,13 @@ void Gemm::run_k_grouped(const GemmCall& c, CUstream stream) const {
 
   auto l = load_for_current_device();
   GemmArgs args{};
-  if (fp4) {  // packed e2m1, as M-grouped: A unswizzled, B with the 64-byte swizzle
-    const cuuint64_t rb = cuuint64_t(row_bytes);
-    args.a_map = encode_fp8_map("a", c.a.ptr, {rb, cuuint64_t(s.m)}, {rb}, {cuuint32_t(kGemmBlockK / 2), cuuint32_t(t.block_m)},
-                                CU_TENSOR_MAP_SWIZZLE_NONE);
-    args.b_map = encode_fp8_map("b", c.b.ptr, {rb, cuuint64_t(s.n)}, {rb}, {cuuint32_t(kGemmBlockK / 2), cuuint32_t(t.block_n)},
-                                CU_TENSOR_MAP_SWIZZLE_64B);
-    args.a_amax = reinterpret_cast<const float*>(c.a_amax.ptr);
-    args.b_amax = reinterpret_cast<const float*>(c.b_amax.ptr);
-  } else {
-    args.a_map = encode_fp8_map("a", c.a.ptr, {cuuint64_t(kt), cuuint64_t(s.m)}, {cuuint64_t(kt)},
-                                {cuuint32_t(kGemmBlockK), cuuint32_t(t.block_m)});
-    args.b_map = encode_fp8_map("b", c.b.ptr, {cuuint64_t(kt), cuuint64_t(s.n)}, {cuuint64_t(kt)},
-                                {cuuint32_t(kGemmBlockK), cuuint32_t(t.block_n)});
-  }
+  const cuuint64_t rb = cuuint64_t(row_bytes);
+  args.a_map = encode_map("a", CU_TENSOR_MAP_DATA_TYPE_UINT8, c.a.ptr, {rb, cuuint64_t(s.m)}, {rb},
+                          {rows.box_bytes, cuuint32_t(t.block_m)}, rows.a_swizzle);
+  args.b_map = encode_map("b", CU_TENSOR_MAP_DATA_TYPE_UINT8, c.b.ptr, {rb, cuuint64_t(s.n)}, {rb},
+                          {rows.box_bytes, cuuint32_t(t.block_n)}, rows.b_swizzle);
+  args.a_amax = reinterpret_cast<const float*>(c.a_amax.ptr);  // null unless nvfp4 (checked above)
+  args.b_amax = reinterpret_cast<const float*>(c.b_amax.ptr);
   // D [G][m][N] for the epilogue's tensor stores: boxes of 64 rows x 128 bytes (gemm.cuh, epilogue_tma).
   const cuuint64_t d_row = cuuint64_t(s.n * ob);
   args.d_map = encode_map("d", s.out_dtype == DType::FP32 ? CU_TENSOR_MAP_DATA_TYPE_FLOAT32 : CU_TENSOR_MAP_DATA_TYPE_BFLOAT16,
