@@ -1138,11 +1138,35 @@ __device__ void block2d_amax(const TileElem<Cfg>* src, u32* out) {
 template <class S>
 constexpr bool kStagedEntries = kByteEntries<S> && !S::kSwizzled;
 
-// Copies rows x per_row staged entry bytes to rows `pitch` bytes apart (every thread calls it,
-// after a barrier that follows the last staging write).
+// Copies rows x per_row staged entry bytes (src 4-byte aligned) to rows `pitch` bytes apart
+// (every thread calls it, after a barrier that follows the last staging write): a thread per
+// 4 or 2 bytes of a row where the rows allow it (the common case: a tile's row of MX entries is
+// 4 bytes, its transposed column 2 or 4), else a thread per byte.
+template <int W>
+struct EntryUnit {
+  using type = u8;
+};
+template <>
+struct EntryUnit<2> {
+  using type = u16;
+};
+template <>
+struct EntryUnit<4> {
+  using type = u32;
+};
+template <int T, int W>
+__device__ __forceinline__ void copy_entry_units(u8* dst, i64 pitch, const u8* src, int rows, int per_row) {
+  using U = typename EntryUnit<W>::type;
+  const int units = per_row / W;
+  for (int j = threadIdx.x; j < rows * units; j += T)
+    reinterpret_cast<U*>(dst + (j / units) * pitch)[j % units] = reinterpret_cast<const U*>(src)[j];
+}
 template <int T>
 __device__ __forceinline__ void copy_entries(u8* dst, i64 pitch, const u8* src, int rows, int per_row) {
-  for (int j = threadIdx.x; j < rows * per_row; j += T) dst[(j / per_row) * pitch + j % per_row] = src[j];
+  const u64 align = reinterpret_cast<u64>(dst) | u64(pitch);
+  if (per_row % 4 == 0 && align % 4 == 0) copy_entry_units<T, 4>(dst, pitch, src, rows, per_row);
+  else if (per_row % 2 == 0 && align % 2 == 0) copy_entry_units<T, 2>(dst, pitch, src, rows, per_row);
+  else copy_entry_units<T, 1>(dst, pitch, src, rows, per_row);
 }
 
 // Interior tiles, rowwise 1D blocks wider than one run (1x16, 1x32, 1x128): the scale of each
