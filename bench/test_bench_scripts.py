@@ -268,3 +268,89 @@ def test_gemm_section_ratios(tmp_path):
     wgrad = next(l for l in text.splitlines() if l.startswith("| wgrad"))
     assert "8 x 32768 tokens, M 4096 N 7168" in wgrad and "| 1200 |" in wgrad
     assert "torch _scaled_grouped_mm fp8 rowwise" in text
+
+
+# ---------------------------------------------------------------------------------------------
+# ablate.py (scripts/ablate.sh): stage-removal variants of cast.cuh
+# ---------------------------------------------------------------------------------------------
+import shutil  # noqa: E402
+import subprocess  # noqa: E402
+
+import ablate  # noqa: E402
+
+CAST = REPO / "templates" / "qforge" / "cast.cuh"
+
+
+def test_every_ablation_applies_to_the_shipped_header():
+    text = CAST.read_text()
+    outs = {}
+    for name in ablate.ABLATIONS:
+        out = ablate.apply(name, text)
+        assert out != text, name
+        for _, replacement in ablate.ABLATIONS[name][1]:
+            assert replacement in out, name
+        outs[name] = out
+    assert len(set(outs.values())) == len(outs)  # every variant is its own kernel
+    assert ablate.main(["check", str(CAST)]) == 0
+
+
+def test_ablation_errors_name_what_is_wrong(tmp_path, capsys):
+    with pytest.raises(ablate.AblationError, match="unknown ablation 'no-such'"):
+        ablate.apply("no-such", CAST.read_text())
+    # A header edited so that an anchor moved: the ablation is named, not silently a no-op.
+    with pytest.raises(ablate.AblationError, match=r"ablation 'no-partials'.*occurs 0 times"):
+        ablate.apply("no-partials", CAST.read_text().replace("column_partials<Cfg>(src, part);", "x();"))
+    bad = tmp_path / "cast.cuh"
+    bad.write_text("// no anchors\n")
+    assert ablate.main(["check", str(bad)]) == 1
+    assert "ablate: error: ablation 'no-entries'" in capsys.readouterr().err
+    assert ablate.main(["apply", "no-entries", str(tmp_path / "missing.cuh"), str(tmp_path / "o")]) == 1
+    assert ablate.main(["frobnicate"]) == 2
+
+
+def _bench_json(path, rows):
+    path.write_text(json.dumps({"copy_gbps": 3000.0, "results": [
+        {"recipe": r, "role": "linear:input", "usage": "training", "shape": [m, k], "grouped": False, "time_us": t}
+        for r, m, k, t in rows] + [{"recipe": "x", "role": "y", "usage": "training", "shape": [1, 1], "error": "e"}]}))
+
+
+def test_ablate_report_table(tmp_path, capsys):
+    _bench_json(tmp_path / "shipped__1__0.json", [("mxfp8_hopper", 16384, 16384, 459.2)])
+    _bench_json(tmp_path / "shipped__2__0.json", [("mxfp8_hopper", 16384, 16384, 458.8)])
+    _bench_json(tmp_path / "no-entries__1__0.json", [("mxfp8_hopper", 16384, 16384, 383.9)])
+    _bench_json(tmp_path / "no-entries__2__0.json", [("mxfp8_hopper", 16384, 16384, 383.9)])
+    _bench_json(tmp_path / "no-rowwise__1__0.json", [("mxfp8_hopper", 16384, 16384, 317.7)])
+    table = ablate.report(tmp_path)
+    lines = table.splitlines()
+    assert lines[0] == "| case (us per call) | shipped | no-entries | no-rowwise |"
+    assert lines[2] == "| mxfp8_hopper linear:input training 16384x16384 | 458.8-459.2 | 383.9 | 317.7 |"
+    assert len(lines) == 3  # the error entry is not a case
+    assert ablate.main(["report", str(tmp_path)]) == 0 and capsys.readouterr().out == table
+    (tmp_path / "bogus__1__0.json").write_text("{}")
+    with pytest.raises(ablate.AblationError, match="'bogus' is neither 'shipped' nor an ablation"):
+        ablate.report(tmp_path)
+    with pytest.raises(ablate.AblationError, match="no qforge_bench results"):
+        ablate.report(tmp_path / "nothing-here")
+
+
+NVCC = shutil.which("nvcc") or ("/usr/local/cuda/bin/nvcc" if Path("/usr/local/cuda/bin/nvcc").exists() else None)
+
+
+@pytest.mark.skipif(NVCC is None or not QFORGE.exists(), reason="needs nvcc and the qforge CLI")
+def test_ablated_kernels_compile_for_sm90a(tmp_path):
+    """Each variant's cast kernel (mxfp8_hopper's training plan: both directions, transposed
+    32-row blocks, staged entries) compiles, so scripts/ablate.sh's builds time real kernels."""
+    out = subprocess.run([str(QFORGE), "inspect", str(REPO / "recipes" / "mxfp8_hopper.json"), "--role", "linear:input",
+                          "--usage", "training", "--source"], check=True, capture_output=True, text=True).stdout
+    lines = out.splitlines()
+    start = lines.index("// ---- source")
+    kernel = next(l for l in lines[start:] if l.startswith("// cast_kernel: ")).split(": ", 1)[1]
+    src = "\n".join(lines[start + 1:]) + "\ntemplate __global__ void %s(const qf::QuantizeArgs);\n" % kernel
+    (tmp_path / "k.cu").write_text(src)
+    for name in ablate.ABLATIONS:
+        inc = tmp_path / name
+        shutil.copytree(REPO / "templates", inc)
+        (inc / "qforge" / "cast.cuh").write_text(ablate.apply(name, CAST.read_text()))
+        r = subprocess.run([NVCC, "-arch=sm_90a", "-cubin", "-std=c++17", "-I", str(inc), str(tmp_path / "k.cu"),
+                            "-o", str(tmp_path / (name + ".cubin"))], capture_output=True, text=True)
+        assert r.returncode == 0, (name, r.stderr[-2000:])

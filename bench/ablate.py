@@ -1,0 +1,124 @@
+#!/usr/bin/env python3
+"""Timing-only variants of the cast kernel with one stage taken out (for "what limits it").
+
+  ablate.py list
+  ablate.py check HEADER            every ablation still applies to HEADER (exit 1 naming the one that does not)
+  ablate.py apply NAME HEADER OUT   writes HEADER with stage NAME taken out to OUT
+  ablate.py report DIR              the markdown table of DIR's qforge_bench results, named
+                                    VARIANT__ROUND__N.json (VARIANT: shipped or an ablation)
+
+The variants compute wrong outputs on purpose: they exist to be timed beside the shipped kernel
+(scripts/ablate.sh builds one tree per variant and runs qforge_bench on each). Each ablation is a
+list of (anchor, replacement) edits of templates/qforge/cast.cuh; an anchor must occur exactly
+once, so an edit of the header that moves one makes `check` fail (bench/test_bench_scripts.py)
+instead of silently timing the shipped kernel twice.
+"""
+import json
+import sys
+from collections import defaultdict
+from pathlib import Path
+
+_STORE_ENTRY = "__device__ __forceinline__ void store_entry(void* base, i64 off, u32 entry) {\n"
+_COPY_ENTRIES = "__device__ __forceinline__ void copy_entries(u8* dst, i64 pitch, const u8* src, int rows, int per_row) {\n"
+_CAST_STREAM = "        cast_stream<Cfg, S>(a, mem, col0, full, tile, rtile, regions[s], scale_base[s], report);"
+
+
+def _skip_entries(condition):
+    return [(_STORE_ENTRY, _STORE_ENTRY + "  if (%s) return;\n" % condition),
+            (_COPY_ENTRIES, _COPY_ENTRIES + "  if (%s) return;\n" % condition)]
+
+
+# name -> (what it takes out, edits)
+ABLATIONS = {
+    "no-entries": ("the scale-entry stores and the staged entries' copy-out, compiled out",
+                   _skip_entries("true")),
+    "entries-quarter": ("the same, skipped at run time in 3 of every 4 CTAs (the code unchanged)",
+                        _skip_entries("((blockIdx.x + blockIdx.y) & 3) != 0")),
+    "no-partials": ("the column-partials pass of transposed blocks longer than 16 rows",
+                    [("        column_partials<Cfg>(src, part);\n        __syncthreads();\n", "")]),
+    "no-rowwise": ("every rowwise stream",
+                   [(_CAST_STREAM, "        if constexpr (S::kDir != 0) " + _CAST_STREAM.lstrip())]),
+    "no-columnwise": ("every columnwise stream",
+                      [(_CAST_STREAM, "        if constexpr (S::kDir == 0) " + _CAST_STREAM.lstrip())]),
+}
+
+
+class AblationError(Exception):
+    pass
+
+
+def apply(name, text):
+    """Returns `text` (cast.cuh) with ablation `name` applied."""
+    if name not in ABLATIONS:
+        raise AblationError("unknown ablation %r; expected one of %s" % (name, ", ".join(ABLATIONS)))
+    for anchor, replacement in ABLATIONS[name][1]:
+        n = text.count(anchor)
+        if n != 1:
+            first = anchor.strip().splitlines()[0]
+            raise AblationError("ablation %r: its anchor %r occurs %d times in the header, expected once"
+                                % (name, first, n))
+        text = text.replace(anchor, replacement)
+    return text
+
+
+def report(directory):
+    """Markdown table: one row per (recipe, role, usage, shape), one column per variant (shipped
+    first), each cell the range of time_us over the rounds."""
+    times = defaultdict(lambda: defaultdict(list))  # case -> variant -> [us]
+    variants = []
+    for f in sorted(Path(directory).glob("*__*__*.json")):
+        variant = f.name.split("__")[0]
+        if variant != "shipped" and variant not in ABLATIONS:
+            raise AblationError("%s: %r is neither 'shipped' nor an ablation" % (f, variant))
+        if variant not in variants:
+            variants.append(variant)
+        for r in json.loads(f.read_text()).get("results", []):
+            if "time_us" not in r:
+                continue
+            m, k = r["shape"]
+            case = "%s %s %s%s %dx%d" % (r["recipe"], r["role"], r["usage"], " grouped" if r.get("grouped") else "", m, k)
+            times[case][variant].append(float(r["time_us"]))
+    if not times:
+        raise AblationError("%s: no qforge_bench results (VARIANT__ROUND__N.json)" % directory)
+    variants.sort(key=lambda v: (v != "shipped", list(ABLATIONS).index(v) if v in ABLATIONS else -1))
+
+    def cell(ts):
+        if not ts:
+            return "-"
+        lo, hi = min(ts), max(ts)
+        return "%.1f" % lo if hi - lo < 0.05 else "%.1f-%.1f" % (lo, hi)
+
+    lines = ["| case (us per call) | " + " | ".join(variants) + " |",
+             "|---|" + "---|" * len(variants)]
+    for case in sorted(times):
+        lines.append("| %s | %s |" % (case, " | ".join(cell(times[case][v]) for v in variants)))
+    return "\n".join(lines) + "\n"
+
+
+def main(argv):
+    if argv == ["list"]:
+        for name, (what, _) in ABLATIONS.items():
+            print("%-16s %s" % (name, what))
+        return 0
+    try:
+        if len(argv) == 2 and argv[0] == "check":
+            text = Path(argv[1]).read_text()
+            for name in ABLATIONS:
+                apply(name, text)
+            print("ablate: all %d ablations apply to %s" % (len(ABLATIONS), argv[1]))
+            return 0
+        if len(argv) == 2 and argv[0] == "report":
+            sys.stdout.write(report(argv[1]))
+            return 0
+        if len(argv) == 4 and argv[0] == "apply":
+            Path(argv[3]).write_text(apply(argv[1], Path(argv[2]).read_text()))
+            return 0
+    except (AblationError, OSError, ValueError, KeyError) as e:
+        print("ablate: error: %s" % e, file=sys.stderr)
+        return 1
+    print("usage: ablate.py list | check HEADER | apply NAME HEADER OUT | report DIR", file=sys.stderr)
+    return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,49 @@
+#!/usr/bin/env bash
+# "What limits it", by taking stages out: builds the cast kernels with one stage removed
+# (bench/ablate.py: scale-entry stores, column partials, a whole direction) beside the shipped
+# ones, one tree per variant, and times every variant with qforge_bench on a Hopper machine,
+# alternating the variants ROUNDS times. The variants' outputs are wrong on purpose; only their
+# times mean something.
+#   scripts/ablate.sh OUT_DIR [SIZES] [FILTER...]
+#     SIZES   qforge_bench --sizes (default 16384x16384)
+#     FILTER  qforge_bench --filter substrings (default: mxfp8_hopper and 1x128 blockwise
+#             linear:input training)
+#   ABLATIONS="no-entries no-rowwise ..." picks variants (default all), ROUNDS (default 2).
+# Writes OUT_DIR/json/VARIANT__ROUND__N.json and OUT_DIR/ablate.md, and prints the table.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+OUT=${1:?usage: scripts/ablate.sh OUT_DIR [SIZES] [FILTER...]}
+SIZES=${2:-16384x16384}
+shift 2 || shift $#
+FILTERS=("$@")
+[ ${#FILTERS[@]} -eq 0 ] && FILTERS=("mxfp8_hopper linear:input training" "float8_block_scaling linear:input training")
+ROUNDS=${ROUNDS:-2}
+mkdir -p "$OUT/json"
+OUT=$(cd "$OUT" && pwd)
+python3 bench/ablate.py check templates/qforge/cast.cuh || exit 1
+read -r -a NAMES <<<"${ABLATIONS:-$(python3 bench/ablate.py list | awk '{print $1}' | tr '\n' ' ')}"
+. scripts/gpu_build.sh
+gpu_build "$OUT" qforge_bench || exit 1
+declare -A BENCH=([shipped]="$PWD/$BUILD/bench/qforge_bench")
+DEPS=${QFORGE_DEPS_PREFIX:-}
+[ -z "$DEPS" ] && [ -d .gpudeps ] && DEPS="$PWD/.gpudeps"
+for v in "${NAMES[@]}"; do
+  tree="$OUT/tree-$v"
+  rm -rf "$tree" && mkdir -p "$tree"
+  git ls-files -z | tar --null -cf - -T - | tar -C "$tree" -xf - || { echo "ablate: copying the tree failed"; exit 1; }
+  python3 bench/ablate.py apply "$v" templates/qforge/cast.cuh "$tree/templates/qforge/cast.cuh" || exit 1
+  (cd "$tree" && QFORGE_BUILD_DIR=build QFORGE_DEPS_PREFIX="$DEPS" gpu_build "$OUT" qforge_bench) ||
+    { echo "ablate: building $v failed (log: $OUT/build.log)"; exit 1; }
+  BENCH[$v]="$tree/build/bench/qforge_bench"
+done
+for ((round = 1; round <= ROUNDS; ++round)); do
+  for i in "${!FILTERS[@]}"; do
+    for v in shipped "${NAMES[@]}"; do
+      # One kernel cache per variant: the variants' kernels share their generated source.
+      QFORGE_CACHE_DIR="$OUT/cache-$v" "${BENCH[$v]}" --sizes "$SIZES" --filter "${FILTERS[$i]}" \
+        --out "$OUT/json/${v}__${round}__${i}.json" >"$OUT/json/${v}__${round}__${i}.log" 2>&1 ||
+        { echo "ablate: qforge_bench ($v) failed: $OUT/json/${v}__${round}__${i}.log"; exit 1; }
+    done
+  done
+done
+python3 bench/ablate.py report "$OUT/json" | tee "$OUT/ablate.md"
