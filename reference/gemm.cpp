@@ -62,7 +62,7 @@ GemmRows gemm_reference(const GemmSpec& spec, const GemmOperands& ops, std::span
   const int64_t lda = kg ? ops.k_total : k;
   const int64_t out_rows = kg ? groups * spec.m : ops.m_total;
   const bool fp4 = spec.scaling == GemmScaling::Nvfp4;
-  const int64_t row_bytes = fp4 ? lda / 2 : lda;  // bytes per operand row
+  const int64_t row_bytes = lda / traits(spec.a_format).elems_per_byte;  // bytes per operand row
   QF_CHECK(!kg || ops.k_total % gemm_k_total_multiple(spec) == 0, "k-grouped: k_total % gemm_k_total_multiple == 0");
   QF_CHECK(kg ? int64_t(ops.a.size()) >= spec.m * row_bytes && int64_t(ops.b.size()) >= n * row_bytes
               : int64_t(ops.a.size()) >= ops.m_total * row_bytes && int64_t(ops.b.size()) >= groups * n * row_bytes,
@@ -92,30 +92,30 @@ GemmRows gemm_reference(const GemmSpec& spec, const GemmOperands& ops, std::span
     out.group[i] = owner[size_t(rows[i])];
   }
 
-  const int64_t k32 = k / 32;
-  // K-grouped blockwise / mxfp8 / nvfp4: a scale per row of A and of B per 128 / 32 / 16 tokens.
-  const int64_t kg_block = traits(spec.scaling).scale_k;
-  const bool kg_rows = kg && kg_block > 0;
-  const int64_t kg_cols = kg_rows ? (ops.k_total + kg_block - 1) / kg_block : 0;
+  // mxfp8 / nvfp4 (and K-grouped blockwise): a scale per row of A and of B per 32 / 16 (128) of K.
+  const int64_t sk = traits(spec.scaling).scale_k;
+  const int64_t row_scales = sk > 0 ? k / sk : 0;  // M-grouped scales per row
+  const bool kg_rows = kg && sk > 0;
+  const int64_t kg_cols = kg_rows ? (ops.k_total + sk - 1) / sk : 0;
   auto a_scale = [&](int64_t r, int64_t kk, int g) -> double {
-    if (kg_rows) return scale_at(spec, ops.a_scale, r * kg_cols + kk / kg_block);
+    if (kg_rows) return scale_at(spec, ops.a_scale, r * kg_cols + kk / sk);
     switch (spec.scaling) {
       case GemmScaling::PerTensor: return scale_at(spec, ops.a_scale, g);
       case GemmScaling::RowChannel: return scale_at(spec, ops.a_scale, r);
       case GemmScaling::Block128: return scale_at(spec, ops.a_scale, r * kb + kk / 128);
-      case GemmScaling::Mx32: return scale_at(spec, ops.a_scale, r * k32 + kk / 32);
-      case GemmScaling::Nvfp4: return scale_at(spec, ops.a_scale, r * (k / 16) + kk / 16);
+      case GemmScaling::Mx32:
+      case GemmScaling::Nvfp4: return scale_at(spec, ops.a_scale, r * row_scales + kk / sk);
     }
     return 0;
   };
   auto b_scale = [&](int g, int64_t col, int64_t kk) -> double {
-    if (kg_rows) return scale_at(spec, ops.b_scale, col * kg_cols + kk / kg_block);
+    if (kg_rows) return scale_at(spec, ops.b_scale, col * kg_cols + kk / sk);
     switch (spec.scaling) {
       case GemmScaling::PerTensor: return scale_at(spec, ops.b_scale, g);
       case GemmScaling::RowChannel: return scale_at(spec, ops.b_scale, int64_t(g) * n + col);
       case GemmScaling::Block128: return scale_at(spec, ops.b_scale, (int64_t(g) * nb + col / 128) * kb + kk / 128);
-      case GemmScaling::Mx32: return scale_at(spec, ops.b_scale, (int64_t(g) * n + col) * k32 + kk / 32);
-      case GemmScaling::Nvfp4: return scale_at(spec, ops.b_scale, (int64_t(g) * n + col) * (k / 16) + kk / 16);
+      case GemmScaling::Mx32:
+      case GemmScaling::Nvfp4: return scale_at(spec, ops.b_scale, (int64_t(g) * n + col) * row_scales + kk / sk);
     }
     return 0;
   };

@@ -93,7 +93,7 @@ void fill_problem(const GemmSpec& spec, GemmProblem& p, GemmValues values, bool 
   const bool kg = spec.layout == GemmLayout::KGrouped;
   p.out_rows = kg ? g * spec.m : p.m_total;
   const bool fp4 = spec.scaling == GemmScaling::Nvfp4;
-  const int64_t row_bytes = (kg ? p.k_total : k) / (fp4 ? 2 : 1);
+  const int64_t row_bytes = (kg ? p.k_total : k) / traits(spec.a_format).elems_per_byte;
   p.a.resize(size_t(kg ? spec.m * row_bytes : p.m_total * row_bytes));
   p.b.resize(size_t(kg ? n * row_bytes : g * n * row_bytes));
   fill_bytes(p.a, byte_table(spec.a_format, values, seed * 3 + 1), seed * 5 + 2, threads);
