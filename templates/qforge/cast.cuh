@@ -405,8 +405,13 @@ __device__ __forceinline__ u32 enc_sr(float x, u32 r) {
 template <u32 kFirstNan>
 __device__ __forceinline__ u32 fix_nan_bytes(u32 w) {
   constexpr u32 kAdd = (0x80u - kFirstNan) * 0x01010101u;
+  if constexpr (kFirstNan == 0x7Fu) {  // 0x7F / 0xFF -> 0x7F: w & ~(t & 0x80808080) in one lop3
+    const u32 t = (w & 0x7F7F7F7Fu) + kAdd;
+    u32 r;
+    asm("lop3.b32 %0, %1, %2, 0x80808080, 0x70;" : "=r"(r) : "r"(w), "r"(t));
+    return r;
+  }
   const u32 top = ((w & 0x7F7F7F7Fu) + kAdd) & 0x80808080u;  // bit 7 of each NaN byte
-  if constexpr (kFirstNan == 0x7Fu) return w & ~top;          // 0x7F / 0xFF -> 0x7F
   const u32 full = (top >> 7) * 0xFFu;
   return (w & ~full) | (0x7F7F7F7Fu & full);
 }
@@ -815,29 +820,49 @@ __device__ __forceinline__ void rotated_group(const TileElem<Cfg>* tile, int r, 
   for (int j = 0; j < 16; j += 2) round2_to_dtype(v[j], v[j + 1], Cfg::kInDtype);
 }
 
-// Interior tiles (kFull: the whole tile inside the member and K, K % 16 == 0) take 16-byte
-// loads without checks.
+// An interior tile's 16-byte chunks (the whole tile inside the member and K, K % 16 == 0),
+// straight from global memory without checks, every load of the thread issued together. Chunk
+// it * T + threadIdx.x is tile row / CH, chunk column % CH (item_rc): with T % CH == 0 a thread
+// keeps its chunk column, so its loads are one address plus multiples of one row stride.
+template <class Cfg>
+struct TileChunks {
+  static constexpr int E = kElemsPer16<Cfg::kInDtype>, CH = Cfg::kTileCols / E, N = Cfg::kTileRows * CH;
+  static constexpr int kIters = (N + Cfg::kThreads - 1) / Cfg::kThreads;
+  static_assert(Cfg::kTileCols % E == 0, "whole 16-byte chunks per tile row");
+};
+template <class Cfg>
+__device__ __forceinline__ void load_chunks_full(const QuantizeArgs& a, const Member& mem, i64 col0,
+                                                 uint4 (&raw)[TileChunks<Cfg>::kIters]) {
+  using TCh = TileChunks<Cfg>;
+  constexpr int T = Cfg::kThreads, E = TCh::E, CH = TCh::CH, N = TCh::N, kBytes = Cfg::kInDtype == 0 ? 4 : 2;
+  int r0, c0;
+  item_rc<CH, T>(0, r0, c0);
+  const char* first = static_cast<const char*>(a.x) +
+                      ((mem.row_base + mem.tile_row * Cfg::kTileRows + r0) * a.k + col0 + c0 * E) * kBytes;
+#pragma unroll
+  for (int it = 0; it < TCh::kIters; ++it) {
+    int r, c;
+    item_rc<CH, T>(it, r, c);
+    raw[it] = make_uint4(0, 0, 0, 0);
+    if (!item_past_end<N, T>(it))
+      raw[it] = __ldg(reinterpret_cast<const uint4*>(first + (i64(r - r0) * a.k + (c - c0) * E) * kBytes));
+  }
+}
+
+// The interior tile into shared memory (the stores of a thread: one tile offset plus constants,
+// its rows advancing by T / CH, a multiple of the swizzle's 8 rows in every shipped tile).
 template <class Cfg>
 __device__ __forceinline__ void load_tile_full(const QuantizeArgs& a, const Member& mem, i64 col0, TileElem<Cfg>* tile) {
-  constexpr int TR = Cfg::kTileRows, TC = Cfg::kTileCols, T = Cfg::kThreads;
-  constexpr int E = kElemsPer16<Cfg::kInDtype>, CH = TC / E, N = TR * CH, kIters = (N + T - 1) / T;
-  static_assert(TC % E == 0, "whole 16-byte chunks per tile row");
-  const char* base = static_cast<const char*>(a.x) +
-                     ((mem.row_base + mem.tile_row * TR) * a.k + col0) * (Cfg::kInDtype == 0 ? 4 : 2);
+  using TCh = TileChunks<Cfg>;
+  constexpr int TC = Cfg::kTileCols, T = Cfg::kThreads, E = TCh::E, CH = TCh::CH, N = TCh::N, kIters = TCh::kIters;
   uint4 raw[kIters];
+  load_chunks_full<Cfg>(a, mem, col0, raw);
 #pragma unroll
   for (int it = 0; it < kIters; ++it) {
-    const int i = it * T + int(threadIdx.x);
-    if (N % T == 0 || i < N) {
-      const int r = i / CH, c = (i % CH) * E;
-      raw[it] = __ldg(reinterpret_cast<const uint4*>(base + (i64(r) * a.k + c) * (Cfg::kInDtype == 0 ? 4 : 2)));
-    }
-  }
-#pragma unroll
-  for (int it = 0; it < kIters; ++it) {
-    const int i = it * T + int(threadIdx.x);
-    if (N % T == 0 || i < N) {
-      const int r = i / CH, c = (i % CH) * E;
+    int r, c;
+    item_rc<CH, T>(it, r, c);
+    c *= E;
+    if (!item_past_end<N, T>(it)) {
       if constexpr (Cfg::kInDtype == 0) {
         *reinterpret_cast<uint4*>(tile + tile_off<TC>(r, c)) = raw[it];
       } else if constexpr (Cfg::kStage16) {  // the input's bits: two chunks of four
@@ -931,18 +956,9 @@ __device__ __forceinline__ float chunk_amax(const uint4& raw, float m) {
 // inputs packed max/abs on pairs (max ignores a NaN operand, as amax_step does).
 template <class Cfg>
 __device__ __forceinline__ float tile_amax_full(const QuantizeArgs& a, const Member& mem, i64 col0) {
-  constexpr int TR = Cfg::kTileRows, TC = Cfg::kTileCols, T = Cfg::kThreads;
-  constexpr int E = kElemsPer16<Cfg::kInDtype>, CH = TC / E, N = TR * CH, kIters = (N + T - 1) / T;
-  constexpr int B = Cfg::kInDtype == 0 ? 4 : 2;
-  const char* base = static_cast<const char*>(a.x) + ((mem.row_base + mem.tile_row * TR) * a.k + col0) * B;
-  uint4 raw[kIters];
-#pragma unroll
-  for (int it = 0; it < kIters; ++it) {
-    const int i = it * T + int(threadIdx.x);
-    raw[it] = make_uint4(0, 0, 0, 0);
-    if (N % T == 0 || i < N)
-      raw[it] = __ldg(reinterpret_cast<const uint4*>(base + (i64(i / CH) * a.k + (i % CH) * E) * B));
-  }
+  constexpr int kIters = TileChunks<Cfg>::kIters;
+  uint4 raw[kIters];  // zero past the end
+  load_chunks_full<Cfg>(a, mem, col0, raw);
   if constexpr (Cfg::kInDtype == 0) {
     float m = 0.0f;
 #pragma unroll
@@ -989,9 +1005,10 @@ __device__ __forceinline__ void tile_tensor_amaxes_full(const QuantizeArgs& a, c
     if (item_past_end<N, T>(it)) break;
     int g, w;
     item_rc<CW, T>(it, g, w);
+    const char* group = base + (i64(g) * 16 * a.k + w * E) * B;
     uint2 word[16];
 #pragma unroll
-    for (int j = 0; j < 16; ++j) word[j] = __ldg(reinterpret_cast<const uint2*>(base + (i64(g * 16 + j) * a.k + w * E) * B));
+    for (int j = 0; j < 16; ++j) word[j] = __ldg(reinterpret_cast<const uint2*>(group + i64(j) * a.k * B));
 #pragma unroll
     for (int e = 0; e < E; ++e) {
       float v[16];
@@ -1103,6 +1120,31 @@ __device__ __forceinline__ void maybe_store_entry(const StreamArgs& out, i64 dr,
   }
 }
 
+// max |x| over tile row r, columns [c0, c0 + B) (c0 % B == 0, B % 4 == 0), by 16-byte reads.
+// The swizzle permutes chunks only inside aligned groups of 8 (tile_off), so a run of whole
+// groups (B >= 32) is read slot by slot: one swizzled offset per slot, its chunk in each group
+// at a constant distance (immediate offsets; max ignores the order). Four running maxima.
+template <int TC, int B, class Elem>
+__device__ __forceinline__ float row_run_amax(const Elem* src, int r, int c0) {
+  float m[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+  auto step = [&](int off) {
+    const float4 f = tld4(src, off);
+    m[0] = amax_step(m[0], f.x), m[1] = amax_step(m[1], f.y), m[2] = amax_step(m[2], f.z), m[3] = amax_step(m[3], f.w);
+  };
+  if constexpr (B % 32 == 0) {
+#pragma unroll
+    for (int p = 0; p < 8; ++p) {
+      const int off = tile_off<TC>(r, c0 + 4 * p);
+#pragma unroll
+      for (int g = 0; g < B / 32; ++g) step(off + 32 * g);
+    }
+  } else {
+#pragma unroll
+    for (int q = 0; q < B; q += 4) step(tile_off<TC>(r, c0 + q));
+  }
+  return fmaxf(fmaxf(m[0], m[1]), fmaxf(m[2], m[3]));
+}
+
 // 2D block amaxes of a stream over the tile (also 1D rowwise blocks wider than 128), into
 // shared memory (u32 float bits): one thread per row of a block (its BC / 4 chunks; lanes on
 // consecutive rows, which the swizzle keeps apart), G lanes per block reduced with shuffles,
@@ -1117,14 +1159,7 @@ __device__ void block2d_amax(const TileElem<Cfg>* src, u32* out) {
   __syncthreads();
   for (int it = 0; it < (N + T - 1) / T; ++it) {  // every lane of a warp runs each iteration (shuffles)
     const int j = it * T + int(threadIdx.x), blk = j / BR, r = (blk / NBC) * BR + j % BR, c0 = (blk % NBC) * BC;
-    float m = 0.0f;
-    if (j < N) {
-#pragma unroll 8
-      for (int q = 0; q < BC; q += 4) {
-        const float4 f = tld4(src, tile_off<TC>(r, c0 + q));
-        m = amax_step(amax_step(amax_step(amax_step(m, f.x), f.y), f.z), f.w);
-      }
-    }
+    float m = j < N ? row_run_amax<TC, BC>(src, r, c0) : 0.0f;
     m = group_max<G>(m);
     if (j < N && j % G == 0) atomicMax(&out[blk], f32_bits(m));
   }
@@ -1184,12 +1219,7 @@ __device__ void row_block_scales(const QuantizeArgs& a, const Member& mem, i64 c
     if (item_past_end<N, T>(it)) break;
     int b, r;
     item_rc<TR, T>(it, b, r);
-    float m = 0.0f;
-#pragma unroll 8
-    for (int q = 0; q < B; q += 4) {
-      const float4 f = tld4(src, tile_off<TC>(r, b * B + q));
-      m = amax_step(amax_step(amax_step(amax_step(m, f.x), f.y), f.z), f.w);
-    }
+    const float m = row_run_amax<TC, B>(src, r, b * B);
     float mul;
     u32 entry;
     block_scale<Cfg, S>(m, ctx, mul, entry);
