@@ -5,7 +5,8 @@
   ablate.py check HEADER            every ablation still applies to HEADER (exit 1 naming the one that does not)
   ablate.py apply NAME HEADER OUT   writes HEADER with stage NAME taken out to OUT
   ablate.py report DIR              the markdown table of DIR's qforge_bench results, named
-                                    VARIANT__ROUND__N.json (VARIANT: shipped or an ablation)
+                                    VARIANT__ROUND__N.json (VARIANT: shipped, an ablation, or
+                                    rev:REV, the whole tracked tree at git revision REV)
 
 The variants compute wrong outputs on purpose: they exist to be timed beside the shipped kernel
 (scripts/ablate.sh builds one tree per variant and runs qforge_bench on each). Each ablation is a
@@ -47,6 +48,11 @@ class AblationError(Exception):
     pass
 
 
+def is_revision(variant):
+    """A variant "rev:REV" is the tracked tree at git revision REV (an A/B of two commits)."""
+    return variant.startswith("rev:") and len(variant) > 4
+
+
 def apply(name, text):
     """Returns `text` (cast.cuh) with ablation `name` applied."""
     if name not in ABLATIONS:
@@ -68,8 +74,8 @@ def report(directory):
     variants = []
     for f in sorted(Path(directory).glob("*__*__*.json")):
         variant = f.name.split("__")[0]
-        if variant != "shipped" and variant not in ABLATIONS:
-            raise AblationError("%s: %r is neither 'shipped' nor an ablation" % (f, variant))
+        if variant != "shipped" and variant not in ABLATIONS and not is_revision(variant):
+            raise AblationError("%s: %r is neither 'shipped', an ablation nor rev:REV" % (f, variant))
         if variant not in variants:
             variants.append(variant)
         for r in json.loads(f.read_text()).get("results", []):
@@ -80,7 +86,7 @@ def report(directory):
             times[case][variant].append(float(r["time_us"]))
     if not times:
         raise AblationError("%s: no qforge_bench results (VARIANT__ROUND__N.json)" % directory)
-    variants.sort(key=lambda v: (v != "shipped", list(ABLATIONS).index(v) if v in ABLATIONS else -1))
+    variants.sort(key=lambda v: (v != "shipped", is_revision(v), list(ABLATIONS).index(v) if v in ABLATIONS else v))
 
     def cell(ts):
         if not ts:

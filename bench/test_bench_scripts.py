@@ -20,6 +20,7 @@ REPO = HERE.parent
 sys.path.insert(0, str(HERE))
 
 import report  # noqa: E402
+import sass_hotspots  # noqa: E402
 
 SIZES = [(1024, 1024), (2048, 2048), (4096, 4096), (8192, 8192), (16384, 16384), (65536, 7168)]
 
@@ -327,10 +328,21 @@ def test_ablate_report_table(tmp_path, capsys):
     assert len(lines) == 3  # the error entry is not a case
     assert ablate.main(["report", str(tmp_path)]) == 0 and capsys.readouterr().out == table
     (tmp_path / "bogus__1__0.json").write_text("{}")
-    with pytest.raises(ablate.AblationError, match="'bogus' is neither 'shipped' nor an ablation"):
+    with pytest.raises(ablate.AblationError, match="'bogus' is neither 'shipped', an ablation nor rev:REV"):
         ablate.report(tmp_path)
     with pytest.raises(ablate.AblationError, match="no qforge_bench results"):
         ablate.report(tmp_path / "nothing-here")
+
+
+def test_ablate_report_revisions(tmp_path):
+    """rev:REV variants (the tree at a commit, scripts/ablate.sh) come after the ablations."""
+    _bench_json(tmp_path / "rev:HEAD~1__1__0.json", [("nvfp4", 16384, 16384, 677.0)])
+    _bench_json(tmp_path / "no-rowwise__1__0.json", [("nvfp4", 16384, 16384, 502.0)])
+    _bench_json(tmp_path / "shipped__1__0.json", [("nvfp4", 16384, 16384, 657.0)])
+    lines = ablate.report(tmp_path).splitlines()
+    assert lines[0] == "| case (us per call) | shipped | no-rowwise | rev:HEAD~1 |"
+    assert lines[2] == "| nvfp4 linear:input training 16384x16384 | 657.0 | 502.0 | 677.0 |"
+    assert ablate.is_revision("rev:37ab1dd") and not ablate.is_revision("rev:") and not ablate.is_revision("no-entries")
 
 
 NVCC = shutil.which("nvcc") or ("/usr/local/cuda/bin/nvcc" if Path("/usr/local/cuda/bin/nvcc").exists() else None)
@@ -354,3 +366,48 @@ def test_ablated_kernels_compile_for_sm90a(tmp_path):
         r = subprocess.run([NVCC, "-arch=sm_90a", "-cubin", "-std=c++17", "-I", str(inc), str(tmp_path / "k.cu"),
                             "-o", str(tmp_path / (name + ".cubin"))], capture_output=True, text=True)
         assert r.returncode == 0, (name, r.stderr[-2000:])
+
+
+_SRC_HEADER = ('"Address","Source","Warp Stall Sampling (All Samples)","Warp Stall Sampling (Not-issued Samples)",'
+               '"# Samples","Instructions Executed","Thread Instructions Executed"')
+
+
+def _src_csv(path, kernels):
+    lines = ["==PROF== Connected to process 1 (qforge_bench)"]
+    for name, rows in kernels:
+        lines += ['"Kernel Name","%s",' % name, _SRC_HEADER]
+        lines += ['"0x%x","%s","%d","0","%d","%s","0"' % (a, sass, s, s, n) for a, sass, n, s in rows]
+    path.write_text("\n".join(lines) + "\n")
+
+
+def test_sass_hotspots_runs_and_mix(tmp_path, capsys):
+    # A load block run once per warp (2 instructions, 1,000,000 times: the thousands separator),
+    # then a loop body run 3,000,000 times whose predicated branch is still a BRA.
+    rows = [(0x10, "LDG.E.128 R4, desc[UR8][R6.64]", 1000000, 90), (0x20, "STS.128 [R0], R4", 1000000, 10),
+            (0x30, "FMNMX R1, |R4|, R1, !PT", 3000000, 30), (0x40, "@!P1 BRA 0x30", 3000000, 0)]
+    _src_csv(tmp_path / "k.csv", [("cast_kernel<A>", rows), ("cast_kernel<B>", [(0x10, "EXIT", 5, 1)])])
+    text = (tmp_path / "k.csv").read_text().replace('"1000000"', '"1,000,000"')
+    (tmp_path / "k.csv").write_text(text)
+    kernels = sass_hotspots.parse(text.splitlines())
+    assert [k for k, _ in kernels] == ["cast_kernel<A>", "cast_kernel<B>"]
+    assert kernels[0][1][0][2] == 1000000 and sass_hotspots.opcode("@!P1 BRA 0x30") == "BRA"
+    runs = sass_hotspots.runs(kernels[0][1])
+    assert [(r["start"], r["executed"], r["length"], r["instructions"]) for r in runs] == [
+        ("0x10", 1000000, 2, 2000000), ("0x30", 3000000, 2, 6000000)]
+    out = sass_hotspots.report(kernels, blocks=1)
+    assert "8.0 M warp instructions executed, 130 warp-stall samples" in out
+    assert "  FMNMX        3.0M   37.5     23.1" in out and "  LDG          1.0M   12.5     69.2" in out
+    assert "  0x30 x3000000      2   75.0   23.1  FMNMX:1 BRA:1" in out
+    assert "0x10 x1000000" not in out  # blocks=1: only the hottest run
+    assert sass_hotspots.main([str(tmp_path / "k.csv")]) == 0 and "kernel cast_kernel<B>" in capsys.readouterr().out
+
+
+def test_sass_hotspots_errors_name_the_problem(tmp_path, capsys):
+    (tmp_path / "plain.csv").write_text('"Address","Source"\n"0x10","EXIT"\n')
+    assert sass_hotspots.main([str(tmp_path / "plain.csv")]) == 1
+    assert "no 'Instructions Executed' column" in capsys.readouterr().err
+    (tmp_path / "empty.csv").write_text("==PROF== Disconnected\n")
+    assert sass_hotspots.main([str(tmp_path / "empty.csv")]) == 1
+    assert "no SASS rows" in capsys.readouterr().err
+    assert sass_hotspots.main([str(tmp_path / "missing.csv")]) == 1
+    assert sass_hotspots.main([]) == 2

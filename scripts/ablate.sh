@@ -9,6 +9,8 @@
 #     FILTER  qforge_bench --filter substrings (default: mxfp8_hopper and 1x128 blockwise
 #             linear:input training)
 #   ABLATIONS="no-entries no-rowwise ..." picks variants (default all), ROUNDS (default 2).
+#   A variant rev:REV is the whole tracked tree at git revision REV, unchanged: an A/B of the
+#   working tree against a commit (ABLATIONS=rev:HEAD~1 times a kernel change against its parent).
 # Writes OUT_DIR/json/VARIANT__ROUND__N.json and OUT_DIR/ablate.md, and prints the table.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -28,10 +30,14 @@ declare -A BENCH=([shipped]="$PWD/$BUILD/bench/qforge_bench")
 DEPS=${QFORGE_DEPS_PREFIX:-}
 [ -z "$DEPS" ] && [ -d .gpudeps ] && DEPS="$PWD/.gpudeps"
 for v in "${NAMES[@]}"; do
-  tree="$OUT/tree-$v"
+  tree="$OUT/tree-${v//[^A-Za-z0-9_.-]/_}"
   rm -rf "$tree" && mkdir -p "$tree"
-  git ls-files -z | tar --null -cf - -T - | tar -C "$tree" -xf - || { echo "ablate: copying the tree failed"; exit 1; }
-  python3 bench/ablate.py apply "$v" templates/qforge/cast.cuh "$tree/templates/qforge/cast.cuh" || exit 1
+  if [[ $v == rev:* ]]; then
+    git archive "${v#rev:}" | tar -C "$tree" -xf - || { echo "ablate: git archive ${v#rev:} failed"; exit 1; }
+  else
+    git ls-files -z | tar --null -cf - -T - | tar -C "$tree" -xf - || { echo "ablate: copying the tree failed"; exit 1; }
+    python3 bench/ablate.py apply "$v" templates/qforge/cast.cuh "$tree/templates/qforge/cast.cuh" || exit 1
+  fi
   (cd "$tree" && QFORGE_BUILD_DIR=build QFORGE_DEPS_PREFIX="$DEPS" gpu_build "$OUT" qforge_bench) ||
     { echo "ablate: building $v failed (log: $OUT/build.log)"; exit 1; }
   BENCH[$v]="$tree/build/bench/qforge_bench"
@@ -40,7 +46,7 @@ for ((round = 1; round <= ROUNDS; ++round)); do
   for i in "${!FILTERS[@]}"; do
     for v in shipped "${NAMES[@]}"; do
       # One kernel cache per variant: the variants' kernels share their generated source.
-      QFORGE_CACHE_DIR="$OUT/cache-$v" "${BENCH[$v]}" --sizes "$SIZES" --filter "${FILTERS[$i]}" \
+      QFORGE_CACHE_DIR="$OUT/cache-${v//[^A-Za-z0-9_.-]/_}" "${BENCH[$v]}" --sizes "$SIZES" --filter "${FILTERS[$i]}" \
         --out "$OUT/json/${v}__${round}__${i}.json" >"$OUT/json/${v}__${round}__${i}.log" 2>&1 ||
         { echo "ablate: qforge_bench ($v) failed: $OUT/json/${v}__${round}__${i}.log"; exit 1; }
     done
