@@ -24,6 +24,15 @@ mkdir -p "$OUT/json"
 OUT=$(cd "$OUT" && pwd)
 python3 bench/ablate.py check templates/qforge/cast.cuh || exit 1
 read -r -a NAMES <<<"${ABLATIONS:-$(python3 bench/ablate.py list | awk '{print $1}' | tr '\n' ' ')}"
+KNOWN=" $(python3 bench/ablate.py list | awk '{print $1}' | tr '\n' ' ') "
+for v in "${NAMES[@]}"; do  # every variant checked before the first build
+  if [[ $v == rev:* ]]; then
+    git rev-parse -q --verify "${v#rev:}^{commit}" >/dev/null ||
+      { echo "ablate: variant $v: '${v#rev:}' is not a commit of this repository"; exit 1; }
+  elif [[ $KNOWN != *" $v "* ]]; then
+    echo "ablate: unknown variant '$v'; expected rev:REV or one of:$KNOWN"; exit 1
+  fi
+done
 . scripts/gpu_build.sh
 gpu_build "$OUT" qforge_bench || exit 1
 declare -A BENCH=([shipped]="$PWD/$BUILD/bench/qforge_bench")
