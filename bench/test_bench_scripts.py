@@ -369,14 +369,17 @@ def test_ablated_kernels_compile_for_sm90a(tmp_path):
 
 
 _SRC_HEADER = ('"Address","Source","Warp Stall Sampling (All Samples)","Warp Stall Sampling (Not-issued Samples)",'
-               '"# Samples","Instructions Executed","Thread Instructions Executed"')
+               '"# Samples","Instructions Executed","Thread Instructions Executed","stall_long_sb","stall_barrier",'
+               '"stall_long_sb (Not Issued)"')
 
 
 def _src_csv(path, kernels):
     lines = ["==PROF== Connected to process 1 (qforge_bench)"]
     for name, rows in kernels:
         lines += ['"Kernel Name","%s",' % name, _SRC_HEADER]
-        lines += ['"0x%x","%s","%d","0","%d","%s","0"' % (a, sass, s, s, n) for a, sass, n, s in rows]
+        # The samples split 2:1 between long scoreboard and barrier (the "Not Issued" column ignored).
+        lines += ['"0x%x","%s","%d","0","%d","%s","0","%d","%d","999"' % (a, sass, s, s, n, s * 2 // 3, s - s * 2 // 3)
+                  for a, sass, n, s in rows]
     path.write_text("\n".join(lines) + "\n")
 
 
@@ -391,13 +394,15 @@ def test_sass_hotspots_runs_and_mix(tmp_path, capsys):
     kernels = sass_hotspots.parse(text.splitlines())
     assert [k for k, _ in kernels] == ["cast_kernel<A>", "cast_kernel<B>"]
     assert kernels[0][1][0][2] == 1000000 and sass_hotspots.opcode("@!P1 BRA 0x30") == "BRA"
+    assert kernels[0][1][0][4] == {"long_sb": 60, "barrier": 30}
     runs = sass_hotspots.runs(kernels[0][1])
     assert [(r["start"], r["executed"], r["length"], r["instructions"]) for r in runs] == [
         ("0x10", 1000000, 2, 2000000), ("0x30", 3000000, 2, 6000000)]
     out = sass_hotspots.report(kernels, blocks=1)
     assert "8.0 M warp instructions executed, 130 warp-stall samples" in out
     assert "  FMNMX        3.0M   37.5     23.1" in out and "  LDG          1.0M   12.5     69.2" in out
-    assert "  0x30 x3000000      2   75.0   23.1  FMNMX:1 BRA:1" in out
+    assert "  0x30 x3000000      2   75.0   23.1  FMNMX:1 BRA:1  [long_sb 67% barrier 33%]" in out
+    assert "  stall reasons: long_sb 66% barrier 34%" in out
     assert "0x10 x1000000" not in out  # blocks=1: only the hottest run
     assert sass_hotspots.main([str(tmp_path / "k.csv")]) == 0 and "kernel cast_kernel<B>" in capsys.readouterr().out
 
