@@ -849,8 +849,9 @@ __device__ __forceinline__ void load_chunks_full(const QuantizeArgs& a, const Me
   }
 }
 
-// The interior tile into shared memory (the stores of a thread: one tile offset plus constants,
-// its rows advancing by T / CH, a multiple of the swizzle's 8 rows in every shipped tile).
+// The interior tile into shared memory. A thread's rows advance by T / CH; where that is a
+// multiple of the swizzle's 8 rows (16-bit inputs in every shipped tile), its stores are one
+// tile offset plus constants.
 template <class Cfg>
 __device__ __forceinline__ void load_tile_full(const QuantizeArgs& a, const Member& mem, i64 col0, TileElem<Cfg>* tile) {
   using TCh = TileChunks<Cfg>;
