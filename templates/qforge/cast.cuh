@@ -242,9 +242,11 @@ __device__ __forceinline__ void unpack2(u32 w, float& lo, float& hi) {
   hi = D == 1 ? f32_from_bits(w & 0xFFFF0000u) : f16_to_f32(u16(w >> 16));
 }
 
-// Input elements in 16 bytes (D: 0 fp32, 1 bf16, 2 fp16).
+// Bytes of an input element and input elements in 16 bytes (D: 0 fp32, 1 bf16, 2 fp16).
 template <int D>
-constexpr int kElemsPer16 = D == 0 ? 4 : 8;
+constexpr int kInBytes = D == 0 ? 4 : 2;
+template <int D>
+constexpr int kElemsPer16 = 16 / kInBytes<D>;
 
 // The kElemsPer16<D> input elements of a 16-byte piece, element 0 first.
 template <int D>
@@ -260,7 +262,7 @@ __device__ __forceinline__ void unpack16(const uint4& raw, float* v) {
 // The 16 bytes of input at element idx (a multiple of kElemsPer16<D>).
 template <int D>
 __device__ __forceinline__ uint4 load16(const void* x, i64 idx) {
-  return __ldg(reinterpret_cast<const uint4*>(static_cast<const char*>(x) + idx * (D == 0 ? 4 : 2)));
+  return __ldg(reinterpret_cast<const uint4*>(static_cast<const char*>(x) + idx * kInBytes<D>));
 }
 
 // Four consecutive input elements; idx is 4-aligned (8- or 16-byte load).
@@ -834,7 +836,7 @@ template <class Cfg>
 __device__ __forceinline__ void load_chunks_full(const QuantizeArgs& a, const Member& mem, i64 col0,
                                                  uint4 (&raw)[TileChunks<Cfg>::kIters]) {
   using TCh = TileChunks<Cfg>;
-  constexpr int T = Cfg::kThreads, E = TCh::E, CH = TCh::CH, N = TCh::N, kBytes = Cfg::kInDtype == 0 ? 4 : 2;
+  constexpr int T = Cfg::kThreads, E = TCh::E, CH = TCh::CH, N = TCh::N, kBytes = kInBytes<Cfg::kInDtype>;
   int r0, c0;
   item_rc<CH, T>(0, r0, c0);
   const char* first = static_cast<const char*>(a.x) +
@@ -997,7 +999,7 @@ template <class Cfg>
 __device__ __forceinline__ void tile_tensor_amaxes_full(const QuantizeArgs& a, const Member& mem, i64 col0, float& raw,
                                                         float& rot) {
   constexpr int TR = Cfg::kTileRows, TC = Cfg::kTileCols, T = Cfg::kThreads;
-  constexpr int B = Cfg::kInDtype == 0 ? 4 : 2, E = 8 / B, CW = TC / E, N = CW * (TR / 16), kIters = (N + T - 1) / T;
+  constexpr int B = kInBytes<Cfg::kInDtype>, E = 8 / B, CW = TC / E, N = CW * (TR / 16), kIters = (N + T - 1) / T;
   static_assert(TR % 16 == 0 && TC % E == 0, "16-row groups of whole 8-byte words");
   const char* base = static_cast<const char*>(a.x) + ((mem.row_base + mem.tile_row * TR) * a.k + col0) * B;
   raw = 0.0f, rot = 0.0f;
@@ -1917,10 +1919,10 @@ __global__ void __launch_bounds__(Cfg::kThreads) amax_kernel(const QuantizeArgs 
             const i64 idx = (mem.row_base + rl) * a.k + col0;
             float m = 0.0f;
             if (full) {
-              const char* row = static_cast<const char*>(a.x) + idx * (Cfg::kInDtype == 0 ? 4 : 2);
+              const char* row = static_cast<const char*>(a.x) + idx * detail::kInBytes<Cfg::kInDtype>;
 #pragma unroll 4
               for (int c = lane * E; c < TC; c += 32 * E)
-                m = detail::chunk_amax<Cfg::kInDtype>(__ldg(reinterpret_cast<const uint4*>(row + c * (Cfg::kInDtype == 0 ? 4 : 2))), m);
+                m = detail::chunk_amax<Cfg::kInDtype>(__ldg(reinterpret_cast<const uint4*>(row + c * detail::kInBytes<Cfg::kInDtype>)), m);
             } else {
               for (int c = lane; c < TC && col0 + c < a.k; c += 32) m = amax_step(m, detail::load1<Cfg::kInDtype>(a.x, idx + c));
             }
