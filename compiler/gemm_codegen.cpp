@@ -161,13 +161,17 @@ GemmTile resolve_tile(const GemmSpec& s) {
     throw UserError(tile_field("multicast"), "nvfp4: expected 1, got " + std::to_string(t.multicast));
   if (fp4 && t.ordered == 2)
     throw UserError(tile_field("ordered"), "nvfp4 accumulates on the tensor cores: ordered issue is not supported");
-  // Ordered issue by default where it measured faster: M-grouped per-tensor and rowwise
-  // promotion. M-grouped blockwise runs 7-10 % faster without it since its scales moved into the
-  // consumers' registers (H100, 2026-11-24), and so do the K-grouped kernels since their promotion
-  // overlaps the next step's MMAs (blockwise 741 vs 712-723 TFLOP/s, 707 vs 703 with fp32
-  // accumulation; per-tensor 1048 vs 1029-1041; H100, 2026-11-25, docs/gemm.md).
+  // Unordered issue by default. M-grouped blockwise runs 7-10 % faster without it since its
+  // scales moved into the consumers' registers (H100, 2026-11-24), and so do the K-grouped
+  // kernels since their promotion overlaps the next step's MMAs (blockwise 741 vs 712-723
+  // TFLOP/s, 707 vs 703 with fp32 accumulation; per-tensor 1048 vs 1029-1041; H100,
+  // 2026-11-25). M-grouped per-tensor and rowwise promotion (128-row tiles) were ordered until
+  // session 19; unordered they are faster with 4 stages than with the 5 that fit (below, and
+  // docs/gemm.md: rowwise 1164-1176 -> 1205-1223 TFLOP/s at 8 x 4096 x 4096 x 7168, per-tensor
+  // 1079-1110 -> 1192-1200; unordered with 5 stages 1105-1115 for rowwise).
   const bool m_grouped = s.layout == GemmLayout::MGrouped;
-  if (t.ordered == 0) t.ordered = promote && !per32 && !fp4 && !block128 && m_grouped && t.block_m == 128 ? 2 : 1;
+  const bool four_stages = promote && !per32 && !fp4 && !block128 && m_grouped && t.block_m == 128;
+  if (t.ordered == 0) t.ordered = 1;
   if (per32 && t.ordered == 2)
     throw UserError(tile_field("ordered"), "per-32 promotion overlaps its own steps: ordered issue is not supported");
   if (t.ordered != 1 && t.ordered != 2)
@@ -175,7 +179,7 @@ GemmTile resolve_tile(const GemmSpec& s) {
   if (t.ordered == 2 && t.block_m != 128)
     throw UserError(tile_field("ordered"), "ordered issue alternates two consumer warpgroups: block_m 128");
   if (t.stages == 0) {
-    for (int st = kMaxStages; st >= 2 && t.stages == 0; --st) {
+    for (int st = four_stages ? 4 : kMaxStages; st >= 2 && t.stages == 0; --st) {
       GemmTile c = t;
       c.stages = st;
       if (smem_for(s, c).total <= kGemmSmemLimit) t.stages = st;

@@ -63,10 +63,11 @@ if [ "$MODE" != "quick" ]; then
   bench "blockwise mc1 raster16" --scaling blockwise --raster 16
   bench "blockwise 4x8192 N7168 K2048" --scaling blockwise --groups 4 --m 8192 --n 7168 --k 2048
   bench "blockwise 32x512 N2048 K7168" --scaling blockwise --groups 32 --m 512 --n 2048 --k 7168
-  bench "rowwise promote mc1 ordered" --scaling rowwise
+  bench "rowwise promote mc1 (unordered, 4 st)" --scaling rowwise
+  bench "rowwise promote mc1 ordered 5 st" --scaling rowwise --ordered on --stages 5
   bench "rowwise fast 128x128 mc1" --scaling rowwise --fast-accum
   bench "rowwise fast 128x128 mc1 ordered" --scaling rowwise --fast-accum --ordered on
-  bench "tensor promote mc1 ordered" --scaling tensor
+  bench "tensor promote mc1 (unordered, 4 st)" --scaling tensor
   bench "tensor fast 128x128 mc1" --scaling tensor --fast-accum
   bench "tensor fast 128x256 mc1" --scaling tensor --fast-accum --block-n 256
   bench "mxfp8 128x128 +check" --scaling mxfp8 --check --check-rows 2
