@@ -532,9 +532,9 @@ struct Block128Scaling : NoColScales {
   // quad holds the scales of k-blocks 8g + q and 8g + 4 + q (its two A rows, the tile's B row;
   // one 32-byte sector per row for the whole quad), and k-block kb's scales come from lane kb % 4
   // by shuffle: an eighth of the memory requests of one load per k-block. The loads run a group
-  // of 8 k-blocks ahead (`next`), so only a tile's first group waits for its loads: loaded when
-  // the group was used, the shuffles of every group's first k-block waited on global memory (13 %
-  // of the blockwise kernel's stall samples, 69 % of them long scoreboard, in Nsight Compute).
+  // of 8 k-blocks ahead (`next`), so only a tile's first group waits for its loads. (Loaded when
+  // their group began, they made the shuffles of every group's first k-block wait on global
+  // memory: 13 % of the kernel's stall samples, 69 % of those long scoreboard, Nsight Compute.)
   struct Tile {
     float alpha;
     const float* sa0;  // the fragment's two rows of A's grid (clamped to the last row: rows
