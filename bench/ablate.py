@@ -6,7 +6,8 @@
   ablate.py apply NAME HEADER OUT   writes HEADER with stage NAME taken out to OUT
   ablate.py report DIR              the markdown table of DIR's qforge_bench results, named
                                     VARIANT__ROUND__N.json (VARIANT: shipped, an ablation, or
-                                    rev:REV, the whole tracked tree at git revision REV)
+                                    rev:REV, the whole tracked tree at git revision REV, or
+                                    tree:DIR, the source tree in directory DIR)
 
 The variants compute wrong outputs on purpose: they exist to be timed beside the shipped kernel
 (scripts/ablate.sh builds one tree per variant and runs qforge_bench on each). Each ablation is a
@@ -53,6 +54,19 @@ def is_revision(variant):
     return variant.startswith("rev:") and len(variant) > 4
 
 
+def is_tree(variant):
+    """A variant "tree:DIR" is the source tree in directory DIR of the repository root, one path
+    component (an A/B against a tree that was copied there, e.g. from a commit the device
+    machine's repository does not have)."""
+    name = variant[5:]
+    return variant.startswith("tree:") and name not in ("", ".", "..") and "/" not in name
+
+
+def is_whole_tree(variant):
+    """rev:REV or tree:DIR: a whole source tree rather than an edit of the shipped header."""
+    return is_revision(variant) or is_tree(variant)
+
+
 def apply(name, text):
     """Returns `text` (cast.cuh) with ablation `name` applied."""
     if name not in ABLATIONS:
@@ -74,8 +88,8 @@ def report(directory):
     variants = []
     for f in sorted(Path(directory).glob("*__*__*.json")):
         variant = f.name.split("__")[0]
-        if variant != "shipped" and variant not in ABLATIONS and not is_revision(variant):
-            raise AblationError("%s: %r is neither 'shipped', an ablation nor rev:REV" % (f, variant))
+        if variant != "shipped" and variant not in ABLATIONS and not is_whole_tree(variant):
+            raise AblationError("%s: %r is neither 'shipped', an ablation, rev:REV nor tree:DIR" % (f, variant))
         if variant not in variants:
             variants.append(variant)
         for r in json.loads(f.read_text()).get("results", []):
@@ -86,7 +100,7 @@ def report(directory):
             times[case][variant].append(float(r["time_us"]))
     if not times:
         raise AblationError("%s: no qforge_bench results (VARIANT__ROUND__N.json)" % directory)
-    variants.sort(key=lambda v: (v != "shipped", is_revision(v), list(ABLATIONS).index(v) if v in ABLATIONS else v))
+    variants.sort(key=lambda v: (v != "shipped", is_whole_tree(v), list(ABLATIONS).index(v) if v in ABLATIONS else v))
 
     def cell(ts):
         if not ts:

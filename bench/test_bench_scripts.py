@@ -328,7 +328,7 @@ def test_ablate_report_table(tmp_path, capsys):
     assert len(lines) == 3  # the error entry is not a case
     assert ablate.main(["report", str(tmp_path)]) == 0 and capsys.readouterr().out == table
     (tmp_path / "bogus__1__0.json").write_text("{}")
-    with pytest.raises(ablate.AblationError, match="'bogus' is neither 'shipped', an ablation nor rev:REV"):
+    with pytest.raises(ablate.AblationError, match="'bogus' is neither 'shipped', an ablation, rev:REV nor tree:DIR"):
         ablate.report(tmp_path)
     with pytest.raises(ablate.AblationError, match="no qforge_bench results"):
         ablate.report(tmp_path / "nothing-here")
@@ -343,6 +343,35 @@ def test_ablate_report_revisions(tmp_path):
     assert lines[0] == "| case (us per call) | shipped | no-rowwise | rev:HEAD~1 |"
     assert lines[2] == "| nvfp4 linear:input training 16384x16384 | 657.0 | 502.0 | 677.0 |"
     assert ablate.is_revision("rev:37ab1dd") and not ablate.is_revision("rev:") and not ablate.is_revision("no-entries")
+
+
+def test_ablate_report_trees(tmp_path):
+    """tree:DIR variants (a source tree copied into the repository root) sort with rev:REV ones."""
+    _bench_json(tmp_path / "tree:base__1__0.json", [("nvfp4", 16384, 16384, 680.0)])
+    _bench_json(tmp_path / "rev:HEAD~1__1__0.json", [("nvfp4", 16384, 16384, 677.0)])
+    _bench_json(tmp_path / "shipped__1__0.json", [("nvfp4", 16384, 16384, 657.0)])
+    lines = ablate.report(tmp_path).splitlines()
+    assert lines[0] == "| case (us per call) | shipped | rev:HEAD~1 | tree:base |"
+    assert lines[2] == "| nvfp4 linear:input training 16384x16384 | 657.0 | 677.0 | 680.0 |"
+    assert ablate.is_tree("tree:base-73b4d5f")
+    for bad in ("tree:", "tree:.", "tree:..", "tree:a/b", "base"):
+        assert not ablate.is_tree(bad), bad
+
+
+@pytest.mark.parametrize("variant,message", [
+    ("tree:no-such-dir", "./no-such-dir holds no qforge source tree"),
+    ("tree:a/b", "expected tree:DIR, DIR one directory of the repository root"),
+    ("tree:..", "expected tree:DIR, DIR one directory of the repository root"),
+    ("rev:no-such-rev", "'no-such-rev' is not a commit of this repository"),
+    ("no-such-ablation", "unknown ablation 'no-such-ablation'"),
+])
+def test_ablate_sh_checks_variants_before_building(tmp_path, variant, message):
+    """scripts/ablate.sh names a bad variant and stops before its first build."""
+    r = subprocess.run(["bash", str(REPO / "scripts" / "ablate.sh"), str(tmp_path / "out")], cwd=REPO,
+                       env={**os.environ, "ABLATIONS": variant}, capture_output=True, text=True, timeout=60)
+    assert r.returncode == 1, r.stdout + r.stderr
+    assert message in r.stdout + r.stderr
+    assert not (tmp_path / "out" / "build.log").exists()
 
 
 NVCC = shutil.which("nvcc") or ("/usr/local/cuda/bin/nvcc" if Path("/usr/local/cuda/bin/nvcc").exists() else None)
