@@ -374,6 +374,22 @@ def test_ablate_sh_checks_variants_before_building(tmp_path, variant, message):
     assert not (tmp_path / "out" / "build.log").exists()
 
 
+@pytest.mark.parametrize("base,message", [
+    ("HEAD~1", "BASE: expected rev:REV or tree:DIR, got 'HEAD~1'"),
+    ("tree:no-such-dir", "./no-such-dir holds no qforge source tree"),
+    ("tree:a/b", "expected tree:DIR, DIR one directory of the repository root"),
+    ("rev:no-such-rev", "'no-such-rev' is not a commit of this repository"),
+])
+def test_gemm_ab_sh_checks_its_base_before_building(tmp_path, base, message):
+    """scripts/gemm_ab.sh (the GEMM A/B, sharing scripts/tree_variants.sh with ablate.sh) names a
+    bad BASE and stops before building anything."""
+    r = subprocess.run(["bash", str(REPO / "scripts" / "gemm_ab.sh"), str(tmp_path / "out"), base], cwd=REPO,
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode == 1, r.stdout + r.stderr
+    assert message in r.stdout + r.stderr
+    assert not (tmp_path / "out").exists()
+
+
 NVCC = shutil.which("nvcc") or ("/usr/local/cuda/bin/nvcc" if Path("/usr/local/cuda/bin/nvcc").exists() else None)
 
 

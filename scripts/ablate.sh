@@ -12,9 +12,8 @@
 #   A variant rev:REV is the whole tracked tree at git revision REV, unchanged: an A/B of the
 #   working tree against a commit (ABLATIONS=rev:HEAD~1 times a kernel change against its parent).
 #   A variant tree:DIR is the source tree in directory DIR of the repository root (one path
-#   component), e.g. `mkdir base && git archive REV | tar -x -C base` before the device call: the
-#   device machine's copy of the repository lacks commits made since its .git was copied, so
-#   rev:REV of a new commit fails there, while an untracked DIR travels with the working tree.
+#   component), e.g. `mkdir base && git archive REV | tar -x -C base` before the device call
+#   (scripts/tree_variants.sh: the device's repository lacks commits made since it was copied).
 # Writes OUT_DIR/json/VARIANT__ROUND__N.json and OUT_DIR/ablate.md, and prints the table.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -27,17 +26,11 @@ ROUNDS=${ROUNDS:-2}
 mkdir -p "$OUT/json"
 OUT=$(cd "$OUT" && pwd)
 python3 bench/ablate.py check templates/qforge/cast.cuh || exit 1
+. scripts/tree_variants.sh
 read -r -a NAMES <<<"${ABLATIONS:-$(python3 bench/ablate.py list | awk '{print $1}' | tr '\n' ' ')}"
 for v in "${NAMES[@]}"; do  # every variant checked before the first build (ablate.py names a bad one)
-  if [[ $v == rev:* ]]; then
-    git rev-parse -q --verify "${v#rev:}^{commit}" >/dev/null ||
-      { echo "ablate: variant $v: '${v#rev:}' is not a commit of this repository"; exit 1; }
-  elif [[ $v == tree:* ]]; then
-    d=${v#tree:}
-    [[ -n $d && $d != */* && $d != . && $d != .. ]] ||
-      { echo "ablate: variant $v: expected tree:DIR, DIR one directory of the repository root"; exit 1; }
-    [[ -f $d/CMakeLists.txt && -f $d/templates/qforge/cast.cuh ]] ||
-      { echo "ablate: variant $v: ./$d holds no qforge source tree (CMakeLists.txt, templates/qforge/cast.cuh)"; exit 1; }
+  if is_tree_variant "$v"; then
+    check_tree_variant ablate "$v" || exit 1
   else
     python3 bench/ablate.py apply "$v" templates/qforge/cast.cuh /dev/null || exit 1
   fi
@@ -50,10 +43,8 @@ DEPS=${QFORGE_DEPS_PREFIX:-}
 for v in "${NAMES[@]}"; do
   tree="$OUT/tree-${v//[^A-Za-z0-9_.-]/_}"
   rm -rf "$tree" && mkdir -p "$tree"
-  if [[ $v == rev:* ]]; then
-    git archive "${v#rev:}" | tar -C "$tree" -xf - || { echo "ablate: git archive ${v#rev:} failed"; exit 1; }
-  elif [[ $v == tree:* ]]; then
-    (cd "${v#tree:}" && tar --exclude='./build*' -cf - .) | tar -C "$tree" -xf - || { echo "ablate: copying ${v#tree:} failed"; exit 1; }
+  if is_tree_variant "$v"; then
+    copy_tree_variant ablate "$v" "$tree" || exit 1
   else
     git ls-files -z | tar --null -cf - -T - | tar -C "$tree" -xf - || { echo "ablate: copying the tree failed"; exit 1; }
     python3 bench/ablate.py apply "$v" templates/qforge/cast.cuh "$tree/templates/qforge/cast.cuh" || exit 1
