@@ -334,25 +334,17 @@ def test_ablate_report_table(tmp_path, capsys):
         ablate.report(tmp_path / "nothing-here")
 
 
-def test_ablate_report_revisions(tmp_path):
-    """rev:REV variants (the tree at a commit, scripts/ablate.sh) come after the ablations."""
+def test_ablate_report_whole_trees(tmp_path):
+    """rev:REV variants (the tree at a commit) and tree:DIR ones (a source tree copied into the
+    repository root), scripts/ablate.sh's whole-tree variants, come after the ablations, rev first."""
+    _bench_json(tmp_path / "tree:base__1__0.json", [("nvfp4", 16384, 16384, 680.0)])
     _bench_json(tmp_path / "rev:HEAD~1__1__0.json", [("nvfp4", 16384, 16384, 677.0)])
     _bench_json(tmp_path / "no-rowwise__1__0.json", [("nvfp4", 16384, 16384, 502.0)])
     _bench_json(tmp_path / "shipped__1__0.json", [("nvfp4", 16384, 16384, 657.0)])
     lines = ablate.report(tmp_path).splitlines()
-    assert lines[0] == "| case (us per call) | shipped | no-rowwise | rev:HEAD~1 |"
-    assert lines[2] == "| nvfp4 linear:input training 16384x16384 | 657.0 | 502.0 | 677.0 |"
+    assert lines[0] == "| case (us per call) | shipped | no-rowwise | rev:HEAD~1 | tree:base |"
+    assert lines[2] == "| nvfp4 linear:input training 16384x16384 | 657.0 | 502.0 | 677.0 | 680.0 |"
     assert ablate.is_revision("rev:37ab1dd") and not ablate.is_revision("rev:") and not ablate.is_revision("no-entries")
-
-
-def test_ablate_report_trees(tmp_path):
-    """tree:DIR variants (a source tree copied into the repository root) sort with rev:REV ones."""
-    _bench_json(tmp_path / "tree:base__1__0.json", [("nvfp4", 16384, 16384, 680.0)])
-    _bench_json(tmp_path / "rev:HEAD~1__1__0.json", [("nvfp4", 16384, 16384, 677.0)])
-    _bench_json(tmp_path / "shipped__1__0.json", [("nvfp4", 16384, 16384, 657.0)])
-    lines = ablate.report(tmp_path).splitlines()
-    assert lines[0] == "| case (us per call) | shipped | rev:HEAD~1 | tree:base |"
-    assert lines[2] == "| nvfp4 linear:input training 16384x16384 | 657.0 | 677.0 | 680.0 |"
     assert ablate.is_tree("tree:base-73b4d5f")
     for bad in ("tree:", "tree:.", "tree:..", "tree:a/b", "base"):
         assert not ablate.is_tree(bad), bad

@@ -38,8 +38,6 @@ done
 . scripts/gpu_build.sh
 gpu_build "$OUT" qforge_bench || exit 1
 declare -A BENCH=([shipped]="$PWD/$BUILD/bench/qforge_bench")
-DEPS=${QFORGE_DEPS_PREFIX:-}
-[ -z "$DEPS" ] && [ -d .gpudeps ] && DEPS="$PWD/.gpudeps"
 for v in "${NAMES[@]}"; do
   tree="$OUT/tree-${v//[^A-Za-z0-9_.-]/_}"
   rm -rf "$tree" && mkdir -p "$tree"
@@ -49,7 +47,7 @@ for v in "${NAMES[@]}"; do
     git ls-files -z | tar --null -cf - -T - | tar -C "$tree" -xf - || { echo "ablate: copying the tree failed"; exit 1; }
     python3 bench/ablate.py apply "$v" templates/qforge/cast.cuh "$tree/templates/qforge/cast.cuh" || exit 1
   fi
-  (cd "$tree" && QFORGE_BUILD_DIR=build QFORGE_DEPS_PREFIX="$DEPS" gpu_build "$OUT" qforge_bench) ||
+  gpu_build_in "$tree" "$OUT" qforge_bench ||
     { echo "ablate: building $v failed (log: $OUT/build.log)"; exit 1; }
   BENCH[$v]="$tree/build/bench/qforge_bench"
 done

@@ -29,12 +29,10 @@ OUT=$(cd "$OUT" && pwd)
 gpu_build "$OUT" qforge qforge_unit_tests || exit 1
 NEW="$PWD/$BUILD/tools/qforge"
 TESTBIN="$PWD/$BUILD/tests/qforge_unit_tests"
-DEPS=${QFORGE_DEPS_PREFIX:-}
-[ -z "$DEPS" ] && [ -d .gpudeps ] && DEPS="$PWD/.gpudeps"
 tree="$OUT/base-tree"
 rm -rf "$tree" && mkdir -p "$tree"
 copy_tree_variant gemm_ab "$BASE" "$tree" || exit 1
-(cd "$tree" && QFORGE_BUILD_DIR=build QFORGE_DEPS_PREFIX="$DEPS" gpu_build "$OUT" qforge) ||
+gpu_build_in "$tree" "$OUT" qforge ||
   { echo "gemm_ab: building $BASE failed (log: $OUT/build.log)"; exit 1; }
 OLD="$tree/build/tools/qforge"
 rc=0
@@ -48,9 +46,9 @@ if [ "$TESTS" != "-" ]; then
   results=$(xargs -P 6 -I{} bash -c 'l="$OUT/tests/$(echo "$1" | tr "/" "_").log"
     timeout 150 "$TESTBIN" --gtest_filter="$1" >"$l" 2>&1 && grep -q "PASSED  \] 1 test" "$l" && echo P || echo "F $1"' _ {} \
     <"$OUT/tests/list.txt")
-  pass=$(grep -c "^P" <<<"$results"); failed=$(grep "^F" <<<"$results")
-  echo "gemm_ab: GPU GEMM tests ($TESTS): $pass passed, $(grep -c "^F" <<<"$results") failed (logs: $OUT/tests)"
-  [ -n "$failed" ] && { echo "$failed"; rc=1; }
+  pass=$(grep -c "^P" <<<"$results"); fail=$(grep -c "^F" <<<"$results")
+  echo "gemm_ab: GPU GEMM tests ($TESTS): $pass passed, $fail failed (logs: $OUT/tests)"
+  [ "$fail" -gt 0 ] && { grep "^F" <<<"$results"; rc=1; }
   [ "$pass" -eq 0 ] && { echo "gemm_ab: no test matched '$TESTS'"; rc=1; }
 fi
 
