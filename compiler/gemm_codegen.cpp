@@ -36,12 +36,13 @@ bool is_fp8(ElemFormat f) { return f == ElemFormat::E4M3 || f == ElemFormat::E5M
 int out_bytes(const GemmSpec& s) { return traits(s.out_dtype).bytes; }
 
 const GemmDevicePolicy& device_policy(const GemmSpec& s) {
-  return s.layout == GemmLayout::KGrouped ? traits(s.scaling).k_grouped : traits(s.scaling).m_grouped;
+  return k_grouped(s.layout) ? traits(s.scaling).k_grouped : traits(s.scaling).m_grouped;
 }
 
 GemmSmem smem_for(const GemmSpec& s, const GemmTile& t) {
   return gemm_smem(t.block_m, t.block_n, t.stages, t.block_m / 64, device_policy(s).id,
-                   s.scaling == GemmScaling::RowChannel, out_bytes(s), s.layout == GemmLayout::KGrouped);
+                   s.scaling == GemmScaling::RowChannel, out_bytes(s), k_grouped(s.layout),
+                   s.layout == GemmLayout::KGroupedMembers);
 }
 
 std::string tile_field(const char* f) { return std::string("tile.") + f; }
@@ -63,7 +64,14 @@ std::optional<GemmScaling> parse_gemm_scaling(std::string_view name) {
   return std::nullopt;
 }
 
-std::string_view name(GemmLayout l) { return l == GemmLayout::KGrouped ? "k_grouped" : "m_grouped"; }
+std::string_view name(GemmLayout l) {
+  switch (l) {
+    case GemmLayout::MGrouped: return "m_grouped";
+    case GemmLayout::KGrouped: return "k_grouped";
+    case GemmLayout::KGroupedMembers: return "k_grouped_members";
+  }
+  return "?";
+}
 
 void validate(const GemmSpec& s) {
   if (s.scaling == GemmScaling::Nvfp4) {
@@ -81,7 +89,7 @@ void validate(const GemmSpec& s) {
   }
   if (s.n < 8 || s.n > kMaxDim || s.n % 8 != 0)
     throw UserError("n", "expected a multiple of 8 in [8, 2^24] (16-byte output rows), got " + std::to_string(s.n));
-  if (s.layout == GemmLayout::KGrouped) {
+  if (k_grouped(s.layout)) {
     if (s.m < 1 || s.m > kMaxDim)
       throw UserError("m", "k-grouped: expected the rows of each output in [1, 2^24], got " + std::to_string(s.m));
     if (s.k != 0)
@@ -99,9 +107,9 @@ void validate(const GemmSpec& s) {
   } else if (s.m != 0) {
     throw UserError("m", "m-grouped: rows are per group at run time: expected 0, got " + std::to_string(s.m));
   }
-  if (s.layout != GemmLayout::KGrouped && (s.k < 16 || s.k > kMaxDim || s.k % 16 != 0))
+  if (!k_grouped(s.layout) && (s.k < 16 || s.k > kMaxDim || s.k % 16 != 0))
     throw UserError("k", "expected a multiple of 16 in [16, 2^24] (16-byte TMA row strides), got " + std::to_string(s.k));
-  if (const int km = traits(s.scaling).k_multiple; s.layout != GemmLayout::KGrouped && s.k % km != 0)
+  if (const int km = traits(s.scaling).k_multiple; !k_grouped(s.layout) && s.k % km != 0)
     throw UserError("k", std::string(traits(s.scaling).name) + " scaling reads the scales of 128 of K at once: expected a multiple of " +
                              std::to_string(km) + ", got " + std::to_string(s.k));
   if (s.out_dtype != DType::BF16 && s.out_dtype != DType::FP32)
@@ -200,11 +208,12 @@ GemmTile resolve_tile(const GemmSpec& s) {
 
 GemmScaleElems gemm_scale_elems(const GemmSpec& s, int64_t m_total, int64_t num_groups, int64_t k_total) {
   const int64_t g = num_groups, kb = (s.k + 127) / 128, nb = (s.n + 127) / 128;
-  if (s.layout == GemmLayout::KGrouped) {
+  if (k_grouped(s.layout)) {
     const int sk = traits(s.scaling).scale_k;
     if (sk == 0) return {g, g};  // tensor: one scale per group member
-    // A scale per row of A [m, k_total] and of B [N, k_total] per scale_k tokens.
-    const int64_t cols = (k_total + sk - 1) / sk;
+    // A scale per row of A [m, k_total] and of B [N, k_total] per scale_k tokens; members: each
+    // member's grid on its own, so up to one partial block more per member.
+    const int64_t cols = (k_total + sk - 1) / sk + (s.layout == GemmLayout::KGroupedMembers ? g : 0);
     return {s.m * cols, s.n * cols};
   }
   switch (s.scaling) {
@@ -221,8 +230,9 @@ GemmScaleElems gemm_scale_elems(const GemmSpec& s, int64_t m_total, int64_t num_
 int64_t gemm_k_total_multiple(const GemmSpec& s) { return 16 * traits(s.a_format).elems_per_byte; }
 
 std::string describe(const GemmSpec& s) {
-  const std::string shape = s.layout == GemmLayout::KGrouped
-                                ? " k-grouped M=" + std::to_string(s.m) + " N=" + std::to_string(s.n)
+  const std::string shape = k_grouped(s.layout)
+                                ? std::string(s.layout == GemmLayout::KGroupedMembers ? " k-grouped (members)" : " k-grouped") +
+                                      " M=" + std::to_string(s.m) + " N=" + std::to_string(s.n)
                                 : " N=" + std::to_string(s.n) + " K=" + std::to_string(s.k);
   return std::string(traits(s.a_format).name) + " x " + std::string(traits(s.b_format).name) + " " +
          std::string(traits(s.scaling).name) + (s.fast_accum ? " (fast accumulation)" : "") + shape + " -> " +
@@ -249,7 +259,8 @@ GemmSource emit_gemm(const GemmSpec& s) {
   const GemmDevicePolicy& dp = device_policy(s);
   e.alias("Scaling", dp.policy);
   e.constant_ident("int", "kScaling", dp.code);
-  e.constant("kKGrouped", s.layout == GemmLayout::KGrouped);
+  e.constant("kKGrouped", k_grouped(s.layout));
+  e.constant("kMembers", s.layout == GemmLayout::KGroupedMembers);
   e.constant("kM", int64_t(s.m));
   e.constant("kN", int64_t(s.n));
   e.constant("kK", int64_t(s.k));

@@ -64,8 +64,13 @@ enum class GemmLayout : uint8_t {
   KGrouped,  // wgrad: groups own ranges of the shared K (tokens); A [m, K_total], B [N, K_total], D [G, m, N];
              // tensor, blockwise (1x128 blocks along the tokens on both operands), mxfp8 or nvfp4
              // scaling (1x32 / 1x16 blocks along the tokens)
+  KGroupedMembers,  // wgrad on the grouped quantizer's per-member transposed copies: group g's A_g
+                    // [m, M_g] and B_g [N, M_g] (M_g = offsets[g+1] - offsets[g]) back to back, each
+                    // with its own scale grid [m, ceil(M_g / scale_k)] / [N, ...], likewise back to back
 };
 std::string_view name(GemmLayout l);
+// Both K-grouped layouts (wgrad): D [G, m, N], groups split the tokens.
+constexpr bool k_grouped(GemmLayout l) { return l != GemmLayout::MGrouped; }
 
 // Tile configuration; a zero field is chosen by resolve_tile().
 struct GemmTile {
@@ -118,13 +123,16 @@ GemmSource emit_gemm(const GemmSpec& spec);
 // of A [m, k_total] and of B [N, k_total] along the tokens: [m, ceil(k_total/128)] and
 // [N, ceil(k_total/128)] fp32, [m, ceil(k_total/32)] and [N, ceil(k_total/32)] e8m0, or
 // [m, k_total/16] and [N, k_total/16] e4m3 for nvfp4 (k_total % 32 == 0): the quantize kernels'
-// 128x1 / 32x1 / 16x1 columnwise grids of one tensor, transposed.
+// 128x1 / 32x1 / 16x1 columnwise grids of one tensor, transposed. K-grouped members: the grids of
+// the members back to back, sized for any split of k_total into num_groups members (each member
+// may add a partial block): m * (ceil(k_total / scale_k) + G) and N * (...).
 struct GemmScaleElems {
   int64_t a = 0, b = 0;
 };
 GemmScaleElems gemm_scale_elems(const GemmSpec& spec, int64_t m_total, int64_t num_groups, int64_t k_total = 0);
 // K-grouped: k_total must be a multiple of this (16-byte TMA row strides of the operands: 16 fp8
-// or 32 packed e2m1 tokens).
+// or 32 packed e2m1 tokens); with members, so must each member's first token and token count (a
+// member that is not gets NaN in D[g]: its sizes live on the device).
 int64_t gemm_k_total_multiple(const GemmSpec& spec);
 
 // "e4m3 x e4m3 blockwise N=4096 K=7168 -> bf16" (logs, cache metadata).

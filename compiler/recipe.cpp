@@ -570,11 +570,14 @@ RecipeGemm parse_gemm(const Node& g) {
   s.a_format = format("a_format");
   s.b_format = format("b_format");
   // "m_grouped" (fprop, dgrad; the default): K fixed, token rows at run time. "k_grouped" (wgrad):
-  // the output rows m fixed, the tokens (K) split per group at run time.
+  // the output rows m fixed, the tokens (K) split per group at run time; "k_grouped_members": the
+  // same on the grouped quantizer's per-member transposed copies.
   if (auto l = g.find("layout"))
-    s.layout = l->choice<GemmLayout>({{"m_grouped", GemmLayout::MGrouped}, {"k_grouped", GemmLayout::KGrouped}});
+    s.layout = l->choice<GemmLayout>({{"m_grouped", GemmLayout::MGrouped},
+                                      {"k_grouped", GemmLayout::KGrouped},
+                                      {"k_grouped_members", GemmLayout::KGroupedMembers}});
   s.n = g.at("n").integer(1, int64_t(1) << 24);
-  if (s.layout == GemmLayout::KGrouped) {
+  if (k_grouped(s.layout)) {
     s.m = g.at("m").integer(1, int64_t(1) << 24);
     if (auto k = g.find("k")) k->fail("a k_grouped GEMM reduces over each group's tokens, given at run time: no \"k\"");
   } else {

@@ -54,7 +54,8 @@ GemmRows gemm_reference(const GemmSpec& spec, const GemmOperands& ops, std::span
   validate(spec);
   const int64_t n = spec.n, k = spec.k, kb = (k + 127) / 128, nb = (n + 127) / 128;
   const bool masked = ops.m_max > 0;
-  const bool kg = spec.layout == GemmLayout::KGrouped;
+  const bool kg = k_grouped(spec.layout);
+  const bool members = spec.layout == GemmLayout::KGroupedMembers;
   const int64_t groups = masked ? int64_t(ops.counts.size()) : int64_t(ops.offsets.size()) - 1;
   QF_CHECK(groups >= 1, "offsets holds G + 1 entries (counts G)");
   QF_CHECK(!masked || ops.m_total == groups * ops.m_max, "masked layout: m_total = G * m_max");
@@ -97,7 +98,38 @@ GemmRows gemm_reference(const GemmSpec& spec, const GemmOperands& ops, std::span
   const int64_t row_scales = sk > 0 ? k / sk : 0;  // M-grouped scales per row
   const bool kg_rows = kg && sk > 0;
   const int64_t kg_cols = kg_rows ? (ops.k_total + sk - 1) / sk : 0;
+  // K-grouped members: group g's own matrices A_g [m, len] at element m * start and B_g [N, len] at
+  // N * start (start, len: its clamped token range), its scale grids [m, ceil(len / sk)] and
+  // [N, ...] after those of the groups before; a group the kernel cannot load gives NaN
+  // (gemm_k_total_multiple: misaligned start or length; scales past the buffer's worst case;
+  // NVFP4: an odd start of A's scale grid).
+  struct Member {
+    int64_t start = 0, len = 0, prefix = 0, cols = 0;
+    bool bad = false;
+  };
+  std::vector<Member> mem;
+  if (members) {
+    const int64_t align = gemm_k_total_multiple(spec);
+    const int64_t cap = sk > 0 ? (ops.k_total + sk - 1) / sk + groups : 0;
+    int64_t prefix = 0;
+    for (int64_t g = 0; g < groups; ++g) {
+      auto clamp = [&](int64_t v) { return std::clamp<int64_t>(v, 0, ops.k_total); };
+      Member m;
+      m.start = clamp(ops.offsets[size_t(g)]);
+      m.len = std::max(m.start, clamp(ops.offsets[size_t(g) + 1])) - m.start;
+      m.prefix = prefix;
+      m.cols = sk > 0 ? (m.len + sk - 1) / sk : 0;
+      m.bad = m.start % align != 0 || m.len % align != 0 || (sk > 0 && prefix + m.cols > cap) ||
+              (fp4 && (prefix * spec.m) % 2 != 0);
+      prefix += m.cols;
+      mem.push_back(m);
+    }
+  }
   auto a_scale = [&](int64_t r, int64_t kk, int g) -> double {
+    if (members && sk > 0) {
+      const Member& m = mem[size_t(g)];
+      return scale_at(spec, ops.a_scale, spec.m * m.prefix + r * m.cols + kk / sk);
+    }
     if (kg_rows) return scale_at(spec, ops.a_scale, r * kg_cols + kk / sk);
     switch (spec.scaling) {
       case GemmScaling::PerTensor: return scale_at(spec, ops.a_scale, g);
@@ -109,6 +141,10 @@ GemmRows gemm_reference(const GemmSpec& spec, const GemmOperands& ops, std::span
     return 0;
   };
   auto b_scale = [&](int g, int64_t col, int64_t kk) -> double {
+    if (members && sk > 0) {
+      const Member& m = mem[size_t(g)];
+      return scale_at(spec, ops.b_scale, n * m.prefix + col * m.cols + kk / sk);
+    }
     if (kg_rows) return scale_at(spec, ops.b_scale, col * kg_cols + kk / sk);
     switch (spec.scaling) {
       case GemmScaling::PerTensor: return scale_at(spec, ops.b_scale, g);
@@ -141,13 +177,26 @@ GemmRows gemm_reference(const GemmSpec& spec, const GemmOperands& ops, std::span
         k0 = clamp(ops.offsets[size_t(g)]);
         k1 = std::max(k0, clamp(ops.offsets[size_t(g) + 1]));
       }
+      if (members) {
+        const Member& m = mem[size_t(g)];
+        if (m.bad) {
+          for (int64_t col = c0; col < c1; ++col)
+            out.value[i * size_t(n) + size_t(col)] = out.magnitude[i * size_t(n) + size_t(col)] = std::nan("");
+          continue;
+        }
+        k0 = 0, k1 = m.len;  // positions in the member's own rows
+      }
       const int64_t len = k1 - k0;
       const double alpha = (ops.alpha.empty() ? 1.0 : double(ops.alpha[size_t(g)])) * global_decode(ops.a_amax, g) *
                            global_decode(ops.b_amax, g);
-      const uint8_t* ap = &ops.a[size_t(r * row_bytes)];
+      // Members: element m * start + r * len of A (packed e2m1: start and len are even, so rows are whole bytes).
+      const int64_t epb = traits(spec.a_format).elems_per_byte;
+      const uint8_t* ap = members ? &ops.a[size_t((spec.m * mem[size_t(g)].start + r * len) / epb)] : &ops.a[size_t(r * row_bytes)];
       for (int64_t kk = k0; kk < k1; ++kk) arow[size_t(kk - k0)] = ta[elem(ap, kk)] * a_scale(r, kk, g);
       for (int64_t col = c0; col < c1; ++col) {
-        const uint8_t* bp = kg ? &ops.b[size_t(col * row_bytes)] : &ops.b[size_t((int64_t(g) * n + col) * row_bytes)];
+        const uint8_t* bp = members ? &ops.b[size_t((n * mem[size_t(g)].start + col * len) / epb)]
+                            : kg    ? &ops.b[size_t(col * row_bytes)]
+                                    : &ops.b[size_t((int64_t(g) * n + col) * row_bytes)];
         for (int64_t kk = k0; kk < k1; ++kk) brow[size_t(kk - k0)] = tb[elem(bp, kk)] * b_scale(g, col, kk);
         double sum = 0, mag = 0;
         for (int64_t j = 0; j < len; ++j) {

@@ -90,7 +90,7 @@ namespace {
 void fill_problem(const GemmSpec& spec, GemmProblem& p, GemmValues values, bool with_alpha, uint64_t seed,
                   int threads) {
   const int64_t g = p.num_groups(), n = spec.n, k = spec.k;
-  const bool kg = spec.layout == GemmLayout::KGrouped;
+  const bool kg = k_grouped(spec.layout);
   p.out_rows = kg ? g * spec.m : p.m_total;
   const bool fp4 = spec.scaling == GemmScaling::Nvfp4;
   const int64_t row_bytes = (kg ? p.k_total : k) / traits(spec.a_format).elems_per_byte;
@@ -159,7 +159,7 @@ GemmProblem make_gemm_problem(const GemmSpec& spec, std::span<const int64_t> gro
 GemmProblem make_k_grouped_gemm_problem(const GemmSpec& spec, std::span<const int64_t> tokens, int64_t pad,
                                         GemmValues values, bool with_alpha, uint64_t seed, int threads) {
   validate(spec);
-  QF_CHECK(spec.layout == GemmLayout::KGrouped && !tokens.empty() && pad >= 0, "a k-grouped spec and groups");
+  QF_CHECK(k_grouped(spec.layout) && !tokens.empty() && pad >= 0, "a k-grouped spec and groups");
   if (threads <= 0) threads = int(std::max(1u, std::thread::hardware_concurrency()));
   GemmProblem p;
   p.offsets.push_back(0);

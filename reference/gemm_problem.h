@@ -39,8 +39,9 @@ enum class GemmValues { Random, SmallIntegers };
 // and D belong to no group (the kernel must leave them untouched).
 GemmProblem make_gemm_problem(const GemmSpec& spec, std::span<const int64_t> group_rows, int64_t trailing_rows,
                               GemmValues values, bool with_alpha, uint64_t seed, int threads = 0);
-// K-grouped layout (spec.layout == KGrouped): group g reduces over tokens[g] tokens (0 allowed)
-// of the shared token dimension, padded with `pad` unused tokens and up to a multiple of 16 (nvfp4: 32).
+// K-grouped layouts (KGrouped, KGroupedMembers): group g reduces over tokens[g] tokens (0 allowed)
+// of the shared token dimension (members: its own matrices of tokens[g] columns, back to back in
+// the same bytes), padded with `pad` unused tokens and up to a multiple of 16 (nvfp4: 32).
 GemmProblem make_k_grouped_gemm_problem(const GemmSpec& spec, std::span<const int64_t> tokens, int64_t pad,
                                         GemmValues values, bool with_alpha, uint64_t seed, int threads = 0);
 // Masked layout: G = counts.size() slots of m_max rows; counts[g] may exceed m_max (the kernel

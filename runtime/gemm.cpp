@@ -94,6 +94,11 @@ CacheHow Gemm::prepare(const std::string& arch) const { return build_gemm_kernel
 
 int Gemm::persistent_ctas() const { return load_for_current_device()->grid; }
 
+int64_t Gemm::workspace_bytes() const {
+  if (spec_.layout != GemmLayout::KGroupedMembers) return 0;
+  return int64_t(persistent_ctas()) * (spec_.tile.stages + 1) * 2 * int64_t(sizeof(TmaDescriptor));
+}
+
 std::shared_ptr<const Gemm::Loaded> Gemm::load_for_current_device() const {
   const int dev = current_device();
   {
@@ -136,7 +141,7 @@ std::shared_ptr<const Gemm::Loaded> Gemm::load_for_current_device() const {
 }
 
 void Gemm::run(const GemmCall& c, CUstream stream) const {
-  if (spec_.layout == GemmLayout::KGrouped) return run_k_grouped(c, stream);
+  if (k_grouped(spec_.layout)) return run_k_grouped(c, stream);
   const GemmSpec& s = spec_;
   const GemmTile& t = s.tile;
   if (c.num_groups < 1 || c.num_groups > kMaxGroups)
@@ -241,7 +246,9 @@ void Gemm::launch_persistent(const Loaded& l, GemmArgs& args, int64_t units, int
 // K-grouped (wgrad): D[g] [m, N] (+)= alpha[g] * dequant(A[:, ks]) * dequant(B[:, ks])^T over the
 // token range ks = [offsets[g], offsets[g+1]) of A [m, k_total] and B [N, k_total]: per-group
 // tensor scales, blockwise / MX scales per row along the tokens, or NVFP4 (packed e2m1, e4m3 per 16
-// tokens per row, the copies' amax per group) (gemm_scale_elems).
+// tokens per row, the copies' amax per group) (gemm_scale_elems). Members: the same bytes hold the
+// members' own matrices [m, M_g] and [N, M_g] back to back; the kernel rewrites the tensor maps
+// encoded here (templates) per member in the workspace.
 void Gemm::run_k_grouped(const GemmCall& c, CUstream stream) const {
   const GemmSpec& s = spec_;
   const GemmTile& t = s.tile;
@@ -295,9 +302,23 @@ void Gemm::run_k_grouped(const GemmCall& c, CUstream stream) const {
   const int dev = current_device();
   check_device_pointer("d", c.d.ptr, dev);
   for (const auto& [name, v] : inputs) check_device_pointer(name, v->ptr, dev);
+  const bool members = s.layout == GemmLayout::KGroupedMembers;
+  if (members) {
+    const int64_t ws = workspace_bytes();
+    check_buffer("workspace", c.workspace, ws, 128,
+                 "workspace_bytes() = " + std::to_string(ws) + " bytes (the members' tensor maps)");
+    check_disjoint("workspace", c.workspace, "d", c.d);
+    for (const auto& [name, v] : inputs) check_disjoint("workspace", c.workspace, name, *v);
+    check_device_pointer("workspace", c.workspace.ptr, dev);
+  }
 
   auto l = load_for_current_device();
   GemmArgs args{};
+  if (members) {
+    args.member_maps = reinterpret_cast<TmaDescriptor*>(c.workspace.ptr);
+    args.a_data = reinterpret_cast<const u8*>(c.a.ptr);
+    args.b_data = reinterpret_cast<const u8*>(c.b.ptr);
+  }
   const cuuint64_t rb = cuuint64_t(row_bytes);
   args.a_map = encode_map("a", CU_TENSOR_MAP_DATA_TYPE_UINT8, c.a.ptr, {rb, cuuint64_t(s.m)}, {rb},
                           {rows.box_bytes, cuuint32_t(t.block_m)}, rows.a_swizzle);

@@ -60,6 +60,9 @@ struct GemmCall {
   int num_groups = 0;        // 1 .. 2^20
   int max_ctas = 0;          // cap on the persistent CTAs (e.g. to leave SMs to other streams);
                              // 0: one per SM, or as many clusters as fit at once
+  TensorView workspace;      // k_grouped_members: workspace_bytes() of device memory, 128-byte aligned,
+                             // where the kernel builds each member's tensor maps (one run at a time);
+                             // ignored by the other layouts
 };
 
 
@@ -80,6 +83,10 @@ class Gemm {
 
   // Persistent CTAs a launch on the current device uses at most (loads the kernel).
   int persistent_ctas() const;
+
+  // Device workspace a run on the current device needs (GemmCall::workspace): k_grouped_members
+  // keeps a ring of (stages + 1) A and B tensor maps per persistent CTA; 0 for the other layouts.
+  int64_t workspace_bytes() const;
 
  private:
   struct Loaded;

@@ -132,7 +132,8 @@ qf_status qf_quantize(qf_quantizer* q, const qf_quantize_args* args, void* cuda_
  *   D[rows] (+)= alpha[g] * dequant(A[rows]) @ dequant(B[g])^T,
  *   A [m_total, K] and B [G, N, K] fp8 K-major (nvfp4: packed e2m1, K/2 bytes per row), D [m_total, N]
  *   bf16 or fp32. K-grouped specs (wgrad) come from recipes: A [m, k_total], B [N, k_total],
- *   group_offsets split k_total, D [G, m, N]. */
+ *   group_offsets split k_total, D [G, m, N]; "k_grouped_members": the grouped quantizer's
+ *   per-member copies [m, M_g] and [N, M_g] back to back in the same bytes. */
 typedef struct qf_gemm qf_gemm;
 
 typedef struct qf_gemm_spec {
@@ -149,7 +150,7 @@ typedef struct qf_gemm_spec {
 
 /* Every pointer is device memory of the current context, 16-byte aligned for a, b and d (TMA),
    4-byte for fp32 / e8m0 scales and 16-byte for nvfp4's e4m3 scales (a row's 8 bytes of a
-   k-block are read at once). Fields were appended in 0.1.0 (a_amax, b_amax, k_total): zero the
+   k-block are read at once). Fields were appended in 0.1.0 (a_amax, b_amax, k_total, then workspace): zero the
    struct ({0} / memset) before filling it so that fields a caller does not know stay 0. */
 typedef struct qf_gemm_args {
   const void* a; int64_t a_bytes;             /* fp8 [m_total, K]; nvfp4: e2m1 [m_total, K/2] packed,
@@ -170,6 +171,8 @@ typedef struct qf_gemm_args {
   const float* a_amax;                        /* nvfp4: device fp32 [num_groups], amax of each group's A */
   const float* b_amax;                        /* nvfp4: device fp32 [num_groups], amax of each B[g] */
   int64_t k_total;                            /* K-grouped: the token dimension; 0 otherwise */
+  void* workspace; int64_t workspace_bytes;   /* k_grouped_members: qf_gemm_workspace_bytes() of device
+                                                 memory, 128-byte aligned, one run at a time */
 } qf_gemm_args;
 
 /* Validates the spec (errors name the field: "n", "tile.block_n", ...). */
@@ -185,6 +188,10 @@ const char* qf_gemm_describe(const qf_gemm* g);
    along the tokens). */
 qf_status qf_gemm_scale_bytes(const qf_gemm* g, int64_t extent, int num_groups, int64_t* a_bytes,
                               int64_t* b_bytes);
+/* Device workspace bytes a run needs on the current device (qf_gemm_args.workspace): 0 except for
+   recipes' "k_grouped_members" specs, whose kernel builds each member's tensor maps there. Loads the
+   kernel (needs a GPU). */
+qf_status qf_gemm_workspace_bytes(qf_gemm* g, int64_t* bytes);
 /* Compile (or load) the kernel for arch (only "sm_90a") into the kernel cache; no GPU needed. */
 qf_status qf_gemm_prepare(qf_gemm* g, const char* arch);
 /* Validate every argument, then launch on cuda_stream in the caller's current CUDA context. */

@@ -406,7 +406,7 @@ qf_status qf_gemm_scale_bytes(const qf_gemm* g, int64_t extent, int num_groups, 
     require(a_bytes, "a_bytes");
     require(b_bytes, "b_bytes");
     const qf::GemmSpec& s = g->g->spec();
-    const bool kg = s.layout == qf::GemmLayout::KGrouped;
+    const bool kg = qf::k_grouped(s.layout);
     if (extent < 0 || extent >= (int64_t(1) << 31))
       throw qf::UserError("extent", std::string("expected 0 <= ") + (kg ? "k_total" : "m_total") + " < 2^31, got " +
                                         std::to_string(extent));
@@ -417,6 +417,14 @@ qf_status qf_gemm_scale_bytes(const qf_gemm* g, int64_t extent, int num_groups, 
     const int bytes = qf::traits(s.scaling).scale_bytes;
     *a_bytes = e.a * bytes;
     *b_bytes = e.b * bytes;
+  });
+}
+
+qf_status qf_gemm_workspace_bytes(qf_gemm* g, int64_t* bytes) {
+  return guarded([&] {
+    require(g, "g");
+    require(bytes, "bytes");
+    *bytes = g->g->workspace_bytes();
   });
 }
 
@@ -455,6 +463,7 @@ qf_status qf_gemm_run(qf_gemm* g, const qf_gemm_args* args, void* cuda_stream) {
     c.k_total = args->k_total;
     c.num_groups = args->num_groups;
     c.max_ctas = args->max_ctas;
+    c.workspace = view(args->workspace, args->workspace_bytes, "args->workspace_bytes");
     g->g->run(c, static_cast<CUstream>(cuda_stream));
   });
 }

@@ -75,6 +75,7 @@ struct GemmSmem {
   u32 sc_off, sc_stage;    // per-stage scales (gemm_stage_scale_bytes)
   u32 staging_off, staging_wg;  // epilogue staging, one region per consumer warpgroup
   u32 col_off;             // per-column scales, block_n floats per consumer warpgroup
+  u32 maps_off;            // K-grouped members: the producer's A and B tensor maps being built (2 x 128 bytes)
   u32 bar_off;             // full[stages], empty[stages], turn[2] mbarriers (NVFP4: then loaded[stages])
   u32 total;               // dynamic shared memory to request (includes the alignment slack)
 };
@@ -92,7 +93,8 @@ QF_HD constexpr u32 gemm_stage_scale_bytes(int scaling, int block_m, int block_n
 }
 
 QF_HD constexpr GemmSmem gemm_smem(int block_m, int block_n, int stages, int consumers,
-                                   int scaling, bool col_scales, int out_bytes, bool tma_epilogue = false) {
+                                   int scaling, bool col_scales, int out_bytes, bool tma_epilogue = false,
+                                   bool member_maps = false) {
   GemmSmem s{};
   const bool fp4 = scaling == kGemmNvfp4;
   s.a_stage = u32(block_m) * (fp4 ? 64u : 128u);
@@ -108,7 +110,8 @@ QF_HD constexpr GemmSmem gemm_smem(int block_m, int block_n, int stages, int con
                               : 64u * u32(gemm_staging_pitch(epi, out_bytes)) * 4u;
   s.staging_off = gemm_align_up(s.sc_off + u32(stages) * s.sc_stage, tma_epilogue ? 1024 : 16);
   s.col_off = s.staging_off + u32(consumers) * s.staging_wg;
-  s.bar_off = gemm_align_up(s.col_off + (col_scales ? u32(consumers * block_n) * 4u : 0u), 8);
+  s.maps_off = gemm_align_up(s.col_off + (col_scales ? u32(consumers * block_n) * 4u : 0u), member_maps ? 128 : 8);
+  s.bar_off = s.maps_off + (member_maps ? 2u * 128u : 0u);
   s.total = s.bar_off + u32((fp4 ? 3 : 2) * stages + 2) * 8u + kGemmSmemAlignSlack;
   return s;
 }
@@ -216,6 +219,26 @@ __device__ __forceinline__ void tma_store_3d(const TmaDescriptor* map, u32 src, 
 __device__ __forceinline__ void bulk_commit() { asm volatile("cp.async.bulk.commit_group;" ::: "memory"); }
 __device__ __forceinline__ void bulk_wait_read_all() { asm volatile("cp.async.bulk.wait_group.read 0;" ::: "memory"); }
 __device__ __forceinline__ void bulk_wait_all() { asm volatile("cp.async.bulk.wait_group 0;" ::: "memory"); }
+// Tensor maps rewritten on the device (K-grouped members): fields of a map in shared memory, then
+// the warp's copy to global memory with a release of the tensormap proxy, then this thread's acquire
+// of that global copy before its TMA instructions use it.
+__device__ __forceinline__ void tensormap_set_address(u32 map, u64 addr) {
+  asm volatile("tensormap.replace.tile.global_address.shared::cta.b1024.b64 [%0], %1;" ::"r"(map), "l"(addr) : "memory");
+}
+__device__ __forceinline__ void tensormap_set_inner(u32 map, u32 dim0, u64 stride1) {
+  asm volatile("tensormap.replace.tile.global_dim.shared::cta.b1024.b32 [%0], 0, %1;" ::"r"(map), "r"(dim0) : "memory");
+  asm volatile("tensormap.replace.tile.global_stride.shared::cta.b1024.b64 [%0], 0, %1;" ::"r"(map), "l"(stride1) : "memory");
+}
+__device__ __forceinline__ void tensormap_publish(TmaDescriptor* dst, u32 src) {
+  asm volatile(
+      "tensormap.cp_fenceproxy.global.shared::cta.tensormap::generic.release.gpu.sync.aligned [%0], [%1], 128;" ::"l"(
+          reinterpret_cast<u64>(dst)),
+      "r"(src)
+      : "memory");
+}
+__device__ __forceinline__ void tensormap_acquire(const TmaDescriptor* map) {
+  asm volatile("fence.proxy.tensormap::generic.acquire.gpu [%0], 128;" ::"l"(reinterpret_cast<u64>(map)) : "memory");
+}
 __device__ __forceinline__ void tma_prefetch_descriptor(const TmaDescriptor* map) {
   asm volatile("prefetch.tensormap [%0];" ::"l"(reinterpret_cast<u64>(map)) : "memory");
 }
@@ -294,6 +317,18 @@ struct TileInfo {
                  // aligned), of 128 where scales change along K (a k-block is then whole scale blocks)
   int k_lead;    // K-grouped: positions [k0, k0 + k_lead) belong to the previous group (0..15, or 0..127)
   int k_len;     // K loaded from k0: k_lead + the group's tokens (0 for an empty group; M-grouped: kK)
+  // K-grouped scales along the tokens: row r's scale column j of the tile's group is element
+  // rows * s_prefix + r * s_cols + j of its buffer (rows: kM for A, N for B); tokens at or past
+  // k_limit have none. One shared token dimension: s_prefix 0, s_cols = ceil(k_total / scale_k),
+  // k_limit = k_total, K positions global. Members: s_prefix = the scale columns of the groups
+  // before (sum of ceil(M_h / scale_k)), s_cols = ceil(M_g / scale_k), k_limit = M_g, K positions
+  // local to the member (k0 = 0).
+  int s_prefix;
+  int s_cols;
+  int k_limit;
+  int tok0;  // members: the member's first token (its data starts at rows * tok0 elements)
+  bool bad;  // members: a member the kernel cannot load (misaligned, or its scales would pass the
+             // buffer): nothing is loaded and D[g] is NaN
 };
 
 // Where a consumer thread's accumulator fragment sits: wgmma m64nN gives thread `lane` of warp
@@ -318,6 +353,14 @@ struct Scheduler {
   // Scales along K (1x128, 1x32 blocks of the token dimension): a multiple of 128, so that a
   // k-block covers whole scale blocks of the shared token grid.
   static constexpr int kKAlign = Cfg::kScaling == kGemmPerTensor ? 16 : kGemmBlockK;
+  // Tokens per scale along K (K-grouped): 128 (blockwise), 32 (MX), 16 (NVFP4); 0 (per tensor).
+  static constexpr int kScaleK = Cfg::kScaling == kGemmBlock128K ? 128
+                                 : Cfg::kScaling == kGemmMx32    ? 32
+                                 : Cfg::kScaling == kGemmNvfp4   ? 16
+                                                                 : 0;
+  // Members: a member's first token and token count must be multiples of this (16-byte TMA
+  // addresses and row strides: 16 fp8 or 32 packed e2m1 tokens).
+  static constexpr int kMemberAlign = Cfg::kScaling == kGemmNvfp4 ? 32 : 16;
 
   // The launch arguments stay in the kernel's parameter space (__grid_constant__): the scheduler
   // keeps only its position in registers, which every role (three accumulators in the consumers,
@@ -325,6 +368,9 @@ struct Scheduler {
   const GemmArgs& a;
   int g = -1;
   int units_before = 0, units_in_group = 0, g_start = 0, g_end = 0, m_blocks = 0;
+  // K-grouped members: the scale columns of groups [0, prefix_g) (a role walks its units in order),
+  // saturated past what any buffer holds (every later group is then unreadable anyway).
+  int prefix_g = 0, prefix = 0;
 
   __device__ explicit Scheduler(const GemmArgs& args) : a(args) {}
 
@@ -377,7 +423,9 @@ struct Scheduler {
 
   // K-grouped (wgrad): every group has the same kM x kN output tiles; group g reduces over
   // K = [offsets[g], offsets[g+1]) of the shared token dimension (clamped to [0, k_total]).
-  __device__ bool get_k_grouped(int unit, u32 rank, TileInfo& t) const {
+  __device__ int clamp_tok(i64 k) const { return int(k < 0 ? 0 : (k > a.k_total ? a.k_total : k)); }
+
+  __device__ bool get_k_grouped(int unit, u32 rank, TileInfo& t) {
     constexpr int kMBlocks = int((Cfg::kM + kBM - 1) / kBM);
     constexpr int kUnits = kMBlocks * kNUnits;
     const int g = unit / kUnits;
@@ -392,13 +440,44 @@ struct Scheduler {
     t.row_end = int(Cfg::kM);
     t.n0 = ((r / rows) * int(Cfg::kMulticast) + int(rank)) * kBN;
     t.out_row0 = g * int(Cfg::kM) + t.row0;
-    const i64 kt = a.k_total;
-    const i64 s = a.group_offsets[g], e = a.group_offsets[g + 1];
-    const int k0 = int(s < 0 ? 0 : (s > kt ? kt : s));
-    const int k1 = int(e < 0 ? 0 : (e > kt ? kt : e));
-    t.k0 = k0 & ~(kKAlign - 1);
-    t.k_lead = k0 - t.k0;
-    t.k_len = k1 > k0 ? k1 - t.k0 : 0;
+    const int k0 = clamp_tok(a.group_offsets[g]);
+    const int k1 = max(k0, clamp_tok(a.group_offsets[g + 1]));
+    t.bad = false;
+    if constexpr (Cfg::kMembers) {
+      // The member's own [rows, M_g] matrices: local token positions, TMA zero fill past M_g.
+      const int len = k1 - k0;
+      t.k0 = 0;
+      t.k_lead = 0;
+      t.k_limit = len;
+      t.tok0 = k0;
+      t.s_prefix = 0;
+      t.s_cols = 0;
+      t.bad = k0 % kMemberAlign != 0 || len % kMemberAlign != 0;
+      if constexpr (kScaleK > 0) {
+        // The scale buffers hold ceil(k_total / scale_k) + G columns per row (any split of k_total
+        // into G members whose offsets rise); offsets that fall and rise again could ask for more.
+        const int cap = int((a.k_total + kScaleK - 1) / kScaleK) + a.num_groups;
+        for (; prefix_g < g; ++prefix_g) {
+          const int s = clamp_tok(a.group_offsets[prefix_g]);
+          prefix = min(prefix + (max(s, clamp_tok(a.group_offsets[prefix_g + 1])) - s + kScaleK - 1) / kScaleK, cap + 1);
+        }
+        const int cols = (len + kScaleK - 1) / kScaleK;
+        t.bad |= prefix + cols > cap;
+        // NVFP4 reads A's scales two bytes at a time: the group's grid must start at an even byte.
+        if constexpr (Cfg::kScaling == kGemmNvfp4) t.bad |= (i64(prefix) * Cfg::kM) % 2 != 0;
+        t.s_prefix = prefix;
+        t.s_cols = cols;
+      }
+      t.k_len = t.bad ? 0 : len;
+    } else {
+      t.k0 = k0 & ~(kKAlign - 1);
+      t.k_lead = k0 - t.k0;
+      t.k_len = k1 > k0 ? k1 - t.k0 : 0;
+      t.k_limit = int(a.k_total);
+      t.tok0 = 0;
+      t.s_prefix = 0;
+      t.s_cols = kScaleK > 0 ? int((a.k_total + kScaleK - 1) / kScaleK) : 0;
+    }
     return true;
   }
 };
@@ -418,6 +497,50 @@ __device__ __forceinline__ int2 kept_tokens(const TileInfo& t, int kb) {
   if constexpr (!Cfg::kKGrouped) return make_int2(0, kGemmBlockK);
   return make_int2(kb == 0 ? t.k_lead : 0, min(kGemmBlockK, t.k_len - kb * kGemmBlockK));
 }
+
+// K-grouped members: the ring of tensor-map pairs {A, B} per CTA in a.member_maps. The producer
+// warp writes a group's pair into the next slot before the group's first load; slot v is reused
+// kStages + 1 groups later, when every load that read it is complete (the producer has waited for
+// the stage of the load kStages + 1 loads back to be consumed, and each group has at least one load).
+template <class Cfg>
+struct MemberMaps {
+  static constexpr int kSlots = int(Cfg::kStages) + 1;
+  const TmaDescriptor* a_map;  // B's map follows A's (members), or is a.b_map
+  int group = -1, visit = 0;
+
+  __device__ explicit MemberMaps(const GemmArgs& a) : a_map(&a.a_map) {}
+  __device__ const TmaDescriptor* b_map(const GemmArgs& a) const { return Cfg::kMembers ? a_map + 1 : &a.b_map; }
+
+  // Called by the whole producer warp before the first load of tile t (one with loads): on a new
+  // group, the templates a.a_map / a.b_map with the member's base address, row length (bytes, the
+  // inner dimension) and row stride; the copies' release and this thread's acquire order the
+  // rewrite before the TMA reads.
+  __device__ void prepare(const GemmArgs& a, u8* scratch, u32 scratch_addr, const TileInfo& t, int lane) {
+    if constexpr (Cfg::kMembers) {
+      if (t.group == group) return;
+      constexpr int kElemsPerByte = Cfg::kScaling == kGemmNvfp4 ? 2 : 1;
+      TmaDescriptor* dst = a.member_maps + (i64(blockIdx.x) * kSlots + visit % kSlots) * 2;
+      reinterpret_cast<u64*>(scratch)[lane] = lane < 16 ? a.a_map.opaque[lane] : a.b_map.opaque[lane - 16];
+      __syncwarp();
+      if (lane == 0) {
+        const u32 row = u32(t.k_limit / kElemsPerByte);
+        const i64 first = i64(t.tok0 / kElemsPerByte);
+        sm90::tensormap_set_address(scratch_addr, reinterpret_cast<u64>(a.a_data) + u64(first * Cfg::kM));
+        sm90::tensormap_set_inner(scratch_addr, row, row);
+        sm90::tensormap_set_address(scratch_addr + 128u, reinterpret_cast<u64>(a.b_data) + u64(first * Cfg::kN));
+        sm90::tensormap_set_inner(scratch_addr + 128u, row, row);
+      }
+      __syncwarp();
+      sm90::tensormap_publish(dst, scratch_addr);
+      sm90::tensormap_publish(dst + 1, scratch_addr + 128u);
+      sm90::tensormap_acquire(dst);
+      sm90::tensormap_acquire(dst + 1);
+      a_map = dst;
+      group = t.group;
+      ++visit;
+    }
+  }
+};
 
 // ------------------------------------------------------------------ scaling policies
 //
@@ -676,7 +799,7 @@ struct Mx32Scaling : SlotScaling<4> {
     const u8* sa = static_cast<const u8*>(a.a_scale);
     const u8* sb = static_cast<const u8*>(a.b_scale);
     if constexpr (Cfg::kKGrouped) {
-      const i64 row_bytes = (a.k_total + 31) / 32;
+      const i64 row_bytes = t.s_cols;
       const int s0 = t.k0 / 32 + 4 * kb;  // the k-block's first 32-step of the token grid
       u32 keep = 0;                       // byte mask of the steps that hold tokens of the group
 #pragma unroll
@@ -685,10 +808,11 @@ struct Mx32Scaling : SlotScaling<4> {
         if (lo + 32 > t.k_lead && lo < t.k_len) keep |= 0xFFu << (8 * k);
       }
       // Rows past kM, columns past N: factor 2^-127, their products are never stored. Rows of a
-      // multiple of 4 bytes (k_total a multiple of 128) take one aligned u32 load: a k-block starts
-      // (a multiple of 128 tokens) at or before a token of the group, so its four bytes lie inside
-      // the row.
-      const bool aligned = (row_bytes & 3) == 0;
+      // multiple of 4 bytes (k_total, or a member's tokens, a multiple of 128) that start 4-byte
+      // aligned take one aligned u32 load: a k-block starts (a multiple of 128 tokens) at or before
+      // a token of the group, so its four bytes lie inside the row.
+      const i64 base_a = i64(Cfg::kM) * t.s_prefix, base_b = i64(Cfg::kN) * t.s_prefix;
+      const bool aligned = (row_bytes & 3) == 0 && ((base_a | base_b) & 3) == 0;
       auto word = [&](const u8* p, bool ok) {
         if (!ok) return 0u;
         if (aligned) return *reinterpret_cast<const u32*>(p) & keep;
@@ -696,11 +820,11 @@ struct Mx32Scaling : SlotScaling<4> {
         for (int k = 0; k < 4; ++k) w |= (keep >> (8 * k) & 1u) ? u32(p[k]) << (8 * k) : 0u;
         return w;
       };
-      const u8* pa = sa + i64(t.row0 + lane) * row_bytes + s0;
+      const u8* pa = sa + base_a + i64(t.row0 + lane) * row_bytes + s0;
 #pragma unroll
       for (int j = 0; j < kBM / 32; ++j)
         words[j] = word(pa + i64(32 * j) * row_bytes, t.row0 + lane + 32 * j < int(Cfg::kM));
-      const u8* pb = sb + i64(t.n0 + lane) * row_bytes + s0;
+      const u8* pb = sb + base_b + i64(t.n0 + lane) * row_bytes + s0;
       constexpr int kBN = int(Cfg::kBlockN);
 #pragma unroll
       for (int j = 0; j < kBN / 32; ++j)
@@ -745,14 +869,14 @@ struct Block128KScaling : SlotScaling<1> {
   __device__ static void load_scales(const GemmArgs& a, const TileInfo& t, int kb, int lane, u32* words) {
     static_assert(Cfg::kKGrouped, "the M-grouped blockwise kernels use Block128Scaling");
     constexpr int kBM = int(Cfg::kBlockM), kBN = int(Cfg::kBlockN);
-    const i64 cols = (a.k_total + 127) / 128;
+    const i64 cols = t.s_cols;
     const int j = t.k0 / 128 + kb;
     // Rows past kM, columns past N: 0 (never stored).
-    const float* pa = static_cast<const float*>(a.a_scale) + i64(t.row0 + lane) * cols + j;
+    const float* pa = static_cast<const float*>(a.a_scale) + i64(Cfg::kM) * t.s_prefix + i64(t.row0 + lane) * cols + j;
 #pragma unroll
     for (int w = 0; w < kBM / 32; ++w)
       words[w] = t.row0 + lane + 32 * w < int(Cfg::kM) ? __float_as_uint(pa[i64(32 * w) * cols]) : 0u;
-    const float* pb = static_cast<const float*>(a.b_scale) + i64(t.n0 + lane) * cols + j;
+    const float* pb = static_cast<const float*>(a.b_scale) + i64(Cfg::kN) * t.s_prefix + i64(t.n0 + lane) * cols + j;
 #pragma unroll
     for (int w = 0; w < kBN / 32; ++w)
       words[kBM / 32 + w] = t.n0 + lane + 32 * w < int(Cfg::kN) ? __float_as_uint(pb[i64(32 * w) * cols]) : 0u;
@@ -858,7 +982,8 @@ struct Traits {
   static constexpr int kEpiCols = gemm_epi_cols(kBN, kOutBytes, int(Cfg::kScaling));
   static constexpr int kPitch = gemm_staging_pitch(kEpiCols, kOutBytes);
   static constexpr GemmSmem kSmem =
-      gemm_smem(kBM, kBN, kStages, kConsumers, int(Cfg::kScaling), Scaling::kColScales, kOutBytes, Cfg::kKGrouped);
+      gemm_smem(kBM, kBN, kStages, kConsumers, int(Cfg::kScaling), Scaling::kColScales, kOutBytes, Cfg::kKGrouped,
+                Cfg::kMembers);
   static constexpr u32 kTxBytes = u32(kBM + kBN) * (kFp4 ? 64u : 128u);
   // NVFP4: the TMA bytes complete loaded[stage]; full[stage] takes the B dequantizing warps.
   static constexpr u32 kFullArrivals = kFp4 ? 4u * kProducerGroups : 1u + (Scaling::kScaleWriters ? 32u : 0u);
@@ -892,6 +1017,7 @@ struct Traits {
   static_assert(!Cfg::kKGrouped || ((Cfg::kScaling == kGemmPerTensor || Cfg::kScaling == kGemmBlock128K ||
                                       Cfg::kScaling == kGemmMx32 || Cfg::kScaling == kGemmNvfp4) && kMc == 1),
                 "K-grouped: per-tensor, blockwise (1x128 along the tokens), MX or NVFP4 scaling, no multicast");
+  static_assert(!Cfg::kMembers || Cfg::kKGrouped, "per-member operands: the K-grouped layout");
   static_assert(Cfg::kScaling != kGemmBlock128K || (Cfg::kKGrouped && Cfg::kPromote),
                 "Block128KScaling: the K-grouped layout, promoted");
   static_assert(!kFp4 || (kBN == 128 && kBM == 128 && kMc == 1 && !Cfg::kOrderedIssue && !Cfg::kPromote &&
@@ -900,11 +1026,12 @@ struct Traits {
 };
 
 template <class Cfg>
-__device__ __forceinline__ void producer(const GemmArgs& a, u32 base, u32 rank, int lane) {
+__device__ __forceinline__ void producer(const GemmArgs& a, u8* smem, u32 base, u32 rank, int lane) {
   using T = Traits<Cfg>;
   Scheduler<Cfg> sched(a);
+  MemberMaps<Cfg> maps(a);
   const u32 full0 = base + T::kSmem.bar_off, empty0 = full0 + 8u * T::kStages;
-  if (lane == 0) {
+  if (lane == 0 && !Cfg::kMembers) {
     sm90::tma_prefetch_descriptor(&a.a_map);
     sm90::tma_prefetch_descriptor(&a.b_map);
   }
@@ -915,6 +1042,7 @@ __device__ __forceinline__ void producer(const GemmArgs& a, u32 base, u32 rank, 
     TileInfo t;
     if (!sched.get(unit, rank, t)) break;
     const int k_blocks = tile_k_blocks<Cfg>(t);
+    if (k_blocks > 0) maps.prepare(a, smem + T::kSmem.maps_off, base + T::kSmem.maps_off, t, lane);
     for (int kb = 0; kb < k_blocks; ++kb) {
       // K coordinate of the stage (NVFP4: bytes of packed e2m1)
       const int kc = T::kFp4 ? kb * (kGemmBlockK / 2) : t.k0 + kb * kGemmBlockK;
@@ -930,11 +1058,11 @@ __device__ __forceinline__ void producer(const GemmArgs& a, u32 base, u32 rank, 
           sm90::tma_load_2d_multicast(a_dst + rank * u32(kHalf) * 128u, &a.a_map, full, kc,
                                       t.row0 + int(rank) * kHalf, u16(0x3));
         } else {
-          sm90::tma_load_2d(a_dst, &a.a_map, full, kc, t.row0);
+          sm90::tma_load_2d(a_dst, maps.a_map, full, kc, t.row0);
         }
         const u32 b_dst = T::kFp4 ? base + T::kSmem.braw_off + u32(stage) * T::kSmem.braw_stage
                                   : base + T::kSmem.b_off + u32(stage) * T::kSmem.b_stage;
-        if constexpr (Cfg::kKGrouped) sm90::tma_load_2d(b_dst, &a.b_map, full, kc, t.n0);  // B [N, k_total]
+        if constexpr (Cfg::kKGrouped) sm90::tma_load_2d(b_dst, maps.b_map(a), full, kc, t.n0);  // B [N, k_total] (members: [N, M_g])
         else sm90::tma_load_3d(b_dst, &a.b_map, full, kc, t.n0, t.group);                   // B [G, N, K]
       }
       if (++stage == T::kStages) stage = 0, phase ^= 1u;
@@ -992,9 +1120,7 @@ __device__ __forceinline__ void fp4_producer(const GemmArgs& a, u8* smem, u32 ba
   static_assert(kUnits % kWorkers == 0 && kLag >= 1, "NVFP4: whole units per thread, at least three stages");
   // Scale bytes per row of B: [G, N, K/16], or K-grouped [N, k_total/16] (k_total % 32 == 0: a
   // 32-token quarter of a k-block is wholly inside or past the row; 8-byte loads when the row is
-  // a multiple of 8 bytes, k_total % 128 == 0).
-  const i64 scale_row = Cfg::kKGrouped ? a.k_total / 16 : Cfg::kK / 16;
-  const bool scale_u64 = scale_row % 8 == 0;
+  // a multiple of 8 bytes, k_total % 128 == 0), members [N, M_g/16] each (TileInfo::s_cols).
   const u32 full0 = base + T::kSmem.bar_off, empty0 = full0 + 8u * T::kStages, loaded0 = empty0 + 8u * (T::kStages + 2);
   const int tid = w * 32 + lane;
   const u8* sb = static_cast<const u8*>(a.b_scale);
@@ -1014,16 +1140,18 @@ __device__ __forceinline__ void fp4_producer(const GemmArgs& a, u8* smem, u32 ba
     }
   };
   skip_empty();
+  MemberMaps<Cfg> maps(a);
   auto issue_load = [&] {
     if (!l_more) return;
+    if (l_kb == 0) maps.prepare(a, smem + T::kSmem.maps_off, base + T::kSmem.maps_off, lt, lane);
     sm90::mbar_wait(empty0 + 8u * l_stage, l_phase ^ 1u);
     if (lane == 0) {
       const u32 bar = loaded0 + 8u * l_stage;
       sm90::mbar_arrive_expect_tx(bar, T::kTxBytes);
       const int kc = lt.k0 / 2 + l_kb * (kGemmBlockK / 2);  // bytes of packed e2m1 (M-grouped: k0 = 0)
       const u32 b_dst = base + T::kSmem.braw_off + u32(l_stage) * T::kSmem.braw_stage;
-      sm90::tma_load_2d(base + T::kSmem.a_off + u32(l_stage) * T::kSmem.a_stage, &a.a_map, bar, kc, lt.row0);
-      if constexpr (Cfg::kKGrouped) sm90::tma_load_2d(b_dst, &a.b_map, bar, kc, lt.n0);  // B [N, k_total/2]
+      sm90::tma_load_2d(base + T::kSmem.a_off + u32(l_stage) * T::kSmem.a_stage, maps.a_map, bar, kc, lt.row0);
+      if constexpr (Cfg::kKGrouped) sm90::tma_load_2d(b_dst, maps.b_map(a), bar, kc, lt.n0);  // B [N, k_total/2] (members: [N, M_g/2])
       else sm90::tma_load_3d(b_dst, &a.b_map, bar, kc, lt.n0, lt.group);                   // B [G, N, K/2]
     }
     if (++l_kb == tile_k_blocks<Cfg>(lt)) {
@@ -1035,7 +1163,7 @@ __device__ __forceinline__ void fp4_producer(const GemmArgs& a, u8* smem, u32 ba
     if (++l_stage == T::kStages) l_stage = 0, l_phase ^= 1u;
   };
   if (w == 0) {
-    if (lane == 0) {
+    if (lane == 0 && !Cfg::kMembers) {
       sm90::tma_prefetch_descriptor(&a.a_map);
       sm90::tma_prefetch_descriptor(&a.b_map);
     }
@@ -1049,7 +1177,10 @@ __device__ __forceinline__ void fp4_producer(const GemmArgs& a, u8* smem, u32 ba
     TileInfo t;
     if (!sched.get(unit, 0, t)) break;
     const int k_blocks = tile_k_blocks<Cfg>(t);
-    // This thread's units' scales of k-block kb (8 bytes per row; zero past N and past k_total),
+    const i64 scale_row = Cfg::kKGrouped ? i64(t.s_cols) : Cfg::kK / 16;
+    const bool scale_u64 = scale_row % 8 == 0;  // members: N % 8 == 0 keeps N * s_prefix 8-byte aligned
+    const u8* sbt = sb + (Cfg::kKGrouped ? i64(Cfg::kN) * t.s_prefix : 0);
+    // This thread's units' scales of k-block kb (8 bytes per row; zero past N and past k_limit),
     // loaded one k-block ahead so that their latency hides behind a k-block's dequantization.
     uint2 sc[kPer], sc_next[kPer];
     auto load_scales = [&](int kb, uint2* dst) {
@@ -1057,15 +1188,15 @@ __device__ __forceinline__ void fp4_producer(const GemmArgs& a, u8* smem, u32 ba
 #pragma unroll
       for (int j = 0; j < kPer; ++j) {
         const int row = ((tid + kWorkers * j) >> 1) & (kBN - 1), col = t.n0 + row;
-        const u8* p = sb + (Cfg::kKGrouped ? i64(col) : i64(t.group) * Cfg::kN + col) * scale_row + tok / 16;
+        const u8* p = sbt + (Cfg::kKGrouped ? i64(col) : i64(t.group) * Cfg::kN + col) * scale_row + tok / 16;
         dst[j] = make_uint2(0, 0);
-        if (col >= int(Cfg::kN) || (Cfg::kKGrouped && tok >= a.k_total)) continue;
+        if (col >= int(Cfg::kN) || (Cfg::kKGrouped && tok >= t.k_limit)) continue;
         if (!Cfg::kKGrouped || scale_u64) {
           dst[j] = *reinterpret_cast<const uint2*>(p);
         } else {  // K-grouped rows of 2 (mod 8) bytes: the quarters inside the row, two bytes each
           u32 h[4];
 #pragma unroll
-          for (int c = 0; c < 4; ++c) h[c] = tok + 32 * c < a.k_total ? *reinterpret_cast<const u16*>(p + 2 * c) : 0u;
+          for (int c = 0; c < 4; ++c) h[c] = tok + 32 * c < t.k_limit ? *reinterpret_cast<const u16*>(p + 2 * c) : 0u;
           dst[j] = make_uint2(h[0] | (h[1] << 16), h[2] | (h[3] << 16));
         }
       }
@@ -1081,7 +1212,8 @@ __device__ __forceinline__ void fp4_producer(const GemmArgs& a, u8* smem, u32 ba
       const u8* raw = smem + T::kSmem.braw_off + u32(stage) * T::kSmem.braw_stage;
       u8* dst = smem + T::kSmem.b_off + u32(stage) * T::kSmem.b_stage;
       const int2 kept = kept_tokens<Cfg>(t, kb);
-      const bool edge = kept.x > 0 || kept.y < kGemmBlockK;  // K-grouped: zero the other groups' tokens
+      // K-grouped: zero the other groups' tokens (members: TMA's zero fill and zero scales past M_g).
+      const bool edge = !Cfg::kMembers && (kept.x > 0 || kept.y < kGemmBlockK);
 #pragma unroll
       for (int j = 0; j < kPer; ++j) {
         const int u = tid + kWorkers * j;
@@ -1161,7 +1293,10 @@ __device__ __forceinline__ void epilogue_tma(const GemmArgs& a, const TileInfo& 
   const u32 bar_id = 1u + u32(f.wg);
   const u32 staging_off = T::kSmem.staging_off + u32(f.wg) * T::kSmem.staging_wg;
   u8* staging = smem + staging_off;
-  const float rf0 = S::template row_factor<Cfg>(ts, 0), rf1 = S::template row_factor<Cfg>(ts, 1);
+  float rf0 = S::template row_factor<Cfg>(ts, 0), rf1 = S::template row_factor<Cfg>(ts, 1);
+  if constexpr (Cfg::kMembers) {
+    if (t.bad) rf0 = rf1 = __int_as_float(0x7FC00000);  // a member the kernel cannot read: D[g] is NaN
+  }
   const int quad = f.lane & 3;
   // Byte of column c (within the pass) of row r in the boxes: box c / kBoxCols, 16-byte chunk
   // ((c % kBoxCols) * bytes / 16) ^ (r % 8) of the box's row r. The fragment's rows r and r + 8
@@ -1323,7 +1458,6 @@ __device__ __forceinline__ void consumer_fp4(const GemmArgs& a, u8* smem, u32 ba
   const Frag f{wg, tid, lane, wg * 64 + warp * 16 + lane / 4};
   Scheduler<Cfg> sched(a);
   const u32 full0 = base + T::kSmem.bar_off, empty0 = full0 + 8u * T::kStages, loaded0 = empty0 + 8u * (T::kStages + 2);
-  const i64 scale_row = Cfg::kKGrouped ? a.k_total / 16 : Cfg::kK / 16;  // A [rows, K/16] or [kM, k_total/16]
   const int a_rows = Cfg::kKGrouped ? int(Cfg::kM) : int(a.m_total);
   const int quad = lane & 3;
   const u8* sa = static_cast<const u8*>(a.a_scale);
@@ -1336,14 +1470,17 @@ __device__ __forceinline__ void consumer_fp4(const GemmArgs& a, u8* smem, u32 ba
     if (!sched.get(unit, 0, t)) break;
     const typename S::Tile ts = S::template begin<Cfg>(a, t, f);
     const int r0 = t.row0 + f.row, r1 = r0 + 8;
+    // A's scales: [rows, K/16], K-grouped [kM, k_total/16], members [kM, M_g/16] each.
+    const i64 scale_row = Cfg::kKGrouped ? i64(t.s_cols) : Cfg::kK / 16;
+    const u8* sat = sa + (Cfg::kKGrouped ? i64(Cfg::kM) * t.s_prefix : 0);
     // Scale bytes 2q and 2q + 1 of rows r0 and r1 in k-block kb: tokens [32 q, 32 q + 32) (rows
-    // past the end, and K-grouped tokens past k_total: 0; their products are never stored).
+    // past the end, and K-grouped tokens past k_limit: 0; their products are never stored).
     u32 sc0 = 0, sc1 = 0;
     auto load_scales = [&](int kb) {
       const int tok = t.k0 + kb * kGemmBlockK + 32 * quad;
-      const bool in_k = !Cfg::kKGrouped || tok < a.k_total;
-      sc0 = r0 < a_rows && in_k ? *reinterpret_cast<const u16*>(sa + i64(r0) * scale_row + tok / 16) : 0u;
-      sc1 = r1 < a_rows && in_k ? *reinterpret_cast<const u16*>(sa + i64(r1) * scale_row + tok / 16) : 0u;
+      const bool in_k = !Cfg::kKGrouped || tok < t.k_limit;
+      sc0 = r0 < a_rows && in_k ? *reinterpret_cast<const u16*>(sat + i64(r0) * scale_row + tok / 16) : 0u;
+      sc1 = r1 < a_rows && in_k ? *reinterpret_cast<const u16*>(sat + i64(r1) * scale_row + tok / 16) : 0u;
     };
     const int k_blocks = tile_k_blocks<Cfg>(t);
     if (k_blocks > 0) load_scales(0);
@@ -1371,7 +1508,7 @@ __device__ __forceinline__ void consumer_fp4(const GemmArgs& a, u8* smem, u32 ba
         fr[4 * st + 2] = sm90::hmul2(p0[i][r + 1], s0[i >> 1]);
         fr[4 * st + 3] = sm90::hmul2(p1[i][r + 1], s1[i >> 1]);
       }
-      if constexpr (Cfg::kKGrouped) {
+      if constexpr (Cfg::kKGrouped && !Cfg::kMembers) {  // members: zero data and scales past M_g
         const int2 kept = kept_tokens<Cfg>(t, kb);
         if (kept.x > 0 || kept.y < kGemmBlockK) {  // zero the other groups' tokens (word i: tokens 32 q + 8 i + [0, 8))
 #pragma unroll
@@ -1442,7 +1579,7 @@ __device__ __forceinline__ void consumer(const GemmArgs& a, u8* smem, u32 base, 
     // Waits for k-block kb of the tile (in `stage`); K-grouped: zeroes the other groups' tokens.
     auto stage_ready = [&](int kb) {
       sm90::mbar_wait(full0 + 8u * stage, phase);
-      if constexpr (Cfg::kKGrouped) {
+      if constexpr (Cfg::kKGrouped && !Cfg::kMembers) {  // members: TMA zero-fills past M_g
         const int2 kept = kept_tokens<Cfg>(t, kb);
         if (kept.x > 0 || kept.y < kGemmBlockK) zero_k_outside<Cfg>(smem, stage, kept.x, kept.y, f);
       }
@@ -1624,7 +1761,7 @@ __global__ void __launch_bounds__(gemm::Traits<Cfg>::kThreads, 1) gemm_kernel(co
     if constexpr (T::kConsumers > 1) sm90::setmaxnreg_dec<T::kProducerRegs>();
     const int pw = int(threadIdx.x / 32) - T::kConsumers * 4;  // warp in the producer warpgroup
     if constexpr (T::kFp4) gemm::fp4_producer<Cfg>(a, smem, base, pw, int(threadIdx.x % 32));
-    else if (pw == 0) gemm::producer<Cfg>(a, base, rank, int(threadIdx.x % 32));
+    else if (pw == 0) gemm::producer<Cfg>(a, smem, base, rank, int(threadIdx.x % 32));
     else if constexpr (T::Scaling::kScaleWriters > 0) gemm::scale_writer<Cfg>(a, smem, base, rank, pw - 1, int(threadIdx.x % 32));
   } else {
     if constexpr (T::kConsumers > 1) sm90::setmaxnreg_inc<T::kConsumerRegs>();

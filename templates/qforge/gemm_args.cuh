@@ -17,6 +17,10 @@ struct alignas(64) TmaDescriptor {
 //   D[rows, :] (+)= alpha[g] * dequant(A[rows, :]) * dequant(B[g])^T
 // K-grouped GEMM (wgrad): for every group g with K range ks = [offsets[g], offsets[g+1]),
 //   D[g] (+)= alpha[g] * dequant(A[:, ks]) * dequant(B[:, ks])^T, A [kM, k_total], B [N, k_total].
+// K-grouped members (the grouped quantizer's per-member transposed copies): group g's operands
+// are their own matrices A_g [kM, M_g] and B_g [N, M_g], M_g = offsets[g+1] - offsets[g], stored
+// back to back (A_g at byte kM * offsets[g], packed e2m1: half that), their scale grids likewise
+// after the grids of groups 0..g-1; a_map / b_map are templates the kernel rewrites per group.
 // A is [m_total, K] and B is [G, N, K], both K-major (the quantize kernels' rowwise layout, or
 // their transposed columnwise copies); D is [m_total, N] row-major.
 struct GemmArgs {
@@ -48,6 +52,11 @@ struct GemmArgs {
   i64 k_total;               // K-grouped layout: the shared token dimension of A [kM, k_total] and
                              // B [N, k_total]; group g reduces over [offsets[g], offsets[g+1])
   i32 num_groups;
+  // K-grouped members: device workspace of (kStages + 1) x {A, B} tensor maps per CTA (128 bytes
+  // each), the ring the producer writes each group's maps into (null otherwise).
+  TmaDescriptor* member_maps;
+  const u8* a_data;  // K-grouped members: A and B (the members' matrices back to back)
+  const u8* b_data;
 };
 
 }  // namespace qf

@@ -53,6 +53,12 @@ GemmSpec k_grouped(GemmSpec s, int64_t m) {
   s.layout = GemmLayout::KGrouped, s.m = m, s.k = 0;
   return s;
 }
+// The same over per-member copies.
+GemmSpec members(GemmSpec s, int64_t m) {
+  s = k_grouped(s, m);
+  s.layout = GemmLayout::KGroupedMembers;
+  return s;
+}
 
 // Runs `call` and expects a UserError whose message contains `what`; with `what` empty, an
 // error from past the argument checks: the driver's (no GPU), or, on a GPU machine, the device
@@ -101,6 +107,15 @@ std::vector<Variant> variants() {
       {"kgrouped_mxfp8_fp32_acc_bm64", k_grouped(make(S::Mx32, E4, E4, DType::FP32, true, false, 128, 1, 64), 2048)},
       {"kgrouped_nvfp4_bf16", k_grouped(make(S::Nvfp4, F4, F4, DType::BF16, false, false, 128, 1), 4096)},
       {"kgrouped_nvfp4_fp32_acc", k_grouped(make(S::Nvfp4, F4, F4, DType::FP32, true, false, 128, 1), 2048)},
+      // Per-member operands (the grouped quantizer's transposed copies): tensor maps built on the device.
+      {"members_tensor_bf16", members(make(S::PerTensor, E4, E4, DType::BF16, false, false, 128, 1), 4096)},
+      {"members_tensor_fast_fp32_acc", members(make(S::PerTensor, E4, E5, DType::FP32, true, true, 128, 1), 2048)},
+      {"members_block_bf16", members(make(S::Block128, E4, E4, DType::BF16, false, false, 128, 1), 4096)},
+      {"members_block_fp32_acc_bm64", members(make(S::Block128, E5, E4, DType::FP32, true, false, 128, 1, 64), 1000)},
+      {"members_mxfp8_bf16", members(make(S::Mx32, E4, E4, DType::BF16, false, false, 128, 1), 4096)},
+      {"members_mxfp8_fp32_acc_bm64", members(make(S::Mx32, E4, E4, DType::FP32, true, false, 128, 1, 64), 2048)},
+      {"members_nvfp4_bf16", members(make(S::Nvfp4, F4, F4, DType::BF16, false, false, 128, 1), 4096)},
+      {"members_nvfp4_fp32_acc", members(make(S::Nvfp4, F4, F4, DType::FP32, true, false, 128, 1), 2048)},
   };
 }
 
@@ -453,6 +468,34 @@ TEST(GemmReference, KGroupedSumsEachGroupsTokens) {
   EXPECT_EQ(r.group, (std::vector<int>{0, 0, 1, 1}));
   for (int row = 0; row < 4; ++row)
     for (int c = 0; c < 8; ++c) EXPECT_EQ(r.value[size_t(row * 8 + c)], row < 2 ? 3.0 * (c + 1) : 4.0) << row << " " << c;
+}
+
+TEST(GemmReference, KGroupedMembersReadEachMembersOwnMatrices) {
+  // m = 2 rows, N = 8, k_total 64 split into members of 16, 32 and 8 tokens (the last misaligned):
+  // A_0 [2, 16] at byte 0 is 1, A_1 [2, 32] at byte 2 * 16 is 2; B_0 [8, 16] at 0 has row c = c + 1,
+  // B_1 [8, 32] at 8 * 16 is 1; per-member scales sa {1, 0.5, 1}, sb {2, 1, 1}.
+  GemmSpec spec = members(make(GemmScaling::PerTensor, ElemFormat::E4M3, ElemFormat::E4M3, DType::FP32, false,
+                               false, 64, 1, 64, 8, 16), 2);
+  std::vector<uint8_t> a(2 * 64, encode_rn<E4M3>(3.0f)), b(8 * 64, encode_rn<E4M3>(3.0f));
+  for (int i = 0; i < 32; ++i) a[size_t(i)] = encode_rn<E4M3>(1.0f);
+  for (int i = 32; i < 96; ++i) a[size_t(i)] = encode_rn<E4M3>(2.0f);
+  for (int c = 0; c < 8; ++c)
+    for (int t = 0; t < 16; ++t) b[size_t(c * 16 + t)] = encode_rn<E4M3>(float(c + 1));
+  for (int i = 128; i < 128 + 8 * 32; ++i) b[size_t(i)] = encode_rn<E4M3>(1.0f);
+  const std::vector<uint8_t> sa = fp32_bytes({1.0f, 0.5f, 1.0f}), sb = fp32_bytes({2.0f, 1.0f, 1.0f});
+  const std::vector<int64_t> off = {0, 16, 48, 56};
+  ref::GemmOperands ops{a, b, sa, sb, {}, off, {}, 0, 0, 64};
+  const std::vector<int64_t> rows = {0, 1, 2, 3, 4, 5};  // D [3 groups, 2 rows]
+  const ref::GemmRows r = ref::gemm_reference(spec, ops, rows, 1);
+  for (int row = 0; row < 4; ++row)
+    for (int c = 0; c < 8; ++c) EXPECT_EQ(r.value[size_t(row * 8 + c)], row < 2 ? 32.0 * (c + 1) : 32.0) << row << " " << c;
+  for (int i = 32; i < 48; ++i) EXPECT_TRUE(std::isnan(r.value[size_t(i)])) << "member of 8 tokens: " << r.value[size_t(i)];
+  // Scale buffers: one partial block more per member than the shared layout's grid.
+  GemmSpec bs = spec;
+  bs.scaling = GemmScaling::Block128;
+  EXPECT_EQ(gemm_scale_elems(bs, 0, 3, 1000).a, 2 * (8 + 3));
+  EXPECT_EQ(gemm_scale_elems(bs, 0, 3, 1000).b, 8 * (8 + 3));
+  EXPECT_EQ(describe(spec), "e4m3 x e4m3 tensor k-grouped (members) M=2 N=8 -> fp32");
 }
 
 TEST(GemmReference, KGroupedNvfp4PacksTokensAndScalesPerRow) {

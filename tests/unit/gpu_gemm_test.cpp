@@ -10,7 +10,10 @@
 //               The masked layout ([G, m_max, K] with device counts) and the K-grouped (wgrad)
 //               layout run through the same checks.
 //   GemmEdge    all groups empty; a K-grouped MX or NVFP4 NaN scale stays in its group; the K-grouped fp32
-//               reduce-add keeps subnormal and special old values; a second launch gives the same bits.
+//               reduce-add keeps subnormal and special old values; a second launch gives the same bits;
+//               the members layout's workspace errors.
+//   K-grouped members (the grouped quantizer's per-member copies) run through GemmExact (misaligned
+//   members must read NaN; a ring case with 3 CTAs) and GemmRandom.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -38,11 +41,12 @@ struct Case {
   int64_t trailing = 0;
   bool alpha = false;
   int64_t m_max = 0;  // > 0: masked layout, `groups` are the per-slot counts
-  // spec.layout == KGrouped: `groups` are token counts, `trailing` padding tokens.
+  // K-grouped (KGrouped, KGroupedMembers): `groups` are token counts, `trailing` padding tokens.
+  int max_ctas = 0;   // > 0: fewer persistent CTAs (each walks more groups)
 };
 
 ref::GemmProblem problem_of(const Case& c, ref::GemmValues values, uint64_t seed) {
-  if (c.spec.layout == GemmLayout::KGrouped)
+  if (k_grouped(c.spec.layout))
     return ref::make_k_grouped_gemm_problem(c.spec, c.groups, c.trailing, values, c.alpha, seed);
   if (c.m_max > 0) return ref::make_masked_gemm_problem(c.spec, c.groups, c.m_max, values, c.alpha, seed);
   return ref::make_gemm_problem(c.spec, c.groups, c.trailing, values, c.alpha, seed);
@@ -99,9 +103,13 @@ Device to_device(const GemmSpec& spec, const ref::GemmProblem& p) {
   return d;
 }
 
-std::vector<uint8_t> run(const GemmSpec& spec, Device& dev) {
+std::vector<uint8_t> run(const GemmSpec& spec, Device& dev, int max_ctas = 0) {
   rt::Gemm gemm(spec);
   rt::Stream stream;
+  // Members: the kernel's tensor-map ring (poisoned: every map it uses must be one it wrote).
+  DeviceBuffer ws = rt::testing::poisoned_buffer(size_t(std::max<int64_t>(gemm.workspace_bytes(), 128)));
+  if (spec.layout == GemmLayout::KGroupedMembers) dev.call.workspace = rt::testing::view_of(ws);
+  dev.call.max_ctas = max_ctas;
   gemm.run(dev.call, stream.get());
   stream.synchronize();
   return dev.d.download_as<uint8_t>();
@@ -137,10 +145,10 @@ TEST_P(GemmExact, BitExactSmallIntegers) {
   const GemmSpec& s = c.spec;
   const ref::GemmProblem p = problem_of(c, ref::GemmValues::SmallIntegers, 1234 + c.groups.size());
   Device dev = to_device(s, p);
-  const std::vector<uint8_t> got = run(s, dev);
+  const std::vector<uint8_t> got = run(s, dev, c.max_ctas);
 
   const ref::GemmRows ref = reference_of_every_row(s, p);
-  int64_t bad = 0;
+  int64_t bad = 0, nans = 0;
   std::ostringstream first;
   for (int64_t r = 0; r < p.out_rows; ++r)
     for (int64_t n = 0; n < s.n; ++n) {
@@ -149,6 +157,12 @@ TEST_P(GemmExact, BitExactSmallIntegers) {
       uint32_t want;
       if (ref.group[size_t(r)] < 0) {  // no group: untouched (poison, or the previous output)
         want = s.accumulate ? f32_bits(p.d_init[size_t(idx)]) : (s.out_dtype == DType::FP32 ? 0xFFFFFFFFu : 0xFFFFu);
+      } else if (std::isnan(ref.value[size_t(idx)])) {  // members: a member the kernel cannot load
+        ++nans;
+        if (!std::isnan(bits_value(s, g)) && bad++ < 1)
+          first << "row " << r << " (group " << ref.group[size_t(r)] << ") col " << n << ": got " << bits_value(s, g)
+                << ", expected NaN (a misaligned member)";
+        continue;
       } else {
         want = ref::exact_output(s, ref.value[size_t(idx)], s.accumulate ? p.d_init[size_t(idx)] : 0.0f);
       }
@@ -157,6 +171,9 @@ TEST_P(GemmExact, BitExactSmallIntegers) {
               << " (0x" << std::hex << g << "), expected " << bits_value(s, want) << " (0x" << want << std::dec << ")";
     }
   EXPECT_EQ(bad, 0) << bad << " of " << p.out_rows * s.n << " elements differ; first: " << first.str();
+  if (s.layout == GemmLayout::KGroupedMembers) {
+    EXPECT_GT(nans, 0) << "the members cases include misaligned members";
+  }
 }
 
 std::vector<Case> exact_cases() {
@@ -244,6 +261,29 @@ std::vector<Case> exact_cases() {
   const auto F4 = ElemFormat::E2M1;
   kgrouped("kgrouped_nvfp4_bf16", spec_of(S::Nvfp4, F4, F4, DType::BF16, false, false, 128, 128, 1, 200, 200), tok, 5);
   kgrouped("kgrouped_nvfp4_fp32_acc", spec_of(S::Nvfp4, F4, F4, DType::FP32, true, false, 128, 128, 1, 136, 130), tok128, 3);
+  // K-grouped members (the grouped quantizer's per-member copies, tensor maps built on the device):
+  // an empty member, partial 128-token tails, a 24-token member (not a multiple of 16: NaN) and the
+  // member after it (its first token misaligned: NaN too); NVFP4 in multiples of 32.
+  auto members = [&](std::string name, GemmSpec s, std::vector<int64_t> tokens, int64_t pad, int max_ctas = 0) {
+    s.layout = GemmLayout::KGroupedMembers;
+    s.m = s.k, s.k = 0;
+    v.push_back({std::move(name), s, std::move(tokens), pad, true, 0, max_ctas});
+  };
+  const std::vector<int64_t> mtok = {48, 0, 304, 16, 24, 32}, mtok4 = {64, 0, 288, 32, 48, 64};
+  members("members_tensor_bf16", spec_of(S::PerTensor, E4, E4, DType::BF16, false, false, 128, 128, 1, 200, 200), mtok, 16);
+  members("members_tensor_fast_fp32_acc", spec_of(S::PerTensor, E4, E5, DType::FP32, true, true, 128, 128, 1, 256, 130), mtok, 0);
+  members("members_block_bf16", spec_of(S::Block128, E4, E4, DType::BF16, false, false, 128, 128, 1, 200, 200), mtok, 16);
+  members("members_block_fp32_acc_bn64", spec_of(S::Block128, E5, E4, DType::FP32, true, false, 128, 64, 1, 136, 130), mtok, 0);
+  members("members_mxfp8_bf16", spec_of(S::Mx32, E4, E4, DType::BF16, false, false, 128, 128, 1, 200, 200), mtok, 16);
+  members("members_mxfp8_fp32_acc_bm64", spec_of(S::Mx32, E4, E5, DType::FP32, true, false, 64, 128, 1, 256, 130), mtok, 0);
+  members("members_nvfp4_bf16", spec_of(S::Nvfp4, F4, F4, DType::BF16, false, false, 128, 128, 1, 200, 200), mtok4, 32);
+  members("members_nvfp4_fp32_acc", spec_of(S::Nvfp4, F4, F4, DType::FP32, true, false, 128, 128, 1, 136, 130), mtok4, 0);
+  // 40 members on 3 CTAs: each CTA walks ~13 groups, so its ring of stages + 1 map slots wraps.
+  std::vector<int64_t> many16(40), many32(40);
+  for (size_t i = 0; i < many16.size(); ++i) many16[i] = int64_t((i * 37) % 190) / 16 * 16, many32[i] = many16[i] / 32 * 32;
+  many16.push_back(8), many32.push_back(48);  // and a misaligned last member
+  members("members_block_ring", spec_of(S::Block128, E4, E4, DType::BF16, false, false, 128, 128, 1, 136, 72), many16, 0, 3);
+  members("members_nvfp4_ring", spec_of(S::Nvfp4, F4, F4, DType::FP32, false, false, 128, 128, 1, 136, 72), many32, 0, 3);
   // NVFP4: e2m1 operands dequantized to fp16 on chip (e4m3 per 16 of K, per-tensor amax).
   add("nvfp4_bf16", spec_of(S::Nvfp4, F4, F4, DType::BF16, false, false, 128, 128, 1, 200, 384));
   add("nvfp4_fp32_acc_noalpha", spec_of(S::Nvfp4, F4, F4, DType::FP32, true, false, 128, 128, 1, 256, 512), {}, 3, false);
@@ -268,12 +308,12 @@ TEST_P(GemmRandom, WithinTheBoundOfTheFloat64Reference) {
   const GemmSpec& s = c.spec;
   const ref::GemmProblem p = problem_of(c, ref::GemmValues::Random, 77);
   Device dev = to_device(s, p);
-  const std::vector<uint8_t> got = run(s, dev);
+  const std::vector<uint8_t> got = run(s, dev, c.max_ctas);
   // Rows: every group's first and last two, its tile boundary, and a few random ones.
   std::vector<int64_t> rows;
   std::mt19937_64 rng(5);
   for (size_t g = 0; g + 1 < p.offsets.size(); ++g) {
-    const bool kg = s.layout == GemmLayout::KGrouped;
+    const bool kg = k_grouped(s.layout);
     const int64_t a = kg ? int64_t(g) * s.m : p.offsets[g], e = kg ? a + s.m : p.offsets[g + 1];
     if (a == e) continue;
     for (int64_t r : {a, a + 1, a + 127, a + 128, e - 2, e - 1}) if (r >= a && r < e) rows.push_back(r);
@@ -293,6 +333,10 @@ TEST_P(GemmRandom, WithinTheBoundOfTheFloat64Reference) {
       const double want = ref.value[i * size_t(s.n) + size_t(n)] + prev;
       const double mag = ref.magnitude[i * size_t(s.n) + size_t(n)];
       const double gv = bits_value(s, out_bits(s, got, idx));
+      if (std::isnan(want)) {  // members: a member the kernel cannot load reads NaN
+        if (!std::isnan(gv) && bad++ < 1) first << "row " << rows[i] << " col " << n << ": got " << gv << ", expected NaN";
+        continue;
+      }
       const double err = std::fabs(gv - want);
       const double bound = tol.out_rel * std::fabs(want) + tol.acc_rel * mag + std::ldexp(std::fabs(prev), -22);
       err2 += err * err, ref2 += want * want;
@@ -347,6 +391,13 @@ std::vector<Case> random_cases() {
   GemmSpec wf = spec_of(S::Nvfp4, ElemFormat::E2M1, ElemFormat::E2M1, DType::BF16, false, false, 128, 128, 1, 512, 0);
   wf.layout = GemmLayout::KGrouped, wf.m = 384;
   v.push_back({"kgrouped_nvfp4_bf16_4096_tokens", wf, ref::random_group_rows(8, 4096, 1, 1, 9), 16, true});
+  // Members: 8 uneven members (one empty) of multiples of 16 tokens (NVFP4: 32).
+  for (GemmSpec ms : {wg, wb, wm, wf}) {
+    ms.layout = GemmLayout::KGroupedMembers;
+    const bool fp4 = ms.scaling == S::Nvfp4;
+    v.push_back({"members_" + std::string(traits(ms.scaling).name) + "_4096_tokens", ms,
+                 ref::random_group_rows(8, 4096, 1, fp4 ? 32 : 16, 9), 0, true});
+  }
   v.push_back({"rowwise_promote_bf16_k4096", spec_of(S::RowChannel, E4, E5, DType::BF16, false, false, 128, 128, 1, 1024, 4096),
                g8, 0, false});
   const auto F4 = ElemFormat::E2M1;
@@ -453,6 +504,37 @@ TEST(GemmEdge, KGroupedReduceAddKeepsSubnormalsAndSpecials) {
   }
   EXPECT_EQ(bad, 0) << bad << " elements differ; first: " << first.str();
   EXPECT_GT(subnormal_kept, 0) << "the case must produce subnormal sums";
+}
+
+// Members: the workspace is an argument like any other (named when missing, short or misaligned).
+TEST(GemmEdge, MembersWorkspaceErrorsNameTheArgument) {
+  QF_SKIP_WITHOUT_GPU();
+  GemmSpec s = spec_of(GemmScaling::Block128, ElemFormat::E4M3, ElemFormat::E4M3, DType::BF16, false, false, 128, 128, 1,
+                       128, 0);
+  s.layout = GemmLayout::KGroupedMembers, s.m = 128;
+  const ref::GemmProblem p = ref::make_k_grouped_gemm_problem(s, std::vector<int64_t>{64, 128}, 0,
+                                                              ref::GemmValues::SmallIntegers, false, 3);
+  Device dev = to_device(s, p);
+  rt::Gemm gemm(s);
+  const int64_t ws_bytes = gemm.workspace_bytes();
+  EXPECT_EQ(ws_bytes, int64_t(gemm.persistent_ctas()) * (gemm.tile().stages + 1) * 256);
+  DeviceBuffer ws(size_t(ws_bytes) + 128);
+  auto expect_error = [&](const rt::TensorView& w, const std::string& what) {
+    rt::GemmCall c = dev.call;
+    c.workspace = w;
+    try {
+      gemm.run(c, nullptr);
+      ADD_FAILURE() << "no error: " << what;
+    } catch (const UserError& e) {
+      EXPECT_NE(std::string(e.what()).find(what), std::string::npos) << e.what();
+    }
+  };
+  rt::TensorView w = rt::testing::view_of(ws);
+  expect_error({}, "argument workspace: null pointer");
+  w.bytes = ws_bytes - 1;
+  expect_error(w, "smaller than the " + std::to_string(ws_bytes) + " bytes required");
+  w = rt::testing::view_of(ws), w.ptr += 64;
+  expect_error(w, "not 128-byte aligned");
 }
 
 TEST(GemmEdge, RepeatedLaunchesAreBitIdentical) {

@@ -179,12 +179,17 @@ namespace {
 // their amax) go into the K-grouped GEMM unchanged. Groups start and end inside scale blocks; with
 // NVFP4's random Hadamard transform (16 tokens at a time, the same signs on both copies, so it
 // cancels in the product) they start and end on multiples of 16.
+// Members: X and dY are quantized as grouped tensors (one member per group, the way an MoE layer
+// quantizes each expert's tokens); the per-member transposed copies [N_out, M_g] / [K_in, M_g],
+// their own scale grids (partial blocks at each member's end) and per-member amax go into the
+// k_grouped_members GEMM unchanged. Members are multiples of 16 tokens (32 for NVFP4).
 struct WgradCase {
   const char* recipe;  // shipped
   GemmScaling scaling;
   double max_rel;  // relative Frobenius error of the quantized product (the measured one + margin)
+  bool members = false;
 };
-void PrintTo(const WgradCase& c, std::ostream* os) { *os << c.recipe; }
+void PrintTo(const WgradCase& c, std::ostream* os) { *os << c.recipe << (c.members ? " members" : ""); }
 
 class QuantizeToWgrad : public ::testing::TestWithParam<WgradCase> {};
 
@@ -193,16 +198,24 @@ TEST_P(QuantizeToWgrad, TransposedColumnwiseCopiesNeedNoReshuffling) {
   const Recipe r = load_recipe(std::filesystem::path(QF_SOURCE_DIR) / "recipes" / (std::string(c.recipe) + ".json"));
   const bool fp4 = c.scaling == GemmScaling::Nvfp4;
   const int64_t t = 384, k_in = 256, n_out = 192;
-  const std::vector<int64_t> offsets = fp4 ? std::vector<int64_t>{0, 96, 96, 304, 384} : std::vector<int64_t>{0, 100, 100, 300, 384};
+  const std::vector<int64_t> offsets = c.members ? (fp4 ? std::vector<int64_t>{0, 128, 128, 320, 384}
+                                                         : std::vector<int64_t>{0, 96, 96, 304, 384})
+                                      : fp4 ? std::vector<int64_t>{0, 96, 96, 304, 384}
+                                            : std::vector<int64_t>{0, 100, 100, 300, 384};
   const ref::HostTensor x = random_bf16(t, k_in, 3), dy = random_bf16(t, n_out, 4);
-  const std::vector<int64_t> one = {t};
-  const auto qx = quantize_with(r, "linear:input", x, one);
-  const auto qdy = quantize_with(r, "linear:grad_output", dy, one);
+  std::vector<int64_t> splits = {t};
+  if (c.members) {
+    splits.clear();
+    for (size_t g = 0; g + 1 < offsets.size(); ++g) splits.push_back(offsets[g + 1] - offsets[g]);
+  }
+  const auto qx = quantize_with(r, "linear:input", x, splits);
+  const auto qdy = quantize_with(r, "linear:grad_output", dy, splits);
 
   GemmSpec spec;
   spec.scaling = c.scaling;
   spec.a_format = spec.b_format = fp4 ? ElemFormat::E2M1 : ElemFormat::E4M3;
-  spec.layout = GemmLayout::KGrouped;
+  if (c.scaling == GemmScaling::PerTensor) spec.a_format = ElemFormat::E5M2;  // current_scaling's grad
+  spec.layout = c.members ? GemmLayout::KGroupedMembers : GemmLayout::KGrouped;
   spec.m = n_out, spec.n = k_in, spec.k = 0, spec.out_dtype = DType::FP32;
   ref::GemmOperands ops;
   ops.a = output(qdy, "columnwise_data").bytes;
@@ -211,18 +224,25 @@ TEST_P(QuantizeToWgrad, TransposedColumnwiseCopiesNeedNoReshuffling) {
   ops.b_scale = output(qx, "columnwise_scale_inv").bytes;
   ops.offsets = offsets;
   ops.k_total = t;
-  // NVFP4: each copy's (post-RHT) columnwise amax, the same for every group.
+  // NVFP4: each copy's (post-RHT) columnwise amax, the same for every group (members: each
+  // member's own, in member order).
   const std::vector<float> a_amax1 = amax_of(qdy, "columnwise"), b_amax1 = amax_of(qx, "columnwise");
-  const std::vector<float> a_amax(4, a_amax1.empty() ? 0.0f : a_amax1[0]), b_amax(4, b_amax1.empty() ? 0.0f : b_amax1[0]);
+  std::vector<float> a_amax(4, a_amax1.empty() ? 0.0f : a_amax1[0]), b_amax(4, b_amax1.empty() ? 0.0f : b_amax1[0]);
   if (fp4) {
-    ASSERT_EQ(a_amax1.size(), 1u);
-    ASSERT_EQ(b_amax1.size(), 1u);
+    ASSERT_EQ(a_amax1.size(), c.members ? 4u : 1u);
+    ASSERT_EQ(b_amax1.size(), c.members ? 4u : 1u);
+    if (c.members) a_amax = a_amax1, b_amax = b_amax1;
     ops.a_amax = a_amax, ops.b_amax = b_amax;
   }
   const GemmScaleElems se = gemm_scale_elems(spec, 0, 4, t);
   const int64_t sb = traits(c.scaling).scale_bytes;
-  ASSERT_EQ(int64_t(ops.a_scale.size()), se.a * sb);
-  ASSERT_EQ(int64_t(ops.b_scale.size()), se.b * sb);
+  if (c.members) {  // the members' exact grids; the GEMM's size is the worst case over splits
+    ASSERT_LE(int64_t(ops.a_scale.size()), se.a * sb);
+    ASSERT_LE(int64_t(ops.b_scale.size()), se.b * sb);
+  } else {
+    ASSERT_EQ(int64_t(ops.a_scale.size()), se.a * sb);
+    ASSERT_EQ(int64_t(ops.b_scale.size()), se.b * sb);
+  }
   ASSERT_EQ(int64_t(ops.a.size()), n_out * t / (fp4 ? 2 : 1));
   std::vector<int64_t> all(size_t(4 * n_out));
   for (size_t i = 0; i < all.size(); ++i) all[i] = int64_t(i);
@@ -242,7 +262,7 @@ TEST_P(QuantizeToWgrad, TransposedColumnwiseCopiesNeedNoReshuffling) {
   const std::vector<double> got = ref::gemm_reference(spec, ops, all).value;
   const double err = rel_error(got, want);
   // Control: the same outputs against another token split.
-  const std::vector<int64_t> other = {0, 208, 208, 224, 384};
+  const std::vector<int64_t> other = {0, 224, 224, 256, 384};
   const double err_other = rel_error(got, want_for(other));
   std::printf("[ measure  ] %s wgrad: relative Frobenius error %.4f (against another token split: %.3f)\n", c.recipe, err,
               err_other);
@@ -254,7 +274,13 @@ INSTANTIATE_TEST_SUITE_P(
     Shipped, QuantizeToWgrad,
     ::testing::Values(WgradCase{"float8_block_scaling", GemmScaling::Block128, 0.1},
                       WgradCase{"mxfp8_hopper", GemmScaling::Mx32, 0.1},
-                      WgradCase{"nvfp4", GemmScaling::Nvfp4, 0.25}),
-    [](const ::testing::TestParamInfo<WgradCase>& i) { return std::string(i.param.recipe); });
+                      WgradCase{"nvfp4", GemmScaling::Nvfp4, 0.25},
+                      WgradCase{"float8_block_scaling", GemmScaling::Block128, 0.1, true},
+                      WgradCase{"mxfp8_hopper", GemmScaling::Mx32, 0.1, true},
+                      WgradCase{"nvfp4", GemmScaling::Nvfp4, 0.25, true},
+                      WgradCase{"current_scaling", GemmScaling::PerTensor, 0.1, true}),
+    [](const ::testing::TestParamInfo<WgradCase>& i) {
+      return std::string(i.param.recipe) + (i.param.members ? "_members" : "");
+    });
 
 }  // namespace
