@@ -131,7 +131,7 @@ const BadRecipe kBadRecipes[] = {
     {"gemm_k_grouped_missing_m.json", "/gemms/0", "missing required key \"m\""},
     {"gemm_k_grouped_with_k.json", "/gemms/0/k", "a k_grouped GEMM reduces over each group's tokens, given at run time: no \"k\""},
     {"gemm_k_grouped_rowwise.json", "/gemms/0/scaling", "k-grouped (wgrad): expected tensor, blockwise, mxfp8 or nvfp4, got rowwise"},
-    {"gemm_layout_unknown.json", "/gemms/0/layout", "unknown value \"n_grouped\"; expected \"m_grouped\" or \"k_grouped\""},
+    {"gemm_layout_unknown.json", "/gemms/0/layout", "unknown value \"n_grouped\"; expected \"m_grouped\", \"k_grouped\" or \"k_grouped_members\""},
     {"gemms_not_array.json", "/gemms", "expected an array of GEMM specs, got an object"},
     {"gemm_missing_k.json", "/gemms/0", "missing required key \"k\""},
     {"gemm_format_int8.json", "/gemms/0/a_format", "unknown value \"int8\"; expected \"e4m3\" or \"e5m2\""},

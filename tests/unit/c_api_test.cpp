@@ -469,10 +469,28 @@ TEST_F(CApi, GemmFromRecipePreparesWithoutAGpu) {
   ASSERT_EQ(qf_context_create(paths, 1, &ctx_), QF_OK) << qf_last_error();
   int n = 0;
   ASSERT_EQ(qf_context_num_gemms(ctx_, nullptr, &n), QF_OK) << qf_last_error();
-  EXPECT_EQ(n, 6);
+  EXPECT_EQ(n, 8);
   qf_gemm* g = nullptr;
-  EXPECT_EQ(qf_gemm_create_from_recipe(ctx_, nullptr, 6, &g), QF_ERR_USER);
-  EXPECT_STREQ(qf_last_error(), "index: index 6 out of range: recipe \"float8_block_scaling\" lists 6 gemms");
+  EXPECT_EQ(qf_gemm_create_from_recipe(ctx_, nullptr, 8, &g), QF_ERR_USER);
+  EXPECT_STREQ(qf_last_error(), "index: index 8 out of range: recipe \"float8_block_scaling\" lists 8 gemms");
+  // The per-member wgrad entries: each member's scale grid on its own (one partial block more per
+  // member), and a workspace for the tensor maps the kernel builds (its size needs the GPU).
+  ASSERT_EQ(qf_gemm_create_from_recipe(ctx_, nullptr, 6, &g), QF_OK) << qf_last_error();
+  EXPECT_STREQ(qf_gemm_describe(g), "e4m3 x e4m3 blockwise k-grouped (members) M=4096 N=7168 -> fp32 (accumulate)");
+  int64_t ma = 0, mb = 0;
+  ASSERT_EQ(qf_gemm_scale_bytes(g, 1000, 8, &ma, &mb), QF_OK);
+  EXPECT_EQ(ma, 4096 * (8 + 8) * 4);  // [m, ceil(k_total/128) + G] fp32
+  EXPECT_EQ(mb, 7168 * (8 + 8) * 4);
+  EXPECT_EQ(qf_gemm_workspace_bytes(g, nullptr), QF_ERR_USER);
+  EXPECT_STREQ(qf_last_error(), "bytes: must not be NULL");
+  int64_t ws = -1;
+  if (qf_gemm_workspace_bytes(g, &ws) == QF_OK) {
+    EXPECT_GT(ws, 0);  // a GPU: (stages + 1) x 2 tensor maps per persistent CTA
+  } else {
+    EXPECT_EQ(ws, -1);
+    EXPECT_NE(std::string(qf_last_error()), "");
+  }
+  qf_gemm_destroy(g);
   // The wgrad entries: K-grouped, scales per row along the tokens (extent = k_total).
   ASSERT_EQ(qf_gemm_create_from_recipe(ctx_, nullptr, 4, &g), QF_OK) << qf_last_error();
   EXPECT_STREQ(qf_gemm_describe(g), "e4m3 x e4m3 blockwise k-grouped M=4096 N=7168 -> fp32 (accumulate)");
@@ -484,6 +502,9 @@ TEST_F(CApi, GemmFromRecipePreparesWithoutAGpu) {
   EXPECT_EQ(qf_gemm_create_from_recipe(ctx_, "nope", 0, &g), QF_ERR_USER);
   ASSERT_EQ(qf_gemm_create_from_recipe(ctx_, "float8_block_scaling", 1, &g), QF_OK) << qf_last_error();
   EXPECT_STREQ(qf_gemm_describe(g), "e4m3 x e4m3 blockwise N=7168 K=2048 -> bf16");
+  int64_t none = -1;
+  ASSERT_EQ(qf_gemm_workspace_bytes(g, &none), QF_OK) << qf_last_error();  // no GPU needed
+  EXPECT_EQ(none, 0);
   int64_t sa = 0, sb = 0;
   ASSERT_EQ(qf_gemm_scale_bytes(g, 1000, 8, &sa, &sb), QF_OK);
   EXPECT_EQ(sa, 1000 * 16 * 4);     // [m_total, K/128] fp32
@@ -515,7 +536,7 @@ TEST_F(CApi, Nvfp4GemmFromRecipe) {
   ASSERT_EQ(qf_context_create(paths, 1, &ctx_), QF_OK) << qf_last_error();
   int n = 0;
   ASSERT_EQ(qf_context_num_gemms(ctx_, nullptr, &n), QF_OK) << qf_last_error();
-  EXPECT_EQ(n, 6);  // fprop, dgrad and wgrad of both projections
+  EXPECT_EQ(n, 8);  // fprop, dgrad and wgrad (one tensor's copies, and per-member copies) of both projections
   qf_gemm* g = nullptr;
   ASSERT_EQ(qf_gemm_create_from_recipe(ctx_, nullptr, 4, &g), QF_OK) << qf_last_error();
   EXPECT_STREQ(qf_gemm_describe(g), "e2m1 x e2m1 nvfp4 k-grouped M=4096 N=7168 -> fp32 (accumulate)");

@@ -105,13 +105,15 @@ TEST(ShippedRecipes, Mxfp8Hopper) {
   EXPECT_EQ(hr.rule->columnwise->scaling, br.rule->columnwise->scaling);
   EXPECT_EQ(hr.rule->columnwise->layout, DataLayout::Transposed);
   EXPECT_EQ(hr.rule->columnwise->scale_layout, ScaleLayout::Compact);
-  ASSERT_EQ(h.gemms.size(), 6u);
-  int k_grouped = 0;
+  ASSERT_EQ(h.gemms.size(), 8u);
+  int shared = 0, members = 0;
   for (const auto& g : h.gemms) {
     EXPECT_EQ(g.spec.scaling, GemmScaling::Mx32);
-    k_grouped += g.spec.layout == GemmLayout::KGrouped;
+    shared += g.spec.layout == GemmLayout::KGrouped;
+    members += g.spec.layout == GemmLayout::KGroupedMembers;
   }
-  EXPECT_EQ(k_grouped, 2);
+  EXPECT_EQ(shared, 2);   // wgrad on one tensor's transposed copies
+  EXPECT_EQ(members, 2);  // wgrad on the grouped quantizer's per-member copies
 }
 
 TEST(ShippedRecipes, Nvfp4) {
