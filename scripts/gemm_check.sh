@@ -93,6 +93,11 @@ if [ "$MODE" != "quick" ]; then
   bench "wgrad k-grouped nvfp4 +check" --scaling nvfp4 --k-grouped --m 4096 --n 7168 --k 4096 --check --check-rows 2
   bench "wgrad k-grouped nvfp4 fp32 acc odd splits +check" --scaling nvfp4 --k-grouped --m 4096 --n 7168 --out fp32 \
     --accumulate --splits 4001,4100,3999,4200,4096,3900,4003,4469 --check --check-rows 2
+  # wgrad on the grouped quantizer's per-member copies (tensor maps built on the device)
+  for s in tensor blockwise mxfp8 nvfp4; do
+    bench "wgrad members $s +check" --scaling $s --k-grouped --members --m 4096 --n 7168 --k 4096 --check --check-rows 2
+    bench "wgrad members $s uneven" --scaling $s --k-grouped --members --m 4096 --n 7168 --k 4096 --uneven
+  done
   timeout 120 python3 scripts/gemm_torch_baseline.py --groups 8 --m 4096 --n 4096 --k 7168 --json "$RES" \
     >>"$OUT/bench.txt" 2>&1
 fi

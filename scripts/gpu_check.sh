@@ -51,6 +51,8 @@ gemm_cases+=':*GemmExact*block_e4m3_bf16:*GemmExact*mxfp8_e4m3_bf16:*GemmExact*m
 gemm_cases+=':*GemmExact*nvfp4_bf16:*GemmExact*nvfp4_many_groups'
 # K-grouped blockwise and MXFP8 (scale writers, tiles from 128-token boundaries: wider zeroing).
 gemm_cases+=':*GemmExact*kgrouped_block_bf16:*GemmExact*kgrouped_mxfp8_bf16'
+# K-grouped members: tensor maps written by the producer warp into the workspace ring, then read by TMA.
+gemm_cases+=':*GemmExact*members_block_ring:*GemmExact*members_nvfp4_bf16'
 san_filter_all="$san_filter:$gemm_cases"
 san_filter_race="$san_filter_all"
 # QFORGE_SANITIZE_ALL=1: the whole quantize and GEMM suites; racecheck on every quantize case but
