@@ -925,17 +925,25 @@ __device__ __forceinline__ void scales4(u32 bytes, u32* out) {
   out[3] = sm90::prmt(hi, 0, 0x3232u);
 }
 
-// K-grouped k-blocks at a group's edge: masks of the four words fp4::pairs makes of a word whose
-// element j is token first + j of the k-block, keeping tokens [lo, hi) (0xFFFF per kept half).
-// Applied after the scale multiply, so that another group's NaN scale never reaches this group.
-__device__ __forceinline__ void pair_masks(int first, int lo, int hi, u32* m) {
+// K-grouped k-blocks at a group's edge keep the group's tokens [lo, hi) of the k-block (0..128)
+// and drop the others before dequantization: 16-token scale blocks wholly outside get scale 0
+// (e2m1 values are finite, so their products are 0 whatever the data, and another group's NaN
+// scale never reaches this group), and in a block the group shares with another the other
+// group's nibbles become +0 (a NaN scale of a shared block makes the group's own products NaN,
+// as dequantization does).
+// Nibble mask of a word of eight packed e2m1 elements, element j being token first + j.
+__device__ __forceinline__ u32 nibble_mask(int first, int lo, int hi) {
   const int from = min(max(lo - first, 0), 8), to = min(max(hi - first, 0), 8);
-  const u32 keep = ((1u << to) - 1u) & ~((1u << from) - 1u);  // bit j: element j kept
-  auto half = [&](int j, int shift) { return (keep >> j) & 1u ? 0xFFFFu << shift : 0u; };
-  m[0] = half(0, 0) | half(2, 16);
-  m[1] = half(4, 0) | half(6, 16);
-  m[2] = half(1, 0) | half(3, 16);
-  m[3] = half(5, 0) | half(7, 16);
+  const u32 hi_bits = to == 8 ? 0xFFFFFFFFu : (1u << (4 * to)) - 1u;
+  const u32 lo_bits = from == 8 ? 0xFFFFFFFFu : (1u << (4 * from)) - 1u;
+  return hi_bits & ~lo_bits;
+}
+// Byte mask of four e4m3 block scales, byte b scaling tokens first + 16 b + [0, 16).
+__device__ __forceinline__ u32 scale_mask(int first, int lo, int hi) {
+  u32 m = 0;
+#pragma unroll
+  for (int b = 0; b < 4; ++b) m |= first + 16 * b + 16 > lo && first + 16 * b < hi ? 0xFFu << (8 * b) : 0u;
+  return m;
 }
 
 }  // namespace fp4
@@ -1212,8 +1220,12 @@ __device__ __forceinline__ void fp4_producer(const GemmArgs& a, u8* smem, u32 ba
       const u8* raw = smem + T::kSmem.braw_off + u32(stage) * T::kSmem.braw_stage;
       u8* dst = smem + T::kSmem.b_off + u32(stage) * T::kSmem.b_stage;
       const int2 kept = kept_tokens<Cfg>(t, kb);
-      // K-grouped: zero the other groups' tokens (members: TMA's zero fill and zero scales past M_g).
+      // K-grouped: drop the other groups' tokens (fp4::nibble_mask; members: TMA's zero fill and
+      // zero scales past M_g). Masks of the data and scales before the conversion keep it
+      // branch-free (masks of its products, under a branch per word, cost 10 %).
       const bool edge = !Cfg::kMembers && (kept.x > 0 || kept.y < kGemmBlockK);
+      uint2 smask = make_uint2(~0u, ~0u);  // the row's eight scales of the k-block
+      if (edge) smask = make_uint2(fp4::scale_mask(0, kept.x, kept.y), fp4::scale_mask(64, kept.x, kept.y));
 #pragma unroll
       for (int j = 0; j < kPer; ++j) {
         const int u = tid + kWorkers * j;
@@ -1225,8 +1237,12 @@ __device__ __forceinline__ void fp4_producer(const GemmArgs& a, u8* smem, u32 ba
         u32 wq[4], s4[4];
 #pragma unroll
         for (int q = 0; q < 4; ++q) wq[q] = *reinterpret_cast<const u32*>(rp + ((q ^ sw) * 16));
+        if (edge) {  // word (q, i) holds tokens 32 q + 8 i + [0, 8)
+#pragma unroll
+          for (int q = 0; q < 4; ++q) wq[q] &= fp4::nibble_mask(32 * q + 8 * i, kept.x, kept.y);
+        }
         // Scale bytes 2q + i_hi, q = 0..3, of the row's eight.
-        fp4::scales4(sm90::prmt(sc[j].x, sc[j].y, 0x6420u + 0x1111u * u32(i_hi)), s4);
+        fp4::scales4(sm90::prmt(sc[j].x & smask.x, sc[j].y & smask.y, 0x6420u + 0x1111u * u32(i_hi)), s4);
         u8* drow = dst + i_hi * (kBN * 128) + row * 128;
         u32 p[4][4];
 #pragma unroll
@@ -1239,12 +1255,6 @@ __device__ __forceinline__ void fp4_producer(const GemmArgs& a, u8* smem, u32 ba
           v.y = sm90::hmul2(p[1][r], s4[1]);
           v.z = sm90::hmul2(p[2][r], s4[2]);
           v.w = sm90::hmul2(p[3][r], s4[3]);
-          if (edge) {  // word (q, i) holds tokens 32 q + 8 i + [0, 8)
-            u32 m[4][4];
-#pragma unroll
-            for (int q = 0; q < 4; ++q) fp4::pair_masks(32 * q + 8 * i, kept.x, kept.y, m[q]);
-            v.x &= m[0][r], v.y &= m[1][r], v.z &= m[2][r], v.w &= m[3][r];
-          }
           *reinterpret_cast<uint4*>(drow + ((c ^ (row & 7)) * 16)) = v;
         }
       }
@@ -1490,11 +1500,23 @@ __device__ __forceinline__ void consumer_fp4(const GemmArgs& a, u8* smem, u32 ba
       sm90::mbar_wait(full0 + 8u * stage, phase);    // B dequantized
       const u8* ap = smem + T::kSmem.a_off + u32(stage) * T::kSmem.a_stage + f.row * 64 + 16 * quad;
       const uint4 x0 = *reinterpret_cast<const uint4*>(ap), x1 = *reinterpret_cast<const uint4*>(ap + 8 * 64);
+      u32 w0[4] = {x0.x, x0.y, x0.z, x0.w}, w1[4] = {x1.x, x1.y, x1.z, x1.w};
+      if constexpr (Cfg::kKGrouped && !Cfg::kMembers) {  // members: zero data and scales past M_g
+        const int2 kept = kept_tokens<Cfg>(t, kb);
+        if (kept.x > 0 || kept.y < kGemmBlockK) {  // drop the other groups' tokens (fp4::nibble_mask)
+          const u32 sm = fp4::scale_mask(32 * quad, kept.x, kept.y);  // bytes 0, 1: tokens 32 q + [0, 32)
+          sc0 &= sm, sc1 &= sm;
+#pragma unroll
+          for (int i = 0; i < 4; ++i) {  // word i: tokens 32 q + 8 i + [0, 8)
+            const u32 nm = fp4::nibble_mask(32 * quad + 8 * i, kept.x, kept.y);
+            w0[i] &= nm, w1[i] &= nm;
+          }
+        }
+      }
       const u32 h0 = sm90::e4m3x2_to_f16x2(sc0), h1 = sm90::e4m3x2_to_f16x2(sc1);
       const u32 s0[2] = {sm90::prmt(h0, 0, 0x1010u), sm90::prmt(h0, 0, 0x3232u)};
       const u32 s1[2] = {sm90::prmt(h1, 0, 0x1010u), sm90::prmt(h1, 0, 0x3232u)};
       if (kb + 1 < k_blocks) load_scales(kb + 1);
-      const u32 w0[4] = {x0.x, x0.y, x0.z, x0.w}, w1[4] = {x1.x, x1.y, x1.z, x1.w};
       u32 p0[4][4], p1[4][4];  // the pairs of every word of rows g and g + 8
       sm90::wgmma_wait<0>();  // the previous k-block's MMAs are done: their fragments and stage are free
       if (kb > 0) release_stage<Cfg>(empty0 + 8u * prev_stage, lane, 0);
@@ -1507,22 +1529,6 @@ __device__ __forceinline__ void consumer_fp4(const GemmArgs& a, u8* smem, u32 ba
         fr[4 * st + 1] = sm90::hmul2(p1[i][r], s1[i >> 1]);
         fr[4 * st + 2] = sm90::hmul2(p0[i][r + 1], s0[i >> 1]);
         fr[4 * st + 3] = sm90::hmul2(p1[i][r + 1], s1[i >> 1]);
-      }
-      if constexpr (Cfg::kKGrouped && !Cfg::kMembers) {  // members: zero data and scales past M_g
-        const int2 kept = kept_tokens<Cfg>(t, kb);
-        if (kept.x > 0 || kept.y < kGemmBlockK) {  // zero the other groups' tokens (word i: tokens 32 q + 8 i + [0, 8))
-#pragma unroll
-          for (int i = 0; i < 4; ++i) {
-            u32 m[4];
-            fp4::pair_masks(32 * quad + 8 * i, kept.x, kept.y, m);
-#pragma unroll
-            for (int h = 0; h < 2; ++h) {  // steps 2i, 2i + 1: pairs r = 2h and 2h + 1
-              const int st = 2 * i + h;
-              fr[4 * st + 0] &= m[2 * h], fr[4 * st + 1] &= m[2 * h];
-              fr[4 * st + 2] &= m[2 * h + 1], fr[4 * st + 3] &= m[2 * h + 1];
-            }
-          }
-        }
       }
       // Keep the conversions before the MMAs (interleaved with them, ptxas would serialize the MMAs).
 #pragma unroll
