@@ -520,6 +520,9 @@ struct MemberMaps {
       if (t.group == group) return;
       constexpr int kElemsPerByte = Cfg::kScaling == kGemmNvfp4 ? 2 : 1;
       TmaDescriptor* dst = a.member_maps + (i64(blockIdx.x) * kSlots + visit % kSlots) * 2;
+      // The previous group's copies (every lane's part of the collective reads) are done before the
+      // scratch is written again (compute-sanitizer racecheck sees no order between them otherwise).
+      __syncwarp();
       reinterpret_cast<u64*>(scratch)[lane] = lane < 16 ? a.a_map.opaque[lane] : a.b_map.opaque[lane - 16];
       __syncwarp();
       if (lane == 0) {
