@@ -17,10 +17,16 @@
 #include "qforge/numerics.cuh"
 #include "reference/executor.h"
 #include "reference/gemm.h"
+#include "tests/unit/quantized_operands.h"
 
 namespace {
 
 using namespace qf;
+using qf::testing::amax_of;
+using qf::testing::output;
+using qf::testing::quantize_with;
+using qf::testing::random_bf16;
+using qf::testing::rel_error;
 
 struct Case {
   const char* recipe;
@@ -30,58 +36,9 @@ struct Case {
 };
 void PrintTo(const Case& c, std::ostream* os) { *os << c.recipe << (c.dgrad ? " dgrad" : " fprop"); }
 
-// Random normal bf16 [rows, cols], a different scale per row.
-ref::HostTensor random_bf16(int64_t rows, int64_t cols, uint32_t seed) {
-  ref::HostTensor t;
-  t.dtype = DType::BF16;
-  t.shape = {rows, cols};
-  t.bytes.resize(size_t(rows * cols * 2));
-  std::mt19937 rng(seed);
-  std::normal_distribution<float> normal(0.0f, 1.0f);
-  std::uniform_real_distribution<float> row_scale(0.25f, 4.0f);
-  for (int64_t r = 0; r < rows; ++r) {
-    const float s = row_scale(rng);
-    for (int64_t c = 0; c < cols; ++c) {
-      const u16 h = f32_to_bf16(normal(rng) * s);
-      std::memcpy(&t.bytes[size_t((r * cols + c) * 2)], &h, 2);
-    }
-  }
-  return t;
-}
-
-const ref::Output& output(const std::vector<ref::Output>& outs, const std::string& name) {
-  for (const auto& o : outs)
-    if (o.desc.name == name) return o;
-  throw std::runtime_error("no output buffer " + name);
-}
-// The per-tensor amax buffer of the rowwise (or columnwise) stream, when the plan has one.
-std::vector<float> amax_of(const std::vector<ref::Output>& outs, const std::string& dir) {
-  for (const auto& o : outs) {
-    if (o.desc.name != dir + "_amax" && o.desc.name != "amax") continue;
-    std::vector<float> v(o.bytes.size() / 4);
-    std::memcpy(v.data(), o.bytes.data(), o.bytes.size());
-    return v;
-  }
-  return {};
-}
-
-std::vector<ref::Output> quantize_with(const Recipe& r, const std::string& role, const ref::HostTensor& x,
-                                       std::span<const int64_t> splits) {
-  const Plan plan = compile_plan(r, PlanRequest{role, DType::BF16, Usage::Training, true});
-  ref::QuantizeParams params;
-  params.seed = 11, params.offset = 0;
-  return ref::quantize_grouped(plan, x, splits, params);
-}
 std::vector<ref::Output> quantize(const std::string& recipe, const std::string& role, const ref::HostTensor& x,
                                   std::span<const int64_t> splits) {
-  return quantize_with(load_recipe(std::filesystem::path(QF_SOURCE_DIR) / "recipes" / (recipe + ".json")), role, x,
-                       splits);
-}
-
-double rel_error(const std::vector<double>& got, const std::vector<double>& want) {
-  double e = 0, w = 0;
-  for (size_t i = 0; i < got.size(); ++i) e += (got[i] - want[i]) * (got[i] - want[i]), w += want[i] * want[i];
-  return std::sqrt(e / w);
+  return quantize_with(qf::testing::shipped_recipe(recipe), role, x, splits);
 }
 
 class QuantizeToGemm : public ::testing::TestWithParam<Case> {};
@@ -195,7 +152,7 @@ class QuantizeToWgrad : public ::testing::TestWithParam<WgradCase> {};
 
 TEST_P(QuantizeToWgrad, TransposedColumnwiseCopiesNeedNoReshuffling) {
   const WgradCase& c = GetParam();
-  const Recipe r = load_recipe(std::filesystem::path(QF_SOURCE_DIR) / "recipes" / (std::string(c.recipe) + ".json"));
+  const Recipe r = qf::testing::shipped_recipe(c.recipe);
   const bool fp4 = c.scaling == GemmScaling::Nvfp4;
   const int64_t t = 384, k_in = 256, n_out = 192;
   const std::vector<int64_t> offsets = c.members ? (fp4 ? std::vector<int64_t>{0, 128, 128, 320, 384}

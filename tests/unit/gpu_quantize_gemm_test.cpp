@@ -1,0 +1,172 @@
+// GPU: quantize kernels -> GEMM kernels with no reshuffling (skipped without a GPU). An MoE
+// layer's X [T, K_in] and dY [T, N_out] are quantized per expert by the grouped quantize kernels
+// (one member per expert, the member sizes on the device), and the wgrad kernel on the members'
+// transposed copies (k_grouped_members) reads those buffers as they are, with the same device
+// offsets array: dW[g] = dY_g^T X_g. The result must match the CPU pipeline (reference quantize ->
+// float64 GEMM reference) within the GEMM's error bound (the quantize kernels are bit-exact, so the
+// GEMM sees the reference's bytes), and the float64 dY^T X of the unquantized inputs within the
+// formats' error (as quantize_gemm_test.cpp checks on the CPU).
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstring>
+#include <map>
+#include <sstream>
+
+#include "compiler/buffers.h"
+#include "reference/gemm.h"
+#include "runtime/gemm.h"
+#include "runtime/gpu_test_util.h"
+#include "runtime/quantizer.h"
+#include "tests/unit/quantized_operands.h"
+
+namespace {
+
+using namespace qf;
+using qf::rt::DeviceBuffer;
+
+struct Case {
+  const char* recipe;
+  GemmScaling scaling;
+  double max_rel;  // relative Frobenius error against the unquantized product (CPU test's bound)
+};
+void PrintTo(const Case& c, std::ostream* os) { *os << c.recipe; }
+
+// One tensor quantized per member on the GPU: every output buffer, by name.
+struct GpuQuantized {
+  std::map<std::string, DeviceBuffer> buffers;
+  const DeviceBuffer& at(const std::string& name) const {
+    auto it = buffers.find(name);
+    if (it == buffers.end()) throw std::runtime_error("no output buffer " + name);
+    return it->second;
+  }
+};
+
+GpuQuantized quantize_on_gpu(const Recipe& r, const std::string& role, const ref::HostTensor& x,
+                             std::span<const int64_t> splits, const DeviceBuffer& member_rows, rt::Stream& stream) {
+  rt::Quantizer q(qf::testing::grouped_plan(r, role));
+  const Shape2D shape = x.shape;
+  GpuQuantized out;
+  DeviceBuffer dx(x.bytes.size());
+  dx.upload(x.bytes.data(), x.bytes.size());
+  rt::QuantizeCall call;
+  call.input = rt::TensorView{dx.address(), int64_t(dx.size()), DType::BF16, {shape.m, shape.k}};
+  call.shape = shape;
+  call.seed = 11, call.offset = 0;  // as qf::testing::quantize_with
+  for (const auto& b : q.grouped_outputs(splits, shape.k)) {
+    // Grouped scale buffers are validated against the worst case over any split of the rows.
+    const int64_t bytes = b.kind == BufferKind::ScaleInv ? b.bytes * 2 + (1 << 20) : std::max<int64_t>(b.bytes, 16);
+    auto [it, _] = out.buffers.emplace(b.name, rt::testing::poisoned_buffer(size_t(bytes)));
+    call.buffers[b.name] = rt::testing::view_of(it->second);
+  }
+  const int64_t ws = q.workspace_bytes(shape, int(splits.size()));
+  DeviceBuffer dws(size_t(std::max<int64_t>(ws, 16)));
+  if (ws > 0) call.workspace = rt::testing::view_of(dws);
+  call.member_rows = member_rows.address();
+  call.num_members = int(splits.size());
+  q.quantize(call, stream.get());
+  stream.synchronize();
+  return out;
+}
+
+class GpuQuantizeToGemm : public ::testing::TestWithParam<Case> {};
+
+TEST_P(GpuQuantizeToGemm, MembersWgradReadsGroupedQuantizeOutputs) {
+  QF_SKIP_WITHOUT_GPU();
+  const Case& c = GetParam();
+  const Recipe r = qf::testing::shipped_recipe(c.recipe);
+  const bool fp4 = c.scaling == GemmScaling::Nvfp4;
+  const int64_t t = 384, k_in = 256, n_out = 192;
+  // Members (experts' tokens): an empty one, partial scale blocks at the ends of the others.
+  const std::vector<int64_t> splits = fp4 ? std::vector<int64_t>{128, 0, 192, 64} : std::vector<int64_t>{96, 0, 208, 80};
+  std::vector<int64_t> offsets{0};
+  for (int64_t m : splits) offsets.push_back(offsets.back() + m);
+  const ref::HostTensor x = qf::testing::random_bf16(t, k_in, 3), dy = qf::testing::random_bf16(t, n_out, 4);
+
+  rt::Stream stream;
+  DeviceBuffer doff(offsets.size() * 8);
+  doff.upload(offsets.data(), offsets.size() * 8);
+  const GpuQuantized qx = quantize_on_gpu(r, "linear:input", x, splits, doff, stream);
+  const GpuQuantized qdy = quantize_on_gpu(r, "linear:grad_output", dy, splits, doff, stream);
+
+  GemmSpec spec;
+  spec.scaling = c.scaling;
+  spec.a_format = spec.b_format = fp4 ? ElemFormat::E2M1 : ElemFormat::E4M3;
+  if (c.scaling == GemmScaling::PerTensor) spec.a_format = ElemFormat::E5M2;  // current_scaling's grad
+  spec.layout = GemmLayout::KGroupedMembers;
+  spec.m = n_out, spec.n = k_in, spec.out_dtype = DType::FP32;
+  rt::Gemm gemm(spec);
+  const int64_t groups = int64_t(splits.size());
+  DeviceBuffer dd = rt::testing::poisoned_buffer(size_t(groups * n_out * k_in * 4));
+  DeviceBuffer dws(size_t(gemm.workspace_bytes()));
+  rt::GemmCall call;
+  call.a = rt::testing::view_of(qdy.at("columnwise_data"));
+  call.b = rt::testing::view_of(qx.at("columnwise_data"));
+  call.a_scale = rt::testing::view_of(qdy.at("columnwise_scale_inv"));
+  call.b_scale = rt::testing::view_of(qx.at("columnwise_scale_inv"));
+  if (fp4) {  // each member's (post-RHT) columnwise amax
+    call.a_amax = rt::testing::view_of(qdy.at("columnwise_amax"));
+    call.b_amax = rt::testing::view_of(qx.at("columnwise_amax"));
+  }
+  call.d = rt::testing::view_of(dd);
+  call.group_offsets = rt::testing::view_of(doff);  // the quantizer's member_rows, as they are
+  call.k_total = t;
+  call.num_groups = int(groups);
+  call.workspace = rt::testing::view_of(dws);
+  gemm.run(call, stream.get());
+  stream.synchronize();
+  std::vector<float> got(size_t(groups * n_out * k_in));
+  dd.download(got.data(), got.size() * 4);
+
+  // The CPU pipeline: the reference quantize's bytes into the float64 GEMM reference.
+  const auto rx = qf::testing::quantize_with(r, "linear:input", x, splits);
+  const auto rdy = qf::testing::quantize_with(r, "linear:grad_output", dy, splits);
+  ref::GemmOperands ops;
+  ops.a = qf::testing::output(rdy, "columnwise_data").bytes;
+  ops.a_scale = qf::testing::output(rdy, "columnwise_scale_inv").bytes;
+  ops.b = qf::testing::output(rx, "columnwise_data").bytes;
+  ops.b_scale = qf::testing::output(rx, "columnwise_scale_inv").bytes;
+  ops.offsets = offsets;
+  ops.k_total = t;
+  const std::vector<float> a_amax = qf::testing::amax_of(rdy, "columnwise"), b_amax = qf::testing::amax_of(rx, "columnwise");
+  if (fp4) ops.a_amax = a_amax, ops.b_amax = b_amax;
+  std::vector<int64_t> rows(size_t(groups * n_out));
+  for (size_t i = 0; i < rows.size(); ++i) rows[i] = int64_t(i);
+  const ref::GemmRows want = ref::gemm_reference(spec, ops, rows);
+  const ref::GemmTolerance tol = ref::gemm_tolerance(spec);
+  int64_t bad = 0;
+  double worst_acc = 0;
+  std::ostringstream first;
+  std::vector<double> gotd(got.begin(), got.end()), exact(got.size());
+  for (size_t i = 0; i < got.size(); ++i) {
+    const double err = std::fabs(double(got[i]) - want.value[i]);
+    if (want.magnitude[i] > 0)
+      worst_acc = std::max(worst_acc, std::max(0.0, err - tol.out_rel * std::fabs(want.value[i])) / want.magnitude[i]);
+    if (!(err <= tol.out_rel * std::fabs(want.value[i]) + tol.acc_rel * want.magnitude[i]) && bad++ < 1)
+      first << "element " << i << ": got " << got[i] << ", the CPU pipeline " << want.value[i] << ", sum |ab| "
+            << want.magnitude[i];
+  }
+  std::printf("[ measure  ] %s: worst accumulation error / sum|ab| %.3g (acc_rel %.3g)\n", c.recipe, worst_acc, tol.acc_rel);
+  EXPECT_EQ(bad, 0) << bad << " elements outside the GEMM's bound; first: " << first.str();
+
+  // Against the float64 product of the unquantized inputs, member by member.
+  for (int64_t g = 0; g < groups; ++g)
+    for (int64_t o = 0; o < n_out; ++o)
+      for (int64_t i = 0; i < k_in; ++i) {
+        double s = 0;
+        for (int64_t tok = offsets[size_t(g)]; tok < offsets[size_t(g) + 1]; ++tok) s += double(dy.at(tok, o)) * double(x.at(tok, i));
+        exact[size_t((g * n_out + o) * k_in + i)] = s;
+      }
+  const double err = qf::testing::rel_error(gotd, exact);
+  std::printf("[ measure  ] %s: GPU quantize -> members wgrad: relative Frobenius error %.4f\n", c.recipe, err);
+  EXPECT_LT(err, c.max_rel);
+}
+
+INSTANTIATE_TEST_SUITE_P(Shipped, GpuQuantizeToGemm,
+                         ::testing::Values(Case{"float8_block_scaling", GemmScaling::Block128, 0.1},
+                                           Case{"mxfp8_hopper", GemmScaling::Mx32, 0.1},
+                                           Case{"nvfp4", GemmScaling::Nvfp4, 0.25},
+                                           Case{"current_scaling", GemmScaling::PerTensor, 0.1}),
+                         [](const ::testing::TestParamInfo<Case>& i) { return std::string(i.param.recipe); });
+
+}  // namespace

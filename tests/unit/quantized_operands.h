@@ -1,0 +1,77 @@
+// Test helpers shared by the quantize -> GEMM tests (CPU: quantize_gemm_test.cpp, GPU:
+// gpu_quantize_gemm_test.cpp): random bf16 inputs, the CPU reference's quantize outputs by
+// buffer name, a stream's per-tensor amaxes, relative errors.
+#pragma once
+#include <cmath>
+#include <cstring>
+#include <filesystem>
+#include <random>
+#include <span>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "compiler/pipeline.h"
+#include "compiler/recipe.h"
+#include "qforge/numerics.cuh"
+#include "reference/executor.h"
+
+namespace qf::testing {
+
+// Random normal bf16 [rows, cols], a different scale per row.
+inline ref::HostTensor random_bf16(int64_t rows, int64_t cols, uint32_t seed) {
+  ref::HostTensor t;
+  t.dtype = DType::BF16;
+  t.shape = {rows, cols};
+  t.bytes.resize(size_t(rows * cols * 2));
+  std::mt19937 rng(seed);
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  std::uniform_real_distribution<float> row_scale(0.25f, 4.0f);
+  for (int64_t r = 0; r < rows; ++r) {
+    const float s = row_scale(rng);
+    for (int64_t c = 0; c < cols; ++c) {
+      const u16 h = f32_to_bf16(normal(rng) * s);
+      std::memcpy(&t.bytes[size_t((r * cols + c) * 2)], &h, 2);
+    }
+  }
+  return t;
+}
+
+inline const ref::Output& output(const std::vector<ref::Output>& outs, const std::string& name) {
+  for (const auto& o : outs)
+    if (o.desc.name == name) return o;
+  throw std::runtime_error("no output buffer " + name);
+}
+// The per-tensor amax buffer of the rowwise (or columnwise) stream, when the plan has one.
+inline std::vector<float> amax_of(const std::vector<ref::Output>& outs, const std::string& dir) {
+  for (const auto& o : outs) {
+    if (o.desc.name != dir + "_amax" && o.desc.name != "amax") continue;
+    std::vector<float> v(o.bytes.size() / 4);
+    std::memcpy(v.data(), o.bytes.data(), o.bytes.size());
+    return v;
+  }
+  return {};
+}
+
+inline Recipe shipped_recipe(const std::string& name) {
+  return load_recipe(std::filesystem::path(QF_SOURCE_DIR) / "recipes" / (name + ".json"));
+}
+// The grouped training plan of a role (one member per split).
+inline Plan grouped_plan(const Recipe& r, const std::string& role) {
+  return compile_plan(r, PlanRequest{role, DType::BF16, Usage::Training, true});
+}
+// The CPU reference's grouped quantize of x (seed 11, offset 0 for stochastic rounding).
+inline std::vector<ref::Output> quantize_with(const Recipe& r, const std::string& role, const ref::HostTensor& x,
+                                              std::span<const int64_t> splits) {
+  ref::QuantizeParams params;
+  params.seed = 11, params.offset = 0;
+  return ref::quantize_grouped(grouped_plan(r, role), x, splits, params);
+}
+
+inline double rel_error(const std::vector<double>& got, const std::vector<double>& want) {
+  double e = 0, w = 0;
+  for (size_t i = 0; i < got.size(); ++i) e += (got[i] - want[i]) * (got[i] - want[i]), w += want[i] * want[i];
+  return std::sqrt(e / w);
+}
+
+}  // namespace qf::testing
