@@ -561,15 +561,16 @@ def gemm_section(records):
     blockwise_by_shape = {}
     for r in q:
         groups = r.get("groups", [])
-        if r.get("layout") != "k_grouped" and scaling_of(r) == "blockwise":
+        if not str(r.get("layout", "")).startswith("k_grouped") and scaling_of(r) == "blockwise":
             key = shape_key(len(groups), sum(groups), r.get("n", 0), r.get("k", 0))
             blockwise_by_shape[key] = num(r["bench"].get("tflops"))
     rows = []
     for r in q:
         b = r["bench"]
         groups = r.get("groups", [])
-        if r.get("layout") == "k_grouped":
-            shape = f"wgrad {len(groups)} x {sum(groups)} tokens, M {r.get('m')} N {r.get('n')}"
+        if str(r.get("layout", "")).startswith("k_grouped"):  # k_grouped, k_grouped_members
+            members = " (per-member copies)" if r.get("layout") == "k_grouped_members" else ""
+            shape = f"wgrad{members} {len(groups)} x {sum(groups)} tokens, M {r.get('m')} N {r.get('n')}"
             key = None
         else:
             total = sum(groups)

@@ -254,6 +254,8 @@ def test_gemm_section_ratios(tmp_path):
          "scaling": "nvfp4", "n": 4096, "k": 7168, "bench": {"median_ms": 4.0, "tflops": 450.0}},
         {"gemm": "e4m3 x e4m3 tensor k-grouped M=4096 N=7168 -> bf16", "groups": [4096] * 8, "layout": "k_grouped",
          "m": 4096, "n": 7168, "k": 0, "bench": {"median_ms": 1.5, "tflops": 1200.0}},
+        {"gemm": "e4m3 x e4m3 blockwise k-grouped (members) M=4096 N=7168 -> bf16", "groups": [4096] * 8,
+         "layout": "k_grouped_members", "m": 4096, "n": 7168, "k": 0, "bench": {"median_ms": 2.4, "tflops": 750.0}},
         {"kernel": "_scaled_grouped_mm fp8 rowwise", "groups": 8, "m": 4096, "n": 4096, "k": 7168, "tflops": 1125.0},
         {"kernel": "_scaled_mm fp8 tensorwise (dense)", "groups": 8, "m": 4096, "n": 4096, "k": 7168, "tflops": 1440.0},
         {"kernel": "_grouped_mm bf16", "error": "unavailable"},
@@ -266,8 +268,10 @@ def test_gemm_section_ratios(tmp_path):
     assert "| 900 |" in row and "0.80x" in row and "62%" in row and "100%" in row
     nv = next(l for l in text.splitlines() if "nvfp4" in l and "8 x 4096 x N 4096 x K 7168" in l)
     assert "| 450 |" in nv and nv.rstrip().endswith("50% |")
-    wgrad = next(l for l in text.splitlines() if l.startswith("| wgrad"))
+    wgrad = next(l for l in text.splitlines() if l.startswith("| wgrad 8"))
     assert "8 x 32768 tokens, M 4096 N 7168" in wgrad and "| 1200 |" in wgrad
+    members = next(l for l in text.splitlines() if l.startswith("| wgrad (per-member copies)"))
+    assert "| 750 |" in members and "e4m3 x e4m3 blockwise" in members
     assert "torch _scaled_grouped_mm fp8 rowwise" in text
 
 

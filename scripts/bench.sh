@@ -47,9 +47,12 @@ if [ "$(nvidia-smi --query-gpu=compute_cap --format=csv,noheader 2>/dev/null | h
     fi
   done
   # wgrad of the first shape's expert weight (K-grouped over 8 x 4096 tokens, M 4096, N 7168).
+  # The same on per-member copies (the grouped quantizer's layout, --members).
   for sc in "tensor" "tensor --fast-accum" "blockwise" "mxfp8" "nvfp4"; do
-    timeout 120 "$BUILD/tools/qforge" gemm --scaling $sc --k-grouped --groups 8 --m 4096 --n 7168 --k 4096 --bench \
-      --json "$OUT/gemm.jsonl" >>"$OUT/gemm.log" 2>&1 || echo "qforge gemm wgrad $sc failed (see $OUT/gemm.log)"
+    for layout in "" "--members"; do
+      timeout 120 "$BUILD/tools/qforge" gemm --scaling $sc --k-grouped $layout --groups 8 --m 4096 --n 7168 --k 4096 --bench \
+        --json "$OUT/gemm.jsonl" >>"$OUT/gemm.log" 2>&1 || echo "qforge gemm wgrad $sc $layout failed (see $OUT/gemm.log)"
+    done
   done
 fi
 if [ -f bench/report.py ]; then
