@@ -6,6 +6,7 @@
 #include "compiler/error.h"
 #include "qforge/gemm.cuh"
 #include "runtime/driver.h"
+#include "runtime/nvrtc.h"
 
 namespace qf::rt {
 namespace {
@@ -66,6 +67,16 @@ OperandRows operand_rows(const GemmSpec& s) {
 }  // namespace
 
 GemmKernel build_gemm_kernel(const GemmSpec& spec, const std::string& arch, KernelCache& cache) {
+  // The members kernel rewrites tensor-map strides on the device with tensormap.replace, whose
+  // stride operand is in bytes since CUDA 12.5 (16-byte units before); an older NVRTC would build
+  // a kernel that loads with 16x the stride.
+  if (spec.layout == GemmLayout::KGroupedMembers) {
+    const std::string v = nvrtc_version();
+    const int major = std::stoi(v), minor = std::stoi(v.substr(v.find('.') + 1));
+    if (major < 12 || (major == 12 && minor < 5))
+      throw UserError("layout", "k_grouped_members needs NVRTC 12.5 or newer (device-side tensor-map strides in "
+                                "bytes), found " + v);
+  }
   GemmKernel k;
   k.source = emit_gemm(spec);
   CompileRequest req;
@@ -287,7 +298,9 @@ void Gemm::run_k_grouped(const GemmCall& c, CUstream stream) const {
   } else {
     const int64_t cols = se.a / s.m;
     const std::string what = std::string(st.scale_type) + " " + std::string(st.name) + " scales per row along the tokens ";
-    const int align = std::max(st.scale_bytes, st.scale_align);
+    // e8m0 rows are read four bytes at a time where they allow it (the kernel checks the offsets
+    // from the base, so the base must be 4-byte aligned, as for the M-grouped layouts).
+    const int align = std::max({4, st.scale_bytes, st.scale_align});
     check_buffer("a_scale", c.a_scale, se.a * st.scale_bytes, align, what + "[" + std::to_string(s.m) + ", " + std::to_string(cols) + "]");
     check_buffer("b_scale", c.b_scale, se.b * st.scale_bytes, align, what + "[" + std::to_string(s.n) + ", " + std::to_string(cols) + "]");
   }

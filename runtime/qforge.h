@@ -155,9 +155,10 @@ typedef struct qf_gemm_spec {
 typedef struct qf_gemm_args {
   const void* a; int64_t a_bytes;             /* fp8 [m_total, K]; nvfp4: e2m1 [m_total, K/2] packed,
                                                  element 2i in the low nibble of byte i;
-                                                 K-grouped: [m, k_total] */
+                                                 K-grouped: [m, k_total] (members: [m, M_g] each,
+                                                 back to back, the same bytes) */
   const void* b; int64_t b_bytes;             /* fp8 [num_groups, N, K]; nvfp4: e2m1 [num_groups, N, K/2];
-                                                 K-grouped: [N, k_total] */
+                                                 K-grouped: [N, k_total] (members: [N, M_g] each) */
   void* d; int64_t d_bytes;                   /* [m_total, N] in the spec's out_dtype */
   const void* a_scale; int64_t a_scale_bytes; /* qf_gemm_scale_bytes() */
   const void* b_scale; int64_t b_scale_bytes;
@@ -184,13 +185,14 @@ void qf_gemm_destroy(qf_gemm* g); /* NULL is fine */
 /* One line describing the spec ("e4m3 x e4m3 blockwise N=4096 K=7168 -> bf16"), valid while g lives. */
 const char* qf_gemm_describe(const qf_gemm* g);
 /* Bytes of the A and B scale buffers for num_groups groups and `extent`: the rows m_total of an
-   M-grouped spec, the token dimension k_total of a K-grouped one (its blockwise / mxfp8 scales run
-   along the tokens). */
+   M-grouped spec, the token dimension k_total of a K-grouped one (its blockwise / mxfp8 / nvfp4
+   scales run along the tokens; members: num_groups more columns per row, each member's grid
+   ending in a partial block). */
 qf_status qf_gemm_scale_bytes(const qf_gemm* g, int64_t extent, int num_groups, int64_t* a_bytes,
                               int64_t* b_bytes);
 /* Device workspace bytes a run needs on the current device (qf_gemm_args.workspace): 0 except for
-   recipes' "k_grouped_members" specs, whose kernel builds each member's tensor maps there. Loads the
-   kernel (needs a GPU). */
+   recipes' "k_grouped_members" specs, whose kernel builds each member's tensor maps there (their
+   size depends on the device: it loads the kernel, so needs a GPU; 0 needs none). */
 qf_status qf_gemm_workspace_bytes(qf_gemm* g, int64_t* bytes);
 /* Compile (or load) the kernel for arch (only "sm_90a") into the kernel cache; no GPU needed. */
 qf_status qf_gemm_prepare(qf_gemm* g, const char* arch);

@@ -147,13 +147,18 @@ int cmd_gemm(const Argv& argv) {
     if (args.flag("--uneven")) {
       const int zero = int(args.integer("--zero-groups", groups > 2 ? 1 : 0, 0, groups - 1));
       const int64_t granule = m % 64 == 0 ? 64 : members ? gemm_k_total_multiple(spec) : 1;
-      if (m % granule != 0)
-        throw UserError("--k", "--members --uneven: expected tokens per group that are a multiple of " + std::to_string(granule) +
-                                   " (each member's token count must be), got " + std::to_string(m));
-      rows = ref::random_group_rows(groups, m * groups, zero, granule, seed);
+      rows = ref::random_group_rows(groups, m * groups, zero, m % granule == 0 ? granule : 1, seed);
     } else {
       rows.assign(size_t(groups), m);
     }
+  }
+  if (members) {  // a misaligned member would only give NaN: name it instead
+    const int64_t align = gemm_k_total_multiple(spec);
+    for (size_t i = 0; i < rows.size(); ++i)
+      if (rows[i] % align != 0)
+        throw UserError(args.get("--splits") ? "--splits" : "--k",
+                        "--members: each member's token count must be a multiple of " + std::to_string(align) +
+                            " (16-byte TMA rows), got " + std::to_string(rows[i]) + " for member " + std::to_string(i));
   }
   const rt::Driver& drv = rt::driver();
   if (!drv.available() || rt::device_count() == 0)
@@ -220,7 +225,7 @@ int cmd_gemm(const Argv& argv) {
   rt::Gemm gemm(spec);
   std::cout << "persistent CTAs: " << gemm.persistent_ctas() << " (" << rt::device_sm_count(0) << " SMs)"
             << (call.max_ctas ? ", capped at " + std::to_string(call.max_ctas) : std::string()) << "\n";
-  rt::DeviceBuffer dws(size_t(std::max<int64_t>(gemm.workspace_bytes(), 128)));
+  rt::DeviceBuffer dws(size_t(std::max<int64_t>(members ? gemm.workspace_bytes() : 0, 128)));
   if (members) call.workspace = view(dws);
   rt::Stream stream;
   const auto tc = std::chrono::steady_clock::now();

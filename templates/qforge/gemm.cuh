@@ -422,7 +422,8 @@ struct Scheduler {
   }
 
   // K-grouped (wgrad): every group has the same kM x kN output tiles; group g reduces over
-  // K = [offsets[g], offsets[g+1]) of the shared token dimension (clamped to [0, k_total]).
+  // K = [offsets[g], offsets[g+1]) of the shared token dimension (clamped to [0, k_total]), or
+  // with members over its own matrices' M_g tokens (TileInfo's scale fields say where its grids are).
   __device__ int clamp_tok(i64 k) const { return int(k < 0 ? 0 : (k > a.k_total ? a.k_total : k)); }
 
   __device__ bool get_k_grouped(int unit, u32 rank, TileInfo& t) {
@@ -457,11 +458,12 @@ struct Scheduler {
         // The scale buffers hold ceil(k_total / scale_k) + G columns per row (any split of k_total
         // into G members whose offsets rise); offsets that fall and rise again could ask for more.
         const int cap = int((a.k_total + kScaleK - 1) / kScaleK) + a.num_groups;
+        auto blocks = [](int tokens) { return int((i64(tokens) + kScaleK - 1) / kScaleK); };
         for (; prefix_g < g; ++prefix_g) {
           const int s = clamp_tok(a.group_offsets[prefix_g]);
-          prefix = min(prefix + (max(s, clamp_tok(a.group_offsets[prefix_g + 1])) - s + kScaleK - 1) / kScaleK, cap + 1);
+          prefix = min(prefix + blocks(max(s, clamp_tok(a.group_offsets[prefix_g + 1])) - s), cap + 1);
         }
-        const int cols = (len + kScaleK - 1) / kScaleK;
+        const int cols = blocks(len);
         t.bad |= prefix + cols > cap;
         // NVFP4 reads A's scales two bytes at a time: the group's grid must start at an even byte.
         if constexpr (Cfg::kScaling == kGemmNvfp4) t.bad |= (i64(prefix) * Cfg::kM) % 2 != 0;
@@ -499,9 +501,10 @@ __device__ __forceinline__ int2 kept_tokens(const TileInfo& t, int kb) {
 }
 
 // K-grouped members: the ring of tensor-map pairs {A, B} per CTA in a.member_maps. The producer
-// warp writes a group's pair into the next slot before the group's first load; slot v is reused
-// kStages + 1 groups later, when every load that read it is complete (the producer has waited for
-// the stage of the load kStages + 1 loads back to be consumed, and each group has at least one load).
+// warp writes a group's pair into the next slot before the group's first load (a group without
+// loads, empty or unreadable, takes no slot); slot v is reused kStages + 1 slot-taking groups
+// later, each with at least one load, when every load that read it is complete (the producer has
+// waited for the stage of the load kStages + 1 loads back to be consumed).
 template <class Cfg>
 struct MemberMaps {
   static constexpr int kSlots = int(Cfg::kStages) + 1;
@@ -791,10 +794,11 @@ struct SlotScaling : NoColScales {
 // OCP MX (MXFP8): an e8m0 scale per 32 consecutive K of every row of A and of B, promoted every
 // 32 of K. M-grouped: A [m_total, K/32] bytes (the quantize kernels' compact rowwise scale
 // layout), B [G, N, K/32], K % 128 == 0 (one u32 of four scales per row per stage). K-grouped
-// (wgrad, the transposed columnwise copies): A [kM, ceil(k_total/32)], B [N, ceil(k_total/32)],
-// read a byte at a time (rows need not be 4-byte aligned); the 32-steps of a k-block that lie
-// wholly outside the group get factor 2^-127 (their data is zeroed), so another group's scales
-// (NaN included) never reach this group's sums.
+// (wgrad, the transposed columnwise copies): A [kM, ceil(k_total/32)], B [N, ceil(k_total/32)]
+// (members: per member, [kM, ceil(M_g/32)] and [N, ceil(M_g/32)]), read a u32 per row and k-block
+// where rows and their start are 4-byte aligned, else a byte at a time; the 32-steps of a k-block
+// that lie wholly outside the group get factor 2^-127 (their data is zeroed), so another group's
+// scales (NaN included) never reach this group's sums.
 struct Mx32Scaling : SlotScaling<4> {
   template <class Cfg>
   __device__ static void load_scales(const GemmArgs& a, const TileInfo& t, int kb, int lane, u32* words) {
@@ -864,9 +868,11 @@ struct Mx32Scaling : SlotScaling<4> {
 
 // DeepSeek-V3 blockwise wgrad (K-grouped): both operands are transposed columnwise copies with
 // an fp32 scale per 128 tokens of every row, A [kM, ceil(k_total/128)] and B [N, ceil(k_total/128)]
-// (the quantize kernels' 128x1 columnwise scale grid). A K-grouped tile starts on a 128-token
-// boundary (Scheduler::kKAlign), so k-block kb is scale column k0 / 128 + kb, and every k-block
-// holds tokens of the group: main += (partial * sb[n, j]) * sa[r, j].
+// (the quantize kernels' 128x1 columnwise scale grid; members: [kM, ceil(M_g/128)] and
+// [N, ceil(M_g/128)] per member, TileInfo::s_prefix / s_cols). A K-grouped tile starts on a
+// 128-token boundary (Scheduler::kKAlign; members: the member's first token), so k-block kb is
+// scale column k0 / 128 + kb, and every k-block holds tokens of the group:
+// main += (partial * sb[n, j]) * sa[r, j].
 struct Block128KScaling : SlotScaling<1> {
   template <class Cfg>
   __device__ static void load_scales(const GemmArgs& a, const TileInfo& t, int kb, int lane, u32* words) {

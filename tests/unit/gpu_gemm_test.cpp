@@ -284,6 +284,14 @@ std::vector<Case> exact_cases() {
   many16.push_back(8), many32.push_back(48);  // and a misaligned last member
   members("members_block_ring", spec_of(S::Block128, E4, E4, DType::BF16, false, false, 128, 128, 1, 136, 72), many16, 0, 3);
   members("members_nvfp4_ring", spec_of(S::Nvfp4, F4, F4, DType::FP32, false, false, 128, 128, 1, 136, 72), many32, 0, 3);
+  // Rules that decide alone: MXFP8 with m = 129 and a 128-token member after 16 + 48 tokens (its
+  // scale rows are whole words, but its grid starts at byte 129 * 3: the byte loads); NVFP4 with
+  // m = 129 and an aligned member after members of 8 and 24 tokens (A's grid would start at an odd
+  // byte: NaN, as the reference says).
+  members("members_mxfp8_odd_grid_start", spec_of(S::Mx32, E4, E4, DType::FP32, false, false, 128, 128, 1, 136, 129),
+          {16, 48, 128, 64, 8}, 0);
+  members("members_nvfp4_odd_grid_start", spec_of(S::Nvfp4, F4, F4, DType::FP32, false, false, 128, 128, 1, 136, 129),
+          {64, 8, 24, 64}, 0);
   // NVFP4: e2m1 operands dequantized to fp16 on chip (e4m3 per 16 of K, per-tensor amax).
   add("nvfp4_bf16", spec_of(S::Nvfp4, F4, F4, DType::BF16, false, false, 128, 128, 1, 200, 384));
   add("nvfp4_fp32_acc_noalpha", spec_of(S::Nvfp4, F4, F4, DType::FP32, true, false, 128, 128, 1, 256, 512), {}, 3, false);
