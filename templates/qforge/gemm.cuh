@@ -313,9 +313,8 @@ struct TileInfo {
   int n0;
   int group;
   int out_row0;  // row of D holding tile row 0 (M-grouped: row0)
-  int k0;        // first K the tile loads: a multiple of 16 (TMA's inner coordinates are 16-byte
-                 // aligned), of 128 where scales change along K (a k-block is then whole scale blocks)
-  int k_lead;    // K-grouped: positions [k0, k0 + k_lead) belong to the previous group (0..15, or 0..127)
+  int k0;        // first K the tile loads (K-grouped: a multiple of 128, Scheduler::kKAlign; members: 0)
+  int k_lead;    // K-grouped: positions [k0, k0 + k_lead) belong to the previous group (0..127)
   int k_len;     // K loaded from k0: k_lead + the group's tokens (0 for an empty group; M-grouped: kK)
   // K-grouped scales along the tokens: row r's scale column j of the tile's group is element
   // rows * s_prefix + r * s_cols + j of its buffer (rows: kM for A, N for B); tokens at or past
@@ -349,10 +348,12 @@ struct Scheduler {
   static constexpr int kNBlocks = int((Cfg::kN + kBN - 1) / kBN);
   static constexpr int kNUnits = kNBlocks / int(Cfg::kMulticast);
   static constexpr int kRaster = int(Cfg::kRasterM);
-  // K-grouped: where a group's first k-block starts. Per-tensor scales: the 16-byte TMA alignment.
-  // Scales along K (1x128, 1x32 blocks of the token dimension): a multiple of 128, so that a
-  // k-block covers whole scale blocks of the shared token grid.
-  static constexpr int kKAlign = Cfg::kScaling == kGemmPerTensor ? 16 : kGemmBlockK;
+  // K-grouped: where a group's first k-block starts: a multiple of 128 tokens, so that a k-block
+  // covers whole scale blocks of the shared token grid (1x128, 1x32, 1x16 blocks), and, for every
+  // scaling, each row's TMA box is one 128-byte-aligned segment (per-tensor tiles started at the
+  // 16-aligned token below the group's first until session 20: at uneven splits the boxes
+  // straddled two segments, 866 against 1050 TFLOP/s at even splits).
+  static constexpr int kKAlign = kGemmBlockK;
   // Tokens per scale along K (K-grouped): 128 (blockwise), 32 (MX), 16 (NVFP4); 0 (per tensor).
   static constexpr int kScaleK = Cfg::kScaling == kGemmBlock128K ? 128
                                  : Cfg::kScaling == kGemmMx32    ? 32
@@ -1436,7 +1437,7 @@ __device__ __forceinline__ void store_tile(const GemmArgs& a, const TileInfo& t,
 
 // K-grouped: zeroes the K positions of a stage outside [keep_lo, keep_hi) (A: this warpgroup's 64
 // rows; B: its share of the block_n rows): the previous group's last tokens before the group's
-// first (16-aligned) load and the next group's after its last, so that they add nothing. Then
+// first (128-aligned) load and the next group's after its last, so that they add nothing. Then
 // makes the writes visible to the tensor cores (async proxy) and waits for the other consumer
 // warpgroups' share. The tiles are TMA's 128-byte swizzle: byte c of row r sits at
 // r * 128 + ((c / 16) ^ (r % 8)) * 16 + c % 16.
