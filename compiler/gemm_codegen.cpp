@@ -261,6 +261,8 @@ GemmSource emit_gemm(const GemmSpec& s) {
   e.constant_ident("int", "kScaling", dp.code);
   e.constant("kKGrouped", k_grouped(s.layout));
   e.constant("kMembers", s.layout == GemmLayout::KGroupedMembers);
+  e.constant("kScaleK", int64_t(traits(s.scaling).scale_k));
+  e.constant("kElemsPerByte", int64_t(traits(s.a_format).elems_per_byte));
   e.constant("kM", int64_t(s.m));
   e.constant("kN", int64_t(s.n));
   e.constant("kK", int64_t(s.k));

@@ -107,16 +107,16 @@ GemmRows gemm_reference(const GemmSpec& spec, const GemmOperands& ops, std::span
     int64_t start = 0, len = 0, prefix = 0, cols = 0;
     bool bad = false;
   };
+  auto clamp_tok = [&](int64_t v) { return std::clamp<int64_t>(v, 0, ops.k_total); };  // K-grouped offsets
   std::vector<Member> mem;
   if (members) {
     const int64_t align = gemm_k_total_multiple(spec);
     const int64_t cap = sk > 0 ? (ops.k_total + sk - 1) / sk + groups : 0;
     int64_t prefix = 0;
     for (int64_t g = 0; g < groups; ++g) {
-      auto clamp = [&](int64_t v) { return std::clamp<int64_t>(v, 0, ops.k_total); };
       Member m;
-      m.start = clamp(ops.offsets[size_t(g)]);
-      m.len = std::max(m.start, clamp(ops.offsets[size_t(g) + 1])) - m.start;
+      m.start = clamp_tok(ops.offsets[size_t(g)]);
+      m.len = std::max(m.start, clamp_tok(ops.offsets[size_t(g) + 1])) - m.start;
       m.prefix = prefix;
       m.cols = sk > 0 ? (m.len + sk - 1) / sk : 0;
       m.bad = m.start % align != 0 || m.len % align != 0 || (sk > 0 && prefix + m.cols > cap) ||
@@ -173,9 +173,8 @@ GemmRows gemm_reference(const GemmSpec& spec, const GemmOperands& ops, std::span
       int64_t r = rows[i], k0 = 0, k1 = k;
       if (kg) {
         r = rows[i] % spec.m;
-        auto clamp = [&](int64_t v) { return std::clamp<int64_t>(v, 0, ops.k_total); };
-        k0 = clamp(ops.offsets[size_t(g)]);
-        k1 = std::max(k0, clamp(ops.offsets[size_t(g) + 1]));
+        k0 = clamp_tok(ops.offsets[size_t(g)]);
+        k1 = std::max(k0, clamp_tok(ops.offsets[size_t(g) + 1]));
       }
       if (members) {
         const Member& m = mem[size_t(g)];

@@ -107,7 +107,7 @@ int Gemm::persistent_ctas() const { return load_for_current_device()->grid; }
 
 int64_t Gemm::workspace_bytes() const {
   if (spec_.layout != GemmLayout::KGroupedMembers) return 0;
-  return int64_t(persistent_ctas()) * (spec_.tile.stages + 1) * 2 * int64_t(sizeof(TmaDescriptor));
+  return int64_t(persistent_ctas()) * gemm_member_map_slots(spec_.tile.stages) * 2 * int64_t(sizeof(TmaDescriptor));
 }
 
 std::shared_ptr<const Gemm::Loaded> Gemm::load_for_current_device() const {

@@ -116,6 +116,10 @@ QF_HD constexpr GemmSmem gemm_smem(int block_m, int block_n, int stages, int con
   return s;
 }
 
+// K-grouped members: tensor-map pairs {A, B} per persistent CTA in the workspace, a ring the
+// producer reuses once every load that read a slot is complete (MemberMaps).
+QF_HD constexpr int gemm_member_map_slots(int stages) { return stages + 1; }
+
 #if defined(__CUDACC__)
 }  // namespace qf
 #include "qforge/wgmma.cuh"
@@ -354,14 +358,11 @@ struct Scheduler {
   // 16-aligned token below the group's first until session 20: at uneven splits the boxes
   // straddled two segments, 866 against 1050 TFLOP/s at even splits).
   static constexpr int kKAlign = kGemmBlockK;
-  // Tokens per scale along K (K-grouped): 128 (blockwise), 32 (MX), 16 (NVFP4); 0 (per tensor).
-  static constexpr int kScaleK = Cfg::kScaling == kGemmBlock128K ? 128
-                                 : Cfg::kScaling == kGemmMx32    ? 32
-                                 : Cfg::kScaling == kGemmNvfp4   ? 16
-                                                                 : 0;
+  // Tokens per scale along K (the scaling traits' scale_k): 128, 32, 16; 0 per tensor.
+  static constexpr int kScaleK = int(Cfg::kScaleK);
   // Members: a member's first token and token count must be multiples of this (16-byte TMA
-  // addresses and row strides: 16 fp8 or 32 packed e2m1 tokens).
-  static constexpr int kMemberAlign = Cfg::kScaling == kGemmNvfp4 ? 32 : 16;
+  // addresses and row strides: 16 fp8 or 32 packed e2m1 tokens; gemm_k_total_multiple).
+  static constexpr int kMemberAlign = 16 * int(Cfg::kElemsPerByte);
 
   // The launch arguments stay in the kernel's parameter space (__grid_constant__): the scheduler
   // keeps only its position in registers, which every role (three accumulators in the consumers,
@@ -508,7 +509,7 @@ __device__ __forceinline__ int2 kept_tokens(const TileInfo& t, int kb) {
 // waited for the stage of the load kStages + 1 loads back to be consumed).
 template <class Cfg>
 struct MemberMaps {
-  static constexpr int kSlots = int(Cfg::kStages) + 1;
+  static constexpr int kSlots = gemm_member_map_slots(int(Cfg::kStages));
   const TmaDescriptor* a_map;  // B's map follows A's (members), or is a.b_map
   int group = -1, visit = 0;
 
@@ -522,7 +523,6 @@ struct MemberMaps {
   __device__ void prepare(const GemmArgs& a, u8* scratch, u32 scratch_addr, const TileInfo& t, int lane) {
     if constexpr (Cfg::kMembers) {
       if (t.group == group) return;
-      constexpr int kElemsPerByte = Cfg::kScaling == kGemmNvfp4 ? 2 : 1;
       TmaDescriptor* dst = a.member_maps + (i64(blockIdx.x) * kSlots + visit % kSlots) * 2;
       // The previous group's copies (every lane's part of the collective reads) are done before the
       // scratch is written again (compute-sanitizer racecheck sees no order between them otherwise).
@@ -530,8 +530,8 @@ struct MemberMaps {
       reinterpret_cast<u64*>(scratch)[lane] = lane < 16 ? a.a_map.opaque[lane] : a.b_map.opaque[lane - 16];
       __syncwarp();
       if (lane == 0) {
-        const u32 row = u32(t.k_limit / kElemsPerByte);
-        const i64 first = i64(t.tok0 / kElemsPerByte);
+        const u32 row = u32(t.k_limit / int(Cfg::kElemsPerByte));
+        const i64 first = i64(t.tok0 / int(Cfg::kElemsPerByte));
         sm90::tensormap_set_address(scratch_addr, reinterpret_cast<u64>(a.a_data) + u64(first * Cfg::kM));
         sm90::tensormap_set_inner(scratch_addr, row, row);
         sm90::tensormap_set_address(scratch_addr + 128u, reinterpret_cast<u64>(a.b_data) + u64(first * Cfg::kN));
