@@ -40,23 +40,27 @@ float round_to_dtype(DType d, float x) {
   return x;
 }
 
-template <class F>
-u8 encode_as(float x, bool stochastic, u32 rbits) {
-  return stochastic ? encode_sr<F>(x, rbits) : encode_rn<F>(x);
+// fn(F{}) for the format struct of an encoded (non-identity) format.
+template <class Fn>
+auto visit_format(ElemFormat f, Fn&& fn) {
+  switch (f) {
+    case ElemFormat::E4M3: return fn(E4M3{});
+    case ElemFormat::E5M2: return fn(E5M2{});
+    case ElemFormat::E2M1: return fn(E2M1{});
+    case ElemFormat::E2M3: return fn(E2M3{});
+    case ElemFormat::E3M2: return fn(E3M2{});
+    case ElemFormat::Int8: return fn(Int8{});
+    case ElemFormat::Identity: break;
+  }
+  QF_CHECK(false, "identity is not an encoded format");
 }
 
 // One element of a quantized (non-identity) format.
 u8 encode_elem(ElemFormat f, float x, bool stochastic, u32 rbits) {
-  switch (f) {
-    case ElemFormat::E4M3: return encode_as<E4M3>(x, stochastic, rbits);
-    case ElemFormat::E5M2: return encode_as<E5M2>(x, stochastic, rbits);
-    case ElemFormat::E2M1: return encode_as<E2M1>(x, stochastic, rbits);
-    case ElemFormat::E2M3: return encode_as<E2M3>(x, stochastic, rbits);
-    case ElemFormat::E3M2: return encode_as<E3M2>(x, stochastic, rbits);
-    case ElemFormat::Int8: return encode_as<Int8>(x, stochastic, rbits);
-    case ElemFormat::Identity: break;
-  }
-  QF_CHECK(false, "identity is not an encoded format");
+  return visit_format(f, [&](auto fmt) {
+    using F = decltype(fmt);
+    return stochastic ? encode_sr<F>(x, rbits) : encode_rn<F>(x);
+  });
 }
 
 void put_f32(uint8_t* p, float v) {
@@ -284,6 +288,8 @@ void write_data(const Context& cx, const Stream& s, const Values& vals,
   const int per_byte = identity ? 1 : traits(s.format).elems_per_byte;
   const int out_bytes = identity ? traits(s.out_dtype).bytes : 1;
 
+  // Stochastic rounding: elements per group of random words (numerics.cuh, sr_group_elems).
+  const u64 group_elems = identity ? 4 : visit_format(s.format, [](auto fmt) { return u64(sr_group_elems<decltype(fmt)>()); });
   u64 cached_group = ~u64(0);
   u32 words[4] = {0, 0, 0, 0};
   for (int64_t r = 0; r < d.m; ++r)
@@ -304,11 +310,11 @@ void write_data(const Context& cx, const Stream& s, const Values& vals,
       u32 rbits = 0;
       if (sr) {
         const u64 l = sr_index_offset + u64(r * d.k + c);
-        if ((l >> 2) != cached_group) {
-          cached_group = l >> 2;
+        if (l / group_elems != cached_group) {
+          cached_group = l / group_elems;
           sr_random_group(cx.params.seed, cx.params.offset, stream_id, cached_group, words);
         }
-        rbits = words[l & 3];
+        rbits = visit_format(s.format, [&](auto fmt) { return sr_pick<decltype(fmt)>(words, l); });
       }
       const u8 q = encode_elem(s.format, x * mult, sr, rbits);
       if (per_byte == 2) {

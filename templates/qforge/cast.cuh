@@ -356,22 +356,14 @@ __device__ __forceinline__ float e4m3_value(u32 bits) {
 }
 
 // Stochastic rounding, fast paths with the exact result of encode_sr<F> (numerics.cuh) for e2m1
-// and int8, whose grid step is a power of two in each binade. e2m1 goes without int <-> float
-// conversions or floorf (NVFP4 grad 1488 -> 1401 us, hybrid grad 1023 -> 976 at 16384^2, H100):
-//   * t = a + M rounded toward zero, M = 2^23 * step (ulp(M) = step), is M + floor(a / step) *
-//     step, so the bits of t minus those of M count the steps below a, and rem = a - (t - M) is
-//     the exact remainder, in [0, step);
-//   * encode_sr rounds up iff rem / step > u = (r >> 8) * 2^-24 = (4 * (r >> 9) + 2 * bit8) *
-//     2^-25: d = rem * (2^25 / step) - 4 * (r >> 9) is one fma (4 * (r >> 9) is built from bits),
-//     and d > 2 * bit8 (2.0 from bits). The fma rounds, yet the comparison is exact: whenever d
-//     is positive it is a multiple of ulp(rem * 2^25 / step) no larger than that product, so it is
-//     representable, and a negative d stays negative.
-__device__ __forceinline__ bool sr_rounds_up(float rem, float scale, u32 r) {
-  const float u_hi = f32_from_bits(0x4C000000u | (r >> 9)) - 0x1p25f;  // 4 * (r >> 9), exact
-  const float thr = f32_from_bits((r & 0x100u) << 22);                  // 2.0 if bit 8, else 0
-  return fmaf(rem, scale, -u_hi) > thr;
-}
-
+// and int8, whose grid step is a power of two in each binade. e2m1 (16 random bits R per
+// element, floor(a / step + u) with u = R * 2^-16) goes without int <-> float conversions, floorf
+// or a comparison: y = fma(R, step * 2^-16, a) rounded toward zero is at or above a grid point
+// exactly when a + u * step is (grid points are fp32 numbers, and rounding toward zero keeps
+// them), and t = y + M rounded toward zero, M = 2^22 * step (ulp(M) = step), is M + floor(y /
+// step) * step: the bits of t minus those of M are floor(a / step + u). y stays below the next
+// binade's second grid point (a <= 6 keeps the count at 7), so the count continues the binade's
+// first code into the next binade as the codes do.
 template <class F>
 __device__ __forceinline__ u32 enc_sr(float x, u32 r) {
   if constexpr (kIsE2m1<F>) {
@@ -380,15 +372,16 @@ __device__ __forceinline__ u32 enc_sr(float x, u32 r) {
     const float a = fminf(fabsf(x), 6.0f);  // Inf and |x| > 6 saturate to the code of 6
     // Binade s: 0 in [0, 2) (step 1/2, first code 0), 1 in [2, 4) (step 1, code 2), 2 in [4, 6].
     const u32 e = f32_bits(fmaxf(a, 1.0f)) >> 23, s = e - 127u;
-    const float m = f32_from_bits(0x4A800000u + (s << 23));  // 2^(22 + s): ulp = step
-    const float t = __fadd_rz(a, m);
-    const u32 k = f32_bits(t) - f32_bits(m);  // floor(a / step)
-    const float rem = a - (t - m), scale = f32_from_bits(0x4C800000u - (s << 23));  // 2^25 / step
-    return ((b >> 28) & 0x8u) | (k + 2u * s + (sr_rounds_up(rem, scale, r) ? 1u : 0u));
+    const float rf = f32_from_bits(0x4B000000u | (r & 0xFFFFu)) - 0x1p23f;  // R, exact
+    const float unit = f32_from_bits(0x37000000u + (s << 23));             // step * 2^-16 = 2^(s - 17)
+    const float m = f32_from_bits(0x4A800000u + (s << 23));                // 2^(22 + s): ulp = step
+    const float t = __fadd_rz(__fmaf_rz(rf, unit, a), m);
+    return ((b >> 28) & 0x8u) | (f32_bits(t) - f32_bits(m) + 2u * s);
   } else if constexpr (F::kIsInt && F::kBits == 8) {
     // Step 1: floor and fraction are exact in fp32, and "fraction > u" is grid_round_sr's
-    // integer comparison. (The conversion-free form above measured 2.6 % slower here: 1504 ->
-    // 1543 us for int8_weight_sr's weight at 16384^2, H100, whose kernel is bound elsewhere.)
+    // integer comparison. (A conversion-free form of that comparison, e2m1's until session 21,
+    // measured 2.6 % slower here: 1504 -> 1543 us for int8_weight_sr's weight at 16384^2, H100,
+    // whose kernel is bound elsewhere.)
     if (f32_is_nan(x)) return F::kNanBits;
     if (x >= 127.0f) return 127u;
     if (x <= -128.0f) return 0x80u;
@@ -419,18 +412,22 @@ __device__ __forceinline__ u32 fix_nan_bytes(u32 w) {
 }
 
 // Four scaled elements to the bits they are stored as, element 0 lowest: 8 bits each (fp8,
-// int8, fp6 in a byte), 4 each for fp4. Round to nearest, or stochastic rounding with the 4
-// random words of the group (lin % 4 == 0).
+// int8, fp6 in a byte), 4 each for fp4. Round to nearest, or stochastic rounding with the random
+// bits of element lin's group (lin % 4 == 0; sr_group_elems).
 template <class S>
 __device__ __forceinline__ u32 pack4(const QuantizeArgs& a, i64 lin, const float* x) {
   using F = typename S::Format;
   constexpr u32 kShift = F::kBits == 4 ? 4 : 8, kMask = (1u << kShift) - 1u;
   if constexpr (S::kStochastic) {
     u32 w[4];
-    sr_random_group(a.seed, a.offset, u32(S::kDir), u64(lin) >> 2, w);
+    sr_random_group(a.seed, a.offset, u32(S::kDir), u64(lin) / u64(sr_group_elems<F>()), w);
+    if constexpr (sr_group_elems<F>() == 8) {  // the group's first or second four (lin % 8)
+      const bool second = (lin & 4) != 0;
+      w[0] = second ? w[2] : w[0], w[1] = second ? w[3] : w[1];
+    }
     u32 p = 0;
 #pragma unroll
-    for (int i = 0; i < 4; ++i) p |= (enc_sr<F>(x[i], w[i]) & kMask) << (kShift * i);
+    for (int i = 0; i < 4; ++i) p |= (enc_sr<F>(x[i], sr_pick<F>(w, u64(i))) & kMask) << (kShift * i);
     return p;
   } else if constexpr (kIsE2m1<F>) {
     const u32 p01 = e2m1_rn_byte(x[0]) + (e2m1_rn_byte(x[1]) << 4), p23 = e2m1_rn_byte(x[2]) + (e2m1_rn_byte(x[3]) << 4);
@@ -507,6 +504,16 @@ __device__ __forceinline__ RunWords<S, N> pack_run(const QuantizeArgs& a, i64 li
       for (int i = 0; i < 8; ++i) b[i] = e2m1_rn_byte(x[g * 8 + i]);
       r.w[g] = pack_e2m1(b);
     }
+  } else if constexpr (F::kBits == 4 && S::kStochastic && sr_group_elems<F>() == 8) {
+    // One group of random words per 8 elements (lin % 8 == 0: runs of 8 or more start there).
+#pragma unroll
+    for (int g = 0; g < N / 8; ++g) {
+      u32 w[4], b[8];
+      sr_random_group(a.seed, a.offset, u32(S::kDir), u64(lin) / 8 + u64(g), w);
+#pragma unroll
+      for (int i = 0; i < 8; ++i) b[i] = enc_sr<F>(x[g * 8 + i], sr_pick<F>(w, u64(i)));
+      r.w[g] = pack_e2m1(b);
+    }
   } else if constexpr (F::kBits == 4) {
 #pragma unroll
     for (int g = 0; g < N / 8; ++g) r.w[g] = pack4<S>(a, lin + g * 8, x + g * 8) | (pack4<S>(a, lin + g * 8 + 4, x + g * 8 + 4) << 16);
@@ -559,12 +566,12 @@ __device__ __forceinline__ void store_run(const QuantizeArgs& a, void* data, i64
       for (int i = 0; i < valid; ++i) o[i] = u16(F::kDtype == 1 ? f32_to_bf16(x[i]) : f32_to_f16(x[i]));
     }
   } else {
-    // Edges: element by element (each with its own random word).
+    // Edges: element by element (each with its own random bits).
     u32 q[N];
 #pragma unroll
     for (int i = 0; i < N; ++i) {
       if constexpr (S::kStochastic)
-        q[i] = i < valid ? enc_sr<F>(x[i], sr_random_bits(a.seed, a.offset, u32(S::kDir), u64(lin + i))) : 0u;
+        q[i] = i < valid ? enc_sr<F>(x[i], sr_random_bits<F>(a.seed, a.offset, u32(S::kDir), u64(lin + i))) : 0u;
       else
         q[i] = enc_rn<F>(x[i]);
     }
@@ -600,7 +607,7 @@ __device__ __forceinline__ void encode_store1(const QuantizeArgs& a, void* data,
   } else {
     static_assert(F::kBits != 4, "packed formats are never written one element at a time");
     u32 q;
-    if constexpr (S::kStochastic) q = enc_sr<F>(v * mul, sr_random_bits(a.seed, a.offset, u32(S::kDir), u64(lin)));
+    if constexpr (S::kStochastic) q = enc_sr<F>(v * mul, sr_random_bits<F>(a.seed, a.offset, u32(S::kDir), u64(lin)));
     else q = enc_rn<F>(v * mul);
     static_cast<u8*>(data)[lin] = u8(q);
   }

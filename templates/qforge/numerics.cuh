@@ -77,6 +77,7 @@ struct E4M3 {
   static constexpr bool kIsInt = false;
   static constexpr bool kHasInf = false;
   static constexpr bool kHasNan = true;  // S.1111.111 only
+  static constexpr int kSrBits = 32;  // random bits per element of stochastic rounding (24 used)
 };
 
 struct E5M2 {
@@ -93,6 +94,7 @@ struct E5M2 {
   static constexpr bool kIsInt = false;
   static constexpr bool kHasInf = true;  // exponent 11111, mantissa 0
   static constexpr bool kHasNan = true;  // exponent 11111, mantissa != 0
+  static constexpr int kSrBits = 32;  // random bits per element of stochastic rounding (24 used)
 };
 
 struct E2M1 {
@@ -109,6 +111,7 @@ struct E2M1 {
   static constexpr bool kIsInt = false;
   static constexpr bool kHasInf = false;
   static constexpr bool kHasNan = false;
+  static constexpr int kSrBits = 16;  // random bits per element of stochastic rounding
 };
 
 struct E2M3 {
@@ -125,6 +128,7 @@ struct E2M3 {
   static constexpr bool kIsInt = false;
   static constexpr bool kHasInf = false;
   static constexpr bool kHasNan = false;
+  static constexpr int kSrBits = 32;  // random bits per element of stochastic rounding (24 used)
 };
 
 struct E3M2 {
@@ -141,6 +145,7 @@ struct E3M2 {
   static constexpr bool kIsInt = false;
   static constexpr bool kHasInf = false;
   static constexpr bool kHasNan = false;
+  static constexpr int kSrBits = 32;  // random bits per element of stochastic rounding (24 used)
 };
 
 // Symmetric int8. The rounding helpers treat it as the grid with a fixed ulp of 1: exponent 7
@@ -160,6 +165,7 @@ struct Int8 {
   static constexpr bool kIsInt = true;
   static constexpr bool kHasInf = false;
   static constexpr bool kHasNan = false;
+  static constexpr int kSrBits = 32;  // random bits per element of stochastic rounding (24 used)
 };
 
 namespace detail {
@@ -216,8 +222,8 @@ QF_HD u32 grid_round_rne(const GridPos& p) {
   return q;
 }
 
-// Stochastic: q_lo + (frac(q) > u) with u = (r >> 8) * 2^-24, compared exactly on integers:
-// rem / 2^shift > R / 2^24.
+// Stochastic, 32-bit words: q_lo + (frac(q) > u) with u = (r >> 8) * 2^-24, compared exactly on
+// integers: rem / 2^shift > R / 2^24.
 QF_HD u32 grid_round_sr(const GridPos& p, u32 rbits) {
   const u64 R = rbits >> 8;
   bool up;
@@ -237,6 +243,30 @@ QF_HD u32 grid_round_sr(const GridPos& p, u32 rbits) {
     up = (R == 0) && (p.sig != 0);
   }
   return p.lo + (up ? 1u : 0u);
+}
+
+// Stochastic, 16 random bits (kSrBits 16): floor(q + u) with u = R * 2^-16, R = the low 16 bits of
+// rbits, i.e. q_lo + (frac(q) >= 1 - u), compared exactly on integers: rem * 2^16 >= (2^16 - R) *
+// 2^shift.
+QF_HD u32 grid_round_sr16(const GridPos& p, u32 rbits) {
+  const u64 need = 0x10000u - (rbits & 0xFFFFu);  // 2^16 (1 - u), in [1, 2^16]
+  bool up;
+  if (p.shift <= 0) {
+    up = false;
+  } else if (p.shift < 32) {
+    up = (static_cast<u64>(p.rem) << 16) >= (need << p.shift);  // both < 2^48
+  } else if (p.shift < 47) {
+    up = (static_cast<u64>(p.sig) << 16) >= (need << p.shift);  // lo = 0, frac = sig / 2^shift; < 2^63
+  } else {
+    up = false;  // sig * 2^16 < 2^40 < 2^shift <= need * 2^shift
+  }
+  return p.lo + (up ? 1u : 0u);
+}
+
+template <class F>
+QF_HD u32 grid_round_sr_of(const GridPos& p, u32 rbits) {
+  if constexpr (F::kSrBits == 16) return grid_round_sr16(p, rbits);
+  else return grid_round_sr(p, rbits);
 }
 
 // Encoding of the magnitude count * 2^(e - man) (e >= emin): subnormals when e == emin and
@@ -280,7 +310,8 @@ QF_HD u8 encode_rn(float x) {
 }
 
 // Stochastic rounding (docs/numerics.md "Stochastic rounding"): rounds the magnitude up with
-// probability ceil(frac * 2^24) / 2^24 using the top 24 bits of rbits.
+// probability ceil(frac * 2^24) / 2^24 using the top 24 bits of rbits (32-bit formats), or
+// floor(frac * 2^16) / 2^16 using its low 16 bits (F::kSrBits 16: e2m1).
 template <class F>
 QF_HD u8 encode_sr(float x, u32 rbits) {
   const u32 xb = f32_bits(x);
@@ -290,7 +321,7 @@ QF_HD u8 encode_sr(float x, u32 rbits) {
     if (x >= F::kMaxFinite) return F::kMaxBits;
     if (x <= F::kMinFinite) return static_cast<u8>(0x80);
     const detail::GridPos p = detail::grid_pos(ab, F::kMinNormalExp, F::kManBits);
-    u32 q = detail::grid_round_sr(p, rbits);  // <= 128
+    u32 q = detail::grid_round_sr_of<F>(p, rbits);  // <= 128
     u32 s;
     if (xb & kF32SignMask) {
       s = 0u - q;  // q <= 128 since |x| < 128
@@ -303,7 +334,7 @@ QF_HD u8 encode_sr(float x, u32 rbits) {
     const u8 sign = detail::sign_bit<F>(xb);
     if (!(f32_from_bits(ab) <= F::kMaxFinite)) return static_cast<u8>(sign | F::kMaxBits);
     const detail::GridPos p = detail::grid_pos(ab, F::kMinNormalExp, F::kManBits);
-    u32 m = detail::float_mag_bits<F>(detail::grid_round_sr(p, rbits), p.e);
+    u32 m = detail::float_mag_bits<F>(detail::grid_round_sr_of<F>(p, rbits), p.e);
     if (m > F::kMaxBits) m = F::kMaxBits;  // unreachable for |x| <= max
     return static_cast<u8>(sign | m);
   }
@@ -539,7 +570,8 @@ QF_HD void philox4x32_10(const u32 counter[4], const u32 key[2], u32 out[4]) {
   out[3] = c3;
 }
 
-// The 4 random words of element group g (elements 4g .. 4g+3 of a stream's logical output).
+// The 4 random words of element group g (elements 4g .. 4g+3 of a stream's logical output, or
+// 8g .. 8g+7 for 16-bit elements: sr_group_elems).
 QF_HD void sr_random_group(u64 seed, u64 offset, u32 stream_id, u64 group, u32 out[4]) {
   const u32 key[2] = {static_cast<u32>(seed),
                       static_cast<u32>(seed >> 32) ^ (kPhiloxW0 * stream_id)};
@@ -548,12 +580,29 @@ QF_HD void sr_random_group(u64 seed, u64 offset, u32 stream_id, u64 group, u32 o
   philox4x32_10(ctr, key, out);
 }
 
-// The random word of the element with linear index l: word (l & 3) of group l >> 2.
+// Elements of format F per Philox call (group): 4 of 32 bits, or 8 of 16 bits (e2m1).
+template <class F>
+QF_HD constexpr int sr_group_elems() {
+  return 128 / F::kSrBits;
+}
+
+// The random bits of element l of format F from the words of its group (l / sr_group_elems<F>()):
+// word (l & 3), or for 16-bit elements half (l & 1) of word ((l >> 1) & 3), the low half first.
+// (Selects, not an indexed load: a run-time index into w would put it in local memory.)
+template <class F>
+QF_HD u32 sr_pick(const u32 w[4], u64 l) {
+  const u32 i = static_cast<u32>(F::kSrBits == 16 ? (l >> 1) & 3u : l & 3u);
+  const u32 v = i == 0 ? w[0] : i == 1 ? w[1] : i == 2 ? w[2] : w[3];
+  if constexpr (F::kSrBits == 16) return (l & 1u) ? v >> 16 : v & 0xFFFFu;
+  else return v;
+}
+
+// The random bits of the element with linear index l of a stream of format F.
+template <class F>
 QF_HD u32 sr_random_bits(u64 seed, u64 offset, u32 stream_id, u64 linear_index) {
   u32 w[4];
-  sr_random_group(seed, offset, stream_id, linear_index >> 2, w);
-  const u32 i = static_cast<u32>(linear_index & 3u);
-  return i == 0 ? w[0] : i == 1 ? w[1] : i == 2 ? w[2] : w[3];
+  sr_random_group(seed, offset, stream_id, linear_index / u64(sr_group_elems<F>()), w);
+  return sr_pick<F>(w, linear_index);
 }
 
 // ---------------------------------------------------------------------------------------------

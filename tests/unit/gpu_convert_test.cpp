@@ -27,8 +27,9 @@ __device__ void check_one(unsigned int bits, unsigned int* count, unsigned int* 
   }
 }
 // Stochastic rounding: the fast exact paths (e2m1, int8) with a pseudo-random word per pattern,
-// and with words whose threshold u = (r >> 8) * 2^-24 sits just below, at and just above the
-// pattern's fraction of a grid step (the comparisons the fast paths must get exactly right).
+// and with words whose threshold sits just below, at and just above the pattern's fraction of a
+// grid step (the comparisons the fast paths must get exactly right): int8 rounds up iff frac > u
+// = (r >> 8) * 2^-24, e2m1 iff frac + u >= 1 with u = (r & 0xFFFF) * 2^-16.
 template <class F>
 __device__ void check_sr(unsigned int bits, unsigned int* count, unsigned int* first) {
   const float x = qf::f32_from_bits(bits);
@@ -37,11 +38,12 @@ __device__ void check_sr(unsigned int bits, unsigned int* count, unsigned int* f
   const double a = fabs((double)x);
   if (a < 200.0) {
     const double step = F::kIsInt ? 1.0 : a < 2.0 ? 0.5 : a < 4.0 ? 1.0 : 2.0, q = a / step;
-    const double at = floor((q - floor(q)) * 16777216.0);
+    const double frac = q - floor(q), one = F::kSrBits == 16 ? 65536.0 : 16777216.0;
+    const double at = F::kSrBits == 16 ? ceil((1.0 - frac) * one) : floor(frac * one);
     for (int d = -1; d <= 1; ++d) {
       const double u = at + d;
-      if (u < 0.0 || u >= 16777216.0) continue;
-      const unsigned int rd = ((unsigned int)u << 8) | (r & 0xFFu);
+      if (u < 0.0 || u >= one) continue;
+      const unsigned int rd = F::kSrBits == 16 ? ((unsigned int)u | (r & 0xFFFF0000u)) : (((unsigned int)u << 8) | (r & 0xFFu));
       ok = ok && qf::detail::enc_sr<F>(x, rd) == qf::encode_sr<F>(x, rd);
     }
   }

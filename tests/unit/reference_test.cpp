@@ -548,8 +548,8 @@ TEST(ReferenceSr, DirectionsUseDifferentBits) {
   EXPECT_NE(r, c);
   for (int64_t l = 0; l < M * K; ++l) {
     const float xv = v[size_t(l)];
-    ASSERT_EQ(r[size_t(l)], encode_sr<Int8>(xv, sr_random_bits(params.seed, params.offset, 0, u64(l)))) << l;
-    ASSERT_EQ(c[size_t(l)], encode_sr<Int8>(xv, sr_random_bits(params.seed, params.offset, 1, u64(l)))) << l;
+    ASSERT_EQ(r[size_t(l)], encode_sr<Int8>(xv, sr_random_bits<Int8>(params.seed, params.offset, 0, u64(l)))) << l;
+    ASSERT_EQ(c[size_t(l)], encode_sr<Int8>(xv, sr_random_bits<Int8>(params.seed, params.offset, 1, u64(l)))) << l;
   }
 }
 
@@ -569,7 +569,7 @@ TEST(ReferenceSr, TransposedIndexIsOutputCoordinates) {
   for (int64_t k = 0; k < K; ++k)
     for (int64_t m = 0; m < M; ++m) {
       const u64 l = u64(k * M + m);
-      ASSERT_EQ(c[size_t(l)], encode_sr<Int8>(v[size_t(m * K + k)], sr_random_bits(5, 0, 1, l)));
+      ASSERT_EQ(c[size_t(l)], encode_sr<Int8>(v[size_t(m * K + k)], sr_random_bits<Int8>(5, 0, 1, l)));
     }
 }
 
