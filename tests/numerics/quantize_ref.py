@@ -131,11 +131,13 @@ def decode(b, fmt):
 
 
 def encode_sr(v, r, fmt):
-    """Stochastic rounding of docs/numerics.md: magnitude (lo + (f > u)) * ulp on the format's
-    grid, u = (r >> 8) * 2^-24; saturation and NaN as for round-to-nearest."""
+    """Stochastic rounding of docs/numerics.md: magnitude (lo + up) * ulp on the format's grid,
+    up = f > u with u = (r >> 8) * 2^-24, or for e2m1 (16 random bits per element: r < 2^16)
+    up = f + u >= 1 with u = r * 2^-16; saturation and NaN as for round-to-nearest."""
     v = f32(v)
     r = np.asarray(r, dtype=U32)
-    u = (r >> U32(8)).astype(np.float64) * 2.0 ** -24
+    e2m1 = fmt == "e2m1"
+    u = (r & U32(0xFFFF)).astype(np.float64) * 2.0 ** -16 if e2m1 else (r >> U32(8)).astype(np.float64) * 2.0 ** -24
     a = np.abs(v).astype(np.float64)
     with np.errstate(all="ignore"):
         if fmt == "int8":
@@ -149,9 +151,10 @@ def encode_sr(v, r, fmt):
         e = np.maximum(ex - 1, emin)
         e = np.where(a == 0, emin, e)
         ulp = np.ldexp(1.0, (e - man).astype(np.int64))
-        q = a / ulp
+        q = a / ulp  # exact in float64 (a has 24 significant bits, ulp is a power of two)
         lo = np.floor(q)
-        mag = (lo + ((q - lo) > u)) * ulp
+        up = (q - lo) >= 1.0 - u if e2m1 else (q - lo) > u
+        mag = (lo + up) * ulp
         mag = np.where((a > mx) | np.isinf(a), mx, mag)
         val = np.where(np.signbit(v), -mag, mag).astype(F32)  # exact: on the format's grid
         # NaN keeps its RNE rule (ml_dtypes would not see it: substitute below).
@@ -247,10 +250,13 @@ def philox4x32_10(c0, c1, c2, c3, k0, k1):
     return c
 
 
-def sr_bits(linear_index, seed, offset, stream_id):
-    """The random word of each element (docs/numerics.md, "Random bits")."""
+def sr_bits(linear_index, seed, offset, stream_id, fmt=None):
+    """The random bits of each element (docs/numerics.md, "Random bits"): a whole word of its
+    group of 4, or for e2m1 16 bits (half l & 1 of word (l >> 1) & 3, low half first) of its
+    group of 8."""
     l = np.asarray(linear_index, dtype=U64)
-    g = l >> U64(2)
+    e2m1 = fmt == "e2m1"
+    g = l >> U64(3 if e2m1 else 2)
     seed, offset = int(seed), int(offset)
     k0 = seed & 0xFFFFFFFF
     k1 = ((seed >> 32) ^ (0x9E3779B9 * stream_id)) & 0xFFFFFFFF
@@ -259,6 +265,10 @@ def sr_bits(linear_index, seed, offset, stream_id):
     o_lo = np.full(g.shape, offset & 0xFFFFFFFF, dtype=U32)
     o_hi = np.full(g.shape, (offset >> 32) & 0xFFFFFFFF, dtype=U32)
     w = philox4x32_10(g_lo, g_hi, o_lo, o_hi, k0, k1)
+    if e2m1:
+        word = ((l >> U64(1)) & U64(3)).astype(np.int64)
+        half = (l & U64(1)).astype(U32) * U32(16)
+        return ((np.choose(word, w).astype(U32) >> half) & U32(0xFFFF)).astype(U32)
     word = (l & U64(3)).astype(np.int64)
     return np.choose(word, w).astype(U32)
 
@@ -453,7 +463,7 @@ def _quantize_stream(s, x, dtype, seed=0, offset=0, scale=None, l_base=0):
     def encode(v):
         if s["rounding"] == "stochastic":
             l = U64(l_base) + np.arange(R * C, dtype=U64).reshape(R, C)
-            return encode_sr(v, sr_bits(l, seed, offset, stream_id), fmt)
+            return encode_sr(v, sr_bits(l, seed, offset, stream_id, fmt), fmt)
         return encode_rn(v, fmt)
 
     def block_in_data(b):
@@ -631,10 +641,12 @@ def _selftest():
         [0, 127, 128, 0, 1, 254, 255]
     assert list(e8m0_floor(f32([0, 448, 255, np.inf, 1e-45]), 8)) == [0, 127, 126, 254, 0]
     # SR: values on the grid never move; expected value close to v.
-    assert np.all(encode_sr(f32([1.5, -6, 0, 7, np.nan]), np.array([0, 0xFFFFFFFF, 5, 9, 1], U32), "e2m1")
+    assert np.all(encode_sr(f32([1.5, -6, 0, 7, np.nan]), np.array([0, 0xFFFF, 5, 9, 1], U32), "e2m1")
                   == np.array([3, 15, 0, 7, 7], np.uint8))
+    # e2m1: floor(q + u), u = r * 2^-16: 0.75 (q = 1.5) rounds up iff r >= 2^15.
+    assert list(encode_sr(f32([0.75, 0.75, 0.75]), np.array([1 << 15, (1 << 15) - 1, 0xFFFF0000], U32), "e2m1")) == [2, 1, 1]
     v = np.full(1 << 16, F32(1.2), F32)
-    r = np.random.default_rng(1).integers(0, 1 << 32, size=v.size, dtype=np.uint64).astype(U32)
+    r = np.random.default_rng(1).integers(0, 1 << 16, size=v.size, dtype=np.uint64).astype(U32)
     mean = decode(encode_sr(v, r, "e2m1"), "e2m1").mean()
     assert abs(mean - 1.2) < 0.01, mean
     return True
