@@ -289,7 +289,7 @@ void write_data(const Context& cx, const Stream& s, const Values& vals,
   const int out_bytes = identity ? traits(s.out_dtype).bytes : 1;
 
   // Stochastic rounding: elements per group of random words (numerics.cuh, sr_group_elems).
-  const u64 group_elems = identity ? 4 : visit_format(s.format, [](auto fmt) { return u64(sr_group_elems<decltype(fmt)>()); });
+  const u64 group_elems = sr ? visit_format(s.format, [](auto fmt) { return u64(sr_group_elems<decltype(fmt)>()); }) : 1;
   u64 cached_group = ~u64(0);
   u32 words[4] = {0, 0, 0, 0};
   for (int64_t r = 0; r < d.m; ++r)

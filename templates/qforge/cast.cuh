@@ -310,7 +310,8 @@ __device__ __forceinline__ u32 e2m1_rn_byte(float x) {
   return f32_bits(a + f32_from_bits(m));
 }
 
-// Eight e2m1 codes from e2m1_rn_byte (low bytes) as one word, element 0 in the low nibble.
+// Eight e2m1 codes (e2m1_rn_byte's low bytes, or enc_sr's codes) as one word, element 0 in the
+// low nibble.
 __device__ __forceinline__ u32 pack_e2m1(const u32 (&b)[8]) {
   u32 p[4];
 #pragma unroll
@@ -360,9 +361,9 @@ __device__ __forceinline__ float e4m3_value(u32 bits) {
 // element, floor(a / step + u) with u = R * 2^-16) goes without int <-> float conversions, floorf
 // or a comparison: y = fma(R, step * 2^-16, a) rounded toward zero is at or above a grid point
 // exactly when a + u * step is (grid points are fp32 numbers, and rounding toward zero keeps
-// them), and t = y + M rounded toward zero, M = 2^22 * step (ulp(M) = step), is M + floor(y /
+// them), and t = y + M rounded toward zero, M = 2^23 * step (ulp(M) = step), is M + floor(y /
 // step) * step: the bits of t minus those of M are floor(a / step + u). y stays below the next
-// binade's second grid point (a <= 6 keeps the count at 7), so the count continues the binade's
+// binade's second grid point (a <= 6 keeps the code at 7), so the count continues the binade's
 // first code into the next binade as the codes do.
 template <class F>
 __device__ __forceinline__ u32 enc_sr(float x, u32 r) {
@@ -421,7 +422,7 @@ __device__ __forceinline__ u32 pack4(const QuantizeArgs& a, i64 lin, const float
   if constexpr (S::kStochastic) {
     u32 w[4];
     sr_random_group(a.seed, a.offset, u32(S::kDir), u64(lin) / u64(sr_group_elems<F>()), w);
-    if constexpr (sr_group_elems<F>() == 8) {  // the group's first or second four (lin % 8)
+    if constexpr (sr_group_elems<F>() == 8) {  // the group's first or second four (lin % 8; sr_pick's 16-bit layout)
       const bool second = (lin & 4) != 0;
       w[0] = second ? w[2] : w[0], w[1] = second ? w[3] : w[1];
     }
@@ -467,9 +468,9 @@ struct StoreBits {
   static constexpr int value = is_identity<F>::value ? F::kBits : F::kBits == 4 ? 4 : 8;
 };
 
-// N consecutive elements (N % 4 == 0, starting at element `lin`, lin % 4 == 0) as the words
-// they are stored as, element 0 lowest: x holds the scaled values (identity streams: the input
-// values), rounded to nearest or stochastically with the random words of element `lin`'s group.
+// N consecutive elements (N % 4 == 0, starting at element `lin`, lin % min(N, 8) == 0) as the
+// words they are stored as, element 0 lowest: x holds the scaled values (identity streams: the
+// input values), rounded to nearest or stochastically with the random bits of their groups.
 template <class S, int N>
 struct RunWords {
   static constexpr int kBytes = N * StoreBits<typename S::Format>::value / 8, kWords = kBytes / 4;
@@ -504,8 +505,9 @@ __device__ __forceinline__ RunWords<S, N> pack_run(const QuantizeArgs& a, i64 li
       for (int i = 0; i < 8; ++i) b[i] = e2m1_rn_byte(x[g * 8 + i]);
       r.w[g] = pack_e2m1(b);
     }
-  } else if constexpr (F::kBits == 4 && S::kStochastic && sr_group_elems<F>() == 8) {
-    // One group of random words per 8 elements (lin % 8 == 0: runs of 8 or more start there).
+  } else if constexpr (F::kBits == 4) {
+    // Stochastic e2m1: one group of random words per 8 elements (lin % 8 == 0 for N >= 8).
+    static_assert(kIsE2m1<F> && S::kStochastic && sr_group_elems<F>() == 8, "fp4 is e2m1: RN took the branch above");
 #pragma unroll
     for (int g = 0; g < N / 8; ++g) {
       u32 w[4], b[8];
@@ -514,9 +516,6 @@ __device__ __forceinline__ RunWords<S, N> pack_run(const QuantizeArgs& a, i64 li
       for (int i = 0; i < 8; ++i) b[i] = enc_sr<F>(x[g * 8 + i], sr_pick<F>(w, u64(i)));
       r.w[g] = pack_e2m1(b);
     }
-  } else if constexpr (F::kBits == 4) {
-#pragma unroll
-    for (int g = 0; g < N / 8; ++g) r.w[g] = pack4<S>(a, lin + g * 8, x + g * 8) | (pack4<S>(a, lin + g * 8 + 4, x + g * 8 + 4) << 16);
   } else {
 #pragma unroll
     for (int g = 0; g < N / 4; ++g) r.w[g] = pack4<S>(a, lin + g * 4, x + g * 4);

@@ -265,6 +265,7 @@ QF_HD u32 grid_round_sr16(const GridPos& p, u32 rbits) {
 
 template <class F>
 QF_HD u32 grid_round_sr_of(const GridPos& p, u32 rbits) {
+  static_assert(F::kSrBits == 16 || F::kSrBits == 32, "stochastic rounding takes 16 or 32 bits per element");
   if constexpr (F::kSrBits == 16) return grid_round_sr16(p, rbits);
   else return grid_round_sr(p, rbits);
 }
@@ -583,6 +584,7 @@ QF_HD void sr_random_group(u64 seed, u64 offset, u32 stream_id, u64 group, u32 o
 // Elements of format F per Philox call (group): 4 of 32 bits, or 8 of 16 bits (e2m1).
 template <class F>
 QF_HD constexpr int sr_group_elems() {
+  static_assert(F::kSrBits == 16 || F::kSrBits == 32, "stochastic rounding takes 16 or 32 bits per element");
   return 128 / F::kSrBits;
 }
 
@@ -591,6 +593,7 @@ QF_HD constexpr int sr_group_elems() {
 // (Selects, not an indexed load: a run-time index into w would put it in local memory.)
 template <class F>
 QF_HD u32 sr_pick(const u32 w[4], u64 l) {
+  static_assert(F::kSrBits == 16 || F::kSrBits == 32, "stochastic rounding takes 16 or 32 bits per element");
   const u32 i = static_cast<u32>(F::kSrBits == 16 ? (l >> 1) & 3u : l & 3u);
   const u32 v = i == 0 ? w[0] : i == 1 ? w[1] : i == 2 ? w[2] : w[3];
   if constexpr (F::kSrBits == 16) return (l & 1u) ? v >> 16 : v & 0xFFFFu;

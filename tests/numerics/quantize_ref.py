@@ -250,7 +250,7 @@ def philox4x32_10(c0, c1, c2, c3, k0, k1):
     return c
 
 
-def sr_bits(linear_index, seed, offset, stream_id, fmt=None):
+def sr_bits(linear_index, seed, offset, stream_id, fmt):
     """The random bits of each element (docs/numerics.md, "Random bits"): a whole word of its
     group of 4, or for e2m1 16 bits (half l & 1 of word (l >> 1) & 3, low half first) of its
     group of 8."""

@@ -456,7 +456,7 @@ def test_sr_tie_rounds_down(qforge, tmp_path):
     recipe = qr.load_recipe(recipe_file("int8_weight_sr"))
     m, k, seed, offset = 8, 64, 0x0123456789ABCDEF, 77
     l = np.arange(m * k, dtype=np.uint64).reshape(m, k)
-    u = ((qr.sr_bits(l, seed, offset, 0) >> np.uint32(8)).astype(np.float64) * 2.0 ** -24).astype(F32)
+    u = ((qr.sr_bits(l, seed, offset, 0, "int8") >> np.uint32(8)).astype(np.float64) * 2.0 ** -24).astype(F32)
     x = u.copy()
     x[:, 1::2] = np.nextafter(u[:, 1::2], F32(2))
     x[:, 0] = 127
