@@ -82,6 +82,41 @@ __device__ void check_pack(unsigned int bits, unsigned int* count, unsigned int*
     atomicMin(first, bits);
   }
 }
+// The stochastic e2m1 vector paths (pack_run's eight and sixteen to a word, pack4 at the first and
+// the second four of a group of eight) against scalar encodes with each element's own random bits
+// (sr_random_bits: 16 bits, eight elements per Philox group), over 2^28 patterns (each slot a
+// rotation of the pattern) at a linear index that moves with the pattern.
+struct SrStream {
+  using Format = qf::E2M1;
+  static constexpr bool kStochastic = true;
+  static constexpr long long kDir = 1;
+};
+__device__ void check_pack_sr(unsigned int bits, unsigned int* count, unsigned int* first) {
+  qf::QuantizeArgs args{};
+  args.seed = 0x0123456789ABCDEFull;
+  args.offset = 77;
+  const long long lin = (long long)bits * 16;
+  float y[16];
+  for (int i = 0; i < 16; ++i) y[i] = qf::f32_from_bits((bits << (2 * i)) | (i ? bits >> (32 - 2 * i) : 0u));
+  auto want = [&](int i) {
+    return qf::encode_sr<qf::E2M1>(y[i], qf::sr_random_bits<qf::E2M1>(args.seed, args.offset, 1, (unsigned long long)(lin + i))) & 0xFu;
+  };
+  const qf::detail::RunWords<SrStream, 16> r = qf::detail::pack_run<SrStream, 16>(args, lin, y);
+  bool ok = true;
+  for (int i = 0; i < 16; ++i) ok = ok && ((r.w[i / 8] >> (4 * (i % 8))) & 0xFu) == want(i);
+  float y8[8];
+  for (int i = 0; i < 8; ++i) y8[i] = y[8 + i];
+  const qf::detail::RunWords<SrStream, 8> r8 = qf::detail::pack_run<SrStream, 8>(args, lin + 8, y8);
+  for (int i = 0; i < 8; ++i) ok = ok && ((r8.w[0] >> (4 * i)) & 0xFu) == want(8 + i);
+  for (int q = 0; q < 4; ++q) {  // the fours at lin % 8 == 0 and 4
+    const unsigned int w = qf::detail::pack4<SrStream>(args, lin + 4 * q, y + 4 * q);
+    for (int i = 0; i < 4; ++i) ok = ok && ((w >> (4 * i)) & 0xFu) == want(4 * q + i);
+  }
+  if (!ok) {
+    atomicAdd(count, 1u);
+    atomicMin(first, bits);
+  }
+}
 extern "C" __global__ void exhaustive(unsigned int* out) {
   const unsigned long long n = 1ull << 32;
   for (unsigned long long i = blockIdx.x * 256ull + threadIdx.x; i < n; i += 256ull * gridDim.x) {
@@ -94,6 +129,7 @@ extern "C" __global__ void exhaustive(unsigned int* out) {
     check_pack<qf::E4M3>(b, out + 10, out + 11);
     check_pack<qf::E5M2>(b, out + 12, out + 13);
     check_pack<qf::E2M1>(b, out + 20, out + 21);
+    if ((b & 15u) == 0) check_pack_sr(b >> 4, out + 22, out + 23);  // 2^28 runs (Philox-heavy)
     // RHT outputs rounded to bf16 / fp16 by the hardware: the software value, or NaN for NaN.
     for (int d = 1; d <= 2; ++d) {
       const float x = qf::f32_from_bits(b), got = qf::detail::round_to_dtype(x, d);
@@ -136,7 +172,7 @@ TEST(FastEncoders, GpuEqualSoftwareOnAllFp32Patterns) {
   Module m(r.image);
   CUfunction f = m.function(r.lowered_names.at("exhaustive"));
   std::vector<uint32_t> init;
-  for (int i = 0; i < 11; ++i) init.insert(init.end(), {0u, 0xFFFFFFFFu});
+  for (int i = 0; i < 12; ++i) init.insert(init.end(), {0u, 0xFFFFFFFFu});
   DeviceBuffer out(init.size() * 4);
   out.upload(init.data(), init.size() * 4);
   uint64_t p = out.address();
@@ -146,8 +182,8 @@ TEST(FastEncoders, GpuEqualSoftwareOnAllFp32Patterns) {
   s.synchronize();
   const auto got = out.download_as<uint32_t>();
   const char* names[] = {"e4m3 rn", "e5m2 rn", "e2m1 rn", "e2m1 sr", "int8 sr", "e4m3 rn x4", "e5m2 rn x4", "e4m3 decode",
-                         "bf16 round", "fp16 round", "e2m1 rn packed"};
-  for (int i = 0; i < 11; ++i)
+                         "bf16 round", "fp16 round", "e2m1 rn packed", "e2m1 sr packed"};
+  for (int i = 0; i < 12; ++i)
     EXPECT_EQ(got[2 * i], 0u) << names[i] << ": " << got[2 * i] << " patterns differ, first 0x" << std::hex
                               << got[2 * i + 1];
 }
