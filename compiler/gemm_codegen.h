@@ -48,8 +48,9 @@ struct GemmScalingTraits {
                                   // not change along K (K-grouped: [G] per group, else per row along the tokens)
   std::string_view scale_type;    // "fp32", "e8m0" or "e4m3"
   int scale_bytes;                // bytes per scale element
-  int scale_align;                // scale buffers' base alignment the kernel needs beyond the
-                                  // layout's own (nvfp4: 16, a row's eight bytes of a k-block at once)
+  int scale_align;                // scale buffers' base alignment the kernel needs beyond the element's
+                                  // own (mxfp8: 4, four e8m0 scales read at once; nvfp4: 16, a row's
+                                  // eight bytes of a k-block at once)
   int k_multiple;                 // K must be a multiple of this (16: the TMA row stride)
   std::string_view a_scale_shape; // for messages and --help
   std::string_view b_scale_shape;

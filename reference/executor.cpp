@@ -288,8 +288,10 @@ void write_data(const Context& cx, const Stream& s, const Values& vals,
   const int per_byte = identity ? 1 : traits(s.format).elems_per_byte;
   const int out_bytes = identity ? traits(s.out_dtype).bytes : 1;
 
-  // Stochastic rounding: elements per group of random words (numerics.cuh, sr_group_elems).
+  // Stochastic rounding: elements per group of random words and an element's bits from its
+  // group's words (numerics.cuh, sr_group_elems / sr_pick of the stream's format).
   const u64 group_elems = sr ? visit_format(s.format, [](auto fmt) { return u64(sr_group_elems<decltype(fmt)>()); }) : 1;
+  u32 (*const pick)(const u32*, u64) = sr ? visit_format(s.format, [](auto fmt) { return &sr_pick<decltype(fmt)>; }) : nullptr;
   u64 cached_group = ~u64(0);
   u32 words[4] = {0, 0, 0, 0};
   for (int64_t r = 0; r < d.m; ++r)
@@ -314,7 +316,7 @@ void write_data(const Context& cx, const Stream& s, const Values& vals,
           cached_group = l / group_elems;
           sr_random_group(cx.params.seed, cx.params.offset, stream_id, cached_group, words);
         }
-        rbits = visit_format(s.format, [&](auto fmt) { return sr_pick<decltype(fmt)>(words, l); });
+        rbits = pick(words, l);
       }
       const u8 q = encode_elem(s.format, x * mult, sr, rbits);
       if (per_byte == 2) {

@@ -70,13 +70,9 @@ GemmKernel build_gemm_kernel(const GemmSpec& spec, const std::string& arch, Kern
   // The members kernel rewrites tensor-map strides on the device with tensormap.replace, whose
   // stride operand is in bytes since CUDA 12.5 (16-byte units before); an older NVRTC would build
   // a kernel that loads with 16x the stride.
-  if (spec.layout == GemmLayout::KGroupedMembers) {
-    const std::string v = nvrtc_version();
-    const int major = std::stoi(v), minor = std::stoi(v.substr(v.find('.') + 1));
-    if (major < 12 || (major == 12 && minor < 5))
-      throw UserError("layout", "k_grouped_members needs NVRTC 12.5 or newer (device-side tensor-map strides in "
-                                "bytes), found " + v);
-  }
+  if (spec.layout == GemmLayout::KGroupedMembers && !nvrtc_at_least(12, 5))
+    throw UserError("layout", "k_grouped_members needs NVRTC 12.5 or newer (device-side tensor-map strides in "
+                              "bytes), found " + nvrtc_version());
   GemmKernel k;
   k.source = emit_gemm(spec);
   CompileRequest req;
@@ -107,7 +103,12 @@ int Gemm::persistent_ctas() const { return load_for_current_device()->grid; }
 
 int64_t Gemm::workspace_bytes() const {
   if (spec_.layout != GemmLayout::KGroupedMembers) return 0;
-  return int64_t(persistent_ctas()) * gemm_member_map_slots(spec_.tile.stages) * 2 * int64_t(sizeof(TmaDescriptor));
+  return workspace_bytes(*load_for_current_device());
+}
+
+int64_t Gemm::workspace_bytes(const Loaded& l) const {
+  if (spec_.layout != GemmLayout::KGroupedMembers) return 0;
+  return int64_t(l.grid) * gemm_member_map_slots(spec_.tile.stages) * 2 * int64_t(sizeof(TmaDescriptor));
 }
 
 std::shared_ptr<const Gemm::Loaded> Gemm::load_for_current_device() const {
@@ -195,8 +196,7 @@ void Gemm::run(const GemmCall& c, CUstream stream) const {
   const GemmScaleElems se = gemm_scale_elems(s, m, c.num_groups);
   const GemmScalingTraits& st = traits(s.scaling);
   const std::string scales = std::string(st.scale_type) + " " + std::string(st.name) + " scales ";
-  // 4-byte aligned: e8m0 scales are read four at a time (nvfp4: 16, a row's 8 bytes at once).
-  const int align = std::max(4, st.scale_align);
+  const int align = std::max(st.scale_bytes, st.scale_align);  // the scaling table's rule
   check_buffer("a_scale", c.a_scale, se.a * st.scale_bytes, align, scales + std::string(st.a_scale_shape));
   check_buffer("b_scale", c.b_scale, se.b * st.scale_bytes, align, scales + std::string(st.b_scale_shape));
   check_amaxes(s, c, "per-tensor amax of each group's A", "amax of each B[g]");
@@ -299,8 +299,8 @@ void Gemm::run_k_grouped(const GemmCall& c, CUstream stream) const {
     const int64_t cols = se.a / s.m;
     const std::string what = std::string(st.scale_type) + " " + std::string(st.name) + " scales per row along the tokens ";
     // e8m0 rows are read four bytes at a time where they allow it (the kernel checks the offsets
-    // from the base, so the base must be 4-byte aligned, as for the M-grouped layouts).
-    const int align = std::max({4, st.scale_bytes, st.scale_align});
+    // from the base, so the base must be aligned as for the M-grouped layouts: the table's rule).
+    const int align = std::max(st.scale_bytes, st.scale_align);
     check_buffer("a_scale", c.a_scale, se.a * st.scale_bytes, align, what + "[" + std::to_string(s.m) + ", " + std::to_string(cols) + "]");
     check_buffer("b_scale", c.b_scale, se.b * st.scale_bytes, align, what + "[" + std::to_string(s.n) + ", " + std::to_string(cols) + "]");
   }
@@ -315,9 +315,10 @@ void Gemm::run_k_grouped(const GemmCall& c, CUstream stream) const {
   const int dev = current_device();
   check_device_pointer("d", c.d.ptr, dev);
   for (const auto& [name, v] : inputs) check_device_pointer(name, v->ptr, dev);
+  auto l = load_for_current_device();
   const bool members = s.layout == GemmLayout::KGroupedMembers;
   if (members) {
-    const int64_t ws = workspace_bytes();
+    const int64_t ws = workspace_bytes(*l);
     check_buffer("workspace", c.workspace, ws, 128,
                  "workspace_bytes() = " + std::to_string(ws) + " bytes (the members' tensor maps)");
     check_disjoint("workspace", c.workspace, "d", c.d);
@@ -325,7 +326,6 @@ void Gemm::run_k_grouped(const GemmCall& c, CUstream stream) const {
     check_device_pointer("workspace", c.workspace.ptr, dev);
   }
 
-  auto l = load_for_current_device();
   GemmArgs args{};
   if (members) {
     args.member_maps = reinterpret_cast<TmaDescriptor*>(c.workspace.ptr);

@@ -91,6 +91,7 @@ class Gemm {
  private:
   struct Loaded;
   std::shared_ptr<const Loaded> load_for_current_device() const;
+  int64_t workspace_bytes(const Loaded& l) const;
   void run_k_grouped(const GemmCall& call, CUstream stream) const;
   void launch_persistent(const Loaded& l, GemmArgs& args, int64_t units, int max_ctas, CUstream stream) const;
 

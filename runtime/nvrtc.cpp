@@ -195,6 +195,12 @@ CompileResult compile_cuda(const CompileRequest& req) {
   return out;
 }
 
+bool nvrtc_at_least(int major, int minor) {
+  int have_major = 0, have_minor = 0;
+  check_nvrtc(nvrtcVersion(&have_major, &have_minor), "nvrtcVersion");
+  return have_major > major || (have_major == major && have_minor >= minor);
+}
+
 std::string nvrtc_version() {
   int major = 0, minor = 0;
   check_nvrtc(nvrtcVersion(&major, &minor), "nvrtcVersion");

@@ -71,6 +71,7 @@ std::vector<std::string> compile_options(const CompileRequest& req);
 CompileResult compile_cuda(const CompileRequest& req);
 
 std::string nvrtc_version();                // "13.0"
+bool nvrtc_at_least(int major, int minor);  // the linked NVRTC is major.minor or newer
 std::vector<std::string> supported_archs();  // "sm_75", ..., as reported by NVRTC
 // SHA-256 over every embedded header's name and text (all of them, so transitive includes are
 // covered whatever includes what).

@@ -193,7 +193,7 @@ qf_status qf_gemm_scale_bytes(const qf_gemm* g, int64_t extent, int num_groups, 
 /* Device workspace bytes a run needs on the current device (qf_gemm_args.workspace): 0 except for
    recipes' "k_grouped_members" specs, whose kernel builds each member's tensor maps there (their
    size depends on the device: it loads the kernel, so needs a GPU; 0 needs none). */
-qf_status qf_gemm_workspace_bytes(qf_gemm* g, int64_t* bytes);
+qf_status qf_gemm_workspace_bytes(const qf_gemm* g, int64_t* bytes);
 /* Compile (or load) the kernel for arch (only "sm_90a") into the kernel cache; no GPU needed. */
 qf_status qf_gemm_prepare(qf_gemm* g, const char* arch);
 /* Validate every argument, then launch on cuda_stream in the caller's current CUDA context. */

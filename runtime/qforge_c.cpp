@@ -420,7 +420,7 @@ qf_status qf_gemm_scale_bytes(const qf_gemm* g, int64_t extent, int num_groups, 
   });
 }
 
-qf_status qf_gemm_workspace_bytes(qf_gemm* g, int64_t* bytes) {
+qf_status qf_gemm_workspace_bytes(const qf_gemm* g, int64_t* bytes) {
   return guarded([&] {
     require(g, "g");
     require(bytes, "bytes");

@@ -38,18 +38,14 @@ OLD="$tree/build/tools/qforge"
 rc=0
 
 if [ "$TESTS" != "-" ]; then
-  mkdir -p "$OUT/tests"
-  export TESTBIN OUT
   export QFORGE_CACHE_DIR="$OUT/cache-new"
-  "$TESTBIN" --gtest_list_tests --gtest_filter="$TESTS" | awk '/^[^ ]/{s=$1} /^  /{print s $1}' >"$OUT/tests/list.txt"
-  # One process per test (a trapped kernel poisons only its own context); "P" or "F name" each.
-  results=$(xargs -P 6 -I{} bash -c 'l="$OUT/tests/$(echo "$1" | tr "/" "_").log"
-    timeout 150 "$TESTBIN" --gtest_filter="$1" >"$l" 2>&1 && grep -q "PASSED  \] 1 test" "$l" && echo P || echo "F $1"' _ {} \
-    <"$OUT/tests/list.txt")
-  pass=$(grep -c "^P" <<<"$results"); fail=$(grep -c "^F" <<<"$results")
-  echo "gemm_ab: GPU GEMM tests ($TESTS): $pass passed, $fail failed (logs: $OUT/tests)"
+  . scripts/gpu_tests.sh  # one process per test
+  : >"$OUT/tests.log"
+  results=$(run_gpu_tests "$TESTBIN" "$TESTS" "$OUT/tests.log" 6 150)
+  pass=$(grep -c "^P" <<<"$results"); fail=$(grep -c "^F" <<<"$results"); skip=$(grep -c "^S" <<<"$results")
+  echo "gemm_ab: GPU GEMM tests ($TESTS): $pass passed, $fail failed, $skip skipped (log: $OUT/tests.log)"
   [ "$fail" -gt 0 ] && { grep "^F" <<<"$results"; rc=1; }
-  [ "$pass" -eq 0 ] && { echo "gemm_ab: no test matched '$TESTS'"; rc=1; }
+  [ "$pass" -eq 0 ] && { echo "gemm_ab: no test passed of '$TESTS'"; rc=1; }
 fi
 
 : >"$OUT/bench.tsv"

@@ -27,19 +27,9 @@ timeout 60 "$Q" gemm --groups 3 --m 300 --uneven --n 256 --k 512 --check --check
 smoke_rc=$?
 echo "smoke rc=$smoke_rc" >>"$LOG"
 
-# ---- GPU tests, one process per test (a trapped kernel poisons only its own context)
-"$TESTBIN" --gtest_list_tests --gtest_filter="${GEMM_TEST_FILTER:-*Gemm*}" >"$OUT/tests_list.txt" 2>&1
-tests=$(awk '/^[^ ]/{s=$1} /^  /{print s $1}' "$OUT/tests_list.txt")
-pass=0; fail=0; failed=()
-run_test() {
-  local t=$1 out rc
-  out=$(timeout 120 "$TESTBIN" --gtest_filter="$t" 2>&1); rc=$?
-  { echo "=== $t rc=$rc"; echo "$out" | grep -E "measure|Failure|Expected|Which is|first|error|differ|OK \]|FAILED \]|SKIPPED" | head -20; } >>"$LOG"
-  if [ $rc -eq 0 ] && echo "$out" | grep -q "\[  SKIPPED \] 1 test"; then echo "S $t"
-  elif [ $rc -eq 0 ] && echo "$out" | grep -q "\[  PASSED  \] 1 test"; then echo P; else echo "F $t"; fi
-}
-export -f run_test; export TESTBIN LOG
-results=$(echo "$tests" | xargs -P 4 -I{} bash -c 'run_test "$@"' _ {})
+# ---- GPU tests, one process per test (scripts/gpu_tests.sh)
+. scripts/gpu_tests.sh
+results=$(run_gpu_tests "$TESTBIN" "${GEMM_TEST_FILTER:-*Gemm*}" "$LOG" 4 120)
 pass=$(echo "$results" | grep -c "^P")
 fail=$(echo "$results" | grep -c "^F")
 skip=$(echo "$results" | grep -c "^S")

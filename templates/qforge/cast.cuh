@@ -422,13 +422,10 @@ __device__ __forceinline__ u32 pack4(const QuantizeArgs& a, i64 lin, const float
   if constexpr (S::kStochastic) {
     u32 w[4];
     sr_random_group(a.seed, a.offset, u32(S::kDir), u64(lin) / u64(sr_group_elems<F>()), w);
-    if constexpr (sr_group_elems<F>() == 8) {  // the group's first or second four (lin % 8; sr_pick's 16-bit layout)
-      const bool second = (lin & 4) != 0;
-      w[0] = second ? w[2] : w[0], w[1] = second ? w[3] : w[1];
-    }
+    const u64 first = sr_group_elems<F>() == 8 ? u64(lin & 4) : 0;  // the group's first or second four
     u32 p = 0;
 #pragma unroll
-    for (int i = 0; i < 4; ++i) p |= (enc_sr<F>(x[i], sr_pick<F>(w, u64(i))) & kMask) << (kShift * i);
+    for (int i = 0; i < 4; ++i) p |= (enc_sr<F>(x[i], sr_pick<F>(w, first + u64(i))) & kMask) << (kShift * i);
     return p;
   } else if constexpr (kIsE2m1<F>) {
     const u32 p01 = e2m1_rn_byte(x[0]) + (e2m1_rn_byte(x[1]) << 4), p23 = e2m1_rn_byte(x[2]) + (e2m1_rn_byte(x[3]) << 4);

@@ -168,6 +168,14 @@ struct Int8 {
   static constexpr int kSrBits = 32;  // random bits per element of stochastic rounding (24 used)
 };
 
+// Elements of format F per Philox call of stochastic rounding (a group): 4 of 32 bits, or 8 of
+// 16 bits (kSrBits; e2m1).
+template <class F>
+QF_HD constexpr int sr_group_elems() {
+  static_assert(F::kSrBits == 16 || F::kSrBits == 32, "stochastic rounding takes 16 or 32 bits per element");
+  return 128 / F::kSrBits;
+}
+
 namespace detail {
 
 // The magnitude |x| (given as fp32 bits without the sign, finite) on the grid of a format with
@@ -265,8 +273,7 @@ QF_HD u32 grid_round_sr16(const GridPos& p, u32 rbits) {
 
 template <class F>
 QF_HD u32 grid_round_sr_of(const GridPos& p, u32 rbits) {
-  static_assert(F::kSrBits == 16 || F::kSrBits == 32, "stochastic rounding takes 16 or 32 bits per element");
-  if constexpr (F::kSrBits == 16) return grid_round_sr16(p, rbits);
+  if constexpr (sr_group_elems<F>() == 8) return grid_round_sr16(p, rbits);
   else return grid_round_sr(p, rbits);
 }
 
@@ -581,22 +588,15 @@ QF_HD void sr_random_group(u64 seed, u64 offset, u32 stream_id, u64 group, u32 o
   philox4x32_10(ctr, key, out);
 }
 
-// Elements of format F per Philox call (group): 4 of 32 bits, or 8 of 16 bits (e2m1).
-template <class F>
-QF_HD constexpr int sr_group_elems() {
-  static_assert(F::kSrBits == 16 || F::kSrBits == 32, "stochastic rounding takes 16 or 32 bits per element");
-  return 128 / F::kSrBits;
-}
-
 // The random bits of element l of format F from the words of its group (l / sr_group_elems<F>()):
 // word (l & 3), or for 16-bit elements half (l & 1) of word ((l >> 1) & 3), the low half first.
 // (Selects, not an indexed load: a run-time index into w would put it in local memory.)
 template <class F>
 QF_HD u32 sr_pick(const u32 w[4], u64 l) {
-  static_assert(F::kSrBits == 16 || F::kSrBits == 32, "stochastic rounding takes 16 or 32 bits per element");
-  const u32 i = static_cast<u32>(F::kSrBits == 16 ? (l >> 1) & 3u : l & 3u);
+  constexpr bool kHalves = sr_group_elems<F>() == 8;
+  const u32 i = static_cast<u32>(kHalves ? (l >> 1) & 3u : l & 3u);
   const u32 v = i == 0 ? w[0] : i == 1 ? w[1] : i == 2 ? w[2] : w[3];
-  if constexpr (F::kSrBits == 16) return (l & 1u) ? v >> 16 : v & 0xFFFFu;
+  if constexpr (kHalves) return (l & 1u) ? v >> 16 : v & 0xFFFFu;
   else return v;
 }
 

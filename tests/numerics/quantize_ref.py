@@ -34,6 +34,9 @@ FLOAT_FORMATS = {
     "e3m2": (md.float6_e3m2fn, 28.0, 0x1F, -2, 2, 4),
 }
 FMAX = {k: v[1] for k, v in FLOAT_FORMATS.items()}
+# Random bits per element of stochastic rounding (numerics.cuh kSrBits): 16 for e2m1, else a
+# 32-bit word (24 bits used).
+SR_BITS = {"e2m1": 16}
 FMAX["int8"] = 127.0
 
 # Max finite of the input dtypes (block scaling's Inf replacement).
@@ -136,8 +139,8 @@ def encode_sr(v, r, fmt):
     up = f + u >= 1 with u = r * 2^-16; saturation and NaN as for round-to-nearest."""
     v = f32(v)
     r = np.asarray(r, dtype=U32)
-    e2m1 = fmt == "e2m1"
-    u = (r & U32(0xFFFF)).astype(np.float64) * 2.0 ** -16 if e2m1 else (r >> U32(8)).astype(np.float64) * 2.0 ** -24
+    half = SR_BITS.get(fmt, 32) == 16
+    u = (r & U32(0xFFFF)).astype(np.float64) * 2.0 ** -16 if half else (r >> U32(8)).astype(np.float64) * 2.0 ** -24
     a = np.abs(v).astype(np.float64)
     with np.errstate(all="ignore"):
         if fmt == "int8":
@@ -153,7 +156,7 @@ def encode_sr(v, r, fmt):
         ulp = np.ldexp(1.0, (e - man).astype(np.int64))
         q = a / ulp  # exact in float64 (a has 24 significant bits, ulp is a power of two)
         lo = np.floor(q)
-        up = (q - lo) >= 1.0 - u if e2m1 else (q - lo) > u
+        up = (q - lo) >= 1.0 - u if half else (q - lo) > u
         mag = (lo + up) * ulp
         mag = np.where((a > mx) | np.isinf(a), mx, mag)
         val = np.where(np.signbit(v), -mag, mag).astype(F32)  # exact: on the format's grid
@@ -255,8 +258,8 @@ def sr_bits(linear_index, seed, offset, stream_id, fmt):
     group of 4, or for e2m1 16 bits (half l & 1 of word (l >> 1) & 3, low half first) of its
     group of 8."""
     l = np.asarray(linear_index, dtype=U64)
-    e2m1 = fmt == "e2m1"
-    g = l >> U64(3 if e2m1 else 2)
+    half = SR_BITS.get(fmt, 32) == 16
+    g = l >> U64(3 if half else 2)
     seed, offset = int(seed), int(offset)
     k0 = seed & 0xFFFFFFFF
     k1 = ((seed >> 32) ^ (0x9E3779B9 * stream_id)) & 0xFFFFFFFF
@@ -265,7 +268,7 @@ def sr_bits(linear_index, seed, offset, stream_id, fmt):
     o_lo = np.full(g.shape, offset & 0xFFFFFFFF, dtype=U32)
     o_hi = np.full(g.shape, (offset >> 32) & 0xFFFFFFFF, dtype=U32)
     w = philox4x32_10(g_lo, g_hi, o_lo, o_hi, k0, k1)
-    if e2m1:
+    if half:
         word = ((l >> U64(1)) & U64(3)).astype(np.int64)
         half = (l & U64(1)).astype(U32) * U32(16)
         return ((np.choose(word, w).astype(U32) >> half) & U32(0xFFFF)).astype(U32)
