@@ -1,5 +1,6 @@
 #include "compiler/gemm_codegen.h"
 
+#include <tuple>
 #include <vector>
 
 #include "compiler/emitter.h"
@@ -32,6 +33,10 @@ constexpr int kMaxStages = 8;
 constexpr int64_t kMaxDim = int64_t(1) << 24;
 
 bool is_fp8(ElemFormat f) { return f == ElemFormat::E4M3 || f == ElemFormat::E5M2; }
+
+// int8 x int8 sums stay exact in the tensor cores' s32 accumulators while K * 2^14 (the largest
+// product, -128 * -128) < 2^31: up to this K the kernel converts them to fp32 once, after all of K.
+constexpr int64_t kInt8UnpromotedK = int64_t(1) << 17;
 
 int out_bytes(const GemmSpec& s) { return traits(s.out_dtype).bytes; }
 
@@ -73,7 +78,15 @@ std::string_view name(GemmLayout l) {
   return "?";
 }
 
+bool gemm_promotes(const GemmSpec& s) {
+  if (s.scaling == GemmScaling::Nvfp4) return false;
+  if (s.a_format == ElemFormat::Int8)  // K-grouped: a group's token count is run-time data
+    return traits(s.scaling).promotion_required || k_grouped(s.layout) || s.k >= kInt8UnpromotedK;
+  return !s.fast_accum;
+}
+
 void validate(const GemmSpec& s) {
+  const bool int8 = s.a_format == ElemFormat::Int8 || s.b_format == ElemFormat::Int8;
   if (s.scaling == GemmScaling::Nvfp4) {
     for (auto [field, f] : {std::pair{"a_format", s.a_format}, std::pair{"b_format", s.b_format}})
       if (f != ElemFormat::E2M1)
@@ -81,11 +94,21 @@ void validate(const GemmSpec& s) {
     if (s.fast_accum)
       throw UserError("fast_accum", "nvfp4: the operands are dequantized to fp16, whose MMAs accumulate in fp32; "
                                     "there is no promotion to skip");
+  } else if (int8) {
+    // s8 x s8 MMAs: both operands int8 (Hopper has no int8 x fp8 MMA).
+    for (auto [field, f, other] : {std::tuple{"a_format", s.a_format, "b_format"}, std::tuple{"b_format", s.b_format, "a_format"}})
+      if (f != ElemFormat::Int8)
+        throw UserError(field, std::string("int8 ") + other + " takes int8 here too (s8 x s8 MMAs), got " +
+                                   std::string(traits(f).name));
+    if (s.scaling == GemmScaling::Mx32)
+      throw UserError("scaling", "int8 operands: expected tensor, rowwise or blockwise (MX scales are for fp8), got mxfp8");
+    if (s.fast_accum)
+      throw UserError("fast_accum", "int8: the tensor cores' s32 sums are exact; there is no fast accumulation to choose");
   } else {
     if (!is_fp8(s.a_format))
-      throw UserError("a_format", "expected e4m3 or e5m2 (e2m1 with nvfp4 scaling), got " + std::string(traits(s.a_format).name));
+      throw UserError("a_format", "expected e4m3, e5m2 or int8 (e2m1 with nvfp4 scaling), got " + std::string(traits(s.a_format).name));
     if (!is_fp8(s.b_format))
-      throw UserError("b_format", "expected e4m3 or e5m2 (e2m1 with nvfp4 scaling), got " + std::string(traits(s.b_format).name));
+      throw UserError("b_format", "expected e4m3, e5m2 or int8 (e2m1 with nvfp4 scaling), got " + std::string(traits(s.b_format).name));
   }
   if (s.n < 8 || s.n > kMaxDim || s.n % 8 != 0)
     throw UserError("n", "expected a multiple of 8 in [8, 2^24] (16-byte output rows), got " + std::to_string(s.n));
@@ -125,8 +148,7 @@ void validate(const GemmSpec& s) {
 GemmTile resolve_tile(const GemmSpec& s) {
   GemmTile t = s.tile;
   const bool fp4 = s.scaling == GemmScaling::Nvfp4;
-  // NVFP4 dequantizes to fp16, whose MMAs accumulate in fp32: nothing to promote.
-  const bool promote = !s.fast_accum && !fp4;
+  const bool promote = gemm_promotes(s);
   const bool block128 = s.scaling == GemmScaling::Block128;
   const bool per32 = traits(s.scaling).promote_k == 32;
   if (t.block_m == 0) t.block_m = 128;
@@ -268,7 +290,7 @@ GemmSource emit_gemm(const GemmSpec& s) {
   e.constant("kK", int64_t(s.k));
   e.constant("kOutFp32", s.out_dtype == DType::FP32);
   e.constant("kAccumulate", s.accumulate);
-  e.constant("kPromote", !s.fast_accum && s.scaling != GemmScaling::Nvfp4);
+  e.constant("kPromote", gemm_promotes(s));
   e.constant("kBlockM", int64_t(t.block_m));
   e.constant("kBlockN", int64_t(t.block_n));
   e.constant("kStages", int64_t(t.stages));

@@ -89,7 +89,8 @@ struct GemmTile {
 };
 
 struct GemmSpec {
-  ElemFormat a_format = ElemFormat::E4M3;  // e4m3 or e5m2 (nvfp4 scaling: e2m1)
+  ElemFormat a_format = ElemFormat::E4M3;  // e4m3 or e5m2 (nvfp4 scaling: e2m1), or int8 with an int8 B
+                                           // (tensor, rowwise or blockwise scaling)
   ElemFormat b_format = ElemFormat::E4M3;
   GemmScaling scaling = GemmScaling::Block128;
   GemmLayout layout = GemmLayout::MGrouped;
@@ -99,9 +100,15 @@ struct GemmSpec {
   DType out_dtype = DType::BF16;  // bf16 or fp32
   bool accumulate = false;      // D += result (fp32 output only)
   bool fast_accum = false;      // no fp32 promotion: tensor cores accumulate over all of K
-                                // (per-tensor and rowwise scaling only)
+                                // (fp8 with per-tensor and rowwise scaling only)
   GemmTile tile;
 };
+
+// Whether the kernel promotes partial sums into fp32 accumulators (every k-block, or every 32 of
+// K for MX): fp8 unless fast_accum; never for nvfp4 (fp16 MMAs accumulate in fp32); int8 only
+// where its scales change along K or an s32 sum over all of K could overflow (K >= 2^17, or
+// K-grouped, whose token counts are run-time data): its s32 partial sums are exact.
+bool gemm_promotes(const GemmSpec& spec);
 
 // Throws UserError naming the field ("n", "a_format", "tile.block_n", ...) when the spec is
 // not supported.

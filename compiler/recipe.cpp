@@ -555,15 +555,15 @@ RecipeGemm parse_gemm(const Node& g) {
     sc.fail("unknown value \"" + Node::printable(scaling) + "\"; expected " + join(names));
   }
   s.scaling = *parsed;
-  // fp8 operands (default e4m3), or e2m1 with nvfp4 scaling (the default there).
+  // fp8 or int8 operands (default e4m3), or e2m1 with nvfp4 scaling (the default there).
   const bool fp4 = s.scaling == GemmScaling::Nvfp4;
   auto format = [&](const char* key) {
     ElemFormat f = fp4 ? ElemFormat::E2M1 : ElemFormat::E4M3;
     if (auto n = g.find(key)) {
       if (fp4) return n->choice<ElemFormat>({{"e2m1", ElemFormat::E2M1}});
       if (n->str() == "e2m1")
-        n->fail("e2m1 operands take \"scaling\": \"nvfp4\" (got \"" + scaling + "\"); expected e4m3 or e5m2 here");
-      f = n->choice<ElemFormat>({{"e4m3", ElemFormat::E4M3}, {"e5m2", ElemFormat::E5M2}});
+        n->fail("e2m1 operands take \"scaling\": \"nvfp4\" (got \"" + scaling + "\"); expected e4m3, e5m2 or int8 here");
+      f = n->choice<ElemFormat>({{"e4m3", ElemFormat::E4M3}, {"e5m2", ElemFormat::E5M2}, {"int8", ElemFormat::Int8}});
     }
     return f;
   };

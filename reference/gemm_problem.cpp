@@ -22,7 +22,7 @@ uint64_t splitmix(uint64_t& s) {
 u8 encode_fp8(ElemFormat f, float x) { return f == ElemFormat::E4M3 ? encode_rn<E4M3>(x) : encode_rn<E5M2>(x); }
 
 // 65536 encodings to draw bytes from: normal samples * fmax / 8, or integers in [-2, 2]
-// (e2m1: bytes of two such nibbles, normal samples * 6 / 2).
+// (e2m1: bytes of two such nibbles, normal samples * 6 / 2; int8: uniform over every value).
 std::vector<u8> byte_table(ElemFormat f, GemmValues v, uint64_t seed) {
   std::vector<u8> t(65536);
   std::mt19937_64 rng(seed);
@@ -30,6 +30,10 @@ std::vector<u8> byte_table(ElemFormat f, GemmValues v, uint64_t seed) {
     std::normal_distribution<float> normal(0.0f, 3.0f);
     auto nibble = [&] { return v == GemmValues::Random ? encode_rn<E2M1>(normal(rng)) : encode_rn<E2M1>(float(int(rng() % 5) - 2)); };
     for (auto& b : t) b = u8(nibble() | (nibble() << 4));
+    return t;
+  }
+  if (f == ElemFormat::Int8) {  // uniform over [-128, 127], or small integers
+    for (auto& b : t) b = u8(v == GemmValues::Random ? int(rng() % 256) - 128 : int(rng() % 5) - 2);
     return t;
   }
   std::normal_distribution<float> normal(0.0f, 1.0f);

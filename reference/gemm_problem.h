@@ -2,7 +2,7 @@
 // the kernel reads, for given group sizes.
 //
 //   Values::Random         A, B: fp8 encodings (RNE) of normal samples spread over the format's
-//                          range; fp32 scales 2^[-4, 4) * [1, 2), e8m0 scales 2^[-4, 4);
+//                          range (int8: uniform over [-128, 127]); fp32 scales 2^[-4, 4) * [1, 2), e8m0 scales 2^[-4, 4);
 //                          alpha [0.5, 2).
 //   Values::SmallIntegers  A, B in {-2, ..., 2}, scales and alpha powers of two, the previous
 //                          output (accumulation) small integers: every partial sum, scale product

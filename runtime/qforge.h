@@ -130,7 +130,7 @@ qf_status qf_quantize(qf_quantizer* q, const qf_quantize_args* args, void* cuda_
  *   contiguous layout: group g owns rows [group_offsets[g], group_offsets[g+1]) of A and D;
  *   masked layout (m_max > 0): group g owns rows [g*m_max, g*m_max + group_counts[g]).
  *   D[rows] (+)= alpha[g] * dequant(A[rows]) @ dequant(B[g])^T,
- *   A [m_total, K] and B [G, N, K] fp8 K-major (nvfp4: packed e2m1, K/2 bytes per row), D [m_total, N]
+ *   A [m_total, K] and B [G, N, K] fp8 or int8 K-major (nvfp4: packed e2m1, K/2 bytes per row), D [m_total, N]
  *   bf16 or fp32. K-grouped specs (wgrad) come from recipes: A [m, k_total], B [N, k_total],
  *   group_offsets split k_total, D [G, m, N]; "k_grouped_members": the grouped quantizer's
  *   per-member copies [m, M_g] and [N, M_g] back to back in the same bytes. */
@@ -138,12 +138,13 @@ typedef struct qf_gemm qf_gemm;
 
 typedef struct qf_gemm_spec {
   const char* scaling;   /* "tensor", "rowwise", "blockwise", "mxfp8" or "nvfp4" */
-  const char* a_format;  /* "e4m3" or "e5m2" (nvfp4: "e2m1"); NULL = "e4m3" ("e2m1" with nvfp4) */
+  const char* a_format;  /* "e4m3" or "e5m2" (nvfp4: "e2m1"; int8 x int8: "int8" for both, with
+                            tensor, rowwise or blockwise scaling); NULL = "e4m3" ("e2m1" with nvfp4) */
   const char* b_format;
   int64_t n, k;
   const char* out_dtype; /* "bf16" or "fp32"; NULL = "bf16" */
   int accumulate;        /* 1: D += result (fp32 output) */
-  int fast_accum;        /* 1: no fp32 promotion (tensor / rowwise scaling) */
+  int fast_accum;        /* 1: no fp32 promotion (fp8, tensor / rowwise scaling) */
   /* Tile; 0 = chosen by qforge. ordered: 1 off, 2 on. */
   int block_m, block_n, stages, multicast, raster_m, ordered;
 } qf_gemm_spec;

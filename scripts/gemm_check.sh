@@ -60,6 +60,10 @@ if [ "$MODE" != "quick" ]; then
   bench "tensor promote mc1 (unordered, 4 st)" --scaling tensor
   bench "tensor fast 128x128 mc1" --scaling tensor --fast-accum
   bench "tensor fast 128x256 mc1" --scaling tensor --fast-accum --block-n 256
+  bench "int8 rowwise (w8a8) +check" --scaling rowwise --a-format int8 --b-format int8 --check --check-rows 2
+  bench "int8 rowwise 128x128" --scaling rowwise --a-format int8 --b-format int8 --block-n 128
+  bench "int8 tensor" --scaling tensor --a-format int8 --b-format int8
+  bench "int8 blockwise (promoted) +check" --scaling blockwise --a-format int8 --b-format int8 --check --check-rows 2
   bench "mxfp8 128x128 +check" --scaling mxfp8 --check --check-rows 2
   bench "mxfp8 128x128 uneven" --scaling mxfp8 --uneven
   bench "mxfp8 64x128 (block_m 64)" --scaling mxfp8 --block-m 64

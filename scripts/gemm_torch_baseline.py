@@ -2,7 +2,7 @@
 """Torch baselines for `qforge gemm` on identical problem sizes (issue 6), timed with CUDA events
 (median of --iters after warm-up): torch._grouped_mm (bf16), torch._scaled_grouped_mm (fp8
 rowwise scales, default and fast accumulation) and torch._scaled_mm (dense fp8, tensorwise and
-rowwise) at the same total FLOPs. Prints one line per kernel and appends JSON lines to --json.
+rowwise) and torch._int_mm (dense int8 -> int32, cuBLAS) at the same total FLOPs. Prints one line per kernel and appends JSON lines to --json.
 
   python3 scripts/gemm_torch_baseline.py --groups 8 --m 4096 --n 4096 --k 7168 [--json FILE]
 """
@@ -76,6 +76,11 @@ def main():
           lambda: torch._scaled_mm(qa, qbd.t(), one, one, out_dtype=torch.bfloat16))
     bench("_scaled_mm fp8 rowwise (dense)",
           lambda: torch._scaled_mm(qa, qbd.t(), sa[:, None], sb[0][None, :], out_dtype=torch.bfloat16))
+    del qa, qb, qbd
+    # dense int8 (s32 output, no scales) at the same FLOPs: the ceiling for the int8 grouped GEMM
+    ia = torch.randint(-128, 128, (g * m, k), device=dev, dtype=torch.int8)
+    ib = torch.randint(-128, 128, (n, k), device=dev, dtype=torch.int8)
+    bench("_int_mm int8 (dense)", lambda: torch._int_mm(ia, ib.t()))
 
 
 if __name__ == "__main__":

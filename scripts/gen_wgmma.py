@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """Writes templates/qforge/wgmma.cuh: the inline-PTX wrappers of the warpgroup MMAs that gemm.cuh
-uses: dense fp8 (m64nNk32, f32 accumulators, A and B from shared memory) and fp16 with A in
-registers (m64nNk16, for operands dequantized on chip, e.g. NVFP4).
+uses: dense fp8 (m64nNk32, f32 accumulators, A and B from shared memory), dense int8 (m64nNk32,
+s32 accumulators held in the same float registers) and fp16 with A in registers (m64nNk16, for
+operands dequantized on chip, e.g. NVFP4).
 
 PTX needs every accumulator register spelled out, so the wrappers are generated rather than
 written by hand. Rerun after changing the list of N:  python3 scripts/gen_wgmma.py
@@ -23,7 +24,7 @@ w("// QF_WGMMA_M64N<N>K32(A, B) expands to the asm statement for element types A
 w("// \"e5m2\"), reading d[0..N/2), desc_a, desc_b and scale_d from the enclosing scope.")
 w("#pragma once")
 w("")
-def define(name, instr, operands, inputs, r):
+def define(name, instr, operands, inputs, r, out='"+f"(d[{i}])'):
     """One #define: the asm statement of `instr` with the r accumulators d[0..r) as %0..%r-1,
     then `operands` (PTX text after the accumulator list) and the input constraints; the last
     input is scale_d, turned into the predicate p."""
@@ -37,7 +38,7 @@ def define(name, instr, operands, inputs, r):
         sep = ", " if ci + 1 < len(chunks) else ""
         w(f'               "{c}{sep}" \\')
     w(f'               "}}, {operands};\\n}}\\n" \\')
-    ochunks = [", ".join(f'"+f"(d[{i}])' for i in range(s0, min(s0 + 8, r))) for s0 in range(0, r, 8)]
+    ochunks = [", ".join(out.format(i=i) for i in range(s0, min(s0 + 8, r))) for s0 in range(0, r, 8)]
     w("               : " + (", \\\n                 ".join(ochunks)) + " \\")
     w(f"               : {inputs})")
     w("")
@@ -47,6 +48,14 @@ for n in NS:
     r = n // 2
     define(f"QF_WGMMA_M64N{n}K32(TA, TB)", f'wgmma.mma_async.sync.aligned.m64n{n}k32.f32." TA "." TB "',
            f"%{r}, %{r + 1}, p, 1, 1", '"l"(desc_a), "l"(desc_b), "r"(scale_d)', r)
+
+w("// int8 MMAs (s8 x s8 -> s32, exact): as above, the accumulators' bits are s32 in the float array")
+w("// d (QF_WGMMA_S32 reinterprets each element for the \"r\" constraint PTX needs).")
+w("#define QF_WGMMA_S32(x) reinterpret_cast<unsigned&>(x)")
+for n in NS:
+    r = n // 2
+    define(f"QF_WGMMA_M64N{n}K32_S8", f"wgmma.mma_async.sync.aligned.m64n{n}k32.s32.s8.s8",
+           f"%{r}, %{r + 1}, p", '"l"(desc_a), "l"(desc_b), "r"(scale_d)', r, out='"+r"(QF_WGMMA_S32(d[{i}]))')
 
 w("// fp16 MMAs with A in registers: D[64 x N] (+)= A[64 x 16] * B[N x 16]^T, A as the four fp16x2")
 w("// registers a[0..4) of each thread (the m64nNk16 A fragment: warp w holds rows 16w..16w+15), B")
@@ -61,17 +70,20 @@ w("#if defined(__CUDACC__)")
 w("namespace qf {")
 w("namespace wgmma {")
 w("")
-w("// The instruction for N accumulator columns and element types A, B (each qf::E4M3 or qf::E5M2).")
+w("// The instruction for N accumulator columns and element types A, B (each qf::E4M3 or qf::E5M2, or")
+w("// both qf::Int8: d then holds s32 bits).")
 w("template <int N, class A, class B>")
 w("__device__ __forceinline__ void mma_m64k32(float* d, unsigned long long desc_a,")
 w("                                           unsigned long long desc_b, int scale_d) {")
 w("  constexpr bool a4 = A::kExpBits == 4, b4 = B::kExpBits == 4;")
+w('  static_assert(A::kIsInt == B::kIsInt, "wgmma: int8 only with int8");')
 first = True
 for n in NS:
     kw = "if" if first else "} else if"
     first = False
     w(f"  {kw} constexpr (N == {n}) {{")
-    w(f"    if constexpr (a4 && b4) QF_WGMMA_M64N{n}K32(\"e4m3\", \"e4m3\");")
+    w(f"    if constexpr (A::kIsInt) QF_WGMMA_M64N{n}K32_S8;")
+    w(f"    else if constexpr (a4 && b4) QF_WGMMA_M64N{n}K32(\"e4m3\", \"e4m3\");")
     w(f"    else if constexpr (a4 && !b4) QF_WGMMA_M64N{n}K32(\"e4m3\", \"e5m2\");")
     w(f"    else if constexpr (!a4 && b4) QF_WGMMA_M64N{n}K32(\"e5m2\", \"e4m3\");")
     w(f"    else QF_WGMMA_M64N{n}K32(\"e5m2\", \"e5m2\");")

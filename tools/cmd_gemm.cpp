@@ -33,12 +33,13 @@
 namespace qf::cli {
 namespace {
 
-// An operand format: e4m3 or e5m2 (default e4m3); with nvfp4 scaling, e2m1 (the default).
+// An operand format: e4m3 (the default), e5m2 or int8; with nvfp4 scaling, e2m1 (the default).
+// Which combinations a scaling takes is validate()'s to say.
 ElemFormat format_arg(const Args& args, const std::string& flag, bool fp4) {
   const std::string s = args.get(flag).value_or(fp4 ? "e2m1" : "e4m3");
   auto f = parse_format(s);
-  if (fp4 ? f != ElemFormat::E2M1 : (!f || (*f != ElemFormat::E4M3 && *f != ElemFormat::E5M2)))
-    throw UserError(flag, std::string(fp4 ? "nvfp4 scaling: expected e2m1" : "expected e4m3 or e5m2") + ", got \"" + s + "\"");
+  if (!f || (*f != ElemFormat::E4M3 && *f != ElemFormat::E5M2 && *f != ElemFormat::Int8 && *f != ElemFormat::E2M1))
+    throw UserError(flag, "expected e4m3, e5m2, int8 or e2m1 (nvfp4), got \"" + s + "\"");
   return *f;
 }
 

@@ -989,6 +989,8 @@ struct Traits {
   static constexpr int kBM = int(Cfg::kBlockM), kBN = int(Cfg::kBlockN);
   static constexpr int kConsumers = int(Cfg::kConsumers);
   static constexpr bool kFp4 = Cfg::kScaling == kGemmNvfp4;
+  // int8 x int8: s32 tensor-core sums (exact), converted to fp32 where they are promoted or stored.
+  static constexpr bool kInt8 = Cfg::AFormat::kIsInt;
   // NVFP4 with two consumer warpgroups: two producer warpgroups, eight warps dequantizing B (one
   // warp per scheduler is latency bound there; measured).
   static constexpr int kProducerGroups = kFp4 ? 2 : 1;
@@ -1038,6 +1040,10 @@ struct Traits {
   static_assert(!Cfg::kMembers || Cfg::kKGrouped, "per-member operands: the K-grouped layout");
   static_assert(Cfg::kScaling != kGemmBlock128K || (Cfg::kKGrouped && Cfg::kPromote),
                 "Block128KScaling: the K-grouped layout, promoted");
+  static_assert(Cfg::AFormat::kIsInt == Cfg::BFormat::kIsInt, "int8 operands: both");
+  static_assert(!kInt8 || (Cfg::kScaling == kGemmPerTensor || Cfg::kScaling == kGemmRowChannel ||
+                           Cfg::kScaling == kGemmBlock128 || Cfg::kScaling == kGemmBlock128K),
+                "int8: per-tensor, per-row x per-channel or 1x128 blockwise scaling");
   static_assert(!kFp4 || (kBN == 128 && kBM == 128 && kMc == 1 && !Cfg::kOrderedIssue && !Cfg::kPromote &&
                           (Cfg::kKGrouped || Cfg::kK % 128 == 0) && kStages >= 3),
                 "NVFP4: 128 x 128 tiles, no multicast, ordered issue or promotion, K % 128 == 0, 3+ stages");
@@ -1427,6 +1433,16 @@ __device__ __forceinline__ void epilogue(const GemmArgs& a, const TileInfo& t, c
   }
 }
 
+// int8 operands: the tensor cores' s32 sums, whose bits the MMAs leave in the float registers, as
+// fp32 values (exact up to 2^24 in magnitude, then rounded to nearest even); nothing for fp8.
+template <class Cfg, int N>
+__device__ __forceinline__ void int_sums_to_float(float* v) {
+  if constexpr (Traits<Cfg>::kInt8) {
+#pragma unroll
+    for (int i = 0; i < N; ++i) v[i] = __int2float_rn(__float_as_int(v[i]));
+  }
+}
+
 // A finished tile of a consumer warpgroup -> D.
 template <class Cfg>
 __device__ __forceinline__ void store_tile(const GemmArgs& a, const TileInfo& t, const Frag& f, u8* smem, u32 base,
@@ -1669,6 +1685,7 @@ __device__ __forceinline__ void consumer(const GemmArgs& a, u8* smem, u32 base, 
         sm90::wgmma_wait<0>();
 #pragma unroll
         for (int i = 0; i < T::kAcc; ++i) sm90::fence_reg(part1[i]);
+        int_sums_to_float<Cfg, T::kAcc>(part1);
         S::template promote_step<Cfg, T::kAcc>(total, part1, cur, 0, f, ts);
         release_stage<Cfg>(empty0 + 8u * stage, lane, rank);
         end_stage(0);
@@ -1686,6 +1703,7 @@ __device__ __forceinline__ void consumer(const GemmArgs& a, u8* smem, u32 base, 
 #pragma unroll
           for (int i = 0; i < T::kAcc; ++i) sm90::fence_reg(done[i]);
           if (s > first) {  // step s - 1: the previous stage's last step, or this stage's previous one
+            int_sums_to_float<Cfg, T::kAcc>(done);
             S::template promote_step<Cfg, T::kAcc>(total, done, k == 0 ? prev : cur, (k + kSteps - 1) % kSteps, f, ts);
             if (k == 0) release_stage<Cfg>(empty0 + 8u * prev_stage, lane, rank);
           }
@@ -1698,6 +1716,7 @@ __device__ __forceinline__ void consumer(const GemmArgs& a, u8* smem, u32 base, 
       if (steps > first) {  // the last step, in part1
 #pragma unroll
         for (int i = 0; i < T::kAcc; ++i) sm90::fence_reg(part1[i]);
+        int_sums_to_float<Cfg, T::kAcc>(part1);
         S::template promote_step<Cfg, T::kAcc>(total, part1, cur, kSteps - 1, f, ts);
         release_stage<Cfg>(empty0 + 8u * prev_stage, lane, rank);
       }
@@ -1732,6 +1751,7 @@ __device__ __forceinline__ void consumer(const GemmArgs& a, u8* smem, u32 base, 
 #pragma unroll
       for (int i = 0; i < T::kAcc; ++i) sm90::fence_reg(acc[i]);
       if (k_blocks > 0) release_stage<Cfg>(empty0 + 8u * prev_stage, lane, rank);
+      int_sums_to_float<Cfg, T::kAcc>(acc);  // (an empty group's zeros are 0 either way)
       store_tile<Cfg>(a, t, f, smem, base, acc, ts);
     }
   }

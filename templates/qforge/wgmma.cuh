@@ -95,6 +95,97 @@
                  "+f"(d[120]), "+f"(d[121]), "+f"(d[122]), "+f"(d[123]), "+f"(d[124]), "+f"(d[125]), "+f"(d[126]), "+f"(d[127]) \
                : "l"(desc_a), "l"(desc_b), "r"(scale_d))
 
+// int8 MMAs (s8 x s8 -> s32, exact): as above, the accumulators' bits are s32 in the float array
+// d (QF_WGMMA_S32 reinterprets each element for the "r" constraint PTX needs).
+#define QF_WGMMA_S32(x) reinterpret_cast<unsigned&>(x)
+#define QF_WGMMA_M64N64K32_S8 \
+  asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n" \
+               "wgmma.mma_async.sync.aligned.m64n64k32.s32.s8.s8 " \
+               "{" \
+               "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, " \
+               "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31" \
+               "}, %32, %33, p;\n}\n" \
+               : "+r"(QF_WGMMA_S32(d[0])), "+r"(QF_WGMMA_S32(d[1])), "+r"(QF_WGMMA_S32(d[2])), "+r"(QF_WGMMA_S32(d[3])), "+r"(QF_WGMMA_S32(d[4])), "+r"(QF_WGMMA_S32(d[5])), "+r"(QF_WGMMA_S32(d[6])), "+r"(QF_WGMMA_S32(d[7])), \
+                 "+r"(QF_WGMMA_S32(d[8])), "+r"(QF_WGMMA_S32(d[9])), "+r"(QF_WGMMA_S32(d[10])), "+r"(QF_WGMMA_S32(d[11])), "+r"(QF_WGMMA_S32(d[12])), "+r"(QF_WGMMA_S32(d[13])), "+r"(QF_WGMMA_S32(d[14])), "+r"(QF_WGMMA_S32(d[15])), \
+                 "+r"(QF_WGMMA_S32(d[16])), "+r"(QF_WGMMA_S32(d[17])), "+r"(QF_WGMMA_S32(d[18])), "+r"(QF_WGMMA_S32(d[19])), "+r"(QF_WGMMA_S32(d[20])), "+r"(QF_WGMMA_S32(d[21])), "+r"(QF_WGMMA_S32(d[22])), "+r"(QF_WGMMA_S32(d[23])), \
+                 "+r"(QF_WGMMA_S32(d[24])), "+r"(QF_WGMMA_S32(d[25])), "+r"(QF_WGMMA_S32(d[26])), "+r"(QF_WGMMA_S32(d[27])), "+r"(QF_WGMMA_S32(d[28])), "+r"(QF_WGMMA_S32(d[29])), "+r"(QF_WGMMA_S32(d[30])), "+r"(QF_WGMMA_S32(d[31])) \
+               : "l"(desc_a), "l"(desc_b), "r"(scale_d))
+
+#define QF_WGMMA_M64N128K32_S8 \
+  asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %66, 0;\n" \
+               "wgmma.mma_async.sync.aligned.m64n128k32.s32.s8.s8 " \
+               "{" \
+               "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, " \
+               "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, " \
+               "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, " \
+               "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63" \
+               "}, %64, %65, p;\n}\n" \
+               : "+r"(QF_WGMMA_S32(d[0])), "+r"(QF_WGMMA_S32(d[1])), "+r"(QF_WGMMA_S32(d[2])), "+r"(QF_WGMMA_S32(d[3])), "+r"(QF_WGMMA_S32(d[4])), "+r"(QF_WGMMA_S32(d[5])), "+r"(QF_WGMMA_S32(d[6])), "+r"(QF_WGMMA_S32(d[7])), \
+                 "+r"(QF_WGMMA_S32(d[8])), "+r"(QF_WGMMA_S32(d[9])), "+r"(QF_WGMMA_S32(d[10])), "+r"(QF_WGMMA_S32(d[11])), "+r"(QF_WGMMA_S32(d[12])), "+r"(QF_WGMMA_S32(d[13])), "+r"(QF_WGMMA_S32(d[14])), "+r"(QF_WGMMA_S32(d[15])), \
+                 "+r"(QF_WGMMA_S32(d[16])), "+r"(QF_WGMMA_S32(d[17])), "+r"(QF_WGMMA_S32(d[18])), "+r"(QF_WGMMA_S32(d[19])), "+r"(QF_WGMMA_S32(d[20])), "+r"(QF_WGMMA_S32(d[21])), "+r"(QF_WGMMA_S32(d[22])), "+r"(QF_WGMMA_S32(d[23])), \
+                 "+r"(QF_WGMMA_S32(d[24])), "+r"(QF_WGMMA_S32(d[25])), "+r"(QF_WGMMA_S32(d[26])), "+r"(QF_WGMMA_S32(d[27])), "+r"(QF_WGMMA_S32(d[28])), "+r"(QF_WGMMA_S32(d[29])), "+r"(QF_WGMMA_S32(d[30])), "+r"(QF_WGMMA_S32(d[31])), \
+                 "+r"(QF_WGMMA_S32(d[32])), "+r"(QF_WGMMA_S32(d[33])), "+r"(QF_WGMMA_S32(d[34])), "+r"(QF_WGMMA_S32(d[35])), "+r"(QF_WGMMA_S32(d[36])), "+r"(QF_WGMMA_S32(d[37])), "+r"(QF_WGMMA_S32(d[38])), "+r"(QF_WGMMA_S32(d[39])), \
+                 "+r"(QF_WGMMA_S32(d[40])), "+r"(QF_WGMMA_S32(d[41])), "+r"(QF_WGMMA_S32(d[42])), "+r"(QF_WGMMA_S32(d[43])), "+r"(QF_WGMMA_S32(d[44])), "+r"(QF_WGMMA_S32(d[45])), "+r"(QF_WGMMA_S32(d[46])), "+r"(QF_WGMMA_S32(d[47])), \
+                 "+r"(QF_WGMMA_S32(d[48])), "+r"(QF_WGMMA_S32(d[49])), "+r"(QF_WGMMA_S32(d[50])), "+r"(QF_WGMMA_S32(d[51])), "+r"(QF_WGMMA_S32(d[52])), "+r"(QF_WGMMA_S32(d[53])), "+r"(QF_WGMMA_S32(d[54])), "+r"(QF_WGMMA_S32(d[55])), \
+                 "+r"(QF_WGMMA_S32(d[56])), "+r"(QF_WGMMA_S32(d[57])), "+r"(QF_WGMMA_S32(d[58])), "+r"(QF_WGMMA_S32(d[59])), "+r"(QF_WGMMA_S32(d[60])), "+r"(QF_WGMMA_S32(d[61])), "+r"(QF_WGMMA_S32(d[62])), "+r"(QF_WGMMA_S32(d[63])) \
+               : "l"(desc_a), "l"(desc_b), "r"(scale_d))
+
+#define QF_WGMMA_M64N192K32_S8 \
+  asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %98, 0;\n" \
+               "wgmma.mma_async.sync.aligned.m64n192k32.s32.s8.s8 " \
+               "{" \
+               "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, " \
+               "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, " \
+               "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, " \
+               "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63, " \
+               "%64, %65, %66, %67, %68, %69, %70, %71, %72, %73, %74, %75, %76, %77, %78, %79, " \
+               "%80, %81, %82, %83, %84, %85, %86, %87, %88, %89, %90, %91, %92, %93, %94, %95" \
+               "}, %96, %97, p;\n}\n" \
+               : "+r"(QF_WGMMA_S32(d[0])), "+r"(QF_WGMMA_S32(d[1])), "+r"(QF_WGMMA_S32(d[2])), "+r"(QF_WGMMA_S32(d[3])), "+r"(QF_WGMMA_S32(d[4])), "+r"(QF_WGMMA_S32(d[5])), "+r"(QF_WGMMA_S32(d[6])), "+r"(QF_WGMMA_S32(d[7])), \
+                 "+r"(QF_WGMMA_S32(d[8])), "+r"(QF_WGMMA_S32(d[9])), "+r"(QF_WGMMA_S32(d[10])), "+r"(QF_WGMMA_S32(d[11])), "+r"(QF_WGMMA_S32(d[12])), "+r"(QF_WGMMA_S32(d[13])), "+r"(QF_WGMMA_S32(d[14])), "+r"(QF_WGMMA_S32(d[15])), \
+                 "+r"(QF_WGMMA_S32(d[16])), "+r"(QF_WGMMA_S32(d[17])), "+r"(QF_WGMMA_S32(d[18])), "+r"(QF_WGMMA_S32(d[19])), "+r"(QF_WGMMA_S32(d[20])), "+r"(QF_WGMMA_S32(d[21])), "+r"(QF_WGMMA_S32(d[22])), "+r"(QF_WGMMA_S32(d[23])), \
+                 "+r"(QF_WGMMA_S32(d[24])), "+r"(QF_WGMMA_S32(d[25])), "+r"(QF_WGMMA_S32(d[26])), "+r"(QF_WGMMA_S32(d[27])), "+r"(QF_WGMMA_S32(d[28])), "+r"(QF_WGMMA_S32(d[29])), "+r"(QF_WGMMA_S32(d[30])), "+r"(QF_WGMMA_S32(d[31])), \
+                 "+r"(QF_WGMMA_S32(d[32])), "+r"(QF_WGMMA_S32(d[33])), "+r"(QF_WGMMA_S32(d[34])), "+r"(QF_WGMMA_S32(d[35])), "+r"(QF_WGMMA_S32(d[36])), "+r"(QF_WGMMA_S32(d[37])), "+r"(QF_WGMMA_S32(d[38])), "+r"(QF_WGMMA_S32(d[39])), \
+                 "+r"(QF_WGMMA_S32(d[40])), "+r"(QF_WGMMA_S32(d[41])), "+r"(QF_WGMMA_S32(d[42])), "+r"(QF_WGMMA_S32(d[43])), "+r"(QF_WGMMA_S32(d[44])), "+r"(QF_WGMMA_S32(d[45])), "+r"(QF_WGMMA_S32(d[46])), "+r"(QF_WGMMA_S32(d[47])), \
+                 "+r"(QF_WGMMA_S32(d[48])), "+r"(QF_WGMMA_S32(d[49])), "+r"(QF_WGMMA_S32(d[50])), "+r"(QF_WGMMA_S32(d[51])), "+r"(QF_WGMMA_S32(d[52])), "+r"(QF_WGMMA_S32(d[53])), "+r"(QF_WGMMA_S32(d[54])), "+r"(QF_WGMMA_S32(d[55])), \
+                 "+r"(QF_WGMMA_S32(d[56])), "+r"(QF_WGMMA_S32(d[57])), "+r"(QF_WGMMA_S32(d[58])), "+r"(QF_WGMMA_S32(d[59])), "+r"(QF_WGMMA_S32(d[60])), "+r"(QF_WGMMA_S32(d[61])), "+r"(QF_WGMMA_S32(d[62])), "+r"(QF_WGMMA_S32(d[63])), \
+                 "+r"(QF_WGMMA_S32(d[64])), "+r"(QF_WGMMA_S32(d[65])), "+r"(QF_WGMMA_S32(d[66])), "+r"(QF_WGMMA_S32(d[67])), "+r"(QF_WGMMA_S32(d[68])), "+r"(QF_WGMMA_S32(d[69])), "+r"(QF_WGMMA_S32(d[70])), "+r"(QF_WGMMA_S32(d[71])), \
+                 "+r"(QF_WGMMA_S32(d[72])), "+r"(QF_WGMMA_S32(d[73])), "+r"(QF_WGMMA_S32(d[74])), "+r"(QF_WGMMA_S32(d[75])), "+r"(QF_WGMMA_S32(d[76])), "+r"(QF_WGMMA_S32(d[77])), "+r"(QF_WGMMA_S32(d[78])), "+r"(QF_WGMMA_S32(d[79])), \
+                 "+r"(QF_WGMMA_S32(d[80])), "+r"(QF_WGMMA_S32(d[81])), "+r"(QF_WGMMA_S32(d[82])), "+r"(QF_WGMMA_S32(d[83])), "+r"(QF_WGMMA_S32(d[84])), "+r"(QF_WGMMA_S32(d[85])), "+r"(QF_WGMMA_S32(d[86])), "+r"(QF_WGMMA_S32(d[87])), \
+                 "+r"(QF_WGMMA_S32(d[88])), "+r"(QF_WGMMA_S32(d[89])), "+r"(QF_WGMMA_S32(d[90])), "+r"(QF_WGMMA_S32(d[91])), "+r"(QF_WGMMA_S32(d[92])), "+r"(QF_WGMMA_S32(d[93])), "+r"(QF_WGMMA_S32(d[94])), "+r"(QF_WGMMA_S32(d[95])) \
+               : "l"(desc_a), "l"(desc_b), "r"(scale_d))
+
+#define QF_WGMMA_M64N256K32_S8 \
+  asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %130, 0;\n" \
+               "wgmma.mma_async.sync.aligned.m64n256k32.s32.s8.s8 " \
+               "{" \
+               "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, " \
+               "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, " \
+               "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, " \
+               "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63, " \
+               "%64, %65, %66, %67, %68, %69, %70, %71, %72, %73, %74, %75, %76, %77, %78, %79, " \
+               "%80, %81, %82, %83, %84, %85, %86, %87, %88, %89, %90, %91, %92, %93, %94, %95, " \
+               "%96, %97, %98, %99, %100, %101, %102, %103, %104, %105, %106, %107, %108, %109, %110, %111, " \
+               "%112, %113, %114, %115, %116, %117, %118, %119, %120, %121, %122, %123, %124, %125, %126, %127" \
+               "}, %128, %129, p;\n}\n" \
+               : "+r"(QF_WGMMA_S32(d[0])), "+r"(QF_WGMMA_S32(d[1])), "+r"(QF_WGMMA_S32(d[2])), "+r"(QF_WGMMA_S32(d[3])), "+r"(QF_WGMMA_S32(d[4])), "+r"(QF_WGMMA_S32(d[5])), "+r"(QF_WGMMA_S32(d[6])), "+r"(QF_WGMMA_S32(d[7])), \
+                 "+r"(QF_WGMMA_S32(d[8])), "+r"(QF_WGMMA_S32(d[9])), "+r"(QF_WGMMA_S32(d[10])), "+r"(QF_WGMMA_S32(d[11])), "+r"(QF_WGMMA_S32(d[12])), "+r"(QF_WGMMA_S32(d[13])), "+r"(QF_WGMMA_S32(d[14])), "+r"(QF_WGMMA_S32(d[15])), \
+                 "+r"(QF_WGMMA_S32(d[16])), "+r"(QF_WGMMA_S32(d[17])), "+r"(QF_WGMMA_S32(d[18])), "+r"(QF_WGMMA_S32(d[19])), "+r"(QF_WGMMA_S32(d[20])), "+r"(QF_WGMMA_S32(d[21])), "+r"(QF_WGMMA_S32(d[22])), "+r"(QF_WGMMA_S32(d[23])), \
+                 "+r"(QF_WGMMA_S32(d[24])), "+r"(QF_WGMMA_S32(d[25])), "+r"(QF_WGMMA_S32(d[26])), "+r"(QF_WGMMA_S32(d[27])), "+r"(QF_WGMMA_S32(d[28])), "+r"(QF_WGMMA_S32(d[29])), "+r"(QF_WGMMA_S32(d[30])), "+r"(QF_WGMMA_S32(d[31])), \
+                 "+r"(QF_WGMMA_S32(d[32])), "+r"(QF_WGMMA_S32(d[33])), "+r"(QF_WGMMA_S32(d[34])), "+r"(QF_WGMMA_S32(d[35])), "+r"(QF_WGMMA_S32(d[36])), "+r"(QF_WGMMA_S32(d[37])), "+r"(QF_WGMMA_S32(d[38])), "+r"(QF_WGMMA_S32(d[39])), \
+                 "+r"(QF_WGMMA_S32(d[40])), "+r"(QF_WGMMA_S32(d[41])), "+r"(QF_WGMMA_S32(d[42])), "+r"(QF_WGMMA_S32(d[43])), "+r"(QF_WGMMA_S32(d[44])), "+r"(QF_WGMMA_S32(d[45])), "+r"(QF_WGMMA_S32(d[46])), "+r"(QF_WGMMA_S32(d[47])), \
+                 "+r"(QF_WGMMA_S32(d[48])), "+r"(QF_WGMMA_S32(d[49])), "+r"(QF_WGMMA_S32(d[50])), "+r"(QF_WGMMA_S32(d[51])), "+r"(QF_WGMMA_S32(d[52])), "+r"(QF_WGMMA_S32(d[53])), "+r"(QF_WGMMA_S32(d[54])), "+r"(QF_WGMMA_S32(d[55])), \
+                 "+r"(QF_WGMMA_S32(d[56])), "+r"(QF_WGMMA_S32(d[57])), "+r"(QF_WGMMA_S32(d[58])), "+r"(QF_WGMMA_S32(d[59])), "+r"(QF_WGMMA_S32(d[60])), "+r"(QF_WGMMA_S32(d[61])), "+r"(QF_WGMMA_S32(d[62])), "+r"(QF_WGMMA_S32(d[63])), \
+                 "+r"(QF_WGMMA_S32(d[64])), "+r"(QF_WGMMA_S32(d[65])), "+r"(QF_WGMMA_S32(d[66])), "+r"(QF_WGMMA_S32(d[67])), "+r"(QF_WGMMA_S32(d[68])), "+r"(QF_WGMMA_S32(d[69])), "+r"(QF_WGMMA_S32(d[70])), "+r"(QF_WGMMA_S32(d[71])), \
+                 "+r"(QF_WGMMA_S32(d[72])), "+r"(QF_WGMMA_S32(d[73])), "+r"(QF_WGMMA_S32(d[74])), "+r"(QF_WGMMA_S32(d[75])), "+r"(QF_WGMMA_S32(d[76])), "+r"(QF_WGMMA_S32(d[77])), "+r"(QF_WGMMA_S32(d[78])), "+r"(QF_WGMMA_S32(d[79])), \
+                 "+r"(QF_WGMMA_S32(d[80])), "+r"(QF_WGMMA_S32(d[81])), "+r"(QF_WGMMA_S32(d[82])), "+r"(QF_WGMMA_S32(d[83])), "+r"(QF_WGMMA_S32(d[84])), "+r"(QF_WGMMA_S32(d[85])), "+r"(QF_WGMMA_S32(d[86])), "+r"(QF_WGMMA_S32(d[87])), \
+                 "+r"(QF_WGMMA_S32(d[88])), "+r"(QF_WGMMA_S32(d[89])), "+r"(QF_WGMMA_S32(d[90])), "+r"(QF_WGMMA_S32(d[91])), "+r"(QF_WGMMA_S32(d[92])), "+r"(QF_WGMMA_S32(d[93])), "+r"(QF_WGMMA_S32(d[94])), "+r"(QF_WGMMA_S32(d[95])), \
+                 "+r"(QF_WGMMA_S32(d[96])), "+r"(QF_WGMMA_S32(d[97])), "+r"(QF_WGMMA_S32(d[98])), "+r"(QF_WGMMA_S32(d[99])), "+r"(QF_WGMMA_S32(d[100])), "+r"(QF_WGMMA_S32(d[101])), "+r"(QF_WGMMA_S32(d[102])), "+r"(QF_WGMMA_S32(d[103])), \
+                 "+r"(QF_WGMMA_S32(d[104])), "+r"(QF_WGMMA_S32(d[105])), "+r"(QF_WGMMA_S32(d[106])), "+r"(QF_WGMMA_S32(d[107])), "+r"(QF_WGMMA_S32(d[108])), "+r"(QF_WGMMA_S32(d[109])), "+r"(QF_WGMMA_S32(d[110])), "+r"(QF_WGMMA_S32(d[111])), \
+                 "+r"(QF_WGMMA_S32(d[112])), "+r"(QF_WGMMA_S32(d[113])), "+r"(QF_WGMMA_S32(d[114])), "+r"(QF_WGMMA_S32(d[115])), "+r"(QF_WGMMA_S32(d[116])), "+r"(QF_WGMMA_S32(d[117])), "+r"(QF_WGMMA_S32(d[118])), "+r"(QF_WGMMA_S32(d[119])), \
+                 "+r"(QF_WGMMA_S32(d[120])), "+r"(QF_WGMMA_S32(d[121])), "+r"(QF_WGMMA_S32(d[122])), "+r"(QF_WGMMA_S32(d[123])), "+r"(QF_WGMMA_S32(d[124])), "+r"(QF_WGMMA_S32(d[125])), "+r"(QF_WGMMA_S32(d[126])), "+r"(QF_WGMMA_S32(d[127])) \
+               : "l"(desc_a), "l"(desc_b), "r"(scale_d))
+
 // fp16 MMAs with A in registers: D[64 x N] (+)= A[64 x 16] * B[N x 16]^T, A as the four fp16x2
 // registers a[0..4) of each thread (the m64nNk16 A fragment: warp w holds rows 16w..16w+15), B
 // K-major fp16 in shared memory. QF_WGMMA_M64N<N>K16_F16_RS reads d, a, desc_b and scale_d.
@@ -134,28 +225,34 @@
 namespace qf {
 namespace wgmma {
 
-// The instruction for N accumulator columns and element types A, B (each qf::E4M3 or qf::E5M2).
+// The instruction for N accumulator columns and element types A, B (each qf::E4M3 or qf::E5M2, or
+// both qf::Int8: d then holds s32 bits).
 template <int N, class A, class B>
 __device__ __forceinline__ void mma_m64k32(float* d, unsigned long long desc_a,
                                            unsigned long long desc_b, int scale_d) {
   constexpr bool a4 = A::kExpBits == 4, b4 = B::kExpBits == 4;
+  static_assert(A::kIsInt == B::kIsInt, "wgmma: int8 only with int8");
   if constexpr (N == 64) {
-    if constexpr (a4 && b4) QF_WGMMA_M64N64K32("e4m3", "e4m3");
+    if constexpr (A::kIsInt) QF_WGMMA_M64N64K32_S8;
+    else if constexpr (a4 && b4) QF_WGMMA_M64N64K32("e4m3", "e4m3");
     else if constexpr (a4 && !b4) QF_WGMMA_M64N64K32("e4m3", "e5m2");
     else if constexpr (!a4 && b4) QF_WGMMA_M64N64K32("e5m2", "e4m3");
     else QF_WGMMA_M64N64K32("e5m2", "e5m2");
   } else if constexpr (N == 128) {
-    if constexpr (a4 && b4) QF_WGMMA_M64N128K32("e4m3", "e4m3");
+    if constexpr (A::kIsInt) QF_WGMMA_M64N128K32_S8;
+    else if constexpr (a4 && b4) QF_WGMMA_M64N128K32("e4m3", "e4m3");
     else if constexpr (a4 && !b4) QF_WGMMA_M64N128K32("e4m3", "e5m2");
     else if constexpr (!a4 && b4) QF_WGMMA_M64N128K32("e5m2", "e4m3");
     else QF_WGMMA_M64N128K32("e5m2", "e5m2");
   } else if constexpr (N == 192) {
-    if constexpr (a4 && b4) QF_WGMMA_M64N192K32("e4m3", "e4m3");
+    if constexpr (A::kIsInt) QF_WGMMA_M64N192K32_S8;
+    else if constexpr (a4 && b4) QF_WGMMA_M64N192K32("e4m3", "e4m3");
     else if constexpr (a4 && !b4) QF_WGMMA_M64N192K32("e4m3", "e5m2");
     else if constexpr (!a4 && b4) QF_WGMMA_M64N192K32("e5m2", "e4m3");
     else QF_WGMMA_M64N192K32("e5m2", "e5m2");
   } else if constexpr (N == 256) {
-    if constexpr (a4 && b4) QF_WGMMA_M64N256K32("e4m3", "e4m3");
+    if constexpr (A::kIsInt) QF_WGMMA_M64N256K32_S8;
+    else if constexpr (a4 && b4) QF_WGMMA_M64N256K32("e4m3", "e4m3");
     else if constexpr (a4 && !b4) QF_WGMMA_M64N256K32("e4m3", "e5m2");
     else if constexpr (!a4 && b4) QF_WGMMA_M64N256K32("e5m2", "e4m3");
     else QF_WGMMA_M64N256K32("e5m2", "e5m2");

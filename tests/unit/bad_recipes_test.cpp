@@ -134,9 +134,10 @@ const BadRecipe kBadRecipes[] = {
     {"gemm_layout_unknown.json", "/gemms/0/layout", "unknown value \"n_grouped\"; expected \"m_grouped\", \"k_grouped\" or \"k_grouped_members\""},
     {"gemms_not_array.json", "/gemms", "expected an array of GEMM specs, got an object"},
     {"gemm_missing_k.json", "/gemms/0", "missing required key \"k\""},
-    {"gemm_format_int8.json", "/gemms/0/a_format", "unknown value \"int8\"; expected \"e4m3\" or \"e5m2\""},
+    {"gemm_format_int8_mixed.json", "/gemms/0/b_format", "int8 a_format takes int8 here too (s8 x s8 MMAs), got e4m3"},
+    {"gemm_int8_mxfp8.json", "/gemms/0/scaling", "int8 operands: expected tensor, rowwise or blockwise"},
     {"gemm_nvfp4_fp8_operand.json", "/gemms/0/b_format", "unknown value \"e4m3\"; expected \"e2m1\""},
-    {"gemm_fp8_e2m1_operand.json", "/gemms/0/a_format", "e2m1 operands take \"scaling\": \"nvfp4\" (got \"blockwise\"); expected e4m3 or e5m2 here"},
+    {"gemm_fp8_e2m1_operand.json", "/gemms/0/a_format", "e2m1 operands take \"scaling\": \"nvfp4\" (got \"blockwise\"); expected e4m3, e5m2 or int8 here"},
     {"gemm_nvfp4_two_stages.json", "/gemms/0/tile/stages", "nvfp4: the TMA loads run stages - 2 k-blocks ahead of the B dequantization: expected at least 3, got 2"},
 };
 

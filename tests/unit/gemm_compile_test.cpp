@@ -7,6 +7,7 @@
 //   * the CPU reference and the exact-value problems agree with hand-computed results.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <regex>
@@ -78,7 +79,7 @@ void expect_run_error(const rt::Gemm& gemm, const rt::GemmCall& call, const std:
 
 std::vector<Variant> variants() {
   using S = GemmScaling;
-  const auto E4 = ElemFormat::E4M3, E5 = ElemFormat::E5M2, F4 = ElemFormat::E2M1;
+  const auto E4 = ElemFormat::E4M3, E5 = ElemFormat::E5M2, F4 = ElemFormat::E2M1, I8 = ElemFormat::Int8;
   return {
       {"block_e4m3_bf16", make(S::Block128, E4, E4, DType::BF16, false, false, 128, 1)},
       {"block_e4m3_bf16_mc2", make(S::Block128, E4, E4, DType::BF16, false, false, 128, 2)},
@@ -116,6 +117,16 @@ std::vector<Variant> variants() {
       {"members_mxfp8_fp32_acc_bm64", members(make(S::Mx32, E4, E4, DType::FP32, true, false, 128, 1, 64), 2048)},
       {"members_nvfp4_bf16", members(make(S::Nvfp4, F4, F4, DType::BF16, false, false, 128, 1), 4096)},
       {"members_nvfp4_fp32_acc", members(make(S::Nvfp4, F4, F4, DType::FP32, true, false, 128, 1), 2048)},
+      // int8 x int8 (s32 MMAs): unpromoted per-tensor / per-channel, promoted blockwise, K-grouped
+      // (promoted: a group's token count is run-time data), and K >= 2^17 (promoted).
+      {"int8_rowwise_bf16", make(S::RowChannel, I8, I8, DType::BF16, false, false, 0, 1)},
+      {"int8_rowwise_fp32_acc_mc2", make(S::RowChannel, I8, I8, DType::FP32, true, false, 128, 2)},
+      {"int8_tensor_bm64_bn64", make(S::PerTensor, I8, I8, DType::BF16, false, false, 64, 1, 64)},
+      {"int8_tensor_long_k", make(S::PerTensor, I8, I8, DType::BF16, false, false, 0, 1, 128, 4096, 1 << 17)},
+      {"int8_block_bf16", make(S::Block128, I8, I8, DType::BF16, false, false, 128, 1)},
+      {"kgrouped_int8_tensor_fp32_acc", k_grouped(make(S::PerTensor, I8, I8, DType::FP32, true, false, 128, 1), 2048)},
+      {"kgrouped_int8_block_bf16", k_grouped(make(S::Block128, I8, I8, DType::BF16, false, false, 128, 1), 4096)},
+      {"members_int8_block_bf16", members(make(S::Block128, I8, I8, DType::BF16, false, false, 128, 1), 4096)},
   };
 }
 
@@ -194,7 +205,7 @@ TEST(GemmCodegen, StagesFillSharedMemory) {
     more.tile = t;
     more.tile.stages = t.stages + 1;
     EXPECT_GE(t.stages, 3) << v.name;
-    const bool capped = v.spec.layout == GemmLayout::MGrouped && !v.spec.fast_accum && t.block_m == 128 &&
+    const bool capped = v.spec.layout == GemmLayout::MGrouped && gemm_promotes(v.spec) && t.block_m == 128 &&
                         (v.spec.scaling == GemmScaling::PerTensor || v.spec.scaling == GemmScaling::RowChannel);
     if (capped && v.spec.tile.stages == 0) {
       EXPECT_LE(t.stages, 4) << v.name;
@@ -221,9 +232,11 @@ TEST(GemmCodegen, SpecErrorsNameTheField) {
   const GemmSpec ok = make(GemmScaling::Block128, ElemFormat::E4M3, ElemFormat::E4M3, DType::BF16, false, false, 0, 0);
   GemmSpec s = ok;
   s.a_format = ElemFormat::E2M3;
-  expect_spec_error(s, "a_format", "expected e4m3 or e5m2 (e2m1 with nvfp4 scaling), got e2m3");
+  expect_spec_error(s, "a_format", "expected e4m3, e5m2 or int8 (e2m1 with nvfp4 scaling), got e2m3");
   s = ok, s.b_format = ElemFormat::Int8;
-  expect_spec_error(s, "b_format", "got int8");
+  expect_spec_error(s, "a_format", "int8 b_format takes int8 here too (s8 x s8 MMAs), got e4m3");
+  s = ok, s.a_format = ElemFormat::Int8;
+  expect_spec_error(s, "b_format", "int8 a_format takes int8 here too (s8 x s8 MMAs), got e4m3");
   s = ok, s.n = 100;
   expect_spec_error(s, "n", "multiple of 8");
   s = ok, s.k = 8;
@@ -256,7 +269,7 @@ TEST(GemmCodegen, SpecErrorsNameTheField) {
   expect_spec_error(s, "tile.ordered", "not supported");
   // NVFP4: e2m1 operands only (and only there), block_n 128, no fast accumulation or multicast.
   s = ok, s.a_format = ElemFormat::E2M1;
-  expect_spec_error(s, "a_format", "expected e4m3 or e5m2 (e2m1 with nvfp4 scaling), got e2m1");
+  expect_spec_error(s, "a_format", "expected e4m3, e5m2 or int8 (e2m1 with nvfp4 scaling), got e2m1");
   GemmSpec f4 = make(GemmScaling::Nvfp4, ElemFormat::E2M1, ElemFormat::E2M1, DType::BF16, false, false, 0, 0);
   EXPECT_NO_THROW(validate(f4));
   EXPECT_EQ(resolve_tile(f4).block_n, 128);
@@ -282,6 +295,28 @@ TEST(GemmCodegen, SpecErrorsNameTheField) {
   expect_spec_error(s, "tile.ordered", "not supported");
   s = f4, s.k = 7168 + 16;
   expect_spec_error(s, "k", "expected a multiple of 128, got 7184");
+  // int8 x int8: tensor, rowwise or blockwise scaling; exact s32 sums, promoted only where the
+  // scales change along K or a sum over all of K could overflow s32.
+  const GemmSpec i8 = make(GemmScaling::RowChannel, ElemFormat::Int8, ElemFormat::Int8, DType::BF16, false, false, 0, 0);
+  EXPECT_NO_THROW(validate(i8));
+  EXPECT_FALSE(gemm_promotes(i8));
+  EXPECT_EQ(resolve_tile(i8).block_n, 256);  // one accumulator: the wide tile of fp8 fast accumulation
+  EXPECT_NE(emit_gemm(i8).source.find("using AFormat = qf::Int8;"), std::string::npos);
+  s = i8, s.fast_accum = true;
+  expect_spec_error(s, "fast_accum", "int8: the tensor cores' s32 sums are exact");
+  s = i8, s.scaling = GemmScaling::Mx32, s.k = 7168;
+  expect_spec_error(s, "scaling", "int8 operands: expected tensor, rowwise or blockwise (MX scales are for fp8), got mxfp8");
+  s = i8, s.scaling = GemmScaling::Nvfp4;
+  expect_spec_error(s, "a_format", "nvfp4 scaling: expected e2m1, got int8");
+  s = i8, s.k = (int64_t(1) << 17) - 16;  // the largest K whose s32 sums cannot overflow
+  EXPECT_FALSE(gemm_promotes(s));
+  s.k += 16;
+  EXPECT_TRUE(gemm_promotes(s));
+  EXPECT_EQ(resolve_tile(s).block_n, 128);
+  s = i8, s.scaling = GemmScaling::Block128;
+  EXPECT_TRUE(gemm_promotes(s));
+  s = k_grouped(i8, 1024), s.scaling = GemmScaling::PerTensor;
+  EXPECT_TRUE(gemm_promotes(s));
   // K-grouped (wgrad).
   const GemmSpec kg = k_grouped(make(GemmScaling::PerTensor, ElemFormat::E4M3, ElemFormat::E4M3, DType::FP32, true,
                                      false, 0, 0), 4096);
@@ -672,6 +707,34 @@ TEST(GemmReference, MxScalesPer32OfK) {
   EXPECT_TRUE(std::isnan(nan.value[0]));
   EXPECT_EQ(gemm_scale_elems(spec, 5, 3).a, 5 * 4);
   EXPECT_EQ(gemm_scale_elems(spec, 5, 3).b, 3 * 8 * 4);
+}
+
+TEST(GemmReference, Int8IsTheSignedByteTimesItsScales) {
+  // Per token x per channel, K = 16, N = 8: A row 0 = -128 then 127 (alternating), B row n = n - 4
+  // everywhere; scales 0.5 (row) and 2^n (channel): value = 8 * (-128 + 127) * (n - 4) * 0.5 * 2^n.
+  GemmSpec spec = make(GemmScaling::RowChannel, ElemFormat::Int8, ElemFormat::Int8, DType::FP32, false, false, 64, 1, 64,
+                       8, 16);
+  std::vector<uint8_t> a(16), b(8 * 16);
+  for (int k = 0; k < 16; ++k) a[size_t(k)] = k % 2 == 0 ? 0x80 : 0x7F;
+  for (int n = 0; n < 8; ++n)
+    for (int k = 0; k < 16; ++k) b[size_t(n * 16 + k)] = uint8_t(int8_t(n - 4));
+  std::vector<float> cs(8);
+  for (int n = 0; n < 8; ++n) cs[size_t(n)] = std::ldexp(1.0f, n);
+  const std::vector<uint8_t> sa = fp32_bytes({0.5f}), sb = fp32_bytes(cs);
+  const std::vector<int64_t> off = {0, 1};
+  const std::vector<int64_t> rows = {0};
+  const ref::GemmRows r = ref::gemm_reference(spec, ref::GemmOperands{a, b, sa, sb, {}, off, {}, 0, 1}, rows, 1);
+  for (int n = 0; n < 8; ++n) {
+    EXPECT_EQ(r.value[size_t(n)], -8.0 * (n - 4) * 0.5 * std::ldexp(1.0, n)) << n;
+    EXPECT_EQ(r.magnitude[size_t(n)], 8.0 * 255 * std::abs(n - 4) * 0.5 * std::ldexp(1.0, n)) << n;
+  }
+  // The problems' int8 operands: small integers, or every value of [-128, 127].
+  const ref::GemmProblem small = ref::make_gemm_problem(spec, std::vector<int64_t>{64}, 0, ref::GemmValues::SmallIntegers, false, 3);
+  for (uint8_t v : small.a) EXPECT_LE(std::abs(int(int8_t(v))), 2);
+  const ref::GemmProblem wide = ref::make_gemm_problem(spec, std::vector<int64_t>{4096}, 0, ref::GemmValues::Random, false, 3);
+  auto less = [](uint8_t x, uint8_t y) { return int8_t(x) < int8_t(y); };
+  EXPECT_EQ(*std::min_element(wide.a.begin(), wide.a.end(), less), 0x80);
+  EXPECT_EQ(*std::max_element(wide.a.begin(), wide.a.end(), less), 0x7F);
 }
 
 TEST(GemmProblem, ShapesSplitsAndExactValues) {

@@ -16,6 +16,7 @@
 //   members must read NaN; a ring case with 3 CTAs) and GemmRandom.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <iterator>
@@ -300,6 +301,19 @@ std::vector<Case> exact_cases() {
   masked("masked_nvfp4_fp32", spec_of(S::Nvfp4, F4, F4, DType::FP32, false, false, 128, 128, 1, 200, 256), 256);
   add("tensor_many_groups_fast_mc2", spec_of(S::PerTensor, E4, E4, DType::BF16, false, true, 128, 256, 2, 1024, 512),
       many, 3);
+  // int8 x int8 (s32 MMAs): unpromoted per-channel and per-tensor (one fp32 conversion after all of
+  // K), promoted blockwise and K-grouped (a conversion per k-block).
+  const auto I8 = ElemFormat::Int8;
+  add("int8_rowwise_bf16", spec_of(S::RowChannel, I8, I8, DType::BF16, false, false, 128, 128, 1, 200, 400));
+  add("int8_rowwise_bn256_fp32_acc_mc2", spec_of(S::RowChannel, I8, I8, DType::FP32, true, false, 128, 256, 2, 504, 400));
+  add("int8_tensor_bm64_bn64_fp32", spec_of(S::PerTensor, I8, I8, DType::FP32, false, false, 64, 64, 1, 200, 400));
+  add("int8_block_bf16", spec_of(S::Block128, I8, I8, DType::BF16, false, false, 128, 128, 1, 200, 400));
+  add("int8_block_ordered_fp32_acc", spec_of(S::Block128, I8, I8, DType::FP32, true, false, 128, 128, 1, 200, 400, 2));
+  add("int8_rowwise_many_groups", spec_of(S::RowChannel, I8, I8, DType::BF16, false, false, 128, 256, 1, 1024, 512), many, 3);
+  masked("masked_int8_rowwise_fp32", spec_of(S::RowChannel, I8, I8, DType::FP32, false, false, 128, 128, 1, 200, 256), 256);
+  kgrouped("kgrouped_int8_tensor_bf16", spec_of(S::PerTensor, I8, I8, DType::BF16, false, false, 128, 128, 1, 200, 200), tok, 5);
+  kgrouped("kgrouped_int8_block_fp32_acc", spec_of(S::Block128, I8, I8, DType::FP32, true, false, 128, 128, 1, 136, 130), tok128, 3);
+  members("members_int8_block_bf16", spec_of(S::Block128, I8, I8, DType::BF16, false, false, 128, 128, 1, 200, 200), mtok, 16);
   return v;
 }
 
@@ -412,6 +426,17 @@ std::vector<Case> random_cases() {
   v.push_back({"nvfp4_bf16_k7168", spec_of(S::Nvfp4, F4, F4, DType::BF16, false, false, 128, 128, 1, 1024, 7168), g8, 0, true});
   v.push_back({"nvfp4_fp32_acc_k2048", spec_of(S::Nvfp4, F4, F4, DType::FP32, true, false, 128, 128, 1, 512, 2048), g8, 7,
                false});
+  // int8: uniform over [-128, 127], fp32 scales.
+  const auto I8 = ElemFormat::Int8;
+  v.push_back({"int8_rowwise_bf16_k7168", spec_of(S::RowChannel, I8, I8, DType::BF16, false, false, 128, 256, 1, 1024, 7168),
+               g8, 0, true});
+  v.push_back({"int8_tensor_fp32_k4096", spec_of(S::PerTensor, I8, I8, DType::FP32, false, false, 128, 128, 2, 1024, 4096),
+               g8, 0, false});
+  v.push_back({"int8_block_fp32_acc_k7168", spec_of(S::Block128, I8, I8, DType::FP32, true, false, 128, 128, 1, 512, 7168),
+               g8, 7, true});
+  GemmSpec wi = spec_of(S::Block128, I8, I8, DType::FP32, false, false, 128, 128, 1, 512, 0);
+  wi.layout = GemmLayout::KGrouped, wi.m = 384;
+  v.push_back({"kgrouped_int8_block_fp32_4096_tokens", wi, ref::random_group_rows(8, 4096, 1, 1, 9), 16, true});
   return v;
 }
 
@@ -419,6 +444,50 @@ INSTANTIATE_TEST_SUITE_P(Variants, GemmRandom, ::testing::ValuesIn(random_cases(
                          [](const ::testing::TestParamInfo<Case>& i) { return i.param.name; });
 
 // ------------------------------------------------------------------------------- edges
+
+// int8 sums are exact in the tensor cores' s32 accumulators: full-range int8 operands (not just
+// small integers) with power-of-two scales must give exact_output() bit for bit, unpromoted
+// (K = 1024: |sum| <= 2^24, one exact conversion) and promoted (blockwise).
+TEST(GemmEdge, Int8FullRangeIsExact) {
+  QF_SKIP_WITHOUT_GPU();
+  for (GemmScaling sc : {GemmScaling::RowChannel, GemmScaling::Block128}) {
+    const GemmSpec s = spec_of(sc, ElemFormat::Int8, ElemFormat::Int8, DType::FP32, false, false, 128, 128, 1, 256, 1024);
+    ref::GemmProblem p = ref::make_gemm_problem(s, std::vector<int64_t>{300, 0, 129}, 0, ref::GemmValues::SmallIntegers,
+                                                true, 31);
+    std::mt19937_64 rng(8);
+    for (auto& b : p.a) b = uint8_t(rng());
+    for (auto& b : p.b) b = uint8_t(rng());
+    Device dev = to_device(s, p);
+    const std::vector<uint8_t> got = run(s, dev);
+    const ref::GemmRows ref = reference_of_every_row(s, p);
+    int64_t bad = 0;
+    for (int64_t i = 0; i < p.out_rows * s.n; ++i)
+      bad += out_bits(s, got, i) != ref::exact_output(s, ref.value[size_t(i)], 0.0f);
+    EXPECT_EQ(bad, 0) << traits(sc).name << ": elements that differ from the exact result";
+  }
+}
+
+// The s32 sums at the edge of overflow: every product -128 * -128 = 2^14. K = 2^17 - 16 (the
+// largest unpromoted K: the sum 2^31 - 2^18 fits) and K = 2^17 (promoted per k-block: each partial
+// 2^21, totals exact in fp32) must both give the exact result.
+TEST(GemmEdge, Int8LongKDoesNotOverflow) {
+  QF_SKIP_WITHOUT_GPU();
+  for (int64_t k : {(int64_t(1) << 17) - 16, int64_t(1) << 17}) {
+    const GemmSpec s = spec_of(GemmScaling::PerTensor, ElemFormat::Int8, ElemFormat::Int8, DType::FP32, false, false, 128,
+                               128, 1, 8, k);
+    EXPECT_EQ(gemm_promotes(s), k >= (int64_t(1) << 17));
+    ref::GemmProblem p = ref::make_gemm_problem(s, std::vector<int64_t>{3}, 0, ref::GemmValues::SmallIntegers, false, 5);
+    std::fill(p.a.begin(), p.a.end(), uint8_t(0x80));
+    std::fill(p.b.begin(), p.b.end(), uint8_t(0x80));
+    Device dev = to_device(s, p);
+    const std::vector<uint8_t> got = run(s, dev);
+    const ref::GemmRows ref = reference_of_every_row(s, p);
+    for (int64_t i = 0; i < p.out_rows * s.n; ++i) {
+      ASSERT_GT(ref.value[size_t(i)], 0.0);
+      ASSERT_EQ(out_bits(s, got, i), ref::exact_output(s, ref.value[size_t(i)], 0.0f)) << "K " << k << ", element " << i;
+    }
+  }
+}
 
 TEST(GemmEdge, AllGroupsEmptyWritesNothing) {
   QF_SKIP_WITHOUT_GPU();
