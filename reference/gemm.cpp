@@ -230,11 +230,17 @@ GemmTolerance gemm_tolerance(const GemmSpec& spec) {
   t.acc_rel = spec.fast_accum ? std::ldexp(1.0, -9) : std::ldexp(1.0, traits(spec.scaling).promote_k == 32 ? -12 : -11);
   // nvfp4: exact fp16 products accumulated in fp32 over all of K.
   if (spec.scaling == GemmScaling::Nvfp4) t.acc_rel = std::ldexp(1.0, -18);
-  // int8: exact s32 sums, converted to fp32 once (unpromoted: one rounding, 2^-24 of the sum), or
-  // per k-block of 128 and added by one fp32 fma each (each rounding at most 2^-24 of the running
-  // total, itself at most the magnitude): (K / 128) * 2^-24, covered by 2^-16 up to K = 2^15 per
-  // output; measured on an H100 (2026-11-25, GemmRandom int8 cases): see docs/gemm.md.
-  if (spec.a_format == ElemFormat::Int8) t.acc_rel = gemm_promotes(spec) ? std::ldexp(1.0, -16) : std::ldexp(1.0, -23);
+  // int8: exact s32 sums. Unpromoted: one conversion to fp32 (2^-24 of |sum| where |sum| > 2^24)
+  // and the epilogue's three fp32 multiplies (scale products, then the factors: 2^-24 of |value|
+  // each), at most 4 * 2^-24 of the magnitude. Promoted (per k-block of 128): a conversion of each
+  // k-block's sum (exact: |sum| <= 2^21) times its rounded scale product, added by one fp32 fma per
+  // k-block into the running total (each of the two roundings at most 2^-24 of the magnitude), plus
+  // the epilogue's: (2 * ceil(K / 128) + 4) * 2^-24; K-grouped (K per group unknown here): 2^-14,
+  // which covers groups of up to 2^16 tokens.
+  if (spec.a_format == ElemFormat::Int8) {
+    const double steps = !gemm_promotes(spec) ? 4.0 : k_grouped(spec.layout) ? std::ldexp(1.0, 10) : 2.0 * double((spec.k + 127) / 128) + 4.0;
+    t.acc_rel = steps * std::ldexp(1.0, -24);
+  }
   return t;
 }
 

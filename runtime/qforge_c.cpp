@@ -165,6 +165,11 @@ qf::GemmSpec to_gemm_spec(const qf_gemm_spec& c) {
   s.accumulate = flag(c.accumulate, "spec->accumulate");
   s.fast_accum = flag(c.fast_accum, "spec->fast_accum");
   s.tile = {c.block_m, c.block_n, c.stages, c.multicast, c.raster_m, c.ordered};
+  try {  // the spec's own rules, named as the caller's fields ("spec->tile.block_n: ...")
+    qf::validate(s);
+  } catch (const qf::UserError& e) {
+    throw qf::UserError("spec->" + e.where(), e.message());
+  }
   return s;
 }
 

@@ -35,7 +35,7 @@ commands:
        [--shape MxK] [--ms MS] [--dry-run] [--verbose]
                                     time candidate tiles of each plan on GPU 0 and store the
                                     fastest in the kernel cache (used by later loads)
-  gemm [--scaling tensor|rowwise|blockwise|mxfp8|nvfp4] [--a-format e4m3|e5m2|e2m1] [--b-format ...]
+  gemm [--scaling tensor|rowwise|blockwise|mxfp8|nvfp4] [--a-format e4m3|e5m2|int8|e2m1] [--b-format ...]
        [--groups G] [--m M] [--n N] [--k K] [--uneven [--zero-groups Z]] [--splits 3,0,5]
        [--out bf16|fp32] [--accumulate] [--alpha] [--fast-accum]
        [--block-m 64|128] [--block-n 64|128|192|256] [--stages S] [--multicast 1|2] [--raster R]

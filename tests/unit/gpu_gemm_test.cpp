@@ -446,14 +446,21 @@ INSTANTIATE_TEST_SUITE_P(Variants, GemmRandom, ::testing::ValuesIn(random_cases(
 // ------------------------------------------------------------------------------- edges
 
 // int8 sums are exact in the tensor cores' s32 accumulators: full-range int8 operands (not just
-// small integers) with power-of-two scales must give exact_output() bit for bit, unpromoted
-// (K = 1024: |sum| <= 2^24, one exact conversion) and promoted (blockwise).
+// small integers) must give exact_output() bit for bit where the fp32 arithmetic after them is
+// exact: unpromoted with power-of-two scales (K = 1024: |sum| <= 2^24, one exact conversion), and
+// promoted (blockwise) with unit block scales (each k-block's sum converted exactly, the running
+// total an integer of at most 2^24; scales of other binades would round the fp32 total).
 TEST(GemmEdge, Int8FullRangeIsExact) {
   QF_SKIP_WITHOUT_GPU();
   for (GemmScaling sc : {GemmScaling::RowChannel, GemmScaling::Block128}) {
     const GemmSpec s = spec_of(sc, ElemFormat::Int8, ElemFormat::Int8, DType::FP32, false, false, 128, 128, 1, 256, 1024);
     ref::GemmProblem p = ref::make_gemm_problem(s, std::vector<int64_t>{300, 0, 129}, 0, ref::GemmValues::SmallIntegers,
                                                 true, 31);
+    if (sc == GemmScaling::Block128) {
+      const float one = 1.0f;
+      for (size_t i = 0; i < p.a_scale.size(); i += 4) std::memcpy(&p.a_scale[i], &one, 4);
+      for (size_t i = 0; i < p.b_scale.size(); i += 4) std::memcpy(&p.b_scale[i], &one, 4);
+    }
     std::mt19937_64 rng(8);
     for (auto& b : p.a) b = uint8_t(rng());
     for (auto& b : p.b) b = uint8_t(rng());

@@ -33,12 +33,14 @@ struct Case {
   GemmScaling scaling;
   bool dgrad;
   double max_rel;  // relative Frobenius error of the quantized product (the measured one + margin)
+  ElemFormat format = ElemFormat::E4M3;  // both operands' (nvfp4: e2m1 whatever this says)
+  Usage usage = Usage::Training;         // the plans' usage (inference: the rowwise copies only)
 };
 void PrintTo(const Case& c, std::ostream* os) { *os << c.recipe << (c.dgrad ? " dgrad" : " fprop"); }
 
 std::vector<ref::Output> quantize(const std::string& recipe, const std::string& role, const ref::HostTensor& x,
-                                  std::span<const int64_t> splits) {
-  return quantize_with(qf::testing::shipped_recipe(recipe), role, x, splits);
+                                  std::span<const int64_t> splits, Usage usage) {
+  return quantize_with(qf::testing::shipped_recipe(recipe), role, x, splits, usage);
 }
 
 class QuantizeToGemm : public ::testing::TestWithParam<Case> {};
@@ -52,14 +54,14 @@ TEST_P(QuantizeToGemm, OperandsNeedNoReshuffling) {
   const int64_t red = c.dgrad ? n_out : k_in, cols = c.dgrad ? k_in : n_out;  // GEMM K and N
   const ref::HostTensor x = random_bf16(m, red, 1);         // input (fprop) or grad (dgrad)
   const ref::HostTensor w = random_bf16(2 * n_out, k_in, 2);  // two experts' [N, K] weights
-  const auto qa = quantize(c.recipe, c.dgrad ? "grouped_linear:grad_output" : "grouped_linear:input", x, rows);
+  const auto qa = quantize(c.recipe, c.dgrad ? "grouped_linear:grad_output" : "grouped_linear:input", x, rows, c.usage);
   const std::vector<int64_t> experts = {n_out, n_out};
-  const auto qw = quantize(c.recipe, "grouped_linear:weight", w, experts);
+  const auto qw = quantize(c.recipe, "grouped_linear:weight", w, experts, c.usage);
   const std::string bdir = c.dgrad ? "columnwise" : "rowwise";
 
   GemmSpec spec;
   spec.scaling = c.scaling;
-  spec.a_format = spec.b_format = fp4 ? ElemFormat::E2M1 : ElemFormat::E4M3;
+  spec.a_format = spec.b_format = fp4 ? ElemFormat::E2M1 : c.format;
   spec.n = cols, spec.k = red, spec.out_dtype = DType::FP32;
   ref::GemmOperands ops;
   ops.a = output(qa, "rowwise_data").bytes;
@@ -121,7 +123,9 @@ INSTANTIATE_TEST_SUITE_P(
                       Case{"mxfp8", GemmScaling::Mx32, false, 0.1},
                       Case{"mxfp8_hopper", GemmScaling::Mx32, false, 0.1}, Case{"mxfp8_hopper", GemmScaling::Mx32, true, 0.1},
                       Case{"float8_block_scaling", GemmScaling::Block128, false, 0.1},
-                      Case{"float8_block_scaling", GemmScaling::Block128, true, 0.1}),
+                      Case{"float8_block_scaling", GemmScaling::Block128, true, 0.1},
+                      // W8A8: int8 per token (input) x int8 per output channel (weight), fprop only (inference)
+                      Case{"w8a8_int8_inference", GemmScaling::RowChannel, false, 0.02, ElemFormat::Int8, Usage::Inference}),
     [](const ::testing::TestParamInfo<Case>& i) {
       return std::string(i.param.recipe) + (i.param.dgrad ? "_dgrad" : "_fprop");
     });

@@ -56,16 +56,16 @@ inline std::vector<float> amax_of(const std::vector<ref::Output>& outs, const st
 inline Recipe shipped_recipe(const std::string& name) {
   return load_recipe(std::filesystem::path(QF_SOURCE_DIR) / "recipes" / (name + ".json"));
 }
-// The grouped training plan of a role (one member per split).
-inline Plan grouped_plan(const Recipe& r, const std::string& role) {
-  return compile_plan(r, PlanRequest{role, DType::BF16, Usage::Training, true});
+// The grouped plan of a role (one member per split), for training unless told otherwise.
+inline Plan grouped_plan(const Recipe& r, const std::string& role, Usage usage = Usage::Training) {
+  return compile_plan(r, PlanRequest{role, DType::BF16, usage, true});
 }
 // The CPU reference's grouped quantize of x (seed 11, offset 0 for stochastic rounding).
 inline std::vector<ref::Output> quantize_with(const Recipe& r, const std::string& role, const ref::HostTensor& x,
-                                              std::span<const int64_t> splits) {
+                                              std::span<const int64_t> splits, Usage usage = Usage::Training) {
   ref::QuantizeParams params;
   params.seed = 11, params.offset = 0;
-  return ref::quantize_grouped(grouped_plan(r, role), x, splits, params);
+  return ref::quantize_grouped(grouped_plan(r, role, usage), x, splits, params);
 }
 
 inline double rel_error(const std::vector<double>& got, const std::vector<double>& want) {
