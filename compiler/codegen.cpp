@@ -52,6 +52,7 @@ void emit_stream(Emitter& e, const Plan& p, int index, int& scratch_entries) {
   bool pow2 = false, mx_floor = false;
   if (auto* m = std::get_if<PerTensorCurrent>(&s.scaling)) eps = m->epsilon, pow2 = m->pow2;
   if (auto* m = std::get_if<BlockScaling>(&s.scaling)) eps = m->epsilon, pow2 = m->pow2;
+  if (auto* m = std::get_if<PerChannel>(&s.scaling)) eps = m->epsilon, pow2 = m->pow2;
   if (auto* m = std::get_if<MxScaling>(&s.scaling)) mx_floor = m->rule == MxRule::Floor;
   scratch_entries += cast_scratch_entries(p.tile.rows, p.tile.cols, s.dir == Direction::Columnwise,
                                           s.layout == DataLayout::Transposed, rs.ept, block2d, b ? b->rows : 1,

@@ -44,7 +44,7 @@ const std::array<FormatTraits, 7> kFormats = [] {
 constexpr ElemFormat kFp8[] = {ElemFormat::E4M3, ElemFormat::E5M2};
 constexpr ElemFormat kIdentity[] = {ElemFormat::Identity};
 constexpr ElemFormat kPerTensor[] = {ElemFormat::E4M3, ElemFormat::E5M2, ElemFormat::Int8};
-constexpr ElemFormat kInt8[] = {ElemFormat::Int8};
+constexpr ElemFormat kChannel[] = {ElemFormat::E4M3, ElemFormat::E5M2, ElemFormat::Int8};
 constexpr ElemFormat kBlock[] = {ElemFormat::E4M3, ElemFormat::E5M2, ElemFormat::Int8};
 constexpr ElemFormat kMx[] = {ElemFormat::E4M3, ElemFormat::E5M2, ElemFormat::E2M1,
                               ElemFormat::E2M3, ElemFormat::E3M2};
@@ -56,7 +56,7 @@ const ScalingTraits kScalings[] = {
     {"per_tensor_current", kPerTensor, ScaleStorage::F32, AmaxScope::Tensor, true, false, false,
      "", "qf::kModeTensorCurrent"},
     {"per_tensor_delayed", kFp8, ScaleStorage::F32, AmaxScope::Tensor, false, false, false, "", "qf::kModeTensorDelayed"},
-    {"per_channel", kInt8, ScaleStorage::F32, AmaxScope::Channel, true, false, false, "", "qf::kModeChannel"},
+    {"per_channel", kChannel, ScaleStorage::F32, AmaxScope::Channel, true, false, false, "", "qf::kModeChannel"},
     {"block", kBlock, ScaleStorage::F32, AmaxScope::Block, false, true, false,
      "[1,L] (rowwise), [L,1] (columnwise) or [R,C], each a power of two in [16, 512]", "qf::kModeBlock"},
     {"mx", kMx, ScaleStorage::E8M0, AmaxScope::Block, false, true, true,

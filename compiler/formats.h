@@ -72,7 +72,10 @@ struct PerTensorDelayed {
   AmaxCompute amax_compute = AmaxCompute::Max;
   bool operator==(const PerTensorDelayed&) const = default;
 };
-struct PerChannel {  // one scale per row (rowwise) or per column (columnwise); torchao int8
+struct PerChannel {  // one scale per row (rowwise) or per column (columnwise): torchao's rule for
+                     // int8, current scaling's (fmax / amax) per channel for fp8
+  float epsilon = 0.0f;  // fp8 only: amax floor
+  bool pow2 = false;     // fp8 only: scales rounded down to powers of two
   bool operator==(const PerChannel&) const = default;
 };
 struct BlockScaling {  // fp32 scales per 1D block or 2D tile (DeepSeek-V3 style)

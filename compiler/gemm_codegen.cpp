@@ -78,6 +78,13 @@ std::string_view name(GemmLayout l) {
   return "?";
 }
 
+ElemFormat parse_gemm_format(std::string_view name, const std::string& where) {
+  const auto f = parse_format(name);
+  if (!f || (*f != ElemFormat::E4M3 && *f != ElemFormat::E5M2 && *f != ElemFormat::Int8 && *f != ElemFormat::E2M1))
+    throw UserError(where, "expected e4m3, e5m2, int8 or e2m1 (nvfp4), got \"" + std::string(name) + "\"");
+  return *f;
+}
+
 bool gemm_promotes(const GemmSpec& s) {
   if (s.scaling == GemmScaling::Nvfp4) return false;
   if (s.a_format == ElemFormat::Int8)  // K-grouped: a group's token count is run-time data
@@ -170,7 +177,11 @@ GemmTile resolve_tile(const GemmSpec& s) {
     throw UserError(tile_field("block_n"), "nvfp4: expected 128 (the B dequantization's work split), got " +
                                                std::to_string(t.block_n));
   if (promote && t.block_n > 128)
-    throw UserError(tile_field("block_n"), "fp32 promotion keeps two accumulators per thread: block_n <= 128, got " +
+    throw UserError(tile_field("block_n"), std::string(s.a_format == ElemFormat::Int8
+                                                           ? "int8 sums are promoted here (blockwise scales, K >= 2^17 or "
+                                                             "k-grouped) and "
+                                                           : "") +
+                                               "fp32 promotion keeps two accumulators per thread: block_n <= 128, got " +
                                                std::to_string(t.block_n));
   if (block128 && s.layout == GemmLayout::MGrouped && 128 % t.block_n != 0)
     throw UserError(tile_field("block_n"), "blockwise scaling: a tile must lie in one 128-column B block (64 or 128), got " +

@@ -104,6 +104,10 @@ struct GemmSpec {
   GemmTile tile;
 };
 
+// An operand format by name (the CLI, the C API): e4m3, e5m2, int8 or e2m1; which combinations a
+// scaling takes is validate()'s to say. Throws UserError(where, ...) for any other name.
+ElemFormat parse_gemm_format(std::string_view name, const std::string& where);
+
 // Whether the kernel promotes partial sums into fp32 accumulators (every k-block, or every 32 of
 // K for MX): fp8 unless fast_accum; never for nvfp4 (fp16 MMAs accumulate in fp32); int8 only
 // where its scales change along K or an s32 sum over all of K could overflow (K >= 2^17, or

@@ -216,6 +216,12 @@ Scaling parse_scaling(const Node& n, ElemFormat fmt, Direction dir) {
     keys = {"margin", "history_length", "amax_compute"};
   } else if (mode == "per_channel") {
     s = PerChannel{};
+    keys = {"epsilon", "pow2"};
+    if (fmt == ElemFormat::Int8)
+      for (const char* k : {"epsilon", "pow2"})
+        if (n.raw().is_object() && n.raw().contains(k))
+          n.at(k).fail(std::string("int8 per_channel scales follow torchao's rule (amax / 127 in the input dtype); \"") +
+                       k + "\" applies to fp8 per_channel scaling");
   } else if (mode == "block") {
     s = BlockScaling{};
     keys = {"block", "epsilon", "pow2"};

@@ -236,7 +236,7 @@ GemmTolerance gemm_tolerance(const GemmSpec& spec) {
   // k-block's sum (exact: |sum| <= 2^21) times its rounded scale product, added by one fp32 fma per
   // k-block into the running total (each of the two roundings at most 2^-24 of the magnitude), plus
   // the epilogue's: (2 * ceil(K / 128) + 4) * 2^-24; K-grouped (K per group unknown here): 2^-14,
-  // which covers groups of up to 2^16 tokens.
+  // which covers groups of up to 510 k-blocks (65,280 tokens).
   if (spec.a_format == ElemFormat::Int8) {
     const double steps = !gemm_promotes(spec) ? 4.0 : k_grouped(spec.layout) ? std::ldexp(1.0, 10) : 2.0 * double((spec.k + 127) / 128) + 4.0;
     t.acc_rel = steps * std::ldexp(1.0, -24);

@@ -143,11 +143,7 @@ qf::GemmSpec to_gemm_spec(const qf_gemm_spec& c) {
   const bool fp4 = s.scaling == qf::GemmScaling::Nvfp4;
   auto format = [fp4](const char* name, const char* field) {
     if (!name) return fp4 ? qf::ElemFormat::E2M1 : qf::ElemFormat::E4M3;
-    const auto f = qf::parse_format(name);  // which combinations a scaling takes: qf::validate
-    if (!f || (*f != qf::ElemFormat::E4M3 && *f != qf::ElemFormat::E5M2 && *f != qf::ElemFormat::Int8 &&
-               *f != qf::ElemFormat::E2M1))
-      throw qf::UserError(field, std::string("expected e4m3, e5m2, int8 or e2m1 (nvfp4), got \"") + name + "\"");
-    return *f;
+    return qf::parse_gemm_format(name, field);  // which combinations a scaling takes: qf::validate
   };
   s.a_format = format(c.a_format, "spec->a_format");
   s.b_format = format(c.b_format, "spec->b_format");

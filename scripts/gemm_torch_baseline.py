@@ -77,7 +77,8 @@ def main():
     bench("_scaled_mm fp8 rowwise (dense)",
           lambda: torch._scaled_mm(qa, qbd.t(), sa[:, None], sb[0][None, :], out_dtype=torch.bfloat16))
     del qa, qb, qbd
-    # dense int8 (s32 output, no scales) at the same FLOPs: the ceiling for the int8 grouped GEMM
+    # dense int8 at the same FLOPs (cuBLAS; s32 output, no scales: less epilogue work than qforge's
+    # int8 GEMM, which scales and rounds to bf16)
     ia = torch.randint(-128, 128, (g * m, k), device=dev, dtype=torch.int8)
     ib = torch.randint(-128, 128, (n, k), device=dev, dtype=torch.int8)
     bench("_int_mm int8 (dense)", lambda: torch._int_mm(ia, ib.t()))

@@ -50,7 +50,8 @@ for n in NS:
            f"%{r}, %{r + 1}, p, 1, 1", '"l"(desc_a), "l"(desc_b), "r"(scale_d)', r)
 
 w("// int8 MMAs (s8 x s8 -> s32, exact): as above, the accumulators' bits are s32 in the float array")
-w("// d (QF_WGMMA_S32 reinterprets each element for the \"r\" constraint PTX needs).")
+w("// d (QF_WGMMA_S32 reinterprets each element for the \"r\" constraint PTX needs; this relies on the")
+w("// accumulator arrays living in registers, which the no-stack-frame compile test guards).")
 w("#define QF_WGMMA_S32(x) reinterpret_cast<unsigned&>(x)")
 for n in NS:
     r = n // 2

@@ -33,14 +33,9 @@
 namespace qf::cli {
 namespace {
 
-// An operand format: e4m3 (the default), e5m2 or int8; with nvfp4 scaling, e2m1 (the default).
-// Which combinations a scaling takes is validate()'s to say.
+// An operand format; the default is e4m3, or e2m1 with nvfp4 scaling.
 ElemFormat format_arg(const Args& args, const std::string& flag, bool fp4) {
-  const std::string s = args.get(flag).value_or(fp4 ? "e2m1" : "e4m3");
-  auto f = parse_format(s);
-  if (!f || (*f != ElemFormat::E4M3 && *f != ElemFormat::E5M2 && *f != ElemFormat::Int8 && *f != ElemFormat::E2M1))
-    throw UserError(flag, "expected e4m3, e5m2, int8 or e2m1 (nvfp4), got \"" + s + "\"");
-  return *f;
+  return parse_gemm_format(args.get(flag).value_or(fp4 ? "e2m1" : "e4m3"), flag);
 }
 
 double median(std::vector<double> v) {

@@ -1,9 +1,9 @@
-// Grouped fp8 GEMM for Hopper (sm_90a). Generated code (compiler/gemm_codegen.cpp) defines one
+// Grouped fp8 / int8 GEMM for Hopper (sm_90a; NVFP4 dequantized on chip, below). Generated code (compiler/gemm_codegen.cpp) defines one
 // config struct with named constants (formats, scaling, N, K, output, tile shape) and names
 // gemm_kernel<Cfg>; everything else is here, as ordinary CUDA.
 //
 // Problem (gemm_args.cuh): M-grouped, D[rows of g] (+)= alpha[g] * A[rows of g] * B[g]^T
-// with A [m_total, K] and B [G, N, K] K-major fp8 (e4m3 or e5m2, independently), D [m_total, N]
+// with A [m_total, K] and B [G, N, K] K-major fp8 (e4m3 or e5m2, independently) or both int8, D [m_total, N]
 // bf16 or fp32. Group row ranges come from a device offsets array, read in the kernel, so a
 // launch needs no host sync and can be captured in a CUDA graph. Layouts: contiguous (offsets
 // [G + 1]) or masked (A [G, m_max, K], counts [G]: group g uses the first counts[g] rows of its slot).
@@ -30,7 +30,8 @@
 //     rows clipped to the group's end and m_total, columns to N; optional accumulate into fp32 D.
 //
 // Numerics: products of fp8 values are exact; the tensor cores add them with their own (reduced,
-// implementation-defined) precision within a k-block (or over all of K without promotion); all
+// implementation-defined) precision within a k-block (or over all of K without promotion); int8
+// sums are exact s32, converted to fp32 once per promoted step or once after all of K; all
 // other arithmetic is explicit IEEE fp32 (fmaf where fused); bf16 output rounds RNE through
 // numerics.cuh. The CPU reference (reference/gemm.h) states the error bound.
 #pragma once
@@ -1044,6 +1045,8 @@ struct Traits {
   static_assert(!kInt8 || (Cfg::kScaling == kGemmPerTensor || Cfg::kScaling == kGemmRowChannel ||
                            Cfg::kScaling == kGemmBlock128 || Cfg::kScaling == kGemmBlock128K),
                 "int8: per-tensor, per-row x per-channel or 1x128 blockwise scaling");
+  static_assert(!kInt8 || Cfg::kPromote || (!Cfg::kKGrouped && Cfg::kK < (i64(1) << 17)),
+                "int8 unpromoted: K * 2^14 < 2^31, so that no s32 sum over all of K overflows");
   static_assert(!kFp4 || (kBN == 128 && kBM == 128 && kMc == 1 && !Cfg::kOrderedIssue && !Cfg::kPromote &&
                           (Cfg::kKGrouped || Cfg::kK % 128 == 0) && kStages >= 3),
                 "NVFP4: 128 x 128 tiles, no multicast, ordered issue or promotion, K % 128 == 0, 3+ stages");

@@ -96,7 +96,8 @@
                : "l"(desc_a), "l"(desc_b), "r"(scale_d))
 
 // int8 MMAs (s8 x s8 -> s32, exact): as above, the accumulators' bits are s32 in the float array
-// d (QF_WGMMA_S32 reinterprets each element for the "r" constraint PTX needs).
+// d (QF_WGMMA_S32 reinterprets each element for the "r" constraint PTX needs; this relies on the
+// accumulator arrays living in registers, which the no-stack-frame compile test guards).
 #define QF_WGMMA_S32(x) reinterpret_cast<unsigned&>(x)
 #define QF_WGMMA_M64N64K32_S8 \
   asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n" \

@@ -312,6 +312,8 @@ def _scaling(spec):
         out.update(epsilon=s.get("epsilon", 0.0), pow2=s.get("pow2", False))
     elif mode == "per_tensor_delayed":
         out.update(margin=s.get("margin", 0))
+    elif mode == "per_channel":
+        out.update(epsilon=s.get("epsilon", 0.0), pow2=s.get("pow2", False))
     elif mode == "block":
         out.update(block=tuple(s.get("block", [1, 128])), epsilon=s.get("epsilon", 0.0), pow2=s.get("pow2", True))
     elif mode == "mx":
@@ -493,6 +495,10 @@ def _quantize_stream(s, x, dtype, seed=0, offset=0, scale=None, l_base=0):
         if mode == "per_channel":
             per_row = s["dir"] == "rowwise" or transposed
             a = amax_of(d, axis=1) if per_row else amax_of(d, axis=0)
+            if fmt != "int8":  # fp8: current scaling's rule per channel, scale_inv stored
+                scale_c = compute_scale(a, FMAX[fmt], sc["epsilon"], sc["pow2"], FLT_MAX)
+                mult = scale_c[:, None] if per_row else scale_c[None, :]
+                return encode((d * mult).astype(F32)), recip(scale_c), None
             sca = round_to_dtype((a / F32(127)).astype(F32), dtype)
             inv = (F32(1) / np.maximum(sca, F32(1e-12))).astype(F32)
             mult = inv[:, None] if per_row else inv[None, :]

@@ -123,6 +123,8 @@ std::vector<Variant> variants() {
       {"int8_rowwise_fp32_acc_mc2", make(S::RowChannel, I8, I8, DType::FP32, true, false, 128, 2)},
       {"int8_tensor_bm64_bn64", make(S::PerTensor, I8, I8, DType::BF16, false, false, 64, 1, 64)},
       {"int8_tensor_long_k", make(S::PerTensor, I8, I8, DType::BF16, false, false, 0, 1, 128, 4096, 1 << 17)},
+      {"int8_rowwise_long_k_fp32", make(S::RowChannel, I8, I8, DType::FP32, false, false, 0, 1, 128, 4096, 1 << 17)},
+      {"int8_rowwise_ordered", ordered(make(S::RowChannel, I8, I8, DType::BF16, false, false, 128, 1), 2)},
       {"int8_block_bf16", make(S::Block128, I8, I8, DType::BF16, false, false, 128, 1)},
       {"kgrouped_int8_tensor_fp32_acc", k_grouped(make(S::PerTensor, I8, I8, DType::FP32, true, false, 128, 1), 2048)},
       {"kgrouped_int8_block_bf16", k_grouped(make(S::Block128, I8, I8, DType::BF16, false, false, 128, 1), 4096)},

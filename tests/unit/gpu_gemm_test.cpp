@@ -479,9 +479,9 @@ TEST(GemmEdge, Int8FullRangeIsExact) {
 // 2^21, totals exact in fp32) must both give the exact result.
 TEST(GemmEdge, Int8LongKDoesNotOverflow) {
   QF_SKIP_WITHOUT_GPU();
+  for (GemmScaling sc : {GemmScaling::PerTensor, GemmScaling::RowChannel})
   for (int64_t k : {(int64_t(1) << 17) - 16, int64_t(1) << 17}) {
-    const GemmSpec s = spec_of(GemmScaling::PerTensor, ElemFormat::Int8, ElemFormat::Int8, DType::FP32, false, false, 128,
-                               128, 1, 8, k);
+    const GemmSpec s = spec_of(sc, ElemFormat::Int8, ElemFormat::Int8, DType::FP32, false, false, 128, 128, 1, 8, k);
     EXPECT_EQ(gemm_promotes(s), k >= (int64_t(1) << 17));
     ref::GemmProblem p = ref::make_gemm_problem(s, std::vector<int64_t>{3}, 0, ref::GemmValues::SmallIntegers, false, 5);
     std::fill(p.a.begin(), p.a.end(), uint8_t(0x80));
@@ -491,9 +491,48 @@ TEST(GemmEdge, Int8LongKDoesNotOverflow) {
     const ref::GemmRows ref = reference_of_every_row(s, p);
     for (int64_t i = 0; i < p.out_rows * s.n; ++i) {
       ASSERT_GT(ref.value[size_t(i)], 0.0);
-      ASSERT_EQ(out_bits(s, got, i), ref::exact_output(s, ref.value[size_t(i)], 0.0f)) << "K " << k << ", element " << i;
+      ASSERT_EQ(out_bits(s, got, i), ref::exact_output(s, ref.value[size_t(i)], 0.0f))
+          << traits(sc).name << ", K " << k << ", element " << i;
     }
   }
+}
+
+// Unpromoted int8 sums past 2^24 are converted to fp32 once, rounding to nearest, then scaled as
+// the epilogue does: D = (fp32(sum) * fp32(sa[r] * alpha[g])) * sb[g, n] with general fp32 scales,
+// bit for bit (A all 127, B in [64, 127]: sums of about 2^25.6, 26 significant bits).
+TEST(GemmEdge, Int8SumsConvertOnce) {
+  QF_SKIP_WITHOUT_GPU();
+  const GemmSpec s = spec_of(GemmScaling::RowChannel, ElemFormat::Int8, ElemFormat::Int8, DType::FP32, false, false, 128,
+                             256, 1, 256, 4096);
+  ASSERT_FALSE(gemm_promotes(s));
+  ref::GemmProblem p = ref::make_gemm_problem(s, std::vector<int64_t>{200, 0, 77}, 0, ref::GemmValues::Random, true, 41);
+  std::mt19937_64 rng(17);
+  std::fill(p.a.begin(), p.a.end(), uint8_t(127));
+  for (auto& b : p.b) b = uint8_t(64 + rng() % 64);
+  Device dev = to_device(s, p);
+  const std::vector<uint8_t> got = run(s, dev);
+  auto f32_at = [](const std::vector<uint8_t>& bytes, int64_t i) {
+    float f;
+    std::memcpy(&f, &bytes[size_t(i) * 4], 4);
+    return f;
+  };
+  int64_t bad = 0, rounded = 0;
+  std::ostringstream first;
+  for (int64_t r = 0; r < p.m_total; ++r) {
+    const int g = r < 200 ? 0 : 2;
+    const float rf = f32_at(p.a_scale, r) * p.alpha[size_t(g)];
+    for (int64_t n = 0; n < s.n; ++n) {
+      int64_t sum = 0;
+      for (int64_t k = 0; k < s.k; ++k) sum += 127 * int64_t(p.b[size_t((g * s.n + n) * s.k + k)]);
+      rounded += int64_t(float(sum)) != sum;
+      const float want = (float(sum) * rf) * f32_at(p.b_scale, g * s.n + n);
+      const uint32_t gb = out_bits(s, got, r * s.n + n);
+      if (gb != f32_bits(want) && bad++ == 0)
+        first << "row " << r << " col " << n << ": got " << f32_from_bits(gb) << ", want " << want;
+    }
+  }
+  EXPECT_GT(rounded, p.m_total * s.n / 2) << "most sums must need rounding to fp32";
+  EXPECT_EQ(bad, 0) << first.str();
 }
 
 TEST(GemmEdge, AllGroupsEmptyWritesNothing) {

@@ -306,7 +306,7 @@ TEST(SelectTiles, CandidatesAreValidAndStartWithTheDefault) {
 TEST(SelectTiles, EveryCandidateFitsSharedMemory) {
   size_t checked = 0;
   for (const char* recipe : {"delayed_scaling", "current_scaling", "float8_block_scaling", "mxfp8", "nvfp4",
-                             "hybrid_mxfp8_fwd_nvfp4_bwd", "int8_weight_sr", "w8a8_int8_inference"})
+                             "hybrid_mxfp8_fwd_nvfp4_bwd", "int8_weight_sr", "w8a8_int8_inference", "fp8_rowwise"})
     for (const char* role : {"linear:input", "linear:weight", "linear:grad_output"})
       for (Usage u : {Usage::Training, Usage::Inference})
         for (DType d : {DType::BF16, DType::FP32}) {

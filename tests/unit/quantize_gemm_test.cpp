@@ -124,6 +124,8 @@ INSTANTIATE_TEST_SUITE_P(
                       Case{"mxfp8_hopper", GemmScaling::Mx32, false, 0.1}, Case{"mxfp8_hopper", GemmScaling::Mx32, true, 0.1},
                       Case{"float8_block_scaling", GemmScaling::Block128, false, 0.1},
                       Case{"float8_block_scaling", GemmScaling::Block128, true, 0.1},
+                      // fp8 per token x per channel (torchao's rowwise): the weights' columnwise copy per input channel
+                      Case{"fp8_rowwise", GemmScaling::RowChannel, false, 0.05}, Case{"fp8_rowwise", GemmScaling::RowChannel, true, 0.05},
                       // W8A8: int8 per token (input) x int8 per output channel (weight), fprop only (inference)
                       Case{"w8a8_int8_inference", GemmScaling::RowChannel, false, 0.02, ElemFormat::Int8, Usage::Inference}),
     [](const ::testing::TestParamInfo<Case>& i) {
