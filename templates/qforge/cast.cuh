@@ -1075,14 +1075,16 @@ __device__ __forceinline__ void block_scale(float block_amax, const StreamCtx<S>
   } else if constexpr (S::kMode == kModeTensorDelayed) {
     mul = delayed_scale;
     entry = f32_bits(1.0f / delayed_scale);
-  } else if constexpr (S::kMode == kModeChannel && F::kIsInt) {  // torchao's int8 rule
-    const float scale = int8_channel_scale(block_amax, Cfg::kInDtype);
-    mul = int8_channel_multiplier(scale);
-    entry = f32_bits(scale);
-  } else if constexpr (S::kMode == kModeChannel) {  // fp8: current scaling's rule per channel
-    const float scale = compute_scale(block_amax, F::kMaxFinite, S::kEpsilon, S::kPow2, kFltMax);
-    mul = scale;
-    entry = f32_bits(1.0f / scale);
+  } else if constexpr (S::kMode == kModeChannel) {
+    if constexpr (F::kIsInt) {  // torchao's int8 rule
+      const float scale = int8_channel_scale(block_amax, Cfg::kInDtype);
+      mul = int8_channel_multiplier(scale);
+      entry = f32_bits(scale);
+    } else {  // fp8: current scaling's rule per channel
+      const float scale = compute_scale(block_amax, F::kMaxFinite, S::kEpsilon, S::kPow2, kFltMax);
+      mul = scale;
+      entry = f32_bits(1.0f / scale);
+    }
   } else if constexpr (S::kMode == kModeMx) {
     const u8 e = S::kMxFloor ? e8m0_floor(block_amax, F::kEmax)
                              : e8m0_rceil(block_amax * (1.0f / F::kMaxFinite));
