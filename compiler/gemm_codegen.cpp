@@ -13,8 +13,11 @@ namespace {
 constexpr GemmScalingTraits kScalings[] = {
     {GemmScaling::PerTensor, "tensor", {"qf::gemm::PerTensorScaling", "qf::kGemmPerTensor", kGemmPerTensor},
      {"qf::gemm::PerTensorScaling", "qf::kGemmPerTensor", kGemmPerTensor}, false, 0, 0, "fp32", 4, 0, 16, "[G]", "[G]"},
-    {GemmScaling::RowChannel, "rowwise", {"qf::gemm::RowChannelScaling", "qf::kGemmRowChannel", kGemmRowChannel}, {},
-     false, 0, 0, "fp32", 4, 0, 16, "[m_total]", "[G, N]"},
+    // K-grouped: per row of A [m] and of B [N] (the per-channel transposed copies of one tensor;
+    // members: [G, m] and [G, N]).
+    {GemmScaling::RowChannel, "rowwise", {"qf::gemm::RowChannelScaling", "qf::kGemmRowChannel", kGemmRowChannel},
+     {"qf::gemm::RowChannelScaling", "qf::kGemmRowChannel", kGemmRowChannel}, false, 0, 0, "fp32", 4, 0, 16,
+     "[m_total]", "[G, N]"},
     // K-grouped: both operands 1x128 along the tokens (the 128x1 columnwise grids).
     {GemmScaling::Block128, "blockwise", {"qf::gemm::Block128Scaling", "qf::kGemmBlock128", kGemmBlock128},
      {"qf::gemm::Block128KScaling", "qf::kGemmBlock128K", kGemmBlock128K}, true, 128, 128, "fp32", 4, 0, 16,
@@ -124,15 +127,8 @@ void validate(const GemmSpec& s) {
       throw UserError("m", "k-grouped: expected the rows of each output in [1, 2^24], got " + std::to_string(s.m));
     if (s.k != 0)
       throw UserError("k", "k-grouped: K is each group's token count, read at run time: expected 0, got " + std::to_string(s.k));
-    if (traits(s.scaling).k_grouped.policy.empty()) {
-      std::vector<std::string_view> ok;  // "tensor, blockwise, mxfp8 or nvfp4"
-      for (const auto& t : kScalings)
-        if (!t.k_grouped.policy.empty()) ok.push_back(t.name);
-      std::string list;
-      for (size_t i = 0; i < ok.size(); ++i)
-        list += (i == 0 ? "" : i + 1 == ok.size() ? " or " : ", ") + std::string(ok[i]);
-      throw UserError("scaling", "k-grouped (wgrad): expected " + list + ", got " + std::string(traits(s.scaling).name));
-    }
+    // Every scaling has a K-grouped form (kScalings).
+    QF_CHECK(!traits(s.scaling).k_grouped.policy.empty(), "no k-grouped policy for ", traits(s.scaling).name);
     if (s.tile.multicast > 1) throw UserError("tile.multicast", "k-grouped: expected 1, got " + std::to_string(s.tile.multicast));
   } else if (s.m != 0) {
     throw UserError("m", "m-grouped: rows are per group at run time: expected 0, got " + std::to_string(s.m));
@@ -243,6 +239,8 @@ GemmScaleElems gemm_scale_elems(const GemmSpec& s, int64_t m_total, int64_t num_
   const int64_t g = num_groups, kb = (s.k + 127) / 128, nb = (s.n + 127) / 128;
   if (k_grouped(s.layout)) {
     const int sk = traits(s.scaling).scale_k;
+    if (s.scaling == GemmScaling::RowChannel)  // per channel: shared by the groups, or per member
+      return s.layout == GemmLayout::KGroupedMembers ? GemmScaleElems{g * s.m, g * s.n} : GemmScaleElems{s.m, s.n};
     if (sk == 0) return {g, g};  // tensor: one scale per group member
     // A scale per row of A [m, k_total] and of B [N, k_total] per scale_k tokens; members: each
     // member's grid on its own, so up to one partial block more per member.

@@ -63,8 +63,9 @@ std::optional<GemmScaling> parse_gemm_scaling(std::string_view name);
 enum class GemmLayout : uint8_t {
   MGrouped,  // fprop / dgrad: groups own rows of A and D (contiguous offsets or masked slots); B [G, N, K]
   KGrouped,  // wgrad: groups own ranges of the shared K (tokens); A [m, K_total], B [N, K_total], D [G, m, N];
-             // tensor, blockwise (1x128 blocks along the tokens on both operands), mxfp8 or nvfp4
-             // scaling (1x32 / 1x16 blocks along the tokens)
+             // tensor, rowwise (per channel: [m] and [N], members [G, m] and [G, N]), blockwise
+             // (1x128 blocks along the tokens on both operands), mxfp8 or nvfp4 scaling (1x32 /
+             // 1x16 blocks along the tokens)
   KGroupedMembers,  // wgrad on the grouped quantizer's per-member transposed copies: group g's A_g
                     // [m, M_g] and B_g [N, M_g] (M_g = offsets[g+1] - offsets[g]) back to back, each
                     // with its own scale grid [m, ceil(M_g / scale_k)] / [N, ...], likewise back to back

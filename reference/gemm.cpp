@@ -134,7 +134,7 @@ GemmRows gemm_reference(const GemmSpec& spec, const GemmOperands& ops, std::span
     if (kg_rows) return scale_at(spec, ops.a_scale, r * kg_cols + kk / sk);
     switch (spec.scaling) {
       case GemmScaling::PerTensor: return scale_at(spec, ops.a_scale, g);
-      case GemmScaling::RowChannel: return scale_at(spec, ops.a_scale, r);
+      case GemmScaling::RowChannel: return scale_at(spec, ops.a_scale, members ? int64_t(g) * spec.m + r : r);
       case GemmScaling::Block128: return scale_at(spec, ops.a_scale, r * kb + kk / 128);
       case GemmScaling::Mx32:
       case GemmScaling::Nvfp4: return scale_at(spec, ops.a_scale, r * row_scales + kk / sk);
@@ -149,7 +149,7 @@ GemmRows gemm_reference(const GemmSpec& spec, const GemmOperands& ops, std::span
     if (kg_rows) return scale_at(spec, ops.b_scale, col * kg_cols + kk / sk);
     switch (spec.scaling) {
       case GemmScaling::PerTensor: return scale_at(spec, ops.b_scale, g);
-      case GemmScaling::RowChannel: return scale_at(spec, ops.b_scale, int64_t(g) * n + col);
+      case GemmScaling::RowChannel: return scale_at(spec, ops.b_scale, kg && !members ? col : int64_t(g) * n + col);
       case GemmScaling::Block128: return scale_at(spec, ops.b_scale, (int64_t(g) * nb + col / 128) * kb + kk / 128);
       case GemmScaling::Mx32:
       case GemmScaling::Nvfp4: return scale_at(spec, ops.b_scale, (int64_t(g) * n + col) * row_scales + kk / sk);

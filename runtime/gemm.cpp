@@ -295,6 +295,11 @@ void Gemm::run_k_grouped(const GemmCall& c, CUstream stream) const {
   if (s.scaling == GemmScaling::PerTensor) {
     check_buffer("a_scale", c.a_scale, se.a * 4, 4, "fp32 per-group scales [G]");
     check_buffer("b_scale", c.b_scale, se.b * 4, 4, "fp32 per-group scales [G]");
+  } else if (s.scaling == GemmScaling::RowChannel) {
+    const bool members = s.layout == GemmLayout::KGroupedMembers;
+    const std::string g_dim = members ? "[" + std::to_string(g) + ", " : "[";
+    check_buffer("a_scale", c.a_scale, se.a * 4, 4, "fp32 per-channel scales of A's rows " + g_dim + std::to_string(s.m) + "]");
+    check_buffer("b_scale", c.b_scale, se.b * 4, 4, "fp32 per-channel scales of B's rows " + g_dim + std::to_string(s.n) + "]");
   } else {
     const int64_t cols = se.a / s.m;
     const std::string what = std::string(st.scale_type) + " " + std::string(st.name) + " scales per row along the tokens ";

@@ -45,7 +45,7 @@ commands:
                                     grouped fp8 GEMM on GPU 0 with random operands (G groups of M
                                     rows, or --splits; --m-max: masked layout [G, M_MAX, K] with
                                     those as counts; --k-grouped: wgrad, D[g] [M, N] over K
-                                    tokens per group; tensor, blockwise, mxfp8 or nvfp4;
+                                    tokens per group; any scaling (rowwise: per channel);
                                     --members: each group's operands its own [M, tokens] and
                                     [N, tokens] copies back to back, as grouped quantize writes):
                                     --check compares sampled rows with the

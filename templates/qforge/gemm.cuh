@@ -610,7 +610,9 @@ struct PerTensorScaling : NoStepScales, NoColScales {
 };
 
 // fp32 scale per row of A (token) and per row of B[g] (output channel):
-// D[r, n] = alpha * sa[r] * sb[g, n] * sum(a * b).
+// D[r, n] = alpha * sa[r] * sb[g, n] * sum(a * b). K-grouped (wgrad on per-channel copies: the
+// scales do not change along the tokens): A's per row [kM] and B's per row [kN], shared by every
+// group of one tensor; members: each member's own, [G, kM] and [G, kN].
 struct RowChannelScaling : NoStepScales {
   static constexpr bool kColScales = true;
   static constexpr int kSteps = 1, kScaleWriters = 0;
@@ -623,16 +625,20 @@ struct RowChannelScaling : NoStepScales {
     static_assert(Cfg::kBlockN <= 256, "two column scales per thread");
     Tile s;
     const float alpha = group_alpha(a, t);
+    // Rows of A (m_total, or K-grouped kM), the group's A and B scale vectors.
+    const int rows = Cfg::kKGrouped ? int(Cfg::kM) : int(a.m_total);
+    const i64 a_base = Cfg::kMembers ? i64(t.group) * Cfg::kM : 0;
+    const i64 b_base = !Cfg::kKGrouped || Cfg::kMembers ? i64(t.group) * Cfg::kN : 0;
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
       const int r = t.row0 + f.row + 8 * h;
-      s.row[h] = r < int(a.m_total) ? static_cast<const float*>(a.a_scale)[r] * alpha : 0.0f;
+      s.row[h] = r < rows ? static_cast<const float*>(a.a_scale)[a_base + r] * alpha : 0.0f;
     }
 #pragma unroll
     for (int i = 0; i < 2; ++i) {
       const int c = f.tid + 128 * i;
       const bool ok = c < int(Cfg::kBlockN) && t.n0 + c < int(Cfg::kN);
-      s.col[i] = ok ? static_cast<const float*>(a.b_scale)[i64(t.group) * Cfg::kN + t.n0 + c] : 0.0f;
+      s.col[i] = ok ? static_cast<const float*>(a.b_scale)[b_base + t.n0 + c] : 0.0f;
     }
     return s;
   }
@@ -1035,9 +1041,10 @@ struct Traits {
   static_assert(!Cfg::kOrderedIssue || kConsumers == 2, "ordered issue alternates two warpgroups");
   static_assert(Scaling::kSteps == 1 || (Scaling::kSteps == 4 && Cfg::kPromote && !Cfg::kOrderedIssue),
                 "per-32 promotion: promoted, unordered");
-  static_assert(!Cfg::kKGrouped || ((Cfg::kScaling == kGemmPerTensor || Cfg::kScaling == kGemmBlock128K ||
-                                      Cfg::kScaling == kGemmMx32 || Cfg::kScaling == kGemmNvfp4) && kMc == 1),
-                "K-grouped: per-tensor, blockwise (1x128 along the tokens), MX or NVFP4 scaling, no multicast");
+  static_assert(!Cfg::kKGrouped || ((Cfg::kScaling == kGemmPerTensor || Cfg::kScaling == kGemmRowChannel ||
+                                      Cfg::kScaling == kGemmBlock128K || Cfg::kScaling == kGemmMx32 ||
+                                      Cfg::kScaling == kGemmNvfp4) && kMc == 1),
+                "K-grouped: per-tensor, per-channel, blockwise (1x128 along the tokens), MX or NVFP4 scaling, no multicast");
   static_assert(!Cfg::kMembers || Cfg::kKGrouped, "per-member operands: the K-grouped layout");
   static_assert(Cfg::kScaling != kGemmBlock128K || (Cfg::kKGrouped && Cfg::kPromote),
                 "Block128KScaling: the K-grouped layout, promoted");
@@ -1315,13 +1322,14 @@ __device__ __forceinline__ void epilogue_tma(const GemmArgs& a, const TileInfo& 
                                              u32 base, float* acc, const typename Traits<Cfg>::Scaling::Tile& ts) {
   using T = Traits<Cfg>;
   using S = typename T::Scaling;
-  static_assert(!S::kColScales, "K-grouped policies have no per-column epilogue factors");
   constexpr int kBoxCols = kGemmEpiBoxBytes / T::kOutBytes;
   constexpr int kBoxes = T::kEpiCols / kBoxCols;
   static_assert(T::kEpiCols % kBoxCols == 0, "whole boxes per pass");
   const u32 bar_id = 1u + u32(f.wg);
   const u32 staging_off = T::kSmem.staging_off + u32(f.wg) * T::kSmem.staging_wg;
   u8* staging = smem + staging_off;
+  float* cols = reinterpret_cast<float*>(smem + T::kSmem.col_off) + f.wg * T::kBN;
+  if constexpr (S::kColScales) S::template store_cols<Cfg>(ts, cols, f);  // read after the pass barrier
   float rf0 = S::template row_factor<Cfg>(ts, 0), rf1 = S::template row_factor<Cfg>(ts, 1);
   if constexpr (Cfg::kMembers) {
     if (t.bad) rf0 = rf1 = __int_as_float(0x7FC00000);  // a member the kernel cannot read: D[g] is NaN
@@ -1348,8 +1356,12 @@ __device__ __forceinline__ void epilogue_tma(const GemmArgs& a, const TileInfo& 
     for (int jj = 0; jj < T::kEpiCols / 8; ++jj) {
       const int j = pass * (T::kEpiCols / 8) + jj;
       const int c = 8 * jj + 2 * quad;
-      const float v0 = acc[4 * j + 0] * rf0, v1 = acc[4 * j + 1] * rf0;
-      const float v2 = acc[4 * j + 2] * rf1, v3 = acc[4 * j + 3] * rf1;
+      float v0 = acc[4 * j + 0] * rf0, v1 = acc[4 * j + 1] * rf0;
+      float v2 = acc[4 * j + 2] * rf1, v3 = acc[4 * j + 3] * rf1;
+      if constexpr (S::kColScales) {
+        const float c0 = cols[pass * T::kEpiCols + c], c1 = cols[pass * T::kEpiCols + c + 1];
+        v0 = v0 * c0, v1 = v1 * c1, v2 = v2 * c0, v3 = v3 * c1;
+      }
       if constexpr (T::kOutBytes == 4) {
         *reinterpret_cast<float2*>(row0 + off(c)) = make_float2(v0, v1);
         *reinterpret_cast<float2*>(row1 + off(c)) = make_float2(v2, v3);

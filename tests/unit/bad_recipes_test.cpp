@@ -131,7 +131,6 @@ const BadRecipe kBadRecipes[] = {
     {"gemm_m_on_m_grouped.json", "/gemms/0/m", "an m_grouped GEMM takes its rows at run time: no \"m\""},
     {"gemm_k_grouped_missing_m.json", "/gemms/0", "missing required key \"m\""},
     {"gemm_k_grouped_with_k.json", "/gemms/0/k", "a k_grouped GEMM reduces over each group's tokens, given at run time: no \"k\""},
-    {"gemm_k_grouped_rowwise.json", "/gemms/0/scaling", "k-grouped (wgrad): expected tensor, blockwise, mxfp8 or nvfp4, got rowwise"},
     {"gemm_layout_unknown.json", "/gemms/0/layout", "unknown value \"n_grouped\"; expected \"m_grouped\", \"k_grouped\" or \"k_grouped_members\""},
     {"gemms_not_array.json", "/gemms", "expected an array of GEMM specs, got an object"},
     {"gemm_missing_k.json", "/gemms/0", "missing required key \"k\""},

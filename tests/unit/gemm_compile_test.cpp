@@ -126,6 +126,10 @@ std::vector<Variant> variants() {
       {"int8_rowwise_long_k_fp32", make(S::RowChannel, I8, I8, DType::FP32, false, false, 0, 1, 128, 4096, 1 << 17)},
       {"int8_rowwise_ordered", ordered(make(S::RowChannel, I8, I8, DType::BF16, false, false, 128, 1), 2)},
       {"int8_block_bf16", make(S::Block128, I8, I8, DType::BF16, false, false, 128, 1)},
+      {"kgrouped_rowwise_bf16", k_grouped(make(S::RowChannel, E4, E4, DType::BF16, false, false, 128, 1), 4096)},
+      {"kgrouped_rowwise_fast_fp32_acc", k_grouped(make(S::RowChannel, E4, E5, DType::FP32, true, true, 256, 1), 2048)},
+      {"members_rowwise_bf16", members(make(S::RowChannel, E4, E4, DType::BF16, false, false, 128, 1), 4096)},
+      {"kgrouped_int8_rowwise_bf16", k_grouped(make(S::RowChannel, I8, I8, DType::BF16, false, false, 128, 1), 4096)},
       {"kgrouped_int8_tensor_fp32_acc", k_grouped(make(S::PerTensor, I8, I8, DType::FP32, true, false, 128, 1), 2048)},
       {"kgrouped_int8_block_bf16", k_grouped(make(S::Block128, I8, I8, DType::BF16, false, false, 128, 1), 4096)},
       {"members_int8_block_bf16", members(make(S::Block128, I8, I8, DType::BF16, false, false, 128, 1), 4096)},
@@ -341,8 +345,13 @@ TEST(GemmCodegen, SpecErrorsNameTheField) {
   EXPECT_NO_THROW(validate(s));
   s = kg, s.scaling = GemmScaling::Mx32;
   EXPECT_NO_THROW(validate(s));
-  s = kg, s.scaling = GemmScaling::RowChannel;
-  expect_spec_error(s, "scaling", "k-grouped (wgrad): expected tensor, blockwise, mxfp8 or nvfp4, got rowwise");
+  s = kg, s.scaling = GemmScaling::RowChannel;  // per channel: [m] and [N] shared by the groups; members [G, m], [G, N]
+  EXPECT_NO_THROW(validate(s));
+  EXPECT_EQ(gemm_scale_elems(s, 0, 8, 4096).a, 4096);
+  EXPECT_EQ(gemm_scale_elems(s, 0, 8, 4096).b, s.n);
+  s.layout = GemmLayout::KGroupedMembers;
+  EXPECT_EQ(gemm_scale_elems(s, 0, 8, 4096).a, 8 * 4096);
+  EXPECT_EQ(gemm_scale_elems(s, 0, 8, 4096).b, 8 * s.n);
   s = kg, s.k = 7168;
   expect_spec_error(s, "k", "K is each group's token count, read at run time: expected 0, got 7168");
   s = kg, s.m = 0;

@@ -241,6 +241,12 @@ std::vector<Case> exact_cases() {
   kgrouped("kgrouped_tensor_fast_fp32_acc", spec_of(S::PerTensor, E4, E5, DType::FP32, true, true, 128, 128, 1, 256, 130), tok, 0);
   kgrouped("kgrouped_tensor_bm64_bn64_fp32", spec_of(S::PerTensor, E5, E4, DType::FP32, false, false, 64, 64, 1, 72, 64), tok, 40);
   kgrouped("kgrouped_tensor_unordered", spec_of(S::PerTensor, E4, E4, DType::BF16, false, false, 128, 128, 1, 200, 200, 1), tok, 3);
+  // Per-channel wgrad: A's and B's per-row scales shared by the groups (members: per member).
+  kgrouped("kgrouped_rowwise_bf16", spec_of(S::RowChannel, E4, E4, DType::BF16, false, false, 128, 128, 1, 200, 200), tok, 5);
+  kgrouped("kgrouped_rowwise_fast_bn256_fp32_acc", spec_of(S::RowChannel, E5, E4, DType::FP32, true, true, 128, 256, 1, 264, 130),
+           {127, 1, 255, 0, 129, 384, 2}, 3);
+  kgrouped("kgrouped_int8_rowwise_bm64_fp32", spec_of(S::RowChannel, ElemFormat::Int8, ElemFormat::Int8, DType::FP32, false, false,
+                                                     64, 128, 1, 136, 72), tok, 0);
   kgrouped("kgrouped_tensor_fast_all_empty_but_one", spec_of(S::PerTensor, E4, E4, DType::BF16, false, true, 128, 128, 1, 128, 128),
            {0, 0, 200, 0}, 0);
   // Blockwise and MX wgrad: scales per row of A and B per 128 / 32 tokens; groups start inside a
@@ -275,6 +281,8 @@ std::vector<Case> exact_cases() {
   members("members_tensor_fast_fp32_acc", spec_of(S::PerTensor, E4, E5, DType::FP32, true, true, 128, 128, 1, 256, 130), mtok, 0);
   members("members_block_bf16", spec_of(S::Block128, E4, E4, DType::BF16, false, false, 128, 128, 1, 200, 200), mtok, 16);
   members("members_block_fp32_acc_bn64", spec_of(S::Block128, E5, E4, DType::FP32, true, false, 128, 64, 1, 136, 130), mtok, 0);
+  members("members_rowwise_bf16", spec_of(S::RowChannel, E4, E4, DType::BF16, false, false, 128, 128, 1, 200, 200), mtok, 16);
+  members("members_rowwise_fp32_acc", spec_of(S::RowChannel, E4, E5, DType::FP32, true, false, 128, 128, 1, 256, 130), mtok, 0);
   members("members_mxfp8_bf16", spec_of(S::Mx32, E4, E4, DType::BF16, false, false, 128, 128, 1, 200, 200), mtok, 16);
   members("members_mxfp8_fp32_acc_bm64", spec_of(S::Mx32, E4, E5, DType::FP32, true, false, 64, 128, 1, 256, 130), mtok, 0);
   members("members_nvfp4_bf16", spec_of(S::Nvfp4, F4, F4, DType::BF16, false, false, 128, 128, 1, 200, 200), mtok4, 32);
@@ -413,8 +421,11 @@ std::vector<Case> random_cases() {
   GemmSpec wf = spec_of(S::Nvfp4, ElemFormat::E2M1, ElemFormat::E2M1, DType::BF16, false, false, 128, 128, 1, 512, 0);
   wf.layout = GemmLayout::KGrouped, wf.m = 384;
   v.push_back({"kgrouped_nvfp4_bf16_4096_tokens", wf, ref::random_group_rows(8, 4096, 1, 1, 9), 16, true});
+  GemmSpec wr = spec_of(S::RowChannel, E4, E4, DType::BF16, false, false, 128, 128, 1, 512, 0);
+  wr.layout = GemmLayout::KGrouped, wr.m = 384;
+  v.push_back({"kgrouped_rowwise_bf16_4096_tokens", wr, ref::random_group_rows(8, 4096, 1, 1, 9), 16, true});
   // Members: 8 uneven members (one empty) of multiples of 16 tokens (NVFP4: 32).
-  for (GemmSpec ms : {wg, wb, wm, wf}) {
+  for (GemmSpec ms : {wg, wb, wm, wf, wr}) {
     ms.layout = GemmLayout::KGroupedMembers;
     const bool fp4 = ms.scaling == S::Nvfp4;
     v.push_back({"members_" + std::string(traits(ms.scaling).name) + "_4096_tokens", ms,

@@ -241,7 +241,9 @@ INSTANTIATE_TEST_SUITE_P(
                       WgradCase{"float8_block_scaling", GemmScaling::Block128, 0.1, true},
                       WgradCase{"mxfp8_hopper", GemmScaling::Mx32, 0.1, true},
                       WgradCase{"nvfp4", GemmScaling::Nvfp4, 0.25, true},
-                      WgradCase{"current_scaling", GemmScaling::PerTensor, 0.1, true}),
+                      WgradCase{"current_scaling", GemmScaling::PerTensor, 0.1, true},
+                      WgradCase{"fp8_rowwise", GemmScaling::RowChannel, 0.05},
+                      WgradCase{"fp8_rowwise", GemmScaling::RowChannel, 0.05, true}),
     [](const ::testing::TestParamInfo<WgradCase>& i) {
       return std::string(i.param.recipe) + (i.param.members ? "_members" : "");
     });
