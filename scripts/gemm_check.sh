@@ -79,6 +79,8 @@ if [ "$MODE" != "quick" ]; then
   bench "wgrad k-grouped fast fp32 acc" --scaling tensor --k-grouped --m 4096 --n 7168 --k 4096 --fast-accum --out fp32 --accumulate
   bench "wgrad k-grouped fast odd splits +check" --scaling tensor --k-grouped --m 4096 --n 7168 --fast-accum \
     --splits 4001,4100,3999,4200,4096,3900,4003,4469 --check --check-rows 2
+  bench "wgrad k-grouped rowwise (per channel) +check" --scaling rowwise --k-grouped --m 4096 --n 7168 --k 4096 --check --check-rows 2
+  bench "wgrad k-grouped rowwise fast" --scaling rowwise --k-grouped --m 4096 --n 7168 --k 4096 --fast-accum
   bench "wgrad k-grouped blockwise +check" --scaling blockwise --k-grouped --m 4096 --n 7168 --k 4096 --check --check-rows 2
   bench "wgrad k-grouped blockwise fp32 acc" --scaling blockwise --k-grouped --m 4096 --n 7168 --k 4096 --out fp32 --accumulate
   bench "wgrad k-grouped blockwise odd splits +check" --scaling blockwise --k-grouped --m 4096 --n 7168 \
@@ -88,7 +90,7 @@ if [ "$MODE" != "quick" ]; then
   bench "wgrad k-grouped nvfp4 fp32 acc odd splits +check" --scaling nvfp4 --k-grouped --m 4096 --n 7168 --out fp32 \
     --accumulate --splits 4001,4100,3999,4200,4096,3900,4003,4469 --check --check-rows 2
   # wgrad on the grouped quantizer's per-member copies (tensor maps built on the device)
-  for s in tensor blockwise mxfp8 nvfp4; do
+  for s in tensor rowwise blockwise mxfp8 nvfp4; do
     bench "wgrad members $s +check" --scaling $s --k-grouped --members --m 4096 --n 7168 --k 4096 --check --check-rows 2
     bench "wgrad members $s uneven" --scaling $s --k-grouped --members --m 4096 --n 7168 --k 4096 --uneven
   done
