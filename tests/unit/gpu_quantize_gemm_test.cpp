@@ -166,7 +166,8 @@ INSTANTIATE_TEST_SUITE_P(Shipped, GpuQuantizeToGemm,
                          ::testing::Values(Case{"float8_block_scaling", GemmScaling::Block128, 0.1},
                                            Case{"mxfp8_hopper", GemmScaling::Mx32, 0.1},
                                            Case{"nvfp4", GemmScaling::Nvfp4, 0.25},
-                                           Case{"current_scaling", GemmScaling::PerTensor, 0.1}),
+                                           Case{"current_scaling", GemmScaling::PerTensor, 0.1},
+                                           Case{"fp8_rowwise", GemmScaling::RowChannel, 0.05}),
                          [](const ::testing::TestParamInfo<Case>& i) { return std::string(i.param.recipe); });
 
 }  // namespace
