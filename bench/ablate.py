@@ -23,6 +23,7 @@ from pathlib import Path
 _STORE_ENTRY = "__device__ __forceinline__ void store_entry(void* base, i64 off, u32 entry) {\n"
 _COPY_ENTRIES = "__device__ __forceinline__ void copy_entries(u8* dst, i64 pitch, const u8* src, int rows, int per_row) {\n"
 _CAST_STREAM = "        cast_stream<Cfg, S>(a, mem, col0, full, tile, rtile, regions[s], scale_base[s], report);"
+_CHANNEL_SCALE = "    if constexpr (F::kIsInt) {  // torchao's int8 rule\n"
 
 
 def _skip_entries(condition):
@@ -42,6 +43,9 @@ ABLATIONS = {
                    [(_CAST_STREAM, "        if constexpr (S::kDir != 0) " + _CAST_STREAM.lstrip())]),
     "no-columnwise": ("every columnwise stream",
                       [(_CAST_STREAM, "        if constexpr (S::kDir == 0) " + _CAST_STREAM.lstrip())]),
+    "no-channel-scale": ("per-channel scales: the channel's amax load and its scale (a division and a reciprocal) "
+                         "per piece / run, replaced by a constant",
+                         [(_CHANNEL_SCALE, "    if constexpr (true) {\n      mul = 1.0f, entry = 0u;\n    } else " + _CHANNEL_SCALE.lstrip())]),
 }
 
 

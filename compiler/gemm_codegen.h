@@ -14,10 +14,11 @@
 
 namespace qf {
 
-// How the fp8 operands are scaled (the one table of these is in gemm_codegen.cpp).
+// How the fp8 / int8 operands are scaled (the one table of these is in gemm_codegen.cpp).
 enum class GemmScaling : uint8_t {
   PerTensor,   // fp32 scale per group for A ([G]) and for B ([G])
-  RowChannel,  // fp32 scale per row of A ([m_total]) and per row of B[g] ([G, N])
+  RowChannel,  // fp32 scale per row of A ([m_total]) and per row of B[g] ([G, N]); K-grouped: per
+               // row of A ([m]) and of B ([N]), members per member ([G, m], [G, N])
   Block128,    // fp32 per 1x128 block of A ([m_total, ceil(K/128)]) and per 128x128 block of B
                // ([G, ceil(N/128), ceil(K/128)]): the quantize kernels' block-scaling layouts
   Mx32,        // MXFP8: e8m0 per 1x32 block of A ([m_total, K/32] bytes) and of B ([G, N, K/32]):
@@ -138,7 +139,8 @@ GemmSource emit_gemm(const GemmSpec& spec);
 // [m, k_total/16] and [N, k_total/16] e4m3 for nvfp4 (k_total % 32 == 0): the quantize kernels'
 // 128x1 / 32x1 / 16x1 columnwise grids of one tensor, transposed. K-grouped members: the grids of
 // the members back to back, sized for any split of k_total into num_groups members (each member
-// may add a partial block): m * (ceil(k_total / scale_k) + G) and N * (...).
+// may add a partial block): m * (ceil(k_total / scale_k) + G) and N * (...). K-grouped tensor: [G]
+// each; rowwise: [m] and [N] (members: [G, m] and [G, N]).
 struct GemmScaleElems {
   int64_t a = 0, b = 0;
 };

@@ -33,6 +33,9 @@ std::string scaling_str(const Scaling& s) {
         using M = std::decay_t<decltype(m)>;
         if constexpr (std::is_same_v<M, PerTensorCurrent>)
           os << "(eps=" << fmt_float(m.epsilon) << ", pow2=" << (m.pow2 ? "true" : "false") << ")";
+        if constexpr (std::is_same_v<M, PerChannel>)  // fp8 options; int8 (torchao's rule) takes none
+          if (m.epsilon != 0.0f || m.pow2)
+            os << "(eps=" << fmt_float(m.epsilon) << ", pow2=" << (m.pow2 ? "true" : "false") << ")";
         if constexpr (std::is_same_v<M, PerTensorDelayed>)
           os << "(margin=" << m.margin << ", history=" << m.history_length
              << ", amax_compute=" << name(m.amax_compute) << ")";

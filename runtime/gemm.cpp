@@ -256,7 +256,7 @@ void Gemm::launch_persistent(const Loaded& l, GemmArgs& args, int64_t units, int
 
 // K-grouped (wgrad): D[g] [m, N] (+)= alpha[g] * dequant(A[:, ks]) * dequant(B[:, ks])^T over the
 // token range ks = [offsets[g], offsets[g+1]) of A [m, k_total] and B [N, k_total]: per-group
-// tensor scales, blockwise / MX scales per row along the tokens, or NVFP4 (packed e2m1, e4m3 per 16
+// tensor scales, per-channel scales of A's and B's rows, blockwise / MX scales per row along the tokens, or NVFP4 (packed e2m1, e4m3 per 16
 // tokens per row, the copies' amax per group) (gemm_scale_elems). Members: the same bytes hold the
 // members' own matrices [m, M_g] and [N, M_g] back to back; the kernel rewrites the tensor maps
 // encoded here (templates) per member in the workspace.

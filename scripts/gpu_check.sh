@@ -53,6 +53,8 @@ gemm_cases+=':*GemmExact*nvfp4_bf16:*GemmExact*nvfp4_many_groups'
 gemm_cases+=':*GemmExact*kgrouped_block_bf16:*GemmExact*kgrouped_mxfp8_bf16'
 # K-grouped members: tensor maps written by the producer warp into the workspace ring, then read by TMA.
 gemm_cases+=':*GemmExact*members_block_ring:*GemmExact*members_nvfp4_bf16'
+# K-grouped per channel (the TMA epilogue's column factors, restaged per tile) and int8 (s32 sums).
+gemm_cases+=':*GemmExact*kgrouped_rowwise_3ctas_fp32:*GemmExact*int8_block_bf16:*GemmExact*int8_rowwise_bf16'
 san_filter_all="$san_filter:$gemm_cases"
 san_filter_race="$san_filter_all"
 # QFORGE_SANITIZE_ALL=1: the whole quantize and GEMM suites; racecheck on every quantize case but

@@ -1688,7 +1688,7 @@ __device__ __forceinline__ void cast_stream(const QuantizeArgs& a, const Member&
 
 // Grouped launches get one extra tile row, whose CTAs write every scale entry of the empty
 // members (no tile of theirs exists): the scale of an all-zero block. That is the per-tensor
-// entry, and the per-channel entries of a transposed stream (one per column); block grids of an
+// entry, and the per-channel entries of a columnwise stream (one per column, either layout); block grids of an
 // empty member have no entries. The entries are spread over every thread of the row.
 template <class Cfg, class... S>
 __device__ void fill_empty_members(const QuantizeArgs& a, i64 cta) {

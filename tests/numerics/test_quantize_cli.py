@@ -149,6 +149,7 @@ def recipe_file(name):
     ("nvfp4", "linear:input"), ("nvfp4", "linear:weight"), ("nvfp4", "linear:grad_output"),
     ("hybrid_mxfp8_fwd_nvfp4_bwd", "linear:grad_output"), ("int8_weight_sr", "linear:weight"),
     ("int8_weight_sr", "linear:input"), ("w8a8_int8_inference", "linear:weight"),
+    ("fp8_rowwise", "linear:input"),
 ])
 def test_nan_inf(qforge, tmp_path, name, role):
     """NaN / +-Inf inputs give the documented outputs (fp32 input, so nothing is lost on the way)."""
@@ -210,7 +211,7 @@ def test_grouped_nvfp4_sr_rht(qforge, tmp_path):
 
 
 @pytest.mark.parametrize("name,role", [("mxfp8", "linear:input"), ("float8_block_scaling", "linear:input"),
-                                       ("int8_weight_sr", "linear:weight")])
+                                       ("int8_weight_sr", "linear:weight"), ("fp8_rowwise", "linear:grad_output")])
 def test_grouped_other(qforge, tmp_path, name, role):
     recipe = qr.load_recipe(recipe_file(name))
     splits = [3, 0, 37, 24]

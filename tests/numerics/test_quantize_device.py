@@ -17,7 +17,29 @@ CASES = [
     ("hybrid_mxfp8_fwd_nvfp4_bwd.json", "linear:input", []),
     ("delayed_scaling.json", "linear:weight", ["--scale", "2.5"]),
     ("mxfp8.json", "linear:input", ["--splits", "32,0,32"]),
+    ("fp8_channel_variants", "linear:input", []),
+    ("fp8_channel_variants", "linear:input", ["--splits", "40,0,24"]),
 ]
+# Recipes written on the fly: variants the shipped ones do not use.
+CUSTOM = {
+    # fp8 per channel: e5m2 with an amax floor (rowwise), e4m3 power-of-two scales in the input's
+    # layout (columnwise).
+    "fp8_channel_variants": {
+        "qforge_recipe": 1, "name": "fp8_channel_variants",
+        "roles": [{"match": "*:*",
+                   "rowwise": {"format": "e5m2", "scaling": {"mode": "per_channel", "epsilon": 0.25}},
+                   "columnwise": {"format": "e4m3", "scaling": {"mode": "per_channel", "pow2": True},
+                                  "layout": "same"}}],
+    },
+}
+
+
+def recipe_path(tmp_path, name):
+    if name in CUSTOM:
+        path = tmp_path / (name + ".json")
+        path.write_text(json.dumps(CUSTOM[name]))
+        return path
+    return os.path.join(ROOT, "recipes", name)
 
 
 def run(qforge, *args):
@@ -43,7 +65,7 @@ def test_device_cuda(qforge, tmp_path, recipe, role, extra):
     rng = np.random.default_rng(7)
     x = tmp_path / "x.npy"
     np.save(x, (rng.standard_normal((64, 128)) * 3).astype(np.float32))
-    common = ["quantize", "--recipe", os.path.join(ROOT, "recipes", recipe), "--role", role,
+    common = ["quantize", "--recipe", recipe_path(tmp_path, recipe), "--role", role,
               "--input", x, "--dtype", "bf16", *extra]
     gpu = run(qforge, *common, "--out", tmp_path / "gpu", "--device", "cuda")
     if gpu.returncode != 0:

@@ -231,10 +231,10 @@ std::vector<Case> exact_cases() {
   masked("masked_mxfp8_bm64", spec_of(S::Mx32, E4, E4, DType::BF16, false, false, 64, 128, 1, 200, 256), 200);
   // K-grouped (wgrad): token counts with an empty group and partial 128-token tails (K of a
   // group starting mid-block), padding tokens after the last group.
-  auto kgrouped = [&](std::string name, GemmSpec s, std::vector<int64_t> tokens, int64_t pad) {
+  auto kgrouped = [&](std::string name, GemmSpec s, std::vector<int64_t> tokens, int64_t pad, int max_ctas = 0) {
     s.layout = GemmLayout::KGrouped;
     s.m = s.k, s.k = 0;  // spec_of's k argument is the output rows here
-    v.push_back({std::move(name), s, std::move(tokens), pad, true});
+    v.push_back({std::move(name), s, std::move(tokens), pad, true, 0, max_ctas});
   };
   const std::vector<int64_t> tok = {37, 0, 300, 129, 1, 16};  // every partial sum < 2^24 with |a|, |b| <= 2
   kgrouped("kgrouped_tensor_bf16", spec_of(S::PerTensor, E4, E4, DType::BF16, false, false, 128, 128, 1, 200, 200), tok, 5);
@@ -243,6 +243,8 @@ std::vector<Case> exact_cases() {
   kgrouped("kgrouped_tensor_unordered", spec_of(S::PerTensor, E4, E4, DType::BF16, false, false, 128, 128, 1, 200, 200, 1), tok, 3);
   // Per-channel wgrad: A's and B's per-row scales shared by the groups (members: per member).
   kgrouped("kgrouped_rowwise_bf16", spec_of(S::RowChannel, E4, E4, DType::BF16, false, false, 128, 128, 1, 200, 200), tok, 5);
+  // ... on 3 CTAs: each walks many tiles, so the epilogue's column factors are restaged per tile.
+  kgrouped("kgrouped_rowwise_3ctas_fp32", spec_of(S::RowChannel, E4, E4, DType::FP32, false, false, 128, 128, 1, 264, 300), tok, 0, 3);
   kgrouped("kgrouped_rowwise_fast_bn256_fp32_acc", spec_of(S::RowChannel, E5, E4, DType::FP32, true, true, 128, 256, 1, 264, 130),
            {127, 1, 255, 0, 129, 384, 2}, 3);
   kgrouped("kgrouped_int8_rowwise_bm64_fp32", spec_of(S::RowChannel, ElemFormat::Int8, ElemFormat::Int8, DType::FP32, false, false,
@@ -283,6 +285,7 @@ std::vector<Case> exact_cases() {
   members("members_block_fp32_acc_bn64", spec_of(S::Block128, E5, E4, DType::FP32, true, false, 128, 64, 1, 136, 130), mtok, 0);
   members("members_rowwise_bf16", spec_of(S::RowChannel, E4, E4, DType::BF16, false, false, 128, 128, 1, 200, 200), mtok, 16);
   members("members_rowwise_fp32_acc", spec_of(S::RowChannel, E4, E5, DType::FP32, true, false, 128, 128, 1, 256, 130), mtok, 0);
+  members("members_rowwise_3ctas", spec_of(S::RowChannel, E4, E4, DType::BF16, false, false, 128, 128, 1, 264, 300), mtok, 0, 3);
   members("members_mxfp8_bf16", spec_of(S::Mx32, E4, E4, DType::BF16, false, false, 128, 128, 1, 200, 200), mtok, 16);
   members("members_mxfp8_fp32_acc_bm64", spec_of(S::Mx32, E4, E5, DType::FP32, true, false, 64, 128, 1, 256, 130), mtok, 0);
   members("members_nvfp4_bf16", spec_of(S::Nvfp4, F4, F4, DType::BF16, false, false, 128, 128, 1, 200, 200), mtok4, 32);

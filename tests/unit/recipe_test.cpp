@@ -52,7 +52,22 @@ TEST(ShippedRecipes, AllParse) {
     }
     ++n;
   }
-  EXPECT_EQ(n, 9);
+  EXPECT_EQ(n, 10);
+}
+
+TEST(ShippedRecipes, Fp8Rowwise) {
+  // torchao's rowwise fp8: e4m3 per channel, power-of-two scales, amax floored at 1e-12, both
+  // directions; the fprop, dgrad and wgrad (one tensor and members) rowwise GEMMs.
+  const Recipe r = shipped("fp8_rowwise");
+  const auto w = resolve_role(r, "grouped_linear:weight");
+  ASSERT_TRUE(w.rule->rowwise && w.rule->columnwise);
+  EXPECT_EQ(w.rule->rowwise->format, ElemFormat::E4M3);
+  EXPECT_EQ(w.rule->rowwise->scaling, Scaling(PerChannel{1e-12f, true}));
+  EXPECT_EQ(w.rule->columnwise->scaling, Scaling(PerChannel{1e-12f, true}));
+  EXPECT_EQ(w.rule->columnwise->layout, DataLayout::Transposed);
+  ASSERT_EQ(r.gemms.size(), 8u);
+  for (const auto& g : r.gemms) EXPECT_EQ(g.spec.scaling, GemmScaling::RowChannel);
+  EXPECT_EQ(r.gemms[7].spec.layout, GemmLayout::KGroupedMembers);
 }
 
 TEST(ShippedRecipes, CurrentScaling) {
