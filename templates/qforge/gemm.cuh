@@ -1311,6 +1311,18 @@ __device__ __forceinline__ void release_stage(u32 empty, int lane, u32 rank) {
   }
 }
 
+// A fragment's four outputs of columns c, c + 1 in rows r, r + 8 (acc4: d[4j .. 4j + 3]): times the
+// rows' factors, then, with per-column scales, times the columns' factors staged at col_c.
+template <class S>
+__device__ __forceinline__ void epilogue_values(const float* acc4, float rf0, float rf1, const float* col_c, float& v0,
+                                                float& v1, float& v2, float& v3) {
+  v0 = acc4[0] * rf0, v1 = acc4[1] * rf0, v2 = acc4[2] * rf1, v3 = acc4[3] * rf1;
+  if constexpr (S::kColScales) {
+    const float c0 = col_c[0], c1 = col_c[1];
+    v0 = v0 * c0, v1 = v1 * c1, v2 = v2 * c0, v3 = v3 * c1;
+  }
+}
+
 // K-grouped: D[g] is a whole [kM, N] matrix per group, so every tile goes out through the tensor
 // engine (a.d_map, D as [G][kM][N]; rows past kM and columns past N are clipped by the map): each
 // pass, the warpgroup writes its 64 rows into boxes of [64][128 bytes] (128-byte swizzle), makes
@@ -1356,12 +1368,8 @@ __device__ __forceinline__ void epilogue_tma(const GemmArgs& a, const TileInfo& 
     for (int jj = 0; jj < T::kEpiCols / 8; ++jj) {
       const int j = pass * (T::kEpiCols / 8) + jj;
       const int c = 8 * jj + 2 * quad;
-      float v0 = acc[4 * j + 0] * rf0, v1 = acc[4 * j + 1] * rf0;
-      float v2 = acc[4 * j + 2] * rf1, v3 = acc[4 * j + 3] * rf1;
-      if constexpr (S::kColScales) {
-        const float c0 = cols[pass * T::kEpiCols + c], c1 = cols[pass * T::kEpiCols + c + 1];
-        v0 = v0 * c0, v1 = v1 * c1, v2 = v2 * c0, v3 = v3 * c1;
-      }
+      float v0, v1, v2, v3;
+      epilogue_values<S>(acc + 4 * j, rf0, rf1, cols + pass * T::kEpiCols + c, v0, v1, v2, v3);
       if constexpr (T::kOutBytes == 4) {
         *reinterpret_cast<float2*>(row0 + off(c)) = make_float2(v0, v1);
         *reinterpret_cast<float2*>(row1 + off(c)) = make_float2(v2, v3);
@@ -1412,12 +1420,8 @@ __device__ __forceinline__ void epilogue(const GemmArgs& a, const TileInfo& t, c
     for (int jj = 0; jj < T::kEpiCols / 8; ++jj) {
       const int j = pass * (T::kEpiCols / 8) + jj;
       const int c = 8 * jj + 2 * quad;  // column within the pass
-      float v0 = acc[4 * j + 0] * rf0, v1 = acc[4 * j + 1] * rf0;
-      float v2 = acc[4 * j + 2] * rf1, v3 = acc[4 * j + 3] * rf1;
-      if constexpr (S::kColScales) {
-        const float c0 = cols[pass * T::kEpiCols + c], c1 = cols[pass * T::kEpiCols + c + 1];
-        v0 = v0 * c0, v1 = v1 * c1, v2 = v2 * c0, v3 = v3 * c1;
-      }
+      float v0, v1, v2, v3;
+      epilogue_values<S>(acc + 4 * j, rf0, rf1, cols + pass * T::kEpiCols + c, v0, v1, v2, v3);
       if constexpr (T::kOutBytes == 4) {
         *reinterpret_cast<float2*>(staging + frag_row * T::kPitch + c) = make_float2(v0, v1);
         *reinterpret_cast<float2*>(staging + (frag_row + 8) * T::kPitch + c) = make_float2(v2, v3);

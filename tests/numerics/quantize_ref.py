@@ -308,12 +308,10 @@ def _scaling(spec):
         s = {"mode": s}
     mode = s["mode"]
     out = {"mode": mode}
-    if mode == "per_tensor_current":
+    if mode in ("per_tensor_current", "per_channel"):  # per_channel: fp8 only (int8 has no options)
         out.update(epsilon=s.get("epsilon", 0.0), pow2=s.get("pow2", False))
     elif mode == "per_tensor_delayed":
         out.update(margin=s.get("margin", 0))
-    elif mode == "per_channel":
-        out.update(epsilon=s.get("epsilon", 0.0), pow2=s.get("pow2", False))
     elif mode == "block":
         out.update(block=tuple(s.get("block", [1, 128])), epsilon=s.get("epsilon", 0.0), pow2=s.get("pow2", True))
     elif mode == "mx":
