@@ -94,16 +94,12 @@ std::vector<BufferDesc> Quantizer::grouped_outputs(std::span<const int64_t> coun
   std::vector<BufferDesc> total;
   for (size_t i = 0; i < counts.size(); ++i) {
     if (counts[i] < 0) throw UserError("member_rows", "member " + std::to_string(i) + " has negative rows");
-    std::vector<BufferDesc> one;
-    if (counts[i] > 0) {
-      check_shape(plan_, Shape2D{counts[i], k});
-      one = output_buffers(plan_, Shape2D{counts[i], k});
-    } else {
-      one = output_buffers(plan_, Shape2D{1, k});  // for names; sizes below
-      for (auto& b : one)
-        if (b.kind != BufferKind::Amax && !(b.kind == BufferKind::ScaleInv && b.shape == std::vector<int64_t>{1}))
-          b.bytes = 0;
-    }
+    // An empty member's buffers as the CPU reference sizes them (output_buffers of 0 rows): its
+    // per-tensor scale and amax, a columnwise per-channel stream's K entries, nothing of its data,
+    // block grids or rowwise per-channel entries. (A 1-row stand-in, zeroed except for
+    // single-element scales, kept a rowwise per-channel entry the kernels do not write.)
+    if (counts[i] > 0) check_shape(plan_, Shape2D{counts[i], k});
+    const std::vector<BufferDesc> one = output_buffers(plan_, Shape2D{counts[i], k});
     if (total.empty()) {
       total = one;
     } else {

@@ -1,0 +1,58 @@
+// The runtime's grouped output sizes (rt::Quantizer::grouped_outputs, which frameworks and the CLI
+// allocate and validate grouped buffers with) equal the CPU reference's (ref::quantize_grouped) for
+// every shipped recipe, role and usage, with empty members among the splits: an empty member has
+// its per-tensor scale and amax and a columnwise per-channel stream's K entries, and nothing else.
+// CPU only (no kernel is built).
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <string>
+#include <vector>
+
+#include "compiler/error.h"
+#include "compiler/pipeline.h"
+#include "compiler/recipe.h"
+#include "reference/executor.h"
+#include "runtime/quantizer.h"
+
+namespace {
+
+using namespace qf;
+
+TEST(GroupedOutputs, RuntimeSizesEqualTheReferences) {
+  const std::vector<int64_t> splits = {48, 0, 16, 0};
+  const int64_t k = 128;
+  int plans = 0;
+  for (const auto& entry : std::filesystem::directory_iterator(std::string(QF_SOURCE_DIR) + "/recipes")) {
+    const auto path = entry.path();
+    if (path.extension() != ".json" || path.filename() == "recipe.schema.json") continue;
+    const Recipe r = load_recipe(path);
+    for (const char* role : {"grouped_linear:input", "grouped_linear:weight", "grouped_linear:grad_output"})
+      for (Usage u : {Usage::Training, Usage::Inference}) {
+        Plan plan;
+        try {
+          plan = compile_plan(r, PlanRequest{role, DType::BF16, u, true});
+        } catch (const UserError&) {
+          continue;  // the recipe does not serve this role or usage
+        }
+        SCOPED_TRACE(path.stem().string() + " " + role + " " + std::string(name(u)));
+        ref::HostTensor x;
+        x.dtype = DType::BF16;
+        x.shape = {64, k};
+        x.bytes.assign(size_t(64 * k * 2), 0x3F);
+        ref::QuantizeParams params;
+        for (const auto& in : input_buffers(plan)) params.scales[in.name] = 2.0f;  // delayed scaling's scales
+        const std::vector<ref::Output> want = ref::quantize_grouped(plan, x, splits, params);
+        const std::vector<BufferDesc> got = rt::Quantizer(plan).grouped_outputs(splits, k);
+        ASSERT_EQ(got.size(), want.size());
+        for (size_t i = 0; i < got.size(); ++i) {
+          EXPECT_EQ(got[i].name, want[i].desc.name);
+          EXPECT_EQ(got[i].bytes, int64_t(want[i].bytes.size())) << got[i].name;
+        }
+        ++plans;
+      }
+  }
+  EXPECT_GT(plans, 20);
+}
+
+}  // namespace
