@@ -412,21 +412,22 @@ std::vector<Case> random_cases() {
                g8, 0, true});
   v.push_back({"mxfp8_e5m2_e4m3_fp32_acc_k2048", spec_of(S::Mx32, E5, E4, DType::FP32, true, false, 128, 128, 1, 512, 2048),
                g8, 7, false});
-  GemmSpec wg = spec_of(S::PerTensor, E4, E4, DType::FP32, true, false, 128, 128, 1, 512, 0);
-  wg.layout = GemmLayout::KGrouped, wg.m = 384;
-  v.push_back({"kgrouped_tensor_fp32_acc_4096_tokens", wg, ref::random_group_rows(8, 4096, 1, 1, 9), 16, true});
-  GemmSpec wb = spec_of(S::Block128, E4, E4, DType::BF16, false, false, 128, 128, 1, 512, 0);
-  wb.layout = GemmLayout::KGrouped, wb.m = 384;
-  v.push_back({"kgrouped_block_bf16_4096_tokens", wb, ref::random_group_rows(8, 4096, 1, 1, 9), 16, true});
-  GemmSpec wm = spec_of(S::Mx32, E4, E5, DType::FP32, true, false, 128, 128, 1, 512, 0);
-  wm.layout = GemmLayout::KGrouped, wm.m = 384;
-  v.push_back({"kgrouped_mxfp8_fp32_acc_4096_tokens", wm, ref::random_group_rows(8, 4096, 1, 1, 9), 16, false});
-  GemmSpec wf = spec_of(S::Nvfp4, ElemFormat::E2M1, ElemFormat::E2M1, DType::BF16, false, false, 128, 128, 1, 512, 0);
-  wf.layout = GemmLayout::KGrouped, wf.m = 384;
-  v.push_back({"kgrouped_nvfp4_bf16_4096_tokens", wf, ref::random_group_rows(8, 4096, 1, 1, 9), 16, true});
-  GemmSpec wr = spec_of(S::RowChannel, E4, E4, DType::BF16, false, false, 128, 128, 1, 512, 0);
-  wr.layout = GemmLayout::KGrouped, wr.m = 384;
-  v.push_back({"kgrouped_rowwise_bf16_4096_tokens", wr, ref::random_group_rows(8, 4096, 1, 1, 9), 16, true});
+  // K-grouped: 384 x 512 outputs over 4096 tokens in 8 uneven groups (one empty); returns the spec.
+  auto kgrouped = [&](std::string name, GemmSpec s, bool alpha) {
+    s.layout = GemmLayout::KGrouped, s.m = 384;
+    v.push_back({std::move(name), s, ref::random_group_rows(8, 4096, 1, 1, 9), 16, alpha});
+    return s;
+  };
+  const GemmSpec wg = kgrouped("kgrouped_tensor_fp32_acc_4096_tokens",
+                               spec_of(S::PerTensor, E4, E4, DType::FP32, true, false, 128, 128, 1, 512, 0), true);
+  const GemmSpec wb = kgrouped("kgrouped_block_bf16_4096_tokens",
+                               spec_of(S::Block128, E4, E4, DType::BF16, false, false, 128, 128, 1, 512, 0), true);
+  const GemmSpec wm = kgrouped("kgrouped_mxfp8_fp32_acc_4096_tokens",
+                               spec_of(S::Mx32, E4, E5, DType::FP32, true, false, 128, 128, 1, 512, 0), false);
+  const GemmSpec wf = kgrouped("kgrouped_nvfp4_bf16_4096_tokens",
+                               spec_of(S::Nvfp4, ElemFormat::E2M1, ElemFormat::E2M1, DType::BF16, false, false, 128, 128, 1, 512, 0), true);
+  const GemmSpec wr = kgrouped("kgrouped_rowwise_bf16_4096_tokens",
+                               spec_of(S::RowChannel, E4, E4, DType::BF16, false, false, 128, 128, 1, 512, 0), true);
   // Members: 8 uneven members (one empty) of multiples of 16 tokens (NVFP4: 32).
   for (GemmSpec ms : {wg, wb, wm, wf, wr}) {
     ms.layout = GemmLayout::KGroupedMembers;
@@ -448,9 +449,8 @@ std::vector<Case> random_cases() {
                g8, 0, false});
   v.push_back({"int8_block_fp32_acc_k7168", spec_of(S::Block128, I8, I8, DType::FP32, true, false, 128, 128, 1, 512, 7168),
                g8, 7, true});
-  GemmSpec wi = spec_of(S::Block128, I8, I8, DType::FP32, false, false, 128, 128, 1, 512, 0);
-  wi.layout = GemmLayout::KGrouped, wi.m = 384;
-  v.push_back({"kgrouped_int8_block_fp32_4096_tokens", wi, ref::random_group_rows(8, 4096, 1, 1, 9), 16, true});
+  kgrouped("kgrouped_int8_block_fp32_4096_tokens", spec_of(S::Block128, I8, I8, DType::FP32, false, false, 128, 128, 1, 512, 0),
+           true);
   return v;
 }
 
