@@ -17,8 +17,8 @@ constexpr std::array kDTypes = {
 
 template <class F>
 constexpr FormatTraits float_format(ElemFormat id, bool sr_ok, int per_byte) {
-  return FormatTraits{id,         F::kName, F::kBits, F::kMaxFinite, F::kEmax,
-                      sr_ok,      per_byte, ""};
+  return FormatTraits{id,    F::kName, F::kBits, F::kMaxFinite, F::kEmax, sr_ok, per_byte, "", F::kIsInt,
+                      [](uint8_t b) { return decode<F>(b); }};
 }
 
 // The format table. device_type names the trait struct of templates/qforge/numerics.cuh.

@@ -39,6 +39,8 @@ struct FormatTraits {
   bool stochastic_rounding_ok;  // SR defined for this format (docs/numerics.md)
   int elems_per_byte;           // 2 for e2m1 (packed nibbles), else 1
   std::string_view device_type; // trait struct in templates/qforge/numerics.cuh ("qf::E4M3")
+  bool is_int = false;          // an integer grid (int8: torchao's per-channel rule, s8 MMAs)
+  float (*decode)(uint8_t) = nullptr;  // exact value of an encoding (bits above `bits` ignored); identity: none
 };
 
 const FormatTraits& traits(ElemFormat f);

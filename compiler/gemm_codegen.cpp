@@ -90,13 +90,13 @@ ElemFormat parse_gemm_format(std::string_view name, const std::string& where) {
 
 bool gemm_promotes(const GemmSpec& s) {
   if (s.scaling == GemmScaling::Nvfp4) return false;
-  if (s.a_format == ElemFormat::Int8)  // K-grouped: a group's token count is run-time data
+  if (traits(s.a_format).is_int)  // K-grouped: a group's token count is run-time data
     return traits(s.scaling).promotion_required || k_grouped(s.layout) || s.k >= kInt8UnpromotedK;
   return !s.fast_accum;
 }
 
 void validate(const GemmSpec& s) {
-  const bool int8 = s.a_format == ElemFormat::Int8 || s.b_format == ElemFormat::Int8;
+  const bool int8 = traits(s.a_format).is_int || traits(s.b_format).is_int;
   if (s.scaling == GemmScaling::Nvfp4) {
     for (auto [field, f] : {std::pair{"a_format", s.a_format}, std::pair{"b_format", s.b_format}})
       if (f != ElemFormat::E2M1)
@@ -173,7 +173,7 @@ GemmTile resolve_tile(const GemmSpec& s) {
     throw UserError(tile_field("block_n"), "nvfp4: expected 128 (the B dequantization's work split), got " +
                                                std::to_string(t.block_n));
   if (promote && t.block_n > 128)
-    throw UserError(tile_field("block_n"), std::string(s.a_format == ElemFormat::Int8
+    throw UserError(tile_field("block_n"), std::string(traits(s.a_format).is_int
                                                            ? "int8 sums are promoted here (blockwise scales, K >= 2^17 or "
                                                              "k-grouped) and "
                                                            : "") +

@@ -217,7 +217,7 @@ Scaling parse_scaling(const Node& n, ElemFormat fmt, Direction dir) {
   } else if (mode == "per_channel") {
     s = PerChannel{};
     keys = {"epsilon", "pow2"};
-    if (fmt == ElemFormat::Int8)
+    if (traits(fmt).is_int)
       for (const char* k : {"epsilon", "pow2"})
         if (n.raw().is_object() && n.raw().contains(k))
           n.at(k).fail(std::string("int8 per_channel scales follow torchao's rule (amax / 127 in the input dtype); \"") +

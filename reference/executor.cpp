@@ -239,9 +239,9 @@ StreamScales compute_scales(const Context& cx, const Stream& s) {
           sc.f32[0] = 1.0f / scale;
         } else if constexpr (std::is_same_v<M, PerChannel>) {
           const int code = traits(cx.plan.input).numerics_code;
-          const bool int8 = s.format == ElemFormat::Int8;
+          const bool integer = traits(s.format).is_int;
           each_entry([&](size_t i, int64_t gr, int64_t gc) {
-            if (int8) {  // torchao: scale = amax / 127 in the input dtype, stored as is
+            if (integer) {  // torchao: scale = amax / 127 in the input dtype, stored as is
               const float scale = int8_channel_scale(local_amax(gr, gc), code);
               sc.mult[i] = int8_channel_multiplier(scale);
               sc.f32[i] = scale;

@@ -13,11 +13,7 @@ namespace {
 
 std::vector<double> decode_table(ElemFormat f) {
   std::vector<double> t(256);
-  for (int i = 0; i < 256; ++i)
-    t[size_t(i)] = f == ElemFormat::E4M3   ? double(decode<E4M3>(u8(i)))
-                   : f == ElemFormat::E2M1 ? double(decode<E2M1>(u8(i & 15)))
-                   : f == ElemFormat::Int8 ? double(int8_t(uint8_t(i)))
-                                           : double(decode<E5M2>(u8(i)));
+  for (int i = 0; i < 256; ++i) t[size_t(i)] = double(traits(f).decode(u8(i)));  // e2m1: the low nibble
   return t;
 }
 
@@ -237,7 +233,7 @@ GemmTolerance gemm_tolerance(const GemmSpec& spec) {
   // k-block into the running total (each of the two roundings at most 2^-24 of the magnitude), plus
   // the epilogue's: (2 * ceil(K / 128) + 4) * 2^-24; K-grouped (K per group unknown here): 2^-14,
   // which covers groups of up to 510 k-blocks (65,280 tokens).
-  if (spec.a_format == ElemFormat::Int8) {
+  if (traits(spec.a_format).is_int) {
     const double steps = !gemm_promotes(spec) ? 4.0 : k_grouped(spec.layout) ? std::ldexp(1.0, 10) : 2.0 * double((spec.k + 127) / 128) + 4.0;
     t.acc_rel = steps * std::ldexp(1.0, -24);
   }

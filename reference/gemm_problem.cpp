@@ -32,7 +32,7 @@ std::vector<u8> byte_table(ElemFormat f, GemmValues v, uint64_t seed) {
     for (auto& b : t) b = u8(nibble() | (nibble() << 4));
     return t;
   }
-  if (f == ElemFormat::Int8) {  // uniform over [-128, 127], or small integers
+  if (traits(f).is_int) {  // int8: uniform over [-128, 127], or small integers
     for (auto& b : t) b = u8(v == GemmValues::Random ? int(rng() % 256) - 128 : int(rng() % 5) - 2);
     return t;
   }

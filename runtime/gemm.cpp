@@ -292,14 +292,15 @@ void Gemm::run_k_grouped(const GemmCall& c, CUstream stream) const {
   if (c.d.dtype && *c.d.dtype != s.out_dtype) check_dtype("d", c.d, s.out_dtype);
   const GemmScalingTraits& st = traits(s.scaling);
   const GemmScaleElems se = gemm_scale_elems(s, 0, g, kt);
-  if (s.scaling == GemmScaling::PerTensor) {
-    check_buffer("a_scale", c.a_scale, se.a * 4, 4, "fp32 per-group scales [G]");
-    check_buffer("b_scale", c.b_scale, se.b * 4, 4, "fp32 per-group scales [G]");
-  } else if (s.scaling == GemmScaling::RowChannel) {
-    const bool members = s.layout == GemmLayout::KGroupedMembers;
-    const std::string g_dim = members ? "[" + std::to_string(g) + ", " : "[";
-    check_buffer("a_scale", c.a_scale, se.a * 4, 4, "fp32 per-channel scales of A's rows " + g_dim + std::to_string(s.m) + "]");
-    check_buffer("b_scale", c.b_scale, se.b * 4, 4, "fp32 per-channel scales of B's rows " + g_dim + std::to_string(s.n) + "]");
+  if (st.scale_k == 0) {  // scales constant along the tokens: per group, or per channel of A's and B's rows
+    const bool channel = s.scaling == GemmScaling::RowChannel;
+    auto shape = [&](const char* op, int64_t rows) {
+      const std::string g_dim = s.layout == GemmLayout::KGroupedMembers ? std::to_string(g) + ", " : "";
+      return channel ? std::string("fp32 per-channel scales of ") + op + "'s rows [" + g_dim + std::to_string(rows) + "]"
+                     : std::string("fp32 per-group scales [G]");
+    };
+    check_buffer("a_scale", c.a_scale, se.a * 4, 4, shape("A", s.m));
+    check_buffer("b_scale", c.b_scale, se.b * 4, 4, shape("B", s.n));
   } else {
     const int64_t cols = se.a / s.m;
     const std::string what = std::string(st.scale_type) + " " + std::string(st.name) + " scales per row along the tokens ";
