@@ -30,12 +30,17 @@ constexpr GemmScalingTraits kScalings[] = {
     {GemmScaling::Nvfp4, "nvfp4", {"qf::gemm::Nvfp4Scaling", "qf::kGemmNvfp4", kGemmNvfp4},
      {"qf::gemm::Nvfp4Scaling", "qf::kGemmNvfp4", kGemmNvfp4}, false, 0, 16, "e4m3", 1, 16, 128, "[m_total, K/16]",
      "[G, N, K/16]"},
+    // bf16 / fp16 operands as they are (the identity copies): only the per-group alpha; the
+    // tensor cores accumulate their exact products in fp32 over all of K.
+    {GemmScaling::None, "none", {"qf::gemm::AlphaScaling", "qf::kGemmNone", kGemmNone},
+     {"qf::gemm::AlphaScaling", "qf::kGemmNone", kGemmNone}, false, 0, 0, "none", 0, 0, 16, "none", "none"},
 };
 
 constexpr int kMaxStages = 8;
 constexpr int64_t kMaxDim = int64_t(1) << 24;
 
 bool is_fp8(ElemFormat f) { return f == ElemFormat::E4M3 || f == ElemFormat::E5M2; }
+bool is_identity(ElemFormat f) { return f == ElemFormat::Identity; }
 
 // int8 x int8 sums stay exact in the tensor cores' s32 accumulators while K * 2^14 (the largest
 // product, -128 * -128) < 2^31: up to this K the kernel converts them to fp32 once, after all of K.
@@ -81,15 +86,40 @@ std::string_view name(GemmLayout l) {
   return "?";
 }
 
-ElemFormat parse_gemm_format(std::string_view name, const std::string& where) {
+GemmOperandFormat parse_gemm_format(std::string_view name, const std::string& where) {
+  if (const auto d = parse_dtype(name); d && (*d == DType::BF16 || *d == DType::FP16))
+    return {ElemFormat::Identity, *d};
   const auto f = parse_format(name);
   if (!f || (*f != ElemFormat::E4M3 && *f != ElemFormat::E5M2 && *f != ElemFormat::Int8 && *f != ElemFormat::E2M1))
-    throw UserError(where, "expected e4m3, e5m2, int8 or e2m1 (nvfp4), got \"" + std::string(name) + "\"");
-  return *f;
+    throw UserError(where, "expected e4m3, e5m2, int8, e2m1 (nvfp4), bf16 or fp16, got \"" + std::string(name) + "\"");
+  return {*f, DType::BF16};
 }
 
+std::string_view default_gemm_format(GemmScaling s) {
+  return s == GemmScaling::Nvfp4 ? "e2m1" : s == GemmScaling::None ? "bf16" : "e4m3";
+}
+
+void set_gemm_formats(GemmSpec& s, const GemmOperandFormat& a, const GemmOperandFormat& b, const std::string& b_where) {
+  if (is_identity(a.format) && is_identity(b.format) && a.dtype != b.dtype)
+    throw UserError(b_where, std::string("a ") + std::string(traits(a.dtype).name) + " A takes a " +
+                                 std::string(traits(a.dtype).name) + " B (one MMA type), got " + std::string(traits(b.dtype).name));
+  s.a_format = a.format;
+  s.b_format = b.format;
+  s.operand_dtype = is_identity(a.format) ? a.dtype : is_identity(b.format) ? b.dtype : DType::BF16;
+}
+
+std::string_view gemm_format_name(const GemmSpec& s, ElemFormat f) {
+  return is_identity(f) ? traits(s.operand_dtype).name : traits(f).name;
+}
+
+int gemm_operand_bits(const GemmSpec& s, ElemFormat f) {
+  return is_identity(f) ? 8 * traits(s.operand_dtype).bytes : traits(f).bits;
+}
+
+int64_t gemm_row_bytes(const GemmSpec& s, int64_t k) { return k * gemm_operand_bits(s, s.a_format) / 8; }
+
 bool gemm_promotes(const GemmSpec& s) {
-  if (s.scaling == GemmScaling::Nvfp4) return false;
+  if (s.scaling == GemmScaling::Nvfp4 || s.scaling == GemmScaling::None) return false;
   if (traits(s.a_format).is_int)  // K-grouped: a group's token count is run-time data
     return traits(s.scaling).promotion_required || k_grouped(s.layout) || s.k >= kInt8UnpromotedK;
   return !s.fast_accum;
@@ -97,7 +127,20 @@ bool gemm_promotes(const GemmSpec& s) {
 
 void validate(const GemmSpec& s) {
   const bool int8 = traits(s.a_format).is_int || traits(s.b_format).is_int;
-  if (s.scaling == GemmScaling::Nvfp4) {
+  const bool identity = is_identity(s.a_format) || is_identity(s.b_format);
+  if (s.scaling == GemmScaling::None || identity) {
+    // bf16 x bf16 or fp16 x fp16 MMAs: both operands the identity copies, no scales.
+    if (s.scaling != GemmScaling::None)
+      throw UserError("scaling", "bf16 / fp16 operands carry no scales: expected none, got " +
+                                     std::string(traits(s.scaling).name));
+    for (auto [field, f] : {std::pair{"a_format", s.a_format}, std::pair{"b_format", s.b_format}})
+      if (!is_identity(f))
+        throw UserError(field, "none scaling: expected bf16 or fp16 (both operands), got " + std::string(traits(f).name));
+    if (s.operand_dtype != DType::BF16 && s.operand_dtype != DType::FP16)
+      throw UserError("operand_dtype", "expected bf16 or fp16, got " + std::string(traits(s.operand_dtype).name));
+    if (s.fast_accum)
+      throw UserError("fast_accum", "bf16 / fp16 MMAs accumulate in fp32: there is no promotion to skip");
+  } else if (s.scaling == GemmScaling::Nvfp4) {
     for (auto [field, f] : {std::pair{"a_format", s.a_format}, std::pair{"b_format", s.b_format}})
       if (f != ElemFormat::E2M1)
         throw UserError(field, "nvfp4 scaling: expected e2m1, got " + std::string(traits(f).name));
@@ -116,9 +159,11 @@ void validate(const GemmSpec& s) {
       throw UserError("fast_accum", "int8: the tensor cores' s32 sums are exact; there is no fast accumulation to choose");
   } else {
     if (!is_fp8(s.a_format))
-      throw UserError("a_format", "expected e4m3, e5m2 or int8 (e2m1 with nvfp4 scaling), got " + std::string(traits(s.a_format).name));
+      throw UserError("a_format", "expected e4m3, e5m2 or int8 (e2m1 with nvfp4 scaling, bf16 / fp16 with none), got " +
+                                      std::string(traits(s.a_format).name));
     if (!is_fp8(s.b_format))
-      throw UserError("b_format", "expected e4m3, e5m2 or int8 (e2m1 with nvfp4 scaling), got " + std::string(traits(s.b_format).name));
+      throw UserError("b_format", "expected e4m3, e5m2 or int8 (e2m1 with nvfp4 scaling, bf16 / fp16 with none), got " +
+                                      std::string(traits(s.b_format).name));
   }
   if (s.n < 8 || s.n > kMaxDim || s.n % 8 != 0)
     throw UserError("n", "expected a multiple of 8 in [8, 2^24] (16-byte output rows), got " + std::to_string(s.n));
@@ -241,6 +286,7 @@ GemmScaleElems gemm_scale_elems(const GemmSpec& s, int64_t m_total, int64_t num_
     const int sk = traits(s.scaling).scale_k;
     if (s.scaling == GemmScaling::RowChannel)  // per channel: shared by the groups, or per member
       return s.layout == GemmLayout::KGroupedMembers ? GemmScaleElems{g * s.m, g * s.n} : GemmScaleElems{s.m, s.n};
+    if (s.scaling == GemmScaling::None) return {0, 0};
     if (sk == 0) return {g, g};  // tensor: one scale per group member
     // A scale per row of A [m, k_total] and of B [N, k_total] per scale_k tokens; members: each
     // member's grid on its own, so up to one partial block more per member.
@@ -253,19 +299,20 @@ GemmScaleElems gemm_scale_elems(const GemmSpec& s, int64_t m_total, int64_t num_
     case GemmScaling::Block128: return {m_total * kb, g * nb * kb};
     case GemmScaling::Mx32: return {m_total * (s.k / 32), g * s.n * (s.k / 32)};
     case GemmScaling::Nvfp4: return {m_total * (s.k / 16), g * s.n * (s.k / 16)};
+    case GemmScaling::None: return {0, 0};
   }
   QF_CHECK(false, "unknown GemmScaling");
   return {};
 }
 
-int64_t gemm_k_total_multiple(const GemmSpec& s) { return 16 * traits(s.a_format).elems_per_byte; }
+int64_t gemm_k_total_multiple(const GemmSpec& s) { return 128 / gemm_operand_bits(s, s.a_format); }
 
 std::string describe(const GemmSpec& s) {
   const std::string shape = k_grouped(s.layout)
                                 ? std::string(s.layout == GemmLayout::KGroupedMembers ? " k-grouped (members)" : " k-grouped") +
                                       " M=" + std::to_string(s.m) + " N=" + std::to_string(s.n)
                                 : " N=" + std::to_string(s.n) + " K=" + std::to_string(s.k);
-  return std::string(traits(s.a_format).name) + " x " + std::string(traits(s.b_format).name) + " " +
+  return std::string(gemm_format_name(s, s.a_format)) + " x " + std::string(gemm_format_name(s, s.b_format)) + " " +
          std::string(traits(s.scaling).name) + (s.fast_accum ? " (fast accumulation)" : "") + shape + " -> " +
          std::string(traits(s.out_dtype).name) + (s.accumulate ? " (accumulate)" : "");
 }
@@ -285,8 +332,13 @@ GemmSource emit_gemm(const GemmSpec& s) {
   e.blank();
   e.open("namespace qf_gen");
   e.open("struct GemmCfg");
-  e.alias("AFormat", traits(s.a_format).device_type);
-  e.alias("BFormat", traits(s.b_format).device_type);
+  // Identity operands: the 16-bit MMA operand types of gemm.cuh.
+  auto device_type = [&](ElemFormat f) -> std::string_view {
+    if (!is_identity(f)) return traits(f).device_type;
+    return s.operand_dtype == DType::FP16 ? "qf::gemm::Fp16Operand" : "qf::gemm::Bf16Operand";
+  };
+  e.alias("AFormat", device_type(s.a_format));
+  e.alias("BFormat", device_type(s.b_format));
   const GemmDevicePolicy& dp = device_policy(s);
   e.alias("Scaling", dp.policy);
   e.constant_ident("int", "kScaling", dp.code);
@@ -294,6 +346,7 @@ GemmSource emit_gemm(const GemmSpec& s) {
   e.constant("kMembers", s.layout == GemmLayout::KGroupedMembers);
   e.constant("kScaleK", int64_t(traits(s.scaling).scale_k));
   e.constant("kElemsPerByte", int64_t(traits(s.a_format).elems_per_byte));
+  e.constant("kElemBytes", int64_t(is_identity(s.a_format) ? traits(s.operand_dtype).bytes : 1));
   e.constant("kM", int64_t(s.m));
   e.constant("kN", int64_t(s.n));
   e.constant("kK", int64_t(s.k));

@@ -14,7 +14,7 @@
 
 namespace qf {
 
-// How the fp8 / int8 operands are scaled (the one table of these is in gemm_codegen.cpp).
+// How the operands are scaled (the one table of these is in gemm_codegen.cpp).
 enum class GemmScaling : uint8_t {
   PerTensor,   // fp32 scale per group for A ([G]) and for B ([G])
   RowChannel,  // fp32 scale per row of A ([m_total]) and per row of B[g] ([G, N]); K-grouped: per
@@ -26,6 +26,7 @@ enum class GemmScaling : uint8_t {
   Nvfp4,       // NVFP4: e2m1 operands packed two per byte (A [m_total, K/2], B [G, N, K/2]), e4m3 per
                // 1x16 block of A ([m_total, K/16] bytes) and of B ([G, N, K/16]), and the per-tensor
                // amax of each group's A and B (fp32 [G] each): the quantize kernels' NVFP4 layout
+  None,        // no scales: bf16 or fp16 operands (the quantize kernels' identity copies), fp32 sums
 };
 
 // The device side of a scaling kind in one layout: the policy struct in gemm.cuh, its
@@ -92,8 +93,10 @@ struct GemmTile {
 
 struct GemmSpec {
   ElemFormat a_format = ElemFormat::E4M3;  // e4m3 or e5m2 (nvfp4 scaling: e2m1), or int8 with an int8 B
-                                           // (tensor, rowwise or blockwise scaling)
+                                           // (tensor, rowwise or blockwise scaling), or identity with an
+                                           // identity B (none scaling: operand_dtype elements)
   ElemFormat b_format = ElemFormat::E4M3;
+  DType operand_dtype = DType::BF16;  // the elements of identity operands: bf16 or fp16
   GemmScaling scaling = GemmScaling::Block128;
   GemmLayout layout = GemmLayout::MGrouped;
   int64_t m = 0;                // K-grouped: rows of each D[g] (rows of A); M-grouped: 0 (run time)
@@ -106,9 +109,25 @@ struct GemmSpec {
   GemmTile tile;
 };
 
-// An operand format by name (the CLI, the C API): e4m3, e5m2, int8 or e2m1; which combinations a
-// scaling takes is validate()'s to say. Throws UserError(where, ...) for any other name.
-ElemFormat parse_gemm_format(std::string_view name, const std::string& where);
+// An operand format by name (the CLI, the C API, recipes): e4m3, e5m2, int8, e2m1, or bf16 / fp16
+// (identity: the quantize kernels' high-precision copies); which combinations a scaling takes is
+// validate()'s to say. Throws UserError(where, ...) for any other name.
+struct GemmOperandFormat {
+  ElemFormat format = ElemFormat::E4M3;
+  DType dtype = DType::BF16;  // identity: bf16 or fp16
+};
+GemmOperandFormat parse_gemm_format(std::string_view name, const std::string& where);
+// The operand format a scaling takes when none is named: e2m1 (nvfp4), bf16 (none), else e4m3.
+std::string_view default_gemm_format(GemmScaling s);
+// Puts A's and B's formats into the spec (identity operands set operand_dtype: one dtype for both,
+// else UserError(b_where)).
+void set_gemm_formats(GemmSpec& s, const GemmOperandFormat& a, const GemmOperandFormat& b, const std::string& b_where);
+// An operand format as users name it: "e4m3", ..., "bf16" / "fp16" for identity operands.
+std::string_view gemm_format_name(const GemmSpec& s, ElemFormat f);
+// Storage bits of one element of an operand in format f: 4 (packed e2m1), 8, or 16 (identity).
+int gemm_operand_bits(const GemmSpec& s, ElemFormat f);
+// Bytes of an operand row of k elements (K-major rows of A and B).
+int64_t gemm_row_bytes(const GemmSpec& s, int64_t k);
 
 // Whether the kernel promotes partial sums into fp32 accumulators (every k-block, or every 32 of
 // K for MX): fp8 unless fast_accum; never for nvfp4 (fp16 MMAs accumulate in fp32); int8 only
@@ -145,8 +164,8 @@ struct GemmScaleElems {
   int64_t a = 0, b = 0;
 };
 GemmScaleElems gemm_scale_elems(const GemmSpec& spec, int64_t m_total, int64_t num_groups, int64_t k_total = 0);
-// K-grouped: k_total must be a multiple of this (16-byte TMA row strides of the operands: 16 fp8
-// or 32 packed e2m1 tokens); with members, so must each member's first token and token count (a
+// K-grouped: k_total must be a multiple of this (16-byte TMA row strides of the operands: 16 fp8,
+// 32 packed e2m1 or 8 bf16 / fp16 tokens); with members, so must each member's first token and token count (a
 // member that is not gets NaN in D[g]: its sizes live on the device).
 int64_t gemm_k_total_multiple(const GemmSpec& spec);
 

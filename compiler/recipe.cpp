@@ -561,20 +561,25 @@ RecipeGemm parse_gemm(const Node& g) {
     sc.fail("unknown value \"" + Node::printable(scaling) + "\"; expected " + join(names));
   }
   s.scaling = *parsed;
-  // fp8 or int8 operands (default e4m3), or e2m1 with nvfp4 scaling (the default there).
+  // fp8 or int8 operands (default e4m3), e2m1 with nvfp4 scaling (the default there), bf16 or
+  // fp16 (the identity copies) with none (default bf16).
   const bool fp4 = s.scaling == GemmScaling::Nvfp4;
   auto format = [&](const char* key) {
-    ElemFormat f = fp4 ? ElemFormat::E2M1 : ElemFormat::E4M3;
     if (auto n = g.find(key)) {
-      if (fp4) return n->choice<ElemFormat>({{"e2m1", ElemFormat::E2M1}});
-      if (n->str() == "e2m1")
-        n->fail("e2m1 operands take \"scaling\": \"nvfp4\" (got \"" + scaling + "\"); expected e4m3, e5m2 or int8 here");
-      f = n->choice<ElemFormat>({{"e4m3", ElemFormat::E4M3}, {"e5m2", ElemFormat::E5M2}, {"int8", ElemFormat::Int8}});
+      if (fp4) n->choice<ElemFormat>({{"e2m1", ElemFormat::E2M1}});
+      else if (n->str() == "e2m1")
+        n->fail("e2m1 operands take \"scaling\": \"nvfp4\" (got \"" + scaling + "\"); expected e4m3, e5m2, int8, bf16 or fp16 here");
+      else
+        n->choice<int>({{"e4m3", 0}, {"e5m2", 0}, {"int8", 0}, {"bf16", 0}, {"fp16", 0}});
+      return parse_gemm_format(n->str(), key);
     }
-    return f;
+    return parse_gemm_format(default_gemm_format(s.scaling), key);
   };
-  s.a_format = format("a_format");
-  s.b_format = format("b_format");
+  try {
+    set_gemm_formats(s, format("a_format"), format("b_format"), "b_format");
+  } catch (const UserError& e) {
+    throw UserError(g.ptr() + "/" + e.where(), e.message());
+  }
   // "m_grouped" (fprop, dgrad; the default): K fixed, token rows at run time. "k_grouped" (wgrad):
   // the output rows m fixed, the tokens (K) split per group at run time; "k_grouped_members": the
   // same on the grouped quantizer's per-member transposed copies.

@@ -21,11 +21,20 @@ uint64_t splitmix(uint64_t& s) {
 
 u8 encode_fp8(ElemFormat f, float x) { return f == ElemFormat::E4M3 ? encode_rn<E4M3>(x) : encode_rn<E5M2>(x); }
 
-// 65536 encodings to draw bytes from: normal samples * fmax / 8, or integers in [-2, 2]
-// (e2m1: bytes of two such nibbles, normal samples * 6 / 2; int8: uniform over every value).
-std::vector<u8> byte_table(ElemFormat f, GemmValues v, uint64_t seed) {
-  std::vector<u8> t(65536);
+// 65536 encodings to draw elements from: normal samples * fmax / 8, or integers in [-2, 2]
+// (e2m1: bytes of two such nibbles, normal samples * 6 / 2; int8: uniform over every value;
+// bf16 / fp16: normal samples rounded to the dtype).
+std::vector<u16> elem_table(const GemmSpec& spec, ElemFormat f, GemmValues v, uint64_t seed) {
+  std::vector<u16> t(65536);
   std::mt19937_64 rng(seed);
+  if (gemm_operand_bits(spec, f) == 16) {
+    std::normal_distribution<float> normal(0.0f, 1.0f);
+    for (auto& e : t) {
+      const float x = v == GemmValues::Random ? normal(rng) : float(int(rng() % 5) - 2);
+      e = spec.operand_dtype == DType::FP16 ? f32_to_f16(x) : f32_to_bf16(x);
+    }
+    return t;
+  }
   if (f == ElemFormat::E2M1) {
     std::normal_distribution<float> normal(0.0f, 3.0f);
     auto nibble = [&] { return v == GemmValues::Random ? encode_rn<E2M1>(normal(rng)) : encode_rn<E2M1>(float(int(rng() % 5) - 2)); };
@@ -42,18 +51,23 @@ std::vector<u8> byte_table(ElemFormat f, GemmValues v, uint64_t seed) {
   return t;
 }
 
-// Fills `out` from the table in parallel chunks (deterministic for a seed, whatever `threads`).
-void fill_bytes(std::vector<uint8_t>& out, const std::vector<u8>& table, uint64_t seed, int threads) {
+// Fills `out` with elements of `bytes` (1 or 2, little-endian) from the table in parallel chunks
+// (deterministic for a seed, whatever `threads`).
+void fill_elems(std::vector<uint8_t>& out, int bytes, const std::vector<u16>& table, uint64_t seed, int threads) {
   constexpr size_t kChunk = size_t(1) << 20;
-  const size_t chunks = (out.size() + kChunk - 1) / kChunk;
+  const size_t count = out.size() / size_t(bytes);
+  const size_t chunks = (count + kChunk - 1) / kChunk;
   const int nt = int(std::min<size_t>(size_t(threads), std::max<size_t>(chunks, 1)));
   auto work = [&](int tid) {
     for (size_t c = size_t(tid); c < chunks; c += size_t(nt)) {
       uint64_t s = seed ^ (0xD1B54A32D192ED03ull * (c + 1));
-      const size_t end = std::min(out.size(), (c + 1) * kChunk);
+      const size_t end = std::min(count, (c + 1) * kChunk);
       for (size_t i = c * kChunk; i < end; i += 4) {
         const uint64_t r = splitmix(s);
-        for (size_t j = 0; j < 4 && i + j < end; ++j) out[i + j] = table[(r >> (16 * j)) & 0xFFFF];
+        for (size_t j = 0; j < 4 && i + j < end; ++j) {
+          const u16 e = table[(r >> (16 * j)) & 0xFFFF];
+          for (int b = 0; b < bytes; ++b) out[(i + j) * size_t(bytes) + size_t(b)] = u8(e >> (8 * b));
+        }
       }
     }
   };
@@ -97,11 +111,12 @@ void fill_problem(const GemmSpec& spec, GemmProblem& p, GemmValues values, bool 
   const bool kg = k_grouped(spec.layout);
   p.out_rows = kg ? g * spec.m : p.m_total;
   const bool fp4 = spec.scaling == GemmScaling::Nvfp4;
-  const int64_t row_bytes = (kg ? p.k_total : k) / traits(spec.a_format).elems_per_byte;
+  const int64_t row_bytes = gemm_row_bytes(spec, kg ? p.k_total : k);
   p.a.resize(size_t(kg ? spec.m * row_bytes : p.m_total * row_bytes));
   p.b.resize(size_t(kg ? n * row_bytes : g * n * row_bytes));
-  fill_bytes(p.a, byte_table(spec.a_format, values, seed * 3 + 1), seed * 5 + 2, threads);
-  fill_bytes(p.b, byte_table(spec.b_format, values, seed * 7 + 3), seed * 11 + 4, threads);
+  const int elem_bytes = gemm_operand_bits(spec, spec.a_format) == 16 ? 2 : 1;
+  fill_elems(p.a, elem_bytes, elem_table(spec, spec.a_format, values, seed * 3 + 1), seed * 5 + 2, threads);
+  fill_elems(p.b, elem_bytes, elem_table(spec, spec.b_format, values, seed * 7 + 3), seed * 11 + 4, threads);
 
   std::mt19937_64 rng(seed * 13 + 5);
   const GemmScaleElems cnt = gemm_scale_elems(spec, p.m_total, g, p.k_total);

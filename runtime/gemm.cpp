@@ -48,20 +48,28 @@ void check_amaxes(const GemmSpec& s, const GemmCall& c, const std::string& a_wha
   }
 }
 
-// How the operands' K-major rows go through TMA: fp8 rows stage 128 bytes (128 K) per stage
-// with the 128-byte swizzle; packed e2m1 (two per byte) 64 bytes, A unswizzled (the consumers
-// read it into registers) and B with the 64-byte swizzle (its converters read it conflict-free).
+// How the operands' K-major rows go through TMA (as bytes): fp8 / int8 rows stage 128 bytes (128
+// K) per stage with the 128-byte swizzle, bf16 / fp16 rows likewise (64 K); packed e2m1 (two per
+// byte) 64 bytes, A unswizzled (the consumers read it into registers) and B with the 64-byte
+// swizzle (its converters read it conflict-free).
 struct OperandRows {
-  int elems_per_byte;
+  const GemmSpec& spec;
   cuuint32_t box_bytes;
   CUtensorMapSwizzle a_swizzle, b_swizzle;
   const char* packed;  // for messages
-  int64_t bytes(int64_t k) const { return k / elems_per_byte; }
+  int64_t bytes(int64_t k) const { return gemm_row_bytes(spec, k); }
 };
 OperandRows operand_rows(const GemmSpec& s) {
   if (traits(s.a_format).elems_per_byte == 2)
-    return {2, kGemmBlockK / 2, CU_TENSOR_MAP_SWIZZLE_NONE, CU_TENSOR_MAP_SWIZZLE_64B, " packed two per byte"};
-  return {1, kGemmBlockK, CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_SWIZZLE_128B, ""};
+    return {s, kGemmBlockK / 2, CU_TENSOR_MAP_SWIZZLE_NONE, CU_TENSOR_MAP_SWIZZLE_64B, " packed two per byte"};
+  return {s, kGemmBlockK, CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_SWIZZLE_128B, ""};
+}
+
+// Scale buffers of a spec whose scaling has none (bf16 / fp16 operands) must be absent.
+void check_no_scales(const GemmSpec& s, const GemmCall& c) {
+  if (c.a_scale.ptr || c.b_scale.ptr)
+    throw UserError(c.a_scale.ptr ? "a_scale" : "b_scale",
+                    std::string(gemm_format_name(s, s.a_format)) + " operands (none scaling) take no scales");
 }
 
 }  // namespace
@@ -185,9 +193,9 @@ void Gemm::run(const GemmCall& c, CUstream stream) const {
   const OperandRows rows = operand_rows(s);
   const int64_t kb = rows.bytes(s.k);  // bytes per operand row
   const std::string packed = rows.packed;
-  const std::string shape_a = "A [" + std::to_string(m) + ", " + std::to_string(s.k) + "] " + std::string(traits(s.a_format).name) + packed;
+  const std::string shape_a = "A [" + std::to_string(m) + ", " + std::to_string(s.k) + "] " + std::string(gemm_format_name(s, s.a_format)) + packed;
   const std::string shape_b = "B [" + std::to_string(g) + ", " + std::to_string(s.n) + ", " + std::to_string(s.k) + "] " +
-                              std::string(traits(s.b_format).name) + packed;
+                              std::string(gemm_format_name(s, s.b_format)) + packed;
   const std::string shape_d = "D [" + std::to_string(m) + ", " + std::to_string(s.n) + "] " + std::string(traits(s.out_dtype).name);
   check_buffer("a", c.a, m * kb, 16, shape_a);
   check_buffer("b", c.b, g * s.n * kb, 16, shape_b);
@@ -195,10 +203,14 @@ void Gemm::run(const GemmCall& c, CUstream stream) const {
   if (c.d.dtype && *c.d.dtype != s.out_dtype) check_dtype("d", c.d, s.out_dtype);
   const GemmScaleElems se = gemm_scale_elems(s, m, c.num_groups);
   const GemmScalingTraits& st = traits(s.scaling);
-  const std::string scales = std::string(st.scale_type) + " " + std::string(st.name) + " scales ";
-  const int align = std::max(st.scale_bytes, st.scale_align);  // the scaling table's rule
-  check_buffer("a_scale", c.a_scale, se.a * st.scale_bytes, align, scales + std::string(st.a_scale_shape));
-  check_buffer("b_scale", c.b_scale, se.b * st.scale_bytes, align, scales + std::string(st.b_scale_shape));
+  if (s.scaling == GemmScaling::None) {
+    check_no_scales(s, c);
+  } else {
+    const std::string scales = std::string(st.scale_type) + " " + std::string(st.name) + " scales ";
+    const int align = std::max(st.scale_bytes, st.scale_align);  // the scaling table's rule
+    check_buffer("a_scale", c.a_scale, se.a * st.scale_bytes, align, scales + std::string(st.a_scale_shape));
+    check_buffer("b_scale", c.b_scale, se.b * st.scale_bytes, align, scales + std::string(st.b_scale_shape));
+  }
   check_amaxes(s, c, "per-tensor amax of each group's A", "amax of each B[g]");
   if (c.alpha.ptr) check_buffer("alpha", c.alpha, g * 4, 4, "fp32 [num_groups]");
   if (c.max_ctas < 0) throw UserError("max_ctas", "expected >= 0, got " + std::to_string(c.max_ctas));
@@ -270,7 +282,8 @@ void Gemm::run_k_grouped(const GemmCall& c, CUstream stream) const {
   if (c.k_total < k_multiple || c.k_total >= (int64_t(1) << 31) || c.k_total % k_multiple != 0)
     throw UserError("k_total", "k-grouped: expected the token dimension as a multiple of " + std::to_string(k_multiple) +
                                    " in [" + std::to_string(k_multiple) + ", 2^31) (16-byte TMA row strides" +
-                                   (rows.elems_per_byte == 2 ? " of packed e2m1" : "") + "; pad it), got " + std::to_string(c.k_total));
+                                   (traits(s.a_format).elems_per_byte == 2 ? " of packed e2m1" : "") + "; pad it), got " +
+                                   std::to_string(c.k_total));
   if (c.m_total != 0 || c.m_max != 0 || c.group_counts.ptr)
     throw UserError(c.m_total != 0 ? "m_total" : c.m_max != 0 ? "m_max" : "group_counts",
                     "k-grouped: rows are the spec's m and groups split K by group_offsets; expected 0 / none");
@@ -283,16 +296,18 @@ void Gemm::run_k_grouped(const GemmCall& c, CUstream stream) const {
   const int64_t row_bytes = rows.bytes(kt);
   const std::string packed = rows.packed;
   check_buffer("a", c.a, s.m * row_bytes, 16,
-               "A [" + std::to_string(s.m) + ", " + std::to_string(kt) + "] " + std::string(traits(s.a_format).name) + packed);
+               "A [" + std::to_string(s.m) + ", " + std::to_string(kt) + "] " + std::string(gemm_format_name(s, s.a_format)) + packed);
   check_buffer("b", c.b, s.n * row_bytes, 16,
-               "B [" + std::to_string(s.n) + ", " + std::to_string(kt) + "] " + std::string(traits(s.b_format).name) + packed);
+               "B [" + std::to_string(s.n) + ", " + std::to_string(kt) + "] " + std::string(gemm_format_name(s, s.b_format)) + packed);
   check_buffer("d", c.d, g * s.m * s.n * ob, 16,
                "D [" + std::to_string(g) + ", " + std::to_string(s.m) + ", " + std::to_string(s.n) + "] " +
                    std::string(traits(s.out_dtype).name));
   if (c.d.dtype && *c.d.dtype != s.out_dtype) check_dtype("d", c.d, s.out_dtype);
   const GemmScalingTraits& st = traits(s.scaling);
   const GemmScaleElems se = gemm_scale_elems(s, 0, g, kt);
-  if (st.scale_k == 0) {  // scales constant along the tokens: per group, or per channel of A's and B's rows
+  if (s.scaling == GemmScaling::None) {
+    check_no_scales(s, c);
+  } else if (st.scale_k == 0) {  // scales constant along the tokens: per group, or per channel of A's and B's rows
     const bool channel = s.scaling == GemmScaling::RowChannel;
     auto shape = [&](const char* op, int64_t rows) {
       const std::string g_dim = s.layout == GemmLayout::KGroupedMembers ? std::to_string(g) + ", " : "";

@@ -138,15 +138,14 @@ qf::GemmSpec to_gemm_spec(const qf_gemm_spec& c) {
   require(c.scaling, "spec->scaling");
   const auto sc = qf::parse_gemm_scaling(c.scaling);
   if (!sc)
-    throw qf::UserError("spec->scaling", std::string("expected tensor, rowwise, blockwise, mxfp8 or nvfp4, got \"") + c.scaling + "\"");
+    throw qf::UserError("spec->scaling",
+                        std::string("expected tensor, rowwise, blockwise, mxfp8, nvfp4 or none, got \"") + c.scaling + "\"");
   s.scaling = *sc;
-  const bool fp4 = s.scaling == qf::GemmScaling::Nvfp4;
-  auto format = [fp4](const char* name, const char* field) {
-    if (!name) return fp4 ? qf::ElemFormat::E2M1 : qf::ElemFormat::E4M3;
-    return qf::parse_gemm_format(name, field);  // which combinations a scaling takes: qf::validate
+  auto format = [&](const char* name, const char* field) {
+    // which combinations a scaling takes: qf::validate
+    return qf::parse_gemm_format(name ? std::string_view(name) : qf::default_gemm_format(s.scaling), field);
   };
-  s.a_format = format(c.a_format, "spec->a_format");
-  s.b_format = format(c.b_format, "spec->b_format");
+  qf::set_gemm_formats(s, format(c.a_format, "spec->a_format"), format(c.b_format, "spec->b_format"), "spec->b_format");
   s.n = c.n, s.k = c.k;
   if (c.out_dtype) {
     const auto d = qf::parse_dtype(c.out_dtype);

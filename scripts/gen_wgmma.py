@@ -1,8 +1,9 @@
 #!/usr/bin/env python3
 """Writes templates/qforge/wgmma.cuh: the inline-PTX wrappers of the warpgroup MMAs that gemm.cuh
 uses: dense fp8 (m64nNk32, f32 accumulators, A and B from shared memory), dense int8 (m64nNk32,
-s32 accumulators held in the same float registers) and fp16 with A in registers (m64nNk16, for
-operands dequantized on chip, e.g. NVFP4).
+s32 accumulators held in the same float registers), bf16 / fp16 from shared memory (m64nNk16: the
+same 32 bytes of K per instruction) and fp16 with A in registers (m64nNk16, for operands
+dequantized on chip, e.g. NVFP4).
 
 PTX needs every accumulator register spelled out, so the wrappers are generated rather than
 written by hand. Rerun after changing the list of N:  python3 scripts/gen_wgmma.py
@@ -58,6 +59,13 @@ for n in NS:
     define(f"QF_WGMMA_M64N{n}K32_S8", f"wgmma.mma_async.sync.aligned.m64n{n}k32.s32.s8.s8",
            f"%{r}, %{r + 1}, p", '"l"(desc_a), "l"(desc_b), "r"(scale_d)', r, out='"+r"(QF_WGMMA_S32(d[{i}]))')
 
+w("// bf16 / fp16 MMAs from shared memory (TA: \"bf16\" or \"f16\"): 16 of K (32 bytes) per instruction,")
+w("// f32 accumulators, both operands K-major (the trailing 0, 0: no transpose).")
+for n in NS:
+    r = n // 2
+    define(f"QF_WGMMA_M64N{n}K16_SS(TA)", f'wgmma.mma_async.sync.aligned.m64n{n}k16.f32." TA "." TA "',
+           f"%{r}, %{r + 1}, p, 1, 1, 0, 0", '"l"(desc_a), "l"(desc_b), "r"(scale_d)', r)
+
 w("// fp16 MMAs with A in registers: D[64 x N] (+)= A[64 x 16] * B[N x 16]^T, A as the four fp16x2")
 w("// registers a[0..4) of each thread (the m64nNk16 A fragment: warp w holds rows 16w..16w+15), B")
 w("// K-major fp16 in shared memory. QF_WGMMA_M64N<N>K16_F16_RS reads d, a, desc_b and scale_d.")
@@ -71,19 +79,23 @@ w("#if defined(__CUDACC__)")
 w("namespace qf {")
 w("namespace wgmma {")
 w("")
-w("// The instruction for N accumulator columns and element types A, B (each qf::E4M3 or qf::E5M2, or")
-w("// both qf::Int8: d then holds s32 bits).")
+w("// One MMA of 32 bytes of K with A and B in shared memory, for N accumulator columns and element")
+w("// types A, B (each qf::E4M3 or qf::E5M2; both qf::Int8: d then holds s32 bits; both 16-bit, kBits")
+w("// 16: bf16 (kExpBits 8) or fp16).")
 w("template <int N, class A, class B>")
-w("__device__ __forceinline__ void mma_m64k32(float* d, unsigned long long desc_a,")
-w("                                           unsigned long long desc_b, int scale_d) {")
+w("__device__ __forceinline__ void mma_ss(float* d, unsigned long long desc_a, unsigned long long desc_b, int scale_d) {")
 w("  constexpr bool a4 = A::kExpBits == 4, b4 = B::kExpBits == 4;")
+w("  constexpr bool h16 = A::kBits == 16, bf = A::kExpBits == 8;")
 w('  static_assert(A::kIsInt == B::kIsInt, "wgmma: int8 only with int8");')
+w('  static_assert(A::kBits == B::kBits && (!h16 || A::kExpBits == B::kExpBits), "wgmma: 16-bit only with its own type");')
 first = True
 for n in NS:
     kw = "if" if first else "} else if"
     first = False
     w(f"  {kw} constexpr (N == {n}) {{")
-    w(f"    if constexpr (A::kIsInt) QF_WGMMA_M64N{n}K32_S8;")
+    w(f"    if constexpr (h16 && bf) QF_WGMMA_M64N{n}K16_SS(\"bf16\");")
+    w(f"    else if constexpr (h16) QF_WGMMA_M64N{n}K16_SS(\"f16\");")
+    w(f"    else if constexpr (A::kIsInt) QF_WGMMA_M64N{n}K32_S8;")
     w(f"    else if constexpr (a4 && b4) QF_WGMMA_M64N{n}K32(\"e4m3\", \"e4m3\");")
     w(f"    else if constexpr (a4 && !b4) QF_WGMMA_M64N{n}K32(\"e4m3\", \"e5m2\");")
     w(f"    else if constexpr (!a4 && b4) QF_WGMMA_M64N{n}K32(\"e5m2\", \"e4m3\");")

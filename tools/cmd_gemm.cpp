@@ -33,9 +33,9 @@
 namespace qf::cli {
 namespace {
 
-// An operand format; the default is e4m3, or e2m1 with nvfp4 scaling.
-ElemFormat format_arg(const Args& args, const std::string& flag, bool fp4) {
-  return parse_gemm_format(args.get(flag).value_or(fp4 ? "e2m1" : "e4m3"), flag);
+// An operand format; the default is e4m3, e2m1 with nvfp4 scaling, bf16 with none.
+GemmOperandFormat format_arg(const Args& args, const std::string& flag, GemmScaling s) {
+  return parse_gemm_format(args.get(flag).value_or(std::string(default_gemm_format(s))), flag);
 }
 
 double median(std::vector<double> v) {
@@ -66,10 +66,10 @@ int cmd_gemm(const Argv& argv) {
   GemmSpec spec;
   const std::string scaling = args.get("--scaling").value_or("blockwise");
   auto sc = parse_gemm_scaling(scaling);
-  if (!sc) throw UserError("--scaling", "expected tensor, rowwise, blockwise, mxfp8 or nvfp4, got \"" + scaling + "\"");
+  if (!sc) throw UserError("--scaling", "expected tensor, rowwise, blockwise, mxfp8, nvfp4 or none, got \"" + scaling + "\"");
   spec.scaling = *sc;
-  spec.a_format = format_arg(args, "--a-format", spec.scaling == GemmScaling::Nvfp4);
-  spec.b_format = format_arg(args, "--b-format", spec.scaling == GemmScaling::Nvfp4);
+  set_gemm_formats(spec, format_arg(args, "--a-format", spec.scaling), format_arg(args, "--b-format", spec.scaling),
+                   "--b-format");
   spec.n = args.integer("--n", 4096, 8, int64_t(1) << 24);
   spec.k = args.integer("--k", 7168, 16, int64_t(1) << 24);
   // --k-grouped (wgrad): D[g] [M, N] over the group's tokens; --k is the tokens per group.
@@ -118,7 +118,8 @@ int cmd_gemm(const Argv& argv) {
   }
   auto tile_line = [&] {
     std::ostringstream os;
-    os << "tile " << spec.tile.block_m << "x" << spec.tile.block_n << "x128, " << spec.tile.stages << " stages, multicast "
+    os << "tile " << spec.tile.block_m << "x" << spec.tile.block_n << "x"
+       << (gemm_operand_bits(spec, spec.a_format) == 16 ? 64 : 128) << ", " << spec.tile.stages << " stages, multicast "
        << spec.tile.multicast << ", raster " << spec.tile.raster_m << ", ordered issue "
        << (spec.tile.ordered == 2 ? "on" : "off") << ", " << src.threads << " threads, "
        << src.smem_bytes << " bytes of shared memory";
@@ -210,7 +211,8 @@ int cmd_gemm(const Argv& argv) {
   reset_d();
   auto view = [](const rt::DeviceBuffer& b) { return rt::TensorView{b.address(), int64_t(b.size()), std::nullopt, {}}; };
   rt::GemmCall call;
-  call.a = view(da), call.b = view(db), call.d = view(dd), call.a_scale = view(dsa), call.b_scale = view(dsb);
+  call.a = view(da), call.b = view(db), call.d = view(dd);
+  if (spec.scaling != GemmScaling::None) call.a_scale = view(dsa), call.b_scale = view(dsb);
   if (with_alpha) call.alpha = view(dal);
   if (!p.a_amax.empty()) call.a_amax = view(dama), call.b_amax = view(damb);
   if (m_max > 0) call.group_counts = view(doff), call.m_max = m_max;

@@ -1,9 +1,10 @@
-// Grouped fp8 / int8 GEMM for Hopper (sm_90a; NVFP4 dequantized on chip, below). Generated code (compiler/gemm_codegen.cpp) defines one
+// Grouped fp8 / int8 / bf16 / fp16 GEMM for Hopper (sm_90a; NVFP4 dequantized on chip, below). Generated code (compiler/gemm_codegen.cpp) defines one
 // config struct with named constants (formats, scaling, N, K, output, tile shape) and names
 // gemm_kernel<Cfg>; everything else is here, as ordinary CUDA.
 //
 // Problem (gemm_args.cuh): M-grouped, D[rows of g] (+)= alpha[g] * A[rows of g] * B[g]^T
-// with A [m_total, K] and B [G, N, K] K-major fp8 (e4m3 or e5m2, independently) or both int8, D [m_total, N]
+// with A [m_total, K] and B [G, N, K] K-major fp8 (e4m3 or e5m2, independently), both int8 or both
+// bf16 / fp16 (the identity copies; a stage then holds 64 of K: wgmma m64nNk16), D [m_total, N]
 // bf16 or fp32. Group row ranges come from a device offsets array, read in the kernel, so a
 // launch needs no host sync and can be captured in a CUDA graph. Layouts: contiguous (offsets
 // [G + 1]) or masked (A [G, m_max, K], counts [G]: group g uses the first counts[g] rows of its slot).
@@ -44,10 +45,13 @@ namespace qf {
 // kGemmBlock128K has no GemmScaling of its own: it is blockwise scaling in the K-grouped layout
 // (wgrad), where both operands carry 1x128 blocks along the tokens (Block128KScaling).
 enum GemmScalingCode : int {
-  kGemmPerTensor = 0, kGemmRowChannel = 1, kGemmBlock128 = 2, kGemmMx32 = 3, kGemmNvfp4 = 4, kGemmBlock128K = 5
+  kGemmPerTensor = 0, kGemmRowChannel = 1, kGemmBlock128 = 2, kGemmMx32 = 3, kGemmNvfp4 = 4, kGemmNone = 5,
+  kGemmBlock128K = 6
 };
 
-constexpr int kGemmBlockK = 128;           // K per stage: one 128-byte swizzle row of fp8
+constexpr int kGemmMmasPerStage = 4;       // MMAs per stage from shared memory: 32 bytes of K each
+constexpr int kGemmBlockK = 128;           // K per stage: one 128-byte swizzle row of fp8 (16-bit
+                                           // operands: 64, gemm::stage_k; packed e2m1: 64 bytes)
 constexpr u32 kGemmSmemLimit = 232448;     // sm_90 opt-in dynamic shared memory per block
 constexpr u32 kGemmSmemAlignSlack = 1024;  // the dynamic window is aligned up to 1024 in-kernel
 
@@ -308,6 +312,29 @@ __device__ __forceinline__ void cluster_sync() {
 
 namespace gemm {
 
+// 16-bit MMA operands (the quantize kernels' identity copies, as they are): the format traits
+// the wgmma wrappers dispatch on (kBits 16; bf16 has 8 exponent bits, fp16 5).
+struct Bf16Operand {
+  static constexpr int kBits = 16, kExpBits = 8;
+  static constexpr bool kIsInt = false;
+};
+struct Fp16Operand {
+  static constexpr int kBits = 16, kExpBits = 5;
+  static constexpr bool kIsInt = false;
+};
+
+// K per stage (k-block): one 128-byte row of 8-bit operands (128) or of 16-bit ones (64); packed
+// e2m1 stages 128 of K in 64 bytes.
+template <class Cfg>
+QF_HD constexpr int stage_k() {
+  return kGemmBlockK / int(Cfg::kElemBytes);
+}
+// Bytes of `tokens` elements of an operand row.
+template <class Cfg>
+__device__ __forceinline__ i64 k_bytes(i64 tokens) {
+  return tokens * int(Cfg::kElemBytes) / int(Cfg::kElemsPerByte);
+}
+
 // One output tile. M-grouped: rows [row0, row0 + block_m) of A and D, of group `group` (stores
 // stop at row_end), columns [n0, n0 + block_n), the whole K. K-grouped: rows [row0, ...) of A
 // and of D[group] (out_row0 = group * kM + row0), K restricted to the group's range [k0, k0 +
@@ -318,8 +345,8 @@ struct TileInfo {
   int n0;
   int group;
   int out_row0;  // row of D holding tile row 0 (M-grouped: row0)
-  int k0;        // first K the tile loads (K-grouped: a multiple of 128, Scheduler::kKAlign; members: 0)
-  int k_lead;    // K-grouped: positions [k0, k0 + k_lead) belong to the previous group (0..127)
+  int k0;        // first K the tile loads (K-grouped: a multiple of stage_k, Scheduler::kKAlign; members: 0)
+  int k_lead;    // K-grouped: positions [k0, k0 + k_lead) belong to the previous group (< stage_k)
   int k_len;     // K loaded from k0: k_lead + the group's tokens (0 for an empty group; M-grouped: kK)
   // K-grouped scales along the tokens: row r's scale column j of the tile's group is element
   // rows * s_prefix + r * s_cols + j of its buffer (rows: kM for A, N for B); tokens at or past
@@ -353,17 +380,18 @@ struct Scheduler {
   static constexpr int kNBlocks = int((Cfg::kN + kBN - 1) / kBN);
   static constexpr int kNUnits = kNBlocks / int(Cfg::kMulticast);
   static constexpr int kRaster = int(Cfg::kRasterM);
-  // K-grouped: where a group's first k-block starts: a multiple of 128 tokens, so that a k-block
-  // covers whole scale blocks of the shared token grid (1x128, 1x32, 1x16 blocks), and, for every
-  // scaling, each row's TMA box is one 128-byte-aligned segment (per-tensor tiles started at the
-  // 16-aligned token below the group's first until session 20: at uneven splits the boxes
-  // straddled two segments, 866 against 1050 TFLOP/s at even splits).
-  static constexpr int kKAlign = kGemmBlockK;
+  // K-grouped: where a group's first k-block starts: a multiple of a stage's K (128 tokens; 64
+  // for 16-bit operands, which carry no scales), so that a k-block covers whole scale blocks of
+  // the shared token grid (1x128, 1x32, 1x16 blocks), and, for every scaling, each row's TMA box
+  // is one 128-byte-aligned segment (per-tensor tiles started at the 16-aligned token below the
+  // group's first until session 20: at uneven splits the boxes straddled two segments, 866
+  // against 1050 TFLOP/s at even splits).
+  static constexpr int kKAlign = stage_k<Cfg>();
   // Tokens per scale along K (the scaling traits' scale_k): 128, 32, 16; 0 per tensor.
   static constexpr int kScaleK = int(Cfg::kScaleK);
   // Members: a member's first token and token count must be multiples of this (16-byte TMA
-  // addresses and row strides: 16 fp8 or 32 packed e2m1 tokens; gemm_k_total_multiple).
-  static constexpr int kMemberAlign = 16 * int(Cfg::kElemsPerByte);
+  // addresses and row strides: 16 fp8, 32 packed e2m1 or 8 bf16 / fp16 tokens; gemm_k_total_multiple).
+  static constexpr int kMemberAlign = 16 * int(Cfg::kElemsPerByte) / int(Cfg::kElemBytes);
 
   // The launch arguments stay in the kernel's parameter space (__grid_constant__): the scheduler
   // keeps only its position in registers, which every role (three accumulators in the consumers,
@@ -487,20 +515,22 @@ struct Scheduler {
   }
 };
 
-// k-blocks (128 of K, one stage each) of a tile.
+// k-blocks (stage_k of K, one stage each) of a tile.
 template <class Cfg>
 __device__ __forceinline__ int tile_k_blocks(const TileInfo& t) {
-  if constexpr (Cfg::kKGrouped) return (t.k_len + kGemmBlockK - 1) / kGemmBlockK;
-  return int((Cfg::kK + kGemmBlockK - 1) / kGemmBlockK);
+  constexpr int kSK = stage_k<Cfg>();
+  if constexpr (Cfg::kKGrouped) return (t.k_len + kSK - 1) / kSK;
+  return int((Cfg::kK + kSK - 1) / kSK);
 }
 
 // The K positions of k-block kb that belong to the tile's group, relative to the k-block:
-// [x, y); the whole k-block (0, 128) everywhere but at a K-grouped group's edges (the first
-// k-block starts up to 127 tokens early, the last reads past the group's end).
+// [x, y); the whole k-block (0, stage_k) everywhere but at a K-grouped group's edges (the first
+// k-block starts up to stage_k - 1 tokens early, the last reads past the group's end).
 template <class Cfg>
 __device__ __forceinline__ int2 kept_tokens(const TileInfo& t, int kb) {
-  if constexpr (!Cfg::kKGrouped) return make_int2(0, kGemmBlockK);
-  return make_int2(kb == 0 ? t.k_lead : 0, min(kGemmBlockK, t.k_len - kb * kGemmBlockK));
+  constexpr int kSK = stage_k<Cfg>();
+  if constexpr (!Cfg::kKGrouped) return make_int2(0, kSK);
+  return make_int2(kb == 0 ? t.k_lead : 0, min(kSK, t.k_len - kb * kSK));
 }
 
 // K-grouped members: the ring of tensor-map pairs {A, B} per CTA in a.member_maps. The producer
@@ -531,8 +561,8 @@ struct MemberMaps {
       reinterpret_cast<u64*>(scratch)[lane] = lane < 16 ? a.a_map.opaque[lane] : a.b_map.opaque[lane - 16];
       __syncwarp();
       if (lane == 0) {
-        const u32 row = u32(t.k_limit / int(Cfg::kElemsPerByte));
-        const i64 first = i64(t.tok0 / int(Cfg::kElemsPerByte));
+        const u32 row = u32(k_bytes<Cfg>(t.k_limit));
+        const i64 first = k_bytes<Cfg>(t.tok0);
         sm90::tensormap_set_address(scratch_addr, reinterpret_cast<u64>(a.a_data) + u64(first * Cfg::kM));
         sm90::tensormap_set_inner(scratch_addr, row, row);
         sm90::tensormap_set_address(scratch_addr + 128u, reinterpret_cast<u64>(a.b_data) + u64(first * Cfg::kN));
@@ -607,6 +637,21 @@ struct PerTensorScaling : NoStepScales, NoColScales {
   }
   template <class Cfg>
   __device__ static float row_factor(const Tile& s, int) { return Cfg::kPromote ? 1.0f : s.factor; }
+};
+
+// No scales (bf16 / fp16 operands, the identity copies): D = alpha * sum(a * b), the tensor cores'
+// fp32 sums over all of K.
+struct AlphaScaling : NoStepScales, NoColScales {
+  static constexpr int kSteps = 1, kScaleWriters = 0;
+  struct Tile {
+    float factor;
+  };
+  template <class Cfg>
+  __device__ static Tile begin(const GemmArgs& a, const TileInfo& t, const Frag&) {
+    return {group_alpha(a, t)};
+  }
+  template <class Cfg>
+  __device__ static float row_factor(const Tile& s, int) { return s.factor; }
 };
 
 // fp32 scale per row of A (token) and per row of B[g] (output channel):
@@ -998,6 +1043,8 @@ struct Traits {
   static constexpr bool kFp4 = Cfg::kScaling == kGemmNvfp4;
   // int8 x int8: s32 tensor-core sums (exact), converted to fp32 where they are promoted or stored.
   static constexpr bool kInt8 = Cfg::AFormat::kIsInt;
+  // bf16 / fp16 (identity) operands: 64 of K per stage, m64nNk16 MMAs, fp32 sums, no scales.
+  static constexpr bool k16Bit = Cfg::AFormat::kBits == 16;
   // NVFP4 with two consumer warpgroups: two producer warpgroups, eight warps dequantizing B (one
   // warp per scheduler is latency bound there; measured).
   static constexpr int kProducerGroups = kFp4 ? 2 : 1;
@@ -1043,8 +1090,12 @@ struct Traits {
                 "per-32 promotion: promoted, unordered");
   static_assert(!Cfg::kKGrouped || ((Cfg::kScaling == kGemmPerTensor || Cfg::kScaling == kGemmRowChannel ||
                                       Cfg::kScaling == kGemmBlock128K || Cfg::kScaling == kGemmMx32 ||
-                                      Cfg::kScaling == kGemmNvfp4) && kMc == 1),
-                "K-grouped: per-tensor, per-channel, blockwise (1x128 along the tokens), MX or NVFP4 scaling, no multicast");
+                                      Cfg::kScaling == kGemmNvfp4 || Cfg::kScaling == kGemmNone) && kMc == 1),
+                "K-grouped: per-tensor, per-channel, blockwise (1x128 along the tokens), MX, NVFP4 or no scaling, no multicast");
+  static_assert(k16Bit == (Cfg::kScaling == kGemmNone) && Cfg::AFormat::kBits == Cfg::BFormat::kBits &&
+                    (!k16Bit || Cfg::AFormat::kExpBits == Cfg::BFormat::kExpBits) &&
+                    int(Cfg::kElemBytes) == (k16Bit ? 2 : 1) && !(k16Bit && Cfg::kPromote),
+                "bf16 / fp16 operands: both of one type, no scales, no promotion");
   static_assert(!Cfg::kMembers || Cfg::kKGrouped, "per-member operands: the K-grouped layout");
   static_assert(Cfg::kScaling != kGemmBlock128K || (Cfg::kKGrouped && Cfg::kPromote),
                 "Block128KScaling: the K-grouped layout, promoted");
@@ -1079,7 +1130,7 @@ __device__ __forceinline__ void producer(const GemmArgs& a, u8* smem, u32 base, 
     if (k_blocks > 0) maps.prepare(a, smem + T::kSmem.maps_off, base + T::kSmem.maps_off, t, lane);
     for (int kb = 0; kb < k_blocks; ++kb) {
       // K coordinate of the stage (NVFP4: bytes of packed e2m1)
-      const int kc = T::kFp4 ? kb * (kGemmBlockK / 2) : t.k0 + kb * kGemmBlockK;
+      const int kc = T::kFp4 ? kb * (kGemmBlockK / 2) : int(k_bytes<Cfg>(t.k0 + kb * stage_k<Cfg>()));
       // NVFP4: the loads complete loaded[stage]; the B converters then arrive on full[stage].
       const u32 full = T::kFp4 ? empty0 + 8u * (T::kStages + 2 + stage) : full0 + 8u * stage;
       const u32 empty = empty0 + 8u * stage;
@@ -1632,7 +1683,8 @@ __device__ __forceinline__ void consumer(const GemmArgs& a, u8* smem, u32 base, 
       sm90::mbar_wait(full0 + 8u * stage, phase);
       if constexpr (Cfg::kKGrouped && !Cfg::kMembers) {  // members: TMA zero-fills past M_g
         const int2 kept = kept_tokens<Cfg>(t, kb);
-        if (kept.x > 0 || kept.y < kGemmBlockK) zero_k_outside<Cfg>(smem, stage, kept.x, kept.y, f);
+        if (kept.x > 0 || kept.y < stage_k<Cfg>())
+          zero_k_outside<Cfg>(smem, stage, kept.x * int(Cfg::kElemBytes), kept.y * int(Cfg::kElemBytes), f);
       }
     };
     auto wait_turn = [&] {
@@ -1655,7 +1707,7 @@ __device__ __forceinline__ void consumer(const GemmArgs& a, u8* smem, u32 base, 
       // Step (the policy's scales for it) is taken when its MMAs are issued: `cur`, and `prev`
       // for the k-block before.
       constexpr int kSteps = S::kSteps;
-      constexpr int kMmas = kGemmBlockK / 32 / kSteps;
+      constexpr int kMmas = kGemmMmasPerStage / kSteps;
       constexpr int kUnroll = kSteps == 1 ? 2 : kSteps;  // steps per iteration: even, whole stages
 #pragma unroll
       for (int i = 0; i < T::kAcc; ++i) total[i] = 0.0f;
@@ -1683,8 +1735,8 @@ __device__ __forceinline__ void consumer(const GemmArgs& a, u8* smem, u32 base, 
         for (int m = 0; m < kMmas; ++m) {
           // +32 bytes along K per instruction (2 in the descriptor's 16-byte address units).
           const int kk = k * kMmas + m;
-          wgmma::mma_m64k32<T::kBN, typename Cfg::AFormat, typename Cfg::BFormat>(part, da + u64(2 * kk),
-                                                                                  db + u64(2 * kk), m > 0);
+          wgmma::mma_ss<T::kBN, typename Cfg::AFormat, typename Cfg::BFormat>(part, da + u64(2 * kk), db + u64(2 * kk),
+                                                                              m > 0);
         }
         sm90::wgmma_commit();
         if (k == kSteps - 1) pass_turn();
@@ -1756,9 +1808,9 @@ __device__ __forceinline__ void consumer(const GemmArgs& a, u8* smem, u32 base, 
         for (int i = 0; i < T::kAcc; ++i) sm90::fence_reg(acc[i]);
         sm90::wgmma_fence();
 #pragma unroll
-        for (int k = 0; k < kGemmBlockK / 32; ++k)
-          wgmma::mma_m64k32<T::kBN, typename Cfg::AFormat, typename Cfg::BFormat>(acc, da + u64(2 * k),
-                                                                                  db + u64(2 * k), kb > 0 || k > 0);
+        for (int k = 0; k < kGemmMmasPerStage; ++k)
+          wgmma::mma_ss<T::kBN, typename Cfg::AFormat, typename Cfg::BFormat>(acc, da + u64(2 * k), db + u64(2 * k),
+                                                                              kb > 0 || k > 0);
         sm90::wgmma_commit();
         pass_turn();
         sm90::wgmma_wait<1>();  // the previous k-block's MMAs are done: release its stage

@@ -187,6 +187,96 @@
                  "+r"(QF_WGMMA_S32(d[120])), "+r"(QF_WGMMA_S32(d[121])), "+r"(QF_WGMMA_S32(d[122])), "+r"(QF_WGMMA_S32(d[123])), "+r"(QF_WGMMA_S32(d[124])), "+r"(QF_WGMMA_S32(d[125])), "+r"(QF_WGMMA_S32(d[126])), "+r"(QF_WGMMA_S32(d[127])) \
                : "l"(desc_a), "l"(desc_b), "r"(scale_d))
 
+// bf16 / fp16 MMAs from shared memory (TA: "bf16" or "f16"): 16 of K (32 bytes) per instruction,
+// f32 accumulators, both operands K-major (the trailing 0, 0: no transpose).
+#define QF_WGMMA_M64N64K16_SS(TA) \
+  asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n" \
+               "wgmma.mma_async.sync.aligned.m64n64k16.f32." TA "." TA " " \
+               "{" \
+               "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, " \
+               "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31" \
+               "}, %32, %33, p, 1, 1, 0, 0;\n}\n" \
+               : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), \
+                 "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), \
+                 "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), \
+                 "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]) \
+               : "l"(desc_a), "l"(desc_b), "r"(scale_d))
+
+#define QF_WGMMA_M64N128K16_SS(TA) \
+  asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %66, 0;\n" \
+               "wgmma.mma_async.sync.aligned.m64n128k16.f32." TA "." TA " " \
+               "{" \
+               "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, " \
+               "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, " \
+               "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, " \
+               "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63" \
+               "}, %64, %65, p, 1, 1, 0, 0;\n}\n" \
+               : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), \
+                 "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), \
+                 "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), \
+                 "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), \
+                 "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), \
+                 "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), \
+                 "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]), \
+                 "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63]) \
+               : "l"(desc_a), "l"(desc_b), "r"(scale_d))
+
+#define QF_WGMMA_M64N192K16_SS(TA) \
+  asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %98, 0;\n" \
+               "wgmma.mma_async.sync.aligned.m64n192k16.f32." TA "." TA " " \
+               "{" \
+               "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, " \
+               "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, " \
+               "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, " \
+               "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63, " \
+               "%64, %65, %66, %67, %68, %69, %70, %71, %72, %73, %74, %75, %76, %77, %78, %79, " \
+               "%80, %81, %82, %83, %84, %85, %86, %87, %88, %89, %90, %91, %92, %93, %94, %95" \
+               "}, %96, %97, p, 1, 1, 0, 0;\n}\n" \
+               : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), \
+                 "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), \
+                 "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), \
+                 "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), \
+                 "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), \
+                 "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), \
+                 "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]), \
+                 "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63]), \
+                 "+f"(d[64]), "+f"(d[65]), "+f"(d[66]), "+f"(d[67]), "+f"(d[68]), "+f"(d[69]), "+f"(d[70]), "+f"(d[71]), \
+                 "+f"(d[72]), "+f"(d[73]), "+f"(d[74]), "+f"(d[75]), "+f"(d[76]), "+f"(d[77]), "+f"(d[78]), "+f"(d[79]), \
+                 "+f"(d[80]), "+f"(d[81]), "+f"(d[82]), "+f"(d[83]), "+f"(d[84]), "+f"(d[85]), "+f"(d[86]), "+f"(d[87]), \
+                 "+f"(d[88]), "+f"(d[89]), "+f"(d[90]), "+f"(d[91]), "+f"(d[92]), "+f"(d[93]), "+f"(d[94]), "+f"(d[95]) \
+               : "l"(desc_a), "l"(desc_b), "r"(scale_d))
+
+#define QF_WGMMA_M64N256K16_SS(TA) \
+  asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %130, 0;\n" \
+               "wgmma.mma_async.sync.aligned.m64n256k16.f32." TA "." TA " " \
+               "{" \
+               "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, " \
+               "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, " \
+               "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, " \
+               "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63, " \
+               "%64, %65, %66, %67, %68, %69, %70, %71, %72, %73, %74, %75, %76, %77, %78, %79, " \
+               "%80, %81, %82, %83, %84, %85, %86, %87, %88, %89, %90, %91, %92, %93, %94, %95, " \
+               "%96, %97, %98, %99, %100, %101, %102, %103, %104, %105, %106, %107, %108, %109, %110, %111, " \
+               "%112, %113, %114, %115, %116, %117, %118, %119, %120, %121, %122, %123, %124, %125, %126, %127" \
+               "}, %128, %129, p, 1, 1, 0, 0;\n}\n" \
+               : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), \
+                 "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), \
+                 "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), \
+                 "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), \
+                 "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), \
+                 "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), \
+                 "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]), \
+                 "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63]), \
+                 "+f"(d[64]), "+f"(d[65]), "+f"(d[66]), "+f"(d[67]), "+f"(d[68]), "+f"(d[69]), "+f"(d[70]), "+f"(d[71]), \
+                 "+f"(d[72]), "+f"(d[73]), "+f"(d[74]), "+f"(d[75]), "+f"(d[76]), "+f"(d[77]), "+f"(d[78]), "+f"(d[79]), \
+                 "+f"(d[80]), "+f"(d[81]), "+f"(d[82]), "+f"(d[83]), "+f"(d[84]), "+f"(d[85]), "+f"(d[86]), "+f"(d[87]), \
+                 "+f"(d[88]), "+f"(d[89]), "+f"(d[90]), "+f"(d[91]), "+f"(d[92]), "+f"(d[93]), "+f"(d[94]), "+f"(d[95]), \
+                 "+f"(d[96]), "+f"(d[97]), "+f"(d[98]), "+f"(d[99]), "+f"(d[100]), "+f"(d[101]), "+f"(d[102]), "+f"(d[103]), \
+                 "+f"(d[104]), "+f"(d[105]), "+f"(d[106]), "+f"(d[107]), "+f"(d[108]), "+f"(d[109]), "+f"(d[110]), "+f"(d[111]), \
+                 "+f"(d[112]), "+f"(d[113]), "+f"(d[114]), "+f"(d[115]), "+f"(d[116]), "+f"(d[117]), "+f"(d[118]), "+f"(d[119]), \
+                 "+f"(d[120]), "+f"(d[121]), "+f"(d[122]), "+f"(d[123]), "+f"(d[124]), "+f"(d[125]), "+f"(d[126]), "+f"(d[127]) \
+               : "l"(desc_a), "l"(desc_b), "r"(scale_d))
+
 // fp16 MMAs with A in registers: D[64 x N] (+)= A[64 x 16] * B[N x 16]^T, A as the four fp16x2
 // registers a[0..4) of each thread (the m64nNk16 A fragment: warp w holds rows 16w..16w+15), B
 // K-major fp16 in shared memory. QF_WGMMA_M64N<N>K16_F16_RS reads d, a, desc_b and scale_d.
@@ -226,33 +316,43 @@
 namespace qf {
 namespace wgmma {
 
-// The instruction for N accumulator columns and element types A, B (each qf::E4M3 or qf::E5M2, or
-// both qf::Int8: d then holds s32 bits).
+// One MMA of 32 bytes of K with A and B in shared memory, for N accumulator columns and element
+// types A, B (each qf::E4M3 or qf::E5M2; both qf::Int8: d then holds s32 bits; both 16-bit, kBits
+// 16: bf16 (kExpBits 8) or fp16).
 template <int N, class A, class B>
-__device__ __forceinline__ void mma_m64k32(float* d, unsigned long long desc_a,
-                                           unsigned long long desc_b, int scale_d) {
+__device__ __forceinline__ void mma_ss(float* d, unsigned long long desc_a, unsigned long long desc_b, int scale_d) {
   constexpr bool a4 = A::kExpBits == 4, b4 = B::kExpBits == 4;
+  constexpr bool h16 = A::kBits == 16, bf = A::kExpBits == 8;
   static_assert(A::kIsInt == B::kIsInt, "wgmma: int8 only with int8");
+  static_assert(A::kBits == B::kBits && (!h16 || A::kExpBits == B::kExpBits), "wgmma: 16-bit only with its own type");
   if constexpr (N == 64) {
-    if constexpr (A::kIsInt) QF_WGMMA_M64N64K32_S8;
+    if constexpr (h16 && bf) QF_WGMMA_M64N64K16_SS("bf16");
+    else if constexpr (h16) QF_WGMMA_M64N64K16_SS("f16");
+    else if constexpr (A::kIsInt) QF_WGMMA_M64N64K32_S8;
     else if constexpr (a4 && b4) QF_WGMMA_M64N64K32("e4m3", "e4m3");
     else if constexpr (a4 && !b4) QF_WGMMA_M64N64K32("e4m3", "e5m2");
     else if constexpr (!a4 && b4) QF_WGMMA_M64N64K32("e5m2", "e4m3");
     else QF_WGMMA_M64N64K32("e5m2", "e5m2");
   } else if constexpr (N == 128) {
-    if constexpr (A::kIsInt) QF_WGMMA_M64N128K32_S8;
+    if constexpr (h16 && bf) QF_WGMMA_M64N128K16_SS("bf16");
+    else if constexpr (h16) QF_WGMMA_M64N128K16_SS("f16");
+    else if constexpr (A::kIsInt) QF_WGMMA_M64N128K32_S8;
     else if constexpr (a4 && b4) QF_WGMMA_M64N128K32("e4m3", "e4m3");
     else if constexpr (a4 && !b4) QF_WGMMA_M64N128K32("e4m3", "e5m2");
     else if constexpr (!a4 && b4) QF_WGMMA_M64N128K32("e5m2", "e4m3");
     else QF_WGMMA_M64N128K32("e5m2", "e5m2");
   } else if constexpr (N == 192) {
-    if constexpr (A::kIsInt) QF_WGMMA_M64N192K32_S8;
+    if constexpr (h16 && bf) QF_WGMMA_M64N192K16_SS("bf16");
+    else if constexpr (h16) QF_WGMMA_M64N192K16_SS("f16");
+    else if constexpr (A::kIsInt) QF_WGMMA_M64N192K32_S8;
     else if constexpr (a4 && b4) QF_WGMMA_M64N192K32("e4m3", "e4m3");
     else if constexpr (a4 && !b4) QF_WGMMA_M64N192K32("e4m3", "e5m2");
     else if constexpr (!a4 && b4) QF_WGMMA_M64N192K32("e5m2", "e4m3");
     else QF_WGMMA_M64N192K32("e5m2", "e5m2");
   } else if constexpr (N == 256) {
-    if constexpr (A::kIsInt) QF_WGMMA_M64N256K32_S8;
+    if constexpr (h16 && bf) QF_WGMMA_M64N256K16_SS("bf16");
+    else if constexpr (h16) QF_WGMMA_M64N256K16_SS("f16");
+    else if constexpr (A::kIsInt) QF_WGMMA_M64N256K32_S8;
     else if constexpr (a4 && b4) QF_WGMMA_M64N256K32("e4m3", "e4m3");
     else if constexpr (a4 && !b4) QF_WGMMA_M64N256K32("e4m3", "e5m2");
     else if constexpr (!a4 && b4) QF_WGMMA_M64N256K32("e5m2", "e4m3");

@@ -445,7 +445,7 @@ TEST_F(CApi, GemmSpecErrorsNameTheField) {
   EXPECT_STREQ(qf_last_error(), "spec->scaling: must not be NULL");
   s = blockwise_spec(), s.scaling = "int8";
   EXPECT_EQ(qf_gemm_create(&s, &g), QF_ERR_USER);
-  EXPECT_STREQ(qf_last_error(), "spec->scaling: expected tensor, rowwise, blockwise, mxfp8 or nvfp4, got \"int8\"");
+  EXPECT_STREQ(qf_last_error(), "spec->scaling: expected tensor, rowwise, blockwise, mxfp8, nvfp4 or none, got \"int8\"");
   s = blockwise_spec(), s.n = 100;
   EXPECT_EQ(qf_gemm_create(&s, &g), QF_ERR_USER);
   EXPECT_NE(std::string(qf_last_error()).find("n: expected a multiple of 8"), std::string::npos) << qf_last_error();
@@ -454,10 +454,10 @@ TEST_F(CApi, GemmSpecErrorsNameTheField) {
   EXPECT_NE(std::string(qf_last_error()).find("tile.block_n"), std::string::npos) << qf_last_error();
   s = blockwise_spec(), s.a_format = "e2m1";
   EXPECT_EQ(qf_gemm_create(&s, &g), QF_ERR_USER);
-  EXPECT_STREQ(qf_last_error(), "spec->a_format: expected e4m3, e5m2 or int8 (e2m1 with nvfp4 scaling), got e2m1");
+  EXPECT_STREQ(qf_last_error(), "spec->a_format: expected e4m3, e5m2 or int8 (e2m1 with nvfp4 scaling, bf16 / fp16 with none), got e2m1");
   s = blockwise_spec(), s.a_format = "e9m9";
   EXPECT_EQ(qf_gemm_create(&s, &g), QF_ERR_USER);
-  EXPECT_STREQ(qf_last_error(), "spec->a_format: expected e4m3, e5m2, int8 or e2m1 (nvfp4), got \"e9m9\"");
+  EXPECT_STREQ(qf_last_error(), "spec->a_format: expected e4m3, e5m2, int8, e2m1 (nvfp4), bf16 or fp16, got \"e9m9\"");
   s = blockwise_spec(), s.a_format = "int8";  // int8 takes an int8 B
   EXPECT_EQ(qf_gemm_create(&s, &g), QF_ERR_USER);
   EXPECT_STREQ(qf_last_error(), "spec->b_format: int8 a_format takes int8 here too (s8 x s8 MMAs), got e4m3");

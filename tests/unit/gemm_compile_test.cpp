@@ -43,6 +43,12 @@ GemmSpec ordered(GemmSpec s, int o) {
   return s;
 }
 
+// Identity operands as fp16 (the default is bf16).
+GemmSpec fp16(GemmSpec s) {
+  s.operand_dtype = DType::FP16;
+  return s;
+}
+
 std::vector<uint8_t> fp32_bytes(const std::vector<float>& v) {
   std::vector<uint8_t> out(v.size() * 4);
   if (!v.empty()) std::memcpy(out.data(), v.data(), out.size());
@@ -80,6 +86,7 @@ void expect_run_error(const rt::Gemm& gemm, const rt::GemmCall& call, const std:
 std::vector<Variant> variants() {
   using S = GemmScaling;
   const auto E4 = ElemFormat::E4M3, E5 = ElemFormat::E5M2, F4 = ElemFormat::E2M1, I8 = ElemFormat::Int8;
+  const auto Id = ElemFormat::Identity;
   return {
       {"block_e4m3_bf16", make(S::Block128, E4, E4, DType::BF16, false, false, 128, 1)},
       {"block_e4m3_bf16_mc2", make(S::Block128, E4, E4, DType::BF16, false, false, 128, 2)},
@@ -133,6 +140,14 @@ std::vector<Variant> variants() {
       {"kgrouped_int8_tensor_fp32_acc", k_grouped(make(S::PerTensor, I8, I8, DType::FP32, true, false, 128, 1), 2048)},
       {"kgrouped_int8_block_bf16", k_grouped(make(S::Block128, I8, I8, DType::BF16, false, false, 128, 1), 4096)},
       {"members_int8_block_bf16", members(make(S::Block128, I8, I8, DType::BF16, false, false, 128, 1), 4096)},
+      // bf16 / fp16 operands (the identity copies; 64 of K per stage, m64nNk16 MMAs, no scales).
+      {"bf16_default", make(S::None, Id, Id, DType::BF16, false, false, 0, 1)},
+      {"fp16_fp32_acc_mc2", fp16(make(S::None, Id, Id, DType::FP32, true, false, 128, 2))},
+      {"bf16_bm64_bn192_odd_k", make(S::None, Id, Id, DType::BF16, false, false, 192, 1, 64, 3072, 400)},
+      {"bf16_ordered", ordered(make(S::None, Id, Id, DType::BF16, false, false, 256, 1), 2)},
+      {"kgrouped_bf16", k_grouped(make(S::None, Id, Id, DType::BF16, false, false, 0, 1), 4096)},
+      {"kgrouped_fp16_fp32_acc_bm64", k_grouped(fp16(make(S::None, Id, Id, DType::FP32, true, false, 128, 1, 64)), 1000)},
+      {"members_bf16", members(make(S::None, Id, Id, DType::BF16, false, false, 0, 1), 4096)},
   };
 }
 
@@ -238,7 +253,7 @@ TEST(GemmCodegen, SpecErrorsNameTheField) {
   const GemmSpec ok = make(GemmScaling::Block128, ElemFormat::E4M3, ElemFormat::E4M3, DType::BF16, false, false, 0, 0);
   GemmSpec s = ok;
   s.a_format = ElemFormat::E2M3;
-  expect_spec_error(s, "a_format", "expected e4m3, e5m2 or int8 (e2m1 with nvfp4 scaling), got e2m3");
+  expect_spec_error(s, "a_format", "expected e4m3, e5m2 or int8 (e2m1 with nvfp4 scaling, bf16 / fp16 with none), got e2m3");
   s = ok, s.b_format = ElemFormat::Int8;
   expect_spec_error(s, "a_format", "int8 b_format takes int8 here too (s8 x s8 MMAs), got e4m3");
   s = ok, s.a_format = ElemFormat::Int8;
@@ -275,7 +290,41 @@ TEST(GemmCodegen, SpecErrorsNameTheField) {
   expect_spec_error(s, "tile.ordered", "not supported");
   // NVFP4: e2m1 operands only (and only there), block_n 128, no fast accumulation or multicast.
   s = ok, s.a_format = ElemFormat::E2M1;
-  expect_spec_error(s, "a_format", "expected e4m3, e5m2 or int8 (e2m1 with nvfp4 scaling), got e2m1");
+  expect_spec_error(s, "a_format", "expected e4m3, e5m2 or int8 (e2m1 with nvfp4 scaling, bf16 / fp16 with none), got e2m1");
+  // bf16 / fp16 (identity) operands: none scaling, both operands, no fast accumulation.
+  s = ok, s.a_format = s.b_format = ElemFormat::Identity;
+  expect_spec_error(s, "scaling", "bf16 / fp16 operands carry no scales: expected none, got blockwise");
+  s = ok, s.scaling = GemmScaling::None;
+  expect_spec_error(s, "a_format", "none scaling: expected bf16 or fp16 (both operands), got e4m3");
+  s.a_format = ElemFormat::Identity;
+  expect_spec_error(s, "b_format", "none scaling: expected bf16 or fp16 (both operands), got e4m3");
+  s.b_format = ElemFormat::Identity, s.operand_dtype = DType::FP32;
+  expect_spec_error(s, "operand_dtype", "expected bf16 or fp16, got fp32");
+  s.operand_dtype = DType::BF16, s.fast_accum = true;
+  expect_spec_error(s, "fast_accum", "accumulate in fp32");
+  s.fast_accum = false;
+  EXPECT_NO_THROW(validate(s));
+  EXPECT_EQ(resolve_tile(s).block_n, 256);  // no promotion: one accumulator
+  EXPECT_FALSE(gemm_promotes(s));
+  EXPECT_EQ(gemm_row_bytes(s, 7168), 2 * 7168);
+  EXPECT_EQ(describe(s), "bf16 x bf16 none N=4096 K=7168 -> bf16");
+  // Format names: bf16 / fp16 set the operand dtype, one dtype for both operands.
+  GemmSpec h;
+  set_gemm_formats(h, parse_gemm_format("fp16", "a"), parse_gemm_format("fp16", "b"), "b");
+  EXPECT_EQ(h.a_format, ElemFormat::Identity);
+  EXPECT_EQ(h.operand_dtype, DType::FP16);
+  try {
+    set_gemm_formats(h, parse_gemm_format("bf16", "a"), parse_gemm_format("fp16", "b"), "b");
+    ADD_FAILURE() << "bf16 x fp16 accepted";
+  } catch (const UserError& e) {
+    EXPECT_EQ(std::string(e.what()), "b: a bf16 A takes a bf16 B (one MMA type), got fp16");
+  }
+  try {
+    (void)parse_gemm_format("fp32", "--a-format");
+    ADD_FAILURE() << "fp32 accepted";
+  } catch (const UserError& e) {
+    EXPECT_EQ(std::string(e.what()), "--a-format: expected e4m3, e5m2, int8, e2m1 (nvfp4), bf16 or fp16, got \"fp32\"");
+  }
   GemmSpec f4 = make(GemmScaling::Nvfp4, ElemFormat::E2M1, ElemFormat::E2M1, DType::BF16, false, false, 0, 0);
   EXPECT_NO_THROW(validate(f4));
   EXPECT_EQ(resolve_tile(f4).block_n, 128);
@@ -417,6 +466,79 @@ TEST(GemmRuntime, ArgumentErrorsNameTheArgument) {
   expect_error(x, "group_counts: contiguous layout takes group_offsets");
   x = c, x.m_max = -1;
   expect_error(x, "m_max: expected > 0");
+}
+
+TEST(GemmRuntime, NoneScalingTakesNoScales) {
+  GemmSpec spec = make(GemmScaling::None, ElemFormat::Identity, ElemFormat::Identity, DType::BF16, false, false, 0, 0,
+                       128, 256, 256);
+  rt::Gemm gemm(spec);
+  auto buf = [](uint64_t addr, int64_t bytes) { return rt::TensorView{addr, bytes, std::nullopt, {}}; };
+  rt::GemmCall c;
+  c.m_total = 100, c.num_groups = 2;
+  c.a = buf(0x100000, 100 * 256 * 2);  // bf16: two bytes per element
+  c.b = buf(0x200000, 2 * 256 * 256 * 2);
+  c.d = buf(0x300000, 100 * 256 * 2);
+  c.group_offsets = buf(0x600000, 3 * 8);
+  rt::GemmCall x = c;
+  x.a.bytes -= 2;
+  expect_run_error(gemm, x, "for A [100, 256] bf16");
+  x = c, x.b.bytes = 2 * 256 * 256;
+  expect_run_error(gemm, x, "for B [2, 256, 256] bf16");
+  x = c, x.a_scale = buf(0x400000, 16);
+  expect_run_error(gemm, x, "a_scale: bf16 operands (none scaling) take no scales");
+  x = c, x.b_scale = buf(0x400000, 16);
+  expect_run_error(gemm, x, "b_scale: bf16 operands (none scaling) take no scales");
+  expect_run_error(gemm, c, "");  // past every argument check
+  // K-grouped: 8-token multiples (16-byte rows), A [m, k_total] and B [N, k_total] bf16.
+  GemmSpec kspec = k_grouped(spec, 64);
+  kspec.operand_dtype = DType::FP16;
+  rt::Gemm kg(kspec);
+  rt::GemmCall k;
+  k.num_groups = 2, k.k_total = 12;
+  k.a = buf(0x100000, 64 * 16 * 2);
+  k.b = buf(0x200000, 256 * 16 * 2);
+  k.d = buf(0x300000, 2 * 64 * 256 * 2);
+  k.group_offsets = buf(0x600000, 3 * 8);
+  expect_run_error(kg, k, "k_total: k-grouped: expected the token dimension as a multiple of 8");
+  k.k_total = 16;
+  k.a.bytes -= 2;
+  expect_run_error(kg, k, "A [64, 16] fp16");
+  k.a.bytes += 2;
+  expect_run_error(kg, k, "");
+}
+
+TEST(GemmReference, Bf16AndFp16OperandsAreTheirValues) {
+  // K = 16, N = 8, one row: A = 1.5 * (k + 1) (exact in both), B row n = 2^-n; value = 1.5 * 136 * 2^-n.
+  for (DType dt : {DType::BF16, DType::FP16}) {
+    GemmSpec spec = make(GemmScaling::None, ElemFormat::Identity, ElemFormat::Identity, DType::FP32, false, false, 64, 1,
+                         64, 8, 16);
+    spec.operand_dtype = dt;
+    auto put = [&](std::vector<uint8_t>& v, size_t i, float x) {
+      const u16 h = dt == DType::FP16 ? f32_to_f16(x) : f32_to_bf16(x);
+      v[2 * i] = uint8_t(h), v[2 * i + 1] = uint8_t(h >> 8);
+    };
+    std::vector<uint8_t> a(16 * 2), b(8 * 16 * 2);
+    for (int k = 0; k < 16; ++k) put(a, size_t(k), 1.5f * float(k + 1));
+    for (int n = 0; n < 8; ++n)
+      for (int k = 0; k < 16; ++k) put(b, size_t(n * 16 + k), std::ldexp(1.0f, -n));
+    const std::vector<int64_t> off = {0, 1}, rows = {0};
+    const std::vector<float> alpha = {2.0f};
+    const ref::GemmRows r = ref::gemm_reference(spec, ref::GemmOperands{a, b, {}, {}, alpha, off, {}, 0, 1}, rows, 1);
+    for (int n = 0; n < 8; ++n) EXPECT_EQ(r.value[size_t(n)], 2.0 * 1.5 * 136 * std::ldexp(1.0, -n)) << n;
+    // Problems: two bytes per element, small integers exactly, no scales.
+    const ref::GemmProblem p = ref::make_gemm_problem(spec, std::vector<int64_t>{64}, 0, ref::GemmValues::SmallIntegers, false, 3);
+    EXPECT_EQ(p.a.size(), size_t(64 * 16 * 2));
+    EXPECT_EQ(p.b.size(), size_t(8 * 16 * 2));
+    EXPECT_TRUE(p.a_scale.empty() && p.b_scale.empty());
+    int distinct = 0;
+    for (size_t i = 0; i < p.a.size(); i += 2) {
+      const u16 h = u16(p.a[i] | p.a[i + 1] << 8);
+      const float x = dt == DType::FP16 ? f16_to_f32(h) : bf16_to_f32(h);
+      EXPECT_TRUE(x == std::rint(x) && std::fabs(x) <= 2.0f) << x;
+      distinct += x == 2.0f;
+    }
+    EXPECT_GT(distinct, 0);
+  }
 }
 
 TEST(GemmRuntime, KGroupedArgumentErrors) {

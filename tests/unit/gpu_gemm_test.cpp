@@ -64,6 +64,12 @@ GemmSpec spec_of(GemmScaling s, ElemFormat a, ElemFormat b, DType out, bool acc,
   return g;
 }
 
+// Identity operands as fp16 (bf16 by default).
+GemmSpec fp16(GemmSpec s) {
+  s.operand_dtype = DType::FP16;
+  return s;
+}
+
 // Device copies of a problem and a launch of it.
 struct Device {
   DeviceBuffer a, b, sa, sb, alpha, off, d, a_amax, b_amax;
@@ -93,7 +99,8 @@ Device to_device(const GemmSpec& spec, const ref::GemmProblem& p) {
   if (spec.accumulate) d.d = upload(p.d_init.data(), p.d_init.size() * 4);
   else d.d = rt::testing::poisoned_buffer(std::max<size_t>(size_t(p.out_rows * spec.n) * ob, 16));
   auto v = [](const DeviceBuffer& b) { return rt::testing::view_of(b); };
-  d.call.a = v(d.a), d.call.b = v(d.b), d.call.d = v(d.d), d.call.a_scale = v(d.sa), d.call.b_scale = v(d.sb);
+  d.call.a = v(d.a), d.call.b = v(d.b), d.call.d = v(d.d);
+  if (spec.scaling != GemmScaling::None) d.call.a_scale = v(d.sa), d.call.b_scale = v(d.sb);
   if (!p.alpha.empty()) d.call.alpha = v(d.alpha);
   if (!p.a_amax.empty()) d.call.a_amax = v(d.a_amax), d.call.b_amax = v(d.b_amax);
   if (p.m_max > 0) d.call.group_counts = v(d.off), d.call.m_max = p.m_max;
@@ -325,6 +332,27 @@ std::vector<Case> exact_cases() {
   kgrouped("kgrouped_int8_tensor_bf16", spec_of(S::PerTensor, I8, I8, DType::BF16, false, false, 128, 128, 1, 200, 200), tok, 5);
   kgrouped("kgrouped_int8_block_fp32_acc", spec_of(S::Block128, I8, I8, DType::FP32, true, false, 128, 128, 1, 136, 130), tok128, 3);
   members("members_int8_block_bf16", spec_of(S::Block128, I8, I8, DType::BF16, false, false, 128, 128, 1, 200, 200), mtok, 16);
+  // bf16 / fp16 operands (the identity copies): 64 of K per stage, no scales. K = 400: six full
+  // stages + 16; K-grouped groups start and end inside 64-token stages; members: a 20-token member
+  // (not a multiple of 8: NaN) and the member after it (misaligned: NaN).
+  const auto Id = ElemFormat::Identity;
+  add("bf16_bf16", spec_of(S::None, Id, Id, DType::BF16, false, false, 128, 128, 1, 200, 400));
+  add("bf16_bn256_fp32_acc_mc2", spec_of(S::None, Id, Id, DType::FP32, true, false, 128, 256, 2, 504, 400));
+  add("fp16_bm64_bn64_fp32", fp16(spec_of(S::None, Id, Id, DType::FP32, false, false, 64, 64, 1, 200, 400)));
+  add("bf16_ordered_bn192", spec_of(S::None, Id, Id, DType::BF16, false, false, 128, 192, 1, 200, 400, 2));
+  add("bf16_one_group_tiny", spec_of(S::None, Id, Id, DType::BF16, false, false, 128, 128, 1, 8, 16), {3}, 0);
+  add("bf16_many_groups", spec_of(S::None, Id, Id, DType::BF16, false, false, 128, 256, 1, 1024, 512), many, 3);
+  masked("masked_fp16_fp32", fp16(spec_of(S::None, Id, Id, DType::FP32, false, false, 128, 128, 1, 200, 256)), 256);
+  kgrouped("kgrouped_bf16", spec_of(S::None, Id, Id, DType::BF16, false, false, 128, 128, 1, 200, 200), tok, 5);
+  kgrouped("kgrouped_fp16_fp32_acc_bm64", fp16(spec_of(S::None, Id, Id, DType::FP32, true, false, 64, 128, 1, 136, 130)),
+           {63, 1, 65, 0, 127, 129, 2}, 3);
+  kgrouped("kgrouped_bf16_bn256_3ctas", spec_of(S::None, Id, Id, DType::BF16, false, false, 128, 256, 1, 264, 300), tok, 0, 3);
+  const std::vector<int64_t> mtok16 = {48, 0, 304, 16, 20, 32};
+  members("members_bf16", spec_of(S::None, Id, Id, DType::BF16, false, false, 128, 128, 1, 200, 200), mtok16, 16);
+  std::vector<int64_t> many8 = many16;
+  many8.back() = 4;  // misaligned for 8-token alignment
+  members("members_fp16_fp32_acc_3ctas", fp16(spec_of(S::None, Id, Id, DType::FP32, true, false, 128, 128, 1, 136, 130)),
+          many8, 0, 3);
   return v;
 }
 
@@ -451,6 +479,16 @@ std::vector<Case> random_cases() {
                g8, 7, true});
   kgrouped("kgrouped_int8_block_fp32_4096_tokens", spec_of(S::Block128, I8, I8, DType::FP32, false, false, 128, 128, 1, 512, 0),
            true);
+  // bf16 / fp16: normal samples, fp32 sums over all of K.
+  const auto Id = ElemFormat::Identity;
+  v.push_back({"bf16_bf16_k7168", spec_of(S::None, Id, Id, DType::BF16, false, false, 128, 256, 1, 1024, 7168), g8, 0, true});
+  v.push_back({"fp16_fp32_acc_k2048", fp16(spec_of(S::None, Id, Id, DType::FP32, true, false, 128, 128, 1, 512, 2048)), g8, 7,
+               false});
+  const GemmSpec wh = kgrouped("kgrouped_bf16_4096_tokens", spec_of(S::None, Id, Id, DType::BF16, false, false, 128, 128, 1, 512, 0),
+                               true);
+  GemmSpec mh = wh;
+  mh.layout = GemmLayout::KGroupedMembers;
+  v.push_back({"members_bf16_4096_tokens", mh, ref::random_group_rows(8, 4096, 1, 8, 9), 0, true});
   return v;
 }
 
