@@ -73,6 +73,11 @@ if [ "$MODE" != "quick" ]; then
   bench "nvfp4 128x128 +check" --scaling nvfp4 --check --check-rows 2
   bench "nvfp4 uneven" --scaling nvfp4 --uneven
   bench "nvfp4 4x8192 N7168 K2048" --scaling nvfp4 --groups 4 --m 8192 --n 7168 --k 2048
+  bench "bf16 (none) 128x256 +check" --scaling none --check --check-rows 2
+  bench "bf16 (none) 128x128" --scaling none --block-n 128
+  bench "fp16 (none) 128x256" --scaling none --a-format fp16 --b-format fp16
+  bench "bf16 (none) 4x8192 N7168 K2048" --scaling none --groups 4 --m 8192 --n 7168 --k 2048
+  bench "wgrad k-grouped bf16 (none) +check" --scaling none --k-grouped --m 4096 --n 7168 --k 4096 --check --check-rows 2
   bench "wgrad k-grouped tensor promote +check" --scaling tensor --k-grouped --m 4096 --n 7168 --k 4096 --check --check-rows 2
   bench "wgrad k-grouped tensor fast" --scaling tensor --k-grouped --m 4096 --n 7168 --k 4096 --fast-accum
   bench "wgrad k-grouped tensor fast uneven" --scaling tensor --k-grouped --m 4096 --n 7168 --k 4096 --fast-accum --uneven
@@ -90,7 +95,7 @@ if [ "$MODE" != "quick" ]; then
   bench "wgrad k-grouped nvfp4 fp32 acc odd splits +check" --scaling nvfp4 --k-grouped --m 4096 --n 7168 --out fp32 \
     --accumulate --splits 4001,4100,3999,4200,4096,3900,4003,4469 --check --check-rows 2
   # wgrad on the grouped quantizer's per-member copies (tensor maps built on the device)
-  for s in tensor rowwise blockwise mxfp8 nvfp4; do
+  for s in tensor rowwise blockwise mxfp8 nvfp4 none; do
     bench "wgrad members $s +check" --scaling $s --k-grouped --members --m 4096 --n 7168 --k 4096 --check --check-rows 2
     bench "wgrad members $s uneven" --scaling $s --k-grouped --members --m 4096 --n 7168 --k 4096 --uneven
   done
