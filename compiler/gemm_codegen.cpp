@@ -34,6 +34,10 @@ constexpr GemmScalingTraits kScalings[] = {
     // tensor cores accumulate their exact products in fp32 over all of K.
     {GemmScaling::None, "none", {"qf::gemm::AlphaScaling", "qf::kGemmNone", kGemmNone},
      {"qf::gemm::AlphaScaling", "qf::kGemmNone", kGemmNone}, false, 0, 0, "none", 0, 0, 16, "none", "none"},
+    // Weight-only int8 (W8A16): B's int8 converted to A's 16-bit type on chip (exact), fp32 sums,
+    // B's per-channel scales in the epilogue. M-grouped only (the wgrad of such a recipe is bf16 x bf16).
+    {GemmScaling::Channel, "channel", {"qf::gemm::ChannelScaling", "qf::kGemmChannel", kGemmChannel}, {}, false, 0, 0,
+     "fp32", 4, 0, 16, "none", "[G, N]"},
 };
 
 constexpr int kMaxStages = 8;
@@ -54,7 +58,7 @@ const GemmDevicePolicy& device_policy(const GemmSpec& s) {
 
 GemmSmem smem_for(const GemmSpec& s, const GemmTile& t) {
   return gemm_smem(t.block_m, t.block_n, t.stages, t.block_m / 64, device_policy(s).id,
-                   s.scaling == GemmScaling::RowChannel, out_bytes(s), k_grouped(s.layout),
+                   s.scaling == GemmScaling::RowChannel || s.scaling == GemmScaling::Channel, out_bytes(s), k_grouped(s.layout),
                    s.layout == GemmLayout::KGroupedMembers);
 }
 
@@ -95,7 +99,8 @@ GemmOperandFormat parse_gemm_format(std::string_view name, const std::string& wh
   return {*f, DType::BF16};
 }
 
-std::string_view default_gemm_format(GemmScaling s) {
+std::string_view default_gemm_format(GemmScaling s, bool b_side) {
+  if (s == GemmScaling::Channel) return b_side ? "int8" : "bf16";
   return s == GemmScaling::Nvfp4 ? "e2m1" : s == GemmScaling::None ? "bf16" : "e4m3";
 }
 
@@ -116,10 +121,13 @@ int gemm_operand_bits(const GemmSpec& s, ElemFormat f) {
   return is_identity(f) ? 8 * traits(s.operand_dtype).bytes : traits(f).bits;
 }
 
-int64_t gemm_row_bytes(const GemmSpec& s, int64_t k) { return k * gemm_operand_bits(s, s.a_format) / 8; }
+int64_t gemm_row_bytes(const GemmSpec& s, ElemFormat f, int64_t k) { return k * gemm_operand_bits(s, f) / 8; }
+
+bool gemm_a_scaled(const GemmSpec& s) { return s.scaling != GemmScaling::None && s.scaling != GemmScaling::Channel; }
+bool gemm_b_scaled(const GemmSpec& s) { return s.scaling != GemmScaling::None; }
 
 bool gemm_promotes(const GemmSpec& s) {
-  if (s.scaling == GemmScaling::Nvfp4 || s.scaling == GemmScaling::None) return false;
+  if (s.scaling == GemmScaling::Nvfp4 || s.scaling == GemmScaling::None || s.scaling == GemmScaling::Channel) return false;
   if (traits(s.a_format).is_int)  // K-grouped: a group's token count is run-time data
     return traits(s.scaling).promotion_required || k_grouped(s.layout) || s.k >= kInt8UnpromotedK;
   return !s.fast_accum;
@@ -128,10 +136,25 @@ bool gemm_promotes(const GemmSpec& s) {
 void validate(const GemmSpec& s) {
   const bool int8 = traits(s.a_format).is_int || traits(s.b_format).is_int;
   const bool identity = is_identity(s.a_format) || is_identity(s.b_format);
-  if (s.scaling == GemmScaling::None || identity) {
+  if (s.scaling == GemmScaling::Channel) {
+    // Weight-only int8: 16-bit MMAs on B converted on chip (int8 values are exact in bf16 / fp16).
+    if (!is_identity(s.a_format))
+      throw UserError("a_format", "channel scaling: expected bf16 or fp16 (unscaled activations), got " +
+                                      std::string(traits(s.a_format).name));
+    if (s.b_format != ElemFormat::Int8)
+      throw UserError("b_format", "channel scaling: expected int8 (per-channel weights), got " +
+                                      std::string(gemm_format_name(s, s.b_format)));
+    if (s.operand_dtype != DType::BF16 && s.operand_dtype != DType::FP16)
+      throw UserError("operand_dtype", "expected bf16 or fp16, got " + std::string(traits(s.operand_dtype).name));
+    if (k_grouped(s.layout))
+      throw UserError("layout", "channel scaling (int8 weights x 16-bit activations) is an fprop / dgrad GEMM: expected "
+                                "m_grouped, got " + std::string(name(s.layout)));
+    if (s.fast_accum)
+      throw UserError("fast_accum", "bf16 / fp16 MMAs accumulate in fp32: there is no promotion to skip");
+  } else if (s.scaling == GemmScaling::None || identity) {
     // bf16 x bf16 or fp16 x fp16 MMAs: both operands the identity copies, no scales.
     if (s.scaling != GemmScaling::None)
-      throw UserError("scaling", "bf16 / fp16 operands carry no scales: expected none, got " +
+      throw UserError("scaling", "bf16 / fp16 operands: expected none (or channel, with int8 weights as B), got " +
                                      std::string(traits(s.scaling).name));
     for (auto [field, f] : {std::pair{"a_format", s.a_format}, std::pair{"b_format", s.b_format}})
       if (!is_identity(f))
@@ -202,7 +225,9 @@ GemmTile resolve_tile(const GemmSpec& s) {
   if (t.block_m == 0) t.block_m = 128;
   // Measured on an H200 at 8 x 4096 x 4096 x 7168 (docs/gemm.md): 128 x 256 tiles are the
   // fastest without promotion (one accumulator); promotion keeps two, so 128 x 128.
-  if (t.block_n == 0) t.block_n = !promote && !fp4 && s.n >= 512 ? 256 : 128;
+  // Weight-only int8 with fp32 output: three stages of 128 x 256 and the fp32 staging do not fit.
+  const bool channel_fp32 = s.scaling == GemmScaling::Channel && s.out_dtype == DType::FP32;
+  if (t.block_n == 0) t.block_n = !promote && !fp4 && !channel_fp32 && s.n >= 512 ? 256 : 128;
   // Bands of 16 m-blocks, but 4 for blockwise: H100, 8 x 4096 x 4096 x 7168, three alternations
   // in one run: raster 4 1047 / 1062 / 1067 TFLOP/s, 16 1035 / 1036 / 1039 (even at 4 x 8192 x
   // 7168 x 2048 and 32 x 512 x 2048 x 7168; rowwise is faster with 16: 1110-1119 vs 1088-1106).
@@ -239,6 +264,11 @@ GemmTile resolve_tile(const GemmSpec& s) {
   if (per32 && t.block_n > 128)
     throw UserError(tile_field("block_n"), "per-32 promotion keeps three accumulators per thread: block_n <= 128, got " +
                                                std::to_string(t.block_n));
+  if (s.scaling == GemmScaling::Channel && t.multicast != 1)
+    throw UserError(tile_field("multicast"), "channel: the producer warpgroup converts each CTA's B: expected 1, got " +
+                                                 std::to_string(t.multicast));
+  if (s.scaling == GemmScaling::Channel && t.ordered == 2)
+    throw UserError(tile_field("ordered"), "channel: ordered issue is not supported");
   if (fp4 && t.multicast != 1)
     throw UserError(tile_field("multicast"), "nvfp4: expected 1, got " + std::to_string(t.multicast));
   if (fp4 && t.ordered == 2)
@@ -273,6 +303,9 @@ GemmTile resolve_tile(const GemmSpec& s) {
   if (fp4 && t.stages < 3)
     throw UserError(tile_field("stages"), "nvfp4: the TMA loads run stages - 2 k-blocks ahead of the B dequantization: "
                                           "expected at least 3, got " + std::to_string(t.stages));
+  if (s.scaling == GemmScaling::Channel && t.stages < 3)
+    throw UserError(tile_field("stages"), "channel: the TMA loads run stages - 2 k-blocks ahead of B's conversion: "
+                                          "expected at least 3, got " + std::to_string(t.stages));
   if (smem_for(s, t).total > kGemmSmemLimit)
     throw UserError(tile_field("stages"), std::to_string(t.stages) + " stages need " +
                                               std::to_string(smem_for(s, t).total) + " bytes of shared memory (limit " +
@@ -300,12 +333,13 @@ GemmScaleElems gemm_scale_elems(const GemmSpec& s, int64_t m_total, int64_t num_
     case GemmScaling::Mx32: return {m_total * (s.k / 32), g * s.n * (s.k / 32)};
     case GemmScaling::Nvfp4: return {m_total * (s.k / 16), g * s.n * (s.k / 16)};
     case GemmScaling::None: return {0, 0};
+    case GemmScaling::Channel: return {0, g * s.n};
   }
   QF_CHECK(false, "unknown GemmScaling");
   return {};
 }
 
-int64_t gemm_k_total_multiple(const GemmSpec& s) { return 128 / gemm_operand_bits(s, s.a_format); }
+int64_t gemm_k_total_multiple(const GemmSpec& s) { return 128 / gemm_operand_bits(s, s.a_format); }  // (A's and B's bits agree here)
 
 std::string describe(const GemmSpec& s) {
   const std::string shape = k_grouped(s.layout)

@@ -27,6 +27,8 @@ enum class GemmScaling : uint8_t {
                // 1x16 block of A ([m_total, K/16] bytes) and of B ([G, N, K/16]), and the per-tensor
                // amax of each group's A and B (fp32 [G] each): the quantize kernels' NVFP4 layout
   None,        // no scales: bf16 or fp16 operands (the quantize kernels' identity copies), fp32 sums
+  Channel,     // bf16 / fp16 A (unscaled activations) x int8 B[g] with an fp32 scale per row of B[g]
+               // (per output channel, [G, N]): weight-only int8 (W8A16), B converted on chip; M-grouped
 };
 
 // The device side of a scaling kind in one layout: the policy struct in gemm.cuh, its
@@ -93,8 +95,9 @@ struct GemmTile {
 
 struct GemmSpec {
   ElemFormat a_format = ElemFormat::E4M3;  // e4m3 or e5m2 (nvfp4 scaling: e2m1), or int8 with an int8 B
-                                           // (tensor, rowwise or blockwise scaling), or identity with an
-                                           // identity B (none scaling: operand_dtype elements)
+                                           // (tensor, rowwise or blockwise scaling), or identity
+                                           // (operand_dtype elements) with an identity B (none scaling)
+                                           // or an int8 B (channel scaling)
   ElemFormat b_format = ElemFormat::E4M3;
   DType operand_dtype = DType::BF16;  // the elements of identity operands: bf16 or fp16
   GemmScaling scaling = GemmScaling::Block128;
@@ -117,8 +120,9 @@ struct GemmOperandFormat {
   DType dtype = DType::BF16;  // identity: bf16 or fp16
 };
 GemmOperandFormat parse_gemm_format(std::string_view name, const std::string& where);
-// The operand format a scaling takes when none is named: e2m1 (nvfp4), bf16 (none), else e4m3.
-std::string_view default_gemm_format(GemmScaling s);
+// The format of operand A (b_side false) or B that a scaling takes when none is named: e2m1
+// (nvfp4), bf16 (none; A with channel), int8 (B with channel), else e4m3.
+std::string_view default_gemm_format(GemmScaling s, bool b_side);
 // Puts A's and B's formats into the spec (identity operands set operand_dtype: one dtype for both,
 // else UserError(b_where)).
 void set_gemm_formats(GemmSpec& s, const GemmOperandFormat& a, const GemmOperandFormat& b, const std::string& b_where);
@@ -126,8 +130,13 @@ void set_gemm_formats(GemmSpec& s, const GemmOperandFormat& a, const GemmOperand
 std::string_view gemm_format_name(const GemmSpec& s, ElemFormat f);
 // Storage bits of one element of an operand in format f: 4 (packed e2m1), 8, or 16 (identity).
 int gemm_operand_bits(const GemmSpec& s, ElemFormat f);
-// Bytes of an operand row of k elements (K-major rows of A and B).
-int64_t gemm_row_bytes(const GemmSpec& s, int64_t k);
+// Bytes of a row of k elements of an operand in format f (K-major rows of A and B).
+int64_t gemm_row_bytes(const GemmSpec& s, ElemFormat f, int64_t k);
+
+// Whether operand A / B carries scales: bf16 / fp16 operands do not (A with none and channel
+// scaling, B with none); their scale arguments must be absent.
+bool gemm_a_scaled(const GemmSpec& s);
+bool gemm_b_scaled(const GemmSpec& s);
 
 // Whether the kernel promotes partial sums into fp32 accumulators (every k-block, or every 32 of
 // K for MX): fp8 unless fast_accum; never for nvfp4 (fp16 MMAs accumulate in fp32); int8 only

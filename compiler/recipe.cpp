@@ -562,7 +562,8 @@ RecipeGemm parse_gemm(const Node& g) {
   }
   s.scaling = *parsed;
   // fp8 or int8 operands (default e4m3), e2m1 with nvfp4 scaling (the default there), bf16 or
-  // fp16 (the identity copies) with none (default bf16).
+  // fp16 (the identity copies) with none (default bf16), bf16 / fp16 x int8 with channel (default
+  // bf16 x int8).
   const bool fp4 = s.scaling == GemmScaling::Nvfp4;
   auto format = [&](const char* key) {
     if (auto n = g.find(key)) {
@@ -573,7 +574,7 @@ RecipeGemm parse_gemm(const Node& g) {
         n->choice<int>({{"e4m3", 0}, {"e5m2", 0}, {"int8", 0}, {"bf16", 0}, {"fp16", 0}});
       return parse_gemm_format(n->str(), key);
     }
-    return parse_gemm_format(default_gemm_format(s.scaling), key);
+    return parse_gemm_format(default_gemm_format(s.scaling, std::string_view(key) == "b_format"), key);
   };
   try {
     set_gemm_formats(s, format("a_format"), format("b_format"), "b_format");

@@ -69,20 +69,21 @@ GemmRows gemm_reference(const GemmSpec& spec, const GemmOperands& ops, std::span
   const int64_t lda = kg ? ops.k_total : k;
   const int64_t out_rows = kg ? groups * spec.m : ops.m_total;
   const bool fp4 = spec.scaling == GemmScaling::Nvfp4;
-  const int64_t row_bytes = gemm_row_bytes(spec, lda);  // bytes per operand row
-  const int elem_bits = gemm_operand_bits(spec, spec.a_format);
+  // Bytes per row of A and of B (weight-only int8: 16-bit A, int8 B).
+  const int64_t a_row_bytes = gemm_row_bytes(spec, spec.a_format, lda), b_row_bytes = gemm_row_bytes(spec, spec.b_format, lda);
   QF_CHECK(!kg || ops.k_total % gemm_k_total_multiple(spec) == 0, "k-grouped: k_total % gemm_k_total_multiple == 0");
-  QF_CHECK(kg ? int64_t(ops.a.size()) >= spec.m * row_bytes && int64_t(ops.b.size()) >= n * row_bytes
-              : int64_t(ops.a.size()) >= ops.m_total * row_bytes && int64_t(ops.b.size()) >= groups * n * row_bytes,
+  QF_CHECK(kg ? int64_t(ops.a.size()) >= spec.m * a_row_bytes && int64_t(ops.b.size()) >= n * b_row_bytes
+              : int64_t(ops.a.size()) >= ops.m_total * a_row_bytes && int64_t(ops.b.size()) >= groups * n * b_row_bytes,
            "operand sizes");
   QF_CHECK(!fp4 || (int64_t(ops.a_amax.size()) >= groups && int64_t(ops.b_amax.size()) >= groups), "nvfp4 amax [G]");
   // Element kk of an operand row starting at byte p (nvfp4: element 2i in the low nibble; 16-bit
   // elements little-endian).
-  auto elem = [&](const uint8_t* p, int64_t kk) -> uint32_t {
+  auto elem = [&](const uint8_t* p, int64_t kk, int bits) -> uint32_t {
     if (fp4) return uint32_t(p[kk / 2] >> (4 * (kk & 1))) & 15;
-    if (elem_bits == 16) return uint32_t(p[2 * kk]) | uint32_t(p[2 * kk + 1]) << 8;
+    if (bits == 16) return uint32_t(p[2 * kk]) | uint32_t(p[2 * kk + 1]) << 8;
     return p[kk];
   };
+  const int a_bits = gemm_operand_bits(spec, spec.a_format), b_bits = gemm_operand_bits(spec, spec.b_format);
   auto global_decode = [&](std::span<const float> amax, int g) {
     return fp4 ? double(nvfp4_global_decode_scale(nvfp4_global_encode_scale(amax[size_t(g)]))) : 1.0;
   };
@@ -144,7 +145,8 @@ GemmRows gemm_reference(const GemmSpec& spec, const GemmOperands& ops, std::span
     }
     if (kg_rows) return scale_at(spec, ops.a_scale, r * kg_cols + kk / sk);
     switch (spec.scaling) {
-      case GemmScaling::None: return 1.0;
+      case GemmScaling::None:
+      case GemmScaling::Channel: return 1.0;
       case GemmScaling::PerTensor: return scale_at(spec, ops.a_scale, g);
       case GemmScaling::RowChannel: return scale_at(spec, ops.a_scale, members ? int64_t(g) * spec.m + r : r);
       case GemmScaling::Block128: return scale_at(spec, ops.a_scale, r * kb + kk / 128);
@@ -161,6 +163,7 @@ GemmRows gemm_reference(const GemmSpec& spec, const GemmOperands& ops, std::span
     if (kg_rows) return scale_at(spec, ops.b_scale, col * kg_cols + kk / sk);
     switch (spec.scaling) {
       case GemmScaling::None: return 1.0;
+      case GemmScaling::Channel: return scale_at(spec, ops.b_scale, int64_t(g) * n + col);
       case GemmScaling::PerTensor: return scale_at(spec, ops.b_scale, g);
       case GemmScaling::RowChannel: return scale_at(spec, ops.b_scale, kg && !members ? col : int64_t(g) * n + col);
       case GemmScaling::Block128: return scale_at(spec, ops.b_scale, (int64_t(g) * nb + col / 128) * kb + kk / 128);
@@ -203,14 +206,14 @@ GemmRows gemm_reference(const GemmSpec& spec, const GemmOperands& ops, std::span
       const double alpha = (ops.alpha.empty() ? 1.0 : double(ops.alpha[size_t(g)])) * global_decode(ops.a_amax, g) *
                            global_decode(ops.b_amax, g);
       // Members: element m * start + r * len of A (packed e2m1: start and len are even, so rows are whole bytes).
-      const uint8_t* ap = members ? &ops.a[size_t(gemm_row_bytes(spec, spec.m * mem[size_t(g)].start + r * len))]
-                                  : &ops.a[size_t(r * row_bytes)];
-      for (int64_t kk = k0; kk < k1; ++kk) arow[size_t(kk - k0)] = ta[elem(ap, kk)] * a_scale(r, kk, g);
+      const uint8_t* ap = members ? &ops.a[size_t(gemm_row_bytes(spec, spec.a_format, spec.m * mem[size_t(g)].start + r * len))]
+                                  : &ops.a[size_t(r * a_row_bytes)];
+      for (int64_t kk = k0; kk < k1; ++kk) arow[size_t(kk - k0)] = ta[elem(ap, kk, a_bits)] * a_scale(r, kk, g);
       for (int64_t col = c0; col < c1; ++col) {
-        const uint8_t* bp = members ? &ops.b[size_t(gemm_row_bytes(spec, n * mem[size_t(g)].start + col * len))]
-                            : kg    ? &ops.b[size_t(col * row_bytes)]
-                                    : &ops.b[size_t((int64_t(g) * n + col) * row_bytes)];
-        for (int64_t kk = k0; kk < k1; ++kk) brow[size_t(kk - k0)] = tb[elem(bp, kk)] * b_scale(g, col, kk);
+        const uint8_t* bp = members ? &ops.b[size_t(gemm_row_bytes(spec, spec.b_format, n * mem[size_t(g)].start + col * len))]
+                            : kg    ? &ops.b[size_t(col * b_row_bytes)]
+                                    : &ops.b[size_t((int64_t(g) * n + col) * b_row_bytes)];
+        for (int64_t kk = k0; kk < k1; ++kk) brow[size_t(kk - k0)] = tb[elem(bp, kk, b_bits)] * b_scale(g, col, kk);
         double sum = 0, mag = 0;
         for (int64_t j = 0; j < len; ++j) {
           const double p = arow[size_t(j)] * brow[size_t(j)];
@@ -241,8 +244,10 @@ GemmTolerance gemm_tolerance(const GemmSpec& spec) {
   // (2026-11-25): 2.9e-4 for 128 (the grouped quantizer's blockwise and per-tensor copies of real
   // data in a 96-token wgrad member, GpuQuantizeToGemm; 2^-12 was too tight), 1.1e-4 for 32.
   t.acc_rel = spec.fast_accum ? std::ldexp(1.0, -9) : std::ldexp(1.0, traits(spec.scaling).promote_k == 32 ? -12 : -11);
-  // nvfp4, bf16 / fp16 operands: exact fp16 / bf16 products accumulated in fp32 over all of K.
-  if (spec.scaling == GemmScaling::Nvfp4 || spec.scaling == GemmScaling::None) t.acc_rel = std::ldexp(1.0, -18);
+  // nvfp4, bf16 / fp16 operands (B int8 with channel scaling): exact fp16 / bf16 products
+  // accumulated in fp32 over all of K.
+  if (spec.scaling == GemmScaling::Nvfp4 || spec.scaling == GemmScaling::None || spec.scaling == GemmScaling::Channel)
+    t.acc_rel = std::ldexp(1.0, -18);
   // int8: exact s32 sums. Unpromoted: one conversion to fp32 (2^-24 of |sum| where |sum| > 2^24)
   // and the epilogue's three fp32 multiplies (scale products, then the factors: 2^-24 of |value|
   // each), at most 4 * 2^-24 of the magnitude. Promoted (per k-block of 128): a conversion of each

@@ -111,12 +111,13 @@ void fill_problem(const GemmSpec& spec, GemmProblem& p, GemmValues values, bool 
   const bool kg = k_grouped(spec.layout);
   p.out_rows = kg ? g * spec.m : p.m_total;
   const bool fp4 = spec.scaling == GemmScaling::Nvfp4;
-  const int64_t row_bytes = gemm_row_bytes(spec, kg ? p.k_total : k);
-  p.a.resize(size_t(kg ? spec.m * row_bytes : p.m_total * row_bytes));
-  p.b.resize(size_t(kg ? n * row_bytes : g * n * row_bytes));
-  const int elem_bytes = gemm_operand_bits(spec, spec.a_format) == 16 ? 2 : 1;
-  fill_elems(p.a, elem_bytes, elem_table(spec, spec.a_format, values, seed * 3 + 1), seed * 5 + 2, threads);
-  fill_elems(p.b, elem_bytes, elem_table(spec, spec.b_format, values, seed * 7 + 3), seed * 11 + 4, threads);
+  const int64_t a_row = gemm_row_bytes(spec, spec.a_format, kg ? p.k_total : k);
+  const int64_t b_row = gemm_row_bytes(spec, spec.b_format, kg ? p.k_total : k);
+  p.a.resize(size_t(kg ? spec.m * a_row : p.m_total * a_row));
+  p.b.resize(size_t(kg ? n * b_row : g * n * b_row));
+  auto elem_bytes = [&](ElemFormat f) { return gemm_operand_bits(spec, f) == 16 ? 2 : 1; };
+  fill_elems(p.a, elem_bytes(spec.a_format), elem_table(spec, spec.a_format, values, seed * 3 + 1), seed * 5 + 2, threads);
+  fill_elems(p.b, elem_bytes(spec.b_format), elem_table(spec, spec.b_format, values, seed * 7 + 3), seed * 11 + 4, threads);
 
   std::mt19937_64 rng(seed * 13 + 5);
   const GemmScaleElems cnt = gemm_scale_elems(spec, p.m_total, g, p.k_total);

@@ -51,25 +51,29 @@ void check_amaxes(const GemmSpec& s, const GemmCall& c, const std::string& a_wha
 // How the operands' K-major rows go through TMA (as bytes): fp8 / int8 rows stage 128 bytes (128
 // K) per stage with the 128-byte swizzle, bf16 / fp16 rows likewise (64 K); packed e2m1 (two per
 // byte) 64 bytes, A unswizzled (the consumers read it into registers) and B with the 64-byte
-// swizzle (its converters read it conflict-free).
+// swizzle (its converters read it conflict-free); weight-only int8 B (channel) 64 bytes (the
+// stage's 64 K) unswizzled, converted into the 128-byte swizzle on chip.
 struct OperandRows {
   const GemmSpec& spec;
-  cuuint32_t box_bytes;
+  cuuint32_t a_box, b_box;  // bytes of a row per stage
   CUtensorMapSwizzle a_swizzle, b_swizzle;
   const char* packed;  // for messages
-  int64_t bytes(int64_t k) const { return gemm_row_bytes(spec, k); }
+  int64_t a_bytes(int64_t k) const { return gemm_row_bytes(spec, spec.a_format, k); }
+  int64_t b_bytes(int64_t k) const { return gemm_row_bytes(spec, spec.b_format, k); }
 };
 OperandRows operand_rows(const GemmSpec& s) {
   if (traits(s.a_format).elems_per_byte == 2)
-    return {s, kGemmBlockK / 2, CU_TENSOR_MAP_SWIZZLE_NONE, CU_TENSOR_MAP_SWIZZLE_64B, " packed two per byte"};
-  return {s, kGemmBlockK, CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_SWIZZLE_128B, ""};
+    return {s, kGemmBlockK / 2, kGemmBlockK / 2, CU_TENSOR_MAP_SWIZZLE_NONE, CU_TENSOR_MAP_SWIZZLE_64B, " packed two per byte"};
+  if (s.scaling == GemmScaling::Channel)
+    return {s, kGemmBlockK, kGemmBlockK / 2, CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_SWIZZLE_NONE, ""};
+  return {s, kGemmBlockK, kGemmBlockK, CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_SWIZZLE_128B, ""};
 }
 
-// Scale buffers of a spec whose scaling has none (bf16 / fp16 operands) must be absent.
-void check_no_scales(const GemmSpec& s, const GemmCall& c) {
-  if (c.a_scale.ptr || c.b_scale.ptr)
-    throw UserError(c.a_scale.ptr ? "a_scale" : "b_scale",
-                    std::string(gemm_format_name(s, s.a_format)) + " operands (none scaling) take no scales");
+// The scale buffer of an unscaled operand (gemm_a_scaled, gemm_b_scaled) must be absent.
+void check_no_scale(const GemmSpec& s, const char* arg, const TensorView& v, ElemFormat f) {
+  if (v.ptr)
+    throw UserError(arg, std::string(gemm_format_name(s, f)) + " operands (" + std::string(traits(s.scaling).name) +
+                             " scaling) take no scales");
 }
 
 }  // namespace
@@ -191,26 +195,24 @@ void Gemm::run(const GemmCall& c, CUstream stream) const {
     throw UserError("m_total", "too many tiles for one launch (" + std::to_string(units) + ")");
   const int ob = traits(s.out_dtype).bytes;
   const OperandRows rows = operand_rows(s);
-  const int64_t kb = rows.bytes(s.k);  // bytes per operand row
+  const int64_t ka = rows.a_bytes(s.k), kb = rows.b_bytes(s.k);  // bytes per row of A and of B
   const std::string packed = rows.packed;
   const std::string shape_a = "A [" + std::to_string(m) + ", " + std::to_string(s.k) + "] " + std::string(gemm_format_name(s, s.a_format)) + packed;
   const std::string shape_b = "B [" + std::to_string(g) + ", " + std::to_string(s.n) + ", " + std::to_string(s.k) + "] " +
                               std::string(gemm_format_name(s, s.b_format)) + packed;
   const std::string shape_d = "D [" + std::to_string(m) + ", " + std::to_string(s.n) + "] " + std::string(traits(s.out_dtype).name);
-  check_buffer("a", c.a, m * kb, 16, shape_a);
+  check_buffer("a", c.a, m * ka, 16, shape_a);
   check_buffer("b", c.b, g * s.n * kb, 16, shape_b);
   check_buffer("d", c.d, m * s.n * ob, 16, shape_d);
   if (c.d.dtype && *c.d.dtype != s.out_dtype) check_dtype("d", c.d, s.out_dtype);
   const GemmScaleElems se = gemm_scale_elems(s, m, c.num_groups);
   const GemmScalingTraits& st = traits(s.scaling);
-  if (s.scaling == GemmScaling::None) {
-    check_no_scales(s, c);
-  } else {
-    const std::string scales = std::string(st.scale_type) + " " + std::string(st.name) + " scales ";
-    const int align = std::max(st.scale_bytes, st.scale_align);  // the scaling table's rule
-    check_buffer("a_scale", c.a_scale, se.a * st.scale_bytes, align, scales + std::string(st.a_scale_shape));
-    check_buffer("b_scale", c.b_scale, se.b * st.scale_bytes, align, scales + std::string(st.b_scale_shape));
-  }
+  const std::string scales = std::string(st.scale_type) + " " + std::string(st.name) + " scales ";
+  const int align = std::max(st.scale_bytes, st.scale_align);  // the scaling table's rule
+  if (gemm_a_scaled(s)) check_buffer("a_scale", c.a_scale, se.a * st.scale_bytes, align, scales + std::string(st.a_scale_shape));
+  else check_no_scale(s, "a_scale", c.a_scale, s.a_format);
+  if (gemm_b_scaled(s)) check_buffer("b_scale", c.b_scale, se.b * st.scale_bytes, align, scales + std::string(st.b_scale_shape));
+  else check_no_scale(s, "b_scale", c.b_scale, s.b_format);
   check_amaxes(s, c, "per-tensor amax of each group's A", "amax of each B[g]");
   if (c.alpha.ptr) check_buffer("alpha", c.alpha, g * 4, 4, "fp32 [num_groups]");
   if (c.max_ctas < 0) throw UserError("max_ctas", "expected >= 0, got " + std::to_string(c.max_ctas));
@@ -228,10 +230,10 @@ void Gemm::run(const GemmCall& c, CUstream stream) const {
   auto l = load_for_current_device();
   GemmArgs args{};
   // A's box rows: each CTA of a multicast cluster loads its share (nvfp4: no multicast).
-  args.a_map = encode_map("a", CU_TENSOR_MAP_DATA_TYPE_UINT8, c.a.ptr, {cuuint64_t(kb), cuuint64_t(m)}, {cuuint64_t(kb)},
-                          {rows.box_bytes, cuuint32_t(t.block_m / t.multicast)}, rows.a_swizzle);
+  args.a_map = encode_map("a", CU_TENSOR_MAP_DATA_TYPE_UINT8, c.a.ptr, {cuuint64_t(ka), cuuint64_t(m)}, {cuuint64_t(ka)},
+                          {rows.a_box, cuuint32_t(t.block_m / t.multicast)}, rows.a_swizzle);
   args.b_map = encode_map("b", CU_TENSOR_MAP_DATA_TYPE_UINT8, c.b.ptr, {cuuint64_t(kb), cuuint64_t(s.n), cuuint64_t(g)},
-                          {cuuint64_t(kb), cuuint64_t(s.n * kb)}, {rows.box_bytes, cuuint32_t(t.block_n), 1u}, rows.b_swizzle);
+                          {cuuint64_t(kb), cuuint64_t(s.n * kb)}, {rows.b_box, cuuint32_t(t.block_n), 1u}, rows.b_swizzle);
   args.a_amax = reinterpret_cast<const float*>(c.a_amax.ptr);  // null unless nvfp4 (checked above)
   args.b_amax = reinterpret_cast<const float*>(c.b_amax.ptr);
   args.d = reinterpret_cast<void*>(c.d.ptr);
@@ -293,7 +295,7 @@ void Gemm::run_k_grouped(const GemmCall& c, CUstream stream) const {
     throw UserError("num_groups", "too many output rows or tiles for one launch (" + std::to_string(g) + " x " +
                                       std::to_string(s.m) + " rows)");
   const int ob = traits(s.out_dtype).bytes;
-  const int64_t row_bytes = rows.bytes(kt);
+  const int64_t row_bytes = rows.a_bytes(kt);  // (K-grouped: A's and B's formats agree)
   const std::string packed = rows.packed;
   check_buffer("a", c.a, s.m * row_bytes, 16,
                "A [" + std::to_string(s.m) + ", " + std::to_string(kt) + "] " + std::string(gemm_format_name(s, s.a_format)) + packed);
@@ -305,8 +307,9 @@ void Gemm::run_k_grouped(const GemmCall& c, CUstream stream) const {
   if (c.d.dtype && *c.d.dtype != s.out_dtype) check_dtype("d", c.d, s.out_dtype);
   const GemmScalingTraits& st = traits(s.scaling);
   const GemmScaleElems se = gemm_scale_elems(s, 0, g, kt);
-  if (s.scaling == GemmScaling::None) {
-    check_no_scales(s, c);
+  if (s.scaling == GemmScaling::None) {  // (channel scaling is M-grouped only)
+    check_no_scale(s, "a_scale", c.a_scale, s.a_format);
+    check_no_scale(s, "b_scale", c.b_scale, s.b_format);
   } else if (st.scale_k == 0) {  // scales constant along the tokens: per group, or per channel of A's and B's rows
     const bool channel = s.scaling == GemmScaling::RowChannel;
     auto shape = [&](const char* op, int64_t rows) {
@@ -355,9 +358,9 @@ void Gemm::run_k_grouped(const GemmCall& c, CUstream stream) const {
   }
   const cuuint64_t rb = cuuint64_t(row_bytes);
   args.a_map = encode_map("a", CU_TENSOR_MAP_DATA_TYPE_UINT8, c.a.ptr, {rb, cuuint64_t(s.m)}, {rb},
-                          {rows.box_bytes, cuuint32_t(t.block_m)}, rows.a_swizzle);
+                          {rows.a_box, cuuint32_t(t.block_m)}, rows.a_swizzle);
   args.b_map = encode_map("b", CU_TENSOR_MAP_DATA_TYPE_UINT8, c.b.ptr, {rb, cuuint64_t(s.n)}, {rb},
-                          {rows.box_bytes, cuuint32_t(t.block_n)}, rows.b_swizzle);
+                          {rows.b_box, cuuint32_t(t.block_n)}, rows.b_swizzle);
   args.a_amax = reinterpret_cast<const float*>(c.a_amax.ptr);  // null unless nvfp4 (checked above)
   args.b_amax = reinterpret_cast<const float*>(c.b_amax.ptr);
   // D [G][m][N] for the epilogue's tensor stores: boxes of 64 rows x 128 bytes (gemm.cuh, epilogue_tma).

@@ -137,9 +137,11 @@ qf_status qf_quantize(qf_quantizer* q, const qf_quantize_args* args, void* cuda_
 typedef struct qf_gemm qf_gemm;
 
 typedef struct qf_gemm_spec {
-  const char* scaling;   /* "tensor", "rowwise", "blockwise", "mxfp8" or "nvfp4" */
+  const char* scaling;   /* "tensor", "rowwise", "blockwise", "mxfp8", "nvfp4", "none" (bf16 / fp16
+                            operands) or "channel" (bf16 / fp16 A x int8 B, per-channel B scales) */
   const char* a_format;  /* "e4m3" or "e5m2" (nvfp4: "e2m1"; int8 x int8: "int8" for both, with
-                            tensor, rowwise or blockwise scaling); NULL = "e4m3" ("e2m1" with nvfp4) */
+                            tensor, rowwise or blockwise scaling; "bf16" or "fp16" with none and
+                            channel); NULL = "e4m3" ("e2m1" with nvfp4, "bf16" with none / channel) */
   const char* b_format;
   int64_t n, k;
   const char* out_dtype; /* "bf16" or "fp32"; NULL = "bf16" */
@@ -161,7 +163,7 @@ typedef struct qf_gemm_args {
   const void* b; int64_t b_bytes;             /* fp8 [num_groups, N, K]; nvfp4: e2m1 [num_groups, N, K/2];
                                                  K-grouped: [N, k_total] (members: [N, M_g] each) */
   void* d; int64_t d_bytes;                   /* [m_total, N] in the spec's out_dtype */
-  const void* a_scale; int64_t a_scale_bytes; /* qf_gemm_scale_bytes() */
+  const void* a_scale; int64_t a_scale_bytes; /* qf_gemm_scale_bytes(); NULL for bf16 / fp16 operands */
   const void* b_scale; int64_t b_scale_bytes;
   const float* alpha;                         /* optional device fp32 [num_groups]; NULL = 1 */
   const int64_t* group_offsets;               /* contiguous: device int64 [num_groups + 1] */

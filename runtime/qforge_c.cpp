@@ -139,13 +139,14 @@ qf::GemmSpec to_gemm_spec(const qf_gemm_spec& c) {
   const auto sc = qf::parse_gemm_scaling(c.scaling);
   if (!sc)
     throw qf::UserError("spec->scaling",
-                        std::string("expected tensor, rowwise, blockwise, mxfp8, nvfp4 or none, got \"") + c.scaling + "\"");
+                        std::string("expected tensor, rowwise, blockwise, mxfp8, nvfp4, none or channel, got \"") + c.scaling + "\"");
   s.scaling = *sc;
-  auto format = [&](const char* name, const char* field) {
+  auto format = [&](const char* name, const char* field, bool b_side) {
     // which combinations a scaling takes: qf::validate
-    return qf::parse_gemm_format(name ? std::string_view(name) : qf::default_gemm_format(s.scaling), field);
+    return qf::parse_gemm_format(name ? std::string_view(name) : qf::default_gemm_format(s.scaling, b_side), field);
   };
-  qf::set_gemm_formats(s, format(c.a_format, "spec->a_format"), format(c.b_format, "spec->b_format"), "spec->b_format");
+  qf::set_gemm_formats(s, format(c.a_format, "spec->a_format", false), format(c.b_format, "spec->b_format", true),
+                       "spec->b_format");
   s.n = c.n, s.k = c.k;
   if (c.out_dtype) {
     const auto d = qf::parse_dtype(c.out_dtype);

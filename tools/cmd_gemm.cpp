@@ -33,9 +33,10 @@
 namespace qf::cli {
 namespace {
 
-// An operand format; the default is e4m3, e2m1 with nvfp4 scaling, bf16 with none.
+// An operand format; the default is e4m3, e2m1 with nvfp4 scaling, bf16 with none, bf16 x int8
+// with channel.
 GemmOperandFormat format_arg(const Args& args, const std::string& flag, GemmScaling s) {
-  return parse_gemm_format(args.get(flag).value_or(std::string(default_gemm_format(s))), flag);
+  return parse_gemm_format(args.get(flag).value_or(std::string(default_gemm_format(s, flag == "--b-format"))), flag);
 }
 
 double median(std::vector<double> v) {
@@ -66,7 +67,7 @@ int cmd_gemm(const Argv& argv) {
   GemmSpec spec;
   const std::string scaling = args.get("--scaling").value_or("blockwise");
   auto sc = parse_gemm_scaling(scaling);
-  if (!sc) throw UserError("--scaling", "expected tensor, rowwise, blockwise, mxfp8, nvfp4 or none, got \"" + scaling + "\"");
+  if (!sc) throw UserError("--scaling", "expected tensor, rowwise, blockwise, mxfp8, nvfp4, none or channel, got \"" + scaling + "\"");
   spec.scaling = *sc;
   set_gemm_formats(spec, format_arg(args, "--a-format", spec.scaling), format_arg(args, "--b-format", spec.scaling),
                    "--b-format");
@@ -102,7 +103,7 @@ int cmd_gemm(const Argv& argv) {
   } catch (const UserError& e) {  // name the flag rather than the spec field
     static const std::map<std::string, std::string> kFlag = {
         {"a_format", "--a-format"}, {"b_format", "--b-format"}, {"n", "--n"}, {"k", "--k"}, {"m", "--m"},
-        {"scaling", "--scaling"},
+        {"scaling", "--scaling"}, {"layout", "--k-grouped"}, {"operand_dtype", "--a-format"},
         {"out_dtype", "--out"}, {"accumulate", "--accumulate"}, {"fast_accum", "--fast-accum"},
         {"tile.block_m", "--block-m"}, {"tile.block_n", "--block-n"}, {"tile.stages", "--stages"},
         {"tile.multicast", "--multicast"}, {"tile.raster_m", "--raster"}, {"tile.ordered", "--ordered"}};
@@ -212,7 +213,8 @@ int cmd_gemm(const Argv& argv) {
   auto view = [](const rt::DeviceBuffer& b) { return rt::TensorView{b.address(), int64_t(b.size()), std::nullopt, {}}; };
   rt::GemmCall call;
   call.a = view(da), call.b = view(db), call.d = view(dd);
-  if (spec.scaling != GemmScaling::None) call.a_scale = view(dsa), call.b_scale = view(dsb);
+  if (gemm_a_scaled(spec)) call.a_scale = view(dsa);
+  if (gemm_b_scaled(spec)) call.b_scale = view(dsb);
   if (with_alpha) call.alpha = view(dal);
   if (!p.a_amax.empty()) call.a_amax = view(dama), call.b_amax = view(damb);
   if (m_max > 0) call.group_counts = view(doff), call.m_max = m_max;

@@ -46,7 +46,7 @@ namespace qf {
 // (wgrad), where both operands carry 1x128 blocks along the tokens (Block128KScaling).
 enum GemmScalingCode : int {
   kGemmPerTensor = 0, kGemmRowChannel = 1, kGemmBlock128 = 2, kGemmMx32 = 3, kGemmNvfp4 = 4, kGemmNone = 5,
-  kGemmBlock128K = 6
+  kGemmChannel = 6, kGemmBlock128K = 7
 };
 
 constexpr int kGemmMmasPerStage = 4;       // MMAs per stage from shared memory: 32 bytes of K each
@@ -59,13 +59,13 @@ constexpr u32 kGemmSmemAlignSlack = 1024;  // the dynamic window is aligned up t
 // staging is boxes of 64 rows x 128 bytes in the 128-byte swizzle, each 1024-byte aligned.
 constexpr int kGemmEpiBoxBytes = 128;
 
-// Output columns per epilogue pass (bf16: the whole tile; fp32 and NVFP4: 64, to bound the staging
-// memory; NVFP4 needs the room for a fourth stage) and the staging row pitch in 32-bit words. Pitches are
+// Output columns per epilogue pass (bf16: the whole tile; fp32, NVFP4 and weight-only int8: 64, to
+// bound the staging memory; NVFP4 needs the room for a fourth stage, int8 B for a third) and the staging row pitch in 32-bit words. Pitches are
 // chosen so that fragment stores hit 32 distinct banks: fp32 pairs (8-byte stores, half-warps of
 // 4 rows x 4 lanes) need pitch = 8 (mod 32), packed bf16 pairs (4-byte stores, 8 rows x 4 lanes)
 // need pitch = 4 (mod 32).
 QF_HD constexpr int gemm_epi_cols(int block_n, int out_bytes, int scaling) {
-  return out_bytes == 4 || scaling == kGemmNvfp4 ? 64 : block_n;
+  return out_bytes == 4 || scaling == kGemmNvfp4 || scaling == kGemmChannel ? 64 : block_n;
 }
 QF_HD constexpr int gemm_staging_pitch(int epi_cols, int out_bytes) {
   return out_bytes == 4 ? epi_cols + 8 : epi_cols / 2 + 4;
@@ -76,12 +76,13 @@ struct GemmSmem {
   u32 a_off, a_stage;      // A stages: block_m rows x 128 bytes each (NVFP4: x 64 bytes, packed e2m1)
   u32 b_off, b_stage;      // B stages: block_n rows x 128 bytes each (NVFP4: the dequantized fp16
                            // B, two 128-byte-swizzled halves of block_n rows x 64 K each)
-  u32 braw_off, braw_stage;  // NVFP4: B as loaded, block_n rows x 64 bytes (64-byte swizzle)
+  u32 braw_off, braw_stage;  // B as loaded, block_n rows x 64 bytes: NVFP4 (64-byte swizzle), int8 (weight-only
+                             // int8: 64 of K, unswizzled; converted into the B stage, 16-bit like A)
   u32 sc_off, sc_stage;    // per-stage scales (gemm_stage_scale_bytes)
   u32 staging_off, staging_wg;  // epilogue staging, one region per consumer warpgroup
   u32 col_off;             // per-column scales, block_n floats per consumer warpgroup
   u32 maps_off;            // K-grouped members: the producer's A and B tensor maps being built (2 x 128 bytes)
-  u32 bar_off;             // full[stages], empty[stages], turn[2] mbarriers (NVFP4: then loaded[stages])
+  u32 bar_off;             // full[stages], empty[stages], turn[2] mbarriers (B converted on chip: then loaded[stages])
   u32 total;               // dynamic shared memory to request (includes the alignment slack)
 };
 
@@ -101,10 +102,10 @@ QF_HD constexpr GemmSmem gemm_smem(int block_m, int block_n, int stages, int con
                                    int scaling, bool col_scales, int out_bytes, bool tma_epilogue = false,
                                    bool member_maps = false) {
   GemmSmem s{};
-  const bool fp4 = scaling == kGemmNvfp4;
+  const bool fp4 = scaling == kGemmNvfp4, convert_b = fp4 || scaling == kGemmChannel;
   s.a_stage = u32(block_m) * (fp4 ? 64u : 128u);
   s.b_stage = u32(block_n) * (fp4 ? 256u : 128u);
-  s.braw_stage = fp4 ? u32(block_n) * 64u : 0u;
+  s.braw_stage = convert_b ? u32(block_n) * 64u : 0u;
   s.a_off = 0;
   s.b_off = s.a_off + u32(stages) * s.a_stage;  // 1024-aligned: the swizzle pattern repeats every 1024 bytes
   s.braw_off = s.b_off + u32(stages) * s.b_stage;
@@ -117,7 +118,7 @@ QF_HD constexpr GemmSmem gemm_smem(int block_m, int block_n, int stages, int con
   s.col_off = s.staging_off + u32(consumers) * s.staging_wg;
   s.maps_off = gemm_align_up(s.col_off + (col_scales ? u32(consumers * block_n) * 4u : 0u), member_maps ? 128 : 8);
   s.bar_off = s.maps_off + (member_maps ? 2u * 128u : 0u);
-  s.total = s.bar_off + u32((fp4 ? 3 : 2) * stages + 2) * 8u + kGemmSmemAlignSlack;
+  s.total = s.bar_off + u32((convert_b ? 3 : 2) * stages + 2) * 8u + kGemmSmemAlignSlack;
   return s;
 }
 
@@ -311,6 +312,15 @@ __device__ __forceinline__ void cluster_sync() {
 }  // namespace sm90
 
 namespace gemm {
+
+template <bool C, class X, class Y>
+struct Pick {
+  using type = X;
+};
+template <class X, class Y>
+struct Pick<false, X, Y> {
+  using type = Y;
+};
 
 // 16-bit MMA operands (the quantize kernels' identity copies, as they are): the format traits
 // the wgmma wrappers dispatch on (kBits 16; bf16 has 8 exponent bits, fp16 5).
@@ -679,13 +689,18 @@ struct RowChannelScaling : NoStepScales {
       const int r = t.row0 + f.row + 8 * h;
       s.row[h] = r < rows ? static_cast<const float*>(a.a_scale)[a_base + r] * alpha : 0.0f;
     }
+    load_cols<Cfg>(a, t, f, b_base, s);
+    return s;
+  }
+  // This thread's two columns of the tile: B's scales from element b_base + column (0 past N).
+  template <class Cfg>
+  __device__ static void load_cols(const GemmArgs& a, const TileInfo& t, const Frag& f, i64 b_base, Tile& s) {
 #pragma unroll
     for (int i = 0; i < 2; ++i) {
       const int c = f.tid + 128 * i;
       const bool ok = c < int(Cfg::kBlockN) && t.n0 + c < int(Cfg::kN);
       s.col[i] = ok ? static_cast<const float*>(a.b_scale)[b_base + t.n0 + c] : 0.0f;
     }
-    return s;
   }
   template <class Cfg>
   __device__ static void store_cols(const Tile& s, float* cols, const Frag& f) {
@@ -699,6 +714,19 @@ struct RowChannelScaling : NoStepScales {
   __device__ static void promote_step(float* total, const float* acc, const Step&, int, const Frag&, const Tile&) {
 #pragma unroll
     for (int i = 0; i < kAcc; ++i) total[i] = total[i] + acc[i];
+  }
+};
+
+// Weight-only int8 (bf16 / fp16 activations x int8 weights): A unscaled, an fp32 scale per row of
+// B[g] (output channel, [G, N]): D[r, n] = alpha * sb[g, n] * sum(a * b), the products of A and
+// B's int8 values (converted on chip, exactly) summed by the tensor cores in fp32.
+struct ChannelScaling : RowChannelScaling {
+  template <class Cfg>
+  __device__ static Tile begin(const GemmArgs& a, const TileInfo& t, const Frag& f) {
+    Tile s;
+    s.row[0] = s.row[1] = group_alpha(a, t);
+    load_cols<Cfg>(a, t, f, i64(t.group) * Cfg::kN, s);
+    return s;
   }
 };
 
@@ -1045,6 +1073,10 @@ struct Traits {
   static constexpr bool kInt8 = Cfg::AFormat::kIsInt;
   // bf16 / fp16 (identity) operands: 64 of K per stage, m64nNk16 MMAs, fp32 sums, no scales.
   static constexpr bool k16Bit = Cfg::AFormat::kBits == 16;
+  // Weight-only int8 (channel scaling): the producer warpgroup converts B's int8 to A's 16-bit type
+  // in shared memory (i8_producer); the MMAs take A's type for both.
+  static constexpr bool kConvertB = Cfg::kScaling == kGemmChannel;
+  using MmaB = typename Pick<kConvertB, typename Cfg::AFormat, typename Cfg::BFormat>::type;
   // NVFP4 with two consumer warpgroups: two producer warpgroups, eight warps dequantizing B (one
   // warp per scheduler is latency bound there; measured).
   static constexpr int kProducerGroups = kFp4 ? 2 : 1;
@@ -1058,9 +1090,10 @@ struct Traits {
   static constexpr GemmSmem kSmem =
       gemm_smem(kBM, kBN, kStages, kConsumers, int(Cfg::kScaling), Scaling::kColScales, kOutBytes, Cfg::kKGrouped,
                 Cfg::kMembers);
-  static constexpr u32 kTxBytes = u32(kBM + kBN) * (kFp4 ? 64u : 128u);
+  static constexpr u32 kTxBytes = kConvertB ? u32(kBM) * 128u + u32(kBN) * 64u : u32(kBM + kBN) * (kFp4 ? 64u : 128u);
   // NVFP4: the TMA bytes complete loaded[stage]; full[stage] takes the B dequantizing warps.
-  static constexpr u32 kFullArrivals = kFp4 ? 4u * kProducerGroups : 1u + (Scaling::kScaleWriters ? 32u : 0u);
+  static constexpr u32 kFullArrivals =
+      kFp4 || kConvertB ? 4u * kProducerGroups : 1u + (Scaling::kScaleWriters ? 32u : 0u);
   // Every lane of every consumer warp (of each CTA of the multicast group) releases the stage.
   static constexpr u32 kEmptyArrivals = u32(kConsumers * 4 * 32 * kMc);
   // Registers per thread after setmaxnreg (2 or 3 consumer warpgroups; one keeps its entry count).
@@ -1069,8 +1102,9 @@ struct Traits {
   // NVFP4 (512 threads, 128 each): 2 x 168 + 2 x 88. K-grouped with scale writers (their byte-wise
   // MX loads spill at 40): 2 x 224 + 56 (at 2 x 216 + 72 the consumers' three accumulators spill).
   static constexpr bool kWideWriters = Cfg::kKGrouped && Scaling::kScaleWriters > 0;
-  static constexpr u32 kProducerRegs = kConsumers == 3 ? 24 : kFp4 ? 88 : kWideWriters ? 56 : 40;
-  static constexpr u32 kConsumerRegs = kConsumers == 3 ? 160 : kFp4 ? 168 : kWideWriters ? 224 : 232;
+  // Weight-only int8: the B converters (and their load issue) take 56 as well.
+  static constexpr u32 kProducerRegs = kConsumers == 3 ? 24 : kFp4 ? 88 : kWideWriters || kConvertB ? 56 : 40;
+  static constexpr u32 kConsumerRegs = kConsumers == 3 ? 160 : kFp4 ? 168 : kWideWriters || kConvertB ? 224 : 232;
 
   static_assert(kBM == 64 * kConsumers, "one consumer warpgroup per 64 rows");
   static_assert(kConsumers == 1 || kConsumers * kConsumerRegs + kProducerGroups * kProducerRegs <=
@@ -1092,14 +1126,16 @@ struct Traits {
                                       Cfg::kScaling == kGemmBlock128K || Cfg::kScaling == kGemmMx32 ||
                                       Cfg::kScaling == kGemmNvfp4 || Cfg::kScaling == kGemmNone) && kMc == 1),
                 "K-grouped: per-tensor, per-channel, blockwise (1x128 along the tokens), MX, NVFP4 or no scaling, no multicast");
-  static_assert(k16Bit == (Cfg::kScaling == kGemmNone) && Cfg::AFormat::kBits == Cfg::BFormat::kBits &&
-                    (!k16Bit || Cfg::AFormat::kExpBits == Cfg::BFormat::kExpBits) &&
+  static_assert(k16Bit == (Cfg::kScaling == kGemmNone || kConvertB) && Cfg::AFormat::kBits == MmaB::kBits &&
+                    (!k16Bit || Cfg::AFormat::kExpBits == MmaB::kExpBits) &&
                     int(Cfg::kElemBytes) == (k16Bit ? 2 : 1) && !(k16Bit && Cfg::kPromote),
-                "bf16 / fp16 operands: both of one type, no scales, no promotion");
+                "bf16 / fp16 operands: both of one type (or B int8, converted), no promotion");
+  static_assert(!kConvertB || (Cfg::BFormat::kIsInt && !Cfg::kKGrouped && kMc == 1 && kStages >= 3 && !Cfg::kOrderedIssue),
+                "weight-only int8: int8 B, M-grouped, no multicast or ordered issue, 3+ stages");
   static_assert(!Cfg::kMembers || Cfg::kKGrouped, "per-member operands: the K-grouped layout");
   static_assert(Cfg::kScaling != kGemmBlock128K || (Cfg::kKGrouped && Cfg::kPromote),
                 "Block128KScaling: the K-grouped layout, promoted");
-  static_assert(Cfg::AFormat::kIsInt == Cfg::BFormat::kIsInt, "int8 operands: both");
+  static_assert(Cfg::AFormat::kIsInt == Cfg::BFormat::kIsInt || kConvertB, "int8 operands: both (or weight-only int8 B)");
   static_assert(!kInt8 || (Cfg::kScaling == kGemmPerTensor || Cfg::kScaling == kGemmRowChannel ||
                            Cfg::kScaling == kGemmBlock128 || Cfg::kScaling == kGemmBlock128K),
                 "int8: per-tensor, per-row x per-channel or 1x128 blockwise scaling");
@@ -1181,6 +1217,108 @@ __device__ __forceinline__ void scale_writer(const GemmArgs& a, u8* smem, u32 ba
         sm90::mbar_arrive(full0 + 8u * stage);
       }
       if (++turn == S::kWriterWarps) turn = 0;
+      if (++stage == T::kStages) stage = 0, phase ^= 1u;
+    }
+  }
+}
+
+// Four int8 values (the bytes of w, low first) as two 16-bit pairs (lo: bytes 0, 1; hi: bytes 2,
+// 3), exactly. bf16: the byte biased to u = b + 128 becomes the fp32 2^23 + u (a byte permute into
+// 0x4B000000), minus 2^23 + 128 gives b, whose upper half is its bf16 (|b| <= 128 fits bf16's 8
+// significant bits). fp16: 0x6400 | u is the fp16 1024 + u (ulp 1 there), minus 1152 is b.
+template <bool kBf16>
+__device__ __forceinline__ void s8x4_to_16bit(u32 w, u32& lo, u32& hi) {
+  const u32 u = w ^ 0x80808080u;
+  if constexpr (kBf16) {
+    u32 f[4];
+#pragma unroll
+    for (int i = 0; i < 4; ++i) f[i] = __float_as_uint(__uint_as_float(sm90::prmt(u, 0x4B000000u, 0x7540u + u32(i))) - 8388736.0f);
+    lo = sm90::prmt(f[0], f[1], 0x7632u);
+    hi = sm90::prmt(f[2], f[3], 0x7632u);
+  } else {
+    lo = sm90::prmt(u, 0x64646464u, 0x5140u);
+    hi = sm90::prmt(u, 0x64646464u, 0x7362u);
+    asm("sub.rn.f16x2 %0, %0, %1;" : "+r"(lo) : "r"(0x64806480u));
+    asm("sub.rn.f16x2 %0, %0, %1;" : "+r"(hi) : "r"(0x64806480u));
+  }
+}
+
+// Weight-only int8 (channel scaling): the producer warpgroup. Warp 0 issues every stage's TMA
+// loads (A's 16-bit rows; B's int8 rows as they are, block_n x 64 bytes unswizzled) on
+// loaded[stage], kStages - 2 k-blocks ahead of the conversion (as fp4_producer: no cycle); then all
+// four warps convert the stage's B, once it is loaded and free, into A's 16-bit type in the
+// 128-byte swizzle the MMAs read (a warp reads 256 consecutive bytes and writes four whole
+// 128-byte rows: no bank conflicts), make the writes visible to the tensor cores and arrive on
+// full[stage]. B's per-channel scales apply in the epilogue (ChannelScaling).
+template <class Cfg>
+__device__ __forceinline__ void i8_producer(const GemmArgs& a, u8* smem, u32 base, int w, int lane) {
+  using T = Traits<Cfg>;
+  constexpr int kPer = T::kBN * 8 / 128;  // 16-byte chunks (8 elements) of converted B per thread and stage
+  constexpr int kLag = T::kStages - 2;
+  constexpr bool kBf16 = Cfg::AFormat::kExpBits == 8;
+  const u32 full0 = base + T::kSmem.bar_off, empty0 = full0 + 8u * T::kStages, loaded0 = empty0 + 8u * (T::kStages + 2);
+  // Chunk j of this thread: row (tid / 8) + 16 j, 16-byte chunk tid % 8 of its converted row
+  // (elements 8 (tid % 8) + [0, 8)); every j has the same swizzle (row % 8), so one offset into
+  // the raw and one into the converted stage serve them all.
+  const int tid = w * 32 + lane, row0 = tid >> 3, c = tid & 7;
+  const u32 raw_off = u32(row0 * 64 + c * 8), dst_off = u32(row0 * 128 + ((c ^ (row0 & 7)) * 16));
+
+  // Warp 0's load sequence: its own scheduler walk, ahead of the conversion (every M-grouped tile
+  // has k-blocks).
+  Scheduler<Cfg> load_sched(a);
+  TileInfo lt;
+  int l_unit = int(blockIdx.x), l_kb = 0, l_stage = 0;
+  u32 l_phase = 0;
+  bool l_more = w == 0 && load_sched.get(l_unit, 0, lt);
+  auto issue_load = [&] {
+    if (!l_more) return;
+    sm90::mbar_wait(empty0 + 8u * l_stage, l_phase ^ 1u);
+    if (lane == 0) {
+      const u32 bar = loaded0 + 8u * l_stage;
+      sm90::mbar_arrive_expect_tx(bar, T::kTxBytes);
+      const int kt = l_kb * stage_k<Cfg>();  // the stage's first K
+      sm90::tma_load_2d(base + T::kSmem.a_off + u32(l_stage) * T::kSmem.a_stage, &a.a_map, bar, int(k_bytes<Cfg>(kt)), lt.row0);
+      sm90::tma_load_3d(base + T::kSmem.braw_off + u32(l_stage) * T::kSmem.braw_stage, &a.b_map, bar, kt, lt.n0, lt.group);
+    }
+    if (++l_kb == tile_k_blocks<Cfg>(lt)) {
+      l_kb = 0;
+      l_unit += int(gridDim.x);
+      l_more = load_sched.get(l_unit, 0, lt);
+    }
+    if (++l_stage == T::kStages) l_stage = 0, l_phase ^= 1u;
+  };
+  if (w == 0) {
+    if (lane == 0) {
+      sm90::tma_prefetch_descriptor(&a.a_map);
+      sm90::tma_prefetch_descriptor(&a.b_map);
+    }
+    for (int i = 0; i < kLag; ++i) issue_load();
+  }
+
+  Scheduler<Cfg> sched(a);
+  int stage = 0;
+  u32 phase = 0;
+  for (int unit = int(blockIdx.x);; unit += int(gridDim.x)) {
+    TileInfo t;
+    if (!sched.get(unit, 0, t)) break;
+    const int k_blocks = tile_k_blocks<Cfg>(t);
+    for (int kb = 0; kb < k_blocks; ++kb) {
+      if (w == 0) issue_load();  // k-block kb + kLag
+      sm90::mbar_wait(empty0 + 8u * stage, phase ^ 1u);
+      sm90::mbar_wait(loaded0 + 8u * stage, phase);
+      const u8* raw = smem + T::kSmem.braw_off + u32(stage) * T::kSmem.braw_stage + raw_off;
+      u8* dst = smem + T::kSmem.b_off + u32(stage) * T::kSmem.b_stage + dst_off;
+#pragma unroll
+      for (int j = 0; j < kPer; ++j) {
+        const uint2 v = *reinterpret_cast<const uint2*>(raw + j * 16 * 64);
+        uint4 o;
+        s8x4_to_16bit<kBf16>(v.x, o.x, o.y);
+        s8x4_to_16bit<kBf16>(v.y, o.z, o.w);
+        *reinterpret_cast<uint4*>(dst + j * 16 * 128) = o;
+      }
+      sm90::fence_proxy_async_shared();
+      __syncwarp();
+      if (lane == 0) sm90::mbar_arrive(full0 + 8u * stage);
       if (++stage == T::kStages) stage = 0, phase ^= 1u;
     }
   }
@@ -1735,8 +1873,7 @@ __device__ __forceinline__ void consumer(const GemmArgs& a, u8* smem, u32 base, 
         for (int m = 0; m < kMmas; ++m) {
           // +32 bytes along K per instruction (2 in the descriptor's 16-byte address units).
           const int kk = k * kMmas + m;
-          wgmma::mma_ss<T::kBN, typename Cfg::AFormat, typename Cfg::BFormat>(part, da + u64(2 * kk), db + u64(2 * kk),
-                                                                              m > 0);
+          wgmma::mma_ss<T::kBN, typename Cfg::AFormat, typename T::MmaB>(part, da + u64(2 * kk), db + u64(2 * kk), m > 0);
         }
         sm90::wgmma_commit();
         if (k == kSteps - 1) pass_turn();
@@ -1809,8 +1946,8 @@ __device__ __forceinline__ void consumer(const GemmArgs& a, u8* smem, u32 base, 
         sm90::wgmma_fence();
 #pragma unroll
         for (int k = 0; k < kGemmMmasPerStage; ++k)
-          wgmma::mma_ss<T::kBN, typename Cfg::AFormat, typename Cfg::BFormat>(acc, da + u64(2 * k), db + u64(2 * k),
-                                                                              kb > 0 || k > 0);
+          wgmma::mma_ss<T::kBN, typename Cfg::AFormat, typename T::MmaB>(acc, da + u64(2 * k), db + u64(2 * k),
+                                                                         kb > 0 || k > 0);
         sm90::wgmma_commit();
         pass_turn();
         sm90::wgmma_wait<1>();  // the previous k-block's MMAs are done: release its stage
@@ -1849,7 +1986,7 @@ __global__ void __launch_bounds__(gemm::Traits<Cfg>::kThreads, 1) gemm_kernel(co
     }
     sm90::mbar_init(empty0 + 8u * T::kStages, 4);  // turn[0]: the four warps of WG1 arrive
     sm90::mbar_init(empty0 + 8u * T::kStages + 8u, 4);
-    if constexpr (T::kFp4)
+    if constexpr (T::kFp4 || T::kConvertB)
       for (int s = 0; s < T::kStages; ++s) sm90::mbar_init(empty0 + 8u * (T::kStages + 2 + s), 1);  // loaded[s]
     sm90::fence_barrier_init();
     sm90::fence_proxy_async_shared();
@@ -1867,9 +2004,14 @@ __global__ void __launch_bounds__(gemm::Traits<Cfg>::kThreads, 1) gemm_kernel(co
   if (T::kProducerGroups == 1 ? wg == T::kConsumers : wg >= T::kConsumers) {
     if constexpr (T::kConsumers > 1) sm90::setmaxnreg_dec<T::kProducerRegs>();
     const int pw = int(threadIdx.x / 32) - T::kConsumers * 4;  // warp in the producer warpgroup
-    if constexpr (T::kFp4) gemm::fp4_producer<Cfg>(a, smem, base, pw, int(threadIdx.x % 32));
-    else if (pw == 0) gemm::producer<Cfg>(a, smem, base, rank, int(threadIdx.x % 32));
-    else if constexpr (T::Scaling::kScaleWriters > 0) gemm::scale_writer<Cfg>(a, smem, base, rank, pw - 1, int(threadIdx.x % 32));
+    if constexpr (T::kFp4) {
+      gemm::fp4_producer<Cfg>(a, smem, base, pw, int(threadIdx.x % 32));
+    } else if constexpr (T::kConvertB) {
+      gemm::i8_producer<Cfg>(a, smem, base, pw, int(threadIdx.x % 32));
+    } else {
+      if (pw == 0) gemm::producer<Cfg>(a, smem, base, rank, int(threadIdx.x % 32));
+      else if constexpr (T::Scaling::kScaleWriters > 0) gemm::scale_writer<Cfg>(a, smem, base, rank, pw - 1, int(threadIdx.x % 32));
+    }
   } else {
     if constexpr (T::kConsumers > 1) sm90::setmaxnreg_inc<T::kConsumerRegs>();
     if constexpr (T::kFp4) gemm::consumer_fp4<Cfg>(a, smem, base, wg);

@@ -445,7 +445,7 @@ TEST_F(CApi, GemmSpecErrorsNameTheField) {
   EXPECT_STREQ(qf_last_error(), "spec->scaling: must not be NULL");
   s = blockwise_spec(), s.scaling = "int8";
   EXPECT_EQ(qf_gemm_create(&s, &g), QF_ERR_USER);
-  EXPECT_STREQ(qf_last_error(), "spec->scaling: expected tensor, rowwise, blockwise, mxfp8, nvfp4 or none, got \"int8\"");
+  EXPECT_STREQ(qf_last_error(), "spec->scaling: expected tensor, rowwise, blockwise, mxfp8, nvfp4, none or channel, got \"int8\"");
   s = blockwise_spec(), s.n = 100;
   EXPECT_EQ(qf_gemm_create(&s, &g), QF_ERR_USER);
   EXPECT_NE(std::string(qf_last_error()).find("n: expected a multiple of 8"), std::string::npos) << qf_last_error();

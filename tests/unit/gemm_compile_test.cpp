@@ -148,6 +148,11 @@ std::vector<Variant> variants() {
       {"kgrouped_bf16", k_grouped(make(S::None, Id, Id, DType::BF16, false, false, 0, 1), 4096)},
       {"kgrouped_fp16_fp32_acc_bm64", k_grouped(fp16(make(S::None, Id, Id, DType::FP32, true, false, 128, 1, 64)), 1000)},
       {"members_bf16", members(make(S::None, Id, Id, DType::BF16, false, false, 0, 1), 4096)},
+      // Weight-only int8 (bf16 / fp16 x int8, B converted by the producer warpgroup).
+      {"channel_bf16_default", make(S::Channel, Id, I8, DType::BF16, false, false, 0, 1)},
+      {"channel_fp16_fp32_acc", fp16(make(S::Channel, Id, I8, DType::FP32, true, false, 0, 1))},
+      {"channel_bn128", make(S::Channel, Id, I8, DType::BF16, false, false, 128, 1)},
+      {"channel_bm64_bn64_odd_k", make(S::Channel, Id, I8, DType::BF16, false, false, 64, 1, 64, 3072, 400)},
   };
 }
 
@@ -293,7 +298,7 @@ TEST(GemmCodegen, SpecErrorsNameTheField) {
   expect_spec_error(s, "a_format", "expected e4m3, e5m2 or int8 (e2m1 with nvfp4 scaling, bf16 / fp16 with none), got e2m1");
   // bf16 / fp16 (identity) operands: none scaling, both operands, no fast accumulation.
   s = ok, s.a_format = s.b_format = ElemFormat::Identity;
-  expect_spec_error(s, "scaling", "bf16 / fp16 operands carry no scales: expected none, got blockwise");
+  expect_spec_error(s, "scaling", "bf16 / fp16 operands: expected none (or channel, with int8 weights as B), got blockwise");
   s = ok, s.scaling = GemmScaling::None;
   expect_spec_error(s, "a_format", "none scaling: expected bf16 or fp16 (both operands), got e4m3");
   s.a_format = ElemFormat::Identity;
@@ -306,8 +311,32 @@ TEST(GemmCodegen, SpecErrorsNameTheField) {
   EXPECT_NO_THROW(validate(s));
   EXPECT_EQ(resolve_tile(s).block_n, 256);  // no promotion: one accumulator
   EXPECT_FALSE(gemm_promotes(s));
-  EXPECT_EQ(gemm_row_bytes(s, 7168), 2 * 7168);
+  EXPECT_EQ(gemm_row_bytes(s, s.a_format, 7168), 2 * 7168);
   EXPECT_EQ(describe(s), "bf16 x bf16 none N=4096 K=7168 -> bf16");
+  // Weight-only int8 (channel): a 16-bit A, an int8 B, M-grouped; B's per-channel scales only.
+  GemmSpec ch = make(GemmScaling::Channel, ElemFormat::Identity, ElemFormat::Int8, DType::BF16, false, false, 0, 0);
+  EXPECT_NO_THROW(validate(ch));
+  EXPECT_EQ(describe(ch), "bf16 x int8 channel N=4096 K=7168 -> bf16");
+  EXPECT_EQ(gemm_row_bytes(ch, ch.b_format, 7168), 7168);
+  EXPECT_EQ(gemm_scale_elems(ch, 100, 3).a, 0);
+  EXPECT_EQ(gemm_scale_elems(ch, 100, 3).b, 3 * 4096);
+  EXPECT_FALSE(gemm_a_scaled(ch));
+  EXPECT_TRUE(gemm_b_scaled(ch));
+  EXPECT_EQ(resolve_tile(ch).block_n, 256);
+  s = ch, s.out_dtype = DType::FP32;
+  EXPECT_EQ(resolve_tile(s).block_n, 128);  // 128 x 256 with fp32 staging leaves room for two stages only
+  s = ch, s.a_format = ElemFormat::E4M3;
+  expect_spec_error(s, "a_format", "channel scaling: expected bf16 or fp16 (unscaled activations), got e4m3");
+  s = ch, s.b_format = ElemFormat::Identity;
+  expect_spec_error(s, "b_format", "channel scaling: expected int8 (per-channel weights), got bf16");
+  s = k_grouped(ch, 4096);
+  expect_spec_error(s, "layout", "channel scaling (int8 weights x 16-bit activations) is an fprop / dgrad GEMM");
+  s = ch, s.tile.multicast = 2;
+  expect_spec_error(s, "tile.multicast", "channel: the producer warpgroup converts each CTA's B");
+  s = ch, s.tile.stages = 2;
+  expect_spec_error(s, "tile.stages", "expected at least 3");
+  s = ch, s.scaling = GemmScaling::None;
+  expect_spec_error(s, "b_format", "none scaling: expected bf16 or fp16 (both operands), got int8");
   // Format names: bf16 / fp16 set the operand dtype, one dtype for both operands.
   GemmSpec h;
   set_gemm_formats(h, parse_gemm_format("fp16", "a"), parse_gemm_format("fp16", "b"), "b");
@@ -505,6 +534,20 @@ TEST(GemmRuntime, NoneScalingTakesNoScales) {
   expect_run_error(kg, k, "A [64, 16] fp16");
   k.a.bytes += 2;
   expect_run_error(kg, k, "");
+  // Weight-only int8 (channel): A bf16 [m, K] without scales, B int8 [G, N, K], fp32 scales [G, N].
+  GemmSpec cspec = make(GemmScaling::Channel, ElemFormat::Identity, ElemFormat::Int8, DType::BF16, false, false, 0, 0,
+                        128, 256, 256);
+  rt::Gemm cg(cspec);
+  rt::GemmCall w = c;
+  w.b = buf(0x200000, 2 * 256 * 256);
+  w.b_scale = buf(0x400000, 2 * 256 * 4);
+  x = w, x.b.bytes -= 1;
+  expect_run_error(cg, x, "for B [2, 256, 256] int8");
+  x = w, x.b_scale.bytes -= 4;
+  expect_run_error(cg, x, "fp32 channel scales [G, N]");
+  x = w, x.a_scale = buf(0x500000, 16);
+  expect_run_error(cg, x, "a_scale: bf16 operands (channel scaling) take no scales");
+  expect_run_error(cg, w, "");
 }
 
 TEST(GemmReference, Bf16AndFp16OperandsAreTheirValues) {
@@ -539,6 +582,31 @@ TEST(GemmReference, Bf16AndFp16OperandsAreTheirValues) {
     }
     EXPECT_GT(distinct, 0);
   }
+}
+
+TEST(GemmReference, ChannelIsTheInt8WeightTimesItsChannelScale) {
+  // K = 16, N = 8: A = k + 1 (bf16), B[n] = -(n + 1) (int8 bytes), scale 2^-n per channel:
+  // value = -136 * (n + 1) * 2^-n.
+  GemmSpec spec = make(GemmScaling::Channel, ElemFormat::Identity, ElemFormat::Int8, DType::FP32, false, false, 64, 1,
+                       64, 8, 16);
+  std::vector<uint8_t> a(16 * 2), b(8 * 16);
+  for (int k = 0; k < 16; ++k) {
+    const u16 h = f32_to_bf16(float(k + 1));
+    a[size_t(2 * k)] = uint8_t(h), a[size_t(2 * k + 1)] = uint8_t(h >> 8);
+  }
+  for (int n = 0; n < 8; ++n)
+    for (int k = 0; k < 16; ++k) b[size_t(n * 16 + k)] = uint8_t(int8_t(-(n + 1)));
+  std::vector<float> cs(8);
+  for (int n = 0; n < 8; ++n) cs[size_t(n)] = std::ldexp(1.0f, -n);
+  const std::vector<uint8_t> sb = fp32_bytes(cs);
+  const std::vector<int64_t> off = {0, 1}, rows = {0};
+  const ref::GemmRows r = ref::gemm_reference(spec, ref::GemmOperands{a, b, {}, sb, {}, off, {}, 0, 1}, rows, 1);
+  for (int n = 0; n < 8; ++n) EXPECT_EQ(r.value[size_t(n)], -136.0 * (n + 1) * std::ldexp(1.0, -n)) << n;
+  const ref::GemmProblem p = ref::make_gemm_problem(spec, std::vector<int64_t>{64}, 0, ref::GemmValues::Random, false, 3);
+  EXPECT_EQ(p.a.size(), size_t(64 * 16 * 2));  // bf16 A
+  EXPECT_EQ(p.b.size(), size_t(8 * 16));       // int8 B
+  EXPECT_TRUE(p.a_scale.empty());
+  EXPECT_EQ(p.b_scale.size(), size_t(8 * 4));
 }
 
 TEST(GemmRuntime, KGroupedArgumentErrors) {

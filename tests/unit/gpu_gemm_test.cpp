@@ -100,7 +100,8 @@ Device to_device(const GemmSpec& spec, const ref::GemmProblem& p) {
   else d.d = rt::testing::poisoned_buffer(std::max<size_t>(size_t(p.out_rows * spec.n) * ob, 16));
   auto v = [](const DeviceBuffer& b) { return rt::testing::view_of(b); };
   d.call.a = v(d.a), d.call.b = v(d.b), d.call.d = v(d.d);
-  if (spec.scaling != GemmScaling::None) d.call.a_scale = v(d.sa), d.call.b_scale = v(d.sb);
+  if (gemm_a_scaled(spec)) d.call.a_scale = v(d.sa);
+  if (gemm_b_scaled(spec)) d.call.b_scale = v(d.sb);
   if (!p.alpha.empty()) d.call.alpha = v(d.alpha);
   if (!p.a_amax.empty()) d.call.a_amax = v(d.a_amax), d.call.b_amax = v(d.b_amax);
   if (p.m_max > 0) d.call.group_counts = v(d.off), d.call.m_max = p.m_max;
@@ -351,6 +352,14 @@ std::vector<Case> exact_cases() {
   members("members_bf16", spec_of(S::None, Id, Id, DType::BF16, false, false, 128, 128, 1, 200, 200), mtok16, 16);
   std::vector<int64_t> many8 = many16;
   many8.back() = 4;  // misaligned for 8-token alignment
+  // Weight-only int8 (channel): bf16 / fp16 A x int8 B converted on chip, fp32 scale per channel.
+  add("channel_bf16", spec_of(S::Channel, Id, I8, DType::BF16, false, false, 128, 128, 1, 200, 400));
+  add("channel_bn256_fp32_acc", spec_of(S::Channel, Id, I8, DType::FP32, true, false, 128, 256, 1, 504, 400));
+  add("channel_fp16_bm64_bn64_fp32", fp16(spec_of(S::Channel, Id, I8, DType::FP32, false, false, 64, 64, 1, 200, 400)));
+  add("channel_one_group_tiny", spec_of(S::Channel, Id, I8, DType::BF16, false, false, 128, 128, 1, 8, 16), {3}, 0);
+  add("channel_many_groups_3ctas", spec_of(S::Channel, Id, I8, DType::BF16, false, false, 128, 256, 1, 1024, 512), many, 3);
+  v.back().max_ctas = 3;
+  masked("masked_channel_fp32", spec_of(S::Channel, Id, I8, DType::FP32, false, false, 128, 128, 1, 200, 256), 256);
   members("members_fp16_fp32_acc_3ctas", fp16(spec_of(S::None, Id, Id, DType::FP32, true, false, 128, 128, 1, 136, 130)),
           many8, 0, 3);
   return v;
@@ -486,6 +495,10 @@ std::vector<Case> random_cases() {
                false});
   const GemmSpec wh = kgrouped("kgrouped_bf16_4096_tokens", spec_of(S::None, Id, Id, DType::BF16, false, false, 128, 128, 1, 512, 0),
                                true);
+  v.push_back({"channel_bf16_k7168", spec_of(S::Channel, Id, I8, DType::BF16, false, false, 128, 256, 1, 1024, 7168), g8, 0,
+               true});
+  v.push_back({"channel_fp16_fp32_acc_k2048", fp16(spec_of(S::Channel, Id, I8, DType::FP32, true, false, 128, 128, 1, 512, 2048)),
+               g8, 7, false});
   GemmSpec mh = wh;
   mh.layout = GemmLayout::KGroupedMembers;
   v.push_back({"members_bf16_4096_tokens", mh, ref::random_group_rows(8, 4096, 1, 8, 9), 0, true});
