@@ -225,9 +225,7 @@ GemmTile resolve_tile(const GemmSpec& s) {
   if (t.block_m == 0) t.block_m = 128;
   // Measured on an H200 at 8 x 4096 x 4096 x 7168 (docs/gemm.md): 128 x 256 tiles are the
   // fastest without promotion (one accumulator); promotion keeps two, so 128 x 128.
-  // Weight-only int8 with fp32 output: three stages of 128 x 256 and the fp32 staging do not fit.
-  const bool channel_fp32 = s.scaling == GemmScaling::Channel && s.out_dtype == DType::FP32;
-  if (t.block_n == 0) t.block_n = !promote && !fp4 && !channel_fp32 && s.n >= 512 ? 256 : 128;
+  if (t.block_n == 0) t.block_n = !promote && !fp4 && s.n >= 512 ? 256 : 128;
   // Bands of 16 m-blocks, but 4 for blockwise: H100, 8 x 4096 x 4096 x 7168, three alternations
   // in one run: raster 4 1047 / 1062 / 1067 TFLOP/s, 16 1035 / 1036 / 1039 (even at 4 x 8192 x
   // 7168 x 2048 and 32 x 512 x 2048 x 7168; rowwise is faster with 16: 1110-1119 vs 1088-1106).
@@ -302,9 +300,6 @@ GemmTile resolve_tile(const GemmSpec& s) {
     throw UserError(tile_field("stages"), "expected 2.." + std::to_string(kMaxStages) + ", got " + std::to_string(t.stages));
   if (fp4 && t.stages < 3)
     throw UserError(tile_field("stages"), "nvfp4: the TMA loads run stages - 2 k-blocks ahead of the B dequantization: "
-                                          "expected at least 3, got " + std::to_string(t.stages));
-  if (s.scaling == GemmScaling::Channel && t.stages < 3)
-    throw UserError(tile_field("stages"), "channel: the TMA loads run stages - 2 k-blocks ahead of B's conversion: "
                                           "expected at least 3, got " + std::to_string(t.stages));
   if (smem_for(s, t).total > kGemmSmemLimit)
     throw UserError(tile_field("stages"), std::to_string(t.stages) + " stages need " +

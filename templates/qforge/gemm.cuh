@@ -76,8 +76,8 @@ struct GemmSmem {
   u32 a_off, a_stage;      // A stages: block_m rows x 128 bytes each (NVFP4: x 64 bytes, packed e2m1)
   u32 b_off, b_stage;      // B stages: block_n rows x 128 bytes each (NVFP4: the dequantized fp16
                            // B, two 128-byte-swizzled halves of block_n rows x 64 K each)
-  u32 braw_off, braw_stage;  // B as loaded, block_n rows x 64 bytes: NVFP4 (64-byte swizzle), int8 (weight-only
-                             // int8: 64 of K, unswizzled; converted into the B stage, 16-bit like A)
+  u32 braw_off, braw_stage;  // NVFP4: B as loaded, block_n rows x 64 bytes (64-byte swizzle). (Weight-only
+                             // int8 B lands unswizzled in the upper half of its B stage, converted in place.)
   u32 sc_off, sc_stage;    // per-stage scales (gemm_stage_scale_bytes)
   u32 staging_off, staging_wg;  // epilogue staging, one region per consumer warpgroup
   u32 col_off;             // per-column scales, block_n floats per consumer warpgroup
@@ -105,7 +105,7 @@ QF_HD constexpr GemmSmem gemm_smem(int block_m, int block_n, int stages, int con
   const bool fp4 = scaling == kGemmNvfp4, convert_b = fp4 || scaling == kGemmChannel;
   s.a_stage = u32(block_m) * (fp4 ? 64u : 128u);
   s.b_stage = u32(block_n) * (fp4 ? 256u : 128u);
-  s.braw_stage = convert_b ? u32(block_n) * 64u : 0u;
+  s.braw_stage = fp4 ? u32(block_n) * 64u : 0u;
   s.a_off = 0;
   s.b_off = s.a_off + u32(stages) * s.a_stage;  // 1024-aligned: the swizzle pattern repeats every 1024 bytes
   s.braw_off = s.b_off + u32(stages) * s.b_stage;
@@ -1130,8 +1130,8 @@ struct Traits {
                     (!k16Bit || Cfg::AFormat::kExpBits == MmaB::kExpBits) &&
                     int(Cfg::kElemBytes) == (k16Bit ? 2 : 1) && !(k16Bit && Cfg::kPromote),
                 "bf16 / fp16 operands: both of one type (or B int8, converted), no promotion");
-  static_assert(!kConvertB || (Cfg::BFormat::kIsInt && !Cfg::kKGrouped && kMc == 1 && kStages >= 3 && !Cfg::kOrderedIssue),
-                "weight-only int8: int8 B, M-grouped, no multicast or ordered issue, 3+ stages");
+  static_assert(!kConvertB || (Cfg::BFormat::kIsInt && !Cfg::kKGrouped && kMc == 1 && !Cfg::kOrderedIssue),
+                "weight-only int8: int8 B, M-grouped, no multicast or ordered issue");
   static_assert(!Cfg::kMembers || Cfg::kKGrouped, "per-member operands: the K-grouped layout");
   static_assert(Cfg::kScaling != kGemmBlock128K || (Cfg::kKGrouped && Cfg::kPromote),
                 "Block128KScaling: the K-grouped layout, promoted");
@@ -1243,25 +1243,31 @@ __device__ __forceinline__ void s8x4_to_16bit(u32 w, u32& lo, u32& hi) {
   }
 }
 
-// Weight-only int8 (channel scaling): the producer warpgroup. Warp 0 issues every stage's TMA
-// loads (A's 16-bit rows; B's int8 rows as they are, block_n x 64 bytes unswizzled) on
-// loaded[stage], kStages - 2 k-blocks ahead of the conversion (as fp4_producer: no cycle); then all
-// four warps convert the stage's B, once it is loaded and free, into A's 16-bit type in the
-// 128-byte swizzle the MMAs read (a warp reads 256 consecutive bytes and writes four whole
-// 128-byte rows: no bank conflicts), make the writes visible to the tensor cores and arrive on
-// full[stage]. B's per-channel scales apply in the epilogue (ChannelScaling).
+// Weight-only int8 (channel scaling): the producer warpgroup. A stage's B is loaded as it is (int8,
+// block_n rows x 64 bytes, unswizzled) into the upper half of the stage's B buffer and converted
+// in place into A's 16-bit type in the 128-byte swizzle the MMAs read: each thread first converts
+// its chunks of rows [0, block_n / 2), whose outputs lie below the loaded bytes, while holding its
+// loaded chunks of the other rows in registers; after a barrier of the four warps (every loaded
+// byte read) those go over the loaded bytes. A warp reads 256 consecutive bytes and writes four
+// whole 128-byte rows (no bank conflicts). Then the writes are made visible to the tensor cores
+// (and ordered before the stage's next TMA load) and each warp arrives on full[stage]. Warp 0
+// issues the loads (A's rows and B's, on loaded[stage]), the one of k-block kb + kStages - 1 after
+// converting kb: it waits for the consumers to release kb - 1, whose conversion is done (no
+// cycle), while their MMAs of kb can start. B's per-channel scales apply in the epilogue
+// (ChannelScaling).
 template <class Cfg>
 __device__ __forceinline__ void i8_producer(const GemmArgs& a, u8* smem, u32 base, int w, int lane) {
   using T = Traits<Cfg>;
-  constexpr int kPer = T::kBN * 8 / 128;  // 16-byte chunks (8 elements) of converted B per thread and stage
-  constexpr int kLag = T::kStages - 2;
+  constexpr int kBN = T::kBN;
+  constexpr int kHalf = kBN * 8 / 128 / 2;  // 16-byte chunks (8 elements) per thread in each half of B's rows
   constexpr bool kBf16 = Cfg::AFormat::kExpBits == 8;
+  constexpr u32 kConvertBarrier = 8;  // named barrier of the four converter warps (consumers use 1..3)
   const u32 full0 = base + T::kSmem.bar_off, empty0 = full0 + 8u * T::kStages, loaded0 = empty0 + 8u * (T::kStages + 2);
   // Chunk j of this thread: row (tid / 8) + 16 j, 16-byte chunk tid % 8 of its converted row
   // (elements 8 (tid % 8) + [0, 8)); every j has the same swizzle (row % 8), so one offset into
-  // the raw and one into the converted stage serve them all.
+  // the loaded rows and one into the converted ones serve them all.
   const int tid = w * 32 + lane, row0 = tid >> 3, c = tid & 7;
-  const u32 raw_off = u32(row0 * 64 + c * 8), dst_off = u32(row0 * 128 + ((c ^ (row0 & 7)) * 16));
+  const u32 raw_off = u32(kBN * 64 + row0 * 64 + c * 8), dst_off = u32(row0 * 128 + ((c ^ (row0 & 7)) * 16));
 
   // Warp 0's load sequence: its own scheduler walk, ahead of the conversion (every M-grouped tile
   // has k-blocks).
@@ -1275,10 +1281,11 @@ __device__ __forceinline__ void i8_producer(const GemmArgs& a, u8* smem, u32 bas
     sm90::mbar_wait(empty0 + 8u * l_stage, l_phase ^ 1u);
     if (lane == 0) {
       const u32 bar = loaded0 + 8u * l_stage;
+      const u32 b_stage = base + T::kSmem.b_off + u32(l_stage) * T::kSmem.b_stage;
       sm90::mbar_arrive_expect_tx(bar, T::kTxBytes);
       const int kt = l_kb * stage_k<Cfg>();  // the stage's first K
       sm90::tma_load_2d(base + T::kSmem.a_off + u32(l_stage) * T::kSmem.a_stage, &a.a_map, bar, int(k_bytes<Cfg>(kt)), lt.row0);
-      sm90::tma_load_3d(base + T::kSmem.braw_off + u32(l_stage) * T::kSmem.braw_stage, &a.b_map, bar, kt, lt.n0, lt.group);
+      sm90::tma_load_3d(b_stage + u32(kBN) * 64u, &a.b_map, bar, kt, lt.n0, lt.group);
     }
     if (++l_kb == tile_k_blocks<Cfg>(lt)) {
       l_kb = 0;
@@ -1292,7 +1299,7 @@ __device__ __forceinline__ void i8_producer(const GemmArgs& a, u8* smem, u32 bas
       sm90::tma_prefetch_descriptor(&a.a_map);
       sm90::tma_prefetch_descriptor(&a.b_map);
     }
-    for (int i = 0; i < kLag; ++i) issue_load();
+    for (int i = 0; i < T::kStages - 1; ++i) issue_load();
   }
 
   Scheduler<Cfg> sched(a);
@@ -1303,22 +1310,33 @@ __device__ __forceinline__ void i8_producer(const GemmArgs& a, u8* smem, u32 bas
     if (!sched.get(unit, 0, t)) break;
     const int k_blocks = tile_k_blocks<Cfg>(t);
     for (int kb = 0; kb < k_blocks; ++kb) {
-      if (w == 0) issue_load();  // k-block kb + kLag
-      sm90::mbar_wait(empty0 + 8u * stage, phase ^ 1u);
-      sm90::mbar_wait(loaded0 + 8u * stage, phase);
-      const u8* raw = smem + T::kSmem.braw_off + u32(stage) * T::kSmem.braw_stage + raw_off;
-      u8* dst = smem + T::kSmem.b_off + u32(stage) * T::kSmem.b_stage + dst_off;
+      sm90::mbar_wait(loaded0 + 8u * stage, phase);  // (its load waited for the stage to be free)
+      u8* b = smem + T::kSmem.b_off + u32(stage) * T::kSmem.b_stage;
+      const u8* raw = b + raw_off;
+      u8* dst = b + dst_off;
+      uint2 upper[kHalf];  // rows [kBN / 2, kBN), as loaded
 #pragma unroll
-      for (int j = 0; j < kPer; ++j) {
+      for (int j = 0; j < kHalf; ++j) upper[j] = *reinterpret_cast<const uint2*>(raw + (j + kHalf) * 16 * 64);
+#pragma unroll
+      for (int j = 0; j < kHalf; ++j) {  // rows [0, kBN / 2): written below the loaded bytes
         const uint2 v = *reinterpret_cast<const uint2*>(raw + j * 16 * 64);
         uint4 o;
         s8x4_to_16bit<kBf16>(v.x, o.x, o.y);
         s8x4_to_16bit<kBf16>(v.y, o.z, o.w);
         *reinterpret_cast<uint4*>(dst + j * 16 * 128) = o;
       }
+      sm90::named_barrier(kConvertBarrier, 128);  // every loaded byte of the stage is read
+#pragma unroll
+      for (int j = 0; j < kHalf; ++j) {
+        uint4 o;
+        s8x4_to_16bit<kBf16>(upper[j].x, o.x, o.y);
+        s8x4_to_16bit<kBf16>(upper[j].y, o.z, o.w);
+        *reinterpret_cast<uint4*>(dst + (j + kHalf) * 16 * 128) = o;
+      }
       sm90::fence_proxy_async_shared();
       __syncwarp();
       if (lane == 0) sm90::mbar_arrive(full0 + 8u * stage);
+      if (w == 0) issue_load();  // k-block kb + kStages - 1
       if (++stage == T::kStages) stage = 0, phase ^= 1u;
     }
   }

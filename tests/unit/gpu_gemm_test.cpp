@@ -356,6 +356,8 @@ std::vector<Case> exact_cases() {
   add("channel_bf16", spec_of(S::Channel, Id, I8, DType::BF16, false, false, 128, 128, 1, 200, 400));
   add("channel_bn256_fp32_acc", spec_of(S::Channel, Id, I8, DType::FP32, true, false, 128, 256, 1, 504, 400));
   add("channel_fp16_bm64_bn64_fp32", fp16(spec_of(S::Channel, Id, I8, DType::FP32, false, false, 64, 64, 1, 200, 400)));
+  add("channel_two_stages", spec_of(S::Channel, Id, I8, DType::BF16, false, false, 128, 128, 1, 200, 400));
+  v.back().spec.tile.stages = 2;  // the next load waits for the MMAs of the k-block before
   add("channel_one_group_tiny", spec_of(S::Channel, Id, I8, DType::BF16, false, false, 128, 128, 1, 8, 16), {3}, 0);
   add("channel_many_groups_3ctas", spec_of(S::Channel, Id, I8, DType::BF16, false, false, 128, 256, 1, 1024, 512), many, 3);
   v.back().max_ctas = 3;
