@@ -1079,6 +1079,8 @@ struct Traits {
   using MmaB = typename Pick<kConvertB, typename Cfg::AFormat, typename Cfg::BFormat>::type;
   // NVFP4 with two consumer warpgroups: two producer warpgroups, eight warps dequantizing B (one
   // warp per scheduler is latency bound there; measured).
+  // (Weight-only int8 keeps one: with 512 threads ptxas has 128 registers for the 128 x 256 tile's
+  // 128 accumulators, C7602, and one consumer with two producer warpgroups serializes, C7518.)
   static constexpr int kProducerGroups = kFp4 ? 2 : 1;
   static constexpr int kThreads = 128 * (kConsumers + kProducerGroups);
   static constexpr int kStages = int(Cfg::kStages);
@@ -1223,19 +1225,20 @@ __device__ __forceinline__ void scale_writer(const GemmArgs& a, u8* smem, u32 ba
 }
 
 // Four int8 values (the bytes of w, low first) as two 16-bit pairs (lo: bytes 0, 1; hi: bytes 2,
-// 3), exactly. bf16: the byte biased to u = b + 128 becomes the fp32 2^23 + u (a byte permute into
-// 0x4B000000), minus 2^23 + 128 gives b, whose upper half is its bf16 (|b| <= 128 fits bf16's 8
-// significant bits). fp16: 0x6400 | u is the fp16 1024 + u (ulp 1 there), minus 1152 is b.
+// 3), exactly. bf16: with the byte b in the low byte of each half, 0x4300 | (b & 0x7F) is the bf16
+// 128 + (b & 0x7F) (ulp 1 there) and 0x4300 | (b & 0x80) is 128, or 256 for a negative b; their
+// difference is b. fp16: 0x6400 | u, u = b + 128, is the fp16 1024 + u (ulp 1 there), minus 1152
+// is b. One subtraction per pair either way.
 template <bool kBf16>
 __device__ __forceinline__ void s8x4_to_16bit(u32 w, u32& lo, u32& hi) {
-  const u32 u = w ^ 0x80808080u;
   if constexpr (kBf16) {
-    u32 f[4];
-#pragma unroll
-    for (int i = 0; i < 4; ++i) f[i] = __float_as_uint(__uint_as_float(sm90::prmt(u, 0x4B000000u, 0x7540u + u32(i))) - 8388736.0f);
-    lo = sm90::prmt(f[0], f[1], 0x7632u);
-    hi = sm90::prmt(f[2], f[3], 0x7632u);
+    const u32 l = sm90::prmt(w, 0u, 0x4140u), h = sm90::prmt(w, 0u, 0x4342u);  // bytes 0, 1 / 2, 3 in the low bytes
+    lo = (l & 0x007F007Fu) | 0x43004300u;
+    hi = (h & 0x007F007Fu) | 0x43004300u;
+    asm("sub.rn.bf16x2 %0, %0, %1;" : "+r"(lo) : "r"((l & 0x00800080u) | 0x43004300u));
+    asm("sub.rn.bf16x2 %0, %0, %1;" : "+r"(hi) : "r"((h & 0x00800080u) | 0x43004300u));
   } else {
+    const u32 u = w ^ 0x80808080u;
     lo = sm90::prmt(u, 0x64646464u, 0x5140u);
     hi = sm90::prmt(u, 0x64646464u, 0x7362u);
     asm("sub.rn.f16x2 %0, %0, %1;" : "+r"(lo) : "r"(0x64806480u));
@@ -1247,8 +1250,7 @@ __device__ __forceinline__ void s8x4_to_16bit(u32 w, u32& lo, u32& hi) {
 // block_n rows x 64 bytes, unswizzled) into the upper half of the stage's B buffer and converted
 // in place into A's 16-bit type in the 128-byte swizzle the MMAs read: each thread first converts
 // its chunks of rows [0, block_n / 2), whose outputs lie below the loaded bytes, while holding its
-// loaded chunks of the other rows in registers; after a barrier of the four warps (every loaded
-// byte read) those go over the loaded bytes. A warp reads 256 consecutive bytes and writes four
+// loaded chunks of the other rows in registers; after a barrier of the converter warps (every loaded byte read) those go over the loaded bytes. A warp reads 256 consecutive bytes and writes four
 // whole 128-byte rows (no bank conflicts). Then the writes are made visible to the tensor cores
 // (and ordered before the stage's next TMA load) and each warp arrives on full[stage]. Warp 0
 // issues the loads (A's rows and B's, on loaded[stage]), the one of k-block kb + kStages - 1 after
@@ -1259,11 +1261,14 @@ template <class Cfg>
 __device__ __forceinline__ void i8_producer(const GemmArgs& a, u8* smem, u32 base, int w, int lane) {
   using T = Traits<Cfg>;
   constexpr int kBN = T::kBN;
-  constexpr int kHalf = kBN * 8 / 128 / 2;  // 16-byte chunks (8 elements) per thread in each half of B's rows
+  constexpr int kWorkers = 128 * T::kProducerGroups;
+  constexpr int kRowStep = kWorkers / 8;           // rows between a thread's chunks
+  constexpr int kHalf = kBN * 8 / kWorkers / 2;    // 16-byte chunks (8 elements) per thread in each half of B's rows
   constexpr bool kBf16 = Cfg::AFormat::kExpBits == 8;
-  constexpr u32 kConvertBarrier = 8;  // named barrier of the four converter warps (consumers use 1..3)
+  constexpr u32 kConvertBarrier = 8;  // named barrier of the converter warps (consumers use 1..3)
+  static_assert(kHalf >= 1 && kHalf * 2 * kWorkers == kBN * 8, "weight-only int8: whole chunks per thread");
   const u32 full0 = base + T::kSmem.bar_off, empty0 = full0 + 8u * T::kStages, loaded0 = empty0 + 8u * (T::kStages + 2);
-  // Chunk j of this thread: row (tid / 8) + 16 j, 16-byte chunk tid % 8 of its converted row
+  // Chunk j of this thread: row (tid / 8) + kRowStep j, 16-byte chunk tid % 8 of its converted row
   // (elements 8 (tid % 8) + [0, 8)); every j has the same swizzle (row % 8), so one offset into
   // the loaded rows and one into the converted ones serve them all.
   const int tid = w * 32 + lane, row0 = tid >> 3, c = tid & 7;
@@ -1316,22 +1321,22 @@ __device__ __forceinline__ void i8_producer(const GemmArgs& a, u8* smem, u32 bas
       u8* dst = b + dst_off;
       uint2 upper[kHalf];  // rows [kBN / 2, kBN), as loaded
 #pragma unroll
-      for (int j = 0; j < kHalf; ++j) upper[j] = *reinterpret_cast<const uint2*>(raw + (j + kHalf) * 16 * 64);
+      for (int j = 0; j < kHalf; ++j) upper[j] = *reinterpret_cast<const uint2*>(raw + (j + kHalf) * kRowStep * 64);
 #pragma unroll
       for (int j = 0; j < kHalf; ++j) {  // rows [0, kBN / 2): written below the loaded bytes
-        const uint2 v = *reinterpret_cast<const uint2*>(raw + j * 16 * 64);
+        const uint2 v = *reinterpret_cast<const uint2*>(raw + j * kRowStep * 64);
         uint4 o;
         s8x4_to_16bit<kBf16>(v.x, o.x, o.y);
         s8x4_to_16bit<kBf16>(v.y, o.z, o.w);
-        *reinterpret_cast<uint4*>(dst + j * 16 * 128) = o;
+        *reinterpret_cast<uint4*>(dst + j * kRowStep * 128) = o;
       }
-      sm90::named_barrier(kConvertBarrier, 128);  // every loaded byte of the stage is read
+      sm90::named_barrier(kConvertBarrier, kWorkers);  // every loaded byte of the stage is read
 #pragma unroll
       for (int j = 0; j < kHalf; ++j) {
         uint4 o;
         s8x4_to_16bit<kBf16>(upper[j].x, o.x, o.y);
         s8x4_to_16bit<kBf16>(upper[j].y, o.z, o.w);
-        *reinterpret_cast<uint4*>(dst + (j + kHalf) * 16 * 128) = o;
+        *reinterpret_cast<uint4*>(dst + (j + kHalf) * kRowStep * 128) = o;
       }
       sm90::fence_proxy_async_shared();
       __syncwarp();
