@@ -576,9 +576,10 @@ RecipeGemm parse_gemm(const Node& g) {
     }
     return parse_gemm_format(default_gemm_format(s.scaling, std::string_view(key) == "b_format"), key);
   };
+  const GemmOperandFormat a_format = format("a_format"), b_format = format("b_format");
   try {
-    set_gemm_formats(s, format("a_format"), format("b_format"), "b_format");
-  } catch (const UserError& e) {
+    set_gemm_formats(s, a_format, b_format, "b_format");
+  } catch (const UserError& e) {  // a bf16 A with an fp16 B
     throw UserError(g.ptr() + "/" + e.where(), e.message());
   }
   // "m_grouped" (fprop, dgrad; the default): K fixed, token rows at run time. "k_grouped" (wgrad):

@@ -123,7 +123,7 @@ const BadRecipe kBadRecipes[] = {
     {"syntax_error_del_byte.json", "", "JSON syntax error at line 10, column 1: syntax error while parsing object - invalid literal; last read: '\"per_tensor_current\"<U+000A>?'"},
     {"number_out_of_range.json", "/roles/0/rowwise/scaling/epsilon", "number 1e999 is out of range (beyond a double)"},
     // "gemms": GEMM specs, checked by the GEMM spec validation, errors at the entry's field.
-    {"gemm_unknown_scaling.json", "/gemms/0/scaling", "unknown value \"int8\"; expected \"tensor\", \"rowwise\", \"blockwise\", \"mxfp8\" or \"nvfp4\""},
+    {"gemm_unknown_scaling.json", "/gemms/0/scaling", "unknown value \"int8\"; expected \"tensor\", \"rowwise\", \"blockwise\", \"mxfp8\", \"nvfp4\", \"none\" or \"channel\""},
     {"gemm_n_not_multiple.json", "/gemms/1/n", "expected a multiple of 8 in [8, 2^24] (16-byte output rows), got 100"},
     {"gemm_mxfp8_k.json", "/gemms/0/k", "mxfp8 scaling reads the scales of 128 of K at once: expected a multiple of 128, got 7200"},
     {"gemm_tile_block_n.json", "/gemms/0/tile/block_n", "block_n <= 128, got 256"},
@@ -137,7 +137,9 @@ const BadRecipe kBadRecipes[] = {
     {"gemm_format_int8_mixed.json", "/gemms/0/b_format", "int8 a_format takes int8 here too (s8 x s8 MMAs), got e4m3"},
     {"gemm_int8_mxfp8.json", "/gemms/0/scaling", "int8 operands: expected tensor, rowwise or blockwise"},
     {"gemm_nvfp4_fp8_operand.json", "/gemms/0/b_format", "unknown value \"e4m3\"; expected \"e2m1\""},
-    {"gemm_fp8_e2m1_operand.json", "/gemms/0/a_format", "e2m1 operands take \"scaling\": \"nvfp4\" (got \"blockwise\"); expected e4m3, e5m2 or int8 here"},
+    {"gemm_fp8_e2m1_operand.json", "/gemms/0/a_format", "e2m1 operands take \"scaling\": \"nvfp4\" (got \"blockwise\"); expected e4m3, e5m2, int8, bf16 or fp16 here"},
+    {"gemm_bf16_fp16_mixed.json", "/gemms/0/b_format", "a bf16 A takes a bf16 B (one MMA type), got fp16"},
+    {"gemm_channel_k_grouped.json", "/gemms/0/layout", "channel scaling (int8 weights x 16-bit activations) is an fprop / dgrad GEMM: expected m_grouped, got k_grouped"},
     {"gemm_nvfp4_two_stages.json", "/gemms/0/tile/stages", "nvfp4: the TMA loads run stages - 2 k-blocks ahead of the B dequantization: expected at least 3, got 2"},
 };
 

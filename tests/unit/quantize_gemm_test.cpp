@@ -62,10 +62,12 @@ TEST_P(QuantizeToGemm, OperandsNeedNoReshuffling) {
   GemmSpec spec;
   spec.scaling = c.scaling;
   spec.a_format = spec.b_format = fp4 ? ElemFormat::E2M1 : c.format;
+  // Weight-only int8: the input's / grad's bf16 identity copy x the weights' int8 per-channel copy.
+  if (c.scaling == GemmScaling::Channel) spec.a_format = ElemFormat::Identity, spec.b_format = ElemFormat::Int8;
   spec.n = cols, spec.k = red, spec.out_dtype = DType::FP32;
   ref::GemmOperands ops;
   ops.a = output(qa, "rowwise_data").bytes;
-  ops.a_scale = output(qa, "rowwise_scale_inv").bytes;
+  if (gemm_a_scaled(spec)) ops.a_scale = output(qa, "rowwise_scale_inv").bytes;
   ops.b = output(qw, bdir + "_data").bytes;
   ops.b_scale = output(qw, bdir + "_scale_inv").bytes;
   const std::vector<int64_t> offsets = {0, 128, 384};
@@ -127,7 +129,10 @@ INSTANTIATE_TEST_SUITE_P(
                       // fp8 per token x per channel (torchao's rowwise): the weights' columnwise copy per input channel
                       Case{"fp8_rowwise", GemmScaling::RowChannel, false, 0.05}, Case{"fp8_rowwise", GemmScaling::RowChannel, true, 0.05},
                       // W8A8: int8 per token (input) x int8 per output channel (weight), fprop only (inference)
-                      Case{"w8a8_int8_inference", GemmScaling::RowChannel, false, 0.02, ElemFormat::Int8, Usage::Inference}),
+                      Case{"w8a8_int8_inference", GemmScaling::RowChannel, false, 0.02, ElemFormat::Int8, Usage::Inference},
+                      // weight-only int8 training (stochastic rounding): bf16 x int8 per output / input channel
+                      Case{"int8_weight_sr", GemmScaling::Channel, false, 0.03},
+                      Case{"int8_weight_sr", GemmScaling::Channel, true, 0.03}),
     [](const ::testing::TestParamInfo<Case>& i) {
       return std::string(i.param.recipe) + (i.param.dgrad ? "_dgrad" : "_fprop");
     });
@@ -178,13 +183,14 @@ TEST_P(QuantizeToWgrad, TransposedColumnwiseCopiesNeedNoReshuffling) {
   spec.scaling = c.scaling;
   spec.a_format = spec.b_format = fp4 ? ElemFormat::E2M1 : ElemFormat::E4M3;
   if (c.scaling == GemmScaling::PerTensor) spec.a_format = ElemFormat::E5M2;  // current_scaling's grad
+  if (c.scaling == GemmScaling::None) spec.a_format = spec.b_format = ElemFormat::Identity;  // bf16 copies
   spec.layout = c.members ? GemmLayout::KGroupedMembers : GemmLayout::KGrouped;
   spec.m = n_out, spec.n = k_in, spec.k = 0, spec.out_dtype = DType::FP32;
   ref::GemmOperands ops;
   ops.a = output(qdy, "columnwise_data").bytes;
-  ops.a_scale = output(qdy, "columnwise_scale_inv").bytes;
   ops.b = output(qx, "columnwise_data").bytes;
-  ops.b_scale = output(qx, "columnwise_scale_inv").bytes;
+  if (gemm_a_scaled(spec)) ops.a_scale = output(qdy, "columnwise_scale_inv").bytes;
+  if (gemm_b_scaled(spec)) ops.b_scale = output(qx, "columnwise_scale_inv").bytes;
   ops.offsets = offsets;
   ops.k_total = t;
   // NVFP4: each copy's (post-RHT) columnwise amax, the same for every group (members: each
@@ -206,7 +212,7 @@ TEST_P(QuantizeToWgrad, TransposedColumnwiseCopiesNeedNoReshuffling) {
     ASSERT_EQ(int64_t(ops.a_scale.size()), se.a * sb);
     ASSERT_EQ(int64_t(ops.b_scale.size()), se.b * sb);
   }
-  ASSERT_EQ(int64_t(ops.a.size()), n_out * t / (fp4 ? 2 : 1));
+  ASSERT_EQ(int64_t(ops.a.size()), gemm_row_bytes(spec, spec.a_format, n_out * t));
   std::vector<int64_t> all(size_t(4 * n_out));
   for (size_t i = 0; i < all.size(); ++i) all[i] = int64_t(i);
 
@@ -243,7 +249,11 @@ INSTANTIATE_TEST_SUITE_P(
                       WgradCase{"nvfp4", GemmScaling::Nvfp4, 0.25, true},
                       WgradCase{"current_scaling", GemmScaling::PerTensor, 0.1, true},
                       WgradCase{"fp8_rowwise", GemmScaling::RowChannel, 0.05},
-                      WgradCase{"fp8_rowwise", GemmScaling::RowChannel, 0.05, true}),
+                      WgradCase{"fp8_rowwise", GemmScaling::RowChannel, 0.05, true},
+                      // the bf16 identity copies (int8_weight_sr's activations and gradients): exact, so the
+                      // float64 product up to its own rounding
+                      WgradCase{"int8_weight_sr", GemmScaling::None, 1e-6},
+                      WgradCase{"int8_weight_sr", GemmScaling::None, 1e-6, true}),
     [](const ::testing::TestParamInfo<WgradCase>& i) {
       return std::string(i.param.recipe) + (i.param.members ? "_members" : "");
     });
