@@ -93,6 +93,7 @@ TEST_P(GpuQuantizeToGemm, MembersWgradReadsGroupedQuantizeOutputs) {
   spec.scaling = c.scaling;
   spec.a_format = spec.b_format = fp4 ? ElemFormat::E2M1 : ElemFormat::E4M3;
   if (c.scaling == GemmScaling::PerTensor) spec.a_format = ElemFormat::E5M2;  // current_scaling's grad
+  if (c.scaling == GemmScaling::None) spec.a_format = spec.b_format = ElemFormat::Identity;  // bf16 copies
   spec.layout = GemmLayout::KGroupedMembers;
   spec.m = n_out, spec.n = k_in, spec.out_dtype = DType::FP32;
   rt::Gemm gemm(spec);
@@ -102,8 +103,8 @@ TEST_P(GpuQuantizeToGemm, MembersWgradReadsGroupedQuantizeOutputs) {
   rt::GemmCall call;
   call.a = rt::testing::view_of(qdy.at("columnwise_data"));
   call.b = rt::testing::view_of(qx.at("columnwise_data"));
-  call.a_scale = rt::testing::view_of(qdy.at("columnwise_scale_inv"));
-  call.b_scale = rt::testing::view_of(qx.at("columnwise_scale_inv"));
+  if (gemm_a_scaled(spec)) call.a_scale = rt::testing::view_of(qdy.at("columnwise_scale_inv"));
+  if (gemm_b_scaled(spec)) call.b_scale = rt::testing::view_of(qx.at("columnwise_scale_inv"));
   if (fp4) {  // each member's (post-RHT) columnwise amax
     call.a_amax = rt::testing::view_of(qdy.at("columnwise_amax"));
     call.b_amax = rt::testing::view_of(qx.at("columnwise_amax"));
@@ -123,9 +124,9 @@ TEST_P(GpuQuantizeToGemm, MembersWgradReadsGroupedQuantizeOutputs) {
   const auto rdy = qf::testing::quantize_with(r, "linear:grad_output", dy, splits);
   ref::GemmOperands ops;
   ops.a = qf::testing::output(rdy, "columnwise_data").bytes;
-  ops.a_scale = qf::testing::output(rdy, "columnwise_scale_inv").bytes;
   ops.b = qf::testing::output(rx, "columnwise_data").bytes;
-  ops.b_scale = qf::testing::output(rx, "columnwise_scale_inv").bytes;
+  if (gemm_a_scaled(spec)) ops.a_scale = qf::testing::output(rdy, "columnwise_scale_inv").bytes;
+  if (gemm_b_scaled(spec)) ops.b_scale = qf::testing::output(rx, "columnwise_scale_inv").bytes;
   ops.offsets = offsets;
   ops.k_total = t;
   const std::vector<float> a_amax = qf::testing::amax_of(rdy, "columnwise"), b_amax = qf::testing::amax_of(rx, "columnwise");
@@ -167,7 +168,9 @@ INSTANTIATE_TEST_SUITE_P(Shipped, GpuQuantizeToGemm,
                                            Case{"mxfp8_hopper", GemmScaling::Mx32, 0.1},
                                            Case{"nvfp4", GemmScaling::Nvfp4, 0.25},
                                            Case{"current_scaling", GemmScaling::PerTensor, 0.1},
-                                           Case{"fp8_rowwise", GemmScaling::RowChannel, 0.05}),
+                                           Case{"fp8_rowwise", GemmScaling::RowChannel, 0.05},
+                                           // bf16 identity copies (exact): the fp32 sums' rounding only
+                                           Case{"int8_weight_sr", GemmScaling::None, 1e-5}),
                          [](const ::testing::TestParamInfo<Case>& i) { return std::string(i.param.recipe); });
 
 }  // namespace
