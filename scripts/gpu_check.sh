@@ -55,6 +55,10 @@ gemm_cases+=':*GemmExact*kgrouped_block_bf16:*GemmExact*kgrouped_mxfp8_bf16'
 gemm_cases+=':*GemmExact*members_block_ring:*GemmExact*members_nvfp4_bf16'
 # K-grouped per channel (the TMA epilogue's column factors, restaged per tile) and int8 (s32 sums).
 gemm_cases+=':*GemmExact*kgrouped_rowwise_3ctas_fp32:*GemmExact*int8_block_bf16:*GemmExact*int8_rowwise_bf16'
+# bf16 operands (64 of K per stage) and weight-only int8 (B converted in place in its stage by the
+# producer warpgroup, behind a named barrier; two stages: the next load waits for the MMAs before).
+gemm_cases+=':*GemmExact*bf16_bf16:*GemmExact*kgrouped_bf16:*GemmExact*members_bf16'
+gemm_cases+=':*GemmExact*channel_bf16:*GemmExact*channel_many_groups_3ctas:*GemmExact*channel_two_stages'
 san_filter_all="$san_filter:$gemm_cases"
 san_filter_race="$san_filter_all"
 # QFORGE_SANITIZE_ALL=1: the whole quantize and GEMM suites; racecheck on every quantize case but
