@@ -35,17 +35,19 @@ commands:
        [--shape MxK] [--ms MS] [--dry-run] [--verbose]
                                     time candidate tiles of each plan on GPU 0 and store the
                                     fastest in the kernel cache (used by later loads)
-  gemm [--scaling tensor|rowwise|blockwise|mxfp8|nvfp4] [--a-format e4m3|e5m2|int8|e2m1] [--b-format ...]
+  gemm [--scaling tensor|rowwise|blockwise|mxfp8|nvfp4|none|channel]
+       [--a-format e4m3|e5m2|int8|e2m1|bf16|fp16] [--b-format ...]
        [--groups G] [--m M] [--n N] [--k K] [--uneven [--zero-groups Z]] [--splits 3,0,5]
        [--out bf16|fp32] [--accumulate] [--alpha] [--fast-accum]
        [--block-m 64|128] [--block-n 64|128|192|256] [--stages S] [--multicast 1|2] [--raster R]
        [--ordered on|off] [--max-ctas N] [--m-max M_MAX] [--k-grouped [--members]]
        [--check [--check-rows R]] [--bench [--iters N] [--warmup W]] [--seed S] [--json FILE]
        [--source | --arch sm_90a]
-                                    grouped fp8 GEMM on GPU 0 with random operands (G groups of M
-                                    rows, or --splits; --m-max: masked layout [G, M_MAX, K] with
-                                    those as counts; --k-grouped: wgrad, D[g] [M, N] over K
-                                    tokens per group; any scaling (rowwise: per channel);
+                                    grouped GEMM on GPU 0 with random operands (G groups of M
+                                    rows, or --splits; none: bf16 / fp16 operands; channel: bf16 /
+                                    fp16 x int8 weights with per-channel scales; --m-max: masked
+                                    layout [G, M_MAX, K] with those as counts; --k-grouped: wgrad,
+                                    D[g] [M, N] over K tokens per group; any scaling but channel;
                                     --members: each group's operands its own [M, tokens] and
                                     [N, tokens] copies back to back, as grouped quantize writes):
                                     --check compares sampled rows with the
