@@ -1,5 +1,6 @@
 #include "compiler/gemm_codegen.h"
 
+#include <algorithm>
 #include <tuple>
 #include <vector>
 
@@ -12,33 +13,37 @@ namespace {
 
 constexpr GemmScalingTraits kScalings[] = {
     {GemmScaling::PerTensor, "tensor", {"qf::gemm::PerTensorScaling", "qf::kGemmPerTensor", kGemmPerTensor},
-     {"qf::gemm::PerTensorScaling", "qf::kGemmPerTensor", kGemmPerTensor}, false, 0, 0, "fp32", 4, 0, 16, "[G]", "[G]"},
+     {"qf::gemm::PerTensorScaling", "qf::kGemmPerTensor", kGemmPerTensor}, false, 0, 0, "fp32", 4, 0, 16, "[G]", "[G]", false, true, true, false, false},
     // K-grouped: per row of A [m] and of B [N] (the per-channel transposed copies of one tensor;
     // members: [G, m] and [G, N]).
     {GemmScaling::RowChannel, "rowwise", {"qf::gemm::RowChannelScaling", "qf::kGemmRowChannel", kGemmRowChannel},
      {"qf::gemm::RowChannelScaling", "qf::kGemmRowChannel", kGemmRowChannel}, false, 0, 0, "fp32", 4, 0, 16,
-     "[m_total]", "[G, N]"},
+     "[m_total]", "[G, N]", false, true, true, false, true},
     // K-grouped: both operands 1x128 along the tokens (the 128x1 columnwise grids).
     {GemmScaling::Block128, "blockwise", {"qf::gemm::Block128Scaling", "qf::kGemmBlock128", kGemmBlock128},
      {"qf::gemm::Block128KScaling", "qf::kGemmBlock128K", kGemmBlock128K}, true, 128, 128, "fp32", 4, 0, 16,
-     "[m_total, ceil(K/128)]", "[G, ceil(N/128), ceil(K/128)]"},
+     "[m_total, ceil(K/128)]", "[G, ceil(N/128), ceil(K/128)]", false, true, true, false, false},
     {GemmScaling::Mx32, "mxfp8", {"qf::gemm::Mx32Scaling", "qf::kGemmMx32", kGemmMx32},
      {"qf::gemm::Mx32Scaling", "qf::kGemmMx32", kGemmMx32}, true, 32, 32, "e8m0", 1, 4, 128, "[m_total, K/32]",
-     "[G, N, K/32]"},
+     "[G, N, K/32]", false, true, true, false, false},
     // Scales applied while dequantizing to fp16 (no promotion: fp16 MMAs accumulate in fp32).
     // K-grouped: both operands' 1x16 blocks along the tokens (the transposed columnwise copies).
     {GemmScaling::Nvfp4, "nvfp4", {"qf::gemm::Nvfp4Scaling", "qf::kGemmNvfp4", kGemmNvfp4},
      {"qf::gemm::Nvfp4Scaling", "qf::kGemmNvfp4", kGemmNvfp4}, false, 0, 16, "e4m3", 1, 16, 128, "[m_total, K/16]",
-     "[G, N, K/16]"},
+     "[G, N, K/16]", true, true, true, true, false},
     // bf16 / fp16 operands as they are (the identity copies): only the per-group alpha; the
     // tensor cores accumulate their exact products in fp32 over all of K.
     {GemmScaling::None, "none", {"qf::gemm::AlphaScaling", "qf::kGemmNone", kGemmNone},
-     {"qf::gemm::AlphaScaling", "qf::kGemmNone", kGemmNone}, false, 0, 0, "none", 0, 0, 16, "none", "none"},
+     {"qf::gemm::AlphaScaling", "qf::kGemmNone", kGemmNone}, false, 0, 0, "none", 0, 0, 16, "none", "none", true, false, false, false,
+     false},
     // Weight-only int8 (W8A16): B's int8 converted to A's 16-bit type on chip (exact), fp32 sums,
     // B's per-channel scales in the epilogue. M-grouped only (the wgrad of such a recipe is bf16 x bf16).
     {GemmScaling::Channel, "channel", {"qf::gemm::ChannelScaling", "qf::kGemmChannel", kGemmChannel}, {}, false, 0, 0,
-     "fp32", 4, 0, 16, "none", "[G, N]"},
+     "fp32", 4, 0, 16, "none", "[G, N]", true, false, true, true, true},
 };
+
+// The device types of bf16 and fp16 GEMM operands (identity copies), by operand_dtype == FP16.
+constexpr std::string_view kGemm16BitOperand[] = {"qf::gemm::Bf16Operand", "qf::gemm::Fp16Operand"};
 
 constexpr int kMaxStages = 8;
 constexpr int64_t kMaxDim = int64_t(1) << 24;
@@ -58,7 +63,7 @@ const GemmDevicePolicy& device_policy(const GemmSpec& s) {
 
 GemmSmem smem_for(const GemmSpec& s, const GemmTile& t) {
   return gemm_smem(t.block_m, t.block_n, t.stages, t.block_m / 64, device_policy(s).id,
-                   s.scaling == GemmScaling::RowChannel || s.scaling == GemmScaling::Channel, out_bytes(s), k_grouped(s.layout),
+                   traits(s.scaling).col_scales, out_bytes(s), k_grouped(s.layout),
                    s.layout == GemmLayout::KGroupedMembers);
 }
 
@@ -99,9 +104,10 @@ GemmOperandFormat parse_gemm_format(std::string_view name, const std::string& wh
   return {*f, DType::BF16};
 }
 
-std::string_view default_gemm_format(GemmScaling s, bool b_side) {
+std::string_view default_gemm_format(GemmScaling s, bool b_side, std::string_view a_named) {
   if (s == GemmScaling::Channel) return b_side ? "int8" : "bf16";
-  return s == GemmScaling::Nvfp4 ? "e2m1" : s == GemmScaling::None ? "bf16" : "e4m3";
+  if (s == GemmScaling::None) return b_side && !a_named.empty() ? a_named : "bf16";
+  return s == GemmScaling::Nvfp4 ? "e2m1" : "e4m3";
 }
 
 void set_gemm_formats(GemmSpec& s, const GemmOperandFormat& a, const GemmOperandFormat& b, const std::string& b_where) {
@@ -123,11 +129,11 @@ int gemm_operand_bits(const GemmSpec& s, ElemFormat f) {
 
 int64_t gemm_row_bytes(const GemmSpec& s, ElemFormat f, int64_t k) { return k * gemm_operand_bits(s, f) / 8; }
 
-bool gemm_a_scaled(const GemmSpec& s) { return s.scaling != GemmScaling::None && s.scaling != GemmScaling::Channel; }
-bool gemm_b_scaled(const GemmSpec& s) { return s.scaling != GemmScaling::None; }
+bool gemm_a_scaled(const GemmSpec& s) { return traits(s.scaling).a_scaled; }
+bool gemm_b_scaled(const GemmSpec& s) { return traits(s.scaling).b_scaled; }
 
 bool gemm_promotes(const GemmSpec& s) {
-  if (s.scaling == GemmScaling::Nvfp4 || s.scaling == GemmScaling::None || s.scaling == GemmScaling::Channel) return false;
+  if (traits(s.scaling).fp32_sums) return false;
   if (traits(s.a_format).is_int)  // K-grouped: a group's token count is run-time data
     return traits(s.scaling).promotion_required || k_grouped(s.layout) || s.k >= kInt8UnpromotedK;
   return !s.fast_accum;
@@ -144,13 +150,9 @@ void validate(const GemmSpec& s) {
     if (s.b_format != ElemFormat::Int8)
       throw UserError("b_format", "channel scaling: expected int8 (per-channel weights), got " +
                                       std::string(gemm_format_name(s, s.b_format)));
-    if (s.operand_dtype != DType::BF16 && s.operand_dtype != DType::FP16)
-      throw UserError("operand_dtype", "expected bf16 or fp16, got " + std::string(traits(s.operand_dtype).name));
     if (k_grouped(s.layout))
       throw UserError("layout", "channel scaling (int8 weights x 16-bit activations) is an fprop / dgrad GEMM: expected "
                                 "m_grouped, got " + std::string(name(s.layout)));
-    if (s.fast_accum)
-      throw UserError("fast_accum", "bf16 / fp16 MMAs accumulate in fp32: there is no promotion to skip");
   } else if (s.scaling == GemmScaling::None || identity) {
     // bf16 x bf16 or fp16 x fp16 MMAs: both operands the identity copies, no scales.
     if (s.scaling != GemmScaling::None)
@@ -159,10 +161,6 @@ void validate(const GemmSpec& s) {
     for (auto [field, f] : {std::pair{"a_format", s.a_format}, std::pair{"b_format", s.b_format}})
       if (!is_identity(f))
         throw UserError(field, "none scaling: expected bf16 or fp16 (both operands), got " + std::string(traits(f).name));
-    if (s.operand_dtype != DType::BF16 && s.operand_dtype != DType::FP16)
-      throw UserError("operand_dtype", "expected bf16 or fp16, got " + std::string(traits(s.operand_dtype).name));
-    if (s.fast_accum)
-      throw UserError("fast_accum", "bf16 / fp16 MMAs accumulate in fp32: there is no promotion to skip");
   } else if (s.scaling == GemmScaling::Nvfp4) {
     for (auto [field, f] : {std::pair{"a_format", s.a_format}, std::pair{"b_format", s.b_format}})
       if (f != ElemFormat::E2M1)
@@ -188,6 +186,10 @@ void validate(const GemmSpec& s) {
       throw UserError("b_format", "expected e4m3, e5m2 or int8 (e2m1 with nvfp4 scaling, bf16 / fp16 with none), got " +
                                       std::string(traits(s.b_format).name));
   }
+  if (is_identity(s.a_format) && s.operand_dtype != DType::BF16 && s.operand_dtype != DType::FP16)
+    throw UserError("operand_dtype", "expected bf16 or fp16, got " + std::string(traits(s.operand_dtype).name));
+  if (is_identity(s.a_format) && s.fast_accum)
+    throw UserError("fast_accum", "bf16 / fp16 MMAs accumulate in fp32: there is no promotion to skip");
   if (s.n < 8 || s.n > kMaxDim || s.n % 8 != 0)
     throw UserError("n", "expected a multiple of 8 in [8, 2^24] (16-byte output rows), got " + std::to_string(s.n));
   if (k_grouped(s.layout)) {
@@ -195,7 +197,7 @@ void validate(const GemmSpec& s) {
       throw UserError("m", "k-grouped: expected the rows of each output in [1, 2^24], got " + std::to_string(s.m));
     if (s.k != 0)
       throw UserError("k", "k-grouped: K is each group's token count, read at run time: expected 0, got " + std::to_string(s.k));
-    // Every scaling has a K-grouped form (kScalings).
+    // Every other scaling has a K-grouped form (kScalings; channel was refused above).
     QF_CHECK(!traits(s.scaling).k_grouped.policy.empty(), "no k-grouped policy for ", traits(s.scaling).name);
     if (s.tile.multicast > 1) throw UserError("tile.multicast", "k-grouped: expected 1, got " + std::to_string(s.tile.multicast));
   } else if (s.m != 0) {
@@ -262,15 +264,12 @@ GemmTile resolve_tile(const GemmSpec& s) {
   if (per32 && t.block_n > 128)
     throw UserError(tile_field("block_n"), "per-32 promotion keeps three accumulators per thread: block_n <= 128, got " +
                                                std::to_string(t.block_n));
-  if (s.scaling == GemmScaling::Channel && t.multicast != 1)
-    throw UserError(tile_field("multicast"), "channel: the producer warpgroup converts each CTA's B: expected 1, got " +
+  const std::string sn(traits(s.scaling).name);
+  if (traits(s.scaling).b_on_chip && t.multicast != 1)
+    throw UserError(tile_field("multicast"), sn + ": B is converted on chip by each CTA's producer warps: expected 1, got " +
                                                  std::to_string(t.multicast));
-  if (s.scaling == GemmScaling::Channel && t.ordered == 2)
-    throw UserError(tile_field("ordered"), "channel: ordered issue is not supported");
-  if (fp4 && t.multicast != 1)
-    throw UserError(tile_field("multicast"), "nvfp4: expected 1, got " + std::to_string(t.multicast));
-  if (fp4 && t.ordered == 2)
-    throw UserError(tile_field("ordered"), "nvfp4 accumulates on the tensor cores: ordered issue is not supported");
+  if (traits(s.scaling).b_on_chip && t.ordered == 2)
+    throw UserError(tile_field("ordered"), sn + " accumulates on the tensor cores: ordered issue is not supported");
   // Unordered issue by default. M-grouped blockwise runs 7-10 % faster without it since its
   // scales moved into the consumers' registers (H100, 2026-11-24), and so do the K-grouped
   // kernels since their promotion overlaps the next step's MMAs (blockwise 741 vs 712-723
@@ -361,10 +360,9 @@ GemmSource emit_gemm(const GemmSpec& s) {
   e.blank();
   e.open("namespace qf_gen");
   e.open("struct GemmCfg");
-  // Identity operands: the 16-bit MMA operand types of gemm.cuh.
+  // Identity operands: the 16-bit MMA operand types of gemm.cuh (kGemm16BitOperand).
   auto device_type = [&](ElemFormat f) -> std::string_view {
-    if (!is_identity(f)) return traits(f).device_type;
-    return s.operand_dtype == DType::FP16 ? "qf::gemm::Fp16Operand" : "qf::gemm::Bf16Operand";
+    return is_identity(f) ? kGemm16BitOperand[s.operand_dtype == DType::FP16] : traits(f).device_type;
   };
   e.alias("AFormat", device_type(s.a_format));
   e.alias("BFormat", device_type(s.b_format));
@@ -375,7 +373,7 @@ GemmSource emit_gemm(const GemmSpec& s) {
   e.constant("kMembers", s.layout == GemmLayout::KGroupedMembers);
   e.constant("kScaleK", int64_t(traits(s.scaling).scale_k));
   e.constant("kElemsPerByte", int64_t(traits(s.a_format).elems_per_byte));
-  e.constant("kElemBytes", int64_t(is_identity(s.a_format) ? traits(s.operand_dtype).bytes : 1));
+  e.constant("kElemBytes", int64_t(std::max(1, gemm_operand_bits(s, s.a_format) / 8)));  // (e2m1: kElemsPerByte)
   e.constant("kM", int64_t(s.m));
   e.constant("kN", int64_t(s.n));
   e.constant("kK", int64_t(s.k));

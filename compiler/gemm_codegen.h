@@ -58,6 +58,12 @@ struct GemmScalingTraits {
   int k_multiple;                 // K must be a multiple of this (16: the TMA row stride)
   std::string_view a_scale_shape; // for messages and --help
   std::string_view b_scale_shape;
+  bool fp32_sums;                 // 16-bit MMAs (on dequantized / converted operands, or bf16 / fp16 ones)
+                                  // sum in fp32 over all of K: never promoted, no fast_accum
+  bool a_scaled, b_scaled;        // the operand carries scales (bf16 / fp16 operands do not)
+  bool b_on_chip;                 // B is dequantized / converted on chip by the producer warps, per
+                                  // CTA: no multicast, no ordered issue
+  bool col_scales;                // the epilogue applies per-column (output channel) factors
 };
 const GemmScalingTraits& traits(GemmScaling s);
 std::span<const GemmScalingTraits> all_gemm_scalings();
@@ -69,7 +75,7 @@ enum class GemmLayout : uint8_t {
   KGrouped,  // wgrad: groups own ranges of the shared K (tokens); A [m, K_total], B [N, K_total], D [G, m, N];
              // tensor, rowwise (per channel: [m] and [N], members [G, m] and [G, N]), blockwise
              // (1x128 blocks along the tokens on both operands), mxfp8 or nvfp4 scaling (1x32 /
-             // 1x16 blocks along the tokens)
+             // 1x16 blocks along the tokens), or none (bf16 / fp16); not channel
   KGroupedMembers,  // wgrad on the grouped quantizer's per-member transposed copies: group g's A_g
                     // [m, M_g] and B_g [N, M_g] (M_g = offsets[g+1] - offsets[g]) back to back, each
                     // with its own scale grid [m, ceil(M_g / scale_k)] / [N, ...], likewise back to back
@@ -121,8 +127,9 @@ struct GemmOperandFormat {
 };
 GemmOperandFormat parse_gemm_format(std::string_view name, const std::string& where);
 // The format of operand A (b_side false) or B that a scaling takes when none is named: e2m1
-// (nvfp4), bf16 (none; A with channel), int8 (B with channel), else e4m3.
-std::string_view default_gemm_format(GemmScaling s, bool b_side);
+// (nvfp4), bf16 (none; A with channel), int8 (B with channel), else e4m3; with none, B's default
+// is the format A was given as (a_named, when not empty: both operands take one type).
+std::string_view default_gemm_format(GemmScaling s, bool b_side, std::string_view a_named = {});
 // Puts A's and B's formats into the spec (identity operands set operand_dtype: one dtype for both,
 // else UserError(b_where)).
 void set_gemm_formats(GemmSpec& s, const GemmOperandFormat& a, const GemmOperandFormat& b, const std::string& b_where);

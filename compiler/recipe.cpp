@@ -574,7 +574,10 @@ RecipeGemm parse_gemm(const Node& g) {
         n->choice<int>({{"e4m3", 0}, {"e5m2", 0}, {"int8", 0}, {"bf16", 0}, {"fp16", 0}});
       return parse_gemm_format(n->str(), key);
     }
-    return parse_gemm_format(default_gemm_format(s.scaling, std::string_view(key) == "b_format"), key);
+    const bool b_side = std::string_view(key) == "b_format";
+    const auto a = g.find("a_format");
+    const std::string a_named = b_side && a ? a->str() : "";
+    return parse_gemm_format(default_gemm_format(s.scaling, b_side, a_named), key);
   };
   const GemmOperandFormat a_format = format("a_format"), b_format = format("b_format");
   try {

@@ -246,8 +246,7 @@ GemmTolerance gemm_tolerance(const GemmSpec& spec) {
   t.acc_rel = spec.fast_accum ? std::ldexp(1.0, -9) : std::ldexp(1.0, traits(spec.scaling).promote_k == 32 ? -12 : -11);
   // nvfp4, bf16 / fp16 operands (B int8 with channel scaling): exact fp16 / bf16 products
   // accumulated in fp32 over all of K.
-  if (spec.scaling == GemmScaling::Nvfp4 || spec.scaling == GemmScaling::None || spec.scaling == GemmScaling::Channel)
-    t.acc_rel = std::ldexp(1.0, -18);
+  if (traits(spec.scaling).fp32_sums) t.acc_rel = std::ldexp(1.0, -18);
   // int8: exact s32 sums. Unpromoted: one conversion to fp32 (2^-24 of |sum| where |sum| > 2^24)
   // and the epilogue's three fp32 multiplies (scale products, then the factors: 2^-24 of |value|
   // each), at most 4 * 2^-24 of the magnitude. Promoted (per k-block of 128): a conversion of each

@@ -286,6 +286,11 @@ void Gemm::run_k_grouped(const GemmCall& c, CUstream stream) const {
                                    " in [" + std::to_string(k_multiple) + ", 2^31) (16-byte TMA row strides" +
                                    (traits(s.a_format).elems_per_byte == 2 ? " of packed e2m1" : "") + "; pad it), got " +
                                    std::to_string(c.k_total));
+  // The kernel's TMA coordinates along a row are 32-bit bytes (bf16 / fp16: two per token).
+  if (rows.a_bytes(c.k_total) >= (int64_t(1) << 31))
+    throw UserError("k_total", "k-grouped: a row of " + std::to_string(c.k_total) + " " +
+                                   std::string(gemm_format_name(s, s.a_format)) + " tokens is " +
+                                   std::to_string(rows.a_bytes(c.k_total)) + " bytes; expected fewer than 2^31");
   if (c.m_total != 0 || c.m_max != 0 || c.group_counts.ptr)
     throw UserError(c.m_total != 0 ? "m_total" : c.m_max != 0 ? "m_max" : "group_counts",
                     "k-grouped: rows are the spec's m and groups split K by group_offsets; expected 0 / none");
@@ -307,7 +312,7 @@ void Gemm::run_k_grouped(const GemmCall& c, CUstream stream) const {
   if (c.d.dtype && *c.d.dtype != s.out_dtype) check_dtype("d", c.d, s.out_dtype);
   const GemmScalingTraits& st = traits(s.scaling);
   const GemmScaleElems se = gemm_scale_elems(s, 0, g, kt);
-  if (s.scaling == GemmScaling::None) {  // (channel scaling is M-grouped only)
+  if (!gemm_a_scaled(s) || !gemm_b_scaled(s)) {  // none (channel scaling is M-grouped only)
     check_no_scale(s, "a_scale", c.a_scale, s.a_format);
     check_no_scale(s, "b_scale", c.b_scale, s.b_format);
   } else if (st.scale_k == 0) {  // scales constant along the tokens: per group, or per channel of A's and B's rows

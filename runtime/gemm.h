@@ -1,4 +1,4 @@
-// Grouped fp8 GEMM on a GPU: the spec's kernel, compiled (or loaded from the kernel cache) for
+// Grouped GEMM (fp8, int8, NVFP4, bf16 / fp16, weight-only int8) on a GPU: the spec's kernel, compiled (or loaded from the kernel cache) for
 // the current device's arch, validated arguments, TMA descriptors, a persistent launch.
 //
 //   qf::GemmSpec spec;  spec.scaling = qf::GemmScaling::Block128;  spec.n = 4096;  spec.k = 7168;
@@ -37,12 +37,13 @@ struct GemmKernel {
 GemmKernel build_gemm_kernel(const GemmSpec& spec, const std::string& arch, KernelCache& cache);
 
 struct GemmCall {
-  TensorView a;              // fp8 [m_total, K] (K-grouped: [m, k_total]; nvfp4: packed e2m1 [m_total, K/2] or [m, k_total/2]),
-                             // 16-byte aligned
-  TensorView b;              // fp8 [num_groups, N, K] (K-grouped: [N, k_total]; nvfp4: [num_groups, N, K/2] or [N, k_total/2]),
-                             // 16-byte aligned
+  TensorView a;              // fp8 / int8 [m_total, K] (K-grouped: [m, k_total]; nvfp4: packed e2m1 [m_total, K/2] or
+                             // [m, k_total/2]; bf16 / fp16: 2 bytes per element), 16-byte aligned
+  TensorView b;              // fp8 / int8 [num_groups, N, K] (K-grouped: [N, k_total]; nvfp4: [num_groups, N, K/2] or
+                             // [N, k_total/2]; bf16 / fp16 with none), 16-byte aligned
   TensorView d;              // [m_total, N] (K-grouped: [num_groups, m, N]) bf16 or fp32, 16-byte aligned
-  TensorView a_scale;        // fp32 (e8m0 bytes for mxfp8, e4m3 bytes for nvfp4), shape per scaling
+  TensorView a_scale;        // fp32 (e8m0 bytes for mxfp8, e4m3 bytes for nvfp4), shape per scaling; none for
+                             // bf16 / fp16 operands (gemm_a_scaled, gemm_b_scaled)
   TensorView b_scale;        // (gemm_scale_elems); 4-byte aligned (nvfp4: 16)
   TensorView a_amax;         // nvfp4 only: fp32 [num_groups], the per-tensor amax of each group's A rows
   TensorView b_amax;         // nvfp4 only: fp32 [num_groups], the amax of each B[g] (global decode scales);

@@ -156,15 +156,17 @@ typedef struct qf_gemm_spec {
    k-block are read at once). Fields were appended in 0.1.0 (a_amax, b_amax, k_total, then workspace): zero the
    struct ({0} / memset) before filling it so that fields a caller does not know stay 0. */
 typedef struct qf_gemm_args {
-  const void* a; int64_t a_bytes;             /* fp8 [m_total, K]; nvfp4: e2m1 [m_total, K/2] packed,
+  const void* a; int64_t a_bytes;             /* fp8 / int8 [m_total, K] (bf16 / fp16 with none and
+                                                 channel: 2 bytes each); nvfp4: e2m1 [m_total, K/2] packed,
                                                  element 2i in the low nibble of byte i;
                                                  K-grouped: [m, k_total] (members: [m, M_g] each,
                                                  back to back, the same bytes) */
-  const void* b; int64_t b_bytes;             /* fp8 [num_groups, N, K]; nvfp4: e2m1 [num_groups, N, K/2];
+  const void* b; int64_t b_bytes;             /* fp8 / int8 [num_groups, N, K] (bf16 / fp16 with none);
+                                                 nvfp4: e2m1 [num_groups, N, K/2];
                                                  K-grouped: [N, k_total] (members: [N, M_g] each) */
   void* d; int64_t d_bytes;                   /* [m_total, N] in the spec's out_dtype */
   const void* a_scale; int64_t a_scale_bytes; /* qf_gemm_scale_bytes(); NULL for bf16 / fp16 operands */
-  const void* b_scale; int64_t b_scale_bytes;
+  const void* b_scale; int64_t b_scale_bytes; /* (NULL with none; fp32 [num_groups, N] with channel) */
   const float* alpha;                         /* optional device fp32 [num_groups]; NULL = 1 */
   const int64_t* group_offsets;               /* contiguous: device int64 [num_groups + 1] */
   const int64_t* group_counts;                /* masked: device int64 [num_groups] */

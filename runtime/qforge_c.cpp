@@ -143,7 +143,8 @@ qf::GemmSpec to_gemm_spec(const qf_gemm_spec& c) {
   s.scaling = *sc;
   auto format = [&](const char* name, const char* field, bool b_side) {
     // which combinations a scaling takes: qf::validate
-    return qf::parse_gemm_format(name ? std::string_view(name) : qf::default_gemm_format(s.scaling, b_side), field);
+    const std::string_view a_named = b_side && c.a_format ? std::string_view(c.a_format) : std::string_view();
+    return qf::parse_gemm_format(name ? std::string_view(name) : qf::default_gemm_format(s.scaling, b_side, a_named), field);
   };
   qf::set_gemm_formats(s, format(c.a_format, "spec->a_format", false), format(c.b_format, "spec->b_format", true),
                        "spec->b_format");

@@ -33,10 +33,12 @@
 namespace qf::cli {
 namespace {
 
-// An operand format; the default is e4m3, e2m1 with nvfp4 scaling, bf16 with none, bf16 x int8
-// with channel.
+// An operand format; the default is e4m3, e2m1 with nvfp4 scaling, bf16 with none (B: A's),
+// bf16 x int8 with channel.
 GemmOperandFormat format_arg(const Args& args, const std::string& flag, GemmScaling s) {
-  return parse_gemm_format(args.get(flag).value_or(std::string(default_gemm_format(s, flag == "--b-format"))), flag);
+  const std::string a_named = flag == "--b-format" ? args.get("--a-format").value_or("") : "";
+  return parse_gemm_format(args.get(flag).value_or(std::string(default_gemm_format(s, flag == "--b-format", a_named))),
+                           flag);
 }
 
 double median(std::vector<double> v) {

@@ -4,17 +4,20 @@
 //
 // Problem (gemm_args.cuh): M-grouped, D[rows of g] (+)= alpha[g] * A[rows of g] * B[g]^T
 // with A [m_total, K] and B [G, N, K] K-major fp8 (e4m3 or e5m2, independently), both int8 or both
-// bf16 / fp16 (the identity copies; a stage then holds 64 of K: wgmma m64nNk16), D [m_total, N]
+// bf16 / fp16 (the identity copies; a stage then holds 64 of K: wgmma m64nNk16), or bf16 / fp16 A
+// with int8 B converted on chip (weight-only int8, per-channel B scales), D [m_total, N]
 // bf16 or fp32. Group row ranges come from a device offsets array, read in the kernel, so a
 // launch needs no host sync and can be captured in a CUDA graph. Layouts: contiguous (offsets
 // [G + 1]) or masked (A [G, m_max, K], counts [G]: group g uses the first counts[g] rows of its slot).
 //
 // Kernel shape (one CTA per SM, persistent):
 //   * warpgroups 0..kConsumers-1 are consumers: each owns 64 rows of the block_m x block_n tile
-//     and runs wgmma m64nNk32 from shared memory; the last warpgroup is the producer: one warp
-//     issues TMA loads (128-byte swizzle, zero fill out of bounds) into a kStages-deep ring of
-//     shared-memory stages, each guarded by a "full" and an "empty" mbarrier. setmaxnreg moves
-//     registers from the producer to the consumers.
+//     and runs wgmma (m64nNk32 for 8-bit operands, m64nNk16 for 16-bit ones) from shared memory;
+//     the last warpgroup is the producer: one warp issues TMA loads (128-byte swizzle, zero fill
+//     out of bounds) into a kStages-deep ring of shared-memory stages, each guarded by a "full"
+//     and an "empty" mbarrier (B converted on chip: NVFP4's two producer warpgroups dequantize it,
+//     weight-only int8's four producer warps convert it, between the loads and "full").
+//     setmaxnreg moves registers from the producer to the consumers.
 //   * A tile scheduler walks the tiles of every group in order (bands of kRasterM m-blocks,
 //     n-blocks inside a band, for L2 reuse); CTA (or cluster) i takes tiles i, i + grid, ...
 //     Tiles start at their group's first row; the last m-block of a group reads rows of the next
@@ -24,7 +27,8 @@
 //   * kOrderedIssue (two consumer warpgroups): the warpgroups issue their MMAs of a k-block in
 //     turn (WG0, WG1, WG0, ...; two "turn" mbarriers), so the tensor cores run one warpgroup's
 //     MMAs while the other promotes its previous partial sum, instead of both waiting together.
-//   * One k-block = 128 of K = one stage. Scaling policies (below) decide what happens per
+//   * One k-block = one stage = 128 bytes of each operand row (128 of K; 64 for 16-bit operands:
+//     stage_k; NVFP4: 128 of K in 64 bytes). Scaling policies (below) decide what happens per
 //     k-block (fp32 promotion: the tensor-core partial sum is scaled and added into an fp32
 //     accumulator in registers) and in the epilogue (per-tensor / per-row / per-column factors).
 //   * Epilogue: fragments -> shared memory (padded, conflict-free) -> 16-byte coalesced stores,
@@ -60,7 +64,7 @@ constexpr u32 kGemmSmemAlignSlack = 1024;  // the dynamic window is aligned up t
 constexpr int kGemmEpiBoxBytes = 128;
 
 // Output columns per epilogue pass (bf16: the whole tile; fp32, NVFP4 and weight-only int8: 64, to
-// bound the staging memory; NVFP4 needs the room for a fourth stage, int8 B for a third) and the staging row pitch in 32-bit words. Pitches are
+// bound the staging memory; NVFP4 needs the room for a fourth stage, int8 B too) and the staging row pitch in 32-bit words. Pitches are
 // chosen so that fragment stores hit 32 distinct banks: fp32 pairs (8-byte stores, half-warps of
 // 4 rows x 4 lanes) need pitch = 8 (mod 32), packed bf16 pairs (4-byte stores, 8 rows x 4 lanes)
 // need pitch = 4 (mod 32).
@@ -1168,9 +1172,8 @@ __device__ __forceinline__ void producer(const GemmArgs& a, u8* smem, u32 base, 
     if (k_blocks > 0) maps.prepare(a, smem + T::kSmem.maps_off, base + T::kSmem.maps_off, t, lane);
     for (int kb = 0; kb < k_blocks; ++kb) {
       // K coordinate of the stage (NVFP4: bytes of packed e2m1)
-      const int kc = T::kFp4 ? kb * (kGemmBlockK / 2) : int(k_bytes<Cfg>(t.k0 + kb * stage_k<Cfg>()));
-      // NVFP4: the loads complete loaded[stage]; the B converters then arrive on full[stage].
-      const u32 full = T::kFp4 ? empty0 + 8u * (T::kStages + 2 + stage) : full0 + 8u * stage;
+      const int kc = int(k_bytes<Cfg>(t.k0 + kb * stage_k<Cfg>()));  // (B converted on chip: fp4_producer, i8_producer)
+      const u32 full = full0 + 8u * stage;
       const u32 empty = empty0 + 8u * stage;
       sm90::mbar_wait(empty, phase ^ 1u);
       if (lane == 0) {
@@ -1183,8 +1186,7 @@ __device__ __forceinline__ void producer(const GemmArgs& a, u8* smem, u32 base, 
         } else {
           sm90::tma_load_2d(a_dst, maps.a_map, full, kc, t.row0);
         }
-        const u32 b_dst = T::kFp4 ? base + T::kSmem.braw_off + u32(stage) * T::kSmem.braw_stage
-                                  : base + T::kSmem.b_off + u32(stage) * T::kSmem.b_stage;
+        const u32 b_dst = base + T::kSmem.b_off + u32(stage) * T::kSmem.b_stage;
         if constexpr (Cfg::kKGrouped) sm90::tma_load_2d(b_dst, maps.b_map(a), full, kc, t.n0);  // B [N, k_total] (members: [N, M_g])
         else sm90::tma_load_3d(b_dst, &a.b_map, full, kc, t.n0, t.group);                   // B [G, N, K]
       }
@@ -1682,9 +1684,10 @@ __device__ __forceinline__ void store_tile(const GemmArgs& a, const TileInfo& t,
   else epilogue<Cfg>(a, t, f, smem, acc, ts);
 }
 
-// K-grouped: zeroes the K positions of a stage outside [keep_lo, keep_hi) (A: this warpgroup's 64
-// rows; B: its share of the block_n rows): the previous group's last tokens before the group's
-// first (128-aligned) load and the next group's after its last, so that they add nothing. Then
+// K-grouped: zeroes the bytes of a stage's rows outside [keep_lo, keep_hi) (the kept tokens times
+// the element size; A: this warpgroup's 64 rows; B: its share of the block_n rows): the previous
+// group's last tokens before the group's first (stage_k-aligned) load and the next group's after
+// its last, so that they add nothing. Then
 // makes the writes visible to the tensor cores (async proxy) and waits for the other consumer
 // warpgroups' share. The tiles are TMA's 128-byte swizzle: byte c of row r sits at
 // r * 128 + ((c / 16) ^ (r % 8)) * 16 + c % 16.

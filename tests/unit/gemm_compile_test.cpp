@@ -152,6 +152,7 @@ std::vector<Variant> variants() {
       {"channel_bf16_default", make(S::Channel, Id, I8, DType::BF16, false, false, 0, 1)},
       {"channel_fp16_fp32_acc", fp16(make(S::Channel, Id, I8, DType::FP32, true, false, 0, 1))},
       {"channel_bn128", make(S::Channel, Id, I8, DType::BF16, false, false, 128, 1)},
+      {"channel_bn192_fp16_fp32", fp16(make(S::Channel, Id, I8, DType::FP32, false, false, 192, 1))},
       {"channel_bm64_bn64_odd_k", make(S::Channel, Id, I8, DType::BF16, false, false, 64, 1, 64, 3072, 400)},
   };
 }
@@ -331,12 +332,16 @@ TEST(GemmCodegen, SpecErrorsNameTheField) {
   s = k_grouped(ch, 4096);
   expect_spec_error(s, "layout", "channel scaling (int8 weights x 16-bit activations) is an fprop / dgrad GEMM");
   s = ch, s.tile.multicast = 2;
-  expect_spec_error(s, "tile.multicast", "channel: the producer warpgroup converts each CTA's B");
+  expect_spec_error(s, "tile.multicast", "channel: B is converted on chip by each CTA's producer warps: expected 1, got 2");
   s = ch, s.scaling = GemmScaling::None;
   expect_spec_error(s, "b_format", "none scaling: expected bf16 or fp16 (both operands), got int8");
   // Format names: bf16 / fp16 set the operand dtype, one dtype for both operands.
   GemmSpec h;
   set_gemm_formats(h, parse_gemm_format("fp16", "a"), parse_gemm_format("fp16", "b"), "b");
+  // With none, B defaults to A's format; with channel to int8.
+  EXPECT_EQ(default_gemm_format(GemmScaling::None, true, "fp16"), "fp16");
+  EXPECT_EQ(default_gemm_format(GemmScaling::None, true), "bf16");
+  EXPECT_EQ(default_gemm_format(GemmScaling::Channel, true, "fp16"), "int8");
   EXPECT_EQ(h.a_format, ElemFormat::Identity);
   EXPECT_EQ(h.operand_dtype, DType::FP16);
   try {
@@ -371,7 +376,7 @@ TEST(GemmCodegen, SpecErrorsNameTheField) {
   s = f4, s.tile.block_m = 64;
   expect_spec_error(s, "tile.block_m", "nvfp4: expected 128 (two consumer warpgroups");
   s = f4, s.tile.multicast = 2;
-  expect_spec_error(s, "tile.multicast", "nvfp4: expected 1, got 2");
+  expect_spec_error(s, "tile.multicast", "nvfp4: B is converted on chip by each CTA's producer warps: expected 1, got 2");
   s = f4, s.tile.ordered = 2;
   expect_spec_error(s, "tile.ordered", "not supported");
   s = f4, s.k = 7168 + 16;
@@ -526,6 +531,8 @@ TEST(GemmRuntime, NoneScalingTakesNoScales) {
   k.d = buf(0x300000, 2 * 64 * 256 * 2);
   k.group_offsets = buf(0x600000, 3 * 8);
   expect_run_error(kg, k, "k_total: k-grouped: expected the token dimension as a multiple of 8");
+  k.k_total = int64_t(1) << 30;  // 2^31 bytes per row: past the kernel's 32-bit TMA coordinates
+  expect_run_error(kg, k, "k_total: k-grouped: a row of 1073741824 fp16 tokens is 2147483648 bytes; expected fewer than 2^31");
   k.k_total = 16;
   k.a.bytes -= 2;
   expect_run_error(kg, k, "A [64, 16] fp16");
