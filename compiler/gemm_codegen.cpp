@@ -13,33 +13,34 @@ namespace {
 
 constexpr GemmScalingTraits kScalings[] = {
     {GemmScaling::PerTensor, "tensor", {"qf::gemm::PerTensorScaling", "qf::kGemmPerTensor", kGemmPerTensor},
-     {"qf::gemm::PerTensorScaling", "qf::kGemmPerTensor", kGemmPerTensor}, false, 0, 0, "fp32", 4, 0, 16, "[G]", "[G]", false, true, true, false, false},
+     {"qf::gemm::PerTensorScaling", "qf::kGemmPerTensor", kGemmPerTensor}, false, 0, 0, "fp32", 4, 0, 16, "[G]", "[G]", false, true, true, false, false, "e4m3", "e4m3"},
     // K-grouped: per row of A [m] and of B [N] (the per-channel transposed copies of one tensor;
     // members: [G, m] and [G, N]).
     {GemmScaling::RowChannel, "rowwise", {"qf::gemm::RowChannelScaling", "qf::kGemmRowChannel", kGemmRowChannel},
      {"qf::gemm::RowChannelScaling", "qf::kGemmRowChannel", kGemmRowChannel}, false, 0, 0, "fp32", 4, 0, 16,
-     "[m_total]", "[G, N]", false, true, true, false, true},
+     "[m_total]", "[G, N]", false, true, true, false, true, "e4m3", "e4m3"},
     // K-grouped: both operands 1x128 along the tokens (the 128x1 columnwise grids).
     {GemmScaling::Block128, "blockwise", {"qf::gemm::Block128Scaling", "qf::kGemmBlock128", kGemmBlock128},
      {"qf::gemm::Block128KScaling", "qf::kGemmBlock128K", kGemmBlock128K}, true, 128, 128, "fp32", 4, 0, 16,
-     "[m_total, ceil(K/128)]", "[G, ceil(N/128), ceil(K/128)]", false, true, true, false, false},
+     "[m_total, ceil(K/128)]", "[G, ceil(N/128), ceil(K/128)]", false, true, true, false, false, "e4m3",
+     "e4m3"},
     {GemmScaling::Mx32, "mxfp8", {"qf::gemm::Mx32Scaling", "qf::kGemmMx32", kGemmMx32},
      {"qf::gemm::Mx32Scaling", "qf::kGemmMx32", kGemmMx32}, true, 32, 32, "e8m0", 1, 4, 128, "[m_total, K/32]",
-     "[G, N, K/32]", false, true, true, false, false},
+     "[G, N, K/32]", false, true, true, false, false, "e4m3", "e4m3"},
     // Scales applied while dequantizing to fp16 (no promotion: fp16 MMAs accumulate in fp32).
     // K-grouped: both operands' 1x16 blocks along the tokens (the transposed columnwise copies).
     {GemmScaling::Nvfp4, "nvfp4", {"qf::gemm::Nvfp4Scaling", "qf::kGemmNvfp4", kGemmNvfp4},
      {"qf::gemm::Nvfp4Scaling", "qf::kGemmNvfp4", kGemmNvfp4}, false, 0, 16, "e4m3", 1, 16, 128, "[m_total, K/16]",
-     "[G, N, K/16]", true, true, true, true, false},
+     "[G, N, K/16]", true, true, true, true, false, "e2m1", "e2m1"},
     // bf16 / fp16 operands as they are (the identity copies): only the per-group alpha; the
     // tensor cores accumulate their exact products in fp32 over all of K.
     {GemmScaling::None, "none", {"qf::gemm::AlphaScaling", "qf::kGemmNone", kGemmNone},
      {"qf::gemm::AlphaScaling", "qf::kGemmNone", kGemmNone}, false, 0, 0, "none", 0, 0, 16, "none", "none", true, false, false, false,
-     false},
+     false, "bf16", ""},
     // Weight-only int8 (W8A16): B's int8 converted to A's 16-bit type on chip (exact), fp32 sums,
     // B's per-channel scales in the epilogue. M-grouped only (the wgrad of such a recipe is bf16 x bf16).
     {GemmScaling::Channel, "channel", {"qf::gemm::ChannelScaling", "qf::kGemmChannel", kGemmChannel}, {}, false, 0, 0,
-     "fp32", 4, 0, 16, "none", "[G, N]", true, false, true, true, true},
+     "fp32", 4, 0, 16, "none", "[G, N]", true, false, true, true, true, "bf16", "int8"},
 };
 
 // The device types of bf16 and fp16 GEMM operands (identity copies), by operand_dtype == FP16.
@@ -105,9 +106,10 @@ GemmOperandFormat parse_gemm_format(std::string_view name, const std::string& wh
 }
 
 std::string_view default_gemm_format(GemmScaling s, bool b_side, std::string_view a_named) {
-  if (s == GemmScaling::Channel) return b_side ? "int8" : "bf16";
-  if (s == GemmScaling::None) return b_side && !a_named.empty() ? a_named : "bf16";
-  return s == GemmScaling::Nvfp4 ? "e2m1" : "e4m3";
+  const GemmScalingTraits& t = traits(s);
+  if (!b_side) return t.a_default;
+  if (!t.b_default.empty()) return t.b_default;
+  return a_named.empty() ? t.a_default : a_named;
 }
 
 void set_gemm_formats(GemmSpec& s, const GemmOperandFormat& a, const GemmOperandFormat& b, const std::string& b_where) {
@@ -313,7 +315,7 @@ GemmScaleElems gemm_scale_elems(const GemmSpec& s, int64_t m_total, int64_t num_
     const int sk = traits(s.scaling).scale_k;
     if (s.scaling == GemmScaling::RowChannel)  // per channel: shared by the groups, or per member
       return s.layout == GemmLayout::KGroupedMembers ? GemmScaleElems{g * s.m, g * s.n} : GemmScaleElems{s.m, s.n};
-    if (s.scaling == GemmScaling::None) return {0, 0};
+    if (!traits(s.scaling).a_scaled && !traits(s.scaling).b_scaled) return {0, 0};  // bf16 / fp16 operands
     if (sk == 0) return {g, g};  // tensor: one scale per group member
     // A scale per row of A [m, k_total] and of B [N, k_total] per scale_k tokens; members: each
     // member's grid on its own, so up to one partial block more per member.

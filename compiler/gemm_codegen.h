@@ -64,6 +64,7 @@ struct GemmScalingTraits {
   bool b_on_chip;                 // B is dequantized / converted on chip by the producer warps, per
                                   // CTA: no multicast, no ordered issue
   bool col_scales;                // the epilogue applies per-column (output channel) factors
+  std::string_view a_default, b_default;  // operand formats when none is named (b_default empty: A's)
 };
 const GemmScalingTraits& traits(GemmScaling s);
 std::span<const GemmScalingTraits> all_gemm_scalings();
@@ -126,9 +127,9 @@ struct GemmOperandFormat {
   DType dtype = DType::BF16;  // identity: bf16 or fp16
 };
 GemmOperandFormat parse_gemm_format(std::string_view name, const std::string& where);
-// The format of operand A (b_side false) or B that a scaling takes when none is named: e2m1
-// (nvfp4), bf16 (none; A with channel), int8 (B with channel), else e4m3; with none, B's default
-// is the format A was given as (a_named, when not empty: both operands take one type).
+// The format of operand A (b_side false) or B that a scaling takes when none is named (the table's
+// a_default / b_default: e2m1 for nvfp4, bf16 for none, bf16 x int8 for channel, else e4m3); with
+// none, B's default is the format A was given as (a_named, when not empty: one type for both).
 std::string_view default_gemm_format(GemmScaling s, bool b_side, std::string_view a_named = {});
 // Puts A's and B's formats into the spec (identity operands set operand_dtype: one dtype for both,
 // else UserError(b_where)).

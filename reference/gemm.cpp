@@ -27,7 +27,6 @@ std::vector<double> decode_table(const GemmSpec& spec, ElemFormat f) {
 
 // Scale element i of a raw scale buffer (fp32, e8m0 for MX, e4m3 for NVFP4).
 double scale_at(const GemmSpec& spec, std::span<const uint8_t> bytes, int64_t i) {
-  if (spec.scaling == GemmScaling::None) return 1.0;
   if (spec.scaling == GemmScaling::Nvfp4) return double(decode<E4M3>(bytes[size_t(i)]));
   if (traits(spec.scaling).scale_bytes == 1) return double(e8m0_decode(bytes[size_t(i)]));
   float f;

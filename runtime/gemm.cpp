@@ -64,7 +64,7 @@ struct OperandRows {
 OperandRows operand_rows(const GemmSpec& s) {
   if (traits(s.a_format).elems_per_byte == 2)
     return {s, kGemmBlockK / 2, kGemmBlockK / 2, CU_TENSOR_MAP_SWIZZLE_NONE, CU_TENSOR_MAP_SWIZZLE_64B, " packed two per byte"};
-  if (s.scaling == GemmScaling::Channel)
+  if (traits(s.scaling).b_on_chip)  // weight-only int8: B's 64 K per stage as loaded, for the converters
     return {s, kGemmBlockK, kGemmBlockK / 2, CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_SWIZZLE_NONE, ""};
   return {s, kGemmBlockK, kGemmBlockK, CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_SWIZZLE_128B, ""};
 }

@@ -45,26 +45,29 @@ def define(name, instr, operands, inputs, r, out='"+f"(d[{i}])'):
     w("")
 
 
-for n in NS:
-    r = n // 2
-    define(f"QF_WGMMA_M64N{n}K32(TA, TB)", f'wgmma.mma_async.sync.aligned.m64n{n}k32.f32." TA "." TB "',
-           f"%{r}, %{r + 1}, p, 1, 1", '"l"(desc_a), "l"(desc_b), "r"(scale_d)', r)
+# The MMAs with A and B in shared memory (descriptors): one family per element type, a macro per N.
+SS_INPUTS = '"l"(desc_a), "l"(desc_b), "r"(scale_d)'
+
+
+def ss_family(name, instr, tail, out='"+f"(d[{i}])'):
+    """QF_WGMMA_M64N<N><name> for every N: `instr` (with {n}), the accumulators, the two
+    descriptors, then `tail` (the predicate and immediates)."""
+    for n in NS:
+        r = n // 2
+        define(f"QF_WGMMA_M64N{n}{name}", instr.format(n=n), f"%{r}, %{r + 1}, {tail}", SS_INPUTS, r, out=out)
+
+
+ss_family("K32(TA, TB)", 'wgmma.mma_async.sync.aligned.m64n{n}k32.f32." TA "." TB "', "p, 1, 1")
 
 w("// int8 MMAs (s8 x s8 -> s32, exact): as above, the accumulators' bits are s32 in the float array")
 w("// d (QF_WGMMA_S32 reinterprets each element for the \"r\" constraint PTX needs; this relies on the")
 w("// accumulator arrays living in registers, which the no-stack-frame compile test guards).")
 w("#define QF_WGMMA_S32(x) reinterpret_cast<unsigned&>(x)")
-for n in NS:
-    r = n // 2
-    define(f"QF_WGMMA_M64N{n}K32_S8", f"wgmma.mma_async.sync.aligned.m64n{n}k32.s32.s8.s8",
-           f"%{r}, %{r + 1}, p", '"l"(desc_a), "l"(desc_b), "r"(scale_d)', r, out='"+r"(QF_WGMMA_S32(d[{i}]))')
+ss_family("K32_S8", "wgmma.mma_async.sync.aligned.m64n{n}k32.s32.s8.s8", "p", out='"+r"(QF_WGMMA_S32(d[{i}]))')
 
 w("// bf16 / fp16 MMAs from shared memory (TA: \"bf16\" or \"f16\"): 16 of K (32 bytes) per instruction,")
 w("// f32 accumulators, both operands K-major (the trailing 0, 0: no transpose).")
-for n in NS:
-    r = n // 2
-    define(f"QF_WGMMA_M64N{n}K16_SS(TA)", f'wgmma.mma_async.sync.aligned.m64n{n}k16.f32." TA "." TA "',
-           f"%{r}, %{r + 1}, p, 1, 1, 0, 0", '"l"(desc_a), "l"(desc_b), "r"(scale_d)', r)
+ss_family("K16_SS(TA)", 'wgmma.mma_async.sync.aligned.m64n{n}k16.f32." TA "." TA "', "p, 1, 1, 0, 0")
 
 w("// fp16 MMAs with A in registers: D[64 x N] (+)= A[64 x 16] * B[N x 16]^T, A as the four fp16x2")
 w("// registers a[0..4) of each thread (the m64nNk16 A fragment: warp w holds rows 16w..16w+15), B")

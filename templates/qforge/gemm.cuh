@@ -631,12 +631,23 @@ __device__ __forceinline__ float group_alpha(const GemmArgs& a, const TileInfo& 
   return a.alpha ? a.alpha[t.group] : 1.0f;
 }
 
-// One fp32 scale per group for A and for B: D = alpha * sa * sb * sum(a * b).
-struct PerTensorScaling : NoStepScales, NoColScales {
+// No scales (bf16 / fp16 operands, the identity copies): D = alpha * sum(a * b), the tensor cores'
+// fp32 sums over all of K.
+struct AlphaScaling : NoStepScales, NoColScales {
   static constexpr int kSteps = 1, kScaleWriters = 0;
   struct Tile {
-    float factor;
+    float factor;  // the tile's whole epilogue factor
   };
+  template <class Cfg>
+  __device__ static Tile begin(const GemmArgs& a, const TileInfo& t, const Frag&) {
+    return {group_alpha(a, t)};
+  }
+  template <class Cfg>
+  __device__ static float row_factor(const Tile& s, int) { return s.factor; }
+};
+
+// One fp32 scale per group for A and for B: D = alpha * sa * sb * sum(a * b).
+struct PerTensorScaling : AlphaScaling {
   template <class Cfg>
   __device__ static Tile begin(const GemmArgs& a, const TileInfo& t, const Frag&) {
     const float alpha = group_alpha(a, t);
@@ -651,21 +662,6 @@ struct PerTensorScaling : NoStepScales, NoColScales {
   }
   template <class Cfg>
   __device__ static float row_factor(const Tile& s, int) { return Cfg::kPromote ? 1.0f : s.factor; }
-};
-
-// No scales (bf16 / fp16 operands, the identity copies): D = alpha * sum(a * b), the tensor cores'
-// fp32 sums over all of K.
-struct AlphaScaling : NoStepScales, NoColScales {
-  static constexpr int kSteps = 1, kScaleWriters = 0;
-  struct Tile {
-    float factor;
-  };
-  template <class Cfg>
-  __device__ static Tile begin(const GemmArgs& a, const TileInfo& t, const Frag&) {
-    return {group_alpha(a, t)};
-  }
-  template <class Cfg>
-  __device__ static float row_factor(const Tile& s, int) { return s.factor; }
 };
 
 // fp32 scale per row of A (token) and per row of B[g] (output channel):
