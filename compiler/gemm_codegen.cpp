@@ -72,6 +72,10 @@ std::string tile_field(const char* f) { return std::string("tile.") + f; }
 
 }  // namespace
 
+int gemm_member_map_count(const GemmSpec& s) {
+  return gemm_member_map_slots(int(smem_for(s, s.tile).load_slots));
+}
+
 const GemmScalingTraits& traits(GemmScaling s) {
   for (const auto& t : kScalings)
     if (t.id == s) return t;
@@ -299,9 +303,6 @@ GemmTile resolve_tile(const GemmSpec& s) {
   }
   if (t.stages < 2 || t.stages > kMaxStages)
     throw UserError(tile_field("stages"), "expected 2.." + std::to_string(kMaxStages) + ", got " + std::to_string(t.stages));
-  if (fp4 && t.stages < 3)
-    throw UserError(tile_field("stages"), "nvfp4: the TMA loads run stages - 2 k-blocks ahead of the B dequantization: "
-                                          "expected at least 3, got " + std::to_string(t.stages));
   if (smem_for(s, t).total > kGemmSmemLimit)
     throw UserError(tile_field("stages"), std::to_string(t.stages) + " stages need " +
                                               std::to_string(smem_for(s, t).total) + " bytes of shared memory (limit " +

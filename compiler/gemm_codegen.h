@@ -186,6 +186,10 @@ GemmScaleElems gemm_scale_elems(const GemmSpec& spec, int64_t m_total, int64_t n
 // member that is not gets NaN in D[g]: its sizes live on the device).
 int64_t gemm_k_total_multiple(const GemmSpec& spec);
 
+// K-grouped members: tensor-map pairs per persistent CTA in the workspace (the kernel's ring, one
+// more than its TMA load slots), for a spec whose tile is resolved.
+int gemm_member_map_count(const GemmSpec& spec);
+
 // "e4m3 x e4m3 blockwise N=4096 K=7168 -> bf16" (logs, cache metadata).
 std::string describe(const GemmSpec& spec);
 

@@ -120,7 +120,7 @@ int64_t Gemm::workspace_bytes() const {
 
 int64_t Gemm::workspace_bytes(const Loaded& l) const {
   if (spec_.layout != GemmLayout::KGroupedMembers) return 0;
-  return int64_t(l.grid) * gemm_member_map_slots(spec_.tile.stages) * 2 * int64_t(sizeof(TmaDescriptor));
+  return int64_t(l.grid) * gemm_member_map_count(spec_) * 2 * int64_t(sizeof(TmaDescriptor));
 }
 
 std::shared_ptr<const Gemm::Loaded> Gemm::load_for_current_device() const {

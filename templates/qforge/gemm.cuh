@@ -77,16 +77,20 @@ QF_HD constexpr int gemm_staging_pitch(int epi_cols, int out_bytes) {
 
 // Shared-memory layout (byte offsets from the 1024-aligned base), host and device.
 struct GemmSmem {
-  u32 a_off, a_stage;      // A stages: block_m rows x 128 bytes each (NVFP4: x 64 bytes, packed e2m1)
+  u32 a_off, a_stage;      // A stages: block_m rows x 128 bytes each (NVFP4: x 64 bytes, packed e2m1,
+                           // one per load slot)
   u32 b_off, b_stage;      // B stages: block_n rows x 128 bytes each (NVFP4: the dequantized fp16
                            // B, two 128-byte-swizzled halves of block_n rows x 64 K each)
-  u32 braw_off, braw_stage;  // NVFP4: B as loaded, block_n rows x 64 bytes (64-byte swizzle). (Weight-only
-                             // int8 B lands unswizzled in the upper half of its B stage, converted in place.)
+  u32 braw_off, braw_stage;  // NVFP4: B as loaded, block_n rows x 64 bytes (64-byte swizzle), one per load
+                             // slot. (Weight-only int8 B lands unswizzled in the upper half of its B
+                             // stage, converted in place.)
   u32 sc_off, sc_stage;    // per-stage scales (gemm_stage_scale_bytes)
   u32 staging_off, staging_wg;  // epilogue staging, one region per consumer warpgroup
   u32 col_off;             // per-column scales, block_n floats per consumer warpgroup
   u32 maps_off;            // K-grouped members: the producer's A and B tensor maps being built (2 x 128 bytes)
-  u32 bar_off;             // full[stages], empty[stages], turn[2] mbarriers (B converted on chip: then loaded[stages])
+  u32 bar_off;             // full[stages], empty[stages], turn[2] mbarriers; then weight-only int8:
+                           // loaded[stages]; NVFP4: loaded[load slots], free[load slots]
+  u32 load_slots;          // TMA load slots: NVFP4's ring of A and raw B (gemm_smem), else the stages
   u32 total;               // dynamic shared memory to request (includes the alignment slack)
 };
 
@@ -102,19 +106,20 @@ QF_HD constexpr u32 gemm_stage_scale_bytes(int scaling, int block_m, int block_n
                                      : 0u;
 }
 
-QF_HD constexpr GemmSmem gemm_smem(int block_m, int block_n, int stages, int consumers,
-                                   int scaling, bool col_scales, int out_bytes, bool tma_epilogue = false,
-                                   bool member_maps = false) {
+// The layout with `loads` TMA load slots (the stages' own count but for NVFP4; gemm_smem).
+QF_HD constexpr GemmSmem gemm_smem_with(int block_m, int block_n, int stages, int loads, int consumers, int scaling,
+                                        bool col_scales, int out_bytes, bool tma_epilogue, bool member_maps) {
   GemmSmem s{};
-  const bool fp4 = scaling == kGemmNvfp4, convert_b = fp4 || scaling == kGemmChannel;
+  const bool fp4 = scaling == kGemmNvfp4;
+  s.load_slots = u32(loads);
   s.a_stage = u32(block_m) * (fp4 ? 64u : 128u);
   s.b_stage = u32(block_n) * (fp4 ? 256u : 128u);
   s.braw_stage = fp4 ? u32(block_n) * 64u : 0u;
   s.a_off = 0;
-  s.b_off = s.a_off + u32(stages) * s.a_stage;  // 1024-aligned: the swizzle pattern repeats every 1024 bytes
+  s.b_off = s.a_off + s.load_slots * s.a_stage;  // 1024-aligned: the swizzle pattern repeats every 1024 bytes
   s.braw_off = s.b_off + u32(stages) * s.b_stage;
   s.sc_stage = gemm_stage_scale_bytes(scaling, block_m, block_n);
-  s.sc_off = s.braw_off + u32(stages) * s.braw_stage;
+  s.sc_off = s.braw_off + s.load_slots * s.braw_stage;
   const int epi = gemm_epi_cols(block_n, out_bytes, scaling);
   s.staging_wg = tma_epilogue ? gemm_align_up(64u * u32(epi * out_bytes), 1024)
                               : 64u * u32(gemm_staging_pitch(epi, out_bytes)) * 4u;
@@ -122,13 +127,35 @@ QF_HD constexpr GemmSmem gemm_smem(int block_m, int block_n, int stages, int con
   s.col_off = s.staging_off + u32(consumers) * s.staging_wg;
   s.maps_off = gemm_align_up(s.col_off + (col_scales ? u32(consumers * block_n) * 4u : 0u), member_maps ? 128 : 8);
   s.bar_off = s.maps_off + (member_maps ? 2u * 128u : 0u);
-  s.total = s.bar_off + u32((convert_b ? 3 : 2) * stages + 2) * 8u + kGemmSmemAlignSlack;
+  const u32 bars = 2u * u32(stages) + 2u + (fp4 ? 2u * s.load_slots : scaling == kGemmChannel ? u32(stages) : 0u);
+  s.total = s.bar_off + bars * 8u + kGemmSmemAlignSlack;
   return s;
 }
 
+// NVFP4 loads A and raw B into a ring of TMA load slots of its own, deeper than the stages that
+// hold the dequantized fp16 B: a load slot is free once the consumers have read its A and the
+// producers have dequantized its B, long before the MMAs that read the stage are done, so the
+// loads run further ahead than the stages would let them. Slots: stages + 3 where they fit (the
+// loads run four k-blocks ahead of the dequantization), down to stages + 1 (two ahead); measured
+// on an H100 at 8 x 4096 x 4096 x 7168, 3 stages: 6 slots 485-496 TFLOP/s against 5 slots
+// 467-477 (bf16 out); with fp32 out (whose staging leaves room for 5), 3 stages and 5 slots
+// 481-484 against 2 stages and 5 slots 465. The other kinds load into their stages.
+QF_HD constexpr GemmSmem gemm_smem(int block_m, int block_n, int stages, int consumers, int scaling, bool col_scales,
+                                   int out_bytes, bool tma_epilogue = false, bool member_maps = false) {
+  const bool fp4 = scaling == kGemmNvfp4;
+  int loads = fp4 ? stages + 3 : stages;
+  while (fp4 && loads > stages + 1 &&
+         gemm_smem_with(block_m, block_n, stages, loads, consumers, scaling, col_scales, out_bytes, tma_epilogue,
+                        member_maps).total > kGemmSmemLimit)
+    --loads;
+  return gemm_smem_with(block_m, block_n, stages, loads, consumers, scaling, col_scales, out_bytes, tma_epilogue,
+                        member_maps);
+}
+
 // K-grouped members: tensor-map pairs {A, B} per persistent CTA in the workspace, a ring the
-// producer reuses once every load that read a slot is complete (MemberMaps).
-QF_HD constexpr int gemm_member_map_slots(int stages) { return stages + 1; }
+// producer reuses once every load that read a slot is complete (MemberMaps): one more than the
+// load slots (GemmSmem::load_slots).
+QF_HD constexpr int gemm_member_map_slots(int load_slots) { return load_slots + 1; }
 
 #if defined(__CUDACC__)
 }  // namespace qf
@@ -549,12 +576,14 @@ __device__ __forceinline__ int2 kept_tokens(const TileInfo& t, int kb) {
 
 // K-grouped members: the ring of tensor-map pairs {A, B} per CTA in a.member_maps. The producer
 // warp writes a group's pair into the next slot before the group's first load (a group without
-// loads, empty or unreadable, takes no slot); slot v is reused kStages + 1 slot-taking groups
-// later, each with at least one load, when every load that read it is complete (the producer has
-// waited for the stage of the load kStages + 1 loads back to be consumed).
+// loads, empty or unreadable, takes no slot); slot v is reused L + 1 slot-taking groups later (L
+// load slots, GemmSmem::load_slots), each with at least one load, when every load that read it is
+// complete (the producer has waited for the slot of the load L + 1 loads back to be consumed).
+template <class Cfg>
+struct Traits;
 template <class Cfg>
 struct MemberMaps {
-  static constexpr int kSlots = gemm_member_map_slots(int(Cfg::kStages));
+  static constexpr int kSlots = gemm_member_map_slots(int(Traits<Cfg>::kSmem.load_slots));
   const TmaDescriptor* a_map;  // B's map follows A's (members), or is a.b_map
   int group = -1, visit = 0;
 
@@ -1092,8 +1121,12 @@ struct Traits {
   static constexpr GemmSmem kSmem =
       gemm_smem(kBM, kBN, kStages, kConsumers, int(Cfg::kScaling), Scaling::kColScales, kOutBytes, Cfg::kKGrouped,
                 Cfg::kMembers);
+  static constexpr int kLoadSlots = int(kSmem.load_slots);
   static constexpr u32 kTxBytes = kConvertB ? u32(kBM) * 128u + u32(kBN) * 64u : u32(kBM + kBN) * (kFp4 ? 64u : 128u);
-  // NVFP4: the TMA bytes complete loaded[stage]; full[stage] takes the B dequantizing warps.
+  // NVFP4: the TMA bytes complete loaded[slot]; full[stage] takes the B dequantizing warps; every
+  // thread of the CTA frees a load slot (the consumers once they have read its A, the producers
+  // once they have dequantized its B).
+  static constexpr u32 kLoadFreeArrivals = u32(kThreads);
   static constexpr u32 kFullArrivals =
       kFp4 || kConvertB ? 4u * kProducerGroups : 1u + (Scaling::kScaleWriters ? 32u : 0u);
   // Every lane of every consumer warp (of each CTA of the multicast group) releases the stage.
@@ -1144,8 +1177,8 @@ struct Traits {
   static_assert(!kInt8 || Cfg::kPromote || (!Cfg::kKGrouped && Cfg::kK < (i64(1) << 17)),
                 "int8 unpromoted: K * 2^14 < 2^31, so that no s32 sum over all of K overflows");
   static_assert(!kFp4 || (kBN == 128 && kBM == 128 && kMc == 1 && !Cfg::kOrderedIssue && !Cfg::kPromote &&
-                          (Cfg::kKGrouped || Cfg::kK % 128 == 0) && kStages >= 3),
-                "NVFP4: 128 x 128 tiles, no multicast, ordered issue or promotion, K % 128 == 0, 3+ stages");
+                          (Cfg::kKGrouped || Cfg::kK % 128 == 0)),
+                "NVFP4: 128 x 128 tiles, no multicast, ordered issue or promotion, K % 128 == 0");
 };
 
 template <class Cfg>
@@ -1345,14 +1378,17 @@ __device__ __forceinline__ void i8_producer(const GemmArgs& a, u8* smem, u32 bas
   }
 }
 
-// NVFP4 producer warpgroups: all their warps dequantize every stage's B once it is loaded and free;
-// warp 0 also issues the stages' TMA loads, kStages - 2 k-blocks ahead of its own dequantization
-// (the load of k-block kb + lag waits for the consumers to release kb + lag - kStages, which
-// needs the dequantization of that k-block, done lag iterations earlier: no cycle, and the
-// dequantization of kb overlaps the consumers' MMAs of kb - 1). A unit of work is (row, word
-// index i) of the k-block: the four words (q, i), q = 0..3, of one row, which give four 16-byte
-// chunks of fp16 B (steps 2i and 2i + 1, both column halves). Then the writes are made visible to
-// the tensor cores (async proxy) and each warp arrives on full[stage].
+// NVFP4 producer warpgroups: all their warps dequantize every k-block's B, from its load slot into
+// its stage once both are ready (loaded; consumed by the MMAs of the stage's previous k-block).
+// Warp 0 also issues the TMA loads of A and raw B into the load slots (gemm_smem: L = kStages + 1
+// .. kStages + 3), L - kStages + 1 k-blocks ahead of its own dequantization, right after waiting for the
+// stage: the consumers freed that stage's last k-block, kb - kStages, after reading the A of
+// kb - kStages + 1, the slot's previous k-block, so the load's wait for its slot is (nearly)
+// always over, and the dequantization of kb may run kStages - 1 k-blocks ahead of the MMAs. A
+// unit of work is (row, word index i) of the k-block: the four words (q, i), q = 0..3, of one row,
+// which give four 16-byte chunks of fp16 B (steps 2i and 2i + 1, both column halves). Then the
+// writes are made visible to the tensor cores (async proxy), each lane frees the load slot and
+// each warp arrives on full[stage].
 template <class Cfg>
 __device__ __forceinline__ void fp4_producer(const GemmArgs& a, u8* smem, u32 base, int w, int lane) {
   using T = Traits<Cfg>;
@@ -1360,19 +1396,21 @@ __device__ __forceinline__ void fp4_producer(const GemmArgs& a, u8* smem, u32 ba
   constexpr int kUnits = kBN * 4;
   constexpr int kWorkers = 128 * T::kProducerGroups;
   constexpr int kPer = kUnits / kWorkers;
-  constexpr int kLag = T::kStages - 2;
-  static_assert(kUnits % kWorkers == 0 && kLag >= 1, "NVFP4: whole units per thread, at least three stages");
+  constexpr int kSlots = T::kLoadSlots;
+  constexpr int kLag = kSlots - T::kStages + 1;
+  static_assert(kUnits % kWorkers == 0 && kLag >= 1 && kLag <= kSlots, "NVFP4: whole units per thread, a load lag");
   // Scale bytes per row of B: [G, N, K/16], or K-grouped [N, k_total/16] (k_total % 32 == 0: a
   // 32-token quarter of a k-block is wholly inside or past the row; 8-byte loads when the row is
   // a multiple of 8 bytes, k_total % 128 == 0), members [N, M_g/16] each (TileInfo::s_cols).
   const u32 full0 = base + T::kSmem.bar_off, empty0 = full0 + 8u * T::kStages, loaded0 = empty0 + 8u * (T::kStages + 2);
+  const u32 free0 = loaded0 + 8u * kSlots;
   const int tid = w * 32 + lane;
   const u8* sb = static_cast<const u8*>(a.b_scale);
 
   // Warp 0's load sequence: its own scheduler walk, ahead of the dequantization.
   Scheduler<Cfg> load_sched(a);
   TileInfo lt;
-  int l_unit = int(blockIdx.x), l_kb = 0, l_stage = 0;
+  int l_unit = int(blockIdx.x), l_kb = 0, l_slot = 0;
   u32 l_phase = 0;
   bool l_more = w == 0 && load_sched.get(l_unit, 0, lt);
   auto skip_empty = [&] {  // K-grouped: an empty group's tiles load nothing
@@ -1388,13 +1426,13 @@ __device__ __forceinline__ void fp4_producer(const GemmArgs& a, u8* smem, u32 ba
   auto issue_load = [&] {
     if (!l_more) return;
     if (l_kb == 0) maps.prepare(a, smem + T::kSmem.maps_off, base + T::kSmem.maps_off, lt, lane);
-    sm90::mbar_wait(empty0 + 8u * l_stage, l_phase ^ 1u);
+    sm90::mbar_wait(free0 + 8u * l_slot, l_phase ^ 1u);
     if (lane == 0) {
-      const u32 bar = loaded0 + 8u * l_stage;
+      const u32 bar = loaded0 + 8u * l_slot;
       sm90::mbar_arrive_expect_tx(bar, T::kTxBytes);
       const int kc = lt.k0 / 2 + l_kb * (kGemmBlockK / 2);  // bytes of packed e2m1 (M-grouped: k0 = 0)
-      const u32 b_dst = base + T::kSmem.braw_off + u32(l_stage) * T::kSmem.braw_stage;
-      sm90::tma_load_2d(base + T::kSmem.a_off + u32(l_stage) * T::kSmem.a_stage, maps.a_map, bar, kc, lt.row0);
+      const u32 b_dst = base + T::kSmem.braw_off + u32(l_slot) * T::kSmem.braw_stage;
+      sm90::tma_load_2d(base + T::kSmem.a_off + u32(l_slot) * T::kSmem.a_stage, maps.a_map, bar, kc, lt.row0);
       if constexpr (Cfg::kKGrouped) sm90::tma_load_2d(b_dst, maps.b_map(a), bar, kc, lt.n0);  // B [N, k_total/2] (members: [N, M_g/2])
       else sm90::tma_load_3d(b_dst, &a.b_map, bar, kc, lt.n0, lt.group);                   // B [G, N, K/2]
     }
@@ -1404,7 +1442,7 @@ __device__ __forceinline__ void fp4_producer(const GemmArgs& a, u8* smem, u32 ba
       l_more = load_sched.get(l_unit, 0, lt);
       skip_empty();
     }
-    if (++l_stage == T::kStages) l_stage = 0, l_phase ^= 1u;
+    if (++l_slot == kSlots) l_slot = 0, l_phase ^= 1u;
   };
   if (w == 0) {
     if (lane == 0 && !Cfg::kMembers) {
@@ -1415,8 +1453,7 @@ __device__ __forceinline__ void fp4_producer(const GemmArgs& a, u8* smem, u32 ba
   }
 
   Scheduler<Cfg> sched(a);
-  int stage = 0;
-  u32 phase = 0;
+  u32 seq = 0;  // k-blocks dequantized so far: stage seq % kStages, load slot seq % kSlots (one register)
   for (int unit = int(blockIdx.x);; unit += int(gridDim.x)) {
     TileInfo t;
     if (!sched.get(unit, 0, t)) break;
@@ -1447,13 +1484,14 @@ __device__ __forceinline__ void fp4_producer(const GemmArgs& a, u8* smem, u32 ba
     };
     if (k_blocks > 0) load_scales(0, sc_next);
     for (int kb = 0; kb < k_blocks; ++kb) {
-      if (w == 0) issue_load();  // k-block kb + kLag
 #pragma unroll
       for (int j = 0; j < kPer; ++j) sc[j] = sc_next[j];
       if (kb + 1 < k_blocks) load_scales(kb + 1, sc_next);
-      sm90::mbar_wait(empty0 + 8u * stage, phase ^ 1u);
-      sm90::mbar_wait(loaded0 + 8u * stage, phase);
-      const u8* raw = smem + T::kSmem.braw_off + u32(stage) * T::kSmem.braw_stage;
+      const u32 stage = seq % u32(T::kStages), slot = seq % u32(kSlots);
+      sm90::mbar_wait(empty0 + 8u * stage, (seq / u32(T::kStages) & 1u) ^ 1u);
+      if (w == 0) issue_load();  // k-block kb + kLag
+      sm90::mbar_wait(loaded0 + 8u * slot, seq / u32(kSlots) & 1u);
+      const u8* raw = smem + T::kSmem.braw_off + u32(slot) * T::kSmem.braw_stage;
       u8* dst = smem + T::kSmem.b_off + u32(stage) * T::kSmem.b_stage;
       const int2 kept = kept_tokens<Cfg>(t, kb);
       // K-grouped: drop the other groups' tokens (fp4::nibble_mask; members: TMA's zero fill and
@@ -1495,9 +1533,10 @@ __device__ __forceinline__ void fp4_producer(const GemmArgs& a, u8* smem, u32 ba
         }
       }
       sm90::fence_proxy_async_shared();
+      sm90::mbar_arrive(free0 + 8u * slot);  // this lane's reads of the raw B are done
       __syncwarp();
       if (lane == 0) sm90::mbar_arrive(full0 + 8u * stage);
-      if (++stage == T::kStages) stage = 0, phase ^= 1u;
+      ++seq;
     }
   }
 }
@@ -1709,8 +1748,8 @@ __device__ __forceinline__ void zero_k_outside(u8* smem, int stage, int keep_lo,
   if constexpr (T::kConsumers > 1) sm90::named_barrier(1u + u32(T::kConsumers), 128u * T::kConsumers);
 }
 
-// NVFP4 consumer: per k-block, its A rows' packed e2m1 (shared memory) and e4m3 scales (global,
-// loaded one k-block ahead) become the eight k-steps' fp16 register fragments (one buffer: the
+// NVFP4 consumer: per k-block, its A rows' packed e2m1 (the load slot, freed as soon as they are
+// read) and e4m3 scales (global, loaded one k-block ahead) become the eight k-steps' fp16 register fragments (one buffer: the
 // previous k-block's MMAs are waited for first, as ptxas serializes MMAs whose fragments are
 // written while they may run), then eight m64nNk16 MMAs with B from the stage's fp16 copy; the
 // tensor cores accumulate over all of K in fp32, scaled by 2^-28 (fp4::pairs) until the epilogue.
@@ -1724,13 +1763,14 @@ __device__ __forceinline__ void consumer_fp4(const GemmArgs& a, u8* smem, u32 ba
   const Frag f{wg, tid, lane, wg * 64 + warp * 16 + lane / 4};
   Scheduler<Cfg> sched(a);
   const u32 full0 = base + T::kSmem.bar_off, empty0 = full0 + 8u * T::kStages, loaded0 = empty0 + 8u * (T::kStages + 2);
+  const u32 free0 = loaded0 + 8u * T::kLoadSlots;
   const int a_rows = Cfg::kKGrouped ? int(Cfg::kM) : int(a.m_total);
   const int quad = lane & 3;
   const u8* sa = static_cast<const u8*>(a.a_scale);
   float acc[T::kAcc];
   u32 frag[32];
-  int stage = 0;
-  u32 phase = 0;
+  int stage = 0, slot = 0;
+  u32 phase = 0, slot_phase = 0;
   for (int unit = int(blockIdx.x);; unit += int(gridDim.x)) {
     TileInfo t;
     if (!sched.get(unit, 0, t)) break;
@@ -1752,10 +1792,12 @@ __device__ __forceinline__ void consumer_fp4(const GemmArgs& a, u8* smem, u32 ba
     if (k_blocks > 0) load_scales(0);
     int prev_stage = 0;
     auto step = [&](u32* fr, int kb) {
-      sm90::mbar_wait(loaded0 + 8u * stage, phase);  // A (TMA)
-      sm90::mbar_wait(full0 + 8u * stage, phase);    // B dequantized
-      const u8* ap = smem + T::kSmem.a_off + u32(stage) * T::kSmem.a_stage + f.row * 64 + 16 * quad;
+      sm90::mbar_wait(loaded0 + 8u * slot, slot_phase);  // A (TMA)
+      sm90::mbar_wait(full0 + 8u * stage, phase);         // B dequantized
+      const u8* ap = smem + T::kSmem.a_off + u32(slot) * T::kSmem.a_stage + f.row * 64 + 16 * quad;
       const uint4 x0 = *reinterpret_cast<const uint4*>(ap), x1 = *reinterpret_cast<const uint4*>(ap + 8 * 64);
+      sm90::mbar_arrive(free0 + 8u * slot);  // this lane's reads of the load slot are done
+      if (++slot == T::kLoadSlots) slot = 0, slot_phase ^= 1u;
       u32 w0[4] = {x0.x, x0.y, x0.z, x0.w}, w1[4] = {x1.x, x1.y, x1.z, x1.w};
       if constexpr (Cfg::kKGrouped && !Cfg::kMembers) {  // members: zero data and scales past M_g
         const int2 kept = kept_tokens<Cfg>(t, kb);
@@ -2008,8 +2050,11 @@ __global__ void __launch_bounds__(gemm::Traits<Cfg>::kThreads, 1) gemm_kernel(co
     }
     sm90::mbar_init(empty0 + 8u * T::kStages, 4);  // turn[0]: the four warps of WG1 arrive
     sm90::mbar_init(empty0 + 8u * T::kStages + 8u, 4);
+    const u32 loaded0 = empty0 + 8u * (T::kStages + 2);
     if constexpr (T::kFp4 || T::kConvertB)
-      for (int s = 0; s < T::kStages; ++s) sm90::mbar_init(empty0 + 8u * (T::kStages + 2 + s), 1);  // loaded[s]
+      for (int s = 0; s < T::kLoadSlots; ++s) sm90::mbar_init(loaded0 + 8u * s, 1);  // loaded[slot]
+    if constexpr (T::kFp4)
+      for (int s = 0; s < T::kLoadSlots; ++s) sm90::mbar_init(loaded0 + 8u * (T::kLoadSlots + s), T::kLoadFreeArrivals);
     sm90::fence_barrier_init();
     sm90::fence_proxy_async_shared();
   }

@@ -317,6 +317,9 @@ std::vector<Case> exact_cases() {
   add("nvfp4_fp32_acc_noalpha", spec_of(S::Nvfp4, F4, F4, DType::FP32, true, false, 128, 128, 1, 256, 512), {}, 3, false);
   add("nvfp4_one_kblock_fp32", spec_of(S::Nvfp4, F4, F4, DType::FP32, false, false, 128, 128, 1, 136, 128));
   add("nvfp4_many_groups", spec_of(S::Nvfp4, F4, F4, DType::BF16, false, false, 128, 128, 1, 1024, 512), many, 3);
+  add("nvfp4_two_stages_3ctas", spec_of(S::Nvfp4, F4, F4, DType::BF16, false, false, 128, 128, 1, 256, 1024), many, 3);
+  v.back().spec.tile.stages = 2;  // five load slots: the two rings wrap at different k-blocks, across tiles
+  v.back().max_ctas = 3;
   masked("masked_nvfp4_fp32", spec_of(S::Nvfp4, F4, F4, DType::FP32, false, false, 128, 128, 1, 200, 256), 256);
   add("tensor_many_groups_fast_mc2", spec_of(S::PerTensor, E4, E4, DType::BF16, false, true, 128, 256, 2, 1024, 512),
       many, 3);
