@@ -47,8 +47,9 @@ san_filter+=':*mxfp8__linear_input__inference__bf16__128x4224:*float8_block*_lin
 # kind (every consumer lane releases a stage: docs/gemm.md; NVFP4 raced clean 2026-11-24).
 gemm_cases='*GemmExact*tensor_promote_bf16:*GemmExact*rowwise_promote_bf16:*GemmExact*kgrouped_tensor_bf16:*GemmExact*tensor_many_groups_fast_mc2'
 gemm_cases+=':*GemmExact*block_e4m3_bf16:*GemmExact*mxfp8_e4m3_bf16:*GemmExact*masked_block_bf16:*GemmExact*block_many_groups_mc2:*GemmExact*mxfp8_many_groups'
-# NVFP4 (B dequantized into the stages by the producer warps, A into registers).
-gemm_cases+=':*GemmExact*nvfp4_bf16:*GemmExact*nvfp4_many_groups'
+# NVFP4 (A and raw B in load slots of their own, freed by the consumers' A reads and the producers'
+# B dequantization into the stages; A into registers): 3 stages + 6 slots, fp32 out 3 + 5, 2 + 5.
+gemm_cases+=':*GemmExact*nvfp4_bf16:*GemmExact*nvfp4_many_groups:*GemmExact*nvfp4_fp32_acc_noalpha:*GemmExact*nvfp4_two_stages_3ctas'
 # K-grouped blockwise and MXFP8 (scale writers, tiles from 128-token boundaries: wider zeroing).
 gemm_cases+=':*GemmExact*kgrouped_block_bf16:*GemmExact*kgrouped_mxfp8_bf16'
 # K-grouped members: tensor maps written by the producer warp into the workspace ring, then read by TMA.
