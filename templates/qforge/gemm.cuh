@@ -1396,9 +1396,15 @@ __device__ __forceinline__ void fp4_producer(const GemmArgs& a, u8* smem, u32 ba
   constexpr int kUnits = kBN * 4;
   constexpr int kWorkers = 128 * T::kProducerGroups;
   constexpr int kPer = kUnits / kWorkers;
+  // Scale loads per thread and k-block: K-grouped, one per distinct B row (units 2 x kBN apart share
+  // a row; its scale loads take bounds checks): wgrad 426-433 -> 450-454 TFLOP/s, members 449-457
+  // -> 465-467 (same-run A/B, H100, three rounds); M-grouped keeps one per unit (one per row measured
+  // 477-485 against 490-496 at 8 x 4096 x 4096 x 7168).
+  constexpr int kRows = !Cfg::kKGrouped || kPer < 2 * kBN / kWorkers ? kPer : 2 * kBN / kWorkers;
   constexpr int kSlots = T::kLoadSlots;
   constexpr int kLag = kSlots - T::kStages + 1;
-  static_assert(kUnits % kWorkers == 0 && kLag >= 1 && kLag <= kSlots, "NVFP4: whole units per thread, a load lag");
+  static_assert(kUnits % kWorkers == 0 && (2 * kBN) % kWorkers == 0 && kPer % kRows == 0 && kLag >= 1 && kLag <= kSlots,
+                "NVFP4: whole units per thread, a load lag");
   // Scale bytes per row of B: [G, N, K/16], or K-grouped [N, k_total/16] (k_total % 32 == 0: a
   // 32-token quarter of a k-block is wholly inside or past the row; 8-byte loads when the row is
   // a multiple of 8 bytes, k_total % 128 == 0), members [N, M_g/16] each (TileInfo::s_cols).
@@ -1461,13 +1467,14 @@ __device__ __forceinline__ void fp4_producer(const GemmArgs& a, u8* smem, u32 ba
     const i64 scale_row = Cfg::kKGrouped ? i64(t.s_cols) : Cfg::kK / 16;
     const bool scale_u64 = scale_row % 8 == 0;  // members: N % 8 == 0 keeps N * s_prefix 8-byte aligned
     const u8* sbt = sb + (Cfg::kKGrouped ? i64(Cfg::kN) * t.s_prefix : 0);
-    // This thread's units' scales of k-block kb (8 bytes per row; zero past N and past k_limit),
+    // This thread's rows' scales of k-block kb (8 bytes per row; zero past N and past k_limit),
     // loaded one k-block ahead so that their latency hides behind a k-block's dequantization.
-    uint2 sc[kPer], sc_next[kPer];
+    // Unit j takes the scales of load j % kRows.
+    uint2 sc[kRows], sc_next[kRows];
     auto load_scales = [&](int kb, uint2* dst) {
       const int tok = t.k0 + kb * kGemmBlockK;  // the k-block's first token (M-grouped: of K)
 #pragma unroll
-      for (int j = 0; j < kPer; ++j) {
+      for (int j = 0; j < kRows; ++j) {
         const int row = ((tid + kWorkers * j) >> 1) & (kBN - 1), col = t.n0 + row;
         const u8* p = sbt + (Cfg::kKGrouped ? i64(col) : i64(t.group) * Cfg::kN + col) * scale_row + tok / 16;
         dst[j] = make_uint2(0, 0);
@@ -1485,7 +1492,7 @@ __device__ __forceinline__ void fp4_producer(const GemmArgs& a, u8* smem, u32 ba
     if (k_blocks > 0) load_scales(0, sc_next);
     for (int kb = 0; kb < k_blocks; ++kb) {
 #pragma unroll
-      for (int j = 0; j < kPer; ++j) sc[j] = sc_next[j];
+      for (int j = 0; j < kRows; ++j) sc[j] = sc_next[j];
       if (kb + 1 < k_blocks) load_scales(kb + 1, sc_next);
       const u32 stage = seq % u32(T::kStages), slot = seq % u32(kSlots);
       sm90::mbar_wait(empty0 + 8u * stage, (seq / u32(T::kStages) & 1u) ^ 1u);
@@ -1516,7 +1523,8 @@ __device__ __forceinline__ void fp4_producer(const GemmArgs& a, u8* smem, u32 ba
           for (int q = 0; q < 4; ++q) wq[q] &= fp4::nibble_mask(32 * q + 8 * i, kept.x, kept.y);
         }
         // Scale bytes 2q + i_hi, q = 0..3, of the row's eight.
-        fp4::scales4(sm90::prmt(sc[j].x & smask.x, sc[j].y & smask.y, 0x6420u + 0x1111u * u32(i_hi)), s4);
+        const uint2 scj = sc[j % kRows];
+        fp4::scales4(sm90::prmt(scj.x & smask.x, scj.y & smask.y, 0x6420u + 0x1111u * u32(i_hi)), s4);
         u8* drow = dst + i_hi * (kBN * 128) + row * 128;
         u32 p[4][4];
 #pragma unroll
