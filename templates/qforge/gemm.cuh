@@ -1757,9 +1757,9 @@ __device__ __forceinline__ void zero_k_outside(u8* smem, int stage, int keep_lo,
 }
 
 // NVFP4 consumer: per k-block, its A rows' packed e2m1 (the load slot, freed as soon as they are
-// read) and e4m3 scales (global, loaded one k-block ahead) become the eight k-steps' fp16 register fragments (one buffer: the
-// previous k-block's MMAs are waited for first, as ptxas serializes MMAs whose fragments are
-// written while they may run), then eight m64nNk16 MMAs with B from the stage's fp16 copy; the
+// read) and e4m3 scales (global, loaded one k-block ahead) become the eight k-steps' fp16
+// register fragments (one buffer: the previous k-block's MMAs are waited for first, as ptxas
+// serializes MMAs whose fragments are written while they may run), then eight m64nNk16 MMAs with B from the stage's fp16 copy; the
 // tensor cores accumulate over all of K in fp32, scaled by 2^-28 (fp4::pairs) until the epilogue.
 // K-grouped: the k-blocks of the group's token range, other groups' tokens masked to zero at its
 // edges (as in fp4_producer for B).
