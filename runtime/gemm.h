@@ -86,7 +86,8 @@ class Gemm {
   int persistent_ctas() const;
 
   // Device workspace a run on the current device needs (GemmCall::workspace): k_grouped_members
-  // keeps a ring of (stages + 1) A and B tensor maps per persistent CTA; 0 for the other layouts.
+  // keeps a ring of (load slots + 1) A and B tensor maps per persistent CTA (the load slots are
+  // the stages but for NVFP4, gemm_member_map_count); 0 for the other layouts.
   int64_t workspace_bytes() const;
 
  private:

@@ -48,9 +48,10 @@ san_filter+=':*mxfp8__linear_input__inference__bf16__128x4224:*float8_block*_lin
 gemm_cases='*GemmExact*tensor_promote_bf16:*GemmExact*rowwise_promote_bf16:*GemmExact*kgrouped_tensor_bf16:*GemmExact*tensor_many_groups_fast_mc2'
 gemm_cases+=':*GemmExact*block_e4m3_bf16:*GemmExact*mxfp8_e4m3_bf16:*GemmExact*masked_block_bf16:*GemmExact*block_many_groups_mc2:*GemmExact*mxfp8_many_groups'
 # NVFP4 (A and raw B in load slots of their own, freed by the consumers' A reads and the producers'
-# B dequantization into the stages; A into registers): 3 stages + 6 slots, fp32 out 3 + 5, 2 + 5.
+# B dequantization into the stages; A into registers): 3 stages + 6 slots, fp32 out 3 + 5, 2 + 5;
+# K-grouped 4 + 5 (the members' map ring wrapping on 3 CTAs).
 gemm_cases+=':*GemmExact*nvfp4_bf16:*GemmExact*nvfp4_many_groups:*GemmExact*nvfp4_fp32_acc_noalpha'
-gemm_cases+=':*GemmExact*nvfp4_two_stages_3ctas'
+gemm_cases+=':*GemmExact*nvfp4_two_stages_3ctas:*GemmExact*members_nvfp4_ring'
 # K-grouped blockwise and MXFP8 (scale writers, tiles from 128-token boundaries: wider zeroing).
 gemm_cases+=':*GemmExact*kgrouped_block_bf16:*GemmExact*kgrouped_mxfp8_bf16'
 # K-grouped members: tensor maps written by the producer warp into the workspace ring, then read by TMA.

@@ -64,8 +64,8 @@ constexpr u32 kGemmSmemAlignSlack = 1024;  // the dynamic window is aligned up t
 constexpr int kGemmEpiBoxBytes = 128;
 
 // Output columns per epilogue pass (bf16: the whole tile; fp32, NVFP4 and weight-only int8: 64, to
-// bound the staging memory; NVFP4 needs the room for a fourth stage, int8 B too) and the staging row pitch in 32-bit words. Pitches are
-// chosen so that fragment stores hit 32 distinct banks: fp32 pairs (8-byte stores, half-warps of
+// bound the staging memory: NVFP4 needs the room for its load slots, int8 B for a fourth stage)
+// and the staging row pitch in 32-bit words. Pitches are chosen so that fragment stores hit 32 distinct banks: fp32 pairs (8-byte stores, half-warps of
 // 4 rows x 4 lanes) need pitch = 8 (mod 32), packed bf16 pairs (4-byte stores, 8 rows x 4 lanes)
 // need pitch = 4 (mod 32).
 QF_HD constexpr int gemm_epi_cols(int block_n, int out_bytes, int scaling) {
@@ -139,7 +139,10 @@ QF_HD constexpr GemmSmem gemm_smem_with(int block_m, int block_n, int stages, in
 // loads run four k-blocks ahead of the dequantization), down to stages + 1 (two ahead); measured
 // on an H100 at 8 x 4096 x 4096 x 7168, 3 stages: 6 slots 485-496 TFLOP/s against 5 slots
 // 467-477 (bf16 out); with fp32 out (whose staging leaves room for 5), 3 stages and 5 slots
-// 481-484 against 2 stages and 5 slots 465. The other kinds load into their stages.
+// 481-484 against 2 stages and 5 slots 465. The K-grouped kernels' smaller staging (the tensor
+// engine's boxes) fits 4 stages and 5 slots with bf16 out (3 + 6 with fp32): wgrad 453-454
+// against 443-449 with 3 + 6, members 462-467 against 457-462. The other kinds load into their
+// stages.
 QF_HD constexpr GemmSmem gemm_smem(int block_m, int block_n, int stages, int consumers, int scaling, bool col_scales,
                                    int out_bytes, bool tma_epilogue = false, bool member_maps = false) {
   const bool fp4 = scaling == kGemmNvfp4;
@@ -1383,8 +1386,9 @@ __device__ __forceinline__ void i8_producer(const GemmArgs& a, u8* smem, u32 bas
 // Warp 0 also issues the TMA loads of A and raw B into the load slots (gemm_smem: L = kStages + 1
 // .. kStages + 3), L - kStages + 1 k-blocks ahead of its own dequantization, right after waiting for the
 // stage: the consumers freed that stage's last k-block, kb - kStages, after reading the A of
-// kb - kStages + 1, the slot's previous k-block, so the load's wait for its slot is (nearly)
-// always over, and the dequantization of kb may run kStages - 1 k-blocks ahead of the MMAs. A
+// kb - kStages + 1, the slot's previous k-block, so the load's wait for its slot is over but at
+// a tile's first k-blocks (whose A the consumers read after the previous tile's epilogue), and
+// the dequantization of kb may run kStages - 1 k-blocks ahead of the MMAs. A
 // unit of work is (row, word index i) of the k-block: the four words (q, i), q = 0..3, of one row,
 // which give four 16-byte chunks of fp16 B (steps 2i and 2i + 1, both column halves). Then the
 // writes are made visible to the tensor cores (async proxy), each lane frees the load slot and

@@ -52,8 +52,8 @@ struct GemmArgs {
   i64 k_total;               // K-grouped layout: the shared token dimension of A [kM, k_total] and
                              // B [N, k_total]; group g reduces over [offsets[g], offsets[g+1])
   i32 num_groups;
-  // K-grouped members: device workspace of (kStages + 1) x {A, B} tensor maps per CTA (128 bytes
-  // each), the ring the producer writes each group's maps into (null otherwise).
+  // K-grouped members: device workspace of (load slots + 1) x {A, B} tensor maps per CTA (128 bytes
+  // each; GemmSmem::load_slots), the ring the producer writes each group's maps into (null otherwise).
   TmaDescriptor* member_maps;
   const u8* a_data;  // K-grouped members: A and B (the members' matrices back to back)
   const u8* b_data;

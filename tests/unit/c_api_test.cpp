@@ -491,7 +491,7 @@ TEST_F(CApi, GemmFromRecipePreparesWithoutAGpu) {
   EXPECT_STREQ(qf_last_error(), "bytes: must not be NULL");
   int64_t ws = -1;
   if (qf_gemm_workspace_bytes(g, &ws) == QF_OK) {
-    EXPECT_GT(ws, 0);  // a GPU: (stages + 1) x 2 tensor maps per persistent CTA
+    EXPECT_GT(ws, 0);  // a GPU: (load slots + 1) x 2 tensor maps per persistent CTA
   } else {
     EXPECT_EQ(ws, -1);
     EXPECT_NE(std::string(qf_last_error()), "");

@@ -237,9 +237,7 @@ TEST(GemmCodegen, StagesFillSharedMemory) {
     GemmSpec more = v.spec;
     more.tile = t;
     more.tile.stages = t.stages + 1;
-    // NVFP4's stages hold the dequantized B only (its loads have a ring of their own): 2 with fp32
-    // output's larger epilogue staging.
-    EXPECT_GE(t.stages, v.spec.scaling == GemmScaling::Nvfp4 ? 2 : 3) << v.name;
+    EXPECT_GE(t.stages, v.spec.tile.stages != 0 ? 2 : 3) << v.name;
     const bool capped = v.spec.layout == GemmLayout::MGrouped && gemm_promotes(v.spec) && t.block_m == 128 &&
                         (v.spec.scaling == GemmScaling::PerTensor || v.spec.scaling == GemmScaling::RowChannel);
     if (capped && v.spec.tile.stages == 0) {
@@ -382,7 +380,6 @@ TEST(GemmCodegen, SpecErrorsNameTheField) {
   s = f4, s.tile.stages = 4;  // 4 x 32 KiB of fp16 B and at least 5 x 16 KiB of load slots
   expect_spec_error(s, "tile.stages", "4 stages need");
   // Load slots: stages + 3 where they fit, down to stages + 1.
-  const GemmTile t4 = resolve_tile(f4);
   EXPECT_EQ(gemm_smem(128, 128, 3, 2, kGemmNvfp4, false, 2).load_slots, 6u);
   EXPECT_EQ(gemm_smem(128, 128, 3, 2, kGemmNvfp4, false, 4).load_slots, 5u);  // fp32 staging
   EXPECT_EQ(gemm_smem(128, 128, 2, 2, kGemmNvfp4, false, 2).load_slots, 5u);
@@ -390,7 +387,19 @@ TEST(GemmCodegen, SpecErrorsNameTheField) {
   EXPECT_EQ(gemm_smem(128, 128, 4, 2, kGemmBlock128, false, 2).load_slots, 4u);
   s = f4, s.out_dtype = DType::FP32;
   EXPECT_EQ(resolve_tile(s).stages, 3);
-  EXPECT_EQ(t4.stages, 3);
+  // K-grouped (the tensor engine's smaller epilogue staging): 4 stages + 5 slots with bf16 out, 3 +
+  // 6 with fp32; the members' tensor-map ring has one slot more than the load slots.
+  s = k_grouped(f4, 256);
+  s.tile = resolve_tile(s);
+  EXPECT_EQ(s.tile.stages, 4);
+  EXPECT_EQ(gemm_member_map_count(s), 6);
+  s = members(f4, 256), s.out_dtype = DType::FP32;
+  s.tile = resolve_tile(s);
+  EXPECT_EQ(s.tile.stages, 3);
+  EXPECT_EQ(gemm_member_map_count(s), 7);
+  s = members(make(GemmScaling::Block128, ElemFormat::E4M3, ElemFormat::E4M3, DType::BF16, false, false, 0, 0), 256);
+  s.tile = resolve_tile(s);
+  EXPECT_EQ(gemm_member_map_count(s), s.tile.stages + 1);
   EXPECT_NE(emit_gemm(f4).source.find("kPromote = false"), std::string::npos) << emit_gemm(f4).source;
   s = f4, s.tile.block_m = 64;
   expect_spec_error(s, "tile.block_m", "nvfp4: expected 128 (two consumer warpgroups");

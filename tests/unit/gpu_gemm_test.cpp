@@ -298,7 +298,7 @@ std::vector<Case> exact_cases() {
   members("members_mxfp8_fp32_acc_bm64", spec_of(S::Mx32, E4, E5, DType::FP32, true, false, 64, 128, 1, 256, 130), mtok, 0);
   members("members_nvfp4_bf16", spec_of(S::Nvfp4, F4, F4, DType::BF16, false, false, 128, 128, 1, 200, 200), mtok4, 32);
   members("members_nvfp4_fp32_acc", spec_of(S::Nvfp4, F4, F4, DType::FP32, true, false, 128, 128, 1, 136, 130), mtok4, 0);
-  // 40 members on 3 CTAs: each CTA walks ~13 groups, so its ring of stages + 1 map slots wraps.
+  // 40 members on 3 CTAs: each CTA walks ~13 groups, so its ring of load slots + 1 map slots wraps.
   std::vector<int64_t> many16(40), many32(40);
   for (size_t i = 0; i < many16.size(); ++i) many16[i] = int64_t((i * 37) % 190) / 16 * 16, many32[i] = many16[i] / 32 * 32;
   many16.push_back(8), many32.push_back(48);  // and a misaligned last member
