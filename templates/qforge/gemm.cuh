@@ -1125,6 +1125,10 @@ struct Traits {
       gemm_smem(kBM, kBN, kStages, kConsumers, int(Cfg::kScaling), Scaling::kColScales, kOutBytes, Cfg::kKGrouped,
                 Cfg::kMembers);
   static constexpr int kLoadSlots = int(kSmem.load_slots);
+  // Barrier offsets from the aligned base (after full[stages], empty[stages], turn[2]; GemmSmem::
+  // bar_off): loaded[load slots] (NVFP4, weight-only int8), then free[load slots] (NVFP4).
+  static constexpr u32 kLoadedBar = kSmem.bar_off + 8u * u32(2 * kStages + 2);
+  static constexpr u32 kFreeBar = kLoadedBar + 8u * u32(kLoadSlots);
   static constexpr u32 kTxBytes = kConvertB ? u32(kBM) * 128u + u32(kBN) * 64u : u32(kBM + kBN) * (kFp4 ? 64u : 128u);
   // NVFP4: the TMA bytes complete loaded[slot]; full[stage] takes the B dequantizing warps; every
   // thread of the CTA frees a load slot (the consumers once they have read its A, the producers
@@ -1301,7 +1305,7 @@ __device__ __forceinline__ void i8_producer(const GemmArgs& a, u8* smem, u32 bas
   constexpr bool kBf16 = Cfg::AFormat::kExpBits == 8;
   constexpr u32 kConvertBarrier = 8;  // named barrier of the converter warps (consumers use 1..3)
   static_assert(kHalf >= 1 && kHalf * 2 * kWorkers == kBN * 8, "weight-only int8: whole chunks per thread");
-  const u32 full0 = base + T::kSmem.bar_off, empty0 = full0 + 8u * T::kStages, loaded0 = empty0 + 8u * (T::kStages + 2);
+  const u32 full0 = base + T::kSmem.bar_off, empty0 = full0 + 8u * T::kStages, loaded0 = base + T::kLoadedBar;
   // Chunk j of this thread: row (tid / 8) + kRowStep j, 16-byte chunk tid % 8 of its converted row
   // (elements 8 (tid % 8) + [0, 8)); every j has the same swizzle (row % 8), so one offset into
   // the loaded rows and one into the converted ones serve them all.
@@ -1412,8 +1416,8 @@ __device__ __forceinline__ void fp4_producer(const GemmArgs& a, u8* smem, u32 ba
   // Scale bytes per row of B: [G, N, K/16], or K-grouped [N, k_total/16] (k_total % 32 == 0: a
   // 32-token quarter of a k-block is wholly inside or past the row; 8-byte loads when the row is
   // a multiple of 8 bytes, k_total % 128 == 0), members [N, M_g/16] each (TileInfo::s_cols).
-  const u32 full0 = base + T::kSmem.bar_off, empty0 = full0 + 8u * T::kStages, loaded0 = empty0 + 8u * (T::kStages + 2);
-  const u32 free0 = loaded0 + 8u * kSlots;
+  const u32 full0 = base + T::kSmem.bar_off, empty0 = full0 + 8u * T::kStages, loaded0 = base + T::kLoadedBar;
+  const u32 free0 = base + T::kFreeBar;
   const int tid = w * 32 + lane;
   const u8* sb = static_cast<const u8*>(a.b_scale);
 
@@ -1774,8 +1778,8 @@ __device__ __forceinline__ void consumer_fp4(const GemmArgs& a, u8* smem, u32 ba
   const int tid = threadIdx.x % 128, lane = threadIdx.x % 32, warp = tid / 32;
   const Frag f{wg, tid, lane, wg * 64 + warp * 16 + lane / 4};
   Scheduler<Cfg> sched(a);
-  const u32 full0 = base + T::kSmem.bar_off, empty0 = full0 + 8u * T::kStages, loaded0 = empty0 + 8u * (T::kStages + 2);
-  const u32 free0 = loaded0 + 8u * T::kLoadSlots;
+  const u32 full0 = base + T::kSmem.bar_off, empty0 = full0 + 8u * T::kStages, loaded0 = base + T::kLoadedBar;
+  const u32 free0 = base + T::kFreeBar;
   const int a_rows = Cfg::kKGrouped ? int(Cfg::kM) : int(a.m_total);
   const int quad = lane & 3;
   const u8* sa = static_cast<const u8*>(a.a_scale);
@@ -2062,11 +2066,10 @@ __global__ void __launch_bounds__(gemm::Traits<Cfg>::kThreads, 1) gemm_kernel(co
     }
     sm90::mbar_init(empty0 + 8u * T::kStages, 4);  // turn[0]: the four warps of WG1 arrive
     sm90::mbar_init(empty0 + 8u * T::kStages + 8u, 4);
-    const u32 loaded0 = empty0 + 8u * (T::kStages + 2);
     if constexpr (T::kFp4 || T::kConvertB)
-      for (int s = 0; s < T::kLoadSlots; ++s) sm90::mbar_init(loaded0 + 8u * s, 1);  // loaded[slot]
+      for (int s = 0; s < T::kLoadSlots; ++s) sm90::mbar_init(base + T::kLoadedBar + 8u * s, 1);  // loaded[slot]
     if constexpr (T::kFp4)
-      for (int s = 0; s < T::kLoadSlots; ++s) sm90::mbar_init(loaded0 + 8u * (T::kLoadSlots + s), T::kLoadFreeArrivals);
+      for (int s = 0; s < T::kLoadSlots; ++s) sm90::mbar_init(base + T::kFreeBar + 8u * s, T::kLoadFreeArrivals);
     sm90::fence_barrier_init();
     sm90::fence_proxy_async_shared();
   }
