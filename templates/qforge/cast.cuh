@@ -312,9 +312,9 @@ __device__ __forceinline__ u32 e2m1_rn_byte(float x) {
   return f32_bits(a + f32_from_bits(m));
 }
 
-// Eight e2m1 codes (e2m1_rn_byte's low bytes, or enc_sr's codes) as one word, element 0 in the
-// low nibble.
-__device__ __forceinline__ u32 pack_e2m1(const u32 (&b)[8]) {
+// Eight e2m1 codes b[0..7] (e2m1_rn_byte's low bytes, or enc_sr's codes) as one word, element 0
+// in the low nibble.
+__device__ __forceinline__ u32 pack_e2m1(const u32* b) {
   u32 p[4];
 #pragma unroll
   for (int i = 0; i < 4; ++i) p[i] = b[2 * i] + (b[2 * i + 1] << 4);  // low byte: the pair
@@ -359,27 +359,32 @@ __device__ __forceinline__ float e4m3_value(u32 bits) {
 }
 
 // Stochastic rounding, fast paths with the exact result of encode_sr<F> (numerics.cuh) for e2m1
-// and int8, whose grid step is a power of two in each binade. e2m1 (16 random bits R per
-// element, floor(a / step + u) with u = R * 2^-16) goes without int <-> float conversions, floorf
-// or a comparison: y = fma(R, step * 2^-16, a) rounded toward zero is at or above a grid point
-// exactly when a + u * step is (grid points are fp32 numbers, and rounding toward zero keeps
-// them), and t = y + M rounded toward zero, M = 2^23 * step (ulp(M) = step), is M + floor(y /
-// step) * step: the bits of t minus those of M are floor(a / step + u). y stays below the next
-// binade's second grid point (a <= 6 keeps the code at 7), so the count continues the binade's
-// first code into the next binade as the codes do.
+// and int8, whose grid step is a power of two in each binade. e2m1 (B = kSrBits = 8 random bits R
+// per element, floor(a / step + u) with u = R * 2^-B) goes without int <-> float conversions,
+// floorf or a comparison, in two additions rounded toward zero:
+// - v = step * (1 + R * 2^-B) is built from bits (the binade's exponent, R in the top of the
+//   mantissa), and y = a + v rounded toward zero is at or above a grid point exactly when a + v
+//   is (grid points are fp32 numbers, and rounding toward zero keeps them);
+// - t = y + M rounded toward zero, with ulp(M) = step (M = 2^(22 + s) plus a whole number of
+//   steps), is M + floor(y / step) * step = M + (floor(a / step + u) + 1) * step.
+// M's whole steps are 255 + 2s + 8 * sign: the +1 of v's step carries them to 256 + the binade's
+// first code (2s) + the sign (8), so t's low byte is the 4-bit code (as e2m1_rn_byte's, which the
+// packing relies on). y stays below the next binade's second grid point (a <= 6 keeps the code at
+// 7), so the count continues the binade's first code into the next binade as the codes do.
 template <class F>
 __device__ __forceinline__ u32 enc_sr(float x, u32 r) {
   if constexpr (kIsE2m1<F>) {
-    const u32 b = f32_bits(x);
-    if ((b & kF32AbsMask) > kF32InfBits) return F::kNanBits;
-    const float a = fminf(fabsf(x), 6.0f);  // Inf and |x| > 6 saturate to the code of 6
-    // Binade s: 0 in [0, 2) (step 1/2, first code 0), 1 in [2, 4) (step 1, code 2), 2 in [4, 6].
-    const u32 e = f32_bits(fmaxf(a, 1.0f)) >> 23, s = e - 127u;
-    const float rf = f32_from_bits(0x4B000000u | (r & 0xFFFFu)) - 0x1p23f;  // R, exact
-    const float unit = f32_from_bits(0x37000000u + (s << 23));             // step * 2^-16 = 2^(s - 17)
-    const float m = f32_from_bits(0x4A800000u + (s << 23));                // 2^(22 + s): ulp = step
-    const float t = __fadd_rz(__fmaf_rz(rf, unit, a), m);
-    return ((b >> 28) & 0x8u) | (f32_bits(t) - f32_bits(m) + 2u * s);
+    constexpr u32 kB = F::kSrBits;
+    static_assert(kB <= 23, "R fits the mantissa");
+    // NaN -> +6 (kNanBits, through fminf); Inf and |x| > 6 saturate to the code of 6.
+    const float xm = fminf(x, 6.0f), a = fminf(fabsf(xm), 6.0f);
+    // e = 127 + s, s the binade: 0 in [0, 2) (step 1/2, first code 0), 1 in [2, 4) (step 1, code
+    // 2), 2 in [4, 6] (step 2, code 4). step = 2^(e - 128).
+    const u32 e = __umulhi(f32_bits(fmaxf(a, 1.0f)), 1u << 9);
+    const float v = f32_from_bits(((e - 1u) << 23) | ((r & ((1u << kB) - 1u)) << (23 - kB)));
+    // M's bits: 0x4A800000 + (s << 23) + 255 + 2s + 8 * sign = e * 0x800002 + 0x0B000001 + sign.
+    const u32 mb = e * 0x800002u + 0x0B000001u + (__umulhi(f32_bits(xm), 16u) & 8u);
+    return f32_bits(__fadd_rz(__fadd_rz(a, v), f32_from_bits(mb)));
   } else if constexpr (F::kIsInt && F::kBits == 8) {
     // Step 1: floor and fraction are exact in fp32, and "fraction > u" is grid_round_sr's
     // integer comparison. (A conversion-free form of that comparison, e2m1's until session 21,
@@ -422,12 +427,15 @@ __device__ __forceinline__ u32 pack4(const QuantizeArgs& a, i64 lin, const float
   using F = typename S::Format;
   constexpr u32 kShift = F::kBits == 4 ? 4 : 8, kMask = (1u << kShift) - 1u;
   if constexpr (S::kStochastic) {
+    constexpr int G = sr_group_elems<F>();
     u32 w[4];
-    sr_random_group(a.seed, a.offset, u32(S::kDir), u64(lin) / u64(sr_group_elems<F>()), w);
-    const u64 first = sr_group_elems<F>() == 8 ? u64(lin & 4) : 0;  // the group's first or second four
+    sr_random_group(a.seed, a.offset, u32(S::kDir), u64(lin) / u64(G), w);
+    // Groups of more than four: the four's bits are one word (word (lin % G) / 4: 8-bit elements),
+    // moved to w[0] so every element's pick below is at a constant index.
+    if constexpr (G > 4) w[0] = sr_pick_word(w, u32(u64(lin) % u64(G)) / 4u);
     u32 p = 0;
 #pragma unroll
-    for (int i = 0; i < 4; ++i) p |= (enc_sr<F>(x[i], sr_pick<F>(w, first + u64(i))) & kMask) << (kShift * i);
+    for (int i = 0; i < 4; ++i) p |= (enc_sr<F>(x[i], sr_pick<F>(w, u64(i))) & kMask) << (kShift * i);
     return p;
   } else if constexpr (kIsE2m1<F>) {
     const u32 p01 = e2m1_rn_byte(x[0]) + (e2m1_rn_byte(x[1]) << 4), p23 = e2m1_rn_byte(x[2]) + (e2m1_rn_byte(x[3]) << 4);
@@ -467,7 +475,7 @@ struct StoreBits {
   static constexpr int value = is_identity<F>::value ? F::kBits : F::kBits == 4 ? 4 : 8;
 };
 
-// N consecutive elements (N % 4 == 0, starting at element `lin`, lin % min(N, 8) == 0) as the
+// N consecutive elements (N % 4 == 0, starting at element `lin`, lin % min(N, 16) == 0) as the
 // words they are stored as, element 0 lowest: x holds the scaled values (identity streams: the
 // input values), rounded to nearest or stochastically with the random bits of their groups.
 template <class S, int N>
@@ -505,16 +513,26 @@ __device__ __forceinline__ RunWords<S, N> pack_run(const QuantizeArgs& a, i64 li
       r.w[g] = pack_e2m1(b);
     }
   } else if constexpr (F::kBits == 4) {
-    // Stochastic e2m1: one group of random words per 8 elements (lin % 8 == 0 for N >= 8).
-    static_assert(kIsE2m1<F> && S::kStochastic && sr_group_elems<F>() == 8, "fp4 is e2m1: RN took the branch above");
+    // Stochastic e2m1: one group of random words per 16 elements, or per run of 8 (the group's
+    // first or second half; lin % min(N, 16) == 0).
+    constexpr int G = sr_group_elems<F>(), P = N < G ? N : G;
+    static_assert(kIsE2m1<F> && S::kStochastic && G == 16, "fp4 is e2m1: RN took the branch above");
+    u32 b[N];
 #pragma unroll
-    for (int g = 0; g < N / 8; ++g) {
-      u32 w[4], b[8];
-      sr_random_group(a.seed, a.offset, u32(S::kDir), u64(lin) / 8 + u64(g), w);
+    for (int g = 0; g < N / P; ++g) {
+      u32 w[4];
+      const u64 l = u64(lin) + u64(g * P);
+      sr_random_group(a.seed, a.offset, u32(S::kDir), l / G, w);
+      if constexpr (P < G) {  // a run of 8 at the group's first or second half: words 0-1 or 2-3
+        const bool second = (l % G) != 0;
+        w[0] = second ? w[2] : w[0];
+        w[1] = second ? w[3] : w[1];
+      }
 #pragma unroll
-      for (int i = 0; i < 8; ++i) b[i] = enc_sr<F>(x[g * 8 + i], sr_pick<F>(w, u64(i)));
-      r.w[g] = pack_e2m1(b);
+      for (int i = 0; i < P; ++i) b[g * P + i] = enc_sr<F>(x[g * P + i], sr_pick<F>(w, u64(i)));  // constant picks
     }
+#pragma unroll
+    for (int j = 0; j < N / 8; ++j) r.w[j] = pack_e2m1(b + 8 * j);
   } else {
 #pragma unroll
     for (int g = 0; g < N / 4; ++g) r.w[g] = pack4<S>(a, lin + g * 4, x + g * 4);

@@ -111,7 +111,7 @@ struct E2M1 {
   static constexpr bool kIsInt = false;
   static constexpr bool kHasInf = false;
   static constexpr bool kHasNan = false;
-  static constexpr int kSrBits = 16;  // random bits per element of stochastic rounding
+  static constexpr int kSrBits = 8;  // random bits per element of stochastic rounding
 };
 
 struct E2M3 {
@@ -168,11 +168,11 @@ struct Int8 {
   static constexpr int kSrBits = 32;  // random bits per element of stochastic rounding (24 used)
 };
 
-// Elements of format F per Philox call of stochastic rounding (a group): 4 of 32 bits, or 8 of
-// 16 bits (kSrBits; e2m1).
+// Elements of format F per Philox call of stochastic rounding (a group): 4 of 32 bits, or 16 of
+// 8 bits (kSrBits; e2m1).
 template <class F>
 QF_HD constexpr int sr_group_elems() {
-  static_assert(F::kSrBits == 16 || F::kSrBits == 32, "stochastic rounding takes 16 or 32 bits per element");
+  static_assert(F::kSrBits == 8 || F::kSrBits == 32, "stochastic rounding takes 8 or 32 bits per element");
   return 128 / F::kSrBits;
 }
 
@@ -253,27 +253,29 @@ QF_HD u32 grid_round_sr(const GridPos& p, u32 rbits) {
   return p.lo + (up ? 1u : 0u);
 }
 
-// Stochastic, 16 random bits (kSrBits 16): floor(q + u) with u = R * 2^-16, R = the low 16 bits of
-// rbits, i.e. q_lo + (frac(q) >= 1 - u), compared exactly on integers: rem * 2^16 >= (2^16 - R) *
-// 2^shift.
-QF_HD u32 grid_round_sr16(const GridPos& p, u32 rbits) {
-  const u64 need = 0x10000u - (rbits & 0xFFFFu);  // 2^16 (1 - u), in [1, 2^16]
+// Stochastic, B < 32 random bits (kSrBits B: e2m1's 8): floor(q + u) with u = R * 2^-B, R = the
+// low B bits of rbits, i.e. q_lo + (frac(q) >= 1 - u), compared exactly on integers: rem * 2^B >=
+// (2^B - R) * 2^shift.
+template <int B>
+QF_HD u32 grid_round_sr_low(const GridPos& p, u32 rbits) {
+  static_assert(B >= 1 && B <= 16, "a comparison that fits 64 bits");
+  const u64 need = (u64(1) << B) - (rbits & ((1u << B) - 1u));  // 2^B (1 - u), in [1, 2^B]
   bool up;
   if (p.shift <= 0) {
     up = false;
   } else if (p.shift < 32) {
-    up = (static_cast<u64>(p.rem) << 16) >= (need << p.shift);  // both < 2^48
-  } else if (p.shift < 47) {
-    up = (static_cast<u64>(p.sig) << 16) >= (need << p.shift);  // lo = 0, frac = sig / 2^shift; < 2^63
+    up = (static_cast<u64>(p.rem) << B) >= (need << p.shift);  // both < 2^(32 + B)
+  } else if (p.shift < 24 + B) {
+    up = (static_cast<u64>(p.sig) << B) >= (need << p.shift);  // lo = 0, frac = sig / 2^shift; < 2^(24 + 2B)
   } else {
-    up = false;  // sig * 2^16 < 2^40 < 2^shift <= need * 2^shift
+    up = false;  // sig * 2^B < 2^(24 + B) <= 2^shift <= need * 2^shift
   }
   return p.lo + (up ? 1u : 0u);
 }
 
 template <class F>
 QF_HD u32 grid_round_sr_of(const GridPos& p, u32 rbits) {
-  if constexpr (sr_group_elems<F>() == 8) return grid_round_sr16(p, rbits);
+  if constexpr (F::kSrBits < 32) return grid_round_sr_low<F::kSrBits>(p, rbits);
   else return grid_round_sr(p, rbits);
 }
 
@@ -319,7 +321,7 @@ QF_HD u8 encode_rn(float x) {
 
 // Stochastic rounding (docs/numerics.md "Stochastic rounding"): rounds the magnitude up with
 // probability ceil(frac * 2^24) / 2^24 using the top 24 bits of rbits (32-bit formats), or
-// floor(frac * 2^16) / 2^16 using its low 16 bits (F::kSrBits 16: e2m1).
+// floor(frac * 2^8) / 2^8 using its low 8 bits (F::kSrBits 8: e2m1).
 template <class F>
 QF_HD u8 encode_sr(float x, u32 rbits) {
   const u32 xb = f32_bits(x);
@@ -579,7 +581,7 @@ QF_HD void philox4x32_10(const u32 counter[4], const u32 key[2], u32 out[4]) {
 }
 
 // The 4 random words of element group g (elements 4g .. 4g+3 of a stream's logical output, or
-// 8g .. 8g+7 for 16-bit elements: sr_group_elems).
+// 16g .. 16g+15 for 8-bit elements: sr_group_elems).
 QF_HD void sr_random_group(u64 seed, u64 offset, u32 stream_id, u64 group, u32 out[4]) {
   const u32 key[2] = {static_cast<u32>(seed),
                       static_cast<u32>(seed >> 32) ^ (kPhiloxW0 * stream_id)};
@@ -589,15 +591,16 @@ QF_HD void sr_random_group(u64 seed, u64 offset, u32 stream_id, u64 group, u32 o
 }
 
 // The random bits of element l of format F from the words of its group (l / sr_group_elems<F>()):
-// word (l & 3), or for 16-bit elements half (l & 1) of word ((l >> 1) & 3), the low half first.
+// word (l & 3), or for 8-bit elements byte (l & 3) of word ((l >> 2) & 3), the low byte first.
 // (Selects, not an indexed load: a run-time index into w would put it in local memory.)
+QF_HD u32 sr_pick_word(const u32 w[4], u32 i) { return i == 0 ? w[0] : i == 1 ? w[1] : i == 2 ? w[2] : w[3]; }
+
 template <class F>
 QF_HD u32 sr_pick(const u32 w[4], u64 l) {
-  constexpr bool kHalves = sr_group_elems<F>() == 8;
-  const u32 i = static_cast<u32>(kHalves ? (l >> 1) & 3u : l & 3u);
-  const u32 v = i == 0 ? w[0] : i == 1 ? w[1] : i == 2 ? w[2] : w[3];
-  if constexpr (kHalves) return (l & 1u) ? v >> 16 : v & 0xFFFFu;
-  else return v;
+  constexpr int kPerWord = 32 / F::kSrBits;
+  const u32 v = sr_pick_word(w, static_cast<u32>((l / kPerWord) & 3u));
+  if constexpr (kPerWord == 1) return v;
+  else return (v >> (F::kSrBits * static_cast<u32>(l % kPerWord))) & ((1u << F::kSrBits) - 1u);
 }
 
 // The random bits of the element with linear index l of a stream of format F.

@@ -34,9 +34,9 @@ FLOAT_FORMATS = {
     "e3m2": (md.float6_e3m2fn, 28.0, 0x1F, -2, 2, 4),
 }
 FMAX = {k: v[1] for k, v in FLOAT_FORMATS.items()}
-# Random bits per element of stochastic rounding (numerics.cuh kSrBits): 16 for e2m1, else a
+# Random bits per element of stochastic rounding (numerics.cuh kSrBits): 8 for e2m1, else a
 # 32-bit word (24 bits used).
-SR_BITS = {"e2m1": 16}
+SR_BITS = {"e2m1": 8}
 FMAX["int8"] = 127.0
 
 # Max finite of the input dtypes (block scaling's Inf replacement).
@@ -135,12 +135,13 @@ def decode(b, fmt):
 
 def encode_sr(v, r, fmt):
     """Stochastic rounding of docs/numerics.md: magnitude (lo + up) * ulp on the format's grid,
-    up = f > u with u = (r >> 8) * 2^-24, or for e2m1 (16 random bits per element: r < 2^16)
-    up = f + u >= 1 with u = r * 2^-16; saturation and NaN as for round-to-nearest."""
+    up = f > u with u = (r >> 8) * 2^-24, or for e2m1 (8 random bits per element: the low byte
+    of r) up = f + u >= 1 with u = r * 2^-8; saturation and NaN as for round-to-nearest."""
     v = f32(v)
     r = np.asarray(r, dtype=U32)
-    half = SR_BITS.get(fmt, 32) == 16
-    u = (r & U32(0xFFFF)).astype(np.float64) * 2.0 ** -16 if half else (r >> U32(8)).astype(np.float64) * 2.0 ** -24
+    nb = SR_BITS.get(fmt, 32)
+    low = nb < 32
+    u = (r & U32((1 << nb) - 1)).astype(np.float64) * 2.0 ** -nb if low else (r >> U32(8)).astype(np.float64) * 2.0 ** -24
     a = np.abs(v).astype(np.float64)
     with np.errstate(all="ignore"):
         if fmt == "int8":
@@ -156,7 +157,7 @@ def encode_sr(v, r, fmt):
         ulp = np.ldexp(1.0, (e - man).astype(np.int64))
         q = a / ulp  # exact in float64 (a has 24 significant bits, ulp is a power of two)
         lo = np.floor(q)
-        up = (q - lo) >= 1.0 - u if half else (q - lo) > u
+        up = (q - lo) >= 1.0 - u if low else (q - lo) > u
         mag = (lo + up) * ulp
         mag = np.where((a > mx) | np.isinf(a), mx, mag)
         val = np.where(np.signbit(v), -mag, mag).astype(F32)  # exact: on the format's grid
@@ -255,11 +256,12 @@ def philox4x32_10(c0, c1, c2, c3, k0, k1):
 
 def sr_bits(linear_index, seed, offset, stream_id, fmt):
     """The random bits of each element (docs/numerics.md, "Random bits"): a whole word of its
-    group of 4, or for e2m1 16 bits (half l & 1 of word (l >> 1) & 3, low half first) of its
-    group of 8."""
+    group of 4, or for e2m1 8 bits (byte l & 3 of word (l >> 2) & 3, low byte first) of its
+    group of 16."""
     l = np.asarray(linear_index, dtype=U64)
-    half = SR_BITS.get(fmt, 32) == 16
-    g = l >> U64(3 if half else 2)
+    nb = SR_BITS.get(fmt, 32)
+    per_word = 32 // nb
+    g = l // U64(4 * per_word)
     seed, offset = int(seed), int(offset)
     k0 = seed & 0xFFFFFFFF
     k1 = ((seed >> 32) ^ (0x9E3779B9 * stream_id)) & 0xFFFFFFFF
@@ -268,12 +270,11 @@ def sr_bits(linear_index, seed, offset, stream_id, fmt):
     o_lo = np.full(g.shape, offset & 0xFFFFFFFF, dtype=U32)
     o_hi = np.full(g.shape, (offset >> 32) & 0xFFFFFFFF, dtype=U32)
     w = philox4x32_10(g_lo, g_hi, o_lo, o_hi, k0, k1)
-    if half:
-        word = ((l >> U64(1)) & U64(3)).astype(np.int64)
-        half = (l & U64(1)).astype(U32) * U32(16)
-        return ((np.choose(word, w).astype(U32) >> half) & U32(0xFFFF)).astype(U32)
-    word = (l & U64(3)).astype(np.int64)
-    return np.choose(word, w).astype(U32)
+    word = ((l // U64(per_word)) & U64(3)).astype(np.int64)
+    if per_word == 1:
+        return np.choose(word, w).astype(U32)
+    shift = (l % U64(per_word)).astype(U32) * U32(nb)
+    return ((np.choose(word, w).astype(U32) >> shift) & U32((1 << nb) - 1)).astype(U32)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -648,12 +649,16 @@ def _selftest():
         [0, 127, 128, 0, 1, 254, 255]
     assert list(e8m0_floor(f32([0, 448, 255, np.inf, 1e-45]), 8)) == [0, 127, 126, 254, 0]
     # SR: values on the grid never move; expected value close to v.
-    assert np.all(encode_sr(f32([1.5, -6, 0, 7, np.nan]), np.array([0, 0xFFFF, 5, 9, 1], U32), "e2m1")
+    assert np.all(encode_sr(f32([1.5, -6, 0, 7, np.nan]), np.array([0, 0xFF, 5, 9, 1], U32), "e2m1")
                   == np.array([3, 15, 0, 7, 7], np.uint8))
-    # e2m1: floor(q + u), u = r * 2^-16: 0.75 (q = 1.5) rounds up iff r >= 2^15.
-    assert list(encode_sr(f32([0.75, 0.75, 0.75]), np.array([1 << 15, (1 << 15) - 1, 0xFFFF0000], U32), "e2m1")) == [2, 1, 1]
+    # e2m1: floor(q + u), u = r * 2^-8: 0.75 (q = 1.5) rounds up iff r >= 2^7 (low byte only).
+    assert list(encode_sr(f32([0.75, 0.75, 0.75]), np.array([1 << 7, (1 << 7) - 1, 0xFFFFFF00], U32), "e2m1")) == [2, 1, 1]
+    # The bit assignment: element l takes byte l & 3 of word (l >> 2) & 3 of group l >> 4.
+    w = [int(x[0]) for x in philox4x32_10([1], [0], [7], [0], 5, 0x9E3779B9)]
+    assert [int(b) for b in sr_bits([16, 21, 31], 5, 7, 1, "e2m1")] == \
+        [w[0] & 0xFF, (w[1] >> 8) & 0xFF, w[3] >> 24]
     v = np.full(1 << 16, F32(1.2), F32)
-    r = np.random.default_rng(1).integers(0, 1 << 16, size=v.size, dtype=np.uint64).astype(U32)
+    r = np.random.default_rng(1).integers(0, 1 << 8, size=v.size, dtype=np.uint64).astype(U32)
     mean = decode(encode_sr(v, r, "e2m1"), "e2m1").mean()
     assert abs(mean - 1.2) < 0.01, mean
     return True

@@ -29,22 +29,24 @@ __device__ void check_one(unsigned int bits, unsigned int* count, unsigned int* 
 // Stochastic rounding: the fast exact paths (e2m1, int8) with a pseudo-random word per pattern,
 // and with words whose threshold sits just below, at and just above the pattern's fraction of a
 // grid step (the comparisons the fast paths must get exactly right): int8 rounds up iff frac > u
-// = (r >> 8) * 2^-24, e2m1 iff frac + u >= 1 with u = (r & 0xFFFF) * 2^-16.
+// = (r >> 8) * 2^-24, e2m1 iff frac + u >= 1 with u = (r & 0xFF) * 2^-8.
 template <class F>
 __device__ void check_sr(unsigned int bits, unsigned int* count, unsigned int* first) {
   const float x = qf::f32_from_bits(bits);
   const unsigned int r = (bits * 2654435761u) ^ (bits >> 11) ^ 0x5bd1e995u;
-  bool ok = qf::detail::enc_sr<F>(x, r) == qf::encode_sr<F>(x, r);
+  // e2m1's fast path returns bits whose low byte is the code (the packing takes that byte).
+  auto fast = [](float v, unsigned int rb) { return qf::detail::enc_sr<F>(v, rb) & (qf::detail::kIsE2m1<F> ? 0xFFu : ~0u); };
+  bool ok = fast(x, r) == qf::encode_sr<F>(x, r);
   const double a = fabs((double)x);
   if (a < 200.0) {
     const double step = F::kIsInt ? 1.0 : a < 2.0 ? 0.5 : a < 4.0 ? 1.0 : 2.0, q = a / step;
-    const double frac = q - floor(q), one = F::kSrBits == 16 ? 65536.0 : 16777216.0;
-    const double at = F::kSrBits == 16 ? ceil((1.0 - frac) * one) : floor(frac * one);
+    const double frac = q - floor(q), one = F::kSrBits == 8 ? 256.0 : 16777216.0;
+    const double at = F::kSrBits == 8 ? ceil((1.0 - frac) * one) : floor(frac * one);
     for (int d = -1; d <= 1; ++d) {
       const double u = at + d;
       if (u < 0.0 || u >= one) continue;
-      const unsigned int rd = F::kSrBits == 16 ? ((unsigned int)u | (r & 0xFFFF0000u)) : (((unsigned int)u << 8) | (r & 0xFFu));
-      ok = ok && qf::detail::enc_sr<F>(x, rd) == qf::encode_sr<F>(x, rd);
+      const unsigned int rd = F::kSrBits == 8 ? ((unsigned int)u | (r & 0xFFFFFF00u)) : (((unsigned int)u << 8) | (r & 0xFFu));
+      ok = ok && fast(x, rd) == qf::encode_sr<F>(x, rd);
     }
   }
   if (!ok) {
@@ -82,9 +84,9 @@ __device__ void check_pack(unsigned int bits, unsigned int* count, unsigned int*
     atomicMin(first, bits);
   }
 }
-// The stochastic e2m1 vector paths (pack_run's eight and sixteen to a word, pack4 at the first and
-// the second four of a group of eight) against scalar encodes with each element's own random bits
-// (sr_random_bits: 16 bits, eight elements per Philox group), over 2^28 patterns (each slot a
+// The stochastic e2m1 vector paths (pack_run's sixteen, and eight at the second half of a group,
+// pack4 at each four of a group of sixteen) against scalar encodes with each element's own random
+// bits (sr_random_bits: 8 bits, sixteen elements per Philox group), over 2^28 patterns (each slot a
 // rotation of the pattern) at a linear index that moves with the pattern.
 struct SrStream {
   using Format = qf::E2M1;
@@ -108,7 +110,7 @@ __device__ void check_pack_sr(unsigned int bits, unsigned int* count, unsigned i
   for (int i = 0; i < 8; ++i) y8[i] = y[8 + i];
   const qf::detail::RunWords<SrStream, 8> r8 = qf::detail::pack_run<SrStream, 8>(args, lin + 8, y8);
   for (int i = 0; i < 8; ++i) ok = ok && ((r8.w[0] >> (4 * i)) & 0xFu) == want(8 + i);
-  for (int q = 0; q < 4; ++q) {  // the fours at lin % 8 == 0 and 4
+  for (int q = 0; q < 4; ++q) {  // the fours at lin % 16 == 0, 4, 8 and 12
     const unsigned int w = qf::detail::pack4<SrStream>(args, lin + 4 * q, y + 4 * q);
     for (int i = 0; i < 4; ++i) ok = ok && ((w >> (4 * i)) & 0xFu) == want(4 * q + i);
   }

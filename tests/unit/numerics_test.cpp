@@ -49,9 +49,9 @@ TEST(Philox, SrBitAssignment) {
   const u64 seed = 0x0123456789ABCDEFull, offset = 0xFEDCBA9876543210ull;
   for (u32 stream = 0; stream < 2; ++stream) {
     for (u64 l : {0ull, 1ull, 2ull, 3ull, 4ull, 7ull, 8ull, 13ull, 1000001ull, (1ull << 40) + 6}) {
-      // 32-bit formats: word l & 3 of group l / 4; e2m1: half l & 1 of word (l >> 1) & 3 of group
-      // l / 8, the low half first.
-      for (const u64 per : {4ull, 8ull}) {
+      // 32-bit formats: word l & 3 of group l / 4; e2m1: byte l & 3 of word (l >> 2) & 3 of group
+      // l / 16, the low byte first.
+      for (const u64 per : {4ull, 16ull}) {
         const u64 g = l / per;
         const u32 key[2] = {static_cast<u32>(seed), static_cast<u32>(seed >> 32) ^ (0x9E3779B9u * stream)};
         const u32 ctr[4] = {static_cast<u32>(g), static_cast<u32>(g >> 32), static_cast<u32>(offset),
@@ -64,15 +64,15 @@ TEST(Philox, SrBitAssignment) {
           EXPECT_EQ(sr_random_bits<Int8>(seed, offset, stream, l), w[l & 3]);
           EXPECT_EQ(sr_random_bits<E4M3>(seed, offset, stream, l), w[l & 3]);
         } else {
-          EXPECT_EQ(sr_random_bits<E2M1>(seed, offset, stream, l), (w[(l >> 1) & 3] >> (16 * (l & 1))) & 0xFFFFu);
+          EXPECT_EQ(sr_random_bits<E2M1>(seed, offset, stream, l), (w[(l >> 2) & 3] >> (8 * (l & 3))) & 0xFFu);
         }
       }
     }
   }
-  // Eight e2m1 elements share one group, each with its own 16 bits.
+  // Sixteen e2m1 elements share one group, each with its own 8 bits.
   u32 w[4];
   sr_random_group(9, 4, 0, 0, w);
-  for (u64 l = 0; l < 8; ++l) EXPECT_EQ(sr_random_bits<E2M1>(9, 4, 0, l), u32(l & 1 ? w[l / 2] >> 16 : w[l / 2] & 0xFFFFu));
+  for (u64 l = 0; l < 16; ++l) EXPECT_EQ(sr_random_bits<E2M1>(9, 4, 0, l), (w[l / 4] >> (8 * (l % 4))) & 0xFFu);
   // Streams 0 and 1 use different keys; different offsets different counters.
   EXPECT_NE(sr_random_bits<Int8>(1, 0, 0, 0), sr_random_bits<Int8>(1, 0, 1, 0));
   EXPECT_NE(sr_random_bits<Int8>(1, 0, 0, 0), sr_random_bits<Int8>(1, 1, 0, 0));
@@ -544,12 +544,12 @@ void check_sr_neighbours(u64 seed) {
     const double q = decode<Fm>(encode_sr<Fm>(v, r));
     EXPECT_TRUE(std::fabs(q) == lo || std::fabs(q) == hi) << v;
     EXPECT_TRUE(std::signbit(q) == std::signbit(v) || q == 0);
-    // Threshold: up iff frac > (r >> 8) / 2^24; 16-bit formats (e2m1): iff frac + (r & 0xFFFF) /
-    // 2^16 >= 1, i.e. floor(q + u).
+    // Threshold: up iff frac > (r >> 8) / 2^24; 8-bit formats (e2m1): iff frac + (r & 0xFF) /
+    // 2^8 >= 1, i.e. floor(q + u).
     if (lo != hi) {
       const double f = (std::fabs(static_cast<double>(v)) - lo) / (hi - lo);
-      if constexpr (Fm::kSrBits == 16) {
-        const double uu = static_cast<double>(r & 0xFFFFu) / 65536.0;
+      if constexpr (Fm::kSrBits == 8) {
+        const double uu = static_cast<double>(r & 0xFFu) / 256.0;
         EXPECT_EQ(std::fabs(q), f + uu >= 1.0 ? hi : lo) << v << " r=" << r;
       } else {
         const double uu = static_cast<double>(r >> 8) / 16777216.0;
@@ -569,20 +569,21 @@ TEST(Sr, AlwaysANeighbourWithTheSpecifiedThreshold) {
 }
 
 TEST(Sr, ExactThresholds) {
-  // e2m1 (16 bits, floor(q + u)): 0.75 is halfway between 0.5 and 1: up iff R >= 2^15.
-  EXPECT_EQ(encode_sr<E2M1>(0.75f, 1u << 15), 0x2);
-  EXPECT_EQ(encode_sr<E2M1>(0.75f, (1u << 15) - 1), 0x1);
-  EXPECT_EQ(encode_sr<E2M1>(0.75f, 0xFFFF0000u), 0x1);  // the high 16 bits are ignored
-  EXPECT_EQ(encode_sr<E2M1>(-0.75f, 0xFFFFu), 0xA);
+  // e2m1 (8 bits, floor(q + u)): 0.75 is halfway between 0.5 and 1: up iff R >= 2^7.
+  EXPECT_EQ(encode_sr<E2M1>(0.75f, 1u << 7), 0x2);
+  EXPECT_EQ(encode_sr<E2M1>(0.75f, (1u << 7) - 1), 0x1);
+  EXPECT_EQ(encode_sr<E2M1>(0.75f, 0xFFFFFF00u), 0x1);  // the high 24 bits are ignored
+  EXPECT_EQ(encode_sr<E2M1>(-0.75f, 0xFFu), 0xA);
   EXPECT_EQ(encode_sr<E2M1>(-0.75f, 0u), 0x9);
-  // On the grid nothing moves; 5.9 rounds to 6 with R >= 2^16 * 0.05 (step 2: frac 0.95).
-  EXPECT_EQ(encode_sr<E2M1>(1.5f, 0xFFFFu), 0x3);
-  EXPECT_EQ(encode_sr<E2M1>(5.9f, 3277u), 0x7);
-  EXPECT_EQ(encode_sr<E2M1>(5.9f, 3276u), 0x6);
-  // Below 2^-16 of a step (2^-17 here) never rounds up; exactly 2^-16 does with R = 2^16 - 1.
-  EXPECT_EQ(encode_sr<E2M1>(std::ldexp(1.0f, -18), 0xFFFFu), 0x0);
-  EXPECT_EQ(encode_sr<E2M1>(std::ldexp(1.0f, -17), 0xFFFFu), 0x1);
-  EXPECT_EQ(encode_sr<E2M1>(std::ldexp(1.0f, -17), 0xFFFEu), 0x0);
+  // On the grid nothing moves; 5.9f rounds to 6 with R >= 2^8 * (1 - frac) = 12.79999 (step 2:
+  // frac 0.95000005).
+  EXPECT_EQ(encode_sr<E2M1>(1.5f, 0xFFu), 0x3);
+  EXPECT_EQ(encode_sr<E2M1>(5.9f, 13u), 0x7);
+  EXPECT_EQ(encode_sr<E2M1>(5.9f, 12u), 0x6);
+  // Below 2^-8 of a step (2^-9 here) never rounds up; exactly 2^-8 does with R = 2^8 - 1.
+  EXPECT_EQ(encode_sr<E2M1>(std::ldexp(1.0f, -10), 0xFFu), 0x0);
+  EXPECT_EQ(encode_sr<E2M1>(std::ldexp(1.0f, -9), 0xFFu), 0x1);
+  EXPECT_EQ(encode_sr<E2M1>(std::ldexp(1.0f, -9), 0xFEu), 0x0);
   // e4m3 below the smallest subnormal: 2^-12 = 1/8 of 2^-9: up iff (r >> 8) < 2^21.
   EXPECT_EQ(encode_sr<E4M3>(std::ldexp(1.0f, -12), ((1u << 21) - 1) << 8), 0x01);
   EXPECT_EQ(encode_sr<E4M3>(std::ldexp(1.0f, -12), (1u << 21) << 8), 0x00);
