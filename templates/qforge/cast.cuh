@@ -371,20 +371,60 @@ __device__ __forceinline__ float e4m3_value(u32 bits) {
 // first code (2s) + the sign (8), so t's low byte is the 4-bit code (as e2m1_rn_byte's, which the
 // packing relies on). y stays below the next binade's second grid point (a <= 6 keeps the code at
 // 7), so the count continues the binade's first code into the next binade as the codes do.
+// enc_sr_e2m1 takes R already placed at bits [23 - B, 23) of `rp` (other bits are ignored), so
+// the vector paths place each element's random byte with one shift of its Philox word
+// (sr_placed_bits), which the lop3 building v masks.
+template <class F>
+__device__ __forceinline__ u32 enc_sr_e2m1(float x, u32 rp) {
+  constexpr u32 kB = F::kSrBits;
+  static_assert(kB <= 23, "R fits the mantissa");
+  // NaN -> +6 (kNanBits, through fminf); Inf and |x| > 6 saturate to the code of 6.
+  const float xm = fminf(x, 6.0f), a = fminf(fabsf(xm), 6.0f);
+  // e = 127 + s, s the binade: 0 in [0, 2) (step 1/2, first code 0), 1 in [2, 4) (step 1, code
+  // 2), 2 in [4, 6] (step 2, code 4). step = 2^(e - 128).
+  const u32 e = __umulhi(f32_bits(fmaxf(a, 1.0f)), 1u << 9);
+  // v's bits: the exponent of step, (e - 1) << 23, OR the placed R, in one lop3 ((a & b) | c).
+  u32 vb;
+  asm("lop3.b32 %0, %1, %2, %3, 0xEA;" : "=r"(vb) : "r"(rp), "n"(((1u << kB) - 1u) << (23 - kB)), "r"((e - 1u) << 23));
+  // M's bits: 0x4A800000 + (s << 23) + 255 + 2s + 8 * sign = e * 0x800002 + (0x0B000001 | sign):
+  // the sign's bit 3 is clear in 0x0B000001, so the OR is the sum, and one IMAD adds it all. The
+  // OR is one lop3 with the constant in a register (a lop3 takes one immediate).
+  u32 sc;
+  asm("lop3.b32 %0, %1, 8, %2, 0xEA;" : "=r"(sc) : "r"(__umulhi(f32_bits(xm), 16u)), "r"(0x0B000001u));
+  const u32 mb = e * 0x800002u + sc;
+  return f32_bits(__fadd_rz(__fadd_rz(a, f32_from_bits(vb)), f32_from_bits(mb)));
+}
+
+// The random bits of element i of a group from its Philox words, as the encoders take them: e2m1's
+// byte placed for enc_sr_e2m1 (sr_pick's byte, shifted, the word's other bits left in), the
+// others sr_pick's. i is a constant after unrolling, so the word and the shift are too.
+template <class F>
+__device__ __forceinline__ u32 sr_placed_bits(const u32 w[4], int i) {
+  if constexpr (kIsE2m1<F>) {
+    constexpr int kPerWord = 32 / F::kSrBits, kAt = 23 - F::kSrBits;
+    const u32 v = sr_pick_word(w, u32(i / kPerWord) & 3u);
+    const int sh = F::kSrBits * (i % kPerWord);
+    return sh <= kAt ? v << (kAt - sh) : v >> (sh - kAt);
+  } else {
+    return sr_pick<F>(w, u64(i));
+  }
+}
+
+template <class F>
+__device__ __forceinline__ u32 enc_sr(float x, u32 r);
+
+// Stochastic rounding of element i of a group whose Philox words are w (i constant after
+// unrolling).
+template <class F>
+__device__ __forceinline__ u32 enc_sr_group(float x, const u32 w[4], int i) {
+  if constexpr (kIsE2m1<F>) return enc_sr_e2m1<F>(x, sr_placed_bits<F>(w, i));
+  else return enc_sr<F>(x, sr_placed_bits<F>(w, i));
+}
+
 template <class F>
 __device__ __forceinline__ u32 enc_sr(float x, u32 r) {
   if constexpr (kIsE2m1<F>) {
-    constexpr u32 kB = F::kSrBits;
-    static_assert(kB <= 23, "R fits the mantissa");
-    // NaN -> +6 (kNanBits, through fminf); Inf and |x| > 6 saturate to the code of 6.
-    const float xm = fminf(x, 6.0f), a = fminf(fabsf(xm), 6.0f);
-    // e = 127 + s, s the binade: 0 in [0, 2) (step 1/2, first code 0), 1 in [2, 4) (step 1, code
-    // 2), 2 in [4, 6] (step 2, code 4). step = 2^(e - 128).
-    const u32 e = __umulhi(f32_bits(fmaxf(a, 1.0f)), 1u << 9);
-    const float v = f32_from_bits(((e - 1u) << 23) | ((r & ((1u << kB) - 1u)) << (23 - kB)));
-    // M's bits: 0x4A800000 + (s << 23) + 255 + 2s + 8 * sign = e * 0x800002 + 0x0B000001 + sign.
-    const u32 mb = e * 0x800002u + 0x0B000001u + (__umulhi(f32_bits(xm), 16u) & 8u);
-    return f32_bits(__fadd_rz(__fadd_rz(a, v), f32_from_bits(mb)));
+    return enc_sr_e2m1<F>(x, r << (23 - F::kSrBits));
   } else if constexpr (F::kIsInt && F::kBits == 8) {
     // Step 1: floor and fraction are exact in fp32, and "fraction > u" is grid_round_sr's
     // integer comparison. (A conversion-free form of that comparison, e2m1's until session 21,
@@ -435,7 +475,7 @@ __device__ __forceinline__ u32 pack4(const QuantizeArgs& a, i64 lin, const float
     if constexpr (G > 4) w[0] = sr_pick_word(w, u32(u64(lin) % u64(G)) / 4u);
     u32 p = 0;
 #pragma unroll
-    for (int i = 0; i < 4; ++i) p |= (enc_sr<F>(x[i], sr_pick<F>(w, u64(i))) & kMask) << (kShift * i);
+    for (int i = 0; i < 4; ++i) p |= (enc_sr_group<F>(x[i], w, i) & kMask) << (kShift * i);
     return p;
   } else if constexpr (kIsE2m1<F>) {
     const u32 p01 = e2m1_rn_byte(x[0]) + (e2m1_rn_byte(x[1]) << 4), p23 = e2m1_rn_byte(x[2]) + (e2m1_rn_byte(x[3]) << 4);
@@ -529,7 +569,7 @@ __device__ __forceinline__ RunWords<S, N> pack_run(const QuantizeArgs& a, i64 li
         w[1] = second ? w[3] : w[1];
       }
 #pragma unroll
-      for (int i = 0; i < P; ++i) b[g * P + i] = enc_sr<F>(x[g * P + i], sr_pick<F>(w, u64(i)));  // constant picks
+      for (int i = 0; i < P; ++i) b[g * P + i] = enc_sr_group<F>(x[g * P + i], w, i);  // constant picks
     }
 #pragma unroll
     for (int j = 0; j < N / 8; ++j) r.w[j] = pack_e2m1(b + 8 * j);
