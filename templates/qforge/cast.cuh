@@ -395,32 +395,8 @@ __device__ __forceinline__ u32 enc_sr_e2m1(float x, u32 rp) {
   return f32_bits(__fadd_rz(__fadd_rz(a, f32_from_bits(vb)), f32_from_bits(mb)));
 }
 
-// The random bits of element i of a group from its Philox words, as the encoders take them: e2m1's
-// byte placed for enc_sr_e2m1 (sr_pick's byte, shifted, the word's other bits left in), the
-// others sr_pick's. i is a constant after unrolling, so the word and the shift are too.
-template <class F>
-__device__ __forceinline__ u32 sr_placed_bits(const u32 w[4], int i) {
-  if constexpr (kIsE2m1<F>) {
-    constexpr int kPerWord = 32 / F::kSrBits, kAt = 23 - F::kSrBits;
-    const u32 v = sr_pick_word(w, u32(i / kPerWord) & 3u);
-    const int sh = F::kSrBits * (i % kPerWord);
-    return sh <= kAt ? v << (kAt - sh) : v >> (sh - kAt);
-  } else {
-    return sr_pick<F>(w, u64(i));
-  }
-}
-
-template <class F>
-__device__ __forceinline__ u32 enc_sr(float x, u32 r);
-
-// Stochastic rounding of element i of a group whose Philox words are w (i constant after
-// unrolling).
-template <class F>
-__device__ __forceinline__ u32 enc_sr_group(float x, const u32 w[4], int i) {
-  if constexpr (kIsE2m1<F>) return enc_sr_e2m1<F>(x, sr_placed_bits<F>(w, i));
-  else return enc_sr<F>(x, sr_placed_bits<F>(w, i));
-}
-
+// x stochastically rounded with the random bits r as encode_sr<F> takes them: e2m1 returns bits
+// whose low byte is the code (enc_sr_e2m1), the other formats the code.
 template <class F>
 __device__ __forceinline__ u32 enc_sr(float x, u32 r) {
   if constexpr (kIsE2m1<F>) {
@@ -440,6 +416,29 @@ __device__ __forceinline__ u32 enc_sr(float x, u32 r) {
   } else {
     return encode_sr<F>(x, r);
   }
+}
+
+// The random bits of element i of a group from its Philox words, as the encoders take them: e2m1's
+// byte placed for enc_sr_e2m1 (sr_pick's byte, shifted, the word's other bits left in), the
+// others sr_pick's. i is a constant after unrolling, so the word and the shift are too.
+template <class F>
+__device__ __forceinline__ u32 sr_placed_bits(const u32 w[4], int i) {
+  if constexpr (kIsE2m1<F>) {
+    constexpr int kPerWord = 32 / F::kSrBits, kAt = 23 - F::kSrBits;
+    const u32 v = sr_pick_word(w, u32(i / kPerWord) & 3u);
+    const int sh = F::kSrBits * (i % kPerWord);
+    return sh <= kAt ? v << (kAt - sh) : v >> (sh - kAt);
+  } else {
+    return sr_pick<F>(w, u64(i));
+  }
+}
+
+// Stochastic rounding of element i of a group whose Philox words are w (i constant after
+// unrolling).
+template <class F>
+__device__ __forceinline__ u32 enc_sr_group(float x, const u32 w[4], int i) {
+  if constexpr (kIsE2m1<F>) return enc_sr_e2m1<F>(x, sr_placed_bits<F>(w, i));
+  else return enc_sr<F>(x, sr_placed_bits<F>(w, i));
 }
 
 // NaN bytes of four fp8 codes from cvt.satfinite set to the documented kNanBits (0x7F). NaN
