@@ -424,12 +424,34 @@ __device__ __forceinline__ u32 enc_sr(float x, u32 r) {
 template <class F>
 __device__ __forceinline__ u32 sr_placed_bits(const u32 w[4], int i) {
   if constexpr (kIsE2m1<F>) {
-    constexpr int kPerWord = 32 / F::kSrBits, kAt = 23 - F::kSrBits;
-    const u32 v = sr_pick_word(w, u32(i / kPerWord) & 3u);
-    const int sh = F::kSrBits * (i % kPerWord);
+    constexpr int kAt = 23 - F::kSrBits;
+    const u32 v = sr_pick_word(w, sr_word_of<F>(u64(i)));
+    const int sh = int(sr_bit_of<F>(u64(i)));
     return sh <= kAt ? v << (kAt - sh) : v >> (sh - kAt);
   } else {
     return sr_pick<F>(w, u64(i));
+  }
+}
+
+// A run of n elements starting at element `first` of its group (first % n == 0, n a multiple of
+// the elements per word): moves the run's words to the front of w, so that its element i's bits
+// are element i's of the moved words, picked at constant indices. A run of the whole group is
+// left as it is.
+template <class F, int n>
+__device__ __forceinline__ void sr_window(u32 w[4], u64 first) {
+  constexpr int G = sr_group_elems<F>(), kWords = n * F::kSrBits / 32;
+  static_assert(n % (32 / F::kSrBits) == 0 && G % n == 0, "a run of whole words inside one group");
+  if constexpr (n < G) {
+    const u32 run = u32((first % u64(G)) / u64(n));
+    u32 v[kWords];
+#pragma unroll
+    for (int k = 0; k < kWords; ++k) v[k] = w[k];
+#pragma unroll
+    for (int j = 1; j < G / n; ++j)
+#pragma unroll
+      for (int k = 0; k < kWords; ++k) v[k] = run == u32(j) ? w[j * kWords + k] : v[k];
+#pragma unroll
+    for (int k = 0; k < kWords; ++k) w[k] = v[k];
   }
 }
 
@@ -466,12 +488,9 @@ __device__ __forceinline__ u32 pack4(const QuantizeArgs& a, i64 lin, const float
   using F = typename S::Format;
   constexpr u32 kShift = F::kBits == 4 ? 4 : 8, kMask = (1u << kShift) - 1u;
   if constexpr (S::kStochastic) {
-    constexpr int G = sr_group_elems<F>();
     u32 w[4];
-    sr_random_group(a.seed, a.offset, u32(S::kDir), u64(lin) / u64(G), w);
-    // Groups of more than four: the four's bits are one word (word (lin % G) / 4: 8-bit elements),
-    // moved to w[0] so every element's pick below is at a constant index.
-    if constexpr (G > 4) w[0] = sr_pick_word(w, u32(u64(lin) % u64(G)) / 4u);
+    sr_random_group(a.seed, a.offset, u32(S::kDir), u64(lin) / u64(sr_group_elems<F>()), w);
+    sr_window<F, 4>(w, u64(lin));
     u32 p = 0;
 #pragma unroll
     for (int i = 0; i < 4; ++i) p |= (enc_sr_group<F>(x[i], w, i) & kMask) << (kShift * i);
@@ -562,11 +581,7 @@ __device__ __forceinline__ RunWords<S, N> pack_run(const QuantizeArgs& a, i64 li
       u32 w[4];
       const u64 l = u64(lin) + u64(g * P);
       sr_random_group(a.seed, a.offset, u32(S::kDir), l / G, w);
-      if constexpr (P < G) {  // a run of 8 at the group's first or second half: words 0-1 or 2-3
-        const bool second = (l % G) != 0;
-        w[0] = second ? w[2] : w[0];
-        w[1] = second ? w[3] : w[1];
-      }
+      sr_window<F, P>(w, l);  // a run of 8: the group's first or second half
 #pragma unroll
       for (int i = 0; i < P; ++i) b[g * P + i] = enc_sr_group<F>(x[g * P + i], w, i);  // constant picks
     }

@@ -590,17 +590,28 @@ QF_HD void sr_random_group(u64 seed, u64 offset, u32 stream_id, u64 group, u32 o
   philox4x32_10(ctr, key, out);
 }
 
-// The random bits of element l of format F from the words of its group (l / sr_group_elems<F>()):
-// word (l & 3), or for 8-bit elements byte (l & 3) of word ((l >> 2) & 3), the low byte first.
-// (Selects, not an indexed load: a run-time index into w would put it in local memory.)
+// Where the random bits of element l of format F lie among the words of its group (l /
+// sr_group_elems<F>()): word (l & 3), or for 8-bit elements byte (l & 3) of word ((l >> 2) & 3),
+// the low byte first. sr_word_of is the word, sr_bit_of the first bit.
+template <class F>
+QF_HD constexpr u32 sr_word_of(u64 l) {
+  return static_cast<u32>((l / (32 / F::kSrBits)) & 3u);
+}
+template <class F>
+QF_HD constexpr u32 sr_bit_of(u64 l) {
+  return static_cast<u32>(F::kSrBits * (l % (32 / F::kSrBits)));
+}
+
+// Word i of a group (selects, not an indexed load: a run-time index into w would put it in local
+// memory).
 QF_HD u32 sr_pick_word(const u32 w[4], u32 i) { return i == 0 ? w[0] : i == 1 ? w[1] : i == 2 ? w[2] : w[3]; }
 
+// The random bits of element l of format F from the words of its group.
 template <class F>
 QF_HD u32 sr_pick(const u32 w[4], u64 l) {
-  constexpr int kPerWord = 32 / F::kSrBits;
-  const u32 v = sr_pick_word(w, static_cast<u32>((l / kPerWord) & 3u));
-  if constexpr (kPerWord == 1) return v;
-  else return (v >> (F::kSrBits * static_cast<u32>(l % kPerWord))) & ((1u << F::kSrBits) - 1u);
+  const u32 v = sr_pick_word(w, sr_word_of<F>(l));
+  if constexpr (F::kSrBits == 32) return v;
+  else return (v >> sr_bit_of<F>(l)) & ((1u << F::kSrBits) - 1u);
 }
 
 // The random bits of the element with linear index l of a stream of format F.

@@ -40,12 +40,14 @@ __device__ void check_sr(unsigned int bits, unsigned int* count, unsigned int* f
   const double a = fabs((double)x);
   if (a < 200.0) {
     const double step = F::kIsInt ? 1.0 : a < 2.0 ? 0.5 : a < 4.0 ? 1.0 : 2.0, q = a / step;
-    const double frac = q - floor(q), one = F::kSrBits == 8 ? 256.0 : 16777216.0;
-    const double at = F::kSrBits == 8 ? ceil((1.0 - frac) * one) : floor(frac * one);
+    // Formats with fewer than 32 bits use the low kSrBits (floor(q + u)), the others the top 24.
+    constexpr bool kLow = F::kSrBits < 32;
+    const double frac = q - floor(q), one = kLow ? double(1u << (kLow ? F::kSrBits : 0)) : 16777216.0;
+    const double at = kLow ? ceil((1.0 - frac) * one) : floor(frac * one);
     for (int d = -1; d <= 1; ++d) {
       const double u = at + d;
       if (u < 0.0 || u >= one) continue;
-      const unsigned int rd = F::kSrBits == 8 ? ((unsigned int)u | (r & 0xFFFFFF00u)) : (((unsigned int)u << 8) | (r & 0xFFu));
+      const unsigned int rd = kLow ? ((unsigned int)u | (r & ~((1u << (kLow ? F::kSrBits : 0)) - 1u))) : (((unsigned int)u << 8) | (r & 0xFFu));
       ok = ok && fast(x, rd) == qf::encode_sr<F>(x, rd);
     }
   }

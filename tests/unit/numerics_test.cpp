@@ -544,12 +544,12 @@ void check_sr_neighbours(u64 seed) {
     const double q = decode<Fm>(encode_sr<Fm>(v, r));
     EXPECT_TRUE(std::fabs(q) == lo || std::fabs(q) == hi) << v;
     EXPECT_TRUE(std::signbit(q) == std::signbit(v) || q == 0);
-    // Threshold: up iff frac > (r >> 8) / 2^24; 8-bit formats (e2m1): iff frac + (r & 0xFF) /
-    // 2^8 >= 1, i.e. floor(q + u).
+    // Threshold: up iff frac > (r >> 8) / 2^24; formats of fewer than 32 bits (e2m1's 8): iff
+    // frac + (r mod 2^kSrBits) / 2^kSrBits >= 1, i.e. floor(q + u).
     if (lo != hi) {
       const double f = (std::fabs(static_cast<double>(v)) - lo) / (hi - lo);
-      if constexpr (Fm::kSrBits == 8) {
-        const double uu = static_cast<double>(r & 0xFFu) / 256.0;
+      if constexpr (Fm::kSrBits < 32) {
+        const double uu = std::ldexp(static_cast<double>(r & ((1u << Fm::kSrBits) - 1u)), -Fm::kSrBits);
         EXPECT_EQ(std::fabs(q), f + uu >= 1.0 ? hi : lo) << v << " r=" << r;
       } else {
         const double uu = static_cast<double>(r >> 8) / 16777216.0;
@@ -641,10 +641,10 @@ TEST(Sr, Reproducible) {
   }
 }
 
-// Unbiasedness. For v between neighbours lo < hi with p = P(up) = ceil(f * 2^24) / 2^24 (16-bit
-// formats: floor(f * 2^16) / 2^16), f = (|v| - lo) / (hi - lo): |E[q] - v| = |p - f| * (hi - lo)
-// <= 2^-b (hi - lo), b = 24 or 16, and the mean of N draws has standard deviation (hi - lo)
-// sqrt(p (1 - p) / N). Bound checked:
+// Unbiasedness. For v between neighbours lo < hi with p = P(up) = ceil(f * 2^24) / 2^24 (formats
+// of b < 32 random bits, e2m1's 8: floor(f * 2^b) / 2^b), f = (|v| - lo) / (hi - lo): |E[q] - v| =
+// |p - f| * (hi - lo) <= 2^-b (hi - lo), b = 24 or kSrBits, and the mean of N draws has standard
+// deviation (hi - lo) sqrt(p (1 - p) / N). Bound checked:
 //   |mean - v| <= 5 * (hi - lo) * sqrt(f (1 - f) / N) + 2^-b * (hi - lo)   (+ a 1e-12 slack
 // for the double-precision summation).
 template <class Fm>
@@ -658,7 +658,7 @@ void check_unbiased(float v, u64 seed) {
   for (int i = 0; i < N; ++i)
     sum += decode<Fm>(encode_sr<Fm>(v, sr_random_bits<Fm>(seed, 3, 0, static_cast<u64>(i))));
   const double mean = sum / N;
-  const double bound = 5 * ulp * std::sqrt(f * (1 - f) / N) + std::ldexp(ulp, Fm::kSrBits == 16 ? -16 : -24) + 1e-12;
+  const double bound = 5 * ulp * std::sqrt(f * (1 - f) / N) + std::ldexp(ulp, Fm::kSrBits < 32 ? -Fm::kSrBits : -24) + 1e-12;
   EXPECT_LE(std::fabs(mean - v), bound) << Fm::kName << " v=" << v << " mean=" << mean;
 }
 
