@@ -349,14 +349,15 @@ qf_status qf_quantize(qf_quantizer* q, const qf_quantize_args* args, void* cuda_
     call.input.bytes = args->m * args->k * qf::traits(q->q->plan().input).bytes;
     for (int i = 0; i < args->num_buffers; ++i) {
       const qf_named_buffer& b = args->buffers[i];
-      const std::string where = "args->buffers[" + std::to_string(i) + "]";
-      if (!b.name) throw qf::UserError(where + ".name", "must not be NULL");
-      if (b.bytes < 0) throw qf::UserError(where + ".bytes", "must be >= 0");
+      // Built only for a message: this runs for every buffer of every call.
+      auto where = [i](const char* field) { return "args->buffers[" + std::to_string(i) + "]." + field; };
+      if (!b.name) throw qf::UserError(where("name"), "must not be NULL");
+      if (b.bytes < 0) throw qf::UserError(where("bytes"), "must be >= 0");
       qf::rt::TensorView v;
       v.ptr = reinterpret_cast<uint64_t>(b.ptr);
       v.bytes = b.bytes;
       if (!call.buffers.emplace(b.name, v).second)
-        throw qf::UserError(where + ".name", std::string("buffer \"") + b.name + "\" given twice");
+        throw qf::UserError(where("name"), std::string("buffer \"") + b.name + "\" given twice");
     }
     call.workspace.ptr = reinterpret_cast<uint64_t>(args->workspace);
     call.workspace.bytes = args->workspace_bytes;

@@ -53,6 +53,15 @@ bool one_launch_enabled() {
 Quantizer::Quantizer(Plan plan, KernelCache& cache, bool use_tuning)
     : plan_(std::move(plan)), cache_(cache), use_tuning_(use_tuning), one_launch_(one_launch_enabled()) {
   verify(plan_);
+  inputs_ = input_buffers(plan_);
+  scale_input_.fill(-1);
+  QF_CHECK(plan_.streams.size() <= scale_input_.size(), "plan with ", plan_.streams.size(), " streams");
+  for (size_t i = 0; i < plan_.streams.size(); ++i) {
+    if (!std::holds_alternative<PerTensorDelayed>(plan_.streams[i].scaling)) continue;
+    const std::string n = scale_input_name(plan_, plan_.streams[i]);
+    for (size_t j = 0; j < inputs_.size(); ++j)
+      if (inputs_[j].name == n) scale_input_[i] = int(j);
+  }
 }
 
 CacheHow Quantizer::prepare(const std::string& arch) const {
@@ -120,25 +129,82 @@ int64_t Quantizer::workspace_bytes(Shape2D shape, int num_members) const {
   return bytes;
 }
 
-void Quantizer::quantize(const QuantizeCall& call, CUstream stream) const {
+// What every call of one shape needs, from output_buffers and the workspace rule.
+struct Quantizer::Layout {
+  Shape2D shape;
+  int members = 1;
+  bool grouped = false;
+  std::vector<BufferDesc> outs;  // output_buffers(plan, shape): names, kinds, streams
+  std::vector<int64_t> need;     // bytes each output must hold (grouped: the worst split)
+  std::array<int, kMaxAmaxSlots> amax_out{};  // per amax source: index into outs, or -1
+  int64_t input_bytes = 0;
+  int64_t workspace = 0;
+};
+
+std::shared_ptr<const Quantizer::Layout> Quantizer::layout(Shape2D shape, int members, bool grouped) const {
+  {
+    std::lock_guard<std::mutex> g(layouts_mu_);
+    for (const auto& l : layouts_)
+      if (l->shape.m == shape.m && l->shape.k == shape.k && l->members == members && l->grouped == grouped) return l;
+  }
+  // Grouped member sizes live on the device: the caller guarantees the per-member rules of
+  // check_shape (even rows for packed transposed data, 16-row groups for RHT).
+  if (!grouped) check_shape(plan_, shape);
+  auto l = std::make_shared<Layout>();
+  l->shape = shape;
+  l->members = members;
+  l->grouped = grouped;
+  l->input_bytes = shape.m * shape.k * traits(plan_.input).bytes;
+  // Single tensors must match output_buffers exactly; grouped buffers hold the concatenation of
+  // members, whose sizes are only known on the device, so the bound is the worst case over any
+  // split of M rows into `members` parts.
+  l->outs = output_buffers(plan_, shape);
+  for (const auto& b : l->outs) {
+    int64_t need = b.bytes;
+    if (b.kind == BufferKind::Amax) need = 4 * int64_t(members);
+    else if (grouped && b.kind == BufferKind::ScaleInv && b.shape == std::vector<int64_t>{1}) need = 4 * int64_t(members);
+    else if (grouped && b.kind == BufferKind::ScaleInv) {
+      // Each member may add one partial block per blocked dim and its own swizzle padding.
+      const qf::Stream& s = plan_.streams[size_t(b.stream)];
+      const ScaleGrid g = scale_grid(s, shape);
+      const int64_t extra_rows = (g.swizzled ? 128 : 1) * members, extra_cols = (g.swizzled ? 4 : 1) * members;
+      need = (g.padded_rows + extra_rows) * (g.padded_cols + extra_cols) * storage_bytes(b.storage);
+    }
+    l->need.push_back(need);
+  }
+  l->amax_out.fill(-1);
+  for (size_t a = 0; a < plan_.amax.size(); ++a) {
+    if (plan_.amax[a].scope != AmaxScope::Tensor) continue;
+    const std::string n = amax_output_name(plan_, int(a));
+    for (size_t i = 0; i < l->outs.size(); ++i)
+      if (l->outs[i].name == n) l->amax_out[a] = int(i);
+    QF_CHECK(l->amax_out[a] >= 0, "amax source ", a, " has no output buffer");
+  }
+  l->workspace = workspace_bytes(shape, members);
+  std::lock_guard<std::mutex> g(layouts_mu_);
+  // A few shapes recur in a framework's calls (weights, a handful of token counts); keep the
+  // last ones.
+  constexpr size_t kKept = 16;
+  layouts_.insert(layouts_.begin(), l);
+  if (layouts_.size() > kKept) layouts_.pop_back();
+  return l;
+}
+
+BoundCall Quantizer::bind(const QuantizeCall& call) const {
   const bool grouped = call.member_rows != 0;
   const int members = grouped ? call.num_members : 1;
   if (grouped && (members < 1 || members > (1 << 20)))
     throw UserError("num_members", "expected 1..2^20 members, got " + std::to_string(call.num_members));
-  // Grouped member sizes live on the device: the caller guarantees the per-member rules of
-  // check_shape (even rows for packed transposed data, 16-row groups for RHT).
-  if (!grouped) check_shape(plan_, call.shape);
+  const std::shared_ptr<const Layout> lay = layout(call.shape, members, grouped);
 
   // Input.
-  const int64_t in_bytes = call.shape.m * call.shape.k * traits(plan_.input).bytes;
   check_dtype("input", call.input, plan_.input);
-  check_buffer("input", call.input, in_bytes, 16, "input [" + std::to_string(call.shape.m) + ", " + std::to_string(call.shape.k) + "]");
+  if (!buffer_fits(call.input, lay->input_bytes, 16))
+    check_buffer("input", call.input, lay->input_bytes, 16,
+                 "input [" + std::to_string(call.shape.m) + ", " + std::to_string(call.shape.k) + "]");
 
-  // Outputs: single tensors must match output_buffers exactly; grouped buffers hold the
-  // concatenation of members, whose sizes are only known on the device, so the bound is the
-  // worst case over any split of M rows into `members` parts.
-  std::vector<BufferDesc> outs = output_buffers(plan_, call.shape);
-  QuantizeArgs args{};
+  BoundCall bc;
+  QuantizeArgs& args = bc.args;
   args.x = reinterpret_cast<const void*>(call.input.ptr);
   args.m = call.shape.m;
   args.k = call.shape.k;
@@ -148,64 +214,52 @@ void Quantizer::quantize(const QuantizeCall& call, CUstream stream) const {
   args.member_rows = reinterpret_cast<const i64*>(call.member_rows);
   args.num_members = members;
 
-  auto get = [&](const std::string& n) -> const TensorView& {
-    auto it = call.buffers.find(n);
-    if (it == call.buffers.end()) throw UserError(n, "missing buffer argument \"" + n + "\"");
-    return it->second;
-  };
-  const std::vector<BufferDesc> ins = input_buffers(plan_);
-  for (const auto& [n, v] : call.buffers) {
-    bool known = false;
-    for (const auto& b : outs) known |= b.name == n;
-    for (const auto& b : ins) known |= b.name == n;
-    if (!known) throw UserError(n, "this plan has no buffer named \"" + n + "\"");
-  }
-  struct Zero {
-    uint64_t ptr;
-    int64_t bytes;
-    bool amax;  // an amax output: the one-launch form zeroes it itself
-  };
-  std::vector<Zero> zero;
-  for (const auto& b : outs) {
-    const TensorView& v = get(b.name);
-    int64_t need = b.bytes;
-    if (b.kind == BufferKind::Amax) need = 4 * int64_t(members);
-    else if (grouped && b.kind == BufferKind::ScaleInv && b.shape == std::vector<int64_t>{1}) need = 4 * int64_t(members);
-    else if (grouped && b.kind == BufferKind::ScaleInv) {
-      // Each member may add one partial block per blocked dim and its own swizzle padding.
-      const qf::Stream& s = plan_.streams[size_t(b.stream)];
-      const ScaleGrid g = scale_grid(s, call.shape);
-      const int64_t extra_rows = (g.swizzled ? 128 : 1) * members, extra_cols = (g.swizzled ? 4 : 1) * members;
-      need = (g.padded_rows + extra_rows) * (g.padded_cols + extra_cols) * storage_bytes(b.storage);
+  // Every given name must be one of the plan's buffers; each found entry counts once.
+  using Entry = std::map<std::string, TensorView>::const_iterator;
+  std::array<Entry, BoundCall::kMaxZero> out_it;
+  QF_CHECK(lay->outs.size() <= out_it.size(), "plan with ", lay->outs.size(), " outputs");
+  size_t found = 0;
+  for (size_t i = 0; i < lay->outs.size(); ++i) found += (out_it[i] = call.buffers.find(lay->outs[i].name)) != call.buffers.end();
+  for (const auto& b : inputs_) found += call.buffers.count(b.name);
+  if (found != call.buffers.size()) {
+    for (const auto& [n, v] : call.buffers) {
+      bool known = false;
+      for (const auto& b : lay->outs) known |= b.name == n;
+      for (const auto& b : inputs_) known |= b.name == n;
+      if (!known) throw UserError(n, "this plan has no buffer named \"" + n + "\"");
     }
+  }
+  auto missing = [](const std::string& n) { return UserError(n, "missing buffer argument \"" + n + "\""); };
+
+  for (size_t i = 0; i < lay->outs.size(); ++i) {
+    const BufferDesc& b = lay->outs[i];
+    if (out_it[i] == call.buffers.end()) throw missing(b.name);
+    const TensorView& v = out_it[i]->second;
+    const int64_t need = lay->need[i];
     check_buffer(b.name, v, need, b.kind == BufferKind::Data ? 16 : 4);
-    for (const auto& [n2, v2] : call.buffers)
-      if (n2 != b.name) check_disjoint(b.name, v, n2, v2);
+    for (auto it = call.buffers.begin(); it != call.buffers.end(); ++it)
+      if (it != out_it[i]) check_disjoint(b.name, v, it->first, it->second);
     check_disjoint(b.name, v, "input", call.input);
     // Amax outputs accumulate atomically from zero; swizzled padding must read as zero. (The
     // scale entries of a grouped launch's empty members are written by the kernel; bytes past
     // the members' concatenation are left as they were.)
     if (b.kind == BufferKind::Amax || (b.kind == BufferKind::ScaleInv && b.zero_padding))
-      zero.push_back({v.ptr, need, b.kind == BufferKind::Amax});
+      bc.zero[size_t(bc.num_zero++)] = {v.ptr, need, b.kind == BufferKind::Amax};
     if (b.kind == BufferKind::Data) args.streams[b.stream].data = reinterpret_cast<void*>(v.ptr);
     if (b.kind == BufferKind::ScaleInv) args.streams[b.stream].scale_inv = reinterpret_cast<void*>(v.ptr);
   }
-  for (size_t a = 0; a < plan_.amax.size(); ++a) {
-    if (plan_.amax[a].scope != AmaxScope::Tensor) continue;
-    args.amax[a] = reinterpret_cast<float*>(get(amax_output_name(plan_, int(a))).ptr);
-  }
-  for (const auto& b : ins) {
-    const TensorView& v = get(b.name);
-    check_buffer(b.name, v, 4, 4);
+  for (size_t a = 0; a < plan_.amax.size(); ++a)
+    if (lay->amax_out[a] >= 0) args.amax[a] = reinterpret_cast<float*>(out_it[size_t(lay->amax_out[a])]->second.ptr);
+  for (size_t j = 0; j < inputs_.size(); ++j) {
+    const auto it = call.buffers.find(inputs_[j].name);
+    if (it == call.buffers.end()) throw missing(inputs_[j].name);
+    check_buffer(inputs_[j].name, it->second, 4, 4);
     for (size_t i = 0; i < plan_.streams.size(); ++i)
-      if (std::holds_alternative<PerTensorDelayed>(plan_.streams[i].scaling) &&
-          scale_input_name(plan_, plan_.streams[i]) == b.name)
-        args.streams[i].scale_in = reinterpret_cast<const float*>(v.ptr);
+      if (scale_input_[i] == int(j)) args.streams[i].scale_in = reinterpret_cast<const float*>(it->second.ptr);
   }
-  const int64_t ws = workspace_bytes(call.shape, members);
-  if (ws > 0) {
-    check_buffer("workspace", call.workspace, ws, 256);
-    zero.push_back({call.workspace.ptr, ws, false});
+  if (lay->workspace > 0) {
+    check_buffer("workspace", call.workspace, lay->workspace, 256);
+    bc.zero[size_t(bc.num_zero++)] = {call.workspace.ptr, lay->workspace, false};
     uint64_t p = call.workspace.ptr;
     for (size_t a = 0; a < plan_.amax.size(); ++a) {
       if (plan_.amax[a].scope != AmaxScope::Channel) continue;
@@ -214,16 +268,22 @@ void Quantizer::quantize(const QuantizeCall& call, CUstream stream) const {
       p += round_up(u64(n * 4), 256);
     }
   }
+  return bc;
+}
 
+void Quantizer::quantize(const QuantizeCall& call, CUstream stream) const {
+  const BoundCall bc = bind(call);
+  const bool grouped = call.member_rows != 0;
   auto l = load_for_current_device();
   const Driver& d = driver();
   const TileConfig& t = l->kernels.source.tile;
   // One CTA per tile. Grouped: sum(ceil(m_i / rows)) <= ceil(M / rows) + N tile rows, plus one
   // row of CTAs for the scale entries of empty members.
-  const uint64_t tile_rows = ceil_div(u64(call.shape.m), u64(t.rows)) + (grouped ? u64(members) + 1 : 0);
+  const uint64_t tile_rows = ceil_div(u64(call.shape.m), u64(t.rows)) + (grouped ? u64(bc.args.num_members) + 1 : 0);
   const Dim3 grid{unsigned(tile_rows), unsigned(ceil_div(u64(call.shape.k), u64(t.cols))), 1};
   if (tile_rows > 0x7fffffffu || grid.y > 65535)
     throw UserError("input", "tensor too large for one launch (" + std::to_string(tile_rows) + " x " + std::to_string(grid.y) + " tiles)");
+  QuantizeArgs args = bc.args;
   void* params[] = {&args};
   const size_t smem = l->kernels.source.smem_bytes;
   const Dim3 block{unsigned(t.threads)};
@@ -232,8 +292,10 @@ void Quantizer::quantize(const QuantizeCall& call, CUstream stream) const {
   // costs microseconds of host and GPU time, which is most of a small call.
   const bool fused = l->fused && one_launch_ && !grouped && int64_t(grid.x) * grid.y <= l->fused_ctas;
   auto zero_buffers = [&](bool amax) {
-    for (const auto& z : zero)
-      if (z.amax == amax) check(d.cuMemsetD8Async(CUdeviceptr(z.ptr), 0, size_t(z.bytes), stream), "zeroing amax / padded scales");
+    for (int i = 0; i < bc.num_zero; ++i)
+      if (bc.zero[size_t(i)].amax == amax)
+        check(d.cuMemsetD8Async(CUdeviceptr(bc.zero[size_t(i)].ptr), 0, size_t(bc.zero[size_t(i)].bytes), stream),
+              "zeroing amax / padded scales");
   };
   zero_buffers(false);
   if (fused) {

@@ -1,6 +1,7 @@
 // Quantize a role's tensor on a GPU: the plan's kernels, compiled (or loaded from the kernel
 // cache) for the current device's arch, validated arguments, launched on a stream.
 #pragma once
+#include <array>
 #include <cstdint>
 #include <map>
 #include <memory>
@@ -13,6 +14,7 @@
 #include "compiler/buffers.h"
 #include "compiler/codegen.h"
 #include "compiler/ir.h"
+#include "qforge/args.cuh"
 #include "runtime/kernel_cache.h"
 #include "runtime/tensor.h"
 
@@ -40,6 +42,22 @@ struct QuantizeCall {
   int num_members = 0;
 };
 
+// A call after its arguments were checked: the kernels' argument struct and the buffers the
+// launch zeroes first (amax outputs, swizzled scale padding, the per-channel workspace).
+struct BoundCall {
+  struct Zero {
+    uint64_t ptr = 0;
+    int64_t bytes = 0;
+    bool amax = false;  // an amax output: the one-launch form zeroes it itself
+  };
+  // At most one per output (two streams' data and scales, the amax outputs) plus the workspace.
+  static constexpr int kMaxZero = 2 * kMaxStreams + kMaxAmaxSlots + 1;
+
+  QuantizeArgs args{};
+  std::array<Zero, kMaxZero> zero{};
+  int num_zero = 0;
+};
+
 class Quantizer {
  public:
   // With use_tuning, the first load on a device takes the tile `qforge tune` stored for this
@@ -64,12 +82,20 @@ class Quantizer {
   // QFORGE_ONE_LAUNCH=0 (read at construction) always takes the second way.
   void quantize(const QuantizeCall& call, CUstream stream) const;
 
+  // The argument checks of quantize() and the launch arguments they yield, without a GPU:
+  // UserError naming the argument on anything wrong. What a call shape needs (buffer sizes,
+  // names, the workspace) is derived once per (shape, members) and kept for the shapes used
+  // last, so a repeated call checks pointers and sizes against it without recomputing it.
+  BoundCall bind(const QuantizeCall& call) const;
+
   // Compiles (or loads) for `arch` without a GPU; returns how the cache answered.
   CacheHow prepare(const std::string& arch) const;
 
  private:
   struct Loaded;
   std::shared_ptr<const Loaded> load_for_current_device() const;
+  struct Layout;
+  std::shared_ptr<const Layout> layout(Shape2D shape, int members, bool grouped) const;
 
   Plan plan_;
   KernelCache& cache_;
@@ -77,6 +103,10 @@ class Quantizer {
   bool one_launch_ = true;  // QFORGE_ONE_LAUNCH=0 turns the fused form off (A/B, debugging)
   mutable std::mutex mu_;
   mutable std::map<int, std::shared_ptr<const Loaded>> loaded_;  // by device
+  std::vector<BufferDesc> inputs_;  // input_buffers(plan_)
+  std::array<int, kMaxStreams> scale_input_{};  // per stream: index into inputs_ of its delayed scale, or -1
+  mutable std::mutex layouts_mu_;
+  mutable std::vector<std::shared_ptr<const Layout>> layouts_;  // most recently added first
 };
 
 // Delayed scaling: after a quantize, roll the caller's amax history [history_length] with the

@@ -50,6 +50,7 @@ void check_buffer(const std::string& arg_name, const TensorView& given, int64_t 
   QF_CHECK(alignment > 0 && (alignment & (alignment - 1)) == 0, "alignment ", alignment,
            " is not a power of two");
   QF_CHECK(required_bytes >= 0, "negative requirement ", required_bytes, " for ", arg_name);
+  if (buffer_fits(given, required_bytes, alignment)) return;
   // Built only for a message: this runs for every buffer of every call.
   auto suffix = [&] { return required_for.empty() ? std::string() : " for " + std::string(required_for); };
   if (given.bytes < 0)

@@ -38,6 +38,12 @@ int64_t element_count(const std::string& arg_name, std::span<const int64_t> shap
 // The buffer is non-null (unless required_bytes is 0), aligned to `alignment` bytes (a power of
 // two) and at least required_bytes long. required_for, when given, ends the too-small message:
 // "... smaller than the 128 bytes required for input [64, 256]".
+// buffer_fits is the same test without a message (per-call paths build the text only on failure).
+inline bool buffer_fits(const TensorView& given, int64_t required_bytes, size_t alignment) {
+  if (given.bytes < 0) return false;
+  if (required_bytes == 0) return true;
+  return given.ptr != 0 && given.ptr % alignment == 0 && given.bytes >= required_bytes;
+}
 void check_buffer(const std::string& arg_name, const TensorView& given, int64_t required_bytes,
                   size_t alignment, std::string_view required_for = {});
 // given.dtype equals expected ("argument input: holds bf16, expected fp32").
