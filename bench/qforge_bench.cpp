@@ -15,7 +15,14 @@
 //   e2e_us   - (small sizes) host wall time of one call + stream sync, launch overhead included;
 //   host_us  - (small sizes) host wall time of the call alone (argument checks, memsets and
 //              launches enqueued), against op_floor_us: one 4-byte cuMemsetD8Async + sync, the
-//              round trip of a single stream operation, measured in the same run.
+//              round trip of a single stream operation, measured in the same run;
+//   graph_us - (small sizes) device time per call with 20 calls captured in a CUDA graph and
+//              replayed: the GPU's share of a call without the host's launch work (time_us of
+//              a small call is bound by whichever of the two is slower);
+//   launch_floor - an empty kernel taking the quantize kernels' argument struct, launched plainly
+//              and cooperatively (as the one-launch fused kernels are): host_us of the launch,
+//              e2e_us of launch + sync, b2b_us per launch back to back; the floor of a call's
+//              host_us, e2e_us and time_us.
 // Copy bandwidth: cuMemcpyDtoDAsync of 1 GiB, counting bytes read + written.
 // Grouped cases: 8 uneven members (multiples of 1024 rows) x 2048 columns against one tensor of
 // the same total; --groups sets the member rows (also with --sizes, which otherwise drops them).
@@ -38,7 +45,9 @@
 #include "compiler/error.h"
 #include "compiler/pipeline.h"
 #include "compiler/recipe.h"
+#include "qforge/args.cuh"
 #include "runtime/driver.h"
+#include "runtime/kernel_cache.h"
 #include "runtime/quantizer.h"
 #include "tools/args.h"
 #include "tools/cli_common.h"
@@ -47,6 +56,61 @@
 namespace fs = std::filesystem;
 using namespace qf;
 using namespace qf::cli;
+
+namespace {
+
+// Host time of fn() alone and of fn() + stream sync, each the median of 200 calls (every call
+// starts on an idle stream).
+struct HostTimes {
+  double host_us = 0, e2e_us = 0;
+};
+template <class F>
+HostTimes host_times(CUstream stream, F&& fn) {
+  const rt::Driver& d = rt::driver();
+  std::vector<double> w, h;
+  for (int i = 0; i < 220; ++i) {
+    const auto t0 = std::chrono::steady_clock::now();
+    fn(i);
+    const auto t1 = std::chrono::steady_clock::now();
+    rt::check(d.cuStreamSynchronize(stream), "sync");
+    if (i < 20) continue;  // warm-up
+    w.push_back(std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count());
+    h.push_back(std::chrono::duration<double, std::micro>(t1 - t0).count());
+  }
+  return {median(h), median(w)};
+}
+
+// An empty kernel with QuantizeArgs' size of parameters, launched plainly and cooperatively.
+nlohmann::json launch_floor(CUstream stream, double target_ms) {
+  rt::CompileRequest req;
+  req.source = "struct Params { unsigned long long words[" + std::to_string((sizeof(QuantizeArgs) + 7) / 8) +
+               "]; };\nextern \"C\" __global__ void qforge_empty_kernel(Params) {}\n";
+  req.source_name = "qforge_empty.cu";
+  req.name_expressions = {"qforge_empty_kernel"};
+  const int dev = rt::current_device();
+  req.arch = rt::device_arch(dev);
+  const rt::CacheResult r = rt::KernelCache::global().get_or_compile(req, nlohmann::json{{"kind", "bench_empty"}});
+  auto module = rt::module_registry().get(dev, r.entry->key, std::string_view(r.entry->image));
+  CUfunction f = module->function(r.entry->lowered("qforge_empty_kernel"));
+  QuantizeArgs args{};
+  void* params[] = {&args};
+  nlohmann::json out;
+  for (const bool coop : {false, true}) {
+    CUlaunchAttribute attr{};
+    attr.id = CU_LAUNCH_ATTRIBUTE_COOPERATIVE;
+    attr.value.cooperative = 1;
+    const std::span<CUlaunchAttribute> attrs = coop ? std::span<CUlaunchAttribute>(&attr, 1) : std::span<CUlaunchAttribute>();
+    auto go = [&](int) { rt::launch(f, rt::Dim3{1}, rt::Dim3{32}, 0, stream, params, attrs, rt::SmemLimit::kPrepared); };
+    const HostTimes t = host_times(stream, go);
+    const double b2b = time_us(stream, go, target_ms);
+    out[coop ? "cooperative" : "plain"] = {{"host_us", t.host_us}, {"e2e_us", t.e2e_us}, {"b2b_us", b2b}};
+    std::fprintf(stderr, "empty kernel, %s launch: host %.1f us, launch + sync %.1f us, back to back %.1f us\n",
+                 coop ? "cooperative" : "plain", t.host_us, t.e2e_us, b2b);
+  }
+  return out;
+}
+
+}  // namespace
 
 int main(int argc, char** argv) try {
   const cli::Args args(std::vector<std::string>(argv + 1, argv + argc), {"--recipes", "--out", "--filter", "--iters-ms", "--sizes", "--groups"},
@@ -92,6 +156,7 @@ int main(int argc, char** argv) try {
     op_floor_us = median(w);
     std::fprintf(stderr, "one stream operation + sync: %.1f us\n", op_floor_us);
   }
+  const nlohmann::json floor = launch_floor(stream.get(), target_ms);
 
   const char* roles[] = {"linear:input", "linear:weight", "linear:grad_output"};
 
@@ -130,7 +195,6 @@ int main(int argc, char** argv) try {
   }
 
   nlohmann::json results = nlohmann::json::array();
-  const rt::Driver& d = rt::driver();
   for (const auto& c : cases) {
     const std::string label = c.recipe + " " + c.role + " " + std::string(name(c.usage));
     if (!filter.empty() && label.find(filter) == std::string::npos) continue;
@@ -157,18 +221,20 @@ int main(int argc, char** argv) try {
         set.push_back(make_set(q, plan, c, pool.address() + uint64_t(off), in_bytes, offsets.address()));
       }
       const double us = time_us(stream.get(), [&](int i) { q.quantize(set[size_t(i % sets)].call, stream.get()); }, target_ms);
-      double e2e = 0, host = 0;
+      HostTimes ht;
+      double graph_us = 0;
+      std::string graph_error;
       if (c.shape.m * c.shape.k <= 2048 * 2048) {
-        std::vector<double> w, h;
-        for (int i = 0; i < 200; ++i) {
-          const auto t0 = std::chrono::steady_clock::now();
-          q.quantize(set[size_t(i % sets)].call, stream.get());
-          const auto t1 = std::chrono::steady_clock::now();
-          rt::check(d.cuStreamSynchronize(stream.get()), "sync");
-          w.push_back(std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count());
-          h.push_back(std::chrono::duration<double, std::micro>(t1 - t0).count());
+        ht = host_times(stream.get(), [&](int i) { q.quantize(set[size_t(i % sets)].call, stream.get()); });
+        try {
+          constexpr int kCalls = 20;
+          const rt::Graph g(stream.get(), [&] {
+            for (int i = 0; i < kCalls; ++i) q.quantize(set[size_t(i % sets)].call, stream.get());
+          });
+          graph_us = time_us(stream.get(), [&](int) { g.launch(stream.get()); }, target_ms) / kCalls;
+        } catch (const std::exception& e) {
+          graph_error = e.what();
         }
-        e2e = median(w), host = median(h);
       }
       int kernels = 0;
       for (const auto& ph : plan.phases) kernels += ph.kind == PhaseKind::AmaxReduce ? 1 : 0;
@@ -181,11 +247,15 @@ int main(int argc, char** argv) try {
                           {"gbps", gbps},            {"ratio", gbps / copy_gbps}, {"kernels", kernels},
                           {"tile", {plan.tile.rows, plan.tile.cols, plan.tile.threads}}};
       if (!c.members.empty()) j["groups"] = c.members;
-      if (e2e > 0) j["e2e_us"] = e2e, j["host_us"] = host;
+      if (ht.e2e_us > 0) j["e2e_us"] = ht.e2e_us, j["host_us"] = ht.host_us;
+      if (graph_us > 0) j["graph_us"] = graph_us;
+      if (!graph_error.empty()) j["graph_error"] = graph_error;
       results.push_back(j);
       std::fprintf(stderr, "%-60s %6lldx%-6lld %9.1f us %7.0f GB/s %5.1f%%%s", label.c_str(), (long long)c.shape.m,
                    (long long)c.shape.k, us, gbps, 100.0 * gbps / copy_gbps, c.members.empty() ? "" : " (grouped)");
-      if (e2e > 0) std::fprintf(stderr, "  call+sync %.1f us (host %.1f)", e2e, host);
+      if (ht.e2e_us > 0) std::fprintf(stderr, "  call+sync %.1f us (host %.1f)", ht.e2e_us, ht.host_us);
+      if (graph_us > 0) std::fprintf(stderr, "  graph %.1f us", graph_us);
+      if (!graph_error.empty()) std::fprintf(stderr, "  graph capture failed: %s", graph_error.c_str());
       std::fprintf(stderr, "\n");
     } catch (const std::exception& e) {
       std::fprintf(stderr, "%-60s skipped: %s\n", label.c_str(), e.what());
@@ -193,7 +263,7 @@ int main(int argc, char** argv) try {
                          {"shape", {c.shape.m, c.shape.k}}, {"grouped", !c.members.empty()}, {"error", e.what()}});
     }
   }
-  const nlohmann::json doc = {{"device", device}, {"copy_gbps", copy_gbps}, {"op_floor_us", op_floor_us}, {"results", results}};
+  const nlohmann::json doc = {{"device", device}, {"copy_gbps", copy_gbps}, {"op_floor_us", op_floor_us}, {"launch_floor", floor}, {"results", results}};
   std::ofstream(out_path) << doc.dump(1) << "\n";
   std::fprintf(stderr, "wrote %s (%zu results)\n", out_path.c_str(), results.size());
   return 0;

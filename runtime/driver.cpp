@@ -591,6 +591,54 @@ float Event::elapsed_ms(const Event& start, const Event& end) {
   return ms;
 }
 
+// ------------------------------------------------------------------------------- graphs
+
+Graph::Graph(CUstream stream, const std::function<void()>& record) {
+  ctx_ = current_context("capturing a Graph");
+  const Driver& d = require_driver();
+  check(d.cuStreamBeginCapture(stream, CU_STREAM_CAPTURE_MODE_THREAD_LOCAL), "cuStreamBeginCapture");
+  try {
+    record();
+  } catch (...) {
+    CUgraph partial = nullptr;
+    if (d.cuStreamEndCapture(stream, &partial) == CUDA_SUCCESS && partial) d.cuGraphDestroy(partial);
+    throw;
+  }
+  check(d.cuStreamEndCapture(stream, &graph_), "cuStreamEndCapture");
+  const CUresult r = d.cuGraphInstantiate(&exec_, graph_, 0);
+  if (r != CUDA_SUCCESS) {
+    reset();
+    check(r, "cuGraphInstantiate");
+  }
+}
+
+Graph::~Graph() { reset(); }
+
+Graph::Graph(Graph&& o) noexcept
+    : graph_(std::exchange(o.graph_, nullptr)), exec_(std::exchange(o.exec_, nullptr)), ctx_(std::exchange(o.ctx_, nullptr)) {}
+
+Graph& Graph::operator=(Graph&& o) noexcept {
+  if (this != &o) {
+    reset();
+    graph_ = std::exchange(o.graph_, nullptr);
+    exec_ = std::exchange(o.exec_, nullptr);
+    ctx_ = std::exchange(o.ctx_, nullptr);
+  }
+  return *this;
+}
+
+void Graph::reset() noexcept {
+  if ((graph_ || exec_) && driver_alive())
+    in_context_noexcept(ctx_, [&] {
+      if (exec_) driver().cuGraphExecDestroy(exec_);
+      if (graph_) driver().cuGraphDestroy(graph_);
+    });
+  graph_ = nullptr;
+  exec_ = nullptr;
+}
+
+void Graph::launch(CUstream stream) const { check(driver().cuGraphLaunch(exec_, stream), "cuGraphLaunch"); }
+
 // ------------------------------------------------------------------------------- launches
 
 void allow_dynamic_smem(CUfunction f, size_t smem_bytes) {

@@ -84,6 +84,12 @@ namespace qf::rt {
   X(cuEventSynchronize)           \
   X(cuEventElapsedTime)           \
   X(cuEventDestroy)               \
+  X(cuStreamBeginCapture)         \
+  X(cuStreamEndCapture)           \
+  X(cuGraphInstantiate)           \
+  X(cuGraphLaunch)                \
+  X(cuGraphExecDestroy)           \
+  X(cuGraphDestroy)               \
   X(cuPointerGetAttributes)       \
   X(cuTensorMapEncodeTiled)       \
   X(cuOccupancyMaxActiveClusters)  \
@@ -360,6 +366,28 @@ class Event {
  private:
   void reset() noexcept;
   CUevent event_ = nullptr;
+  CUcontext ctx_ = nullptr;
+};
+
+// The work `record` enqueues on `stream`, captured into a CUDA graph (thread-local capture
+// mode: other threads' CUDA calls are not affected) and instantiated. Move-only; both the graph
+// and its executable are destroyed with it. If `record` throws, the capture is ended and the
+// exception passes on, the stream back to normal.
+class Graph {
+ public:
+  Graph(CUstream stream, const std::function<void()>& record);
+  ~Graph();
+  Graph(Graph&& o) noexcept;
+  Graph& operator=(Graph&& o) noexcept;
+  Graph(const Graph&) = delete;
+  Graph& operator=(const Graph&) = delete;
+
+  void launch(CUstream stream) const;
+
+ private:
+  void reset() noexcept;
+  CUgraph graph_ = nullptr;
+  CUgraphExec exec_ = nullptr;
   CUcontext ctx_ = nullptr;
 };
 
