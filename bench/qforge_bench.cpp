@@ -218,7 +218,7 @@ int main(int argc, char** argv) try {
       std::vector<CallSet> set;
       for (int i = 0; i < sets; ++i) {
         const int64_t off = (int64_t(i) * in_bytes) % std::max<int64_t>(pool_bytes - in_bytes + 1, 1) / 256 * 256;
-        set.push_back(make_set(q, plan, c, pool.address() + uint64_t(off), in_bytes, offsets.address()));
+        set.push_back(make_set(q, c, pool.address() + uint64_t(off), in_bytes, offsets.address()));
       }
       const double us = time_us(stream.get(), [&](int i) { q.quantize(set[size_t(i % sets)].call, stream.get()); }, target_ms);
       HostTimes ht;

@@ -109,6 +109,11 @@ void qf_quantizer_destroy(qf_quantizer* q); /* NULL is fine */
 qf_status qf_quantizer_num_outputs(const qf_quantizer* q, int* out);
 qf_status qf_quantizer_output_info(const qf_quantizer* q, int64_t m, int64_t k, int index,
                                    qf_buffer_info* out);
+/* Grouped: what qf_quantize requires of each output of a call of num_members members over m_total
+ * rows, whatever the split (the sizes live on the device): bytes is the bound the buffer is checked
+ * against, shape is flat ([bytes / element_size]). Same order and names as qf_quantizer_output_info. */
+qf_status qf_quantizer_grouped_output_info(const qf_quantizer* q, int64_t m_total, int64_t k,
+                                           int num_members, int index, qf_buffer_info* out);
 /* Inputs besides the tensor itself (delayed scaling's "scale"). */
 qf_status qf_quantizer_num_inputs(const qf_quantizer* q, int* out);
 qf_status qf_quantizer_input_info(const qf_quantizer* q, int index, qf_buffer_info* out);

@@ -285,6 +285,17 @@ qf_status qf_quantizer_output_info(const qf_quantizer* q, int64_t m, int64_t k, 
   });
 }
 
+qf_status qf_quantizer_grouped_output_info(const qf_quantizer* q, int64_t m_total, int64_t k,
+                                           int num_members, int index, qf_buffer_info* out) {
+  return guarded([&] {
+    require(q, "q");
+    require(out, "out");
+    const auto bufs = q->q->grouped_capacity(qf::Shape2D{m_total, k}, num_members);
+    check_index(index, bufs.size(), "outputs");
+    fill_info(q, bufs[size_t(index)], out);
+  });
+}
+
 qf_status qf_quantizer_num_inputs(const qf_quantizer* q, int* out) {
   return guarded([&] {
     require(q, "q");

@@ -119,6 +119,13 @@ std::vector<BufferDesc> Quantizer::grouped_outputs(std::span<const int64_t> coun
   return total;
 }
 
+namespace {
+void check_members(int members) {
+  if (members < 1 || members > (1 << 20))
+    throw UserError("num_members", "expected 1..2^20 members, got " + std::to_string(members));
+}
+}  // namespace
+
 int64_t Quantizer::workspace_bytes(Shape2D shape, int num_members) const {
   int64_t bytes = 0;
   for (const auto& a : plan_.amax) {
@@ -150,6 +157,9 @@ std::shared_ptr<const Quantizer::Layout> Quantizer::layout(Shape2D shape, int me
   // Grouped member sizes live on the device: the caller guarantees the per-member rules of
   // check_shape (even rows for packed transposed data, 16-row groups for RHT).
   if (!grouped) check_shape(plan_, shape);
+  else if (shape.m < 0 || shape.k <= 0 || shape.m > (int64_t(1) << 31) || shape.k > (int64_t(1) << 31))
+    throw UserError("shape", "expected a grouped tensor of 0..2^31 rows and 1..2^31 columns, got [" +
+                                 std::to_string(shape.m) + ", " + std::to_string(shape.k) + "]");
   auto l = std::make_shared<Layout>();
   l->shape = shape;
   l->members = members;
@@ -190,11 +200,21 @@ std::shared_ptr<const Quantizer::Layout> Quantizer::layout(Shape2D shape, int me
   return l;
 }
 
+std::vector<BufferDesc> Quantizer::grouped_capacity(Shape2D total, int members) const {
+  check_members(members);
+  const std::shared_ptr<const Layout> lay = layout(total, members, true);
+  std::vector<BufferDesc> out = lay->outs;
+  for (size_t i = 0; i < out.size(); ++i) {
+    out[i].bytes = lay->need[i];
+    out[i].shape = {out[i].bytes / storage_bytes(out[i].storage)};
+  }
+  return out;
+}
+
 BoundCall Quantizer::bind(const QuantizeCall& call) const {
   const bool grouped = call.member_rows != 0;
   const int members = grouped ? call.num_members : 1;
-  if (grouped && (members < 1 || members > (1 << 20)))
-    throw UserError("num_members", "expected 1..2^20 members, got " + std::to_string(call.num_members));
+  if (grouped) check_members(members);
   const std::shared_ptr<const Layout> lay = layout(call.shape, members, grouped);
 
   // Input.

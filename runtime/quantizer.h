@@ -70,6 +70,12 @@ class Quantizer {
   std::vector<BufferDesc> inputs() const { return input_buffers(plan_); }
   // Grouped: buffers sized for members of exactly these row counts (host-known splits).
   std::vector<BufferDesc> grouped_outputs(std::span<const int64_t> member_rows_counts, int64_t k) const;
+  // What quantize() requires of a grouped call of `members` members over total.m rows, whatever
+  // the split (the member sizes live on the device): output_buffers' buffers, each with the bytes
+  // it is checked against (one partial block per member and blocked dim, each member's own
+  // swizzle padding, an amax and a per-tensor scale per member) and a flat shape. Allocate these;
+  // grouped_outputs gives what a known split fills.
+  std::vector<BufferDesc> grouped_capacity(Shape2D total, int members) const;
   // Scratch the kernels need (per-channel amaxes), in bytes.
   int64_t workspace_bytes(Shape2D shape, int num_members = 1) const;
 

@@ -193,24 +193,15 @@ std::vector<ref::Output> quantize_on_device(const Plan& plan, const ref::HostTen
       QF_CHECK(rt_descs[i].name == descs[i].name && rt_descs[i].bytes == descs[i].bytes, "grouped output ",
                descs[i].name, " sizes agree");
   }
-  const std::vector<BufferDesc> single = q.outputs(shape);  // for the grouped scale bound
-  QF_CHECK(single.size() == descs.size(), "output count");
+  // Allocated as the runtime checks grouped buffers: for the worst split into `members` parts.
+  const std::vector<BufferDesc> capacity = grouped ? q.grouped_capacity(shape, members) : descs;
+  QF_CHECK(capacity.size() == descs.size(), "output count");
   std::vector<rt::DeviceBuffer> bufs;
   bufs.reserve(descs.size() + 4);
   for (size_t i = 0; i < descs.size(); ++i) {
     const BufferDesc& b = descs[i];
-    int64_t bytes = b.bytes;
-    if (grouped && b.kind == BufferKind::ScaleInv) {
-      // The runtime bounds grouped scale buffers by the worst case over any split into
-      // `members` parts (one partial block per member and blocked dim, own swizzle padding).
-      bytes = b.bytes * 4 + (int64_t(4) << 20);
-      if (b.stream >= 0 && single[i].shape != std::vector<int64_t>{1}) {
-        const ScaleGrid g = scale_grid(plan.streams[size_t(b.stream)], shape);
-        const int64_t er = (g.swizzled ? 128 : 1) * members, ec = (g.swizzled ? 4 : 1) * members;
-        bytes = std::max(bytes, (g.padded_rows + er) * (g.padded_cols + ec) * storage_bytes(b.storage));
-      }
-    }
-    bufs.emplace_back(size_t(std::max<int64_t>(bytes, 16)));
+    QF_CHECK(capacity[i].name == b.name && capacity[i].bytes >= b.bytes, "capacity of ", b.name);
+    bufs.emplace_back(size_t(std::max<int64_t>(capacity[i].bytes, 16)));
     call.buffers[b.name] = rt::TensorView{bufs.back().address(), int64_t(bufs.back().size()), std::nullopt, {}};
   }
   for (const BufferDesc& b : q.inputs()) {

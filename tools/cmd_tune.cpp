@@ -95,7 +95,7 @@ int cmd_tune(const Argv& argv) {
           Plan p = plan;
           p.tile = t;
           const rt::Quantizer q(p, rt::KernelCache::global(), /*use_tuning=*/false);
-          CallSet set = make_set(q, p, c, input.address(), in_bytes, 0);
+          CallSet set = make_set(q, c, input.address(), in_bytes, 0);
           const double us = time_us(stream.get(), [&](int) { q.quantize(set.call, stream.get()); }, target_ms);
           if (verbose) std::printf("    %-12s %8.1f us\n", tile_str(t).c_str(), us);
           if (tried++ == 0) default_us = us, best_us = us;

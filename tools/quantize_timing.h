@@ -67,28 +67,16 @@ struct CallSet {
   rt::QuantizeCall call;
 };
 
-inline CallSet make_set(const rt::Quantizer& q, const Plan& plan, const Case& c, uint64_t input, int64_t in_bytes,
+inline CallSet make_set(const rt::Quantizer& q, const Case& c, uint64_t input, int64_t in_bytes,
                  uint64_t offsets) {
   CallSet s;
   s.call.input = rt::TensorView{input, in_bytes, DType::BF16, {}};
   s.call.shape = c.shape;
   s.call.seed = 1234;
   const int members = c.members.empty() ? 1 : int(c.members.size());
-  std::vector<BufferDesc> descs = c.members.empty() ? q.outputs(c.shape) : q.grouped_outputs(c.members, c.shape.k);
-  const std::vector<BufferDesc> single = q.outputs(c.shape);
-  for (size_t i = 0; i < descs.size(); ++i) {
-    int64_t bytes = descs[i].bytes;
-    if (!c.members.empty() && descs[i].kind == BufferKind::ScaleInv) {
-      bytes = std::max<int64_t>(bytes, 4 * members);
-      if (descs[i].stream >= 0 && single[i].shape != std::vector<int64_t>{1}) {
-        const ScaleGrid g = scale_grid(plan.streams[size_t(descs[i].stream)], c.shape);
-        bytes = std::max(bytes, (g.padded_rows + (g.swizzled ? 128 : 1) * members) *
-                                    (g.padded_cols + (g.swizzled ? 4 : 1) * members) * storage_bytes(descs[i].storage));
-      }
-    }
-    if (descs[i].kind == BufferKind::Amax) bytes = 4 * members;
-    s.bufs.emplace_back(size_t(std::max<int64_t>(bytes, 16)));
-    s.call.buffers[descs[i].name] = rt::TensorView{s.bufs.back().address(), int64_t(s.bufs.back().size()), std::nullopt, {}};
+  for (const BufferDesc& b : c.members.empty() ? q.outputs(c.shape) : q.grouped_capacity(c.shape, members)) {
+    s.bufs.emplace_back(size_t(std::max<int64_t>(b.bytes, 16)));
+    s.call.buffers[b.name] = rt::TensorView{s.bufs.back().address(), int64_t(s.bufs.back().size()), std::nullopt, {}};
   }
   for (const BufferDesc& b : q.inputs()) {
     const float one = 1.0f;

@@ -26,6 +26,7 @@
 #include "reference/gemm_problem.h"
 #include "runtime/driver.h"
 #include "runtime/gpu_test_util.h"
+#include "runtime/quantizer.h"
 
 namespace fs = std::filesystem;
 
@@ -328,6 +329,65 @@ TEST_F(CApi, QuantizeWithoutGpuFailsCleanly) {
   EXPECT_STRNE(qf_last_error(), "");
   EXPECT_NE(std::string(qf_last_error()).find("CUDA"), std::string::npos) << qf_last_error();
   std::printf("qf_quantize without a GPU: status %d: %s\n", int(s), qf_last_error());
+}
+
+// Grouped outputs: qf_quantizer_grouped_output_info gives the sizes qf_quantize checks a grouped
+// call against (the worst split), the C++ grouped_capacity's, each at least what a known split
+// fills; buffers of those sizes pass the checks (without a GPU the call then fails in CUDA), one
+// byte less is refused naming the buffer, and a member count out of range is named.
+TEST_F(CApi, GroupedOutputInfoIsWhatQuantizeChecks) {
+  if (qf::rt::driver().available()) GTEST_SKIP() << "a CUDA driver is present (fake pointers must not reach it)";
+  const std::string p = recipe_path("nvfp4");
+  const char* paths[] = {p.c_str()};
+  ASSERT_EQ(qf_context_create(paths, 1, &ctx_), QF_OK) << qf_last_error();
+  ASSERT_EQ(qf_quantizer_create_ex(ctx_, nullptr, "grouped_linear:input", QF_DTYPE_BF16, QF_USAGE_TRAINING, 1, &q_), QF_OK)
+      << qf_last_error();
+  const int64_t m = 512, k = 256;
+  const std::vector<int64_t> split = {160, 0, 352};
+  const int members = int(split.size());
+  const qf::rt::Quantizer cpp(qf::compile_plan(qf::load_recipe(p), qf::PlanRequest{"grouped_linear:input", qf::DType::BF16,
+                                                                                  qf::Usage::Training, true}));
+  const std::vector<qf::BufferDesc> want = cpp.grouped_capacity(qf::Shape2D{m, k}, members);
+  const std::vector<qf::BufferDesc> filled = cpp.grouped_outputs(split, k);
+  int n = 0;
+  ASSERT_EQ(qf_quantizer_num_outputs(q_, &n), QF_OK);
+  ASSERT_EQ(size_t(n), want.size());
+  std::vector<qf_named_buffer> bufs;
+  uintptr_t next = uintptr_t(1) << 40;
+  const uintptr_t input = next;
+  next += uintptr_t(m * k * 2);
+  for (int i = 0; i < n; ++i) {
+    qf_buffer_info info{};
+    ASSERT_EQ(qf_quantizer_grouped_output_info(q_, m, k, members, i, &info), QF_OK) << qf_last_error();
+    EXPECT_EQ(std::string(info.name), want[size_t(i)].name);
+    EXPECT_EQ(info.bytes, want[size_t(i)].bytes) << info.name;
+    EXPECT_GE(info.bytes, filled[size_t(i)].bytes) << info.name;
+    EXPECT_EQ(info.ndim, 1);
+    EXPECT_EQ(info.shape[0] * info.element_size, info.bytes);
+    bufs.push_back({info.name, reinterpret_cast<void*>(next), info.bytes});
+    next += (uintptr_t(info.bytes) + 255) & ~uintptr_t(255);
+  }
+  qf_buffer_info info{};
+  EXPECT_EQ(qf_quantizer_grouped_output_info(q_, m, k, 0, 0, &info), QF_ERR_USER);
+  EXPECT_STREQ(qf_last_error(), "num_members: expected 1..2^20 members, got 0");
+  EXPECT_EQ(qf_quantizer_grouped_output_info(q_, m, -4, members, 0, &info), QF_ERR_USER);
+  EXPECT_NE(std::string(qf_last_error()).find("shape"), std::string::npos) << qf_last_error();
+  qf_quantize_args a{};
+  a.input = reinterpret_cast<const void*>(input);
+  a.m = m;
+  a.k = k;
+  a.buffers = bufs.data();
+  a.num_buffers = int(bufs.size());
+  a.member_rows = reinterpret_cast<const int64_t*>(next);
+  a.num_members = members;
+  EXPECT_EQ(qf_quantize(q_, &a, nullptr), QF_ERR_CUDA) << qf_last_error();
+  for (auto& b : bufs) {
+    b.bytes -= 1;
+    EXPECT_EQ(qf_quantize(q_, &a, nullptr), QF_ERR_USER) << b.name;
+    EXPECT_NE(std::string(qf_last_error()).find(std::string("argument ") + b.name + ":"), std::string::npos)
+        << qf_last_error();
+    b.bytes += 1;
+  }
 }
 
 // qf_quantize on a GPU: the outputs of the C entry point are bit-identical to the CPU reference

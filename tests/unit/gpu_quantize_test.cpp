@@ -317,8 +317,8 @@ TEST(GpuQuantizeGraph, ReplaysMatchDirectCalls) {
     DeviceBuffer dx(x.bytes.size());
     dx.upload(x.bytes.data(), x.bytes.size());
     DeviceBuffer offsets;
-    std::vector<BufferDesc> outs = grouped ? q.grouped_outputs(g.splits, shape.k) : q.outputs(shape);
     const int members = grouped ? int(g.splits.size()) : 1;
+    std::vector<BufferDesc> outs = grouped ? q.grouped_capacity(shape, members) : q.outputs(shape);
     const int64_t ws = q.workspace_bytes(shape, members);
     // Two sets of outputs: [0] for the direct call, [1] for the graph.
     std::vector<DeviceBuffer> keep[2];
