@@ -21,8 +21,8 @@
 //              a small call is bound by whichever of the two is slower);
 //   launch_floor - an empty kernel taking the quantize kernels' argument struct, launched plainly
 //              and cooperatively (as the one-launch fused kernels are): host_us of the launch,
-//              e2e_us of launch + sync, b2b_us per launch back to back; the floor of a call's
-//              host_us, e2e_us and time_us.
+//              e2e_us of launch + sync, b2b_us per launch back to back, graph_us per launch
+//              replayed from a graph; the floors of a call's host_us, e2e_us, time_us, graph_us.
 // Copy bandwidth: cuMemcpyDtoDAsync of 1 GiB, counting bytes read + written.
 // Grouped cases: 8 uneven members (multiples of 1024 rows) x 2048 columns against one tensor of
 // the same total; --groups sets the member rows (also with --sizes, which otherwise drops them).
@@ -103,9 +103,14 @@ nlohmann::json launch_floor(CUstream stream, double target_ms) {
     auto go = [&](int) { rt::launch(f, rt::Dim3{1}, rt::Dim3{32}, 0, stream, params, attrs, rt::SmemLimit::kPrepared); };
     const HostTimes t = host_times(stream, go);
     const double b2b = time_us(stream, go, target_ms);
-    out[coop ? "cooperative" : "plain"] = {{"host_us", t.host_us}, {"e2e_us", t.e2e_us}, {"b2b_us", b2b}};
-    std::fprintf(stderr, "empty kernel, %s launch: host %.1f us, launch + sync %.1f us, back to back %.1f us\n",
-                 coop ? "cooperative" : "plain", t.host_us, t.e2e_us, b2b);
+    constexpr int kCalls = 20;
+    const rt::Graph g(stream, [&] {
+      for (int i = 0; i < kCalls; ++i) go(i);
+    });
+    const double graph = time_us(stream, [&](int) { g.launch(stream); }, target_ms) / kCalls;
+    out[coop ? "cooperative" : "plain"] = {{"host_us", t.host_us}, {"e2e_us", t.e2e_us}, {"b2b_us", b2b}, {"graph_us", graph}};
+    std::fprintf(stderr, "empty kernel, %s launch: host %.1f us, launch + sync %.1f us, back to back %.1f us, in a graph %.1f us\n",
+                 coop ? "cooperative" : "plain", t.host_us, t.e2e_us, b2b, graph);
   }
   return out;
 }

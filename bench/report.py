@@ -254,8 +254,22 @@ def build_report(q, t, plot_note):
     if q_results:
         lines.append("`% of copy` = achieved GB/s over the device-to-device copy bandwidth (the entry's "
                      "`ratio`); `bytes` is the benchmark's minimal traffic (input once per pass, "
-                     "every output once); `time` is device time per call; `call+sync` (small sizes, "
-                     "where measured) is host wall time of one call plus a stream sync.")
+                     "every output once); `time` is device time per call (calls back to back, so at "
+                     "small sizes the slower of the host's launch work and the GPU's); small sizes, "
+                     "where measured: `host` is the host wall time of the call alone, `graph` the "
+                     "device time per call replayed from a CUDA graph (no host launch work), "
+                     "`call+sync` the host wall time of one call plus a stream sync.")
+        floor = q.get("launch_floor") or {}
+        parts = []
+        for kind in ("plain", "cooperative"):
+            f = floor.get(kind) or {}
+            if f:
+                parts.append(f"{kind} launch: host {fmt(num(f.get('host_us')))} us, back to back "
+                             f"{fmt(num(f.get('b2b_us')))} us, in a graph {fmt(num(f.get('graph_us')))} us, "
+                             f"launch + sync {fmt(num(f.get('e2e_us')))} us")
+        if parts:
+            lines.append("")
+            lines.append("Floors (an empty kernel with the quantize kernels' parameters, same run): " + "; ".join(parts) + ".")
         lines.append("")
         by_recipe = OrderedDict()
         for e in q_results:
@@ -265,6 +279,7 @@ def build_report(q, t, plot_note):
                                            bool(e.get("grouped") or e.get("groups")), input_bytes(e) or 0))
             rows = []
             has_e2e = any(num(e.get("e2e_us")) is not None for e in es)
+            has_graph = any(num(e.get("graph_us")) is not None for e in es)
             for e in es:
                 r = q_ratio(e, copy_gbps)
                 row = [e.get("role", "-"), e.get("usage", "-"), e.get("directions", "-"), shape_str(e),
@@ -272,10 +287,13 @@ def build_report(q, t, plot_note):
                        fmt_bytes(num(e.get("bytes"))), fmt(q_gbps(e), "{:.0f}"),
                        fmt(None if r is None else 100 * r, "{:.1f}")]
                 if has_e2e:
-                    row.append(fmt(num(e.get("e2e_us"))))
+                    row += [fmt(num(e.get("host_us"))), fmt(num(e.get("e2e_us")))]
+                if has_graph:
+                    row.append(fmt(num(e.get("graph_us"))))
                 rows.append(row)
-            headers = ["role", "usage", "directions", "shape", "input MiB", "kernels", "time (us)",
-                       "bytes MiB", "GB/s", "% of copy"] + (["call+sync (us)"] if has_e2e else [])
+            headers = (["role", "usage", "directions", "shape", "input MiB", "kernels", "time (us)",
+                        "bytes MiB", "GB/s", "% of copy"] + (["host (us)", "call+sync (us)"] if has_e2e else []) +
+                       (["graph (us)"] if has_graph else []))
             lines += [f"### {rec}", "",
                       md_table(headers, rows, ["l", "l", "l", "l"] + ["r"] * (len(headers) - 4)), ""]
     else:

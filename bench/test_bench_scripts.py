@@ -48,6 +48,8 @@ def synthetic_qforge(copy_gbps=4200.0):
                  "kernels": kernels, "tile": [32, 128, 256], "extra_field": {"ignored": True}}
             if n <= 2048 * 2048:
                 e["e2e_us"] = e["time_us"] + 9.0
+                e["host_us"] = 3.25
+                e["graph_us"] = e["time_us"] * 0.75
             results.append(e)
     results.append({"recipe": "nvfp4", "role": "linear:input", "usage": "training", "shape": [1, 7],
                     "grouped": False, "error": "synthetic: RHT needs M % 16 == 0"})
@@ -60,7 +62,9 @@ def synthetic_qforge(copy_gbps=4200.0):
     results.append({"recipe": "nvfp4", "role": "grouped_linear:input", "usage": "training",
                     "groups": [4096, 0, 8192], "shape": [12288, 7168], "grouped": True, "time_us": 90.0,
                     "bytes": 3 * 12288 * 7168, "gbps": 3 * 12288 * 7168 / 90e3, "kernels": 2})
-    return {"device": "NVIDIA H200", "copy_gbps": copy_gbps, "results": results, "version": 1}
+    floor = {"plain": {"host_us": 3.0, "e2e_us": 8.5, "b2b_us": 2.7, "graph_us": 1.25},
+             "cooperative": {"host_us": 3.1, "e2e_us": 8.6, "b2b_us": 2.8, "graph_us": 1.5}}
+    return {"device": "NVIDIA H200", "copy_gbps": copy_gbps, "launch_floor": floor, "results": results, "version": 1}
 
 
 def synthetic_torch(q):
@@ -125,7 +129,11 @@ def test_report_full(tmp_path):
     assert sum("1.28x" in r for r in rows) == 5 * len(SIZES) - 1
     assert "error" in [c.strip() for c in rows[-1].split("|")]
     assert "synthetic failure" in md and "skipped: torch fp8_block" in md
-    assert "RHT needs M % 16 == 0" in md and "call+sync (us)" in md
+    assert "RHT needs M % 16 == 0" in md and "call+sync (us)" in md and "graph (us)" in md
+    assert "plain launch: host 3.0 us, back to back 2.7 us, in a graph 1.2 us, launch + sync 8.5 us" in md
+    per_recipe = md.split("## qforge vs torch.compile vs torch eager")[0]
+    small = [line for line in per_recipe.splitlines() if "| 1024x1024 |" in line]
+    assert small and all("| 3.2 |" in line for line in small)  # host_us, one decimal
     try:
         import matplotlib  # noqa: F401
     except ImportError:
