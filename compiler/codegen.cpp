@@ -180,13 +180,10 @@ KernelSource emit_quantize(const Plan& p) {
   }
   // The one-launch form for single tensors that fit on the GPU at once: the plan has a tensor
   // amax (reduced in the pre-pass, or reported during the cast into an output the kernel zeroes)
-  // and no channel amax (those live in a workspace the host zeroes).
-  bool channel = false, tensor = false;
-  for (const auto& a : p.amax) {
-    channel |= a.scope == AmaxScope::Channel;
-    tensor |= a.scope == AmaxScope::Tensor;
-  }
-  if (tensor && !channel) {
+  // or per-channel amaxes (reduced in the pre-pass into the workspace, which the kernel zeroes).
+  bool global = false;
+  for (const auto& a : p.amax) global |= a.scope == AmaxScope::Tensor || a.scope == AmaxScope::Channel;
+  if (global) {
     std::string fused = "qf::fused_kernel<qf_gen::Cfg, qf::PrePass<";
     for (size_t i = 0; i < reduced.size(); ++i) fused += (i ? ", qf_gen::A" : "qf_gen::A") + std::to_string(reduced[i]);
     fused += ">";

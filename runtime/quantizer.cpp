@@ -279,7 +279,7 @@ BoundCall Quantizer::bind(const QuantizeCall& call) const {
   }
   if (lay->workspace > 0) {
     check_buffer("workspace", call.workspace, lay->workspace, 256);
-    bc.zero[size_t(bc.num_zero++)] = {call.workspace.ptr, lay->workspace, false};
+    bc.zero[size_t(bc.num_zero++)] = {call.workspace.ptr, lay->workspace, true};
     uint64_t p = call.workspace.ptr;
     for (size_t a = 0; a < plan_.amax.size(); ++a) {
       if (plan_.amax[a].scope != AmaxScope::Channel) continue;
@@ -308,12 +308,12 @@ void Quantizer::quantize(const QuantizeCall& call, CUstream stream) const {
   const size_t smem = l->kernels.source.smem_bytes;
   const Dim3 block{unsigned(t.threads)};
   // A single tensor whose tiles all fit on the GPU at once: one cooperative launch of the fused
-  // kernel, which zeroes the amax outputs and folds the amax pre-pass in. Every stream operation
+  // kernel, which zeroes the amax outputs and the channel workspace and folds the amax pre-pass in. Every stream operation
   // costs microseconds of host and GPU time, which is most of a small call.
   const bool fused = l->fused && one_launch_ && !grouped && int64_t(grid.x) * grid.y <= l->fused_ctas;
-  auto zero_buffers = [&](bool amax) {
+  auto zero_buffers = [&](bool fused_zeroes) {
     for (int i = 0; i < bc.num_zero; ++i)
-      if (bc.zero[size_t(i)].amax == amax)
+      if (bc.zero[size_t(i)].fused_zeroes == fused_zeroes)
         check(d.cuMemsetD8Async(CUdeviceptr(bc.zero[size_t(i)].ptr), 0, size_t(bc.zero[size_t(i)].bytes), stream),
               "zeroing amax / padded scales");
   };

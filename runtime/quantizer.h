@@ -48,7 +48,7 @@ struct BoundCall {
   struct Zero {
     uint64_t ptr = 0;
     int64_t bytes = 0;
-    bool amax = false;  // an amax output: the one-launch form zeroes it itself
+    bool fused_zeroes = false;  // an amax output or the channel-amax workspace: the one-launch form zeroes it itself
   };
   // At most one per output (two streams' data and scales, the amax outputs) plus the workspace.
   static constexpr int kMaxZero = 2 * kMaxStreams + kMaxAmaxSlots + 1;
@@ -81,10 +81,11 @@ class Quantizer {
 
   // Validates every argument (UserError naming it), then launches on `stream` in the current
   // context. The first call per device compiles or loads the kernels. A call is one launch
-  // (memsets included) where it can be: plans with tensor amaxes (current / delayed scaling,
-  // NVFP4) on a single tensor whose tiles all fit on the GPU at once run the cooperative
-  // fused_kernel, which zeroes the amax outputs and reduces the amax pre-pass itself; larger or
-  // grouped calls zero the amax outputs with memsets and launch the amax and cast kernels.
+  // (memsets included) where it can be: plans with tensor or per-channel amaxes (current /
+  // delayed scaling, NVFP4, per-channel fp8 and int8) on a single tensor whose tiles all fit on
+  // the GPU at once run the cooperative fused_kernel, which zeroes the amax outputs and the
+  // channel workspace and reduces the amax pre-pass itself; larger or grouped calls zero them
+  // with memsets and launch the amax and cast kernels.
   // QFORGE_ONE_LAUNCH=0 (read at construction) always takes the second way.
   void quantize(const QuantizeCall& call, CUstream stream) const;
 

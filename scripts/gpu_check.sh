@@ -42,6 +42,9 @@ san_filter='*hybrid*_linear_input__training__bf16__32x64:*hybrid*_linear_input__
 san_filter+=':*float8_block*_linear_input__training__bf16__128x4224:*mxfp8__linear_input__training__bf16__200x320'
 san_filter+=':*float8_block*weight__training__fp16__300x384:*nvfp4__linear_weight__training__bf16__200x320:*delayed*input__training__bf16__128x4224:*int8_weight_sr*weight*grouped*'
 san_filter+=':*mxfp8__linear_input__inference__bf16__128x4224:*float8_block*_linear_input__inference__fp32__128x4224:*delayed*input__inference__bf16__200x320'
+# The one-launch form of per-channel plans (session 27): the workspace zeroed by the kernel, row and
+# column amaxes reduced from the staged tiles between the grid barriers.
+san_filter+=':*fp8_rowwise__linear_input__training__bf16__200x320:*int8_weight_sr__linear_weight__training__bf16__200x320:GpuQuantizeGraph.*'
 # Grouped GEMM: blockwise (scales in registers), MXFP8 (scale writers, per-32 promotion), NVFP4, K-grouped
 # (shared-memory zeroing), masked, multicast, several tiles per CTA; all three tools take every
 # kind (every consumer lane releases a stage: docs/gemm.md; NVFP4 raced clean 2026-11-24).

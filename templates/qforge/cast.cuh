@@ -885,6 +885,32 @@ __device__ __forceinline__ float staged_tensor_amax(const TileElem<Cfg>* tile) {
   }
 }
 
+// Per-row amaxes of a staged tile (one warp per row, lanes on consecutive columns), each into
+// amax[row0 + r] for the rows below `rows`; the staged tile is zero outside the tensor.
+template <class Cfg>
+__device__ __forceinline__ void staged_row_amaxes(const TileElem<Cfg>* src, float* amax, i64 row0, i64 rows) {
+  constexpr int TR = Cfg::kTileRows, TC = Cfg::kTileCols, T = Cfg::kThreads;
+  for (int r = threadIdx.x / 32; r < TR; r += T / 32) {
+    float m = 0.0f;
+    for (int c = threadIdx.x % 32; c < TC; c += 32) m = amax_step(m, tld(src, tile_off<TC>(r, c)));
+    m = warp_max(m);
+    if ((threadIdx.x & 31) == 0 && row0 + r < rows) atomic_max_nonneg(amax + row0 + r, m);
+  }
+}
+
+// Per-column amaxes of a staged tile (one thread per column), each into amax[col0 + c] for the
+// columns below k.
+template <class Cfg>
+__device__ __forceinline__ void staged_col_amaxes(const TileElem<Cfg>* src, float* amax, i64 col0, i64 k) {
+  constexpr int TR = Cfg::kTileRows, TC = Cfg::kTileCols, T = Cfg::kThreads;
+  for (int c = threadIdx.x; c < TC; c += T) {
+    if (col0 + c >= k) continue;
+    float m = 0.0f;
+    for (int r = 0; r < TR; ++r) m = amax_step(m, tld(src, tile_off<TC>(r, c)));
+    atomic_max_nonneg(amax + col0 + c, m);
+  }
+}
+
 // ------------------------------------------------------------------------------------ tiles
 
 // Rows r .. r + 15 of tile column c after the RHT (r % 16 == 0), each rounded to the input
@@ -1809,19 +1835,43 @@ __device__ void fill_empty_members(const QuantizeArgs& a, i64 cta) {
 
 }  // namespace detail
 
-// The pre-pass amax sources a fused_kernel reduces from its staged tile (tensor scope: the raw
-// input or after RHT), each into its amax output.
+// The pre-pass amax sources a fused_kernel reduces from its staged tile, a single tensor's: the
+// tensor amax (of the raw input or after RHT) into its output, per-row and per-column amaxes
+// (raw input) into the workspace.
 template <class... A>
 struct PrePass {
   static constexpr int kSources = int(sizeof...(A));
-  // Every source's part of this tile first, then (after the zeroing barrier) the atomics.
+  static_assert(((A::kScope == kScopeTensor || !A::kRht) && ...), "per-channel amaxes of the raw input");
+  // Before the first grid barrier: the channel amaxes of this tile's rows (the CTAs of tile
+  // column 0) and columns (tile row 0) set to zero, the separate form's workspace memset.
   template <class Cfg>
-  __device__ static void reduce(const QuantizeArgs& a, const detail::TileElem<Cfg>* tile, u32 ticket) {
-    static_assert(((A::kScope == kScopeTensor) && ...), "a fused launch reduces tensor-scope amaxes only");
-    float part[sizeof...(A)] = {detail::staged_tensor_amax<Cfg, A::kRht>(tile)...};
+  __device__ static void zero_channels(const QuantizeArgs& a, i64 row0, i64 col0) {
+    (
+        [&] {
+          if constexpr (A::kScope == kScopeChannelRows) {
+            if (col0 == 0)
+              for (int r = threadIdx.x; r < Cfg::kTileRows && row0 + r < a.m; r += Cfg::kThreads) a.amax[A::kSlot][row0 + r] = 0.0f;
+          } else if constexpr (A::kScope == kScopeChannelCols) {
+            if (row0 == 0)
+              for (int c = threadIdx.x; c < Cfg::kTileCols && col0 + c < a.k; c += Cfg::kThreads) a.amax[A::kSlot][col0 + c] = 0.0f;
+          }
+        }(),
+        ...);
+  }
+  // Every tensor source's part of this tile first, then (after the zeroing barrier) the atomics.
+  template <class Cfg>
+  __device__ static void reduce(const QuantizeArgs& a, const detail::TileElem<Cfg>* tile, i64 row0, i64 col0, u32 ticket) {
+    float part[sizeof...(A)] = {(A::kScope == kScopeTensor ? detail::staged_tensor_amax<Cfg, A::kRht>(tile) : 0.0f)...};
     detail::grid_wait(ticket);
     int i = 0;
-    (detail::block_max_atomic<Cfg::kThreads>(a.amax[A::kSlot], part[i++]), ...);
+    (
+        [&] {
+          if constexpr (A::kScope == kScopeTensor) detail::block_max_atomic<Cfg::kThreads>(a.amax[A::kSlot], part[i]);
+          else if constexpr (A::kScope == kScopeChannelRows) detail::staged_row_amaxes<Cfg>(tile, a.amax[A::kSlot], row0, a.m);
+          else detail::staged_col_amaxes<Cfg>(tile, a.amax[A::kSlot], col0, a.k);
+          ++i;
+        }(),
+        ...);
   }
 };
 
@@ -1890,11 +1940,14 @@ __device__ __forceinline__ void cast_tile(const QuantizeArgs& a) {
   // its first atomic on them (its tile load and its part of the pre-pass amaxes happen
   // meanwhile). With a pre-pass, a second barrier: after it every CTA reads the amaxes complete.
   u32 ticket = 0;
-  if constexpr (kFused) ticket = grid_arrive();
+  if constexpr (kFused) {
+    Pre::template zero_channels<Cfg>(a, row0, col0);
+    ticket = grid_arrive();
+  }
   load_tile<Cfg>(a, mem, col0, full, tile, rtile, !(kAllRhtInRegisters && full && mem.rows % 16 == 0));
   if constexpr (kFused) {
     if constexpr (Pre::kSources > 0) {
-      Pre::template reduce<Cfg>(a, tile, ticket);
+      Pre::template reduce<Cfg>(a, tile, row0, col0, ticket);
       grid_wait(grid_arrive());
     } else {
       grid_wait(ticket);
@@ -2033,23 +2086,9 @@ __global__ void __launch_bounds__(Cfg::kThreads) amax_kernel(const QuantizeArgs 
             if (lane == 0) detail::atomic_max_nonneg(a.amax[A::kSlot] + mem.row_base + rl, m);
           }
         } else if constexpr (A::kScope == kScopeChannelRows) {
-          // One warp per row of the rotated tile: lanes read consecutive columns.
-          const detail::TileElem<Cfg>* src = rtile;
-          for (int r = threadIdx.x / 32; r < TR; r += T / 32) {
-            float m = 0.0f;
-            for (int c = threadIdx.x % 32; c < TC; c += 32) m = amax_step(m, detail::tld(src, detail::tile_off<TC>(r, c)));
-            m = detail::warp_max(m);
-            if ((threadIdx.x & 31) == 0 && row0 + r < mem.rows)
-              detail::atomic_max_nonneg(a.amax[A::kSlot] + mem.row_base + row0 + r, m);
-          }
+          detail::staged_row_amaxes<Cfg>(rtile, a.amax[A::kSlot] + mem.row_base, row0, mem.rows);
         } else {
-          const detail::TileElem<Cfg>* src = A::kRht ? rtile : tile;
-          for (int c = threadIdx.x; c < TC; c += T) {
-            if (col0 + c >= a.k) continue;
-            float m = 0.0f;
-            for (int r = 0; r < TR; ++r) m = amax_step(m, detail::tld(src, detail::tile_off<TC>(r, c)));
-            detail::atomic_max_nonneg(a.amax[A::kSlot] + i64(mem.index) * a.k + col0 + c, m);
-          }
+          detail::staged_col_amaxes<Cfg>(A::kRht ? rtile : tile, a.amax[A::kSlot] + i64(mem.index) * a.k, col0, a.k);
         }
       }(),
       ...);

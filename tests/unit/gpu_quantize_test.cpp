@@ -285,8 +285,9 @@ TEST(GpuQuantizeNoop, OutputsUntouchedAmaxZeroInBothForms) {
 
 namespace {
 
-// Quantize calls captured in a CUDA graph (the fused cooperative launch, the separate memsets +
-// amax + cast kernels, a grouped call, stochastic rounding) write, replay after replay, exactly
+// Quantize calls captured in a CUDA graph (the fused cooperative launch, per-channel amaxes in
+// the workspace, the separate memsets + amax + cast kernels, a grouped call, stochastic
+// rounding) write, replay after replay, exactly
 // what the same call writes when launched directly (which the suite above compares with the CPU
 // reference); the amax outputs are zeroed again by every replay.
 TEST(GpuQuantizeGraph, ReplaysMatchDirectCalls) {
@@ -302,6 +303,7 @@ TEST(GpuQuantizeGraph, ReplaysMatchDirectCalls) {
                      {"current_scaling", "linear:input", true, {}},
                      {"delayed_scaling", "linear:weight", false, {}},
                      {"mxfp8", "linear:input", false, {}},
+                     {"fp8_rowwise", "linear:input", false, {}},
                      {"nvfp4", "linear:grad_output", false, {}},
                      {"nvfp4", "grouped_linear:input", false, {96, 0, 160}}};
   for (const G& g : cases) {

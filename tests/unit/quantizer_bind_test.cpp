@@ -180,6 +180,7 @@ TEST(QuantizerBind, WorkspaceIsCheckedAndZeroed) {
   const rt::BoundCall bc = q.bind(f.call);
   EXPECT_EQ(bc.zero[size_t(bc.num_zero - 1)].ptr, f.call.workspace.ptr);
   EXPECT_EQ(bc.zero[size_t(bc.num_zero - 1)].bytes, f.call.workspace.bytes);
+  EXPECT_TRUE(bc.zero[size_t(bc.num_zero - 1)].fused_zeroes);  // the one-launch form zeroes it itself
   f.call.workspace.bytes -= 1;
   EXPECT_NE(error_of([&] { q.bind(f.call); }).find("argument workspace: buffer of"), std::string::npos);
 }
