@@ -905,12 +905,9 @@ __device__ __forceinline__ void staged_col_amaxes(const TileElem<Cfg>* src, floa
   constexpr int TR = Cfg::kTileRows, TC = Cfg::kTileCols, T = Cfg::kThreads;
   for (int c = threadIdx.x; c < TC; c += T) {
     if (col0 + c >= k) continue;
-    // Four independent maxima (NaN ignored, so any order gives the same max): the column's
-    // loads issue together instead of one dependent step per row.
-    float m[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-#pragma unroll 8
-    for (int r = 0; r < TR; ++r) m[r % 4] = amax_step(m[r % 4], tld(src, tile_off<TC>(r, c)));
-    atomic_max_nonneg(amax + col0 + c, fmaxf(fmaxf(m[0], m[1]), fmaxf(m[2], m[3])));
+    float m = 0.0f;
+    for (int r = 0; r < TR; ++r) m = amax_step(m, tld(src, tile_off<TC>(r, c)));
+    atomic_max_nonneg(amax + col0 + c, m);
   }
 }
 
