@@ -6,6 +6,8 @@
 // and a kernel compiled here with NVRTC, loaded from CUBIN (and PTX) and launched through
 // launch(), whose output is compared bit for bit against a poisoned buffer.
 #include <gtest/gtest.h>
+
+#include "error_of.h"
 #include <nvrtc.h>
 
 #include <atomic>
@@ -62,15 +64,7 @@ TEST(Driver, EntryPointsUseTheSymbolsCudaHBinds) {
   EXPECT_EQ(symbols.size(), driver_entry_points().size());  // no name listed twice
 }
 
-template <typename F>
-std::string error_of(F&& f) {
-  try {
-    f();
-  } catch (const std::exception& e) {
-    return e.what();
-  }
-  return "(no exception)";
-}
+using qf::testing::error_of;
 
 // ----------------------------------------------------------------------------- no driver
 

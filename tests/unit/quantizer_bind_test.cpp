@@ -5,6 +5,8 @@
 // shapes than it keeps, from several threads at once, and a shape refused once is refused again.
 #include <gtest/gtest.h>
 
+#include "error_of.h"
+
 #include <filesystem>
 #include <string>
 #include <thread>
@@ -19,15 +21,7 @@ namespace {
 
 using namespace qf;
 
-template <typename F>
-std::string error_of(F&& f) {
-  try {
-    f();
-  } catch (const std::exception& e) {
-    return e.what();
-  }
-  return "(no exception)";
-}
+using qf::testing::error_of;
 
 Plan plan_of(const std::string& recipe, const char* role = "linear:input", Usage u = Usage::Training) {
   return compile_plan(load_recipe(std::string(QF_SOURCE_DIR) + "/recipes/" + recipe + ".json"),
