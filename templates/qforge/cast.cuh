@@ -1935,10 +1935,12 @@ __device__ __forceinline__ void cast_tile(const QuantizeArgs& a) {
       return;
     }
   }
-  // Fused: one launch instead of memset(amax) [+ amax kernel] + cast kernel. CTA 0 has zeroed
-  // the amax outputs before it arrives at a first grid barrier; every CTA waits there only before
-  // its first atomic on them (its tile load and its part of the pre-pass amaxes happen
-  // meanwhile). With a pre-pass, a second barrier: after it every CTA reads the amaxes complete.
+  // Fused: one launch instead of memset(amax / workspace) [+ amax kernel] + cast kernel. CTA 0
+  // has zeroed the amax outputs, and the CTAs of tile column 0 / tile row 0 their rows' /
+  // columns' channel amaxes, before they arrive at a first grid barrier; every CTA waits there
+  // only before its first atomic on them (its tile load and its part of the pre-pass tensor
+  // amaxes happen meanwhile). With a pre-pass, a second barrier: after it every CTA reads the
+  // amaxes complete.
   u32 ticket = 0;
   if constexpr (kFused) {
     Pre::template zero_channels<Cfg>(a, row0, col0);
