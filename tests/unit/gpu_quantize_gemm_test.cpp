@@ -53,9 +53,9 @@ GpuQuantized quantize_on_gpu(const Recipe& r, const std::string& role, const ref
   call.input = rt::TensorView{dx.address(), int64_t(dx.size()), DType::BF16, {shape.m, shape.k}};
   call.shape = shape;
   call.seed = 11, call.offset = 0;  // as qf::testing::quantize_with
-  for (const auto& b : q.grouped_outputs(splits, shape.k)) {
-    // Grouped scale buffers are validated against the worst case over any split of the rows.
-    const int64_t bytes = b.kind == BufferKind::ScaleInv ? b.bytes * 2 + (1 << 20) : std::max<int64_t>(b.bytes, 16);
+  // Grouped buffers are validated against the worst case over any split of the rows.
+  for (const auto& b : q.grouped_capacity(shape, int(splits.size()))) {
+    const int64_t bytes = std::max<int64_t>(b.bytes, 16);
     auto [it, _] = out.buffers.emplace(b.name, rt::testing::poisoned_buffer(size_t(bytes)));
     call.buffers[b.name] = rt::testing::view_of(it->second);
   }
