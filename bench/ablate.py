@@ -4,7 +4,7 @@
   ablate.py list
   ablate.py check HEADER            every ablation still applies to HEADER (exit 1 naming the one that does not)
   ablate.py apply NAME HEADER OUT   writes HEADER with stage NAME taken out to OUT
-  ablate.py report DIR              the markdown table of DIR's qforge_bench results, named
+  ablate.py report DIR [METRIC]     the markdown table of DIR's qforge_bench results, named
                                     VARIANT__ROUND__N.json (VARIANT: shipped, an ablation, or
                                     rev:REV, the whole tracked tree at git revision REV, or
                                     tree:DIR, the source tree in directory DIR)
@@ -23,6 +23,10 @@ from pathlib import Path
 _STORE_ENTRY = "__device__ __forceinline__ void store_entry(void* base, i64 off, u32 entry) {\n"
 _COPY_ENTRIES = "__device__ __forceinline__ void copy_entries(u8* dst, i64 pitch, const u8* src, int rows, int per_row) {\n"
 _CAST_STREAM = "        cast_stream<Cfg, S>(a, mem, col0, full, tile, rtile, regions[s], scale_base[s], report);"
+_PREPASS = ("    float part[sizeof...(A)] = {(A::kScope == kScopeTensor ? "
+            "detail::staged_tensor_amax<Cfg, A::kRht>(tile) : 0.0f)...};\n")
+_GRID_ARRIVE = "__device__ __forceinline__ u32 grid_arrive() {\n  __syncthreads();\n  u32 old = 0;\n"
+_GRID_WAIT = "__device__ __forceinline__ void grid_wait(u32 ticket) {\n"
 _CHANNEL_SCALE = "    if constexpr (F::kIsInt) {  // torchao's int8 rule\n"
 
 
@@ -43,6 +47,13 @@ ABLATIONS = {
                    [(_CAST_STREAM, "        if constexpr (S::kDir != 0) " + _CAST_STREAM.lstrip())]),
     "no-columnwise": ("every columnwise stream",
                       [(_CAST_STREAM, "        if constexpr (S::kDir == 0) " + _CAST_STREAM.lstrip())]),
+    "no-prepass": ("the one-launch form's pre-pass: each CTA's part of the tensor amaxes from its staged tile "
+                   "(with the RHT for an RHT'd amax), replaced by zero",
+                   [(_PREPASS, "    float part[sizeof...(A)] = {};\n")]),
+    "no-grid-barriers": ("the one-launch form's grid barriers: the arrivals' atomics and the polling (each "
+                         "becomes a CTA barrier)",
+                         [(_GRID_ARRIVE, _GRID_ARRIVE + "  if (true) return old;\n"),
+                          (_GRID_WAIT, _GRID_WAIT + "  if (true) {\n    __syncthreads();\n    return;\n  }\n")]),
     "no-channel-scale": ("per-channel scales: the channel's amax load and its scale (a division and a reciprocal) "
                          "per piece / run, replaced by a constant",
                          [(_CHANNEL_SCALE, "    if constexpr (true) {\n      mul = 1.0f, entry = 0u;\n    } else " + _CHANNEL_SCALE.lstrip())]),
@@ -85,9 +96,10 @@ def apply(name, text):
     return text
 
 
-def report(directory):
+def report(directory, metric="time_us"):
     """Markdown table: one row per (recipe, role, usage, shape), one column per variant (shipped
-    first), each cell the range of time_us over the rounds."""
+    first), each cell the range of `metric` over the rounds: time_us (back to back, launch
+    included) or graph_us (GPU time per call replayed from a CUDA graph; small cases only)."""
     times = defaultdict(lambda: defaultdict(list))  # case -> variant -> [us]
     variants = []
     for f in sorted(Path(directory).glob("*__*__*.json")):
@@ -97,13 +109,13 @@ def report(directory):
         if variant not in variants:
             variants.append(variant)
         for r in json.loads(f.read_text()).get("results", []):
-            if "time_us" not in r:
+            if metric not in r:
                 continue
             m, k = r["shape"]
             case = "%s %s %s%s %dx%d" % (r["recipe"], r["role"], r["usage"], " grouped" if r.get("grouped") else "", m, k)
-            times[case][variant].append(float(r["time_us"]))
+            times[case][variant].append(float(r[metric]))
     if not times:
-        raise AblationError("%s: no qforge_bench results (VARIANT__ROUND__N.json)" % directory)
+        raise AblationError("%s: no qforge_bench results with %s (VARIANT__ROUND__N.json)" % (directory, metric))
     variants.sort(key=lambda v: (v != "shipped", is_whole_tree(v), list(ABLATIONS).index(v) if v in ABLATIONS else v))
 
     def cell(ts):
@@ -131,8 +143,8 @@ def main(argv):
                 apply(name, text)
             print("ablate: all %d ablations apply to %s" % (len(ABLATIONS), argv[1]))
             return 0
-        if len(argv) == 2 and argv[0] == "report":
-            sys.stdout.write(report(argv[1]))
+        if len(argv) in (2, 3) and argv[0] == "report":
+            sys.stdout.write(report(*argv[1:]))
             return 0
         if len(argv) == 4 and argv[0] == "apply":
             Path(argv[3]).write_text(apply(argv[1], Path(argv[2]).read_text()))
@@ -140,7 +152,7 @@ def main(argv):
     except (AblationError, OSError, ValueError, KeyError) as e:
         print("ablate: error: %s" % e, file=sys.stderr)
         return 1
-    print("usage: ablate.py list | check HEADER | apply NAME HEADER OUT | report DIR", file=sys.stderr)
+    print("usage: ablate.py list | check HEADER | apply NAME HEADER OUT | report DIR [METRIC]", file=sys.stderr)
     return 2
 
 

@@ -346,6 +346,19 @@ def test_ablate_report_table(tmp_path, capsys):
         ablate.report(tmp_path / "nothing-here")
 
 
+def test_ablate_report_graph_metric(tmp_path, capsys):
+    """METRIC=graph_us: the GPU time per call of the small cases; cases without it are left out."""
+    (tmp_path / "shipped__1__0.json").write_text(json.dumps({"results": [
+        {"recipe": "nvfp4", "role": "linear:input", "usage": "training", "shape": [1024, 1024], "time_us": 11.8,
+         "graph_us": 10.4},
+        {"recipe": "nvfp4", "role": "linear:input", "usage": "training", "shape": [16384, 16384], "time_us": 657.0}]}))
+    lines = ablate.report(tmp_path, "graph_us").splitlines()
+    assert lines[2:] == ["| nvfp4 linear:input training 1024x1024 | 10.4 |"]
+    assert ablate.main(["report", str(tmp_path), "graph_us"]) == 0 and "| 10.4 |" in capsys.readouterr().out
+    with pytest.raises(ablate.AblationError, match="no qforge_bench results with e2e_us"):
+        ablate.report(tmp_path, "e2e_us")
+
+
 def test_ablate_report_whole_trees(tmp_path):
     """rev:REV variants (the tree at a commit) and tree:DIR ones (a source tree copied into the
     repository root), scripts/ablate.sh's whole-tree variants, come after the ablations, rev first."""

@@ -8,7 +8,9 @@
 #     SIZES   qforge_bench --sizes (default 16384x16384)
 #     FILTER  qforge_bench --filter substrings (default: mxfp8_hopper and 1x128 blockwise
 #             linear:input training)
-#   ABLATIONS="no-entries no-rowwise ..." picks variants (default all), ROUNDS (default 2).
+#   ABLATIONS="no-entries no-rowwise ..." picks variants (default all), ROUNDS (default 2),
+#   METRIC the reported time (default time_us, back to back; graph_us for small sizes: GPU time
+#   per call replayed from a CUDA graph).
 #   A variant rev:REV is the whole tracked tree at git revision REV, unchanged: an A/B of the
 #   working tree against a commit (ABLATIONS=rev:HEAD~1 times a kernel change against its parent).
 #   A variant tree:DIR is the source tree in directory DIR of the repository root (one path
@@ -61,4 +63,4 @@ for ((round = 1; round <= ROUNDS; ++round)); do
     done
   done
 done
-python3 bench/ablate.py report "$OUT/json" | tee "$OUT/ablate.md"
+python3 bench/ablate.py report "$OUT/json" "${METRIC:-time_us}" | tee "$OUT/ablate.md"
