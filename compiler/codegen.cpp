@@ -5,6 +5,7 @@
 #include "compiler/buffers.h"
 #include "compiler/emitter.h"
 #include "compiler/error.h"
+#include "compiler/passes/select_tiles.h"
 #include "qforge/cast.cuh"
 #include "qforge/history.cuh"
 
@@ -168,6 +169,17 @@ KernelSource emit_quantize(const Plan& p) {
   e.constant("kMinBlocks", int64_t(min_blocks));
   e.constant_u32("kSmemBytes", ks.smem_bytes);
   e.close(";");
+  // The one-launch form's CTA (fused_threads): the same tile with more threads where the plan's
+  // have fewer.
+  ks.fused_threads = fused_threads(p.tile);
+  const bool fused_own_cfg = ks.fused_threads != p.tile.threads;
+  if (fused_own_cfg) {
+    e.open("struct CfgFused : Cfg");
+    e.constant("kThreads", int64_t(ks.fused_threads));
+    e.constant("kMinBlocks", int64_t(stage16 ? cast_min_blocks(ks.fused_threads, smem16, 1024)
+                                             : cast_min_blocks(ks.fused_threads, smem32)));
+    e.close(";");
+  }
   e.close("  // namespace qf_gen");
 
   std::string cast = "qf::cast_kernel<qf_gen::Cfg";
@@ -184,7 +196,7 @@ KernelSource emit_quantize(const Plan& p) {
   bool global = false;
   for (const auto& a : p.amax) global |= a.scope == AmaxScope::Tensor || a.scope == AmaxScope::Channel;
   if (global) {
-    std::string fused = "qf::fused_kernel<qf_gen::Cfg, qf::PrePass<";
+    std::string fused = std::string("qf::fused_kernel<qf_gen::") + (fused_own_cfg ? "CfgFused" : "Cfg") + ", qf::PrePass<";
     for (size_t i = 0; i < reduced.size(); ++i) fused += (i ? ", qf_gen::A" : "qf_gen::A") + std::to_string(reduced[i]);
     fused += ">";
     for (size_t i = 0; i < p.streams.size(); ++i) fused += ", qf_gen::S" + std::to_string(i);

@@ -17,7 +17,8 @@ struct KernelSource {
   std::string cast_kernel;                // name expression of the cast kernel
   std::optional<std::string> amax_kernel; // name expression of the phase-0 reduction, if any
   std::optional<std::string> fused_kernel;  // the one-launch form for small single tensors, if any
-  uint32_t smem_bytes = 0;                // dynamic shared memory of either kernel
+  uint32_t smem_bytes = 0;                // dynamic shared memory of any of the kernels
+  int fused_threads = 0;                  // threads per CTA of fused_kernel (tile.threads: the others')
   TileConfig tile;
 };
 

@@ -91,7 +91,8 @@ std::shared_ptr<const Quantizer::Loaded> Quantizer::load_for_current_device() co
     l->fused = l->module->function(entry.lowered(*l->kernels.source.fused_kernel));
     allow_dynamic_smem(l->fused, l->kernels.source.smem_bytes);
     int per_sm = 0;
-    check(driver().cuOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, l->fused, plan.tile.threads, l->kernels.source.smem_bytes),
+    check(driver().cuOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, l->fused, l->kernels.source.fused_threads,
+                                                               l->kernels.source.smem_bytes),
           "cuOccupancyMaxActiveBlocksPerMultiprocessor (fused quantize kernel)");
     l->fused_ctas = int64_t(per_sm) * device_sm_count(dev);
   }
@@ -323,7 +324,8 @@ void Quantizer::quantize(const QuantizeCall& call, CUstream stream) const {
     coop.id = CU_LAUNCH_ATTRIBUTE_COOPERATIVE;
     coop.value.cooperative = 1;
     try {
-      launch(l->fused, grid, block, smem, stream, params, {&coop, 1}, SmemLimit::kPrepared);
+      launch(l->fused, grid, Dim3{unsigned(l->kernels.source.fused_threads)}, smem, stream, params, {&coop, 1},
+             SmemLimit::kPrepared);
       return;
     } catch (const CudaError& e) {
       // Fewer SMs than the device has (MPS, green contexts): the separate launches.
