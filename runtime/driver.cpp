@@ -614,6 +614,12 @@ Graph::Graph(CUstream stream, const std::function<void()>& record) {
 
 Graph::~Graph() { reset(); }
 
+size_t Graph::nodes() const {
+  size_t n = 0;
+  check(require_driver().cuGraphGetNodes(graph_, nullptr, &n), "cuGraphGetNodes");
+  return n;
+}
+
 Graph::Graph(Graph&& o) noexcept
     : graph_(std::exchange(o.graph_, nullptr)), exec_(std::exchange(o.exec_, nullptr)), ctx_(std::exchange(o.ctx_, nullptr)) {}
 

@@ -86,10 +86,12 @@ namespace qf::rt {
   X(cuEventDestroy)               \
   X(cuStreamBeginCapture)         \
   X(cuStreamEndCapture)           \
+  X(cuStreamIsCapturing)          \
   X(cuGraphInstantiate)           \
   X(cuGraphLaunch)                \
   X(cuGraphExecDestroy)           \
   X(cuGraphDestroy)               \
+  X(cuGraphGetNodes)              \
   X(cuPointerGetAttributes)       \
   X(cuTensorMapEncodeTiled)       \
   X(cuOccupancyMaxActiveClusters)  \
@@ -383,6 +385,8 @@ class Graph {
   Graph& operator=(const Graph&) = delete;
 
   void launch(CUstream stream) const;
+  // Nodes of the captured graph (kernel launches, memsets, ...).
+  size_t nodes() const;
 
  private:
   void reset() noexcept;

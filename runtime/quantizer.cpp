@@ -48,11 +48,34 @@ bool one_launch_enabled() {
   return !(v && std::string_view(v) == "0");
 }
 
+// Plans whose calls take the separate form (memsets, amax kernel, cast kernel) when the stream is
+// capturing into a CUDA graph, though the fused form fits: those with per-column channel amaxes.
+// Replayed from a graph a launch costs the GPU ~1 us and the host nothing, and for these plans the
+// fused form's pre-pass between two grid barriers costs more than the two launches it saves:
+// 1024^2, H100, GPU time per call in a graph (bench/results/h100/one_launch_vs_separate_1024_
+// 2026-11-27.json): fp8_rowwise training 8.5 us separate vs 9.2 fused (back to back, where the
+// host's launches count, 12.8 vs 10.6), int8_weight_sr's weight 14.8 vs 15.3 (18.9 vs 16.7);
+// every other shipped plan is as fast or faster fused in a graph too (rows-only channel plans:
+// fp8_rowwise inference 8.2 vs 7.3, W8A8 10.5 vs 9.7).
+bool separate_in_capture(const Plan& plan) {
+  for (const auto& a : plan.amax)
+    if (a.scope == AmaxScope::Channel && a.channel_dir == Direction::Columnwise) return true;
+  return false;
+}
+
+bool stream_capturing(CUstream stream) {
+  CUstreamCaptureStatus status = CU_STREAM_CAPTURE_STATUS_NONE;
+  // An error (e.g. the legacy stream while another thread captures globally) leaves the form
+  // as it is; the launch reports the real problem.
+  return driver().cuStreamIsCapturing(stream, &status) == CUDA_SUCCESS && status == CU_STREAM_CAPTURE_STATUS_ACTIVE;
+}
+
 }  // namespace
 
 Quantizer::Quantizer(Plan plan, KernelCache& cache, bool use_tuning)
     : plan_(std::move(plan)), cache_(cache), use_tuning_(use_tuning), one_launch_(one_launch_enabled()) {
   verify(plan_);
+  separate_in_capture_ = separate_in_capture(plan_);
   inputs_ = input_buffers(plan_);
   scale_input_.fill(-1);
   QF_CHECK(plan_.streams.size() <= scale_input_.size(), "plan with ", plan_.streams.size(), " streams");
@@ -311,7 +334,8 @@ void Quantizer::quantize(const QuantizeCall& call, CUstream stream) const {
   // A single tensor whose tiles all fit on the GPU at once: one cooperative launch of the fused
   // kernel, which zeroes the amax outputs and the channel workspace and folds the amax pre-pass in. Every stream operation
   // costs microseconds of host and GPU time, which is most of a small call.
-  const bool fused = l->fused && one_launch_ && !grouped && int64_t(grid.x) * grid.y <= l->fused_ctas;
+  const bool fused = l->fused && one_launch_ && !grouped && int64_t(grid.x) * grid.y <= l->fused_ctas &&
+                     !(separate_in_capture_ && stream_capturing(stream));
   auto zero_buffers = [&](bool fused_zeroes) {
     for (int i = 0; i < bc.num_zero; ++i)
       if (bc.zero[size_t(i)].fused_zeroes == fused_zeroes)

@@ -86,7 +86,10 @@ class Quantizer {
   // the GPU at once run the cooperative fused_kernel, which zeroes the amax outputs and the
   // channel workspace and reduces the amax pre-pass itself; larger or grouped calls zero them
   // with memsets and launch the amax and cast kernels.
-  // QFORGE_ONE_LAUNCH=0 (read at construction) always takes the second way.
+  // QFORGE_ONE_LAUNCH=0 (read at construction) always takes the second way, and so does a call
+  // captured into a CUDA graph for a plan with per-column channel amaxes (fp8 per-channel and
+  // int8 SR weights in training), where the extra launches cost less than the fused form's grid
+  // barriers (separate_in_capture).
   void quantize(const QuantizeCall& call, CUstream stream) const;
 
   // The argument checks of quantize() and the launch arguments they yield, without a GPU:
@@ -108,6 +111,7 @@ class Quantizer {
   KernelCache& cache_;
   bool use_tuning_ = true;
   bool one_launch_ = true;  // QFORGE_ONE_LAUNCH=0 turns the fused form off (A/B, debugging)
+  bool separate_in_capture_ = false;  // separate_in_capture(plan_)
   mutable std::mutex mu_;
   mutable std::map<int, std::shared_ptr<const Loaded>> loaded_;  // by device
   std::vector<BufferDesc> inputs_;  // input_buffers(plan_)

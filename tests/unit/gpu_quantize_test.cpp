@@ -291,7 +291,9 @@ namespace {
 // the workspace, the separate memsets + amax + cast kernels, a grouped call, stochastic
 // rounding) write, replay after replay, exactly
 // what the same call writes when launched directly (which the suite above compares with the CPU
-// reference); the amax outputs are zeroed again by every replay.
+// reference); the amax outputs are zeroed again by every replay. Plans with per-column channel
+// amaxes take the separate form in a capture though their direct call is fused, so there the
+// two forms are compared with each other.
 TEST(GpuQuantizeGraph, ReplaysMatchDirectCalls) {
   QF_SKIP_WITHOUT_GPU();
   using namespace qf::rt;
@@ -300,24 +302,28 @@ TEST(GpuQuantizeGraph, ReplaysMatchDirectCalls) {
     const char* role;
     bool separate;
     std::vector<int64_t> splits;
+    int captured_launch = 0;  // 1: the capture holds one node (the fused kernel); 2: more; 0: unchecked
+    Usage usage = Usage::Training;
   };
-  const G cases[] = {{"current_scaling", "linear:input", false, {}},
-                     {"current_scaling", "linear:input", true, {}},
-                     {"delayed_scaling", "linear:weight", false, {}},
+  const G cases[] = {{"current_scaling", "linear:input", false, {}, 1},
+                     {"current_scaling", "linear:input", true, {}, 2},
+                     {"delayed_scaling", "linear:weight", false, {}, 1},
                      {"mxfp8", "linear:input", false, {}},
-                     {"fp8_rowwise", "linear:input", false, {}},
-                     {"nvfp4", "linear:grad_output", false, {}},
+                     {"fp8_rowwise", "linear:input", false, {}, 2},
+                     {"fp8_rowwise", "linear:input", false, {}, 1, Usage::Inference},  // rows only: fused
+                     {"int8_weight_sr", "linear:weight", false, {}, 2},
+                     {"nvfp4", "linear:grad_output", false, {}, 1},
                      {"nvfp4", "grouped_linear:input", false, {96, 0, 160}}};
   for (const G& g : cases) {
-    SCOPED_TRACE(std::string(g.recipe) + " " + g.role + (g.separate ? " separate" : ""));
+    SCOPED_TRACE(std::string(g.recipe) + " " + g.role + " " + std::string(name(g.usage)) + (g.separate ? " separate" : ""));
     const bool grouped = !g.splits.empty();
     const Plan plan = compile_plan(load_recipe(std::string(QF_SOURCE_DIR) + "/recipes/" + g.recipe + ".json"),
-                                   PlanRequest{g.role, DType::BF16, Usage::Training, grouped});
+                                   PlanRequest{g.role, DType::BF16, g.usage, grouped});
     if (g.separate) ::setenv("QFORGE_ONE_LAUNCH", "0", 1);
     Quantizer q(plan);
     if (g.separate) ::unsetenv("QFORGE_ONE_LAUNCH");
     const Shape2D shape{256, 512};
-    const ref::HostTensor x = make_input(Case{g.recipe, g.role, Usage::Training, DType::BF16, shape, {}}, 11);
+    const ref::HostTensor x = make_input(Case{g.recipe, g.role, g.usage, DType::BF16, shape, {}}, 11);
     DeviceBuffer dx(x.bytes.size());
     dx.upload(x.bytes.data(), x.bytes.size());
     DeviceBuffer offsets;
@@ -361,6 +367,8 @@ TEST(GpuQuantizeGraph, ReplaysMatchDirectCalls) {
     qf::rt::Stream stream;
     q.quantize(call[0], stream.get());
     const Graph graph(stream.get(), [&] { q.quantize(call[1], stream.get()); });
+    if (g.captured_launch == 1) EXPECT_EQ(graph.nodes(), 1u) << "the one-launch form";
+    if (g.captured_launch == 2) EXPECT_GT(graph.nodes(), 1u) << "the separate form";
     for (int replay = 0; replay < 3; ++replay) graph.launch(stream.get());
     stream.synchronize();
     for (size_t i = 0; i < outs.size(); ++i) {
