@@ -412,22 +412,28 @@ NVCC = shutil.which("nvcc") or ("/usr/local/cuda/bin/nvcc" if Path("/usr/local/c
 
 @pytest.mark.skipif(NVCC is None or not QFORGE.exists(), reason="needs nvcc and the qforge CLI")
 def test_ablated_kernels_compile_for_sm90a(tmp_path):
-    """Each variant's cast kernel (mxfp8_hopper's training plan: both directions, transposed
-    32-row blocks, staged entries) compiles, so scripts/ablate.sh's builds time real kernels."""
-    out = subprocess.run([str(QFORGE), "inspect", str(REPO / "recipes" / "mxfp8_hopper.json"), "--role", "linear:input",
-                          "--usage", "training", "--source"], check=True, capture_output=True, text=True).stdout
-    lines = out.splitlines()
-    start = lines.index("// ---- source")
-    kernel = next(l for l in lines[start:] if l.startswith("// cast_kernel: ")).split(": ", 1)[1]
-    src = "\n".join(lines[start + 1:]) + "\ntemplate __global__ void %s(const qf::QuantizeArgs);\n" % kernel
-    (tmp_path / "k.cu").write_text(src)
+    """Each variant's kernels compile, so scripts/ablate.sh's builds time real kernels: the cast
+    kernel of mxfp8_hopper's training plan (both directions, transposed 32-row blocks, staged
+    entries) and the one-launch fused kernel of nvfp4's (the pre-pass with the RHT, the grid
+    barriers)."""
+    units = []
+    for recipe, kind in (("mxfp8_hopper", "cast_kernel"), ("nvfp4", "fused_kernel")):
+        out = subprocess.run([str(QFORGE), "inspect", str(REPO / "recipes" / (recipe + ".json")), "--role", "linear:input",
+                              "--usage", "training", "--source"], check=True, capture_output=True, text=True).stdout
+        lines = out.splitlines()
+        start = lines.index("// ---- source")
+        kernel = next(l for l in lines[start:] if l.startswith("// %s: " % kind)).split(": ", 1)[1]
+        src = "\n".join(lines[start + 1:]) + "\ntemplate __global__ void %s(const qf::QuantizeArgs);\n" % kernel
+        units.append(tmp_path / ("%s.cu" % recipe))
+        units[-1].write_text(src)
     for name in ablate.ABLATIONS:
         inc = tmp_path / name
         shutil.copytree(REPO / "templates", inc)
         (inc / "qforge" / "cast.cuh").write_text(ablate.apply(name, CAST.read_text()))
-        r = subprocess.run([NVCC, "-arch=sm_90a", "-cubin", "-std=c++17", "-I", str(inc), str(tmp_path / "k.cu"),
-                            "-o", str(tmp_path / (name + ".cubin"))], capture_output=True, text=True)
-        assert r.returncode == 0, (name, r.stderr[-2000:])
+        for unit in units:
+            r = subprocess.run([NVCC, "-arch=sm_90a", "-cubin", "-std=c++17", "-I", str(inc), str(unit),
+                                "-o", str(tmp_path / (name + unit.stem + ".cubin"))], capture_output=True, text=True)
+            assert r.returncode == 0, (name, unit.name, r.stderr[-2000:])
 
 
 _SRC_HEADER = ('"Address","Source","Warp Stall Sampling (All Samples)","Warp Stall Sampling (Not-issued Samples)",'
