@@ -315,27 +315,45 @@ BoundCall Quantizer::bind(const QuantizeCall& call) const {
   return bc;
 }
 
+namespace {
+
+// One CTA per tile. Grouped: sum(ceil(m_i / rows)) <= ceil(M / rows) + N tile rows, plus one row
+// of CTAs for the scale entries of empty members.
+Dim3 cast_grid(const TileConfig& t, Shape2D shape, int grouped_members) {
+  const uint64_t tile_rows = ceil_div(u64(shape.m), u64(t.rows)) + (grouped_members > 0 ? u64(grouped_members) + 1 : 0);
+  const Dim3 grid{unsigned(tile_rows), unsigned(ceil_div(u64(shape.k), u64(t.cols))), 1};
+  if (tile_rows > 0x7fffffffu || grid.y > 65535)
+    throw UserError("input", "tensor too large for one launch (" + std::to_string(tile_rows) + " x " + std::to_string(grid.y) + " tiles)");
+  return grid;
+}
+
+}  // namespace
+
+// A single tensor whose tiles all fit on the GPU at once: one cooperative launch of the fused
+// kernel, which zeroes the amax outputs and the channel workspace and folds the amax pre-pass
+// in. Every stream operation costs microseconds of host and GPU time, which is most of a small
+// call.
+bool Quantizer::fits_one_launch(const Loaded& l, const Dim3& grid, bool grouped) const {
+  return l.fused && one_launch_ && !grouped && int64_t(grid.x) * grid.y <= l.fused_ctas;
+}
+
+bool Quantizer::one_launch(Shape2D shape) const {
+  auto l = load_for_current_device();
+  return fits_one_launch(*l, cast_grid(l->kernels.source.tile, shape, 0), false);
+}
+
 void Quantizer::quantize(const QuantizeCall& call, CUstream stream) const {
   const BoundCall bc = bind(call);
   const bool grouped = call.member_rows != 0;
   auto l = load_for_current_device();
   const Driver& d = driver();
   const TileConfig& t = l->kernels.source.tile;
-  // One CTA per tile. Grouped: sum(ceil(m_i / rows)) <= ceil(M / rows) + N tile rows, plus one
-  // row of CTAs for the scale entries of empty members.
-  const uint64_t tile_rows = ceil_div(u64(call.shape.m), u64(t.rows)) + (grouped ? u64(bc.args.num_members) + 1 : 0);
-  const Dim3 grid{unsigned(tile_rows), unsigned(ceil_div(u64(call.shape.k), u64(t.cols))), 1};
-  if (tile_rows > 0x7fffffffu || grid.y > 65535)
-    throw UserError("input", "tensor too large for one launch (" + std::to_string(tile_rows) + " x " + std::to_string(grid.y) + " tiles)");
+  const Dim3 grid = cast_grid(t, call.shape, grouped ? bc.args.num_members : 0);
   QuantizeArgs args = bc.args;
   void* params[] = {&args};
   const size_t smem = l->kernels.source.smem_bytes;
   const Dim3 block{unsigned(t.threads)};
-  // A single tensor whose tiles all fit on the GPU at once: one cooperative launch of the fused
-  // kernel, which zeroes the amax outputs and the channel workspace and folds the amax pre-pass in. Every stream operation
-  // costs microseconds of host and GPU time, which is most of a small call.
-  const bool fused = l->fused && one_launch_ && !grouped && int64_t(grid.x) * grid.y <= l->fused_ctas &&
-                     !(separate_in_capture_ && stream_capturing(stream));
+  const bool fused = fits_one_launch(*l, grid, grouped) && !(separate_in_capture_ && stream_capturing(stream));
   auto zero_buffers = [&](bool fused_zeroes) {
     for (int i = 0; i < bc.num_zero; ++i)
       if (bc.zero[size_t(i)].fused_zeroes == fused_zeroes)

@@ -20,6 +20,8 @@
 
 namespace qf::rt {
 
+struct Dim3;
+
 // The plan's kernels for one arch, from the cache (compiled on a miss).
 struct QuantizeKernels {
   KernelSource source;
@@ -92,6 +94,11 @@ class Quantizer {
   // barriers (separate_in_capture).
   void quantize(const QuantizeCall& call, CUstream stream) const;
 
+  // Whether a direct call of this single-tensor shape takes the one-launch form on the current
+  // device (false for plans without it, QFORGE_ONE_LAUNCH=0 or a grid larger than one wave);
+  // loads the kernels as quantize() does. A capture may still take the separate form (above).
+  bool one_launch(Shape2D shape) const;
+
   // The argument checks of quantize() and the launch arguments they yield, without a GPU:
   // UserError naming the argument on anything wrong. What a call shape needs (buffer sizes,
   // names, the workspace) is derived once per (shape, members) and kept for the shapes used
@@ -104,6 +111,7 @@ class Quantizer {
  private:
   struct Loaded;
   std::shared_ptr<const Loaded> load_for_current_device() const;
+  bool fits_one_launch(const Loaded& l, const Dim3& grid, bool grouped) const;
   struct Layout;
   std::shared_ptr<const Layout> layout(Shape2D shape, int members, bool grouped) const;
 

@@ -101,10 +101,17 @@ int cmd_tune(const Argv& argv) {
           if (tried++ == 0) default_us = us, best_us = us;
           if (us < best_us) best_us = us, best = t;
         }
+        // A shape whose grid is one wave times the one-launch form, whose CTA takes the tile's
+        // threads or more (fused_threads): the tile stored still serves every shape.
+        const bool one_wave = rt::Quantizer(plan, rt::KernelCache::global(), false).one_launch(shape);
         const bool store = best != plan.tile && best_us < 0.98 * default_us;
         std::printf("  %-28s %-20s %-9s default %-12s %8.1f us  best %-12s %8.1f us  (%d tiles)%s\n", r.name.c_str(),
                     role.c_str(), std::string(name(u)).c_str(), tile_str(plan.tile).c_str(), default_us,
                     tile_str(best).c_str(), best_us, tried, store ? (dry ? "  [dry run]" : "  stored") : "");
+        if (one_wave)
+          std::printf("    note: at %lldx%lld this plan runs its one-launch form (one wave of tiles); the tile a tune stores "
+                      "applies to every shape, so tune at the sizes that dominate (default 8192x8192)\n",
+                      (long long)shape.m, (long long)shape.k);
         std::fflush(stdout);  // one line per plan as it finishes (tuning takes minutes)
         if (store && !dry) {
           rt::TuningRecord rec{best, best_us, default_us, shape.m, shape.k, device, arch};

@@ -380,4 +380,28 @@ TEST(GpuQuantizeGraph, ReplaysMatchDirectCalls) {
   }
 }
 
+// Which form a direct call takes: one launch for a single tensor of one wave of tiles of a plan
+// with a global amax; the separate launches for larger tensors, plans without the fused kernel
+// and QFORGE_ONE_LAUNCH=0.
+TEST(GpuQuantizeForm, OneLaunchForOneWaveOfTiles) {
+  QF_SKIP_WITHOUT_GPU();
+  using namespace qf::rt;
+  auto plan = [](const char* recipe, const char* role) {
+    return compile_plan(load_recipe(std::string(QF_SOURCE_DIR) + "/recipes/" + recipe + ".json"),
+                        PlanRequest{role, DType::BF16, Usage::Training, false});
+  };
+  const Quantizer current(plan("current_scaling", "linear:input"));
+  EXPECT_TRUE(current.one_launch({1024, 1024}));
+  EXPECT_TRUE(current.one_launch({31, 33}));
+  EXPECT_FALSE(current.one_launch({16384, 16384}));
+  const Quantizer nvfp4(plan("nvfp4", "linear:input"));
+  EXPECT_TRUE(nvfp4.one_launch({1024, 1024}));
+  EXPECT_FALSE(nvfp4.one_launch({8192, 8192}));
+  EXPECT_FALSE(Quantizer(plan("mxfp8", "linear:input")).one_launch({1024, 1024})) << "no global amax: one kernel anyway";
+  ::setenv("QFORGE_ONE_LAUNCH", "0", 1);
+  const Quantizer off(plan("current_scaling", "linear:input"));
+  ::unsetenv("QFORGE_ONE_LAUNCH");
+  EXPECT_FALSE(off.one_launch({1024, 1024}));
+}
+
 }  // namespace
