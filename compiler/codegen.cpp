@@ -152,7 +152,10 @@ KernelSource emit_quantize(const Plan& p) {
   const bool stage16 = in16 && !long_transposed_blocks &&
                        cast_min_blocks(p.tile.threads, smem16) > cast_min_blocks(p.tile.threads, smem32);
   ks.smem_bytes = stage16 ? smem16 : smem32;
-  const int min_blocks = stage16 ? cast_min_blocks(p.tile.threads, smem16, 1024) : cast_min_blocks(p.tile.threads, smem32);
+  const int min_blocks = p.tile.min_blocks > 0 ? p.tile.min_blocks
+                         : stage16             ? cast_min_blocks(p.tile.threads, smem16, 1024)
+                                               : cast_min_blocks(p.tile.threads, smem32);
+  ks.min_blocks = min_blocks;
   e.open("struct Cfg");
   e.constant("kInDtype", int64_t(traits(p.input).numerics_code));
   e.constant("kInMaxFinite", traits(p.input).max_finite);

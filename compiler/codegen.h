@@ -19,6 +19,7 @@ struct KernelSource {
   std::optional<std::string> fused_kernel;  // the one-launch form for small single tensors, if any
   uint32_t smem_bytes = 0;                // dynamic shared memory of any of the kernels
   int fused_threads = 0;                  // threads per CTA of fused_kernel (tile.threads: the others')
+  int min_blocks = 0;                     // the cast kernel's __launch_bounds__ min blocks (Cfg::kMinBlocks)
   TileConfig tile;
 };
 

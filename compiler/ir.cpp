@@ -172,6 +172,8 @@ void verify(const Plan& p) {
   }
   if (p.tile.rows) {
     QF_CHECK(p.tile.threads > 0 && p.tile.vec > 0 && p.tile.cols > 0, "tile is complete");
+    QF_CHECK(p.tile.min_blocks >= 0 && p.tile.min_blocks * p.tile.threads <= 2048, "min_blocks ", p.tile.min_blocks,
+             " CTAs of ", p.tile.threads, " threads fit an SM");
     for (const auto& a : p.amax)
       if (a.scope == AmaxScope::Block)
         QF_CHECK(p.tile.rows % a.block.rows == 0 && p.tile.cols % a.block.cols == 0,
@@ -226,6 +228,7 @@ std::string print(const Plan& p) {
       if (p.tile.rows)
         os << " tile=" << p.tile.rows << "x" << p.tile.cols << " threads=" << p.tile.threads
            << " vec=" << p.tile.vec;
+      if (p.tile.min_blocks) os << " min_blocks=" << p.tile.min_blocks;
     }
     os << "\n";
   }

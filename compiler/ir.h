@@ -55,6 +55,10 @@ struct TileConfig {
   int cols = 0;     // tile extent along K
   int threads = 0;  // threads per block
   int vec = 0;      // input elements per vector load
+  // CTAs per SM the cast kernel's registers are sized for (__launch_bounds__ min blocks): fewer
+  // gives each thread more registers. 0: codegen's default (cast_min_blocks: by threads and
+  // shared memory). A `qforge tune` dimension.
+  int min_blocks = 0;
   bool operator==(const TileConfig&) const = default;
 };
 

@@ -51,7 +51,8 @@ std::optional<TuningRecord> find_tuning(const Plan& plan, const std::string& arc
       const nlohmann::json j = nlohmann::json::parse(in);
       TuningRecord r;
       r.tile = TileConfig{j.at("tile").at("rows").get<int>(), j.at("tile").at("cols").get<int>(),
-                          j.at("tile").at("threads").get<int>(), j.at("tile").at("vec").get<int>()};
+                          j.at("tile").at("threads").get<int>(), j.at("tile").at("vec").get<int>(),
+                          j.at("tile").value("min_blocks", 0)};
       r.time_us = j.value("time_us", 0.0);
       r.default_us = j.value("default_us", 0.0);
       r.m = j.value("m", int64_t(0));
@@ -79,7 +80,8 @@ bool store_tuning(const Plan& plan, const TuningRecord& rec, const KernelCache& 
                             {"role", plan.role},
                             {"input", std::string(traits(plan.input).name)},
                             {"usage", std::string(name(plan.usage))},
-                            {"tile", {{"rows", rec.tile.rows}, {"cols", rec.tile.cols}, {"threads", rec.tile.threads}, {"vec", rec.tile.vec}}},
+                            {"tile", {{"rows", rec.tile.rows}, {"cols", rec.tile.cols}, {"threads", rec.tile.threads},
+                                      {"vec", rec.tile.vec}, {"min_blocks", rec.tile.min_blocks}}},
                             {"time_us", rec.time_us},
                             {"default_us", rec.default_us},
                             {"m", rec.m},

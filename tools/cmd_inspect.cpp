@@ -1,11 +1,15 @@
 // qforge inspect <recipe> --role R: print the plan (after all passes, or after chosen passes
 // with --dump-after) and the buffers it writes for an example shape; with --source, also the
-// emitted CUDA source of its kernels and their name expressions.
+// emitted CUDA source of its kernels and their name expressions; with --resources, what ptxas
+// gives each kernel for sm_90a (registers, stack, spills), no GPU needed.
 #include <iostream>
+#include <regex>
+#include <sstream>
 
 #include "compiler/buffers.h"
 #include "compiler/codegen.h"
 #include "compiler/pipeline.h"
+#include "runtime/nvrtc.h"
 #include "tools/args.h"
 #include "tools/cli_common.h"
 #include "tools/commands.h"
@@ -27,8 +31,40 @@ std::optional<Usage> parse_usage_arg(const Args& args) {
   return u;
 }
 
+namespace {
+
+// Compiles the plan's kernels for sm_90a with `ptxas -v` and prints, per kernel (in the log's
+// order), its registers, stack frame, spill stores / loads and launch-bound min blocks.
+void print_resources(const KernelSource& ks) {
+  std::vector<std::string> names = {ks.cast_kernel};
+  if (ks.amax_kernel) names.push_back(*ks.amax_kernel);
+  if (ks.fused_kernel) names.push_back(*ks.fused_kernel);
+  const rt::CompileResult r =
+      rt::compile_cuda(rt::CompileRequest{ks.source, "qforge_kernel.cu", names, "sm_90a", {"--ptxas-options=-v"}});
+  std::cout << "  resources (sm_90a, ptxas):\n";
+  const std::regex entry(R"(Compiling entry function '[^']*?(cast_kernel|amax_kernel|fused_kernel))");
+  const std::regex frame(R"((\d+) bytes stack frame, (\d+) bytes spill stores, (\d+) bytes spill loads)");
+  const std::regex regs(R"(Used (\d+) registers)");
+  std::istringstream log(r.log);
+  std::string line, kind, stack, stores, loads;
+  std::smatch m;
+  while (std::getline(log, line)) {
+    if (std::regex_search(line, m, entry)) kind = m[1];
+    else if (std::regex_search(line, m, frame)) stack = m[1], stores = m[2], loads = m[3];
+    else if (!kind.empty() && std::regex_search(line, m, regs)) {
+      const int threads = kind == "fused_kernel" ? ks.fused_threads : ks.tile.threads;
+      std::cout << "    " << kind << ": " << m[1] << " registers, " << stack << " B stack, spills " << stores << " B stored / "
+                << loads << " B loaded; " << threads << " threads" << (kind == "cast_kernel" ? ", min blocks " + std::to_string(ks.min_blocks) : "")
+                << "\n";
+      kind.clear();
+    }
+  }
+}
+
+}  // namespace
+
 int cmd_inspect(const Argv& argv) {
-  Args args(argv, {"--role", "--dtype", "--usage", "--dump-after", "--shape"}, {"--grouped", "--source"});
+  Args args(argv, {"--role", "--dtype", "--usage", "--dump-after", "--shape"}, {"--grouped", "--source", "--resources"});
   if (args.positional().size() != 1) throw UserError("recipe", "expected one recipe file");
   const Recipe r = load_recipe(args.positional()[0]);
   PlanRequest req{args.require("--role"), parse_dtype_arg(args, "--dtype"), parse_usage_arg(args),
@@ -50,6 +86,7 @@ int cmd_inspect(const Argv& argv) {
     for (size_t i = 0; i < b.shape.size(); ++i) std::cout << (i ? ", " : "") << b.shape[i];
     std::cout << "] " << b.bytes << " B" << (b.zero_padding ? " (zero-padded)" : "") << "\n";
   }
+  if (args.flag("--resources")) print_resources(emit_quantize(p));
   if (args.flag("--source")) {
     // Everything after this marker comes from emit_quantize alone (no recipe text).
     const KernelSource ks = emit_quantize(p);

@@ -27,7 +27,8 @@ namespace qf::cli {
 namespace {
 
 std::string tile_str(const TileConfig& t) {
-  return std::to_string(t.rows) + "x" + std::to_string(t.cols) + "/" + std::to_string(t.threads);
+  return std::to_string(t.rows) + "x" + std::to_string(t.cols) + "/" + std::to_string(t.threads) +
+         (t.min_blocks ? "/mb" + std::to_string(t.min_blocks) : "");
 }
 
 }  // namespace
@@ -91,9 +92,12 @@ int cmd_tune(const Argv& argv) {
         double best_us = 0, default_us = 0;
         TileConfig best = plan.tile;
         int tried = 0;
+        const int default_min_blocks = emit_quantize(plan).min_blocks;
         for (const TileConfig& t : tile_candidates(plan)) {
           Plan p = plan;
           p.tile = t;
+          // A register variant (of the default tile) with the default's launch bounds is the default.
+          if (t.min_blocks && emit_quantize(p).min_blocks == default_min_blocks) continue;
           const rt::Quantizer q(p, rt::KernelCache::global(), /*use_tuning=*/false);
           CallSet set = make_set(q, c, input.address(), in_bytes, 0);
           const double us = time_us(stream.get(), [&](int) { q.quantize(set.call, stream.get()); }, target_ms);

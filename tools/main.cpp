@@ -14,7 +14,7 @@ commands:
   check <recipe.json>...            validate recipes; print how the standard roles resolve
   inspect <recipe.json> --role R    print the kernel plan for one role
           [--dtype bf16|fp16|fp32] [--usage training|inference|memory] [--grouped]
-          [--dump-after PASS|all] [--shape MxK] [--source]
+          [--dump-after PASS|all] [--shape MxK] [--source] [--resources]
   quantize --recipe R --role ROLE --input x.npy --out DIR
           [--usage U] [--dtype bf16|fp16|fp32] [--seed S] [--offset O]
           [--scale F] [--scale NAME=F] [--splits 3,0,5] [--device cpu|cuda]

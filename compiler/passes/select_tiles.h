@@ -15,10 +15,12 @@ struct TileConstraints {
 TileConstraints tile_constraints(const Plan& plan);
 
 // Whether `t` is a valid tile for the plan: multiples as above, 64..1024 threads (a multiple of
-// 32), shared memory within 100 KiB (two tiles with RHT), whole warps of runs.
+// 32), shared memory within 100 KiB (two tiles with RHT), whole warps of runs, min_blocks CTAs
+// (if set) within an SM's 2048 threads.
 bool tile_fits(const Plan& plan, const TileConfig& t);
 
-// Candidate tiles for `qforge tune`: valid tiles around the default, default first.
+// Candidate tiles for `qforge tune`: valid tiles around the default, default first, then the
+// default tile with registers sized for 1 .. 4 CTAs per SM (min_blocks).
 std::vector<TileConfig> tile_candidates(const Plan& plan);
 
 // Chooses the cast kernel's default tile from the plan's streams and blocks (the measured

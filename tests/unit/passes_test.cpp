@@ -322,6 +322,35 @@ TEST(SelectTiles, FusedFormTakesAtLeast256Threads) {
   EXPECT_EQ(kc.source.find("CfgFused"), std::string::npos);
 }
 
+// qforge tune's register-budget dimension: the default tile with registers for 1 .. 4 CTAs per
+// SM; codegen emits the override as the launch bounds' min blocks, and the default otherwise.
+TEST(SelectTiles, RegisterBudgetCandidatesAndLaunchBounds) {
+  const Plan p = plan_for("float8_block_scaling", "linear:weight");  // 128 x 128, 256 threads
+  std::vector<int> budgets;
+  for (const TileConfig& t : tile_candidates(p))
+    if (t.min_blocks) {
+      EXPECT_EQ(t.rows, p.tile.rows);
+      EXPECT_EQ(t.cols, p.tile.cols);
+      EXPECT_EQ(t.threads, p.tile.threads);
+      budgets.push_back(t.min_blocks);
+    }
+  EXPECT_EQ(budgets, (std::vector<int>{1, 2, 3, 4}));
+  const KernelSource def = emit_quantize(p);
+  EXPECT_GE(def.min_blocks, 1);
+  Plan q = p;
+  q.tile.min_blocks = 3;
+  const KernelSource ks = emit_quantize(q);
+  EXPECT_EQ(ks.min_blocks, 3);
+  EXPECT_NE(ks.source.find("static constexpr long long kMinBlocks = 3;"), std::string::npos);
+  EXPECT_NE(print(q).find("min_blocks=3"), std::string::npos);
+  EXPECT_EQ(print(p).find("min_blocks"), std::string::npos) << "the default prints as before";
+  TileConfig big = p.tile;
+  big.min_blocks = 9;  // 9 x 256 threads > 2048
+  EXPECT_FALSE(tile_fits(p, big));
+  big.min_blocks = -1;
+  EXPECT_FALSE(tile_fits(p, big));
+}
+
 // The tile is only part of a kernel's shared memory (scratch, the staged transposed output and
 // entries come on top): every candidate `qforge tune` may time, of every shipped plan, must
 // still fit an SM's 227 KiB.

@@ -83,4 +83,28 @@ TEST(Tuning, RecordsThatDoNotFitThePlanAreIgnored) {
   EXPECT_FALSE(rt::find_tuning(p, "sm_90a", "gpu", c.cache).has_value());
 }
 
+// A register-budget choice (min_blocks) round-trips; a record written before the field existed
+// (no "min_blocks") reads as the default budget.
+TEST(Tuning, RegisterBudgetRoundTripsAndOldRecordsReadAsDefault) {
+  TempCache c;
+  const Plan p = mxfp8_plan();
+  TileConfig t = p.tile;
+  t.min_blocks = 2;
+  ASSERT_TRUE(tile_fits(p, t));
+  ASSERT_TRUE(rt::store_tuning(p, rt::TuningRecord{t, 1.0, 2.0, 64, 64, "gpu", "sm_90a"}, c.cache));
+  auto got = rt::find_tuning(p, "sm_90a", "gpu", c.cache);
+  ASSERT_TRUE(got.has_value());
+  EXPECT_EQ(got->tile.min_blocks, 2);
+  const fs::path f = c.dir / "qforge-v1" / "tuning" / (rt::tuning_key(p, "sm_90a", "gpu") + ".json");
+  nlohmann::json j = nlohmann::json::parse(std::ifstream(f));
+  j["tile"].erase("min_blocks");
+  std::ofstream(f) << j.dump();
+  got = rt::find_tuning(p, "sm_90a", "gpu", c.cache);
+  ASSERT_TRUE(got.has_value());
+  EXPECT_EQ(got->tile.min_blocks, 0);
+  j["tile"]["min_blocks"] = 64;  // 64 CTAs of 256 threads do not fit an SM
+  std::ofstream(f) << j.dump();
+  EXPECT_FALSE(rt::find_tuning(p, "sm_90a", "gpu", c.cache).has_value());
+}
+
 }  // namespace
