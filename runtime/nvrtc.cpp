@@ -4,6 +4,8 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <regex>
+#include <sstream>
 
 #include "compiler/error.h"
 #include "runtime/sha256.h"
@@ -221,6 +223,33 @@ const std::string& templates_hash() {
     return s.hex_digest();
   }();
   return h;
+}
+
+std::vector<KernelResources> ptxas_resources(const std::string& log) {
+  // ptxas -v: "Compiling entry function 'NAME' for 'sm_90a'", then "N bytes stack frame, N bytes
+  // spill stores, N bytes spill loads", then "Used N registers, ...".
+  static const std::regex entry(R"(Compiling entry function '([^']+)')");
+  static const std::regex frame(R"((\d+) bytes stack frame, (\d+) bytes spill stores, (\d+) bytes spill loads)");
+  static const std::regex regs(R"(Used (\d+) registers)");
+  std::vector<KernelResources> out;
+  std::istringstream in(log);
+  std::string line;
+  std::smatch m;
+  bool open = false;
+  while (std::getline(in, line)) {
+    if (std::regex_search(line, m, entry)) {
+      out.push_back(KernelResources{m[1], 0, 0, 0, 0});
+      open = true;
+    } else if (open && std::regex_search(line, m, frame)) {
+      out.back().stack_bytes = std::stoi(m[1]);
+      out.back().spill_store_bytes = std::stoi(m[2]);
+      out.back().spill_load_bytes = std::stoi(m[3]);
+    } else if (open && std::regex_search(line, m, regs)) {
+      out.back().registers = std::stoi(m[1]);
+      open = false;
+    }
+  }
+  return out;
 }
 
 }  // namespace qf::rt

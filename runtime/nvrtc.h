@@ -70,6 +70,14 @@ std::vector<std::string> compile_options(const CompileRequest& req);
 
 CompileResult compile_cuda(const CompileRequest& req);
 
+// What ptxas reports per kernel when a compile passes "--ptxas-options=-v", in the log's order.
+struct KernelResources {
+  std::string entry;  // the mangled entry function
+  int registers = 0;
+  int stack_bytes = 0, spill_store_bytes = 0, spill_load_bytes = 0;
+};
+std::vector<KernelResources> ptxas_resources(const std::string& log);
+
 std::string nvrtc_version();                // "13.0"
 bool nvrtc_at_least(int major, int minor);  // the linked NVRTC is major.minor or newer
 std::vector<std::string> supported_archs();  // "sm_75", ..., as reported by NVRTC

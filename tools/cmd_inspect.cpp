@@ -3,8 +3,6 @@
 // emitted CUDA source of its kernels and their name expressions; with --resources, what ptxas
 // gives each kernel for sm_90a (registers, stack, spills), no GPU needed.
 #include <iostream>
-#include <regex>
-#include <sstream>
 
 #include "compiler/buffers.h"
 #include "compiler/codegen.h"
@@ -34,7 +32,8 @@ std::optional<Usage> parse_usage_arg(const Args& args) {
 namespace {
 
 // Compiles the plan's kernels for sm_90a with `ptxas -v` and prints, per kernel (in the log's
-// order), its registers, stack frame, spill stores / loads and launch-bound min blocks.
+// order), its registers, stack frame, spill stores / loads, threads and the cast kernel's
+// launch-bound min blocks.
 void print_resources(const KernelSource& ks) {
   std::vector<std::string> names = {ks.cast_kernel};
   if (ks.amax_kernel) names.push_back(*ks.amax_kernel);
@@ -42,22 +41,15 @@ void print_resources(const KernelSource& ks) {
   const rt::CompileResult r =
       rt::compile_cuda(rt::CompileRequest{ks.source, "qforge_kernel.cu", names, "sm_90a", {"--ptxas-options=-v"}});
   std::cout << "  resources (sm_90a, ptxas):\n";
-  const std::regex entry(R"(Compiling entry function '[^']*?(cast_kernel|amax_kernel|fused_kernel))");
-  const std::regex frame(R"((\d+) bytes stack frame, (\d+) bytes spill stores, (\d+) bytes spill loads)");
-  const std::regex regs(R"(Used (\d+) registers)");
-  std::istringstream log(r.log);
-  std::string line, kind, stack, stores, loads;
-  std::smatch m;
-  while (std::getline(log, line)) {
-    if (std::regex_search(line, m, entry)) kind = m[1];
-    else if (std::regex_search(line, m, frame)) stack = m[1], stores = m[2], loads = m[3];
-    else if (!kind.empty() && std::regex_search(line, m, regs)) {
-      const int threads = kind == "fused_kernel" ? ks.fused_threads : ks.tile.threads;
-      std::cout << "    " << kind << ": " << m[1] << " registers, " << stack << " B stack, spills " << stores << " B stored / "
-                << loads << " B loaded; " << threads << " threads" << (kind == "cast_kernel" ? ", min blocks " + std::to_string(ks.min_blocks) : "")
-                << "\n";
-      kind.clear();
-    }
+  for (const rt::KernelResources& k : rt::ptxas_resources(r.log)) {
+    std::string kind;
+    for (const char* n : {"fused_kernel", "amax_kernel", "cast_kernel"})
+      if (k.entry.find(n) != std::string::npos) kind = n;
+    if (kind.empty()) continue;
+    const int threads = kind == "fused_kernel" ? ks.fused_threads : ks.tile.threads;
+    std::cout << "    " << kind << ": " << k.registers << " registers, " << k.stack_bytes << " B stack, spills "
+              << k.spill_store_bytes << " B stored / " << k.spill_load_bytes << " B loaded; " << threads << " threads"
+              << (kind == "cast_kernel" ? ", min blocks " + std::to_string(ks.min_blocks) : "") << "\n";
   }
 }
 

@@ -1,0 +1,115 @@
+// Register spills of the shipped quantize kernels (no GPU: ptxas through NVRTC, sm_90a, bf16
+// input): every kernel of every shipped recipe x role x usage spills no more than the budget
+// listed here, and kernels not listed spill nothing. A kernel change that adds spills, or a
+// new plan that spills, fails here and is either fixed or listed with the measurement that
+// justifies it (README, "Register spills"; `qforge inspect --resources` prints the figures).
+#include <gtest/gtest.h>
+
+#include <map>
+#include <set>
+#include <string>
+
+#include "compiler/codegen.h"
+#include "compiler/error.h"
+#include "compiler/pipeline.h"
+#include "compiler/recipe.h"
+#include "runtime/nvrtc.h"
+
+namespace {
+
+using namespace qf;
+
+// Spill-store bytes allowed per "recipe role usage kernel", as measured in session 28 (NVRTC
+// 13.0). The launch bounds that cause them are measured choices (README, "Quantize bandwidth");
+// `qforge tune` times the default tile with more registers (min_blocks).
+const std::map<std::string, int>& spill_budget() {
+  static const std::map<std::string, int> m = [] {
+    std::map<std::string, int> b;
+    b["float8_block_scaling linear:weight training cast_kernel"] = 158;
+    b["float8_block_scaling linear:weight inference cast_kernel"] = 124;
+    b["nvfp4 linear:weight training cast_kernel"] = 158;
+    b["hybrid_mxfp8_fwd_nvfp4_bwd linear:weight training cast_kernel"] = 130;
+    b["int8_weight_sr linear:weight training cast_kernel"] = 70;
+    b["int8_weight_sr linear:weight training fused_kernel"] = 88;
+    for (const char* role : {"linear:input", "linear:weight", "linear:grad_output"}) {
+      b[std::string("fp8_rowwise ") + role + " training cast_kernel"] = 36;
+      b[std::string("fp8_rowwise ") + role + " training fused_kernel"] = 26;
+      b[std::string("mxfp8 ") + role + " training cast_kernel"] = 40;
+      b[std::string("delayed_scaling ") + role + " inference cast_kernel"] = 4;
+      b[std::string("delayed_scaling ") + role + " inference fused_kernel"] = 4;
+    }
+    b["w8a8_int8_inference linear:input inference fused_kernel"] = 6;
+    b["w8a8_int8_inference linear:weight inference fused_kernel"] = 6;
+    return b;
+  }();
+  return m;
+}
+
+class QuantizeResources : public ::testing::TestWithParam<std::string> {};
+
+TEST_P(QuantizeResources, SpillsWithinTheListedBudget) {
+  const Recipe r = load_recipe(std::string(QF_SOURCE_DIR) + "/recipes/" + GetParam() + ".json");
+  int kernels = 0;
+  for (const char* role : {"linear:input", "linear:weight", "linear:grad_output"})
+    for (Usage u : {Usage::Training, Usage::Inference}) {
+      Plan p;
+      try {
+        p = compile_plan(r, PlanRequest{role, DType::BF16, u, false});
+      } catch (const UserError&) {
+        continue;  // a role or usage the recipe does not define
+      }
+      if (p.streams.empty()) continue;
+      const KernelSource ks = emit_quantize(p);
+      std::vector<std::string> names = {ks.cast_kernel};
+      if (ks.amax_kernel) names.push_back(*ks.amax_kernel);
+      if (ks.fused_kernel) names.push_back(*ks.fused_kernel);
+      const rt::CompileResult c =
+          rt::compile_cuda(rt::CompileRequest{ks.source, "qforge_kernel.cu", names, "sm_90a", {"--ptxas-options=-v"}});
+      const std::vector<rt::KernelResources> res = rt::ptxas_resources(c.log);
+      ASSERT_EQ(res.size(), names.size()) << c.log;
+      for (const rt::KernelResources& k : res) {
+        std::string kind;
+        for (const char* n : {"fused_kernel", "amax_kernel", "cast_kernel"})
+          if (k.entry.find(n) != std::string::npos) kind = n;
+        ASSERT_FALSE(kind.empty()) << k.entry;
+        const std::string key = GetParam() + " " + role + " " + std::string(name(u)) + " " + kind;
+        EXPECT_GT(k.registers, 0) << key;
+        const auto it = spill_budget().find(key);
+        EXPECT_LE(k.spill_store_bytes, it == spill_budget().end() ? 0 : it->second)
+            << key << ": " << k.registers << " registers, " << k.spill_store_bytes << " B spill stores";
+        ++kernels;
+      }
+    }
+  EXPECT_GT(kernels, 0);
+}
+
+INSTANTIATE_TEST_SUITE_P(Shipped, QuantizeResources,
+                         ::testing::Values("current_scaling", "delayed_scaling", "float8_block_scaling", "fp8_rowwise",
+                                           "hybrid_mxfp8_fwd_nvfp4_bwd", "int8_weight_sr", "mxfp8", "mxfp8_hopper",
+                                           "nvfp4", "w8a8_int8_inference"));
+
+// The parser itself, on a ptxas report of two kernels.
+TEST(PtxasResources, ParsesEachEntryInOrder) {
+  const std::string log =
+      "ptxas info    : Compiling entry function '_Z1av' for 'sm_90a'\n"
+      "ptxas info    : Function properties for _Z1av\n"
+      "    128 bytes stack frame, 158 bytes spill stores, 68 bytes spill loads\n"
+      "ptxas info    : Used 64 registers, used 1 barriers, 128 bytes cumulative stack size\n"
+      "ptxas info    : Compiling entry function '_Z1bv' for 'sm_90a'\n"
+      "ptxas info    : Function properties for _Z1bv\n"
+      "    0 bytes stack frame, 0 bytes spill stores, 0 bytes spill loads\n"
+      "ptxas info    : Used 96 registers, used 1 barriers\n";
+  const auto r = rt::ptxas_resources(log);
+  ASSERT_EQ(r.size(), 2u);
+  EXPECT_EQ(r[0].entry, "_Z1av");
+  EXPECT_EQ(r[0].registers, 64);
+  EXPECT_EQ(r[0].stack_bytes, 128);
+  EXPECT_EQ(r[0].spill_store_bytes, 158);
+  EXPECT_EQ(r[0].spill_load_bytes, 68);
+  EXPECT_EQ(r[1].entry, "_Z1bv");
+  EXPECT_EQ(r[1].registers, 96);
+  EXPECT_EQ(r[1].spill_store_bytes, 0);
+  EXPECT_TRUE(rt::ptxas_resources("").empty());
+}
+
+}  // namespace
