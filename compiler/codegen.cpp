@@ -137,7 +137,7 @@ KernelSource emit_quantize(const Plan& p) {
   // 16-bit inputs are staged as their own bits where fp32 staging would hold the SM below the
   // CTAs its threads allow (cast_min_blocks: 128-row tiles of 128x128 blocks), and the register
   // target is then 4 CTAs of 256 threads, not 5 (spills below 64 registers). Measured on an H100
-  // at 16384^2 (README, "Quantize bandwidth"): 128x128 row + transposed 77 -> 80 % of copy
+  // at 16384^2 (docs/quantize.md): 128x128 row + transposed 77 -> 80 % of copy
   // bandwidth. Tiles with transposed 1D blocks longer than 16 rows stay fp32 (1x128 row +
   // transposed: 61 -> 58 % with 16-bit staging; after the staged transposed output, 457 us with
   // fp32 against 448 / 469 us with 16-bit staging at 3 / 4 CTAs per SM). Elsewhere fp32, which

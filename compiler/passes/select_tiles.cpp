@@ -87,8 +87,8 @@ bool stochastic(const Plan& p) {
 
 }  // namespace
 
-// Defaults from `qforge tune --verbose` on an H100 at 16384^2, bf16 (README, "Quantize
-// bandwidth"); a tuned tile stored by `qforge tune` replaces them per GPU model.
+// Defaults from `qforge tune --verbose` on an H100 at 16384^2, bf16 (docs/quantize.md); a
+// tuned tile stored by `qforge tune` replaces them per GPU model.
 Plan select_tiles(Plan p) {
   const TileConstraints c = tile_constraints(p);
   TileConfig t;

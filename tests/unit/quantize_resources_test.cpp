@@ -2,7 +2,7 @@
 // input): every kernel of every shipped recipe x role x usage spills no more than the budget
 // listed here, and kernels not listed spill nothing. A kernel change that adds spills, or a
 // new plan that spills, fails here and is either fixed or listed with the measurement that
-// justifies it (README, "Register spills"; `qforge inspect --resources` prints the figures).
+// justifies it (docs/quantize.md, "Register spills"; `qforge inspect --resources` prints the figures).
 #include <gtest/gtest.h>
 
 #include <map>
@@ -20,7 +20,7 @@ namespace {
 using namespace qf;
 
 // Spill-store bytes allowed per "recipe role usage kernel", as measured in session 28 (NVRTC
-// 13.0). The launch bounds that cause them are measured choices (README, "Quantize bandwidth");
+// 13.0). The launch bounds that cause them are measured choices (docs/quantize.md);
 // `qforge tune` times the default tile with more registers (min_blocks).
 const std::map<std::string, int>& spill_budget() {
   static const std::map<std::string, int> m = [] {
