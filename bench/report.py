@@ -280,6 +280,7 @@ def build_report(q, t, plot_note):
             rows = []
             has_e2e = any(num(e.get("e2e_us")) is not None for e in es)
             has_graph = any(num(e.get("graph_us")) is not None for e in es)
+            has_form = any(e.get("form") for e in es)
             for e in es:
                 r = q_ratio(e, copy_gbps)
                 row = [e.get("role", "-"), e.get("usage", "-"), e.get("directions", "-"), shape_str(e),
@@ -290,10 +291,12 @@ def build_report(q, t, plot_note):
                     row += [fmt(num(e.get("host_us"))), fmt(num(e.get("e2e_us")))]
                 if has_graph:
                     row.append(fmt(num(e.get("graph_us"))))
+                if has_form:  # what a direct call runs: the one-launch fused kernel or separate launches
+                    row.append({"one_launch": "one launch", "separate": "separate"}.get(e.get("form"), "-"))
                 rows.append(row)
             headers = (["role", "usage", "directions", "shape", "input MiB", "kernels", "time (us)",
                         "bytes MiB", "GB/s", "% of copy"] + (["host (us)", "call+sync (us)"] if has_e2e else []) +
-                       (["graph (us)"] if has_graph else []))
+                       (["graph (us)"] if has_graph else []) + (["form"] if has_form else []))
             lines += [f"### {rec}", "",
                       md_table(headers, rows, ["l", "l", "l", "l"] + ["r"] * (len(headers) - 4)), ""]
     else:

@@ -50,6 +50,7 @@ def synthetic_qforge(copy_gbps=4200.0):
                 e["e2e_us"] = e["time_us"] + 9.0
                 e["host_us"] = 3.25
                 e["graph_us"] = e["time_us"] * 0.75
+            e["form"] = "one_launch" if n <= 2048 * 2048 and kernels == 2 else "separate"
             results.append(e)
     results.append({"recipe": "nvfp4", "role": "linear:input", "usage": "training", "shape": [1, 7],
                     "grouped": False, "error": "synthetic: RHT needs M % 16 == 0"})
@@ -134,6 +135,10 @@ def test_report_full(tmp_path):
     per_recipe = md.split("## qforge vs torch.compile vs torch eager")[0]
     small = [line for line in per_recipe.splitlines() if "| 1024x1024 |" in line]
     assert small and all("| 3.2 |" in line for line in small)  # host_us, one decimal
+    # The form column: small two-kernel plans run one launch, everything else separate launches.
+    assert any(line.rstrip().endswith("| one launch |") for line in small)
+    big = [line for line in per_recipe.splitlines() if "| 16384x16384 |" in line]
+    assert big and all(line.rstrip().endswith("| separate |") for line in big)
     try:
         import matplotlib  # noqa: F401
     except ImportError:
