@@ -92,6 +92,13 @@ void emit_stream(Emitter& e, const Plan& p, int index, int& scratch_entries) {
 
 }  // namespace
 
+std::vector<KernelSource::Kernel> KernelSource::kernels() const {
+  std::vector<Kernel> out = {{"cast_kernel", &cast_kernel}};
+  if (amax_kernel) out.push_back({"amax_kernel", &*amax_kernel});
+  if (fused_kernel) out.push_back({"fused_kernel", &*fused_kernel});
+  return out;
+}
+
 KernelSource emit_quantize(const Plan& p) {
   verify(p);
   QF_CHECK(p.tile.rows > 0 && !p.phases.empty(), "emit_quantize needs a fully compiled plan");
@@ -152,9 +159,12 @@ KernelSource emit_quantize(const Plan& p) {
   const bool stage16 = in16 && !long_transposed_blocks &&
                        cast_min_blocks(p.tile.threads, smem16) > cast_min_blocks(p.tile.threads, smem32);
   ks.smem_bytes = stage16 ? smem16 : smem32;
-  const int min_blocks = p.tile.min_blocks > 0 ? p.tile.min_blocks
-                         : stage16             ? cast_min_blocks(p.tile.threads, smem16, 1024)
-                                               : cast_min_blocks(p.tile.threads, smem32);
+  // The CTAs per SM registers are sized for, by threads and shared memory (16-bit staging aims at
+  // 1024 threads per SM).
+  auto default_min_blocks = [&](int threads) {
+    return stage16 ? cast_min_blocks(threads, smem16, 1024) : cast_min_blocks(threads, smem32);
+  };
+  const int min_blocks = p.tile.min_blocks > 0 ? p.tile.min_blocks : default_min_blocks(p.tile.threads);
   ks.min_blocks = min_blocks;
   e.open("struct Cfg");
   e.constant("kInDtype", int64_t(traits(p.input).numerics_code));
@@ -179,8 +189,7 @@ KernelSource emit_quantize(const Plan& p) {
   if (fused_own_cfg) {
     e.open("struct CfgFused : Cfg");
     e.constant("kThreads", int64_t(ks.fused_threads));
-    e.constant("kMinBlocks", int64_t(stage16 ? cast_min_blocks(ks.fused_threads, smem16, 1024)
-                                             : cast_min_blocks(ks.fused_threads, smem32)));
+    e.constant("kMinBlocks", int64_t(default_min_blocks(ks.fused_threads)));
     e.close(";");
   }
   e.close("  // namespace qf_gen");

@@ -21,6 +21,13 @@ struct KernelSource {
   int fused_threads = 0;                  // threads per CTA of fused_kernel (tile.threads: the others')
   int min_blocks = 0;                     // the cast kernel's __launch_bounds__ min blocks (Cfg::kMinBlocks)
   TileConfig tile;
+
+  struct Kernel {
+    const char* kind;                 // "cast_kernel", "amax_kernel" or "fused_kernel"
+    const std::string* name;          // its name expression (points into this KernelSource)
+  };
+  // The kernels present: the cast kernel, then the amax and fused kernels where the plan has them.
+  std::vector<Kernel> kernels() const;
 };
 
 KernelSource emit_quantize(const Plan& plan);

@@ -19,9 +19,7 @@ QuantizeKernels build_quantize_kernels(const Plan& plan, const std::string& arch
   CompileRequest req;
   req.source = k.source.source;
   req.source_name = "qforge_quantize.cu";
-  req.name_expressions = {k.source.cast_kernel};
-  if (k.source.amax_kernel) req.name_expressions.push_back(*k.source.amax_kernel);
-  if (k.source.fused_kernel) req.name_expressions.push_back(*k.source.fused_kernel);
+  for (const auto& kernel : k.source.kernels()) req.name_expressions.push_back(*kernel.name);
   req.arch = arch;
   nlohmann::json meta = {{"kind", "quantize"},
                          {"recipe", plan.recipe},

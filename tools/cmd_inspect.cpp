@@ -3,6 +3,7 @@
 // emitted CUDA source of its kernels and their name expressions; with --resources, what ptxas
 // gives each kernel for sm_90a (registers, stack, spills), no GPU needed.
 #include <iostream>
+#include <string_view>
 
 #include "compiler/buffers.h"
 #include "compiler/codegen.h"
@@ -31,26 +32,24 @@ std::optional<Usage> parse_usage_arg(const Args& args) {
 
 namespace {
 
-// Compiles the plan's kernels for sm_90a with `ptxas -v` and prints, per kernel (in the log's
-// order), its registers, stack frame, spill stores / loads, threads and the cast kernel's
-// launch-bound min blocks.
+// Compiles the plan's kernels for sm_90a with `ptxas -v` and prints, per kernel, its registers,
+// stack frame, spill stores / loads, threads and the cast kernel's launch-bound min blocks.
 void print_resources(const KernelSource& ks) {
-  std::vector<std::string> names = {ks.cast_kernel};
-  if (ks.amax_kernel) names.push_back(*ks.amax_kernel);
-  if (ks.fused_kernel) names.push_back(*ks.fused_kernel);
+  std::vector<std::string> names;
+  for (const auto& k : ks.kernels()) names.push_back(*k.name);
   const rt::CompileResult r =
       rt::compile_cuda(rt::CompileRequest{ks.source, "qforge_kernel.cu", names, "sm_90a", {"--ptxas-options=-v"}});
+  const std::vector<rt::KernelResources> res = rt::ptxas_resources(r.log);
   std::cout << "  resources (sm_90a, ptxas):\n";
-  for (const rt::KernelResources& k : rt::ptxas_resources(r.log)) {
-    std::string kind;
-    for (const char* n : {"fused_kernel", "amax_kernel", "cast_kernel"})
-      if (k.entry.find(n) != std::string::npos) kind = n;
-    if (kind.empty()) continue;
-    const int threads = kind == "fused_kernel" ? ks.fused_threads : ks.tile.threads;
-    std::cout << "    " << kind << ": " << k.registers << " registers, " << k.stack_bytes << " B stack, spills "
-              << k.spill_store_bytes << " B stored / " << k.spill_load_bytes << " B loaded; " << threads << " threads"
-              << (kind == "cast_kernel" ? ", min blocks " + std::to_string(ks.min_blocks) : "") << "\n";
-  }
+  for (const auto& k : ks.kernels())
+    for (const rt::KernelResources& kr : res) {
+      if (kr.entry != r.lowered_names.at(*k.name)) continue;
+      const bool fused = std::string_view(k.kind) == "fused_kernel", cast = std::string_view(k.kind) == "cast_kernel";
+      std::cout << "    " << k.kind << ": " << kr.registers << " registers, " << kr.stack_bytes << " B stack, spills "
+                << kr.spill_store_bytes << " B stored / " << kr.spill_load_bytes << " B loaded; "
+                << (fused ? ks.fused_threads : ks.tile.threads) << " threads"
+                << (cast ? ", min blocks " + std::to_string(ks.min_blocks) : "") << "\n";
+    }
 }
 
 }  // namespace

@@ -92,6 +92,7 @@ int cmd_tune(const Argv& argv) {
         double best_us = 0, default_us = 0;
         TileConfig best = plan.tile;
         int tried = 0;
+        bool one_wave = false;  // whether the shape runs the one-launch form (asked of the default tile)
         const int default_min_blocks = emit_quantize(plan).min_blocks;
         for (const TileConfig& t : tile_candidates(plan)) {
           Plan p = plan;
@@ -99,6 +100,7 @@ int cmd_tune(const Argv& argv) {
           // A register variant (of the default tile) with the default's launch bounds is the default.
           if (t.min_blocks && emit_quantize(p).min_blocks == default_min_blocks) continue;
           const rt::Quantizer q(p, rt::KernelCache::global(), /*use_tuning=*/false);
+          if (t == plan.tile) one_wave = q.one_launch(shape);
           CallSet set = make_set(q, c, input.address(), in_bytes, 0);
           const double us = time_us(stream.get(), [&](int) { q.quantize(set.call, stream.get()); }, target_ms);
           if (verbose) std::printf("    %-12s %8.1f us\n", tile_str(t).c_str(), us);
@@ -107,7 +109,6 @@ int cmd_tune(const Argv& argv) {
         }
         // A shape whose grid is one wave times the one-launch form, whose CTA takes the tile's
         // threads or more (fused_threads): the tile stored still serves every shape.
-        const bool one_wave = rt::Quantizer(plan, rt::KernelCache::global(), false).one_launch(shape);
         const bool store = best != plan.tile && best_us < 0.98 * default_us;
         std::printf("  %-28s %-20s %-9s default %-12s %8.1f us  best %-12s %8.1f us  (%d tiles)%s\n", r.name.c_str(),
                     role.c_str(), std::string(name(u)).c_str(), tile_str(plan.tile).c_str(), default_us,

@@ -10,7 +10,6 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
-#include <regex>
 
 #include "compiler/error.h"
 #include "compiler/gemm_codegen.h"
@@ -171,13 +170,12 @@ TEST_P(GemmCompile, NvrtcSm90aNoSpills) {
   rt::CompileRequest req{src.source, "gemm.cu", {src.kernel}, "sm_90a", {"--ptxas-options=-v"}};
   const rt::CompileResult r = rt::compile_cuda(req);
   ASSERT_FALSE(r.image.empty());
-  // ptxas: "N bytes stack frame, N bytes spill stores, N bytes spill loads".
-  std::smatch m;
-  const std::regex frame(R"((\d+) bytes stack frame, (\d+) bytes spill stores, (\d+) bytes spill loads)");
-  ASSERT_TRUE(std::regex_search(r.log, m, frame)) << r.log;
-  EXPECT_EQ(m[1].str(), "0") << "stack frame: " << r.log;
-  EXPECT_EQ(m[2].str(), "0") << "spill stores: " << r.log;
-  EXPECT_EQ(m[3].str(), "0") << "spill loads: " << r.log;
+  // ptxas: "N bytes stack frame, N bytes spill stores, N bytes spill loads" (rt::ptxas_resources).
+  const std::vector<rt::KernelResources> res = rt::ptxas_resources(r.log);
+  ASSERT_FALSE(res.empty()) << r.log;
+  EXPECT_EQ(res[0].stack_bytes, 0) << "stack frame: " << r.log;
+  EXPECT_EQ(res[0].spill_store_bytes, 0) << "spill stores: " << r.log;
+  EXPECT_EQ(res[0].spill_load_bytes, 0) << "spill loads: " << r.log;
   // Warnings that mean the kernel is slower than written: setmaxnreg ignored (C7508), wgmma
   // serialized (C7510, C7515, ...).
   EXPECT_EQ(r.log.find("C7508"), std::string::npos) << r.log;

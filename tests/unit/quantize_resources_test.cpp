@@ -6,7 +6,6 @@
 #include <gtest/gtest.h>
 
 #include <map>
-#include <set>
 #include <string>
 
 #include "compiler/codegen.h"
@@ -60,17 +59,16 @@ TEST_P(QuantizeResources, SpillsWithinTheListedBudget) {
       }
       if (p.streams.empty()) continue;
       const KernelSource ks = emit_quantize(p);
-      std::vector<std::string> names = {ks.cast_kernel};
-      if (ks.amax_kernel) names.push_back(*ks.amax_kernel);
-      if (ks.fused_kernel) names.push_back(*ks.fused_kernel);
+      std::vector<std::string> names;
+      for (const auto& kernel : ks.kernels()) names.push_back(*kernel.name);
       const rt::CompileResult c =
           rt::compile_cuda(rt::CompileRequest{ks.source, "qforge_kernel.cu", names, "sm_90a", {"--ptxas-options=-v"}});
       const std::vector<rt::KernelResources> res = rt::ptxas_resources(c.log);
       ASSERT_EQ(res.size(), names.size()) << c.log;
       for (const rt::KernelResources& k : res) {
         std::string kind;
-        for (const char* n : {"fused_kernel", "amax_kernel", "cast_kernel"})
-          if (k.entry.find(n) != std::string::npos) kind = n;
+        for (const auto& kernel : ks.kernels())
+          if (c.lowered_names.at(*kernel.name) == k.entry) kind = kernel.kind;
         ASSERT_FALSE(kind.empty()) << k.entry;
         const std::string key = GetParam() + " " + role + " " + std::string(name(u)) + " " + kind;
         EXPECT_GT(k.registers, 0) << key;
