@@ -33,8 +33,9 @@ commands:
                                     (and their "gemms" for sm_90a, unless --role is given)
   tune <recipes...|dir> [--role R]... [--usage training,inference] [--dtype bf16]
        [--shape MxK] [--ms MS] [--dry-run] [--verbose]
-                                    time candidate tiles of each plan on GPU 0 and store the
-                                    fastest in the kernel cache (used by later loads)
+                                    time candidate tiles (and register budgets) of each plan on
+                                    GPU 0 and store the fastest in the kernel cache (used by
+                                    later loads)
   gemm [--scaling tensor|rowwise|blockwise|mxfp8|nvfp4|none|channel]
        [--a-format e4m3|e5m2|int8|e2m1|bf16|fp16] [--b-format ...]
        [--groups G] [--m M] [--n N] [--k K] [--uneven [--zero-groups Z]] [--splits 3,0,5]
