@@ -1,6 +1,7 @@
 // qforge tune <recipes...|dir> [--role R]... [--usage training,inference] [--dtype bf16]
-//             [--shape MxK] [--ms MS] [--dry-run] [--verbose]
-// Times every candidate tile (compiler/passes/select_tiles.h tile_candidates) of each plan on
+//             [--shape MxK] [--ms MS] [--search all|tiles|registers] [--dry-run] [--verbose]
+// Times every candidate tile (compiler/passes/select_tiles.h tile_candidates; --search: tile
+// shapes, the default tile's register budgets, or both) of each plan on
 // GPU 0, on a tensor of --shape (default 8192x8192, random normal input), and stores the
 // fastest in the kernel cache (runtime/tuning.h) when it beats the default by more than 2%;
 // later Quantizer loads on a GPU of the same model use it. Prints one line per plan and a
@@ -34,7 +35,7 @@ std::string tile_str(const TileConfig& t) {
 }  // namespace
 
 int cmd_tune(const Argv& argv) {
-  Args args(argv, {"--role", "--usage", "--dtype", "--shape", "--ms"}, {"--dry-run", "--verbose"});
+  Args args(argv, {"--role", "--usage", "--dtype", "--shape", "--ms", "--search"}, {"--dry-run", "--verbose"});
   if (args.positional().empty()) throw UserError("recipes", "expected recipe files or a directory of them");
   const std::vector<std::filesystem::path> files = recipe_files(args.positional());
   std::vector<std::string> roles = args.all("--role");
@@ -51,6 +52,11 @@ int cmd_tune(const Argv& argv) {
   if (shape.m * shape.k > (int64_t(1) << 32)) throw UserError("--shape", "expected M*K <= 2^32");
   const double target_ms = std::stod(args.get("--ms").value_or("20"));
   const bool dry = args.flag("--dry-run"), verbose = args.flag("--verbose");
+  const std::string search_arg = args.get("--search").value_or("all");
+  TileSearch search = TileSearch::All;
+  if (search_arg == "tiles") search = TileSearch::Tiles;
+  else if (search_arg == "registers") search = TileSearch::Registers;
+  else if (search_arg != "all") throw UserError("--search", "expected all, tiles or registers, got \"" + search_arg + "\"");
 
   if (rt::device_count() == 0) throw UserError("device", "qforge tune times kernels on GPU 0, and there is no CUDA device");
   rt::primary_context(0)->make_current();
@@ -94,7 +100,7 @@ int cmd_tune(const Argv& argv) {
         int tried = 0;
         bool one_wave = false;  // whether the shape runs the one-launch form (asked of the default tile)
         const int default_min_blocks = emit_quantize(plan).min_blocks;
-        for (const TileConfig& t : tile_candidates(plan)) {
+        for (const TileConfig& t : tile_candidates(plan, search)) {
           Plan p = plan;
           p.tile = t;
           // A register variant (of the default tile) with the default's launch bounds is the default.

@@ -32,7 +32,7 @@ commands:
                                     compile every kernel the recipes can need into the cache
                                     (and their "gemms" for sm_90a, unless --role is given)
   tune <recipes...|dir> [--role R]... [--usage training,inference] [--dtype bf16]
-       [--shape MxK] [--ms MS] [--dry-run] [--verbose]
+       [--shape MxK] [--ms MS] [--search all|tiles|registers] [--dry-run] [--verbose]
                                     time candidate tiles (and register budgets) of each plan on
                                     GPU 0 and store the fastest in the kernel cache (used by
                                     later loads)

@@ -15,6 +15,12 @@ bool transposes(const Plan& p) {
   return false;
 }
 
+bool two_d_blocks(const Plan& p) {
+  for (const auto& s : p.streams)
+    if (auto b = block_of(s.scaling); b && b->is_2d()) return true;
+  return false;
+}
+
 bool has_rht(const Plan& p) {
   for (const auto& s : p.streams)
     if (s.rht) return true;
@@ -53,20 +59,26 @@ bool tile_fits(const Plan& p, const TileConfig& t) {
   return smem <= 100 * 1024 && t.vec == 4;
 }
 
-std::vector<TileConfig> tile_candidates(const Plan& p) {
+std::vector<TileConfig> tile_candidates(const Plan& p, TileSearch search) {
   std::vector<TileConfig> out = {p.tile};
-  for (int rows : {16, 32, 64, 128, 256})
-    for (int cols : {32, 64, 128, 256, 512})
-      for (int threads : {128, 256, 512}) {
-        const TileConfig t{rows, cols, threads, 4};
-        if (t != p.tile && tile_fits(p, t) && int64_t(rows) * cols >= int64_t(threads) * 4) out.push_back(t);
-      }
-  // The default tile with registers for 1 .. 4 CTAs per SM (more registers per thread than the
-  // default where that is fewer CTAs; `qforge tune` skips the one equal to the default).
-  for (int blocks = 1; blocks <= 4; ++blocks) {
+  if (search != TileSearch::Registers)
+    for (int rows : {16, 32, 64, 128, 256})
+      for (int cols : {32, 64, 128, 256, 512})
+        for (int threads : {128, 256, 512}) {
+          const TileConfig t{rows, cols, threads, 4};
+          if (t != p.tile && tile_fits(p, t) && int64_t(rows) * cols >= int64_t(threads) * 4) out.push_back(t);
+        }
+  if (search == TileSearch::Tiles) return out;
+  // The default tile at register budgets of 64 .. 255 per thread: the CTAs per SM (launch-bounds
+  // min blocks) that leave each thread at least that many of the SM's 64 Ki registers. `qforge
+  // tune` skips the one whose launch bounds equal the default's.
+  std::vector<int> seen;
+  for (int regs : {64, 80, 96, 128, 168, 255}) {
     TileConfig t = p.tile;
-    t.min_blocks = blocks;
-    if (t != p.tile && tile_fits(p, t)) out.push_back(t);
+    t.min_blocks = std::max(1, 65536 / (regs * t.threads));
+    if (std::find(seen.begin(), seen.end(), t.min_blocks) != seen.end() || t == p.tile || !tile_fits(p, t)) continue;
+    seen.push_back(t.min_blocks);
+    out.push_back(t);
   }
   return out;
 }
@@ -120,6 +132,12 @@ Plan select_tiles(Plan p) {
     // against 64 x 64.
     t.rows = std::lcm(c.row_multiple, 32);
     t.cols = std::lcm(c.col_multiple, t.rows >= 128 ? 128 : 256);
+    // 2-D blocks of 128 rows (the 128x128 weights, row + transposed): registers for 3 CTAs per SM
+    // (80 per thread) instead of the 4 its shared memory allows, where 64 spilled 158 bytes.
+    // `qforge tune --search registers --shape 16384x16384` (H200, 2026-11-27): float8_block_scaling
+    // linear:weight training 395.1 -> 362.9 us; 2 or 1 CTAs 447 us; the rowwise-only (inference)
+    // weight slower with 3 (215 -> 238 us), the 1x128 copies even (388 -> 390).
+    if (c.row_multiple >= 128 && two_d_blocks(p)) t.min_blocks = 3;
   } else {
     t.rows = std::lcm(c.row_multiple, 16);
     // 256 columns of 16 rows; blocks of 128 rows (128x128) keep 128 columns: a 128 x 256 tile

@@ -325,7 +325,10 @@ TEST(SelectTiles, FusedFormTakesAtLeast256Threads) {
 // qforge tune's register-budget dimension: the default tile with registers for 1 .. 4 CTAs per
 // SM; codegen emits the override as the launch bounds' min blocks, and the default otherwise.
 TEST(SelectTiles, RegisterBudgetCandidatesAndLaunchBounds) {
-  const Plan p = plan_for("float8_block_scaling", "linear:weight");  // 128 x 128, 256 threads
+  // The 128x128 blockwise weight's default tile asks for 3 CTAs per SM (80 registers).
+  EXPECT_EQ(plan_for("float8_block_scaling", "linear:weight").tile.min_blocks, 3);
+  EXPECT_EQ(plan_for("float8_block_scaling", "linear:weight", Usage::Inference).tile.min_blocks, 0);
+  const Plan p = plan_for("float8_block_scaling", "linear:input");  // 128 x 128, 256 threads, 1x128 blocks
   std::vector<int> budgets;
   for (const TileConfig& t : tile_candidates(p))
     if (t.min_blocks) {
@@ -334,7 +337,20 @@ TEST(SelectTiles, RegisterBudgetCandidatesAndLaunchBounds) {
       EXPECT_EQ(t.threads, p.tile.threads);
       budgets.push_back(t.min_blocks);
     }
-  EXPECT_EQ(budgets, (std::vector<int>{1, 2, 3, 4}));
+  // 256 threads: 64 registers per thread are 4 CTAs (the default's bounds, which tune skips), 80
+  // are 3, 96 and 128 two, 168 and 255 one.
+  EXPECT_EQ(budgets, (std::vector<int>{4, 3, 2, 1}));
+  // The search sets: registers only (the default tile first), tile shapes only.
+  const auto regs = tile_candidates(p, TileSearch::Registers);
+  ASSERT_EQ(regs.size(), 5u);
+  EXPECT_EQ(regs[0], p.tile);
+  for (const TileConfig& t : tile_candidates(p, TileSearch::Tiles)) EXPECT_EQ(t.min_blocks, 0);
+  EXPECT_EQ(tile_candidates(p).size(), tile_candidates(p, TileSearch::Tiles).size() + 4);
+  // 128-thread tiles (NVFP4's weight, 8 CTAs at 64 registers by default) get budgets of 6, 5, 4, 3, 2 CTAs.
+  std::vector<int> fp4;
+  for (const TileConfig& t : tile_candidates(plan_for("nvfp4", "linear:weight"), TileSearch::Registers))
+    if (t.min_blocks) fp4.push_back(t.min_blocks);
+  EXPECT_EQ(fp4, (std::vector<int>{8, 6, 5, 4, 3, 2}));
   const KernelSource def = emit_quantize(p);
   EXPECT_GE(def.min_blocks, 1);
   Plan q = p;

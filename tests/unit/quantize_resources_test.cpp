@@ -20,11 +20,11 @@ using namespace qf;
 
 // Spill-store bytes allowed per "recipe role usage kernel", as measured in session 28 (NVRTC
 // 13.0). The launch bounds that cause them are measured choices (docs/quantize.md);
-// `qforge tune` times the default tile with more registers (min_blocks).
+// `qforge tune --search registers` times the default tile with more registers (min_blocks). The
+// 128x128 blockwise weight's training kernel (158 B at 64 registers) takes 80 since session 29.
 const std::map<std::string, int>& spill_budget() {
   static const std::map<std::string, int> m = [] {
     std::map<std::string, int> b;
-    b["float8_block_scaling linear:weight training cast_kernel"] = 158;
     b["float8_block_scaling linear:weight inference cast_kernel"] = 124;
     b["nvfp4 linear:weight training cast_kernel"] = 158;
     b["hybrid_mxfp8_fwd_nvfp4_bwd linear:weight training cast_kernel"] = 130;
