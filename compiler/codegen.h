@@ -32,6 +32,11 @@ struct KernelSource {
 
 KernelSource emit_quantize(const Plan& plan);
 
+// The tiles of `candidates` (plan's tile candidates, the default first) that give distinct
+// kernels: a register variant whose launch bounds (KernelSource::min_blocks) equal those of an
+// earlier candidate of the same shape is dropped. What `qforge tune` times.
+std::vector<TileConfig> distinct_tiles(const Plan& plan, const std::vector<TileConfig>& candidates);
+
 // The delayed-scaling history update of one tensor (templates/qforge/history.cuh): the
 // history length, margin, amax rule and format max are baked in. cast_kernel holds its name.
 KernelSource emit_history_update(const PerTensorDelayed& mode, ElemFormat format);

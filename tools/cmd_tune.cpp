@@ -13,6 +13,7 @@
 #include <random>
 #include <sstream>
 
+#include "compiler/codegen.h"
 #include "compiler/passes/select_tiles.h"
 #include "compiler/pipeline.h"
 #include "qforge/numerics.cuh"
@@ -99,12 +100,11 @@ int cmd_tune(const Argv& argv) {
         TileConfig best = plan.tile;
         int tried = 0;
         bool one_wave = false;  // whether the shape runs the one-launch form (asked of the default tile)
-        const int default_min_blocks = emit_quantize(plan).min_blocks;
-        for (const TileConfig& t : tile_candidates(plan, search)) {
+        // The default first; register variants with the launch bounds of a tile already listed
+        // (the default's own, e.g.) are the same kernel.
+        for (const TileConfig& t : distinct_tiles(plan, tile_candidates(plan, search))) {
           Plan p = plan;
           p.tile = t;
-          // A register variant (of the default tile) with the default's launch bounds is the default.
-          if (t.min_blocks && emit_quantize(p).min_blocks == default_min_blocks) continue;
           const rt::Quantizer q(p, rt::KernelCache::global(), /*use_tuning=*/false);
           if (t == plan.tile) one_wave = q.one_launch(shape);
           CallSet set = make_set(q, c, input.address(), in_bytes, 0);

@@ -3,6 +3,7 @@
 // plans with an InternalError carrying file:line, and the exact text print() gives.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <filesystem>
 #include <regex>
 #include <sstream>
@@ -346,6 +347,27 @@ TEST(SelectTiles, RegisterBudgetCandidatesAndLaunchBounds) {
   EXPECT_EQ(regs[0], p.tile);
   for (const TileConfig& t : tile_candidates(p, TileSearch::Tiles)) EXPECT_EQ(t.min_blocks, 0);
   EXPECT_EQ(tile_candidates(p).size(), tile_candidates(p, TileSearch::Tiles).size() + 4);
+  // What tune times: the default first, then only kernels with other launch bounds. The blockwise
+  // weight's default asks for 3 CTAs itself, so its variants at 4, 2 and 1 remain; the 1x128
+  // plan's default bounds (by its shared memory) drop the equal variant.
+  const Plan w = plan_for("float8_block_scaling", "linear:weight");
+  const auto wt = distinct_tiles(w, tile_candidates(w, TileSearch::Registers));
+  ASSERT_EQ(wt.size(), 4u);
+  EXPECT_EQ(wt[0], w.tile);
+  EXPECT_EQ(wt[0].min_blocks, 3);
+  EXPECT_EQ(wt[1].min_blocks, 4);
+  const auto pt = distinct_tiles(p, regs);
+  EXPECT_EQ(pt[0], p.tile);
+  std::vector<int> eff;
+  for (const TileConfig& t : pt) {
+    Plan q2 = p;
+    q2.tile = t;
+    eff.push_back(emit_quantize(q2).min_blocks);
+  }
+  std::vector<int> uniq = eff;
+  std::sort(uniq.begin(), uniq.end());
+  EXPECT_EQ(std::unique(uniq.begin(), uniq.end()), uniq.end()) << "each timed kernel has its own launch bounds";
+  EXPECT_EQ(pt.size(), regs.size() - 1) << "one register variant equals the default";
   // 128-thread tiles (NVFP4's weight, 8 CTAs at 64 registers by default) get budgets of 6, 5, 4, 3, 2 CTAs.
   std::vector<int> fp4;
   for (const TileConfig& t : tile_candidates(plan_for("nvfp4", "linear:weight"), TileSearch::Registers))
