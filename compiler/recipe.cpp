@@ -423,11 +423,13 @@ std::string syntax_message(const std::string& what) {
   static constexpr std::string_view kRead = "; last read: '";
   if (const auto r = msg.find(kRead); r != std::string::npos) {
     const size_t from = r + kRead.size();
+    // nlohmann may end with "'; expected <token kind>", a few words; the text read, quoted between,
+    // can hold that same phrase (the fuzzer put it in a string), so a longer tail is not it.
     size_t to = msg.rfind("'; expected ");
-    if (to == std::string::npos || to < from) to = msg.size() - (msg.back() == '\'' ? 1 : 0);
+    if (to == std::string::npos || to < from || msg.size() - to > 64) to = msg.size() - (msg.back() == '\'' ? 1 : 0);
     msg = msg.substr(0, from) + Node::printable(std::string_view(msg).substr(from, to - from)) + msg.substr(to);
   }
-  return Node::printable(msg, msg.size());
+  return Node::printable(msg, 400);
 }
 
 // nlohmann keeps the last of duplicated keys silently; a recipe with a duplicated key is

@@ -71,7 +71,7 @@ std::vector<TileConfig> tile_candidates(const Plan& p, TileSearch search) {
   if (search == TileSearch::Tiles) return out;
   // The default tile at register budgets of 64 .. 255 per thread: the CTAs per SM (launch-bounds
   // min blocks) that leave each thread at least that many of the SM's 64 Ki registers. `qforge
-  // tune` skips the one whose launch bounds equal the default's.
+  // tune` times each distinct kernel once (distinct_tiles, compiler/codegen.h).
   std::vector<int> seen;
   for (int regs : {64, 80, 96, 128, 168, 255}) {
     TileConfig t = p.tile;
@@ -133,10 +133,11 @@ Plan select_tiles(Plan p) {
     t.rows = std::lcm(c.row_multiple, 32);
     t.cols = std::lcm(c.col_multiple, t.rows >= 128 ? 128 : 256);
     // 2-D blocks of 128 rows (the 128x128 weights, row + transposed): registers for 3 CTAs per SM
-    // (80 per thread) instead of the 4 its shared memory allows, where 64 spilled 158 bytes.
-    // `qforge tune --search registers --shape 16384x16384` (H200, 2026-11-27): float8_block_scaling
-    // linear:weight training 395.1 -> 362.9 us; 2 or 1 CTAs 447 us; the rowwise-only (inference)
-    // weight slower with 3 (215 -> 238 us), the 1x128 copies even (388 -> 390).
+    // (80 per thread, no spills) instead of the 4 its shared memory allows, where 64 spilled 158
+    // bytes. float8_block_scaling linear:weight training at 16384^2 (2026-11-27, docs/quantize.md):
+    // H100 443 -> 395 us (80 -> 90 % of copy), H200 395-399 -> 363-365 us; 2 or 1 CTAs 447 us
+    // (H200). The rowwise-only (inference) weight keeps the default (H200 215 -> 238 us with 3,
+    // H100 even), as do the 1x128 copies (even).
     if (c.row_multiple >= 128 && two_d_blocks(p)) t.min_blocks = 3;
   } else {
     t.rows = std::lcm(c.row_multiple, 16);

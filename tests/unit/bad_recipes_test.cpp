@@ -240,6 +240,22 @@ TEST(BadRecipes, SyntaxErrorQuotesAreCut) {
   }
 }
 
+// The text read may itself hold "'; expected ", the phrase that starts nlohmann's suffix: the quote
+// is still cut (a recipe fuzzer input of session 29 made a 2842-byte message of it).
+TEST(BadRecipes, SyntaxErrorQuoteHoldingTheSuffixPhraseIsCut) {
+  const std::string text = "{\"qforge_recipe\": 1, \"name\": \"" + std::string(300, '8') + "'; expected " +
+                           std::string(3000, '7') + "\\u00\"}";
+  try {
+    (void)qf::parse_recipe(text);
+    FAIL();
+  } catch (const qf::UserError& e) {
+    const std::string what = e.what();
+    EXPECT_NE(what.find("JSON syntax error at line 1"), std::string::npos) << what;
+    EXPECT_NE(what.find("last read: '"), std::string::npos) << what;
+    EXPECT_LE(what.size(), 460u) << what;
+  }
+}
+
 // A number beyond double range is a user error at its pointer, in arrays too.
 TEST(BadRecipes, NumberOutOfRangeNamesItsPointer) {
   try {

@@ -323,8 +323,9 @@ TEST(SelectTiles, FusedFormTakesAtLeast256Threads) {
   EXPECT_EQ(kc.source.find("CfgFused"), std::string::npos);
 }
 
-// qforge tune's register-budget dimension: the default tile with registers for 1 .. 4 CTAs per
-// SM; codegen emits the override as the launch bounds' min blocks, and the default otherwise.
+// qforge tune's register-budget dimension: the default tile at register budgets of 64 .. 255 per
+// thread (min blocks); codegen emits the override as the launch bounds' min blocks, and the
+// default otherwise; tune times each distinct kernel once.
 TEST(SelectTiles, RegisterBudgetCandidatesAndLaunchBounds) {
   // The 128x128 blockwise weight's default tile asks for 3 CTAs per SM (80 registers).
   EXPECT_EQ(plan_for("float8_block_scaling", "linear:weight").tile.min_blocks, 3);
