@@ -172,7 +172,7 @@ void verify(const Plan& p) {
   }
   if (p.tile.rows) {
     QF_CHECK(p.tile.threads > 0 && p.tile.vec > 0 && p.tile.cols > 0, "tile is complete");
-    QF_CHECK(p.tile.min_blocks >= 0 && p.tile.min_blocks * p.tile.threads <= 2048, "min_blocks ", p.tile.min_blocks,
+    QF_CHECK(p.tile.min_blocks_fit(), "min_blocks ", p.tile.min_blocks,
              " CTAs of ", p.tile.threads, " threads fit an SM");
     for (const auto& a : p.amax)
       if (a.scope == AmaxScope::Block)

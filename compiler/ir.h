@@ -59,6 +59,8 @@ struct TileConfig {
   // gives each thread more registers. 0: codegen's default (cast_min_blocks: by threads and
   // shared memory). A `qforge tune` dimension.
   int min_blocks = 0;
+  // Whether min_blocks CTAs of this tile's threads fit an SM's 2048 threads (0: the default).
+  bool min_blocks_fit() const { return min_blocks >= 0 && min_blocks * threads <= 2048; }
   bool operator==(const TileConfig&) const = default;
 };
 

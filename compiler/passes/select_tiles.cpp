@@ -53,7 +53,7 @@ bool tile_fits(const Plan& p, const TileConfig& t) {
   const TileConstraints c = tile_constraints(p);
   if (t.rows <= 0 || t.cols <= 0 || t.rows % c.row_multiple != 0 || t.cols % c.col_multiple != 0) return false;
   if (t.threads < 64 || t.threads > 1024 || t.threads % 32 != 0) return false;
-  if (t.min_blocks < 0 || t.min_blocks * t.threads > 2048) return false;
+  if (!t.min_blocks_fit()) return false;
   if ((int64_t(t.rows) * t.cols / 4) % 32 != 0) return false;  // whole warps of rowwise runs
   const int64_t smem = int64_t(4) * t.rows * t.cols * (has_rht(p) ? 2 : 1);
   return smem <= 100 * 1024 && t.vec == 4;
