@@ -7,6 +7,7 @@ namespace qf {
 
 int64_t ScaleGrid::offset(int64_t r, int64_t c) const {
   if (swizzled) return int64_t(swizzled_scale_offset(u64(r), u64(c), u64(padded_cols)));
+  if (mn_major) return c * padded_rows + r;
   return r * padded_cols + c;
 }
 
@@ -81,7 +82,8 @@ ScaleGrid scale_grid(const Stream& s, Shape2D in) {
   g.rows = e.rows ? int64_t(ceil_div(u64(d.m), u64(e.rows))) : 1;
   g.cols = e.cols ? int64_t(ceil_div(u64(d.k), u64(e.cols))) : 1;
   g.swizzled = s.scale_layout == ScaleLayout::Swizzled;
-  g.padded_rows = g.swizzled ? int64_t(round_up(u64(g.rows), 128)) : g.rows;
+  g.mn_major = s.scale_layout == ScaleLayout::MnMajor;
+  g.padded_rows = g.swizzled ? int64_t(round_up(u64(g.rows), 128)) : g.mn_major ? int64_t(round_up(u64(g.rows), 4)) : g.rows;
   g.padded_cols = g.swizzled ? int64_t(round_up(u64(g.cols), 4)) : g.cols;
   return g;
 }
@@ -124,6 +126,8 @@ std::vector<BufferDesc> output_buffers(const Plan& p, Shape2D in) {
         sc.shape = {1};
       else if (std::holds_alternative<PerChannel>(s.scaling))
         sc.shape = {g.rows * g.cols};
+      else if (g.mn_major)
+        sc.shape = {g.padded_cols, g.padded_rows};
       else
         sc.shape = {g.padded_rows, g.padded_cols};
       sc.bytes = g.size() * storage_bytes(sc.storage);

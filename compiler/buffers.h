@@ -20,11 +20,13 @@ enum class Storage : uint8_t { U8, U16, F32 };
 constexpr int64_t storage_bytes(Storage s) { return s == Storage::F32 ? 4 : s == Storage::U16 ? 2 : 1; }
 
 // Where each scale of a stream lives: a logical grid [rows, cols] (rows follow the data
-// layout's rows), stored compact or padded + swizzled.
+// layout's rows), stored compact (row-major), padded + swizzled, or mn_major (column-major, the
+// rows padded to a multiple of 4: stored as [cols, padded_rows]).
 struct ScaleGrid {
   int64_t rows = 0, cols = 0;            // logical grid
   int64_t padded_rows = 0, padded_cols = 0;
   bool swizzled = false;
+  bool mn_major = false;
   int64_t block_rows = 1, block_cols = 1;  // data elements (in data-layout coords) per entry
   int64_t size() const { return padded_rows * padded_cols; }
   int64_t offset(int64_t r, int64_t c) const;

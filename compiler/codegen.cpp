@@ -78,6 +78,7 @@ void emit_stream(Emitter& e, const Plan& p, int index, int& scratch_entries) {
   e.constant("kEntryRows", entry.rows);
   e.constant("kEntryCols", entry.cols);
   e.constant("kSwizzled", s.scale_layout == ScaleLayout::Swizzled);
+  e.constant("kMnMajor", s.scale_layout == ScaleLayout::MnMajor);
   e.constant("kEpsilon", eps);
   e.constant("kPow2", pow2);
   e.constant("kMxFloor", mx_floor);

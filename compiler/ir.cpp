@@ -124,6 +124,12 @@ void verify(const Plan& p) {
              "SR on ", traits(s.format).name);
     QF_CHECK(!(s.rht && s.dir == Direction::Rowwise), "RHT on a rowwise stream");
     QF_CHECK(!(s.dir == Direction::Rowwise && s.layout == DataLayout::Transposed), "transposed rowwise");
+    QF_CHECK(s.scale_layout != ScaleLayout::Swizzled || t.swizzle_ok, "swizzled scales of ", t.name);
+    if (s.scale_layout == ScaleLayout::MnMajor) {
+      const auto* bs = std::get_if<BlockScaling>(&s.scaling);
+      QF_CHECK(bs && !bs->block.is_2d() && (s.dir == Direction::Rowwise || s.layout == DataLayout::Transposed),
+               "mn_major scales are of 1D fp32 blocks of K-major data");
+    }
     QF_CHECK(needs_tensor_amax(s.scaling) == (s.tensor_amax >= 0), "tensor amax wiring");
     const bool wants_local = t.amax_scope == AmaxScope::Block || t.amax_scope == AmaxScope::Channel;
     QF_CHECK(wants_local == (s.local_amax >= 0), "local amax wiring");
@@ -212,7 +218,7 @@ std::string print(const Plan& p) {
     if (s.rounding == Rounding::Stochastic) os << " rounding=stochastic";
     if (s.rht) os << " rht=" << hex(s.rht->sign_mask);
     if (s.dir == Direction::Columnwise) os << " layout=" << name(s.layout);
-    if (traits(s.scaling).swizzle_ok) os << " scale_layout=" << name(s.scale_layout);
+    if (traits(s.scaling).swizzle_ok || s.scale_layout != ScaleLayout::Compact) os << " scale_layout=" << name(s.scale_layout);
     if (s.tensor_amax >= 0) os << " tensor_amax=%a" << s.tensor_amax;
     if (s.local_amax >= 0) os << " local_amax=%a" << s.local_amax;
     os << "\n";

@@ -18,7 +18,9 @@ using json = nlohmann::json;
 std::string_view name(Direction d) { return d == Direction::Rowwise ? "rowwise" : "columnwise"; }
 std::string_view name(Rounding r) { return r == Rounding::Nearest ? "nearest" : "stochastic"; }
 std::string_view name(DataLayout l) { return l == DataLayout::RowMajor ? "same" : "transposed"; }
-std::string_view name(ScaleLayout l) { return l == ScaleLayout::Compact ? "compact" : "swizzled"; }
+std::string_view name(ScaleLayout l) {
+  return l == ScaleLayout::Compact ? "compact" : l == ScaleLayout::Swizzled ? "swizzled" : "mn_major";
+}
 std::string_view name(Usage u) {
   switch (u) {
     case Usage::Training: return "training";
@@ -393,10 +395,19 @@ DirectionSpec parse_direction(const Node& n, Direction dir) {
   }
 
   if (auto l = n.find("scale_layout")) {
-    d.scale_layout = l->choice<ScaleLayout>({{"compact", ScaleLayout::Compact}, {"swizzled", ScaleLayout::Swizzled}});
+    d.scale_layout = l->choice<ScaleLayout>(
+        {{"compact", ScaleLayout::Compact}, {"swizzled", ScaleLayout::Swizzled}, {"mn_major", ScaleLayout::MnMajor}});
     if (d.scale_layout == ScaleLayout::Swizzled && !traits(d.scaling).swizzle_ok)
       l->fail("the GEMM-swizzled 128x4 scale layout exists for \"mx\" and \"nvfp4\" scaling only, not \"" +
               std::string(scaling_name(d.scaling)) + "\"");
+    if (d.scale_layout == ScaleLayout::MnMajor) {
+      const auto* bs = std::get_if<BlockScaling>(&d.scaling);
+      if (!bs || bs->block.is_2d())
+        l->fail("the mn_major scale layout exists for \"block\" scaling with 1D blocks (1x128, 128x1) only, not \"" +
+                std::string(scaling_name(d.scaling)) + "\"" + (bs ? " with " + block_str(bs->block) + " blocks" : ""));
+      if (dir == Direction::Columnwise && d.layout != DataLayout::Transposed)
+        l->fail("the mn_major scale layout is for K-major data: a columnwise copy needs \"layout\": \"transposed\"");
+    }
   }
   return d;
 }

@@ -196,10 +196,10 @@ std::shared_ptr<const Quantizer::Layout> Quantizer::layout(Shape2D shape, int me
     if (b.kind == BufferKind::Amax) need = 4 * int64_t(members);
     else if (grouped && b.kind == BufferKind::ScaleInv && b.shape == std::vector<int64_t>{1}) need = 4 * int64_t(members);
     else if (grouped && b.kind == BufferKind::ScaleInv) {
-      // Each member may add one partial block per blocked dim and its own swizzle padding.
+      // Each member may add one partial block per blocked dim and its own swizzle (mn_major) padding.
       const qf::Stream& s = plan_.streams[size_t(b.stream)];
       const ScaleGrid g = scale_grid(s, shape);
-      const int64_t extra_rows = (g.swizzled ? 128 : 1) * members, extra_cols = (g.swizzled ? 4 : 1) * members;
+      const int64_t extra_rows = (g.swizzled ? 128 : g.mn_major ? 4 : 1) * members, extra_cols = (g.swizzled ? 4 : 1) * members;
       need = (g.padded_rows + extra_rows) * (g.padded_cols + extra_cols) * storage_bytes(b.storage);
     }
     l->need.push_back(need);

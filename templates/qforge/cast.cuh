@@ -735,7 +735,7 @@ template <class S>
 __device__ __forceinline__ void scale_grid(i64 R, i64 C, i64& rows, i64& cols, i64& prows, i64& pcols) {
   rows = S::kEntryRows ? i64(ceil_div(u64(R), u64(S::kEntryRows))) : 1;
   cols = S::kEntryCols ? i64(ceil_div(u64(C), u64(S::kEntryCols))) : 1;
-  prows = S::kSwizzled ? i64(round_up(u64(rows), 128)) : rows;
+  prows = S::kSwizzled ? i64(round_up(u64(rows), 128)) : S::kMnMajor ? i64(round_up(u64(rows), 4)) : rows;
   pcols = S::kSwizzled ? i64(round_up(u64(cols), 4)) : cols;
 }
 
@@ -1142,7 +1142,7 @@ template <class S>
 struct StreamCtx {
   float tensor_amax = 0.0f, delayed_scale = 1.0f;
   float nvfp4_k = 0.0f, nvfp4_s_dec = 0.0f;  // NVFP4: S_enc / 6 and S_dec of the tensor amax
-  i64 grid_pcols = 0;
+  i64 grid_rows = 0, grid_prows = 0, grid_pcols = 0;  // the member's scale grid, padded (scale_grid)
 };
 
 template <class Cfg, class S>
@@ -1155,8 +1155,8 @@ __device__ __forceinline__ StreamCtx<S> stream_ctx(const QuantizeArgs& a, const 
     c.nvfp4_k = s_enc / E2M1::kMaxFinite;
     c.nvfp4_s_dec = nvfp4_global_decode_scale(s_enc);
   }
-  i64 gr, gc, gpr;
-  scale_grid<S>(S::kTransposed ? a.k : mem.rows, S::kTransposed ? mem.rows : a.k, gr, gc, gpr, c.grid_pcols);
+  i64 gc;
+  scale_grid<S>(S::kTransposed ? a.k : mem.rows, S::kTransposed ? mem.rows : a.k, c.grid_rows, gc, c.grid_prows, c.grid_pcols);
   return c;
 }
 
@@ -1217,8 +1217,8 @@ __device__ __forceinline__ void store_entry(void* base, i64 off, u32 entry) {
 // Writes the scale entry of the block whose first element is at data-layout (dr, dc), if that
 // element starts an entry.
 template <class S>
-__device__ __forceinline__ void maybe_store_entry(const StreamArgs& out, i64 dr, i64 dc, i64 grid_pcols, i64 scale_base,
-                                                  u32 entry) {
+__device__ __forceinline__ void maybe_store_entry(const StreamArgs& out, i64 dr, i64 dc, const StreamCtx<S>& ctx,
+                                                  i64 scale_base, u32 entry) {
   if constexpr (S::kMode != kModeNone && (S::kEntryRows != 0 || S::kEntryCols != 0)) {
     // dr, dc >= 0: unsigned division (shifts and masks for the power-of-two entries).
     const u64 ur = u64(dr), uc = u64(dc);
@@ -1226,8 +1226,14 @@ __device__ __forceinline__ void maybe_store_entry(const StreamArgs& out, i64 dr,
                         (S::kEntryCols ? uc % u64(S::kEntryCols) == 0 : uc == 0);
     if (starts) {
       const i64 er = S::kEntryRows ? i64(ur / u64(S::kEntryRows)) : 0, ec = S::kEntryCols ? i64(uc / u64(S::kEntryCols)) : 0;
-      const i64 off = S::kSwizzled ? i64(swizzled_scale_offset(u64(er), u64(ec), u64(grid_pcols))) : er * grid_pcols + ec;
+      const i64 off = S::kSwizzled  ? i64(swizzled_scale_offset(u64(er), u64(ec), u64(ctx.grid_pcols)))
+                      : S::kMnMajor ? ec * ctx.grid_prows + er
+                                    : er * ctx.grid_pcols + ec;
       store_entry<S>(out.scale_inv, scale_base + off, entry);
+      // mn_major: the last row's writer zeroes the padding after it (up to 3 entries per column).
+      if constexpr (S::kMnMajor)
+        if (er + 1 == ctx.grid_rows)
+          for (i64 p = er + 1; p < ctx.grid_prows; ++p) store_entry<S>(out.scale_inv, scale_base + off + (p - er), 0u);
     }
   }
 }
@@ -1337,7 +1343,7 @@ __device__ void row_block_scales(const QuantizeArgs& a, const Member& mem, i64 c
     block_scale<Cfg, S>(m, ctx, mul, entry);
     mul_out[r * NBC + b] = mul;
     if constexpr (kStagedEntries<S>) reinterpret_cast<u8*>(mul_out + N)[r * NBC + b] = u8(entry);
-    else maybe_store_entry<S>(out, row0 + r, col0 + b * B, ctx.grid_pcols, scale_base, entry);
+    else maybe_store_entry<S>(out, row0 + r, col0 + b * B, ctx, scale_base, entry);
   }
 }
 
@@ -1373,7 +1379,7 @@ __device__ float cast_rowwise(const QuantizeArgs& a, const Member& mem, i64 col0
       u32 entry;
       block_scale<Cfg, S>(a.amax[S::kLocalAmax][mem.row_base + row0 + r], ctx, mul, entry);
       scratch[r] = mul;
-      maybe_store_entry<S>(out, row0 + r, col0, ctx.grid_pcols, scale_base, entry);
+      maybe_store_entry<S>(out, row0 + r, col0, ctx, scale_base, entry);
     }
     __syncthreads();
   }
@@ -1410,7 +1416,7 @@ __device__ float cast_rowwise(const QuantizeArgs& a, const Member& mem, i64 col0
     u32 entry;
     block_scale<Cfg, S>(block_amax, ctx, mul, entry);
     if (!kFull && valid == 0) continue;
-    maybe_store_entry<S>(out, rl, cg, ctx.grid_pcols, scale_base, entry);
+    maybe_store_entry<S>(out, rl, cg, ctx, scale_base, entry);
     encode_store<S, 4, kFull>(a, out.data, tile_lin + i64(r) * a.k + c, v, mul, valid);
   }
   return reported;
@@ -1466,7 +1472,7 @@ __device__ void cast_rowwise_blocks(const QuantizeArgs& a, const Member& mem, i6
     float mul;
     u32 entry;
     block_scale<Cfg, S>(amax, ctx, mul, entry);
-    maybe_store_entry<S>(out, row0 + r, col0 + b * BC, ctx.grid_pcols, scale_base, entry);
+    maybe_store_entry<S>(out, row0 + r, col0 + b * BC, ctx, scale_base, entry);
     encode_store<S, BC, true>(a, out.data, lin, v, mul, BC);
   }
 }
@@ -1524,7 +1530,7 @@ __device__ float cast_rowwise_direct(const QuantizeArgs& a, const Member& mem, i
       float mul;
       u32 entry;
       block_scale<Cfg, S>(block_amax, ctx, mul, entry);
-      maybe_store_entry<S>(out, row0 + r, col0 + c, ctx.grid_pcols, scale_base, entry);
+      maybe_store_entry<S>(out, row0 + r, col0 + c, ctx, scale_base, entry);
       encode_store<S, E, true>(a, out.data, tile_lin + i64(r) * a.k + c, v, mul, E);
     }
   }
@@ -1561,7 +1567,7 @@ __device__ float cast_columnwise(const QuantizeArgs& a, const Member& mem, i64 c
     u32 entry;
     block_scale<Cfg, S>(block_amax, ctx, mul, entry);
     const i64 dr = S::kTransposed ? cg : rl, dc = S::kTransposed ? rl : cg;
-    maybe_store_entry<S>(out, dr, dc, ctx.grid_pcols, scale_base, entry);
+    maybe_store_entry<S>(out, dr, dc, ctx, scale_base, entry);
     const i64 left = mem.rows - rl;
     if constexpr (S::kTransposed) {
       const i64 line = data_base + cg * mem.rows + rl;  // output row cg, element rl
@@ -1674,7 +1680,7 @@ __device__ float cast_columnwise_transposed_full(const QuantizeArgs& a, const Me
     if constexpr (kStageEntries) {
       if (r % S::kEntryCols == 0) entries[c * EPR + r / S::kEntryCols] = u8(entry);
     } else {
-      maybe_store_entry<S>(out, col0 + c, row0 + r, ctx.grid_pcols, scale_base, entry);
+      maybe_store_entry<S>(out, col0 + c, row0 + r, ctx, scale_base, entry);
     }
     float x[16];
 #pragma unroll
@@ -1733,7 +1739,7 @@ __device__ float cast_columnwise_same_full(const QuantizeArgs& a, const Member& 
     u32 entry;
     block_scale<Cfg, S>(block_amax, ctx, mul, entry);
     mul_out[j] = mul;
-    maybe_store_entry<S>(out, row0 + r, col0 + c, ctx.grid_pcols, scale_base, entry);
+    maybe_store_entry<S>(out, row0 + r, col0 + c, ctx, scale_base, entry);
   }
   __syncthreads();
   const i64 tile_lin = (mem.row_base + row0) * a.k + col0;

@@ -40,7 +40,8 @@ std::string case_label(const Case& c) {
   std::string role = c.role;
   for (char& ch : role)
     if (ch == ':') ch = '_';
-  std::string s = c.recipe + "__" + role + "__" + std::string(name(c.usage)) + "__" +
+  const std::string recipe = c.recipe.substr(c.recipe.rfind('/') + 1);
+  std::string s = recipe + "__" + role + "__" + std::string(name(c.usage)) + "__" +
                   std::string(traits(c.dtype).name) + "__" + std::to_string(c.shape.m) + "x" +
                   std::to_string(c.shape.k);
   if (!c.splits.empty()) s += "__grouped" + std::to_string(c.splits.size());
@@ -92,12 +93,18 @@ void dump(const std::string& test, const std::string& what, const void* p, size_
       .write(static_cast<const char*>(p), std::streamsize(n));
 }
 
+// A shipped recipe by name, or a test recipe by its path under tests/recipes/ (a name with a '/').
+std::string recipe_path(const std::string& recipe) {
+  const bool test_recipe = recipe.find('/') != std::string::npos;
+  return std::string(QF_SOURCE_DIR) + (test_recipe ? "/tests/recipes/" : "/recipes/") + recipe + ".json";
+}
+
 class GpuQuantize : public ::testing::TestWithParam<Case> {};
 
 TEST_P(GpuQuantize, BitExactAgainstCpuReference) {
   QF_SKIP_WITHOUT_GPU();
   const Case& c = GetParam();
-  const Recipe recipe = load_recipe(std::string(QF_SOURCE_DIR) + "/recipes/" + c.recipe + ".json");
+  const Recipe recipe = load_recipe(recipe_path(c.recipe));
   Plan plan;
   try {
     plan = compile_plan(recipe, PlanRequest{c.role, c.dtype, c.usage, !c.splits.empty()});
@@ -197,7 +204,9 @@ TEST_P(GpuQuantize, BitExactAgainstCpuReference) {
 std::vector<Case> all_cases() {
   const char* recipes[] = {"delayed_scaling",  "current_scaling", "float8_block_scaling",
                            "mxfp8",            "mxfp8_hopper",    "nvfp4",
-                           "hybrid_mxfp8_fwd_nvfp4_bwd", "int8_weight_sr", "w8a8_int8_inference", "fp8_rowwise"};
+                           "hybrid_mxfp8_fwd_nvfp4_bwd", "int8_weight_sr", "w8a8_int8_inference", "fp8_rowwise",
+                           // Transformer Engine's GEMM-ready (mn_major) layout of the 1D block scales
+                           "good/float8_block_scaling_mn_major"};
   const char* roles[] = {"linear:input", "linear:weight", "linear:grad_output"};
   // {200, 320}: interior tiles (the vector paths) in a tensor whose rows are not a multiple of 16.
   const Shape2D small[] = {{1, 1}, {1, 16}, {31, 33}, {32, 64}, {128, 4224}, {200, 320}};
@@ -367,8 +376,12 @@ TEST(GpuQuantizeGraph, ReplaysMatchDirectCalls) {
     qf::rt::Stream stream;
     q.quantize(call[0], stream.get());
     const Graph graph(stream.get(), [&] { q.quantize(call[1], stream.get()); });
-    if (g.captured_launch == 1) EXPECT_EQ(graph.nodes(), 1u) << "the one-launch form";
-    if (g.captured_launch == 2) EXPECT_GT(graph.nodes(), 1u) << "the separate form";
+    if (g.captured_launch == 1) {
+      EXPECT_EQ(graph.nodes(), 1u) << "the one-launch form";
+    }
+    if (g.captured_launch == 2) {
+      EXPECT_GT(graph.nodes(), 1u) << "the separate form";
+    }
     for (int replay = 0; replay < 3; ++replay) graph.launch(stream.get());
     stream.synchronize();
     for (size_t i = 0; i < outs.size(); ++i) {

@@ -509,6 +509,38 @@ TEST(ReferenceBlock, Tiles2DOneScalePerTile) {
     }
 }
 
+// mn_major (Transformer Engine's GEMM-ready 1D block scales): the compact grid's entries, stored
+// column-major with the rows padded to a multiple of 4 (padding zero); the data is unchanged.
+TEST(ReferenceBlock, MnMajorIsTheCompactGridColumnMajor) {
+  const std::string row = R"({"format": "e4m3", "scaling": {"mode": "block", "block": [1, 128]})";
+  const std::string col = R"({"format": "e4m3", "scaling": {"mode": "block", "block": [128, 1]}, "layout": "transposed")";
+  const std::string mn = R"(, "scale_layout": "mn_major"})";
+  const Plan compact = plan_from_text(recipe_text(row + "}", col + "}"), "linear:input", DType::BF16);
+  const Plan major = plan_from_text(recipe_text(row + mn, col + mn), "linear:input", DType::BF16);
+  const int64_t M = 6, K = 300;  // grids [6, 3] rowwise and [300, 1] for the transposed copy
+  const HostTensor x = make_tensor(DType::BF16, M, K, pseudo_random(M * K, 7.0f, 9));
+  const auto a = ref::quantize(compact, x, {});
+  const auto b = ref::quantize(major, x, {});
+  expect_matches_buffers(major, x.shape, b);
+  for (const char* n : {"rowwise_data", "columnwise_data"}) EXPECT_EQ(find(a, n).bytes, find(b, n).bytes) << n;
+  struct Grid {
+    const char* name;
+    int64_t rows, cols;
+  };
+  for (const Grid g : {Grid{"rowwise_scale_inv", M, 3}, Grid{"columnwise_scale_inv", K, 1}}) {
+    const int64_t padded = (g.rows + 3) / 4 * 4;
+    const auto& cs = find(a, g.name);
+    const auto& ms = find(b, g.name);
+    EXPECT_EQ(ms.desc.shape, (std::vector<int64_t>{g.cols, padded})) << g.name;
+    ASSERT_EQ(ms.bytes.size(), size_t(g.cols * padded * 4)) << g.name;
+    for (int64_t c = 0; c < g.cols; ++c)
+      for (int64_t r = 0; r < padded; ++r) {
+        const float want = r < g.rows ? f32_at(cs, size_t(r * g.cols + c)) : 0.0f;
+        EXPECT_EQ(f32_at(ms, size_t(c * padded + r)), want) << g.name << " (" << r << ", " << c << ")";
+      }
+  }
+}
+
 // ----------------------------------------------------------------------------- stochastic rounding
 
 TEST(ReferenceSr, ReproducibleAndSeeded) {
