@@ -508,6 +508,15 @@ def unswizzle(flat, rows, cols):
     return flat[off]
 
 
+def from_mn_major(flat, rows, cols):
+    """qforge's mn_major scale layout ([cols, rows padded to 4]) -> compact [rows, cols]."""
+    pr = -(-rows // 4) * 4
+    flat = np.asarray(flat).reshape(-1)
+    if flat.size < pr * cols:
+        raise ValueError(f"mn_major scale buffer has {flat.size} entries, expected >= {pr * cols}")
+    return np.ascontiguousarray(flat[:pr * cols].reshape(cols, pr)[:, :rows].T)
+
+
 def compare_arrays(a_bytes, b_bytes, isz, max_examples=5):
     """Element-wise comparison of two [n, isz] uint8 arrays."""
     res = {"elements": int(a_bytes.shape[0])}
@@ -592,6 +601,8 @@ def compare_with_qforge(spec, names, outs, qbufs, torch):
         st = stream_of.get(direction) if direction else None
         if desc.get("kind") == "scale_inv" and st is not None and st.get("scale_layout") == "swizzled" and t.dim() == 2:
             qarr = unswizzle(arr, t.shape[0], t.shape[1])
+        if desc.get("kind") == "scale_inv" and st is not None and st.get("scale_layout") == "mn_major" and t.dim() == 2:
+            qarr = from_mn_major(arr, t.shape[0], t.shape[1])
         qb = np.ascontiguousarray(qarr).view(np.uint8).reshape(-1)
         if qb.size % isz:
             r = {"equal": False, "error": f"qforge buffer of {qb.size} B is not a multiple of {isz}"}

@@ -221,6 +221,12 @@ void validate(const GemmSpec& s) {
   if (s.fast_accum && traits(s.scaling).promotion_required)
     throw UserError("fast_accum", std::string(traits(s.scaling).name) + " scaling changes along K: every " +
                                       std::to_string(traits(s.scaling).promote_k) + " of K is promoted to fp32");
+  if (s.scale_layout == ScaleLayout::Swizzled)
+    throw UserError("scale_layout", "expected compact or mn_major, got swizzled (the GEMMs read compact MX / NVFP4 scales)");
+  if (s.scale_layout == ScaleLayout::MnMajor && !(s.scaling == GemmScaling::Block128 && k_grouped(s.layout)))
+    throw UserError("scale_layout", "mn_major scale grids are read by the k-grouped blockwise GEMM only (wgrad on 128x1 "
+                                    "columnwise copies); got " + std::string(traits(s.scaling).name) + " scaling, " +
+                                        std::string(name(s.layout)) + " layout");
   (void)resolve_tile(s);
 }
 
@@ -321,7 +327,8 @@ GemmScaleElems gemm_scale_elems(const GemmSpec& s, int64_t m_total, int64_t num_
     // A scale per row of A [m, k_total] and of B [N, k_total] per scale_k tokens; members: each
     // member's grid on its own, so up to one partial block more per member.
     const int64_t cols = (k_total + sk - 1) / sk + (s.layout == GemmLayout::KGroupedMembers ? g : 0);
-    return {s.m * cols, s.n * cols};
+    const int64_t rows_a = mn_major_rows(s, s.m), rows_b = mn_major_rows(s, s.n);
+    return {rows_a * cols, rows_b * cols};
   }
   switch (s.scaling) {
     case GemmScaling::PerTensor: return {g, g};
@@ -336,6 +343,10 @@ GemmScaleElems gemm_scale_elems(const GemmSpec& s, int64_t m_total, int64_t num_
   return {};
 }
 
+int64_t mn_major_rows(const GemmSpec& s, int64_t rows) {
+  return s.scale_layout == ScaleLayout::MnMajor ? (rows + 3) / 4 * 4 : rows;
+}
+
 int64_t gemm_k_total_multiple(const GemmSpec& s) { return 128 / gemm_operand_bits(s, s.a_format); }  // (A's and B's bits agree here)
 
 std::string describe(const GemmSpec& s) {
@@ -344,7 +355,8 @@ std::string describe(const GemmSpec& s) {
                                       " M=" + std::to_string(s.m) + " N=" + std::to_string(s.n)
                                 : " N=" + std::to_string(s.n) + " K=" + std::to_string(s.k);
   return std::string(gemm_format_name(s, s.a_format)) + " x " + std::string(gemm_format_name(s, s.b_format)) + " " +
-         std::string(traits(s.scaling).name) + (s.fast_accum ? " (fast accumulation)" : "") + shape + " -> " +
+         std::string(traits(s.scaling).name) + (s.fast_accum ? " (fast accumulation)" : "") +
+         (s.scale_layout == ScaleLayout::MnMajor ? " (mn_major scales)" : "") + shape + " -> " +
          std::string(traits(s.out_dtype).name) + (s.accumulate ? " (accumulate)" : "");
 }
 
@@ -375,6 +387,7 @@ GemmSource emit_gemm(const GemmSpec& s) {
   e.constant("kKGrouped", k_grouped(s.layout));
   e.constant("kMembers", s.layout == GemmLayout::KGroupedMembers);
   e.constant("kScaleK", int64_t(traits(s.scaling).scale_k));
+  e.constant("kScaleMnMajor", s.scale_layout == ScaleLayout::MnMajor);
   e.constant("kElemsPerByte", int64_t(traits(s.a_format).elems_per_byte));
   e.constant("kElemBytes", int64_t(std::max(1, gemm_operand_bits(s, s.a_format) / 8)));  // (e2m1: kElemsPerByte)
   e.constant("kM", int64_t(s.m));

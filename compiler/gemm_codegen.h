@@ -116,6 +116,10 @@ struct GemmSpec {
   bool accumulate = false;      // D += result (fp32 output only)
   bool fast_accum = false;      // no fp32 promotion: tensor cores accumulate over all of K
                                 // (fp8 with per-tensor and rowwise scaling only)
+  // The scale grids of K-grouped blockwise operands ([rows, token blocks]): compact (row-major)
+  // or mn_major ([token blocks, rows padded to 4]: the quantize kernels' "scale_layout":
+  // "mn_major", coalesced per token block). Compact everywhere else.
+  ScaleLayout scale_layout = ScaleLayout::Compact;
   GemmTile tile;
 };
 
@@ -176,11 +180,15 @@ GemmSource emit_gemm(const GemmSpec& spec);
 // 128x1 / 32x1 / 16x1 columnwise grids of one tensor, transposed. K-grouped members: the grids of
 // the members back to back, sized for any split of k_total into num_groups members (each member
 // may add a partial block): m * (ceil(k_total / scale_k) + G) and N * (...). K-grouped tensor: [G]
-// each; rowwise: [m] and [N] (members: [G, m] and [G, N]).
+// each; rowwise: [m] and [N] (members: [G, m] and [G, N]). mn_major blockwise grids (the spec's
+// scale_layout) are stored [token blocks, rows padded to a multiple of 4] (mn_major_rows).
 struct GemmScaleElems {
   int64_t a = 0, b = 0;
 };
 GemmScaleElems gemm_scale_elems(const GemmSpec& spec, int64_t m_total, int64_t num_groups, int64_t k_total = 0);
+// Rows a K-grouped scale grid of `rows` rows takes: rounded up to a multiple of 4 when the spec's
+// grids are mn_major (the pitch of one token block's scales), else rows.
+int64_t mn_major_rows(const GemmSpec& spec, int64_t rows);
 // K-grouped: k_total must be a multiple of this (16-byte TMA row strides of the operands: 16 fp8,
 // 32 packed e2m1 or 8 bf16 / fp16 tokens); with members, so must each member's first token and token count (a
 // member that is not gets NaN in D[g]: its sizes live on the device).

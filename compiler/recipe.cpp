@@ -561,7 +561,7 @@ std::array<std::string, 3> parse_role(std::string_view role, std::string_view wh
 // the spec's own validation runs here, its field name turned into this entry's JSON pointer.
 RecipeGemm parse_gemm(const Node& g) {
   g.expect_object({"scaling", "a_format", "b_format", "layout", "m", "n", "k", "out_dtype", "accumulate", "fast_accum",
-                   "tile", "comment"});
+                   "scale_layout", "tile", "comment"});
   RecipeGemm out;
   out.pointer = g.ptr();
   GemmSpec& s = out.spec;
@@ -616,6 +616,8 @@ RecipeGemm parse_gemm(const Node& g) {
   if (auto o = g.find("out_dtype")) s.out_dtype = o->choice<DType>({{"bf16", DType::BF16}, {"fp32", DType::FP32}});
   if (auto a = g.find("accumulate")) s.accumulate = a->boolean();
   if (auto f = g.find("fast_accum")) s.fast_accum = f->boolean();
+  if (auto l = g.find("scale_layout"))
+    s.scale_layout = l->choice<ScaleLayout>({{"compact", ScaleLayout::Compact}, {"mn_major", ScaleLayout::MnMajor}});
   if (auto t = g.find("tile")) {
     t->expect_object({"block_m", "block_n", "stages", "multicast", "raster_m", "ordered"});
     auto field = [&](const char* key, int& dst, int hi) {

@@ -20,11 +20,6 @@ enum class Rounding : uint8_t { Nearest, Stochastic };
 // Data layout of the columnwise copy: transposed [K, M] (Hopper K-major GEMMs) or the same
 // [M, K] layout as the input (Blackwell-style MXFP8 columnwise).
 enum class DataLayout : uint8_t { RowMajor, Transposed };
-// Where a stream's scale entries live: compact (the grid [rows, cols] row-major), swizzled (the
-// GEMM 128x4 tiles of MX / NVFP4 scales) or mn_major (the grid column-major, rows padded to a
-// multiple of 4: Transformer Engine's GEMM-ready layout of 1D fp32 block scales, DeepGEMM's
-// MN-major scaling factors).
-enum class ScaleLayout : uint8_t { Compact, Swizzled, MnMajor };
 enum class Usage : uint8_t { Training, Inference, Memory };
 
 std::string_view name(Direction d);

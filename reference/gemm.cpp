@@ -137,12 +137,17 @@ GemmRows gemm_reference(const GemmSpec& spec, const GemmOperands& ops, std::span
       mem.push_back(m);
     }
   }
+  // Entry (r, c) of a K-grouped grid of `cols` token blocks whose rows take `pitch` entries per
+  // token block (compact: row-major; mn_major: [token blocks, pitch] with pitch = rows rounded up to 4).
+  const bool mn_major = spec.scale_layout == ScaleLayout::MnMajor;
+  const int64_t a_pitch = mn_major_rows(spec, spec.m), b_pitch = mn_major_rows(spec, n);
+  auto grid_at = [&](int64_t pitch, int64_t cols, int64_t r, int64_t c) { return mn_major ? c * pitch + r : r * cols + c; };
   auto a_scale = [&](int64_t r, int64_t kk, int g) -> double {
     if (members && sk > 0) {
       const Member& m = mem[size_t(g)];
-      return scale_at(spec, ops.a_scale, spec.m * m.prefix + r * m.cols + kk / sk);
+      return scale_at(spec, ops.a_scale, a_pitch * m.prefix + grid_at(a_pitch, m.cols, r, kk / sk));
     }
-    if (kg_rows) return scale_at(spec, ops.a_scale, r * kg_cols + kk / sk);
+    if (kg_rows) return scale_at(spec, ops.a_scale, grid_at(a_pitch, kg_cols, r, kk / sk));
     switch (spec.scaling) {
       case GemmScaling::None:
       case GemmScaling::Channel: return 1.0;
@@ -157,9 +162,9 @@ GemmRows gemm_reference(const GemmSpec& spec, const GemmOperands& ops, std::span
   auto b_scale = [&](int g, int64_t col, int64_t kk) -> double {
     if (members && sk > 0) {
       const Member& m = mem[size_t(g)];
-      return scale_at(spec, ops.b_scale, n * m.prefix + col * m.cols + kk / sk);
+      return scale_at(spec, ops.b_scale, b_pitch * m.prefix + grid_at(b_pitch, m.cols, col, kk / sk));
     }
-    if (kg_rows) return scale_at(spec, ops.b_scale, col * kg_cols + kk / sk);
+    if (kg_rows) return scale_at(spec, ops.b_scale, grid_at(b_pitch, kg_cols, col, kk / sk));
     switch (spec.scaling) {
       case GemmScaling::None: return 1.0;
       case GemmScaling::Channel: return scale_at(spec, ops.b_scale, int64_t(g) * n + col);

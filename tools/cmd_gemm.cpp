@@ -63,7 +63,7 @@ int cmd_gemm(const Argv& argv) {
   Args args(argv,
             {"--a-format", "--b-format", "--scaling", "--groups", "--m", "--n", "--k", "--splits", "--out",
              "--block-m", "--block-n", "--stages", "--multicast", "--raster", "--arch", "--seed", "--check-rows",
-             "--iters", "--warmup", "--json", "--zero-groups", "--max-ctas", "--ordered", "--m-max"},
+             "--iters", "--warmup", "--json", "--zero-groups", "--max-ctas", "--ordered", "--m-max", "--scale-layout"},
             {"--accumulate", "--alpha", "--fast-accum", "--uneven", "--source", "--check", "--bench", "--k-grouped", "--members"});
   if (!args.positional().empty()) throw UserError(args.positional()[0], "unexpected argument");
   GemmSpec spec;
@@ -91,6 +91,10 @@ int cmd_gemm(const Argv& argv) {
   spec.out_dtype = out == "bf16" ? DType::BF16 : DType::FP32;
   spec.accumulate = args.flag("--accumulate");
   spec.fast_accum = args.flag("--fast-accum");
+  if (auto l = args.get("--scale-layout")) {
+    if (*l != "compact" && *l != "mn_major") throw UserError("--scale-layout", "expected compact or mn_major, got \"" + *l + "\"");
+    spec.scale_layout = *l == "mn_major" ? ScaleLayout::MnMajor : ScaleLayout::Compact;
+  }
   spec.tile.block_m = int(args.integer("--block-m", 0, 0, 1024));
   spec.tile.block_n = int(args.integer("--block-n", 0, 0, 1024));
   spec.tile.stages = int(args.integer("--stages", 0, 0, 64));
@@ -106,7 +110,7 @@ int cmd_gemm(const Argv& argv) {
     static const std::map<std::string, std::string> kFlag = {
         {"a_format", "--a-format"}, {"b_format", "--b-format"}, {"n", "--n"}, {"k", "--k"}, {"m", "--m"},
         {"scaling", "--scaling"}, {"layout", "--k-grouped"}, {"operand_dtype", "--a-format"},
-        {"out_dtype", "--out"}, {"accumulate", "--accumulate"}, {"fast_accum", "--fast-accum"},
+        {"out_dtype", "--out"}, {"accumulate", "--accumulate"}, {"fast_accum", "--fast-accum"}, {"scale_layout", "--scale-layout"},
         {"tile.block_m", "--block-m"}, {"tile.block_n", "--block-n"}, {"tile.stages", "--stages"},
         {"tile.multicast", "--multicast"}, {"tile.raster_m", "--raster"}, {"tile.ordered", "--ordered"}};
     auto it = kFlag.find(e.where());
@@ -245,6 +249,7 @@ int cmd_gemm(const Argv& argv) {
                            {"layout", k_grouped ? std::string(name(spec.layout)) : m_max > 0 ? "masked" : "contiguous"},
                            {"scaling", std::string(traits(spec.scaling).name)},
                            {"fast_accum", spec.fast_accum},
+                           {"scale_layout", spec.scale_layout == ScaleLayout::MnMajor ? "mn_major" : "compact"},
                            {"num_groups", rows.size()},
                            {"m", k_grouped ? spec.m : 0},
                            {"n", spec.n},

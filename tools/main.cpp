@@ -41,7 +41,8 @@ commands:
        [--groups G] [--m M] [--n N] [--k K] [--uneven [--zero-groups Z]] [--splits 3,0,5]
        [--out bf16|fp32] [--accumulate] [--alpha] [--fast-accum]
        [--block-m 64|128] [--block-n 64|128|192|256] [--stages S] [--multicast 1|2] [--raster R]
-       [--ordered on|off] [--max-ctas N] [--m-max M_MAX] [--k-grouped [--members]]
+       [--ordered on|off] [--max-ctas N] [--m-max M_MAX]
+       [--k-grouped [--members] [--scale-layout compact|mn_major]]
        [--check [--check-rows R]] [--bench [--iters N] [--warmup W]] [--seed S] [--json FILE]
        [--source | --arch sm_90a]
                                     grouped GEMM on GPU 0 with random operands (G groups of M
@@ -50,7 +51,9 @@ commands:
                                     layout [G, M_MAX, K] with those as counts; --k-grouped: wgrad,
                                     D[g] [M, N] over K tokens per group; any scaling but channel;
                                     --members: each group's operands its own [M, tokens] and
-                                    [N, tokens] copies back to back, as grouped quantize writes):
+                                    [N, tokens] copies back to back, as grouped quantize writes;
+                                    --scale-layout mn_major: blockwise scale grids stored
+                                    [token blocks, rows], as "scale_layout": "mn_major" writes):
                                     --check compares sampled rows with the
                                     float64 CPU reference, --bench prints TFLOP/s; without a GPU,
                                     --source prints the kernel's CUDA and --arch compiles it

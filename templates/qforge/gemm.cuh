@@ -982,7 +982,8 @@ struct Mx32Scaling : SlotScaling<4> {
 // DeepSeek-V3 blockwise wgrad (K-grouped): both operands are transposed columnwise copies with
 // an fp32 scale per 128 tokens of every row, A [kM, ceil(k_total/128)] and B [N, ceil(k_total/128)]
 // (the quantize kernels' 128x1 columnwise scale grid; members: [kM, ceil(M_g/128)] and
-// [N, ceil(M_g/128)] per member, TileInfo::s_prefix / s_cols). A K-grouped tile starts on a
+// [N, ceil(M_g/128)] per member, TileInfo::s_prefix / s_cols), compact or, with kScaleMnMajor,
+// stored [ceil(k_total/128), round_up(kM, 4)] and [..., round_up(N, 4)] (members: per member). A K-grouped tile starts on a
 // 128-token boundary (Scheduler::kKAlign; members: the member's first token), so k-block kb is
 // scale column k0 / 128 + kb, and every k-block holds tokens of the group:
 // main += (partial * sb[n, j]) * sa[r, j].
@@ -991,17 +992,22 @@ struct Block128KScaling : SlotScaling<1> {
   __device__ static void load_scales(const GemmArgs& a, const TileInfo& t, int kb, int lane, u32* words) {
     static_assert(Cfg::kKGrouped, "the M-grouped blockwise kernels use Block128Scaling");
     constexpr int kBM = int(Cfg::kBlockM), kBN = int(Cfg::kBlockN);
-    const i64 cols = t.s_cols;
     const int j = t.k0 / 128 + kb;
-    // Rows past kM, columns past N: 0 (never stored).
-    const float* pa = static_cast<const float*>(a.a_scale) + i64(Cfg::kM) * t.s_prefix + i64(t.row0 + lane) * cols + j;
+    // Compact grids: lane l reads row l's entry (a sector per lane); mn_major grids: the k-block's
+    // entries of 32 consecutive rows (one 128-byte line per load). Rows past kM, columns past N:
+    // 0 (never stored).
+    constexpr i64 kPitchA = Cfg::kScaleMnMajor ? (i64(Cfg::kM) + 3) / 4 * 4 : i64(Cfg::kM);
+    constexpr i64 kPitchB = Cfg::kScaleMnMajor ? (i64(Cfg::kN) + 3) / 4 * 4 : i64(Cfg::kN);
+    const i64 row_step = Cfg::kScaleMnMajor ? 1 : t.s_cols, col_step = Cfg::kScaleMnMajor ? kPitchA : 1;
+    const i64 nrow_step = Cfg::kScaleMnMajor ? 1 : t.s_cols, ncol_step = Cfg::kScaleMnMajor ? kPitchB : 1;
+    const float* pa = static_cast<const float*>(a.a_scale) + kPitchA * t.s_prefix + i64(t.row0 + lane) * row_step + j * col_step;
 #pragma unroll
     for (int w = 0; w < kBM / 32; ++w)
-      words[w] = t.row0 + lane + 32 * w < int(Cfg::kM) ? __float_as_uint(pa[i64(32 * w) * cols]) : 0u;
-    const float* pb = static_cast<const float*>(a.b_scale) + i64(Cfg::kN) * t.s_prefix + i64(t.n0 + lane) * cols + j;
+      words[w] = t.row0 + lane + 32 * w < int(Cfg::kM) ? __float_as_uint(pa[32 * w * row_step]) : 0u;
+    const float* pb = static_cast<const float*>(a.b_scale) + kPitchB * t.s_prefix + i64(t.n0 + lane) * nrow_step + j * ncol_step;
 #pragma unroll
     for (int w = 0; w < kBN / 32; ++w)
-      words[kBM / 32 + w] = t.n0 + lane + 32 * w < int(Cfg::kN) ? __float_as_uint(pb[i64(32 * w) * cols]) : 0u;
+      words[kBM / 32 + w] = t.n0 + lane + 32 * w < int(Cfg::kN) ? __float_as_uint(pb[32 * w * nrow_step]) : 0u;
   }
   template <class Cfg>
   __device__ static void store_scales(const u32* words, int lane, float* slot) {

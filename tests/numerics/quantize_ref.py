@@ -444,6 +444,14 @@ def _layout_scales(grid, swizzled):
     return out.reshape(pr, pc)
 
 
+def _mn_major(grid):
+    """The grid column-major, rows padded to a multiple of 4 with zeros: [cols, round_up(rows, 4)]."""
+    rows, cols = grid.shape
+    out = np.zeros((cols, -(-rows // 4) * 4), dtype=grid.dtype)
+    out[:, :rows] = grid.T
+    return out
+
+
 def quantize_stream(s, x, dtype, seed=0, offset=0, scale=None, l_base=0):
     """Like _quantize_stream, with e2m1 data packed two per byte (element 2i in the low nibble)."""
     data, scl, am = _quantize_stream(s, x, dtype, seed, offset, scale, l_base)
@@ -508,7 +516,8 @@ def _quantize_stream(s, x, dtype, seed=0, offset=0, scale=None, l_base=0):
             g = _block_reduce(d, br, bc)
             scale_g = compute_scale(g, FMAX[fmt], sc["epsilon"], sc["pow2"], DTYPE_MAX[dtype])
             q = encode((d * _expand(scale_g, br, bc, R, C)).astype(F32))
-            return q, recip(scale_g), None
+            inv = recip(scale_g)
+            return q, _mn_major(inv) if s["scale_layout"] == "mn_major" else inv, None
 
         # MX / NVFP4: the stored grid has one entry per 1D block of the direction (2D tiles
         # repeat their value).

@@ -422,6 +422,10 @@ CUSTOM_RECIPE = {
         {"match": "t:identity_cast",
          "rowwise": {"format": "identity", "dtype": "fp32"},
          "columnwise": {"format": "identity", "dtype": "bf16", "layout": "transposed"}},
+        {"match": "t:block_mn_major",
+         "rowwise": {"format": "e4m3", "scaling": {"mode": "block", "block": [1, 128]}, "scale_layout": "mn_major"},
+         "columnwise": {"format": "e5m2", "scaling": {"mode": "block", "block": [128, 1], "epsilon": 0.01},
+                        "layout": "transposed", "scale_layout": "mn_major"}},
         {"match": "t:mx_fp4_delayed_rht",
          "rowwise": {"format": "e2m1", "scaling": {"mode": "mx", "block": [1, 32]}},
          "columnwise": {"format": "e4m3", "scaling": {"mode": "per_tensor_delayed", "margin": 1}, "rht": True}},
@@ -451,6 +455,30 @@ def test_custom_modes(qforge, tmp_path, case):
     exp = qr.quantize(CUSTOM_RECIPE, role, xin, dtype, seed=2 ** 64 - 3, offset=2 ** 33 + 1,
                       scales=F32(0.75) if "delayed" in role else None)
     compare(got, exp, role)
+
+
+@pytest.mark.parametrize("splits", [None, [150, 0, 61]], ids=["tensor", "grouped"])
+def test_mn_major_block_scales(qforge, tmp_path, splits):
+    """mn_major grids of 1x128 / 128x1 block scales: [blocks, rows padded to 4] per member, padding
+    zero, over more than one block in both directions (compact and mn_major bytes differ)."""
+    m, k = 211, 130  # rowwise grid [211, 2] (rows padded to 212), transposed [130, 2] (to 132)
+    path = tmp_path / "custom.json"
+    path.write_text(json.dumps(CUSTOM_RECIPE))
+    x = make_input(np.random.default_rng(seed_for("mn_major", str(splits))), m, k)
+    np.save(tmp_path / "x.npy", x)
+    args = ["quantize", "--recipe", path, "--role", "t:block_mn_major", "--input", tmp_path / "x.npy", "--out", tmp_path / "o"]
+    if splits:
+        args += ["--splits", ",".join(map(str, splits))]
+    rc, _, err = run(qforge, *args)
+    assert rc == 0, err
+    _, got = load_outputs(tmp_path / "o")
+    exp = qr.quantize(CUSTOM_RECIPE, "t:block_mn_major", x, "fp32", splits=splits)
+    if splits:
+        got, exp = {kk: v.ravel() for kk, v in got.items()}, {kk: v.ravel() for kk, v in exp.items()}
+    else:
+        assert got["rowwise_scale_inv"].shape == (2, 212) and got["columnwise_scale_inv"].shape == (2, 132)
+        assert np.all(got["rowwise_scale_inv"][:, 211:] == 0) and np.all(got["columnwise_scale_inv"][:, 130:] == 0)
+    compare(got, exp, "block_mn_major")
 
 
 def test_sr_tie_rounds_down(qforge, tmp_path):

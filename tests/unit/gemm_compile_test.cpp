@@ -298,6 +298,28 @@ TEST(GemmCodegen, SpecErrorsNameTheField) {
   expect_spec_error(s, "fast_accum", "every 32 of K is promoted");
   s = ok, s.scaling = GemmScaling::Mx32, s.tile.ordered = 2;
   expect_spec_error(s, "tile.ordered", "not supported");
+  // mn_major scale grids: the K-grouped blockwise GEMM only.
+  s = ok, s.scale_layout = ScaleLayout::MnMajor;
+  expect_spec_error(s, "scale_layout", "k-grouped blockwise GEMM only (wgrad on 128x1 columnwise copies); got blockwise scaling, m_grouped");
+  s = ok, s.scale_layout = ScaleLayout::Swizzled;
+  expect_spec_error(s, "scale_layout", "expected compact or mn_major, got swizzled");
+  s = ok, s.scaling = GemmScaling::Mx32, s.layout = GemmLayout::KGrouped, s.m = 256, s.k = 0,
+  s.scale_layout = ScaleLayout::MnMajor;
+  expect_spec_error(s, "scale_layout", "got mxfp8 scaling, k_grouped layout");
+  {
+    // [token blocks, rows padded to 4]: 6 rows take 8 entries per block; members add a block each.
+    GemmSpec kg = ok;
+    kg.layout = GemmLayout::KGrouped, kg.m = 6, kg.n = 200, kg.k = 0, kg.scale_layout = ScaleLayout::MnMajor;
+    EXPECT_NO_THROW(validate(kg));
+    EXPECT_EQ(gemm_scale_elems(kg, 0, 3, 300).a, 8 * 3);
+    EXPECT_EQ(gemm_scale_elems(kg, 0, 3, 300).b, 200 * 3);
+    EXPECT_EQ(describe(kg), "e4m3 x e4m3 blockwise (mn_major scales) k-grouped M=6 N=200 -> bf16");
+    EXPECT_NE(emit_gemm(kg).source.find("kScaleMnMajor = true"), std::string::npos);
+    kg.layout = GemmLayout::KGroupedMembers;
+    EXPECT_EQ(gemm_scale_elems(kg, 0, 3, 300).a, 8 * (3 + 3));
+    kg.scale_layout = ScaleLayout::Compact;
+    EXPECT_EQ(gemm_scale_elems(kg, 0, 3, 300).a, 6 * (3 + 3));
+  }
   // NVFP4: e2m1 operands only (and only there), block_n 128, no fast accumulation or multicast.
   s = ok, s.a_format = ElemFormat::E2M1;
   expect_spec_error(s, "a_format", "expected e4m3, e5m2 or int8 (e2m1 with nvfp4 scaling, bf16 / fp16 with none), got e2m1");

@@ -64,6 +64,12 @@ GemmSpec spec_of(GemmScaling s, ElemFormat a, ElemFormat b, DType out, bool acc,
   return g;
 }
 
+// Blockwise K-grouped scale grids stored mn_major ([token blocks, rows padded to 4]).
+GemmSpec mn_major(GemmSpec s) {
+  s.scale_layout = ScaleLayout::MnMajor;
+  return s;
+}
+
 // Identity operands as fp16 (bf16 by default).
 GemmSpec fp16(GemmSpec s) {
   s.operand_dtype = DType::FP16;
@@ -264,6 +270,11 @@ std::vector<Case> exact_cases() {
   // wholly outside the group.
   const std::vector<int64_t> tok128 = {127, 1, 255, 0, 129, 384, 2};
   kgrouped("kgrouped_block_bf16", spec_of(S::Block128, E4, E4, DType::BF16, false, false, 128, 128, 1, 200, 200), tok, 5);
+  // mn_major grids; 202 output rows: A's grid rows padded to 204 per token block.
+  kgrouped("kgrouped_block_mn_major_bf16", mn_major(spec_of(S::Block128, E4, E4, DType::BF16, false, false, 128, 128, 1, 200, 202)),
+           tok, 5);
+  kgrouped("kgrouped_block_mn_major_fp32_acc_bm64",
+           mn_major(spec_of(S::Block128, E5, E4, DType::FP32, true, false, 64, 128, 1, 136, 130)), tok, 0);
   kgrouped("kgrouped_block_fp32_acc_bn64_unordered",
            spec_of(S::Block128, E4, E5, DType::FP32, true, false, 128, 64, 1, 136, 130, 1), tok128, 0);
   kgrouped("kgrouped_block_bm64_fp32", spec_of(S::Block128, E5, E4, DType::FP32, false, false, 64, 128, 1, 72, 64), tok128, 40);
@@ -291,6 +302,8 @@ std::vector<Case> exact_cases() {
   members("members_tensor_fast_fp32_acc", spec_of(S::PerTensor, E4, E5, DType::FP32, true, true, 128, 128, 1, 256, 130), mtok, 0);
   members("members_block_bf16", spec_of(S::Block128, E4, E4, DType::BF16, false, false, 128, 128, 1, 200, 200), mtok, 16);
   members("members_block_fp32_acc_bn64", spec_of(S::Block128, E5, E4, DType::FP32, true, false, 128, 64, 1, 136, 130), mtok, 0);
+  members("members_block_mn_major_bf16", mn_major(spec_of(S::Block128, E4, E4, DType::BF16, false, false, 128, 128, 1, 200, 202)),
+          mtok, 16);
   members("members_rowwise_bf16", spec_of(S::RowChannel, E4, E4, DType::BF16, false, false, 128, 128, 1, 200, 200), mtok, 16);
   members("members_rowwise_fp32_acc", spec_of(S::RowChannel, E4, E5, DType::FP32, true, false, 128, 128, 1, 256, 130), mtok, 0);
   members("members_rowwise_3ctas", spec_of(S::RowChannel, E4, E4, DType::BF16, false, false, 128, 128, 1, 264, 300), mtok, 0, 3);
@@ -303,6 +316,8 @@ std::vector<Case> exact_cases() {
   for (size_t i = 0; i < many16.size(); ++i) many16[i] = int64_t((i * 37) % 190) / 16 * 16, many32[i] = many16[i] / 32 * 32;
   many16.push_back(8), many32.push_back(48);  // and a misaligned last member
   members("members_block_ring", spec_of(S::Block128, E4, E4, DType::BF16, false, false, 128, 128, 1, 136, 72), many16, 0, 3);
+  members("members_block_mn_major_ring", mn_major(spec_of(S::Block128, E4, E4, DType::BF16, false, false, 128, 128, 1, 136, 70)),
+          many16, 0, 3);
   members("members_nvfp4_ring", spec_of(S::Nvfp4, F4, F4, DType::FP32, false, false, 128, 128, 1, 136, 72), many32, 0, 3);
   // Rules that decide alone: MXFP8 with m = 129 and a 128-token member after 16 + 48 tokens (its
   // scale rows are whole words, but its grid starts at byte 129 * 3: the byte loads); NVFP4 with
@@ -470,11 +485,13 @@ std::vector<Case> random_cases() {
                                spec_of(S::Nvfp4, ElemFormat::E2M1, ElemFormat::E2M1, DType::BF16, false, false, 128, 128, 1, 512, 0), true);
   const GemmSpec wr = kgrouped("kgrouped_rowwise_bf16_4096_tokens",
                                spec_of(S::RowChannel, E4, E4, DType::BF16, false, false, 128, 128, 1, 512, 0), true);
+  const GemmSpec wbm = kgrouped("kgrouped_block_mn_major_bf16_4096_tokens", mn_major(wb), true);
   // Members: 8 uneven members (one empty) of multiples of 16 tokens (NVFP4: 32).
-  for (GemmSpec ms : {wg, wb, wm, wf, wr}) {
+  for (GemmSpec ms : {wg, wb, wm, wf, wr, wbm}) {
     ms.layout = GemmLayout::KGroupedMembers;
     const bool fp4 = ms.scaling == S::Nvfp4;
-    v.push_back({"members_" + std::string(traits(ms.scaling).name) + "_4096_tokens", ms,
+    v.push_back({"members_" + std::string(traits(ms.scaling).name) + (ms.scale_layout == ScaleLayout::MnMajor ? "_mn_major" : "") +
+                     "_4096_tokens", ms,
                  ref::random_group_rows(8, 4096, 1, fp4 ? 32 : 16, 9), 0, true});
   }
   v.push_back({"rowwise_promote_bf16_k4096", spec_of(S::RowChannel, E4, E5, DType::BF16, false, false, 128, 128, 1, 1024, 4096),

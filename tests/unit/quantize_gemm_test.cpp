@@ -186,6 +186,10 @@ TEST_P(QuantizeToWgrad, TransposedColumnwiseCopiesNeedNoReshuffling) {
   if (c.scaling == GemmScaling::None) spec.a_format = spec.b_format = ElemFormat::Identity;  // bf16 copies
   spec.layout = c.members ? GemmLayout::KGroupedMembers : GemmLayout::KGrouped;
   spec.m = n_out, spec.n = k_in, spec.k = 0, spec.out_dtype = DType::FP32;
+  // The scale layout the recipe's own GEMM entries of this kind read (blockwise: mn_major, as its
+  // 128x1 columnwise copies are written): the recipe's quantize outputs and GEMMs must agree.
+  for (const RecipeGemm& rg : r.gemms)
+    if (rg.spec.scaling == spec.scaling && rg.spec.layout == spec.layout) spec.scale_layout = rg.spec.scale_layout;
   ref::GemmOperands ops;
   ops.a = output(qdy, "columnwise_data").bytes;
   ops.b = output(qx, "columnwise_data").bytes;
