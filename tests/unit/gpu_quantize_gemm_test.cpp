@@ -96,6 +96,7 @@ TEST_P(GpuQuantizeToGemm, MembersWgradReadsGroupedQuantizeOutputs) {
   if (c.scaling == GemmScaling::None) spec.a_format = spec.b_format = ElemFormat::Identity;  // bf16 copies
   spec.layout = GemmLayout::KGroupedMembers;
   spec.m = n_out, spec.n = k_in, spec.out_dtype = DType::FP32;
+  spec.scale_layout = qf::testing::recipe_gemm_scale_layout(r, spec.scaling, spec.layout);
   rt::Gemm gemm(spec);
   const int64_t groups = int64_t(splits.size());
   DeviceBuffer dd = rt::testing::poisoned_buffer(size_t(groups * n_out * k_in * 4));

@@ -186,10 +186,8 @@ TEST_P(QuantizeToWgrad, TransposedColumnwiseCopiesNeedNoReshuffling) {
   if (c.scaling == GemmScaling::None) spec.a_format = spec.b_format = ElemFormat::Identity;  // bf16 copies
   spec.layout = c.members ? GemmLayout::KGroupedMembers : GemmLayout::KGrouped;
   spec.m = n_out, spec.n = k_in, spec.k = 0, spec.out_dtype = DType::FP32;
-  // The scale layout the recipe's own GEMM entries of this kind read (blockwise: mn_major, as its
-  // 128x1 columnwise copies are written): the recipe's quantize outputs and GEMMs must agree.
-  for (const RecipeGemm& rg : r.gemms)
-    if (rg.spec.scaling == spec.scaling && rg.spec.layout == spec.layout) spec.scale_layout = rg.spec.scale_layout;
+  // Blockwise: mn_major, as float8_block_scaling's 128x1 columnwise copies are written.
+  spec.scale_layout = qf::testing::recipe_gemm_scale_layout(r, spec.scaling, spec.layout);
   ref::GemmOperands ops;
   ops.a = output(qdy, "columnwise_data").bytes;
   ops.b = output(qx, "columnwise_data").bytes;

@@ -56,6 +56,15 @@ inline std::vector<float> amax_of(const std::vector<ref::Output>& outs, const st
 inline Recipe shipped_recipe(const std::string& name) {
   return load_recipe(std::filesystem::path(QF_SOURCE_DIR) / "recipes" / (name + ".json"));
 }
+
+// The scale layout the recipe's own GEMM entries of this scaling and layout read (compact where it
+// lists none): a recipe's quantize outputs and its GEMMs must agree on it.
+inline ScaleLayout recipe_gemm_scale_layout(const Recipe& r, GemmScaling scaling, GemmLayout layout) {
+  ScaleLayout l = ScaleLayout::Compact;
+  for (const RecipeGemm& g : r.gemms)
+    if (g.spec.scaling == scaling && g.spec.layout == layout) l = g.spec.scale_layout;
+  return l;
+}
 // The grouped plan of a role (one member per split), for training unless told otherwise.
 inline Plan grouped_plan(const Recipe& r, const std::string& role, Usage usage = Usage::Training) {
   return compile_plan(r, PlanRequest{role, DType::BF16, usage, true});
