@@ -542,10 +542,11 @@ TEST_F(CApi, GemmFromRecipePreparesWithoutAGpu) {
   // The per-member wgrad entries: each member's scale grid on its own (one partial block more per
   // member), and a workspace for the tensor maps the kernel builds (its size needs the GPU).
   ASSERT_EQ(qf_gemm_create_from_recipe(ctx_, nullptr, 6, &g), QF_OK) << qf_last_error();
-  EXPECT_STREQ(qf_gemm_describe(g), "e4m3 x e4m3 blockwise k-grouped (members) M=4096 N=7168 -> fp32 (accumulate)");
+  EXPECT_STREQ(qf_gemm_describe(g),
+               "e4m3 x e4m3 blockwise (mn_major scales) k-grouped (members) M=4096 N=7168 -> fp32 (accumulate)");
   int64_t ma = 0, mb = 0;
   ASSERT_EQ(qf_gemm_scale_bytes(g, 1000, 8, &ma, &mb), QF_OK);
-  EXPECT_EQ(ma, 4096 * (8 + 8) * 4);  // [m, ceil(k_total/128) + G] fp32
+  EXPECT_EQ(ma, 4096 * (8 + 8) * 4);  // [ceil(k_total/128) + G, m] fp32 (mn_major; m a multiple of 4)
   EXPECT_EQ(mb, 7168 * (8 + 8) * 4);
   EXPECT_EQ(qf_gemm_workspace_bytes(g, nullptr), QF_ERR_USER);
   EXPECT_STREQ(qf_last_error(), "bytes: must not be NULL");
@@ -559,10 +560,10 @@ TEST_F(CApi, GemmFromRecipePreparesWithoutAGpu) {
   qf_gemm_destroy(g);
   // The wgrad entries: K-grouped, scales per row along the tokens (extent = k_total).
   ASSERT_EQ(qf_gemm_create_from_recipe(ctx_, nullptr, 4, &g), QF_OK) << qf_last_error();
-  EXPECT_STREQ(qf_gemm_describe(g), "e4m3 x e4m3 blockwise k-grouped M=4096 N=7168 -> fp32 (accumulate)");
+  EXPECT_STREQ(qf_gemm_describe(g), "e4m3 x e4m3 blockwise (mn_major scales) k-grouped M=4096 N=7168 -> fp32 (accumulate)");
   int64_t ka = 0, kb = 0;
   ASSERT_EQ(qf_gemm_scale_bytes(g, 1000, 8, &ka, &kb), QF_OK);
-  EXPECT_EQ(ka, 4096 * 8 * 4);  // [m, ceil(k_total/128)] fp32
+  EXPECT_EQ(ka, 4096 * 8 * 4);  // [ceil(k_total/128), m] fp32 (mn_major)
   EXPECT_EQ(kb, 7168 * 8 * 4);  // [N, ceil(k_total/128)] fp32
   qf_gemm_destroy(g);
   EXPECT_EQ(qf_gemm_create_from_recipe(ctx_, "nope", 0, &g), QF_ERR_USER);

@@ -471,7 +471,9 @@ TEST(ReferenceBlock, Ragged31x33OneByOneTwentyEight) {
   const auto& cd = find(outs, "columnwise_data");
   const auto& cs = find(outs, "columnwise_scale_inv");
   ASSERT_EQ(rs.bytes.size(), size_t(M * 4));
-  ASSERT_EQ(cs.bytes.size(), size_t(K * 4));
+  // The transposed copy's grid is mn_major: [1 token block, K rows padded to 36], padding zero.
+  ASSERT_EQ(cs.bytes.size(), size_t(36 * 4));
+  for (size_t p = size_t(K); p < 36; ++p) EXPECT_EQ(f32_at(cs, p), 0.0f);
   for (int64_t m = 0; m < M; ++m) {
     float a = 0;
     for (int64_t k = 0; k < K; ++k) a = amax_step(a, x.at(m, k));
