@@ -686,6 +686,21 @@ Recipe parse_recipe(std::string_view text) {
     if (!gs->raw().is_array()) gs->fail("expected an array of GEMM specs, got " + type_name(gs->raw()));
     for (size_t i = 0; i < gs->raw().size(); ++i) r.gemms.push_back(parse_gemm(gs->index(i)));
   }
+  // A K-grouped blockwise GEMM (wgrad) reads the recipe's 128x1 transposed copies as they are
+  // written: its scale layout must be the one each such columnwise stream writes (else it would
+  // read every scale from the wrong place, silently).
+  for (const RecipeGemm& g : r.gemms) {
+    if (g.spec.scaling != GemmScaling::Block128 || !k_grouped(g.spec.layout)) continue;
+    for (const RoleRule& rule : r.roles) {
+      const auto& c = rule.columnwise;
+      const auto* bs = c ? std::get_if<BlockScaling>(&c->scaling) : nullptr;
+      if (!bs || bs->block.is_2d() || c->layout != DataLayout::Transposed || c->scale_layout == g.spec.scale_layout) continue;
+      throw UserError(g.pointer + "/scale_layout", "this wgrad reads " + std::string(name(g.spec.scale_layout)) +
+                                                       " scale grids, but " + rule.pointer + "/columnwise writes " +
+                                                       std::string(name(c->scale_layout)) +
+                                                       " ones (its operands are those copies): give both the same \"scale_layout\"");
+    }
+  }
   // The same pattern twice can never be resolved: reject it here, naming both places.
   for (size_t a = 0; a < r.roles.size(); ++a)
     for (size_t b = 0; b <= a; ++b)

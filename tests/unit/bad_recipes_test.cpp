@@ -71,6 +71,8 @@ const BadRecipe kBadRecipes[] = {
     {"mn_major_with_mx.json", "/roles/0/rowwise/scale_layout", "1D blocks (1x128, 128x1) only, not \"mx\""},
     {"mn_major_with_2d_block.json", "/roles/0/rowwise/scale_layout", "not \"block\" with [128,128] blocks"},
     {"mn_major_same_layout.json", "/roles/0/columnwise/scale_layout", "needs \"layout\": \"transposed\""},
+    {"wgrad_scale_layout_mismatch.json", "/gemms/1/scale_layout",
+     "this wgrad reads compact scale grids, but /roles/0/columnwise writes mn_major ones"},
     {"mx_block_1x16.json", "/roles/0/rowwise/scaling/block", "bad MX block for rowwise: got [1,16]"},
     {"mx_block_32x1_rowwise.json", "/roles/0/rowwise/scaling/block", "bad MX block for rowwise: got [32,1]"},
     {"mx_block_1x32_columnwise.json", "/roles/0/columnwise/scaling/block", "bad MX block for columnwise: got [1,32]"},
