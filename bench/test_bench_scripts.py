@@ -218,6 +218,21 @@ def test_unswizzle_matches_reference():
         assert np.array_equal(tb.unswizzle(sw, rows, cols), g)
 
 
+def test_from_mn_major_matches_reference():
+    """torch_baselines reads qforge's mn_major scale grids back in the compact order (numpy only)."""
+    import numpy as np
+    import torch_baselines as tb
+    sys.path.insert(0, str(REPO / "tests" / "numerics"))
+    import quantize_ref as qr
+    for rows, cols in [(1, 1), (130, 7), (256, 2), (33, 129)]:
+        g = np.random.default_rng(rows + cols).standard_normal((rows, cols)).astype(np.float32)
+        mn = qr._mn_major(g)
+        assert mn.shape == (cols, -(-rows // 4) * 4)
+        assert np.array_equal(tb.from_mn_major(mn, rows, cols), g)
+    with pytest.raises(ValueError, match="mn_major scale buffer has 3 entries, expected >= 4"):
+        tb.from_mn_major(np.zeros(3, np.float32), 2, 1)
+
+
 @needs_torch
 def test_op_selftest_cpu():
     import torch_baselines as tb
