@@ -325,13 +325,18 @@ void Gemm::run_k_grouped(const GemmCall& c, CUstream stream) const {
     check_buffer("a_scale", c.a_scale, se.a * 4, 4, shape("A", s.m));
     check_buffer("b_scale", c.b_scale, se.b * 4, 4, shape("B", s.n));
   } else {
-    const int64_t cols = se.a / s.m;
+    const bool mn_major = s.scale_layout == ScaleLayout::MnMajor;
+    const int64_t cols = se.a / mn_major_rows(s, s.m);
     const std::string what = std::string(st.scale_type) + " " + std::string(st.name) + " scales per row along the tokens ";
     // e8m0 rows are read four bytes at a time where they allow it (the kernel checks the offsets
     // from the base, so the base must be aligned as for the M-grouped layouts: the table's rule).
     const int align = std::max(st.scale_bytes, st.scale_align);
-    check_buffer("a_scale", c.a_scale, se.a * st.scale_bytes, align, what + "[" + std::to_string(s.m) + ", " + std::to_string(cols) + "]");
-    check_buffer("b_scale", c.b_scale, se.b * st.scale_bytes, align, what + "[" + std::to_string(s.n) + ", " + std::to_string(cols) + "]");
+    auto grid = [&](int64_t rows) {
+      return mn_major ? "[" + std::to_string(cols) + ", " + std::to_string(mn_major_rows(s, rows)) + "] (mn_major)"
+                      : "[" + std::to_string(rows) + ", " + std::to_string(cols) + "]";
+    };
+    check_buffer("a_scale", c.a_scale, se.a * st.scale_bytes, align, what + grid(s.m));
+    check_buffer("b_scale", c.b_scale, se.b * st.scale_bytes, align, what + grid(s.n));
   }
   check_amaxes(s, c, "the amax of the A copy each group's tokens come from", "the amax of the B copy each group's tokens come from");
   if (c.alpha.ptr) check_buffer("alpha", c.alpha, g * 4, 4, "fp32 [num_groups]");

@@ -710,6 +710,15 @@ TEST(GemmRuntime, KGroupedArgumentErrors) {
                                : "fp32 blockwise scales per row along the tokens [256, 8]");
     z = y, z.b_scale.bytes -= 1;
     expect_run_error(bg, z, mx ? "[128, 32]" : "[128, 8]");
+    if (mx) continue;
+    // mn_major grids: [token blocks, rows padded to 4], named so.
+    bs.scale_layout = ScaleLayout::MnMajor;
+    rt::Gemm mg(bs);
+    expect_run_error(mg, y, "");
+    z = y, z.a_scale.bytes -= 1;
+    expect_run_error(mg, z, "fp32 blockwise scales per row along the tokens [8, 256] (mn_major)");
+    z = y, z.b_scale = buf(0x500004, 128 * cols * eb);  // 4-byte aligned fp32 scales are enough
+    expect_run_error(mg, z, "");
   }
 
   // NVFP4: packed e2m1 rows of k_total / 2 bytes (k_total % 32 == 0), e4m3 per 16 tokens, amax [G].
