@@ -686,19 +686,25 @@ Recipe parse_recipe(std::string_view text) {
     if (!gs->raw().is_array()) gs->fail("expected an array of GEMM specs, got " + type_name(gs->raw()));
     for (size_t i = 0; i < gs->raw().size(); ++i) r.gemms.push_back(parse_gemm(gs->index(i)));
   }
-  // A K-grouped blockwise GEMM (wgrad) reads the recipe's 128x1 transposed copies as they are
-  // written: its scale layout must be the one each such columnwise stream writes (else it would
-  // read every scale from the wrong place, silently).
+  // A blockwise GEMM reads the recipe's 1D block scales as they are written (else it would read
+  // every scale from the wrong place, silently): a K-grouped one (wgrad) the 128x1 transposed
+  // copies' grids in its own scale_layout, an M-grouped one (fprop, dgrad) the 1x128 rowwise grids
+  // compact (its A operand; B is a 128x128 weight).
   for (const RecipeGemm& g : r.gemms) {
-    if (g.spec.scaling != GemmScaling::Block128 || !k_grouped(g.spec.layout)) continue;
+    if (g.spec.scaling != GemmScaling::Block128) continue;
+    const bool kg = k_grouped(g.spec.layout);
     for (const RoleRule& rule : r.roles) {
-      const auto& c = rule.columnwise;
-      const auto* bs = c ? std::get_if<BlockScaling>(&c->scaling) : nullptr;
-      if (!bs || bs->block.is_2d() || c->layout != DataLayout::Transposed || c->scale_layout == g.spec.scale_layout) continue;
-      throw UserError(g.pointer + "/scale_layout", "this wgrad reads " + std::string(name(g.spec.scale_layout)) +
-                                                       " scale grids, but " + rule.pointer + "/columnwise writes " +
-                                                       std::string(name(c->scale_layout)) +
-                                                       " ones (its operands are those copies): give both the same \"scale_layout\"");
+      const auto& d = kg ? rule.columnwise : rule.rowwise;
+      const auto* bs = d ? std::get_if<BlockScaling>(&d->scaling) : nullptr;
+      if (!bs || bs->block.is_2d() || d->layout != (kg ? DataLayout::Transposed : DataLayout::RowMajor) ||
+          d->scale_layout == g.spec.scale_layout)
+        continue;
+      const std::string where = rule.pointer + (kg ? "/columnwise" : "/rowwise");
+      throw UserError(g.pointer + (kg ? "/scale_layout" : ""),
+                      std::string(kg ? "this wgrad" : "this m_grouped GEMM") + " reads " +
+                          std::string(name(g.spec.scale_layout)) + " scale grids, but " + where + " writes " +
+                          std::string(name(d->scale_layout)) + " ones (its operands are those copies): " +
+                          (kg ? "give both the same \"scale_layout\"" : "m_grouped blockwise GEMMs read compact 1x128 grids"));
     }
   }
   // The same pattern twice can never be resolved: reject it here, naming both places.
