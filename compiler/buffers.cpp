@@ -7,7 +7,7 @@ namespace qf {
 
 int64_t ScaleGrid::offset(int64_t r, int64_t c) const {
   if (swizzled) return int64_t(swizzled_scale_offset(u64(r), u64(c), u64(padded_cols)));
-  if (mn_major) return c * padded_rows + r;
+  if (mn_major) return int64_t(mn_major_scale_offset(u64(r), u64(c), u64(padded_rows)));
   return r * padded_cols + c;
 }
 
@@ -83,7 +83,7 @@ ScaleGrid scale_grid(const Stream& s, Shape2D in) {
   g.cols = e.cols ? int64_t(ceil_div(u64(d.k), u64(e.cols))) : 1;
   g.swizzled = s.scale_layout == ScaleLayout::Swizzled;
   g.mn_major = s.scale_layout == ScaleLayout::MnMajor;
-  g.padded_rows = g.swizzled ? int64_t(round_up(u64(g.rows), 128)) : g.mn_major ? int64_t(round_up(u64(g.rows), 4)) : g.rows;
+  g.padded_rows = g.swizzled ? int64_t(round_up(u64(g.rows), 128)) : g.mn_major ? int64_t(mn_major_rows(u64(g.rows))) : g.rows;
   g.padded_cols = g.swizzled ? int64_t(round_up(u64(g.cols), 4)) : g.cols;
   return g;
 }

@@ -52,16 +52,17 @@ constexpr ElemFormat kNvfp4[] = {ElemFormat::E2M1};
 
 // Indexed by the variant index of Scaling.
 const ScalingTraits kScalings[] = {
-    {"none", kIdentity, ScaleStorage::None, AmaxScope::None, false, false, false, "", "qf::kModeNone"},
-    {"per_tensor_current", kPerTensor, ScaleStorage::F32, AmaxScope::Tensor, true, false, false,
+    {"none", kIdentity, ScaleStorage::None, AmaxScope::None, false, false, false, false, "", "qf::kModeNone"},
+    {"per_tensor_current", kPerTensor, ScaleStorage::F32, AmaxScope::Tensor, true, false, false, false,
      "", "qf::kModeTensorCurrent"},
-    {"per_tensor_delayed", kFp8, ScaleStorage::F32, AmaxScope::Tensor, false, false, false, "", "qf::kModeTensorDelayed"},
-    {"per_channel", kChannel, ScaleStorage::F32, AmaxScope::Channel, true, false, false, "", "qf::kModeChannel"},
-    {"block", kBlock, ScaleStorage::F32, AmaxScope::Block, false, true, false,
+    {"per_tensor_delayed", kFp8, ScaleStorage::F32, AmaxScope::Tensor, false, false, false, false, "",
+     "qf::kModeTensorDelayed"},
+    {"per_channel", kChannel, ScaleStorage::F32, AmaxScope::Channel, true, false, false, false, "", "qf::kModeChannel"},
+    {"block", kBlock, ScaleStorage::F32, AmaxScope::Block, false, true, false, true,
      "[1,L] (rowwise), [L,1] (columnwise) or [R,C], each a power of two in [16, 512]", "qf::kModeBlock"},
-    {"mx", kMx, ScaleStorage::E8M0, AmaxScope::Block, false, true, true,
+    {"mx", kMx, ScaleStorage::E8M0, AmaxScope::Block, false, true, true, false,
      "[1,32] (rowwise), [32,1] (columnwise) or [32,32]", "qf::kModeMx"},
-    {"nvfp4", kNvfp4, ScaleStorage::E4M3, AmaxScope::Block, false, true, true,
+    {"nvfp4", kNvfp4, ScaleStorage::E4M3, AmaxScope::Block, false, true, true, false,
      "[1,16] (rowwise), [16,1] (columnwise) or [16,16]", "qf::kModeNvfp4"},
 };
 static_assert(std::size(kScalings) == std::variant_size_v<Scaling>);

@@ -344,7 +344,7 @@ GemmScaleElems gemm_scale_elems(const GemmSpec& s, int64_t m_total, int64_t num_
 }
 
 int64_t mn_major_rows(const GemmSpec& s, int64_t rows) {
-  return s.scale_layout == ScaleLayout::MnMajor ? (rows + 3) / 4 * 4 : rows;
+  return s.scale_layout == ScaleLayout::MnMajor ? int64_t(qf::mn_major_rows(u64(rows))) : rows;
 }
 
 int64_t gemm_k_total_multiple(const GemmSpec& s) { return 128 / gemm_operand_bits(s, s.a_format); }  // (A's and B's bits agree here)

@@ -126,9 +126,9 @@ void verify(const Plan& p) {
     QF_CHECK(!(s.dir == Direction::Rowwise && s.layout == DataLayout::Transposed), "transposed rowwise");
     QF_CHECK(s.scale_layout != ScaleLayout::Swizzled || t.swizzle_ok, "swizzled scales of ", t.name);
     if (s.scale_layout == ScaleLayout::MnMajor) {
-      const auto* bs = std::get_if<BlockScaling>(&s.scaling);
-      QF_CHECK(bs && !bs->block.is_2d() && (s.dir == Direction::Rowwise || s.layout == DataLayout::Transposed),
-               "mn_major scales are of 1D fp32 blocks of K-major data");
+      const auto b = block_of(s.scaling);
+      QF_CHECK(t.mn_major_ok && b && !b->is_2d() && (s.dir == Direction::Rowwise || s.layout == DataLayout::Transposed),
+               "mn_major scales are of 1D blocks of K-major data (", t.name, ")");
     }
     QF_CHECK(needs_tensor_amax(s.scaling) == (s.tensor_amax >= 0), "tensor amax wiring");
     const bool wants_local = t.amax_scope == AmaxScope::Block || t.amax_scope == AmaxScope::Channel;

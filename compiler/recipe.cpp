@@ -401,10 +401,11 @@ DirectionSpec parse_direction(const Node& n, Direction dir) {
       l->fail("the GEMM-swizzled 128x4 scale layout exists for \"mx\" and \"nvfp4\" scaling only, not \"" +
               std::string(scaling_name(d.scaling)) + "\"");
     if (d.scale_layout == ScaleLayout::MnMajor) {
-      const auto* bs = std::get_if<BlockScaling>(&d.scaling);
-      if (!bs || bs->block.is_2d())
+      const auto b = block_of(d.scaling);
+      const bool ok = traits(d.scaling).mn_major_ok && b && !b->is_2d();
+      if (!ok)
         l->fail("the mn_major scale layout exists for \"block\" scaling with 1D blocks (1x128, 128x1) only, not \"" +
-                std::string(scaling_name(d.scaling)) + "\"" + (bs ? " with " + block_str(bs->block) + " blocks" : ""));
+                std::string(scaling_name(d.scaling)) + "\"" + (b && traits(d.scaling).mn_major_ok ? " with " + block_str(*b) + " blocks" : ""));
       if (dir == Direction::Columnwise && d.layout != DataLayout::Transposed)
         l->fail("the mn_major scale layout is for K-major data: a columnwise copy needs \"layout\": \"transposed\"");
     }
@@ -695,8 +696,8 @@ Recipe parse_recipe(std::string_view text) {
     const bool kg = k_grouped(g.spec.layout);
     for (const RoleRule& rule : r.roles) {
       const auto& d = kg ? rule.columnwise : rule.rowwise;
-      const auto* bs = d ? std::get_if<BlockScaling>(&d->scaling) : nullptr;
-      if (!bs || bs->block.is_2d() || d->layout != (kg ? DataLayout::Transposed : DataLayout::RowMajor) ||
+      const auto b = d ? block_of(d->scaling) : std::nullopt;  // the 1D blocks whose grids may be mn_major
+      if (!b || b->is_2d() || !traits(d->scaling).mn_major_ok || d->layout != (kg ? DataLayout::Transposed : DataLayout::RowMajor) ||
           d->scale_layout == g.spec.scale_layout)
         continue;
       const std::string where = rule.pointer + (kg ? "/columnwise" : "/rowwise");

@@ -735,7 +735,7 @@ template <class S>
 __device__ __forceinline__ void scale_grid(i64 R, i64 C, i64& rows, i64& cols, i64& prows, i64& pcols) {
   rows = S::kEntryRows ? i64(ceil_div(u64(R), u64(S::kEntryRows))) : 1;
   cols = S::kEntryCols ? i64(ceil_div(u64(C), u64(S::kEntryCols))) : 1;
-  prows = S::kSwizzled ? i64(round_up(u64(rows), 128)) : S::kMnMajor ? i64(round_up(u64(rows), 4)) : rows;
+  prows = S::kSwizzled ? i64(round_up(u64(rows), 128)) : S::kMnMajor ? i64(mn_major_rows(u64(rows))) : rows;
   pcols = S::kSwizzled ? i64(round_up(u64(cols), 4)) : cols;
 }
 
@@ -1227,7 +1227,7 @@ __device__ __forceinline__ void maybe_store_entry(const StreamArgs& out, i64 dr,
     if (starts) {
       const i64 er = S::kEntryRows ? i64(ur / u64(S::kEntryRows)) : 0, ec = S::kEntryCols ? i64(uc / u64(S::kEntryCols)) : 0;
       const i64 off = S::kSwizzled  ? i64(swizzled_scale_offset(u64(er), u64(ec), u64(ctx.grid_pcols)))
-                      : S::kMnMajor ? ec * ctx.grid_prows + er
+                      : S::kMnMajor ? i64(mn_major_scale_offset(u64(er), u64(ec), u64(ctx.grid_prows)))
                                     : er * ctx.grid_pcols + ec;
       store_entry<S>(out.scale_inv, scale_base + off, entry);
       // mn_major: the last row's writer zeroes the padding after it (up to 3 entries per column).

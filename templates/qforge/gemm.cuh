@@ -41,6 +41,7 @@
 // numerics.cuh. The CPU reference (reference/gemm.h) states the error bound.
 #pragma once
 #include "qforge/gemm_args.cuh"
+#include "qforge/layout.cuh"
 #include "qforge/numerics.cuh"
 
 namespace qf {
@@ -996,18 +997,20 @@ struct Block128KScaling : SlotScaling<1> {
     // Compact grids: lane l reads row l's entry (a sector per lane); mn_major grids: the k-block's
     // entries of 32 consecutive rows (one 128-byte line per load). Rows past kM, columns past N:
     // 0 (never stored).
-    constexpr i64 kPitchA = Cfg::kScaleMnMajor ? (i64(Cfg::kM) + 3) / 4 * 4 : i64(Cfg::kM);
-    constexpr i64 kPitchB = Cfg::kScaleMnMajor ? (i64(Cfg::kN) + 3) / 4 * 4 : i64(Cfg::kN);
-    const i64 row_step = Cfg::kScaleMnMajor ? 1 : t.s_cols, col_step = Cfg::kScaleMnMajor ? kPitchA : 1;
-    const i64 nrow_step = Cfg::kScaleMnMajor ? 1 : t.s_cols, ncol_step = Cfg::kScaleMnMajor ? kPitchB : 1;
-    const float* pa = static_cast<const float*>(a.a_scale) + kPitchA * t.s_prefix + i64(t.row0 + lane) * row_step + j * col_step;
+    // Rows of each grid (the mn_major pitch of a token block), and the steps between rows and
+    // between token blocks.
+    constexpr bool kMn = Cfg::kScaleMnMajor;
+    constexpr i64 kRowsA = kMn ? i64(mn_major_rows(u64(Cfg::kM))) : i64(Cfg::kM);
+    constexpr i64 kRowsB = kMn ? i64(mn_major_rows(u64(Cfg::kN))) : i64(Cfg::kN);
+    const i64 row_step = kMn ? 1 : t.s_cols;
+    const float* pa = static_cast<const float*>(a.a_scale) + kRowsA * t.s_prefix + i64(t.row0 + lane) * row_step + j * (kMn ? kRowsA : 1);
 #pragma unroll
     for (int w = 0; w < kBM / 32; ++w)
       words[w] = t.row0 + lane + 32 * w < int(Cfg::kM) ? __float_as_uint(pa[32 * w * row_step]) : 0u;
-    const float* pb = static_cast<const float*>(a.b_scale) + kPitchB * t.s_prefix + i64(t.n0 + lane) * nrow_step + j * ncol_step;
+    const float* pb = static_cast<const float*>(a.b_scale) + kRowsB * t.s_prefix + i64(t.n0 + lane) * row_step + j * (kMn ? kRowsB : 1);
 #pragma unroll
     for (int w = 0; w < kBN / 32; ++w)
-      words[kBM / 32 + w] = t.n0 + lane + 32 * w < int(Cfg::kN) ? __float_as_uint(pb[32 * w * nrow_step]) : 0u;
+      words[kBM / 32 + w] = t.n0 + lane + 32 * w < int(Cfg::kN) ? __float_as_uint(pb[32 * w * row_step]) : 0u;
   }
   template <class Cfg>
   __device__ static void store_scales(const u32* words, int lane, float* slot) {
