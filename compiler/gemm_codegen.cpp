@@ -223,8 +223,8 @@ void validate(const GemmSpec& s) {
                                       std::to_string(traits(s.scaling).promote_k) + " of K is promoted to fp32");
   if (s.scale_layout == ScaleLayout::Swizzled)
     throw UserError("scale_layout", "expected compact or mn_major, got swizzled (the GEMMs read compact MX / NVFP4 scales)");
-  if (s.scale_layout == ScaleLayout::MnMajor && !(s.scaling == GemmScaling::Block128 && k_grouped(s.layout)))
-    throw UserError("scale_layout", "mn_major scale grids are read by the k-grouped blockwise GEMM only (wgrad on 128x1 "
+  if (s.scale_layout == ScaleLayout::MnMajor && s.scaling != GemmScaling::Block128)
+    throw UserError("scale_layout", "mn_major scale grids are read by the blockwise GEMMs only (1x128 rowwise and 128x1 "
                                     "columnwise copies); got " + std::string(traits(s.scaling).name) + " scaling, " +
                                         std::string(name(s.layout)) + " layout");
   (void)resolve_tile(s);
@@ -333,7 +333,8 @@ GemmScaleElems gemm_scale_elems(const GemmSpec& s, int64_t m_total, int64_t num_
   switch (s.scaling) {
     case GemmScaling::PerTensor: return {g, g};
     case GemmScaling::RowChannel: return {m_total, g * s.n};
-    case GemmScaling::Block128: return {m_total * kb, g * nb * kb};
+    case GemmScaling::Block128:  // mn_major: each group's grid [kb, rows rounded up to 4], so 3 rows more per group at most
+      return {(s.scale_layout == ScaleLayout::MnMajor ? m_total + 3 * g : m_total) * kb, g * nb * kb};
     case GemmScaling::Mx32: return {m_total * (s.k / 32), g * s.n * (s.k / 32)};
     case GemmScaling::Nvfp4: return {m_total * (s.k / 16), g * s.n * (s.k / 16)};
     case GemmScaling::None: return {0, 0};

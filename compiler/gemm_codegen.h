@@ -116,9 +116,11 @@ struct GemmSpec {
   bool accumulate = false;      // D += result (fp32 output only)
   bool fast_accum = false;      // no fp32 promotion: tensor cores accumulate over all of K
                                 // (fp8 with per-tensor and rowwise scaling only)
-  // The scale grids of K-grouped blockwise operands ([rows, token blocks]): compact (row-major)
-  // or mn_major ([token blocks, rows padded to 4]: the quantize kernels' "scale_layout":
-  // "mn_major", coalesced per token block). Compact everywhere else.
+  // Blockwise 1D scale grids: compact (row-major) or mn_major (the quantize kernels' "scale_layout":
+  // "mn_major": [blocks, rows padded to 4], coalesced per block). K-grouped: both operands' grids
+  // ([rows, token blocks]); M-grouped: A's 1x128 grid, per group as the grouped quantizer writes
+  // its members (group g's [ceil(K/128), round_up(rows_g, 4)] after those of the groups before;
+  // masked: slots of m_max rows). B's 128x128 grid is compact. Compact for every other scaling.
   ScaleLayout scale_layout = ScaleLayout::Compact;
   GemmTile tile;
 };
@@ -181,7 +183,8 @@ GemmSource emit_gemm(const GemmSpec& spec);
 // the members back to back, sized for any split of k_total into num_groups members (each member
 // may add a partial block): m * (ceil(k_total / scale_k) + G) and N * (...). K-grouped tensor: [G]
 // each; rowwise: [m] and [N] (members: [G, m] and [G, N]). mn_major blockwise grids (the spec's
-// scale_layout) are stored [token blocks, rows padded to a multiple of 4] (mn_major_rows).
+// scale_layout) are stored [token blocks, rows padded to a multiple of 4] (mn_major_rows); M-grouped,
+// A's per-group grids take up to 3 padding rows per group: [ceil(K/128), m_total + 3 G].
 struct GemmScaleElems {
   int64_t a = 0, b = 0;
 };

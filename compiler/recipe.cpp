@@ -687,10 +687,10 @@ Recipe parse_recipe(std::string_view text) {
     if (!gs->raw().is_array()) gs->fail("expected an array of GEMM specs, got " + type_name(gs->raw()));
     for (size_t i = 0; i < gs->raw().size(); ++i) r.gemms.push_back(parse_gemm(gs->index(i)));
   }
-  // A blockwise GEMM reads the recipe's 1D block scales as they are written (else it would read
-  // every scale from the wrong place, silently): a K-grouped one (wgrad) the 128x1 transposed
-  // copies' grids in its own scale_layout, an M-grouped one (fprop, dgrad) the 1x128 rowwise grids
-  // compact (its A operand; B is a 128x128 weight).
+  // A blockwise GEMM reads the recipe's 1D block scales in its own scale_layout, so they must be
+  // written so (else it would read every scale from the wrong place, silently): a K-grouped one
+  // (wgrad) the 128x1 transposed copies' grids, an M-grouped one (fprop, dgrad) the 1x128 rowwise
+  // grids (its A operand; B is a 128x128 weight, whose 2-D grid is always compact).
   for (const RecipeGemm& g : r.gemms) {
     if (g.spec.scaling != GemmScaling::Block128) continue;
     const bool kg = k_grouped(g.spec.layout);
@@ -701,11 +701,10 @@ Recipe parse_recipe(std::string_view text) {
           d->scale_layout == g.spec.scale_layout)
         continue;
       const std::string where = rule.pointer + (kg ? "/columnwise" : "/rowwise");
-      throw UserError(g.pointer + (kg ? "/scale_layout" : ""),
-                      std::string(kg ? "this wgrad" : "this m_grouped GEMM") + " reads " +
-                          std::string(name(g.spec.scale_layout)) + " scale grids, but " + where + " writes " +
-                          std::string(name(d->scale_layout)) + " ones (its operands are those copies): " +
-                          (kg ? "give both the same \"scale_layout\"" : "m_grouped blockwise GEMMs read compact 1x128 grids"));
+      throw UserError(g.pointer + "/scale_layout", std::string(kg ? "this wgrad" : "this m_grouped GEMM") + " reads " +
+                                                       std::string(name(g.spec.scale_layout)) + " scale grids, but " + where +
+                                                       " writes " + std::string(name(d->scale_layout)) +
+                                                       " ones (its operands are those copies): give both the same \"scale_layout\"");
     }
   }
   // The same pattern twice can never be resolved: reject it here, naming both places.

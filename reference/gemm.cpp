@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <limits>
 #include <thread>
 
 #include "compiler/error.h"
@@ -142,6 +143,29 @@ GemmRows gemm_reference(const GemmSpec& spec, const GemmOperands& ops, std::span
   const bool mn_major = spec.scale_layout == ScaleLayout::MnMajor;
   const int64_t a_pitch = mn_major_rows(spec, spec.m), b_pitch = mn_major_rows(spec, n);
   auto grid_at = [&](int64_t pitch, int64_t cols, int64_t r, int64_t c) { return mn_major ? c * pitch + r : r * cols + c; };
+  // M-grouped blockwise mn_major A grids (the grouped quantizer's members): group g's grid
+  // [kb, round_up(rows_g, 4)] after those of the groups before (rows_g: its clamped row range, or
+  // a masked slot's m_max); a group whose grid would pass the buffer's m_total + 3 G rows gives NaN.
+  struct GroupGrid {
+    int64_t first = 0, prefix = 0, pitch = 0;
+    bool bad = false;
+  };
+  std::vector<GroupGrid> grids;
+  if (!kg && mn_major) {
+    const int64_t cap = ops.m_total + 3 * groups;
+    auto clamp_row = [&](int64_t v) { return std::clamp<int64_t>(v, 0, ops.m_total); };
+    int64_t prefix = 0;
+    for (int64_t g = 0; g < groups; ++g) {
+      GroupGrid gg;
+      gg.first = masked ? g * ops.m_max : clamp_row(ops.offsets[size_t(g)]);
+      const int64_t end = masked ? gg.first + ops.m_max : std::max(gg.first, clamp_row(ops.offsets[size_t(g) + 1]));
+      gg.prefix = prefix;
+      gg.pitch = mn_major_rows(spec, end - gg.first);
+      gg.bad = prefix + gg.pitch > cap;
+      prefix += gg.pitch;
+      grids.push_back(gg);
+    }
+  }
   auto a_scale = [&](int64_t r, int64_t kk, int g) -> double {
     if (members && sk > 0) {
       const Member& m = mem[size_t(g)];
@@ -153,7 +177,12 @@ GemmRows gemm_reference(const GemmSpec& spec, const GemmOperands& ops, std::span
       case GemmScaling::Channel: return 1.0;
       case GemmScaling::PerTensor: return scale_at(spec, ops.a_scale, g);
       case GemmScaling::RowChannel: return scale_at(spec, ops.a_scale, members ? int64_t(g) * spec.m + r : r);
-      case GemmScaling::Block128: return scale_at(spec, ops.a_scale, r * kb + kk / 128);
+      case GemmScaling::Block128: {
+        if (!mn_major) return scale_at(spec, ops.a_scale, r * kb + kk / 128);
+        const GroupGrid& gg = grids[size_t(g)];
+        if (gg.bad) return std::numeric_limits<double>::quiet_NaN();
+        return scale_at(spec, ops.a_scale, gg.prefix * kb + grid_at(gg.pitch, kb, r - gg.first, kk / 128));
+      }
       case GemmScaling::Mx32:
       case GemmScaling::Nvfp4: return scale_at(spec, ops.a_scale, r * row_scales + kk / sk);
     }

@@ -42,7 +42,7 @@ commands:
        [--out bf16|fp32] [--accumulate] [--alpha] [--fast-accum]
        [--block-m 64|128] [--block-n 64|128|192|256] [--stages S] [--multicast 1|2] [--raster R]
        [--ordered on|off] [--max-ctas N] [--m-max M_MAX]
-       [--k-grouped [--members] [--scale-layout compact|mn_major]]
+       [--k-grouped [--members]] [--scale-layout compact|mn_major]
        [--check [--check-rows R]] [--bench [--iters N] [--warmup W]] [--seed S] [--json FILE]
        [--source | --arch sm_90a]
                                     grouped GEMM on GPU 0 with random operands (G groups of M
@@ -52,8 +52,9 @@ commands:
                                     D[g] [M, N] over K tokens per group; any scaling but channel;
                                     --members: each group's operands its own [M, tokens] and
                                     [N, tokens] copies back to back, as grouped quantize writes;
-                                    --scale-layout mn_major: blockwise scale grids stored
-                                    [token blocks, rows], as "scale_layout": "mn_major" writes):
+                                    --scale-layout mn_major: blockwise 1D scale grids stored
+                                    [blocks, rows] (M-grouped: A's, per group, padded to 4
+                                    rows), as "scale_layout": "mn_major" writes):
                                     --check compares sampled rows with the
                                     float64 CPU reference, --bench prints TFLOP/s; without a GPU,
                                     --source prints the kernel's CUDA and --arch compiles it

@@ -1231,9 +1231,14 @@ __device__ __forceinline__ void maybe_store_entry(const StreamArgs& out, i64 dr,
                                     : er * ctx.grid_pcols + ec;
       store_entry<S>(out.scale_inv, scale_base + off, entry);
       // mn_major: the last row's writer zeroes the padding after it (up to 3 entries per column).
+      // (Unrolled: a loop to grid_prows made the rowwise-only cast spill.)
       if constexpr (S::kMnMajor)
-        if (er + 1 == ctx.grid_rows)
-          for (i64 p = er + 1; p < ctx.grid_prows; ++p) store_entry<S>(out.scale_inv, scale_base + off + (p - er), 0u);
+        if (er + 1 == ctx.grid_rows) {
+          const int pad = int(ctx.grid_prows - ctx.grid_rows);
+#pragma unroll
+          for (int p = 1; p <= 3; ++p)
+            if (p <= pad) store_entry<S>(out.scale_inv, scale_base + off + p, 0u);
+        }
     }
   }
 }

@@ -404,7 +404,13 @@ struct TileInfo {
   int k_limit;
   int tok0;  // members: the member's first token (its data starts at rows * tok0 elements)
   bool bad;  // members: a member the kernel cannot load (misaligned, or its scales would pass the
-             // buffer): nothing is loaded and D[g] is NaN
+             // buffer): nothing is loaded and D[g] is NaN. M-grouped mn_major: the group's A grid
+             // would pass the buffer (offsets that fall and rise): its rows of D are NaN
+  // M-grouped blockwise with mn_major A grids (the grouped quantizer's members: group g's grid
+  // [ceil(K/128), round_up(rows_g, 4)] after those of the groups before; masked: slots of m_max
+  // rows): s_prefix = the padded rows of the groups before, s_cols = the group's pitch
+  // round_up(rows_g, 4), and grid_row = the tile's first row within its group.
+  int grid_row;
 };
 
 // Where a consumer thread's accumulator fragment sits: wgmma m64nN gives thread `lane` of warp
@@ -446,7 +452,8 @@ struct Scheduler {
   int units_before = 0, units_in_group = 0, g_start = 0, g_end = 0, m_blocks = 0;
   // K-grouped members: the scale columns of groups [0, prefix_g) (a role walks its units in order),
   // saturated past what any buffer holds (every later group is then unreadable anyway).
-  int prefix_g = 0, prefix = 0;
+  // M-grouped mn_major A grids: prefix = the padded grid rows of the groups before g, pitch = g's.
+  int prefix_g = 0, prefix = 0, pitch = 0;
 
   __device__ explicit Scheduler(const GemmArgs& args) : a(args) {}
 
@@ -478,6 +485,13 @@ struct Scheduler {
       }
       m_blocks = (g_end - g_start + kBM - 1) / kBM;
       units_in_group = m_blocks * kNUnits;
+      if constexpr (Cfg::kScaleMnMajor) {
+        // Group g's grid follows those of groups 0..g-1 (a masked slot's grid has m_max rows);
+        // saturated past the buffer's m_total + 3 G rows (the bound for any rising offsets).
+        const int cap = int(min(a.m_total + 3 * i64(a.num_groups), i64(1) << 30));
+        prefix = min(prefix + pitch, cap + 1);
+        pitch = int(mn_major_rows(u64(a.m_max > 0 ? int(a.m_max) : g_end - g_start)));
+      }
     }
     const int local = unit - units_before;
     const int band = local / (kRaster * kNUnits);
@@ -494,6 +508,12 @@ struct Scheduler {
     t.k0 = 0;
     t.k_lead = 0;
     t.k_len = int(Cfg::kK);
+    if constexpr (Cfg::kScaleMnMajor) {
+      t.s_prefix = prefix;
+      t.s_cols = pitch;
+      t.grid_row = t.row0 - g_start;
+      t.bad = i64(prefix) + pitch > a.m_total + 3 * i64(a.num_groups);
+    }
     return true;
   }
 
@@ -763,8 +783,9 @@ struct ChannelScaling : RowChannelScaling {
   }
 };
 
-// DeepSeek-V3 blockwise: an fp32 scale per 1x128 block of A ([m_total, ceil(K/128)]) and per
-// 128x128 block of B ([G, ceil(N/128), ceil(K/128)]). Every k-block's partial sum is promoted:
+// DeepSeek-V3 blockwise: an fp32 scale per 1x128 block of A ([m_total, ceil(K/128)], or with
+// kScaleMnMajor each group's grid [ceil(K/128), round_up(rows_g, 4)] after those of the groups
+// before: TileInfo::s_prefix) and per 128x128 block of B ([G, ceil(N/128), ceil(K/128)]). Every k-block's partial sum is promoted:
 // main += partial * (sa[r, kb] * sb[g, n/128, kb]); D = alpha * main. Each consumer thread loads
 // the three scales its fragment needs (its two rows' sa, the tile's sb) from global memory when
 // it issues the k-block's MMAs and uses them at the k-block's promotion, a k-block later: the
@@ -783,6 +804,7 @@ struct Block128Scaling : NoColScales {
     const float* sa0;  // the fragment's two rows of A's grid (clamped to the last row: rows
     const float* sa1;  // past m_total are never stored) and the tile's row of B's grid
     const float* sb;
+    int a_step;        // elements between k-blocks of a row of A's grid: 1, or mn_major its group's pitch
     float c[2][3];     // this lane's scales of the current group: k-blocks 8g + q and 8g + 4 + q, (sa0, sa1, sb)
     float next[2][3];  // the same for group g + 1
   };
@@ -797,8 +819,13 @@ struct Block128Scaling : NoColScales {
     for (int h = 0; h < 2; ++h) {
       const int i = kb + 4 * h + q;
       const bool ok = i < kKb;
-      dst[h][0] = ok ? ts.sa0[i] : 0.0f;
-      dst[h][1] = ok ? ts.sa1[i] : 0.0f;
+      if constexpr (Cfg::kScaleMnMajor) {
+        dst[h][0] = ok ? ts.sa0[i64(i) * ts.a_step] : 0.0f;
+        dst[h][1] = ok ? ts.sa1[i64(i) * ts.a_step] : 0.0f;
+      } else {
+        dst[h][0] = ok ? ts.sa0[i] : 0.0f;
+        dst[h][1] = ok ? ts.sa1[i] : 0.0f;
+      }
       dst[h][2] = ok ? ts.sb[i] : 0.0f;
     }
   }
@@ -807,10 +834,23 @@ struct Block128Scaling : NoColScales {
     constexpr i64 kKb = (Cfg::kK + 127) / 128;
     constexpr i64 kNb = (Cfg::kN + 127) / 128;
     const float* sa = static_cast<const float*>(a.a_scale);
+    if constexpr (Cfg::kScaleMnMajor) {
+      // The group's grid [kKb, pitch]; rows past the group's end read its last row (never
+      // stored). A group whose grid would pass the buffer reads entry 0 and gives NaN.
+      const int last = t.row_end - t.row0 - 1;
+      const float* base = t.bad ? sa : sa + i64(t.s_prefix) * kKb + t.grid_row;
+      const int i0 = t.bad ? 0 : min(f.row, last), i1 = t.bad ? 0 : min(f.row + 8, last);
+      Tile ts{t.bad ? __int_as_float(0x7fc00000) : group_alpha(a, t), base + i0, base + i1,
+              static_cast<const float*>(a.b_scale) + (i64(t.group) * kNb + t.n0 / 128) * kKb, t.bad ? 0 : t.s_cols, {}, {}};
+      load_group<Cfg>(ts, 0, f.lane & 3, ts.next);
+      return ts;
+    }
+    // (B's row pointer is computed in the Tile's initializer, after alpha: computed before it,
+    // ptxas spilled 700 bytes in the consumers, GemmCompile.NvrtcSm90aNoSpills.)
     const int last = int(a.m_total) - 1;
     const int r0 = t.row0 + f.row, r1 = r0 + 8;
     Tile ts{group_alpha(a, t), sa + i64(min(r0, last)) * kKb, sa + i64(min(r1, last)) * kKb,
-            static_cast<const float*>(a.b_scale) + (i64(t.group) * kNb + t.n0 / 128) * kKb, {}, {}};
+            static_cast<const float*>(a.b_scale) + (i64(t.group) * kNb + t.n0 / 128) * kKb, 1, {}, {}};
     load_group<Cfg>(ts, 0, f.lane & 3, ts.next);
     return ts;
   }

@@ -73,9 +73,11 @@ const BadRecipe kBadRecipes[] = {
     {"mn_major_same_layout.json", "/roles/0/columnwise/scale_layout", "needs \"layout\": \"transposed\""},
     {"wgrad_scale_layout_mismatch.json", "/gemms/1/scale_layout",
      "this wgrad reads compact scale grids, but /roles/0/columnwise writes mn_major ones"},
-    {"fprop_reads_mn_major_rowwise.json", "/gemms/0",
+    {"fprop_scale_layout_mismatch.json", "/gemms/0/scale_layout",
      "this m_grouped GEMM reads compact scale grids, but /roles/0/rowwise writes mn_major ones (its operands are those "
-     "copies): m_grouped blockwise GEMMs read compact 1x128 grids"},
+     "copies): give both the same \"scale_layout\""},
+    {"dgrad_mn_major_on_compact_rowwise.json", "/gemms/0/scale_layout",
+     "this m_grouped GEMM reads mn_major scale grids, but /roles/0/rowwise writes compact ones"},
     {"mx_block_1x16.json", "/roles/0/rowwise/scaling/block", "bad MX block for rowwise: got [1,16]"},
     {"mx_block_32x1_rowwise.json", "/roles/0/rowwise/scaling/block", "bad MX block for rowwise: got [32,1]"},
     {"mx_block_1x32_columnwise.json", "/roles/0/columnwise/scaling/block", "bad MX block for columnwise: got [1,32]"},

@@ -47,6 +47,12 @@ GemmSpec stages(GemmSpec s, int n) {
   return s;
 }
 
+// Blockwise 1D scale grids stored mn_major (M-grouped: A's per group; K-grouped: both operands').
+GemmSpec mn_major(GemmSpec s) {
+  s.scale_layout = ScaleLayout::MnMajor;
+  return s;
+}
+
 // Identity operands as fp16 (the default is bf16).
 GemmSpec fp16(GemmSpec s) {
   s.operand_dtype = DType::FP16;
@@ -103,6 +109,10 @@ std::vector<Variant> variants() {
       {"rowwise_fast_bn256", make(S::RowChannel, E4, E4, DType::BF16, false, true, 256, 1)},
       {"rowwise_fast_fp32_mc2_odd_k", make(S::RowChannel, E4, E5, DType::FP32, false, true, 128, 2, 128, 512, 400)},
       {"block_unordered", ordered(make(S::Block128, E4, E4, DType::BF16, false, false, 128, 1), 1)},
+      {"block_mn_major_bf16", mn_major(make(S::Block128, E4, E4, DType::BF16, false, false, 128, 1))},
+      {"block_mn_major_e4m3_e5m2_fp32_acc", mn_major(make(S::Block128, E4, E5, DType::FP32, true, false, 128, 1))},
+      {"block_mn_major_bn64_bm64", mn_major(make(S::Block128, E5, E4, DType::BF16, false, false, 64, 1, 64))},
+      {"block_mn_major_mc2", mn_major(make(S::Block128, E4, E4, DType::BF16, false, false, 128, 2))},
       {"tensor_fast_ordered_bn256", ordered(make(S::PerTensor, E4, E4, DType::BF16, false, true, 256, 1), 2)},
       {"mxfp8_e4m3_bf16", make(S::Mx32, E4, E4, DType::BF16, false, false, 128, 1)},
       {"mxfp8_e5m2_e4m3_fp32_acc_mc2", make(S::Mx32, E5, E4, DType::FP32, true, false, 128, 2)},
@@ -116,6 +126,8 @@ std::vector<Variant> variants() {
       {"kgrouped_block_bf16", k_grouped(make(S::Block128, E4, E4, DType::BF16, false, false, 128, 1), 4096)},
       {"kgrouped_block_fp32_acc_bn64", k_grouped(make(S::Block128, E4, E5, DType::FP32, true, false, 64, 1), 2048)},
       {"kgrouped_block_bm64", k_grouped(make(S::Block128, E5, E4, DType::BF16, false, false, 128, 1, 64), 1000)},
+      {"kgrouped_block_mn_major_fp32_acc", mn_major(k_grouped(make(S::Block128, E4, E4, DType::FP32, true, false, 128, 1), 4096))},
+      {"members_block_mn_major_fp32_acc", mn_major(members(make(S::Block128, E4, E4, DType::FP32, true, false, 128, 1), 4096))},
       {"kgrouped_mxfp8_bf16", k_grouped(make(S::Mx32, E4, E4, DType::BF16, false, false, 128, 1), 4096)},
       {"kgrouped_mxfp8_fp32_acc_bm64", k_grouped(make(S::Mx32, E4, E4, DType::FP32, true, false, 128, 1, 64), 2048)},
       {"kgrouped_nvfp4_bf16", k_grouped(make(S::Nvfp4, F4, F4, DType::BF16, false, false, 128, 1), 4096)},
@@ -298,9 +310,21 @@ TEST(GemmCodegen, SpecErrorsNameTheField) {
   expect_spec_error(s, "fast_accum", "every 32 of K is promoted");
   s = ok, s.scaling = GemmScaling::Mx32, s.tile.ordered = 2;
   expect_spec_error(s, "tile.ordered", "not supported");
-  // mn_major scale grids: the K-grouped blockwise GEMM only.
-  s = ok, s.scale_layout = ScaleLayout::MnMajor;
-  expect_spec_error(s, "scale_layout", "k-grouped blockwise GEMM only (wgrad on 128x1 columnwise copies); got blockwise scaling, m_grouped");
+  // mn_major scale grids: the blockwise GEMMs only (M-grouped: A's per-group grids).
+  s = ok, s.scaling = GemmScaling::Mx32, s.scale_layout = ScaleLayout::MnMajor;
+  expect_spec_error(s, "scale_layout", "blockwise GEMMs only (1x128 rowwise and 128x1 columnwise copies); got mxfp8 scaling, m_grouped");
+  {
+    // M-grouped: each group's A grid [ceil(K/128), rows rounded up to 4], so up to 3 rows more per group.
+    GemmSpec mg = ok;
+    mg.scale_layout = ScaleLayout::MnMajor;
+    EXPECT_NO_THROW(validate(mg));
+    const int64_t kb = (mg.k + 127) / 128;
+    EXPECT_EQ(gemm_scale_elems(mg, 1000, 8).a, (1000 + 3 * 8) * kb);
+    EXPECT_EQ(gemm_scale_elems(mg, 1000, 8).b, gemm_scale_elems(ok, 1000, 8).b);
+    EXPECT_EQ(gemm_scale_elems(ok, 1000, 8).a, 1000 * kb);
+    EXPECT_NE(emit_gemm(mg).source.find("kScaleMnMajor = true"), std::string::npos);
+    EXPECT_NE(emit_gemm(ok).source.find("kScaleMnMajor = false"), std::string::npos);
+  }
   s = ok, s.scale_layout = ScaleLayout::Swizzled;
   expect_spec_error(s, "scale_layout", "expected compact or mn_major, got swizzled");
   s = ok, s.scaling = GemmScaling::Mx32, s.layout = GemmLayout::KGrouped, s.m = 256, s.k = 0,
@@ -545,6 +569,15 @@ TEST(GemmRuntime, ArgumentErrorsNameTheArgument) {
   expect_error(x, "group_counts: contiguous layout takes group_offsets");
   x = c, x.m_max = -1;
   expect_error(x, "m_max: expected > 0");
+  // mn_major A grids: per group, each padded to 4 rows: (100 + 3 * 2) rows of 2 k-blocks.
+  GemmSpec mn = spec;
+  mn.scale_layout = ScaleLayout::MnMajor;
+  rt::Gemm mg(mn);
+  x = c, x.a_scale = buf(0x400000, 106 * 2 * 4);
+  expect_run_error(mg, x, "");
+  x.a_scale.bytes -= 4;
+  expect_run_error(mg, x, "argument a_scale: buffer of 844 bytes is smaller than the 848 bytes required for fp32 blockwise "
+                          "scales [ceil(K/128), m_total + 3 * num_groups] (mn_major: each group's grid");
 }
 
 TEST(GemmRuntime, NoneScalingTakesNoScales) {

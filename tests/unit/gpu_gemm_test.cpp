@@ -9,7 +9,7 @@
 //               gemm_tolerance(), plus the relative Frobenius error; long K, more tiles than SMs.
 //               The masked layout ([G, m_max, K] with device counts) and the K-grouped (wgrad)
 //               layout run through the same checks.
-//   GemmEdge    all groups empty; a K-grouped MX or NVFP4 NaN scale stays in its group; the K-grouped fp32
+//   GemmEdge    all groups empty; an mn_major A grid past the buffer (falling offsets) gives NaN; a K-grouped MX or NVFP4 NaN scale stays in its group; the K-grouped fp32
 //               reduce-add keeps subnormal and special old values; a second launch gives the same bits;
 //               the members layout's workspace errors.
 //   K-grouped members (the grouped quantizer's per-member copies) run through GemmExact (misaligned
@@ -241,6 +241,17 @@ std::vector<Case> exact_cases() {
     v.push_back({std::move(name), s, {37, 0, 256, 1000, -5, 129}, 0, true, m_max});
   };
   masked("masked_block_bf16", spec_of(S::Block128, E4, E4, DType::BF16, false, false, 128, 128, 1, 200, 400), 256);
+  // mn_major A grids (the grouped quantizer's members: each group's [k-blocks, rows rounded up
+  // to 4] after those of the groups before): groups of 37, 129 and 1 rows pad theirs; masked
+  // slots of 258 rows take 260 each.
+  add("block_mn_major_bf16", mn_major(spec_of(S::Block128, E4, E4, DType::BF16, false, false, 128, 128, 1, 200, 400)));
+  add("block_mn_major_e5m2_fp32_acc_mc2", mn_major(spec_of(S::Block128, E5, E4, DType::FP32, true, false, 128, 128, 2, 256, 512)));
+  add("block_mn_major_bm64_bn64_unordered", mn_major(spec_of(S::Block128, E4, E5, DType::FP32, false, false, 64, 64, 1, 200, 400, 1)));
+  add("block_mn_major_many_groups_3ctas", mn_major(spec_of(S::Block128, E4, E4, DType::BF16, false, false, 128, 128, 1, 1024, 1152)),
+      many, 3);
+  v.back().max_ctas = 3;  // each CTA walks every group: the grid prefix carries across them
+  add("block_mn_major_one_group_tiny", mn_major(spec_of(S::Block128, E4, E4, DType::BF16, false, false, 128, 128, 1, 8, 16)), {3}, 0);
+  masked("masked_block_mn_major_fp32", mn_major(spec_of(S::Block128, E4, E4, DType::FP32, false, false, 128, 128, 1, 200, 400)), 258);
   masked("masked_tensor_fast_fp32_acc_mc2", spec_of(S::PerTensor, E4, E5, DType::FP32, true, true, 128, 128, 2, 256, 400), 256);
   masked("masked_mxfp8_bm64", spec_of(S::Mx32, E4, E4, DType::BF16, false, false, 64, 128, 1, 200, 256), 200);
   // K-grouped (wgrad): token counts with an empty group and partial 128-token tails (K of a
@@ -346,6 +357,7 @@ std::vector<Case> exact_cases() {
   add("int8_tensor_bm64_bn64_fp32", spec_of(S::PerTensor, I8, I8, DType::FP32, false, false, 64, 64, 1, 200, 400));
   add("int8_block_bf16", spec_of(S::Block128, I8, I8, DType::BF16, false, false, 128, 128, 1, 200, 400));
   add("int8_block_ordered_fp32_acc", spec_of(S::Block128, I8, I8, DType::FP32, true, false, 128, 128, 1, 200, 400, 2));
+  add("int8_block_mn_major_bf16", mn_major(spec_of(S::Block128, I8, I8, DType::BF16, false, false, 128, 128, 1, 200, 400)));
   add("int8_rowwise_many_groups", spec_of(S::RowChannel, I8, I8, DType::BF16, false, false, 128, 256, 1, 1024, 512), many, 3);
   masked("masked_int8_rowwise_fp32", spec_of(S::RowChannel, I8, I8, DType::FP32, false, false, 128, 128, 1, 200, 256), 256);
   kgrouped("kgrouped_int8_tensor_bf16", spec_of(S::PerTensor, I8, I8, DType::BF16, false, false, 128, 128, 1, 200, 200), tok, 5);
@@ -402,9 +414,11 @@ TEST_P(GemmRandom, WithinTheBoundOfTheFloat64Reference) {
   // Rows: every group's first and last two, its tile boundary, and a few random ones.
   std::vector<int64_t> rows;
   std::mt19937_64 rng(5);
-  for (size_t g = 0; g + 1 < p.offsets.size(); ++g) {
+  for (size_t g = 0; g < size_t(p.num_groups()); ++g) {
     const bool kg = k_grouped(s.layout);
-    const int64_t a = kg ? int64_t(g) * s.m : p.offsets[g], e = kg ? a + s.m : p.offsets[g + 1];
+    // Masked: slot g's first counts[g] rows.
+    const int64_t a = kg ? int64_t(g) * s.m : p.m_max > 0 ? int64_t(g) * p.m_max : p.offsets[g];
+    const int64_t e = kg ? a + s.m : p.m_max > 0 ? a + std::clamp<int64_t>(p.counts[g], 0, p.m_max) : p.offsets[g + 1];
     if (a == e) continue;
     for (int64_t r : {a, a + 1, a + 127, a + 128, e - 2, e - 1}) if (r >= a && r < e) rows.push_back(r);
     for (int i = 0; i < 6; ++i) rows.push_back(a + int64_t(rng() % uint64_t(e - a)));
@@ -455,6 +469,11 @@ std::vector<Case> random_cases() {
                g8, 0, false});
   v.push_back({"block_e5m2_e4m3_fp32_acc", spec_of(S::Block128, E5, E4, DType::FP32, true, false, 128, 128, 1, 512, 2048),
                g8, 7, true});
+  v.push_back({"block_mn_major_bf16_k7168", mn_major(spec_of(S::Block128, E4, E4, DType::BF16, false, false, 128, 128, 1, 1024, 7168)),
+               g8, 3, true});
+  v.push_back({"masked_block_mn_major_fp32_k2048",
+               mn_major(spec_of(S::Block128, E4, E4, DType::FP32, false, false, 128, 128, 2, 512, 2048)),
+               {500, 0, 37, 1001}, 0, true, 1001});
   v.push_back({"tensor_fast_bf16_k7168", spec_of(S::PerTensor, E4, E4, DType::BF16, false, true, 128, 256, 2, 1024, 7168),
                g8, 0, true});
   v.push_back({"tensor_promote_fp32_k7168", spec_of(S::PerTensor, E4, E4, DType::FP32, false, false, 128, 128, 1, 1024, 7168),
@@ -630,6 +649,35 @@ TEST(GemmEdge, AllGroupsEmptyWritesNothing) {
   Device dev = to_device(s, p);
   const std::vector<uint8_t> got = run(s, dev);
   for (uint8_t b : got) ASSERT_EQ(b, 0xFF);
+}
+
+// M-grouped mn_major A grids, offsets that fall and rise (0, 300, 100, 400): group 2's grid would
+// start after groups 0 and 1's 300 padded rows and take 300 more, past the m_total + 3 G = 409
+// rows any rising split fits in. Its rows read no scale and are NaN (rows 300..399, which only
+// it owns; 100..299 are group 0's too, written in either order); group 0's rows 0..99 are exact.
+TEST(GemmEdge, MnMajorGridPastTheBufferIsNaN) {
+  QF_SKIP_WITHOUT_GPU();
+  const GemmSpec s = mn_major(spec_of(GemmScaling::Block128, ElemFormat::E4M3, ElemFormat::E4M3, DType::FP32, false, false,
+                                      128, 128, 1, 128, 256));
+  ref::GemmProblem p = ref::make_gemm_problem(s, std::vector<int64_t>{300, 0, 100}, 0, ref::GemmValues::SmallIntegers, false, 23);
+  p.offsets = {0, 300, 100, 400};
+  Device dev = to_device(s, p);
+  const std::vector<uint8_t> got = run(s, dev);
+  std::vector<int64_t> rows(100);
+  for (int64_t r = 0; r < 100; ++r) rows[size_t(r)] = r;
+  const ref::GemmRows ref = ref::gemm_reference(s, p.operands(), rows);
+  int64_t bad0 = 0, finite2 = 0;
+  for (int64_t r = 0; r < 400; ++r)
+    for (int64_t n = 0; n < s.n; ++n) {
+      const uint32_t g = out_bits(s, got, r * s.n + n);
+      if (r < 100) bad0 += g != ref::exact_output(s, ref.value[size_t(r * s.n + n)], 0.0f);
+      else if (r >= 300) finite2 += !std::isnan(bits_value(s, g));
+    }
+  EXPECT_EQ(bad0, 0) << "group 0 elements that differ from the exact reference";
+  EXPECT_EQ(finite2, 0) << "group 2 elements that are not NaN";
+  // The reference agrees: group 2's rows are NaN there too.
+  const std::vector<int64_t> last = {399};
+  EXPECT_TRUE(std::isnan(ref::gemm_reference(s, p.operands(), last).value[0]));
 }
 
 // Runs a two-group K-grouped problem whose NaN scales lie in group 0's first k-block but scale

@@ -5,7 +5,8 @@
 // offsets array: dW[g] = dY_g^T X_g. The result must match the CPU pipeline (reference quantize ->
 // float64 GEMM reference) within the GEMM's error bound (the quantize kernels are bit-exact, so the
 // GEMM sees the reference's bytes), and the float64 dY^T X of the unquantized inputs within the
-// formats' error (as quantize_gemm_test.cpp checks on the CPU).
+// formats' error (as quantize_gemm_test.cpp checks on the CPU). The same for the blockwise fprop on
+// the grouped rowwise copies (GpuQuantizeToFprop).
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -67,6 +68,26 @@ GpuQuantized quantize_on_gpu(const Recipe& r, const std::string& role, const ref
   q.quantize(call, stream.get());
   stream.synchronize();
   return out;
+}
+
+// The GPU GEMM's fp32 output against the CPU pipeline's rows (reference quantize -> float64 GEMM
+// reference), within the GEMM's error bound.
+void expect_within_gemm_bound(const GemmSpec& spec, const std::vector<float>& got, const ref::GemmRows& want,
+                              const std::string& label) {
+  const ref::GemmTolerance tol = ref::gemm_tolerance(spec);
+  int64_t bad = 0;
+  double worst_acc = 0;
+  std::ostringstream first;
+  for (size_t i = 0; i < got.size(); ++i) {
+    const double err = std::fabs(double(got[i]) - want.value[i]);
+    if (want.magnitude[i] > 0)
+      worst_acc = std::max(worst_acc, std::max(0.0, err - tol.out_rel * std::fabs(want.value[i])) / want.magnitude[i]);
+    if (!(err <= tol.out_rel * std::fabs(want.value[i]) + tol.acc_rel * want.magnitude[i]) && bad++ < 1)
+      first << "element " << i << ": got " << got[i] << ", the CPU pipeline " << want.value[i] << ", sum |ab| "
+            << want.magnitude[i];
+  }
+  std::printf("[ measure  ] %s: worst accumulation error / sum|ab| %.3g (acc_rel %.3g)\n", label.c_str(), worst_acc, tol.acc_rel);
+  EXPECT_EQ(bad, 0) << bad << " elements outside the GEMM's bound; first: " << first.str();
 }
 
 class GpuQuantizeToGemm : public ::testing::TestWithParam<Case> {};
@@ -134,22 +155,8 @@ TEST_P(GpuQuantizeToGemm, MembersWgradReadsGroupedQuantizeOutputs) {
   if (fp4) ops.a_amax = a_amax, ops.b_amax = b_amax;
   std::vector<int64_t> rows(size_t(groups * n_out));
   for (size_t i = 0; i < rows.size(); ++i) rows[i] = int64_t(i);
-  const ref::GemmRows want = ref::gemm_reference(spec, ops, rows);
-  const ref::GemmTolerance tol = ref::gemm_tolerance(spec);
-  int64_t bad = 0;
-  double worst_acc = 0;
-  std::ostringstream first;
+  expect_within_gemm_bound(spec, got, ref::gemm_reference(spec, ops, rows), c.recipe);
   std::vector<double> gotd(got.begin(), got.end()), exact(got.size());
-  for (size_t i = 0; i < got.size(); ++i) {
-    const double err = std::fabs(double(got[i]) - want.value[i]);
-    if (want.magnitude[i] > 0)
-      worst_acc = std::max(worst_acc, std::max(0.0, err - tol.out_rel * std::fabs(want.value[i])) / want.magnitude[i]);
-    if (!(err <= tol.out_rel * std::fabs(want.value[i]) + tol.acc_rel * want.magnitude[i]) && bad++ < 1)
-      first << "element " << i << ": got " << got[i] << ", the CPU pipeline " << want.value[i] << ", sum |ab| "
-            << want.magnitude[i];
-  }
-  std::printf("[ measure  ] %s: worst accumulation error / sum|ab| %.3g (acc_rel %.3g)\n", c.recipe, worst_acc, tol.acc_rel);
-  EXPECT_EQ(bad, 0) << bad << " elements outside the GEMM's bound; first: " << first.str();
 
   // Against the float64 product of the unquantized inputs, member by member.
   for (int64_t g = 0; g < groups; ++g)
@@ -162,6 +169,74 @@ TEST_P(GpuQuantizeToGemm, MembersWgradReadsGroupedQuantizeOutputs) {
   const double err = qf::testing::rel_error(gotd, exact);
   std::printf("[ measure  ] %s: GPU quantize -> members wgrad: relative Frobenius error %.4f\n", c.recipe, err);
   EXPECT_LT(err, c.max_rel);
+}
+
+// fprop: the grouped quantizer's rowwise copies of X (one member per expert; float8_block_scaling
+// writes each member's 1x128 grid mn_major, padded to 4 rows on its own) and of the experts'
+// weights (128x128) go into the M-grouped blockwise GEMM, which reads them with the same device
+// offsets. Members of 209 and 85 rows pad their grids; one is empty.
+TEST(GpuQuantizeToFprop, BlockwiseReadsGroupedRowwiseCopies) {
+  QF_SKIP_WITHOUT_GPU();
+  const Recipe r = qf::testing::shipped_recipe("float8_block_scaling");
+  const std::vector<int64_t> splits = {96, 0, 209, 85};
+  const int64_t t = 390, k_in = 384, n_out = 256, groups = int64_t(splits.size());
+  std::vector<int64_t> offsets{0}, w_offsets{0};
+  for (int64_t m : splits) offsets.push_back(offsets.back() + m), w_offsets.push_back(w_offsets.back() + n_out);
+  const std::vector<int64_t> experts(size_t(groups), n_out);
+  const ref::HostTensor x = qf::testing::random_bf16(t, k_in, 5), w = qf::testing::random_bf16(groups * n_out, k_in, 6);
+
+  rt::Stream stream;
+  DeviceBuffer doff(offsets.size() * 8), dwoff(w_offsets.size() * 8);
+  doff.upload(offsets.data(), offsets.size() * 8);
+  dwoff.upload(w_offsets.data(), w_offsets.size() * 8);
+  const GpuQuantized qx = quantize_on_gpu(r, "linear:input", x, splits, doff, stream);
+  const GpuQuantized qw = quantize_on_gpu(r, "linear:weight", w, experts, dwoff, stream);
+
+  GemmSpec spec;
+  spec.scaling = GemmScaling::Block128;
+  spec.n = n_out, spec.k = k_in, spec.out_dtype = DType::FP32;
+  spec.scale_layout = qf::testing::recipe_gemm_scale_layout(r, spec.scaling, spec.layout);
+  ASSERT_EQ(spec.scale_layout, ScaleLayout::MnMajor) << "the shipped recipe's fprop entries";
+  rt::Gemm gemm(spec);
+  DeviceBuffer dd = rt::testing::poisoned_buffer(size_t(t * n_out * 4));
+  rt::GemmCall call;
+  call.a = rt::testing::view_of(qx.at("rowwise_data"));
+  call.a_scale = rt::testing::view_of(qx.at("rowwise_scale_inv"));
+  call.b = rt::testing::view_of(qw.at("rowwise_data"));
+  call.b_scale = rt::testing::view_of(qw.at("rowwise_scale_inv"));
+  call.d = rt::testing::view_of(dd);
+  call.group_offsets = rt::testing::view_of(doff);  // the quantizer's member_rows, as they are
+  call.m_total = t;
+  call.num_groups = int(groups);
+  gemm.run(call, stream.get());
+  stream.synchronize();
+  std::vector<float> got(size_t(t * n_out));
+  dd.download(got.data(), got.size() * 4);
+
+  const auto rx = qf::testing::quantize_with(r, "linear:input", x, splits);
+  const auto rw = qf::testing::quantize_with(r, "linear:weight", w, experts);
+  ref::GemmOperands ops;
+  ops.a = qf::testing::output(rx, "rowwise_data").bytes;
+  ops.a_scale = qf::testing::output(rx, "rowwise_scale_inv").bytes;
+  ops.b = qf::testing::output(rw, "rowwise_data").bytes;
+  ops.b_scale = qf::testing::output(rw, "rowwise_scale_inv").bytes;
+  ops.offsets = offsets;
+  ops.m_total = t;
+  std::vector<int64_t> rows(static_cast<size_t>(t));
+  for (int64_t i = 0; i < t; ++i) rows[size_t(i)] = i;
+  expect_within_gemm_bound(spec, got, ref::gemm_reference(spec, ops, rows), "float8_block_scaling fprop");
+
+  std::vector<double> gotd(got.begin(), got.end()), exact(got.size());
+  for (int64_t g = 0; g < groups; ++g)
+    for (int64_t row = offsets[size_t(g)]; row < offsets[size_t(g) + 1]; ++row)
+      for (int64_t col = 0; col < n_out; ++col) {
+        double s = 0;
+        for (int64_t kk = 0; kk < k_in; ++kk) s += double(x.at(row, kk)) * double(w.at(g * n_out + col, kk));
+        exact[size_t(row * n_out + col)] = s;
+      }
+  const double err = qf::testing::rel_error(gotd, exact);
+  std::printf("[ measure  ] float8_block_scaling: GPU grouped quantize -> fprop: relative Frobenius error %.4f\n", err);
+  EXPECT_LT(err, 0.1);
 }
 
 INSTANTIATE_TEST_SUITE_P(Shipped, GpuQuantizeToGemm,

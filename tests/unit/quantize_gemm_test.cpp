@@ -65,6 +65,8 @@ TEST_P(QuantizeToGemm, OperandsNeedNoReshuffling) {
   // Weight-only int8: the input's / grad's bf16 identity copy x the weights' int8 per-channel copy.
   if (c.scaling == GemmScaling::Channel) spec.a_format = ElemFormat::Identity, spec.b_format = ElemFormat::Int8;
   spec.n = cols, spec.k = red, spec.out_dtype = DType::FP32;
+  // Blockwise: mn_major, as float8_block_scaling's 1x128 rowwise copies are written (per expert).
+  spec.scale_layout = qf::testing::recipe_gemm_scale_layout(qf::testing::shipped_recipe(c.recipe), spec.scaling, spec.layout);
   ref::GemmOperands ops;
   ops.a = output(qa, "rowwise_data").bytes;
   if (gemm_a_scaled(spec)) ops.a_scale = output(qa, "rowwise_scale_inv").bytes;
