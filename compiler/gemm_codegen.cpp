@@ -13,35 +13,34 @@ namespace {
 
 constexpr GemmScalingTraits kScalings[] = {
     {GemmScaling::PerTensor, "tensor", {"qf::gemm::PerTensorScaling", "qf::kGemmPerTensor", kGemmPerTensor},
-     {"qf::gemm::PerTensorScaling", "qf::kGemmPerTensor", kGemmPerTensor}, false, 0, 0, "fp32", 4, 0, 16, "[G]", "[G]", false, true, true, false, false, "e4m3", "e4m3", {}},
+     {"qf::gemm::PerTensorScaling", "qf::kGemmPerTensor", kGemmPerTensor}, false, 0, 0, "fp32", 4, 0, 16, "[G]", "[G]", false, true, true, false, false, "e4m3", "e4m3"},
     // K-grouped: per row of A [m] and of B [N] (the per-channel transposed copies of one tensor;
     // members: [G, m] and [G, N]).
     {GemmScaling::RowChannel, "rowwise", {"qf::gemm::RowChannelScaling", "qf::kGemmRowChannel", kGemmRowChannel},
      {"qf::gemm::RowChannelScaling", "qf::kGemmRowChannel", kGemmRowChannel}, false, 0, 0, "fp32", 4, 0, 16,
-     "[m_total]", "[G, N]", false, true, true, false, true, "e4m3", "e4m3", {}},
-    // K-grouped: both operands 1x128 along the tokens (the 128x1 columnwise grids). M-grouped on
-    // mn_major A grids: A's scales copied per stage by the producer.
+     "[m_total]", "[G, N]", false, true, true, false, true, "e4m3", "e4m3"},
+    // K-grouped: both operands 1x128 along the tokens (the 128x1 columnwise grids).
     {GemmScaling::Block128, "blockwise", {"qf::gemm::Block128Scaling", "qf::kGemmBlock128", kGemmBlock128},
      {"qf::gemm::Block128KScaling", "qf::kGemmBlock128K", kGemmBlock128K}, true, 128, 128, "fp32", 4, 0, 16,
      "[m_total, ceil(K/128)]", "[G, ceil(N/128), ceil(K/128)]", false, true, true, false, false, "e4m3",
-     "e4m3", {"qf::gemm::Block128MnScaling", "qf::kGemmBlock128Mn", kGemmBlock128Mn}},
+     "e4m3"},
     {GemmScaling::Mx32, "mxfp8", {"qf::gemm::Mx32Scaling", "qf::kGemmMx32", kGemmMx32},
      {"qf::gemm::Mx32Scaling", "qf::kGemmMx32", kGemmMx32}, true, 32, 32, "e8m0", 1, 4, 128, "[m_total, K/32]",
-     "[G, N, K/32]", false, true, true, false, false, "e4m3", "e4m3", {}},
+     "[G, N, K/32]", false, true, true, false, false, "e4m3", "e4m3"},
     // Scales applied while dequantizing to fp16 (no promotion: fp16 MMAs accumulate in fp32).
     // K-grouped: both operands' 1x16 blocks along the tokens (the transposed columnwise copies).
     {GemmScaling::Nvfp4, "nvfp4", {"qf::gemm::Nvfp4Scaling", "qf::kGemmNvfp4", kGemmNvfp4},
      {"qf::gemm::Nvfp4Scaling", "qf::kGemmNvfp4", kGemmNvfp4}, false, 0, 16, "e4m3", 1, 16, 128, "[m_total, K/16]",
-     "[G, N, K/16]", true, true, true, true, false, "e2m1", "e2m1", {}},
+     "[G, N, K/16]", true, true, true, true, false, "e2m1", "e2m1"},
     // bf16 / fp16 operands as they are (the identity copies): only the per-group alpha; the
     // tensor cores accumulate their exact products in fp32 over all of K.
     {GemmScaling::None, "none", {"qf::gemm::AlphaScaling", "qf::kGemmNone", kGemmNone},
      {"qf::gemm::AlphaScaling", "qf::kGemmNone", kGemmNone}, false, 0, 0, "none", 0, 0, 16, "none", "none", true, false, false, false,
-     false, "bf16", "", {}},
+     false, "bf16", ""},
     // Weight-only int8 (W8A16): B's int8 converted to A's 16-bit type on chip (exact), fp32 sums,
     // B's per-channel scales in the epilogue. M-grouped only (the wgrad of such a recipe is bf16 x bf16).
     {GemmScaling::Channel, "channel", {"qf::gemm::ChannelScaling", "qf::kGemmChannel", kGemmChannel}, {}, false, 0, 0,
-     "fp32", 4, 0, 16, "none", "[G, N]", true, false, true, true, true, "bf16", "int8", {}},
+     "fp32", 4, 0, 16, "none", "[G, N]", true, false, true, true, true, "bf16", "int8"},
 };
 
 // The device types of bf16 and fp16 GEMM operands (identity copies), by operand_dtype == FP16.
@@ -60,8 +59,7 @@ constexpr int64_t kInt8UnpromotedK = int64_t(1) << 17;
 int out_bytes(const GemmSpec& s) { return traits(s.out_dtype).bytes; }
 
 const GemmDevicePolicy& device_policy(const GemmSpec& s) {
-  if (k_grouped(s.layout)) return traits(s.scaling).k_grouped;
-  return s.scale_layout == ScaleLayout::MnMajor ? traits(s.scaling).m_grouped_mn_major : traits(s.scaling).m_grouped;
+  return k_grouped(s.layout) ? traits(s.scaling).k_grouped : traits(s.scaling).m_grouped;
 }
 
 GemmSmem smem_for(const GemmSpec& s, const GemmTile& t) {

@@ -65,7 +65,6 @@ struct GemmScalingTraits {
                                   // CTA: no multicast, no ordered issue
   bool col_scales;                // the epilogue applies per-column (output channel) factors
   std::string_view a_default, b_default;  // operand formats when none is named (b_default empty: A's)
-  GemmDevicePolicy m_grouped_mn_major;    // M-grouped on mn_major A grids (scale_layout), where taken
 };
 const GemmScalingTraits& traits(GemmScaling s);
 std::span<const GemmScalingTraits> all_gemm_scalings();

@@ -47,12 +47,11 @@
 namespace qf {
 
 // Scaling kinds, in the order of GemmScaling in compiler/gemm_codegen.h.
-// kGemmBlock128K and kGemmBlock128Mn have no GemmScaling of their own: blockwise scaling in the
-// K-grouped layout (wgrad), where both operands carry 1x128 blocks along the tokens
-// (Block128KScaling), and M-grouped with A's grids mn_major (Block128MnScaling).
+// kGemmBlock128K has no GemmScaling of its own: it is blockwise scaling in the K-grouped layout
+// (wgrad), where both operands carry 1x128 blocks along the tokens (Block128KScaling).
 enum GemmScalingCode : int {
   kGemmPerTensor = 0, kGemmRowChannel = 1, kGemmBlock128 = 2, kGemmMx32 = 3, kGemmNvfp4 = 4, kGemmNone = 5,
-  kGemmChannel = 6, kGemmBlock128K = 7, kGemmBlock128Mn = 8
+  kGemmChannel = 6, kGemmBlock128K = 7
 };
 
 constexpr int kGemmMmasPerStage = 4;       // MMAs per stage from shared memory: 32 bytes of K each
@@ -100,13 +99,12 @@ QF_HD constexpr u32 gemm_align_up(u32 v, u32 a) { return (v + a - 1) / a * a; }
 
 // Bytes of one stage's scale slot: MX: the fp32 factors of the stage's four 32-wide k-steps,
 // [4][block_m] for A then [4][block_n] for B; K-grouped blockwise: the k-block's, [block_m] then
-// [block_n]; M-grouped blockwise on mn_major A grids: the k-block's A scales, [block_m]; none for
-// the other kinds (M-grouped compact 1x128 blocks: the consumers load their scales into registers).
+// [block_n]; none for the other kinds (M-grouped 1x128 blocks: the consumers load their scales
+// into registers).
 QF_HD constexpr u32 gemm_stage_scale_bytes(int scaling, int block_m, int block_n) {
   return scaling == kGemmMx32 ? 4u * u32(block_m + block_n) * 4u
          : scaling == kGemmBlock128K ? u32(block_m + block_n) * 4u
-         : scaling == kGemmBlock128Mn ? u32(block_m) * 4u
-                                      : 0u;
+                                     : 0u;
 }
 
 // The layout with `loads` TMA load slots (the stages' own count but for NVFP4; gemm_smem).
@@ -239,13 +237,6 @@ __device__ __forceinline__ void tma_load_2d_multicast(u32 dst, const TmaDescript
       " [%0], [%1, {%3, %4}], [%2], %5;" ::"r"(dst),
       "l"(reinterpret_cast<u64>(map)), "r"(bar), "r"(c0), "r"(c1), "h"(cta_mask)
       : "memory");
-}
-// A plain bulk copy of `bytes` (a multiple of 16; both addresses 16-byte aligned) into this CTA's
-// shared memory, completing on the mbarrier's transaction count.
-__device__ __forceinline__ void bulk_load(u32 dst, const void* src, u32 bytes, u32 bar) {
-  asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];" ::"r"(dst),
-               "l"(reinterpret_cast<u64>(src)), "r"(bytes), "r"(bar)
-               : "memory");
 }
 __device__ __forceinline__ void tma_load_3d(u32 dst, const TmaDescriptor* map, u32 bar, int c0, int c1, int c2) {
   asm volatile(
@@ -792,8 +783,9 @@ struct ChannelScaling : RowChannelScaling {
   }
 };
 
-// DeepSeek-V3 blockwise: an fp32 scale per 1x128 block of A ([m_total, ceil(K/128)]) and per
-// 128x128 block of B ([G, ceil(N/128), ceil(K/128)]). Every k-block's partial sum is promoted:
+// DeepSeek-V3 blockwise: an fp32 scale per 1x128 block of A ([m_total, ceil(K/128)], or with
+// kScaleMnMajor each group's grid [ceil(K/128), round_up(rows_g, 4)] after those of the groups
+// before: TileInfo::s_prefix) and per 128x128 block of B ([G, ceil(N/128), ceil(K/128)]). Every k-block's partial sum is promoted:
 // main += partial * (sa[r, kb] * sb[g, n/128, kb]); D = alpha * main. Each consumer thread loads
 // the three scales its fragment needs (its two rows' sa, the tile's sb) from global memory when
 // it issues the k-block's MMAs and uses them at the k-block's promotion, a k-block later: the
@@ -812,6 +804,7 @@ struct Block128Scaling : NoColScales {
     const float* sa0;  // the fragment's two rows of A's grid (clamped to the last row: rows
     const float* sa1;  // past m_total are never stored) and the tile's row of B's grid
     const float* sb;
+    int a_step;        // elements between k-blocks of a row of A's grid: 1, or mn_major its group's pitch
     float c[2][3];     // this lane's scales of the current group: k-blocks 8g + q and 8g + 4 + q, (sa0, sa1, sb)
     float next[2][3];  // the same for group g + 1
   };
@@ -826,8 +819,13 @@ struct Block128Scaling : NoColScales {
     for (int h = 0; h < 2; ++h) {
       const int i = kb + 4 * h + q;
       const bool ok = i < kKb;
-      dst[h][0] = ok ? ts.sa0[i] : 0.0f;
-      dst[h][1] = ok ? ts.sa1[i] : 0.0f;
+      if constexpr (Cfg::kScaleMnMajor) {
+        dst[h][0] = ok ? ts.sa0[i64(i) * ts.a_step] : 0.0f;
+        dst[h][1] = ok ? ts.sa1[i64(i) * ts.a_step] : 0.0f;
+      } else {
+        dst[h][0] = ok ? ts.sa0[i] : 0.0f;
+        dst[h][1] = ok ? ts.sa1[i] : 0.0f;
+      }
       dst[h][2] = ok ? ts.sb[i] : 0.0f;
     }
   }
@@ -836,10 +834,23 @@ struct Block128Scaling : NoColScales {
     constexpr i64 kKb = (Cfg::kK + 127) / 128;
     constexpr i64 kNb = (Cfg::kN + 127) / 128;
     const float* sa = static_cast<const float*>(a.a_scale);
+    if constexpr (Cfg::kScaleMnMajor) {
+      // The group's grid [kKb, pitch]; rows past the group's end read its last row (never
+      // stored). A group whose grid would pass the buffer reads entry 0 and gives NaN.
+      const int last = t.row_end - t.row0 - 1;
+      const float* base = t.bad ? sa : sa + i64(t.s_prefix) * kKb + t.grid_row;
+      const int i0 = t.bad ? 0 : min(f.row, last), i1 = t.bad ? 0 : min(f.row + 8, last);
+      Tile ts{t.bad ? __int_as_float(0x7fc00000) : group_alpha(a, t), base + i0, base + i1,
+              static_cast<const float*>(a.b_scale) + (i64(t.group) * kNb + t.n0 / 128) * kKb, t.bad ? 0 : t.s_cols, {}, {}};
+      load_group<Cfg>(ts, 0, f.lane & 3, ts.next);
+      return ts;
+    }
+    // (B's row pointer is computed in the Tile's initializer, after alpha: computed before it,
+    // ptxas spilled 700 bytes in the consumers, GemmCompile.NvrtcSm90aNoSpills.)
     const int last = int(a.m_total) - 1;
     const int r0 = t.row0 + f.row, r1 = r0 + 8;
     Tile ts{group_alpha(a, t), sa + i64(min(r0, last)) * kKb, sa + i64(min(r1, last)) * kKb,
-            static_cast<const float*>(a.b_scale) + (i64(t.group) * kNb + t.n0 / 128) * kKb, {}, {}};
+            static_cast<const float*>(a.b_scale) + (i64(t.group) * kNb + t.n0 / 128) * kKb, 1, {}, {}};
     load_group<Cfg>(ts, 0, f.lane & 3, ts.next);
     return ts;
   }
@@ -874,73 +885,6 @@ struct Block128Scaling : NoColScales {
       total[4 * j + 2] = fmaf(acc[4 * j + 2], s1, total[4 * j + 2]);
       total[4 * j + 3] = fmaf(acc[4 * j + 3], s1, total[4 * j + 3]);
     }
-  }
-};
-
-// Blockwise with mn_major A grids (M-grouped; kGemmBlock128Mn): the producer copies each stage's
-// A scales, the k-block's block_m consecutive floats of the group's grid (TileInfo::s_prefix,
-// s_cols, grid_row), into the stage's scale slot with one bulk copy on the stage's full barrier
-// (as DeepGEMM loads its MN-major A factors with the tiles); a consumer reads its fragment's two
-// rows there at the promotion. B's 128x128 scales as Block128Scaling loads them, a group of 8
-// k-blocks ahead into registers. A group whose grid would pass the buffer gets alpha NaN.
-struct Block128MnScaling : NoColScales {
-  static constexpr int kSteps = 1, kScaleWriters = 0;
-  struct Tile {
-    float alpha;
-    const float* sb;  // the tile's row of B's grid
-    float c[2];       // this lane's B scales of the current group: k-blocks 8g + q and 8g + 4 + q
-    float next[2];    // the same for group g + 1
-  };
-  struct Step {
-    const float* slot;  // the stage's A scales, [block_m] (read after the stage's full barrier)
-    float sb;
-  };
-  template <class Cfg>
-  __device__ static void load_group(const Tile& ts, int kb, int q, float (&dst)[2]) {
-    constexpr int kKb = int((Cfg::kK + 127) / 128);
-#pragma unroll
-    for (int h = 0; h < 2; ++h) {
-      const int i = kb + 4 * h + q;
-      dst[h] = i < kKb ? ts.sb[i] : 0.0f;
-    }
-  }
-  template <class Cfg>
-  __device__ static Tile begin(const GemmArgs& a, const TileInfo& t, const Frag& f) {
-    constexpr i64 kKb = (Cfg::kK + 127) / 128;
-    constexpr i64 kNb = (Cfg::kN + 127) / 128;
-    Tile ts{t.bad ? __int_as_float(0x7fc00000) : group_alpha(a, t),
-            static_cast<const float*>(a.b_scale) + (i64(t.group) * kNb + t.n0 / 128) * kKb, {}, {}};
-    load_group<Cfg>(ts, 0, f.lane & 3, ts.next);
-    return ts;
-  }
-  template <class Cfg>
-  __device__ static Step load_step(const GemmArgs&, Tile& ts, const Frag& f, int kb, const float* slot) {
-    if (kb % 8 == 0) {
-      ts.c[0] = ts.next[0], ts.c[1] = ts.next[1];
-      load_group<Cfg>(ts, kb + 8, f.lane & 3, ts.next);
-    }
-    const int src = (f.lane & ~3) | (kb & 3);
-    return {slot, __shfl_sync(0xffffffffu, (kb & 4) ? ts.c[1] : ts.c[0], src)};
-  }
-  template <class Cfg>
-  __device__ static float row_factor(const Tile& s, int) { return s.alpha; }
-  template <class Cfg, int kAcc>
-  __device__ static void promote_step(float* total, const float* acc, const Step& st, int step, const Frag& f,
-                                      const Tile&) {
-    const Block128Scaling::Step s{st.slot[f.row], st.slot[f.row + 8], st.sb};
-    Block128Scaling::promote_step<Cfg, kAcc>(total, acc, s, step, f, Block128Scaling::Tile{});
-  }
-  // Bytes of the stage's A scales the producer copies: the tile's rows of the group's grid (a
-  // multiple of 4 rows, so of 16 bytes), none for a group the kernel cannot read.
-  template <class Cfg>
-  __device__ static u32 a_copy_bytes(const TileInfo& t) {
-    return t.bad ? 0u : u32(min(int(Cfg::kBlockM), t.s_cols - t.grid_row)) * 4u;
-  }
-  // Where they start: k-block kb of the group's grid, the tile's first row.
-  template <class Cfg>
-  __device__ static const float* a_copy_src(const GemmArgs& a, const TileInfo& t, int kb) {
-    constexpr i64 kKb = (Cfg::kK + 127) / 128;
-    return static_cast<const float*>(a.a_scale) + i64(t.s_prefix) * kKb + i64(kb) * t.s_cols + t.grid_row;
   }
 };
 
@@ -1259,8 +1203,7 @@ struct Traits {
                 "the setmaxnreg split must fit the launch's register pool (or the increase never returns)");
   static_assert(kBN % 64 == 0 && kBN <= 256, "block_n: 64, 128, 192 or 256");
   static_assert(!Cfg::kPromote || kBN <= 128, "promotion keeps two accumulators: block_n <= 128");
-  static_assert((Cfg::kScaling != kGemmBlock128 && Cfg::kScaling != kGemmBlock128Mn) ||
-                    (kBN <= 128 && 128 % kBN == 0 && Cfg::kPromote),
+  static_assert(Cfg::kScaling != kGemmBlock128 || (kBN <= 128 && 128 % kBN == 0 && Cfg::kPromote),
                 "128x128 B blocks: a tile's columns share one B scale");
   static_assert(kMc == 1 || (kMc == 2 && (Cfg::kN + kBN - 1) / kBN % 2 == 0), "multicast pairs n-blocks");
   static_assert(Cfg::kN % 8 == 0 && Cfg::kK % 16 == 0, "N % 8 == 0, K % 16 == 0");
@@ -1283,12 +1226,9 @@ struct Traits {
   static_assert(!Cfg::kMembers || Cfg::kKGrouped, "per-member operands: the K-grouped layout");
   static_assert(Cfg::kScaling != kGemmBlock128K || (Cfg::kKGrouped && Cfg::kPromote),
                 "Block128KScaling: the K-grouped layout, promoted");
-  static_assert((Cfg::kScaling == kGemmBlock128Mn) == (Cfg::kScaleMnMajor && !Cfg::kKGrouped),
-                "Block128MnScaling: the M-grouped layout on mn_major A grids, and only it");
   static_assert(Cfg::AFormat::kIsInt == Cfg::BFormat::kIsInt || kConvertB, "int8 operands: both (or weight-only int8 B)");
   static_assert(!kInt8 || (Cfg::kScaling == kGemmPerTensor || Cfg::kScaling == kGemmRowChannel ||
-                           Cfg::kScaling == kGemmBlock128 || Cfg::kScaling == kGemmBlock128K ||
-                           Cfg::kScaling == kGemmBlock128Mn),
+                           Cfg::kScaling == kGemmBlock128 || Cfg::kScaling == kGemmBlock128K),
                 "int8: per-tensor, per-row x per-channel or 1x128 blockwise scaling");
   static_assert(!kInt8 || Cfg::kPromote || (!Cfg::kKGrouped && Cfg::kK < (i64(1) << 17)),
                 "int8 unpromoted: K * 2^14 < 2^31, so that no s32 sum over all of K overflows");
@@ -1300,7 +1240,6 @@ struct Traits {
 template <class Cfg>
 __device__ __forceinline__ void producer(const GemmArgs& a, u8* smem, u32 base, u32 rank, int lane) {
   using T = Traits<Cfg>;
-  using S = typename T::Scaling;
   Scheduler<Cfg> sched(a);
   MemberMaps<Cfg> maps(a);
   const u32 full0 = base + T::kSmem.bar_off, empty0 = full0 + 8u * T::kStages;
@@ -1323,15 +1262,7 @@ __device__ __forceinline__ void producer(const GemmArgs& a, u8* smem, u32 base, 
       const u32 empty = empty0 + 8u * stage;
       sm90::mbar_wait(empty, phase ^ 1u);
       if (lane == 0) {
-        if constexpr (Cfg::kScaling == kGemmBlock128Mn) {  // the stage's A scales (Block128MnScaling)
-          const u32 bytes = S::template a_copy_bytes<Cfg>(t);
-          sm90::mbar_arrive_expect_tx(full, T::kTxBytes + bytes);
-          if (bytes > 0)
-            sm90::bulk_load(base + T::kSmem.sc_off + u32(stage) * T::kSmem.sc_stage, S::template a_copy_src<Cfg>(a, t, kb),
-                            bytes, full);
-        } else {
-          sm90::mbar_arrive_expect_tx(full, T::kTxBytes);
-        }
+        sm90::mbar_arrive_expect_tx(full, T::kTxBytes);
         const u32 a_dst = base + T::kSmem.a_off + u32(stage) * T::kSmem.a_stage;
         if constexpr (T::kMc == 2) {
           constexpr int kHalf = T::kBM / 2;
