@@ -60,9 +60,9 @@ gemm_cases+=':*GemmExact*kgrouped_block_bf16:*GemmExact*kgrouped_mxfp8_bf16'
 # K-grouped members: tensor maps written by the producer warp into the workspace ring, then read by TMA.
 gemm_cases+=':*GemmExact*members_block_ring:*GemmExact*members_nvfp4_bf16'
 # mn_major blockwise scale grids (sessions 30-31): the quantize side's padding zeroed by the last
-# row's writer (the shipped recipe's rowwise and transposed grids), the K-grouped writers' coalesced
-# loads (one tensor, members on 3 CTAs), the M-grouped consumers' per-group A grids on 3 CTAs.
-gemm_cases+=':*float8_block_scaling__linear_input__training__bf16__200x320'
+# row's writer (both directions), the K-grouped writers' coalesced loads (one tensor, members on 3
+# CTAs), the M-grouped consumers' per-group A grids on 3 CTAs and in masked slots.
+gemm_cases+=':*float8_block_scaling_mn_major__linear_input__training__bf16__200x320'
 gemm_cases+=':*GemmExact*kgrouped_block_mn_major_bf16:*GemmExact*members_block_mn_major_ring'
 gemm_cases+=':*GemmExact*block_mn_major_many_groups_3ctas:*GemmExact*masked_block_mn_major_fp32'
 # K-grouped per channel (the TMA epilogue's column factors, restaged per tile) and int8 (s32 sums).

@@ -804,30 +804,33 @@ struct Block128Scaling : NoColScales {
     const float* sa0;  // the fragment's two rows of A's grid (clamped to the last row: rows
     const float* sa1;  // past m_total are never stored) and the tile's row of B's grid
     const float* sb;
-    int a_step;        // elements between k-blocks of a row of A's grid: 1, or mn_major its group's pitch
+    i64 a_step4;       // mn_major: elements between this lane's two k-blocks of a group (4 pitches);
+                       // sa0 / sa1 then point at this lane's first k-block of the next group to load
     float c[2][3];     // this lane's scales of the current group: k-blocks 8g + q and 8g + 4 + q, (sa0, sa1, sb)
     float next[2][3];  // the same for group g + 1
   };
   struct Step {
     float sa0, sa1, sb;
   };
-  // This lane's scales of the group of 8 k-blocks starting at kb (0 past K).
+  // This lane's scales of the group of 8 k-blocks starting at kb (0 past K); called for kb = 0,
+  // 8, 16, ... in turn (mn_major: the A pointers step to the next group).
   template <class Cfg>
-  __device__ static void load_group(const Tile& ts, int kb, int q, float (&dst)[2][3]) {
+  __device__ static void load_group(Tile& ts, int kb, int q, float (&dst)[2][3]) {
     constexpr int kKb = int((Cfg::kK + 127) / 128);
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
       const int i = kb + 4 * h + q;
       const bool ok = i < kKb;
       if constexpr (Cfg::kScaleMnMajor) {
-        dst[h][0] = ok ? ts.sa0[i64(i) * ts.a_step] : 0.0f;
-        dst[h][1] = ok ? ts.sa1[i64(i) * ts.a_step] : 0.0f;
+        dst[h][0] = ok ? ts.sa0[h * ts.a_step4] : 0.0f;
+        dst[h][1] = ok ? ts.sa1[h * ts.a_step4] : 0.0f;
       } else {
         dst[h][0] = ok ? ts.sa0[i] : 0.0f;
         dst[h][1] = ok ? ts.sa1[i] : 0.0f;
       }
       dst[h][2] = ok ? ts.sb[i] : 0.0f;
     }
+    if constexpr (Cfg::kScaleMnMajor) ts.sa0 += 2 * ts.a_step4, ts.sa1 += 2 * ts.a_step4;
   }
   template <class Cfg>
   __device__ static Tile begin(const GemmArgs& a, const TileInfo& t, const Frag& f) {
@@ -839,9 +842,11 @@ struct Block128Scaling : NoColScales {
       // stored). A group whose grid would pass the buffer reads entry 0 and gives NaN.
       const int last = t.row_end - t.row0 - 1;
       const float* base = t.bad ? sa : sa + i64(t.s_prefix) * kKb + t.grid_row;
+      const i64 pitch = t.bad ? 0 : t.s_cols;
+      const i64 q = pitch * (f.lane & 3);  // this lane's k-block of each 4
       const int i0 = t.bad ? 0 : min(f.row, last), i1 = t.bad ? 0 : min(f.row + 8, last);
-      Tile ts{t.bad ? __int_as_float(0x7fc00000) : group_alpha(a, t), base + i0, base + i1,
-              static_cast<const float*>(a.b_scale) + (i64(t.group) * kNb + t.n0 / 128) * kKb, t.bad ? 0 : t.s_cols, {}, {}};
+      Tile ts{t.bad ? __int_as_float(0x7fc00000) : group_alpha(a, t), base + q + i0, base + q + i1,
+              static_cast<const float*>(a.b_scale) + (i64(t.group) * kNb + t.n0 / 128) * kKb, 4 * pitch, {}, {}};
       load_group<Cfg>(ts, 0, f.lane & 3, ts.next);
       return ts;
     }
@@ -850,7 +855,7 @@ struct Block128Scaling : NoColScales {
     const int last = int(a.m_total) - 1;
     const int r0 = t.row0 + f.row, r1 = r0 + 8;
     Tile ts{group_alpha(a, t), sa + i64(min(r0, last)) * kKb, sa + i64(min(r1, last)) * kKb,
-            static_cast<const float*>(a.b_scale) + (i64(t.group) * kNb + t.n0 / 128) * kKb, 1, {}, {}};
+            static_cast<const float*>(a.b_scale) + (i64(t.group) * kNb + t.n0 / 128) * kKb, 0, {}, {}};
     load_group<Cfg>(ts, 0, f.lane & 3, ts.next);
     return ts;
   }

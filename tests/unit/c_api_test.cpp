@@ -568,13 +568,13 @@ TEST_F(CApi, GemmFromRecipePreparesWithoutAGpu) {
   qf_gemm_destroy(g);
   EXPECT_EQ(qf_gemm_create_from_recipe(ctx_, "nope", 0, &g), QF_ERR_USER);
   ASSERT_EQ(qf_gemm_create_from_recipe(ctx_, "float8_block_scaling", 1, &g), QF_OK) << qf_last_error();
-  EXPECT_STREQ(qf_gemm_describe(g), "e4m3 x e4m3 blockwise (mn_major scales) N=7168 K=2048 -> bf16");
+  EXPECT_STREQ(qf_gemm_describe(g), "e4m3 x e4m3 blockwise N=7168 K=2048 -> bf16");
   int64_t none = -1;
   ASSERT_EQ(qf_gemm_workspace_bytes(g, &none), QF_OK) << qf_last_error();  // no GPU needed
   EXPECT_EQ(none, 0);
   int64_t sa = 0, sb = 0;
   ASSERT_EQ(qf_gemm_scale_bytes(g, 1000, 8, &sa, &sb), QF_OK);
-  EXPECT_EQ(sa, (1000 + 3 * 8) * 16 * 4);  // [K/128, m_total + 3 G] fp32 (mn_major, per group padded to 4 rows)
+  EXPECT_EQ(sa, 1000 * 16 * 4);     // [m_total, K/128] fp32
   EXPECT_EQ(sb, 8 * 56 * 16 * 4);   // [G, N/128, K/128] fp32
   EXPECT_EQ(qf_gemm_prepare(g, "sm_100a"), QF_ERR_USER);
   EXPECT_NE(std::string(qf_last_error()).find("sm_90a"), std::string::npos) << qf_last_error();

@@ -171,13 +171,13 @@ TEST_P(GpuQuantizeToGemm, MembersWgradReadsGroupedQuantizeOutputs) {
   EXPECT_LT(err, c.max_rel);
 }
 
-// fprop: the grouped quantizer's rowwise copies of X (one member per expert; float8_block_scaling
-// writes each member's 1x128 grid mn_major, padded to 4 rows on its own) and of the experts'
-// weights (128x128) go into the M-grouped blockwise GEMM, which reads them with the same device
-// offsets. Members of 209 and 85 rows pad their grids; one is empty.
-TEST(GpuQuantizeToFprop, BlockwiseReadsGroupedRowwiseCopies) {
+// fprop: the grouped quantizer's rowwise copies of X (one member per expert, each member's 1x128
+// grid mn_major, padded to 4 rows on its own: tests/recipes/good/float8_block_scaling_mn_major.json)
+// and of the experts' weights (128x128) go into the M-grouped blockwise GEMM, which reads them with
+// the same device offsets. Members of 209 and 85 rows pad their grids; one is empty.
+TEST(GpuQuantizeToFprop, BlockwiseReadsGroupedMnMajorRowwiseCopies) {
   QF_SKIP_WITHOUT_GPU();
-  const Recipe r = qf::testing::shipped_recipe("float8_block_scaling");
+  const Recipe r = qf::testing::shipped_recipe("good/float8_block_scaling_mn_major");
   const std::vector<int64_t> splits = {96, 0, 209, 85};
   const int64_t t = 390, k_in = 384, n_out = 256, groups = int64_t(splits.size());
   std::vector<int64_t> offsets{0}, w_offsets{0};
@@ -196,7 +196,7 @@ TEST(GpuQuantizeToFprop, BlockwiseReadsGroupedRowwiseCopies) {
   spec.scaling = GemmScaling::Block128;
   spec.n = n_out, spec.k = k_in, spec.out_dtype = DType::FP32;
   spec.scale_layout = qf::testing::recipe_gemm_scale_layout(r, spec.scaling, spec.layout);
-  ASSERT_EQ(spec.scale_layout, ScaleLayout::MnMajor) << "the shipped recipe's fprop entries";
+  ASSERT_EQ(spec.scale_layout, ScaleLayout::MnMajor) << "the recipe's fprop entries";
   rt::Gemm gemm(spec);
   DeviceBuffer dd = rt::testing::poisoned_buffer(size_t(t * n_out * 4));
   rt::GemmCall call;
@@ -224,7 +224,7 @@ TEST(GpuQuantizeToFprop, BlockwiseReadsGroupedRowwiseCopies) {
   ops.m_total = t;
   std::vector<int64_t> rows(static_cast<size_t>(t));
   for (int64_t i = 0; i < t; ++i) rows[size_t(i)] = i;
-  expect_within_gemm_bound(spec, got, ref::gemm_reference(spec, ops, rows), "float8_block_scaling fprop");
+  expect_within_gemm_bound(spec, got, ref::gemm_reference(spec, ops, rows), "float8_block_scaling_mn_major fprop");
 
   std::vector<double> gotd(got.begin(), got.end()), exact(got.size());
   for (int64_t g = 0; g < groups; ++g)
@@ -235,7 +235,7 @@ TEST(GpuQuantizeToFprop, BlockwiseReadsGroupedRowwiseCopies) {
         exact[size_t(row * n_out + col)] = s;
       }
   const double err = qf::testing::rel_error(gotd, exact);
-  std::printf("[ measure  ] float8_block_scaling: GPU grouped quantize -> fprop: relative Frobenius error %.4f\n", err);
+  std::printf("[ measure  ] float8_block_scaling_mn_major: GPU grouped quantize -> fprop: relative Frobenius error %.4f\n", err);
   EXPECT_LT(err, 0.1);
 }
 

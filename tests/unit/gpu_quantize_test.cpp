@@ -205,9 +205,8 @@ std::vector<Case> all_cases() {
   const char* recipes[] = {"delayed_scaling",  "current_scaling", "float8_block_scaling",
                            "mxfp8",            "mxfp8_hopper",    "nvfp4",
                            "hybrid_mxfp8_fwd_nvfp4_bwd", "int8_weight_sr", "w8a8_int8_inference", "fp8_rowwise",
-                           // the shipped blockwise recipe with compact (row-major) 1D block-scale
-                           // grids instead of its mn_major ones
-                           "good/float8_block_scaling_compact"};
+                           // Transformer Engine's GEMM-ready (mn_major) layout of the 1D block scales
+                           "good/float8_block_scaling_mn_major"};
   const char* roles[] = {"linear:input", "linear:weight", "linear:grad_output"};
   // {200, 320}: interior tiles (the vector paths) in a tensor whose rows are not a multiple of 16.
   const Shape2D small[] = {{1, 1}, {1, 16}, {31, 33}, {32, 64}, {128, 4224}, {200, 320}};

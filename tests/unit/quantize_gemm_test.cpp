@@ -7,6 +7,7 @@
 // layout (nibble order, a swapped expert) must fail the same check.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <filesystem>
@@ -65,7 +66,7 @@ TEST_P(QuantizeToGemm, OperandsNeedNoReshuffling) {
   // Weight-only int8: the input's / grad's bf16 identity copy x the weights' int8 per-channel copy.
   if (c.scaling == GemmScaling::Channel) spec.a_format = ElemFormat::Identity, spec.b_format = ElemFormat::Int8;
   spec.n = cols, spec.k = red, spec.out_dtype = DType::FP32;
-  // Blockwise: mn_major, as float8_block_scaling's 1x128 rowwise copies are written (per expert).
+  // The layout the recipe's own fprop / dgrad entries read (blockwise: its 1x128 rowwise grids').
   spec.scale_layout = qf::testing::recipe_gemm_scale_layout(qf::testing::shipped_recipe(c.recipe), spec.scaling, spec.layout);
   ref::GemmOperands ops;
   ops.a = output(qa, "rowwise_data").bytes;
@@ -128,6 +129,9 @@ INSTANTIATE_TEST_SUITE_P(
                       Case{"mxfp8_hopper", GemmScaling::Mx32, false, 0.1}, Case{"mxfp8_hopper", GemmScaling::Mx32, true, 0.1},
                       Case{"float8_block_scaling", GemmScaling::Block128, false, 0.1},
                       Case{"float8_block_scaling", GemmScaling::Block128, true, 0.1},
+                      // 1x128 grids mn_major, one per expert (member), read so by its fprop / dgrad entries
+                      Case{"good/float8_block_scaling_mn_major", GemmScaling::Block128, false, 0.1},
+                      Case{"good/float8_block_scaling_mn_major", GemmScaling::Block128, true, 0.1},
                       // fp8 per token x per channel (torchao's rowwise): the weights' columnwise copy per input channel
                       Case{"fp8_rowwise", GemmScaling::RowChannel, false, 0.05}, Case{"fp8_rowwise", GemmScaling::RowChannel, true, 0.05},
                       // W8A8: int8 per token (input) x int8 per output channel (weight), fprop only (inference)
@@ -136,7 +140,9 @@ INSTANTIATE_TEST_SUITE_P(
                       Case{"int8_weight_sr", GemmScaling::Channel, false, 0.03},
                       Case{"int8_weight_sr", GemmScaling::Channel, true, 0.03}),
     [](const ::testing::TestParamInfo<Case>& i) {
-      return std::string(i.param.recipe) + (i.param.dgrad ? "_dgrad" : "_fprop");
+      std::string name = std::string(i.param.recipe) + (i.param.dgrad ? "_dgrad" : "_fprop");
+      std::replace(name.begin(), name.end(), '/', '_');
+      return name;
     });
 
 }  // namespace

@@ -53,8 +53,11 @@ inline std::vector<float> amax_of(const std::vector<ref::Output>& outs, const st
   return {};
 }
 
+// A shipped recipe by name, or with "good/" a test recipe of tests/recipes/good/.
 inline Recipe shipped_recipe(const std::string& name) {
-  return load_recipe(std::filesystem::path(QF_SOURCE_DIR) / "recipes" / (name + ".json"));
+  const std::filesystem::path src(QF_SOURCE_DIR);
+  if (name.rfind("good/", 0) == 0) return load_recipe(src / "tests/recipes" / (name + ".json"));
+  return load_recipe(src / "recipes" / (name + ".json"));
 }
 
 // The scale layout the recipe's own GEMM entries of this scaling and layout read (compact where it
