@@ -90,6 +90,25 @@ void expect_within_gemm_bound(const GemmSpec& spec, const std::vector<float>& go
   EXPECT_EQ(bad, 0) << bad << " elements outside the GEMM's bound; first: " << first.str();
 }
 
+// The CPU reference's quantize outputs of A and B (their `dir` copies, which must outlive the
+// result) as GEMM operands.
+ref::GemmOperands operands_of(const GemmSpec& spec, const std::vector<ref::Output>& qa, const std::vector<ref::Output>& qb,
+                              const std::string& dir) {
+  ref::GemmOperands ops;
+  ops.a = qf::testing::output(qa, dir + "_data").bytes;
+  ops.b = qf::testing::output(qb, dir + "_data").bytes;
+  if (gemm_a_scaled(spec)) ops.a_scale = qf::testing::output(qa, dir + "_scale_inv").bytes;
+  if (gemm_b_scaled(spec)) ops.b_scale = qf::testing::output(qb, dir + "_scale_inv").bytes;
+  return ops;
+}
+
+// Runs the GEMM and returns its fp32 output D (the whole buffer dd).
+std::vector<float> run_gemm(const rt::Gemm& gemm, const rt::GemmCall& call, const DeviceBuffer& dd, rt::Stream& stream) {
+  gemm.run(call, stream.get());
+  stream.synchronize();
+  return dd.download_as<float>();
+}
+
 class GpuQuantizeToGemm : public ::testing::TestWithParam<Case> {};
 
 TEST_P(GpuQuantizeToGemm, MembersWgradReadsGroupedQuantizeOutputs) {
@@ -136,19 +155,12 @@ TEST_P(GpuQuantizeToGemm, MembersWgradReadsGroupedQuantizeOutputs) {
   call.k_total = t;
   call.num_groups = int(groups);
   call.workspace = rt::testing::view_of(dws);
-  gemm.run(call, stream.get());
-  stream.synchronize();
-  std::vector<float> got(size_t(groups * n_out * k_in));
-  dd.download(got.data(), got.size() * 4);
+  const std::vector<float> got = run_gemm(gemm, call, dd, stream);
 
   // The CPU pipeline: the reference quantize's bytes into the float64 GEMM reference.
   const auto rx = qf::testing::quantize_with(r, "linear:input", x, splits);
   const auto rdy = qf::testing::quantize_with(r, "linear:grad_output", dy, splits);
-  ref::GemmOperands ops;
-  ops.a = qf::testing::output(rdy, "columnwise_data").bytes;
-  ops.b = qf::testing::output(rx, "columnwise_data").bytes;
-  if (gemm_a_scaled(spec)) ops.a_scale = qf::testing::output(rdy, "columnwise_scale_inv").bytes;
-  if (gemm_b_scaled(spec)) ops.b_scale = qf::testing::output(rx, "columnwise_scale_inv").bytes;
+  ref::GemmOperands ops = operands_of(spec, rdy, rx, "columnwise");
   ops.offsets = offsets;
   ops.k_total = t;
   const std::vector<float> a_amax = qf::testing::amax_of(rdy, "columnwise"), b_amax = qf::testing::amax_of(rx, "columnwise");
@@ -208,18 +220,11 @@ TEST(GpuQuantizeToFprop, BlockwiseReadsGroupedMnMajorRowwiseCopies) {
   call.group_offsets = rt::testing::view_of(doff);  // the quantizer's member_rows, as they are
   call.m_total = t;
   call.num_groups = int(groups);
-  gemm.run(call, stream.get());
-  stream.synchronize();
-  std::vector<float> got(size_t(t * n_out));
-  dd.download(got.data(), got.size() * 4);
+  const std::vector<float> got = run_gemm(gemm, call, dd, stream);
 
   const auto rx = qf::testing::quantize_with(r, "linear:input", x, splits);
   const auto rw = qf::testing::quantize_with(r, "linear:weight", w, experts);
-  ref::GemmOperands ops;
-  ops.a = qf::testing::output(rx, "rowwise_data").bytes;
-  ops.a_scale = qf::testing::output(rx, "rowwise_scale_inv").bytes;
-  ops.b = qf::testing::output(rw, "rowwise_data").bytes;
-  ops.b_scale = qf::testing::output(rw, "rowwise_scale_inv").bytes;
+  ref::GemmOperands ops = operands_of(spec, rx, rw, "rowwise");
   ops.offsets = offsets;
   ops.m_total = t;
   std::vector<int64_t> rows(static_cast<size_t>(t));
