@@ -785,13 +785,18 @@ struct ChannelScaling : RowChannelScaling {
 
 // DeepSeek-V3 blockwise: an fp32 scale per 1x128 block of A ([m_total, ceil(K/128)], or with
 // kScaleMnMajor each group's grid [ceil(K/128), round_up(rows_g, 4)] after those of the groups
-// before: TileInfo::s_prefix) and per 128x128 block of B ([G, ceil(N/128), ceil(K/128)]). Every k-block's partial sum is promoted:
-// main += partial * (sa[r, kb] * sb[g, n/128, kb]); D = alpha * main. Each consumer thread loads
+// before: TileInfo::s_prefix) and per 128x128 block of B ([G, ceil(N/128), ceil(K/128)]). Every
+// k-block's partial sum is promoted: main += partial * (sa[r, kb] * sb[g, n/128, kb]); D = alpha * main. Each consumer thread loads
 // the three scales its fragment needs (its two rows' sa, the tile's sb) from global memory when
 // it issues the k-block's MMAs and uses them at the k-block's promotion, a k-block later: the
 // loads' latency hides behind the MMAs, and the producer and the stages carry no scales.
 struct Block128Scaling : NoColScales {
   static constexpr int kSteps = 1, kScaleWriters = 0;
+  // Groups loaded ahead: mn_major A grids two (one measured 3-4 % below compact grids, two 2-3 %,
+  // three no better: docs/gemm.md), compact one (two measured the same).
+  static constexpr int kMaxAhead = 2;
+  template <class Cfg>
+  static constexpr int kAhead = Cfg::kScaleMnMajor ? 2 : 1;
   // The four lanes of a quad share their fragment rows, so they share the loads: lane q of a
   // quad holds the scales of k-blocks 8g + q and 8g + 4 + q (its two A rows, the tile's B row;
   // one 32-byte sector per row for the whole quad), and k-block kb's scales come from lane kb % 4
@@ -807,7 +812,7 @@ struct Block128Scaling : NoColScales {
     i64 a_step4;       // mn_major: elements between this lane's two k-blocks of a group (4 pitches);
                        // sa0 / sa1 then point at this lane's first k-block of the next group to load
     float c[2][3];     // this lane's scales of the current group: k-blocks 8g + q and 8g + 4 + q, (sa0, sa1, sb)
-    float next[2][3];  // the same for group g + 1
+    float next[kMaxAhead][2][3];  // the same for groups g + 1 .. g + kAhead<Cfg>
   };
   struct Step {
     float sa0, sa1, sb;
@@ -847,7 +852,8 @@ struct Block128Scaling : NoColScales {
       const int i0 = t.bad ? 0 : min(f.row, last), i1 = t.bad ? 0 : min(f.row + 8, last);
       Tile ts{t.bad ? __int_as_float(0x7fc00000) : group_alpha(a, t), base + q + i0, base + q + i1,
               static_cast<const float*>(a.b_scale) + (i64(t.group) * kNb + t.n0 / 128) * kKb, 4 * pitch, {}, {}};
-      load_group<Cfg>(ts, 0, f.lane & 3, ts.next);
+#pragma unroll
+      for (int j = 0; j < kAhead<Cfg>; ++j) load_group<Cfg>(ts, 8 * j, f.lane & 3, ts.next[j]);
       return ts;
     }
     // (B's row pointer is computed in the Tile's initializer, after alpha: computed before it,
@@ -856,7 +862,8 @@ struct Block128Scaling : NoColScales {
     const int r0 = t.row0 + f.row, r1 = r0 + 8;
     Tile ts{group_alpha(a, t), sa + i64(min(r0, last)) * kKb, sa + i64(min(r1, last)) * kKb,
             static_cast<const float*>(a.b_scale) + (i64(t.group) * kNb + t.n0 / 128) * kKb, 0, {}, {}};
-    load_group<Cfg>(ts, 0, f.lane & 3, ts.next);
+#pragma unroll
+    for (int j = 0; j < kAhead<Cfg>; ++j) load_group<Cfg>(ts, 8 * j, f.lane & 3, ts.next[j]);
     return ts;
   }
   template <class Cfg>
@@ -866,8 +873,12 @@ struct Block128Scaling : NoColScales {
 #pragma unroll
       for (int h = 0; h < 2; ++h)
 #pragma unroll
-        for (int e = 0; e < 3; ++e) ts.c[h][e] = ts.next[h][e];
-      load_group<Cfg>(ts, kb + 8, q, ts.next);
+        for (int e = 0; e < 3; ++e) {
+          ts.c[h][e] = ts.next[0][h][e];
+#pragma unroll
+          for (int j = 0; j + 1 < kAhead<Cfg>; ++j) ts.next[j][h][e] = ts.next[j + 1][h][e];
+        }
+      load_group<Cfg>(ts, kb + 8 * kAhead<Cfg>, q, ts.next[kAhead<Cfg> - 1]);
     }
     const int src = (f.lane & ~3) | (kb & 3);
     const bool hi = kb & 4;
