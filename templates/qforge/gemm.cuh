@@ -792,8 +792,8 @@ struct ChannelScaling : RowChannelScaling {
 // loads' latency hides behind the MMAs, and the producer and the stages carry no scales.
 struct Block128Scaling : NoColScales {
   static constexpr int kSteps = 1, kScaleWriters = 0;
-  // Groups loaded ahead: mn_major A grids two (one measured 3-4 % below compact grids, two 2-3 %,
-  // three no better: docs/gemm.md), compact one (two measured the same).
+  // Groups loaded ahead: mn_major A grids two (with one they measured 3-4 % below compact grids,
+  // with two 1-3 %, three no better: docs/gemm.md), compact one (two measured the same).
   static constexpr int kMaxAhead = 2;
   template <class Cfg>
   static constexpr int kAhead = Cfg::kScaleMnMajor ? 2 : 1;
