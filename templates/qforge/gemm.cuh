@@ -786,10 +786,11 @@ struct ChannelScaling : RowChannelScaling {
 // DeepSeek-V3 blockwise: an fp32 scale per 1x128 block of A ([m_total, ceil(K/128)], or with
 // kScaleMnMajor each group's grid [ceil(K/128), round_up(rows_g, 4)] after those of the groups
 // before: TileInfo::s_prefix) and per 128x128 block of B ([G, ceil(N/128), ceil(K/128)]). Every
-// k-block's partial sum is promoted: main += partial * (sa[r, kb] * sb[g, n/128, kb]); D = alpha * main. Each consumer thread loads
-// the three scales its fragment needs (its two rows' sa, the tile's sb) from global memory when
-// it issues the k-block's MMAs and uses them at the k-block's promotion, a k-block later: the
-// loads' latency hides behind the MMAs, and the producer and the stages carry no scales.
+// k-block's partial sum is promoted: main += partial * (sa[r, kb] * sb[g, n/128, kb]); D = alpha *
+// main. Each consumer thread loads the three scales its fragment needs (its two rows' sa, the
+// tile's sb) from global memory ahead of the k-blocks that use them (below) and uses them at the
+// k-block's promotion: the loads' latency hides behind the MMAs, and the producer and the stages
+// carry no scales.
 struct Block128Scaling : NoColScales {
   static constexpr int kSteps = 1, kScaleWriters = 0;
   // Groups loaded ahead: mn_major A grids two (with one they measured 3-4 % below compact grids,
@@ -800,8 +801,8 @@ struct Block128Scaling : NoColScales {
   // The four lanes of a quad share their fragment rows, so they share the loads: lane q of a
   // quad holds the scales of k-blocks 8g + q and 8g + 4 + q (its two A rows, the tile's B row;
   // one 32-byte sector per row for the whole quad), and k-block kb's scales come from lane kb % 4
-  // by shuffle: an eighth of the memory requests of one load per k-block. The loads run a group
-  // of 8 k-blocks ahead (`next`), so only a tile's first group waits for its loads. (Loaded when
+  // by shuffle: an eighth of the memory requests of one load per k-block. The loads run kAhead
+  // groups of 8 k-blocks ahead (`next`), so only a tile's first group waits for its loads. (Loaded when
   // their group began, they made the shuffles of every group's first k-block wait on global
   // memory: 13 % of the kernel's stall samples, 69 % of those long scoreboard, Nsight Compute.)
   struct Tile {
