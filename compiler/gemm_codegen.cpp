@@ -13,34 +13,35 @@ namespace {
 
 constexpr GemmScalingTraits kScalings[] = {
     {GemmScaling::PerTensor, "tensor", {"qf::gemm::PerTensorScaling", "qf::kGemmPerTensor", kGemmPerTensor},
-     {"qf::gemm::PerTensorScaling", "qf::kGemmPerTensor", kGemmPerTensor}, false, 0, 0, "fp32", 4, 0, 16, "[G]", "[G]", false, true, true, false, false, "e4m3", "e4m3"},
+     {"qf::gemm::PerTensorScaling", "qf::kGemmPerTensor", kGemmPerTensor}, false, 0, 0, "fp32", 4, 0, 16, "[G]", "[G]", false, true, true, false, false, "e4m3", "e4m3", false},
     // K-grouped: per row of A [m] and of B [N] (the per-channel transposed copies of one tensor;
     // members: [G, m] and [G, N]).
     {GemmScaling::RowChannel, "rowwise", {"qf::gemm::RowChannelScaling", "qf::kGemmRowChannel", kGemmRowChannel},
      {"qf::gemm::RowChannelScaling", "qf::kGemmRowChannel", kGemmRowChannel}, false, 0, 0, "fp32", 4, 0, 16,
-     "[m_total]", "[G, N]", false, true, true, false, true, "e4m3", "e4m3"},
-    // K-grouped: both operands 1x128 along the tokens (the 128x1 columnwise grids).
+     "[m_total]", "[G, N]", false, true, true, false, true, "e4m3", "e4m3", false},
+    // K-grouped: both operands 1x128 along the tokens (the 128x1 columnwise grids). mn_major:
+    // M-grouped A's 1x128 grids, K-grouped both operands' 128x1 grids.
     {GemmScaling::Block128, "blockwise", {"qf::gemm::Block128Scaling", "qf::kGemmBlock128", kGemmBlock128},
      {"qf::gemm::Block128KScaling", "qf::kGemmBlock128K", kGemmBlock128K}, true, 128, 128, "fp32", 4, 0, 16,
      "[m_total, ceil(K/128)]", "[G, ceil(N/128), ceil(K/128)]", false, true, true, false, false, "e4m3",
-     "e4m3"},
+     "e4m3", true},
     {GemmScaling::Mx32, "mxfp8", {"qf::gemm::Mx32Scaling", "qf::kGemmMx32", kGemmMx32},
      {"qf::gemm::Mx32Scaling", "qf::kGemmMx32", kGemmMx32}, true, 32, 32, "e8m0", 1, 4, 128, "[m_total, K/32]",
-     "[G, N, K/32]", false, true, true, false, false, "e4m3", "e4m3"},
+     "[G, N, K/32]", false, true, true, false, false, "e4m3", "e4m3", false},
     // Scales applied while dequantizing to fp16 (no promotion: fp16 MMAs accumulate in fp32).
     // K-grouped: both operands' 1x16 blocks along the tokens (the transposed columnwise copies).
     {GemmScaling::Nvfp4, "nvfp4", {"qf::gemm::Nvfp4Scaling", "qf::kGemmNvfp4", kGemmNvfp4},
      {"qf::gemm::Nvfp4Scaling", "qf::kGemmNvfp4", kGemmNvfp4}, false, 0, 16, "e4m3", 1, 16, 128, "[m_total, K/16]",
-     "[G, N, K/16]", true, true, true, true, false, "e2m1", "e2m1"},
+     "[G, N, K/16]", true, true, true, true, false, "e2m1", "e2m1", false},
     // bf16 / fp16 operands as they are (the identity copies): only the per-group alpha; the
     // tensor cores accumulate their exact products in fp32 over all of K.
     {GemmScaling::None, "none", {"qf::gemm::AlphaScaling", "qf::kGemmNone", kGemmNone},
      {"qf::gemm::AlphaScaling", "qf::kGemmNone", kGemmNone}, false, 0, 0, "none", 0, 0, 16, "none", "none", true, false, false, false,
-     false, "bf16", ""},
+     false, "bf16", "", false},
     // Weight-only int8 (W8A16): B's int8 converted to A's 16-bit type on chip (exact), fp32 sums,
     // B's per-channel scales in the epilogue. M-grouped only (the wgrad of such a recipe is bf16 x bf16).
     {GemmScaling::Channel, "channel", {"qf::gemm::ChannelScaling", "qf::kGemmChannel", kGemmChannel}, {}, false, 0, 0,
-     "fp32", 4, 0, 16, "none", "[G, N]", true, false, true, true, true, "bf16", "int8"},
+     "fp32", 4, 0, 16, "none", "[G, N]", true, false, true, true, true, "bf16", "int8", false},
 };
 
 // The device types of bf16 and fp16 GEMM operands (identity copies), by operand_dtype == FP16.
@@ -223,7 +224,7 @@ void validate(const GemmSpec& s) {
                                       std::to_string(traits(s.scaling).promote_k) + " of K is promoted to fp32");
   if (s.scale_layout == ScaleLayout::Swizzled)
     throw UserError("scale_layout", "expected compact or mn_major, got swizzled (the GEMMs read compact MX / NVFP4 scales)");
-  if (s.scale_layout == ScaleLayout::MnMajor && s.scaling != GemmScaling::Block128)
+  if (s.scale_layout == ScaleLayout::MnMajor && !traits(s.scaling).mn_major_ok)
     throw UserError("scale_layout", "mn_major scale grids are read by the blockwise GEMMs only (1x128 rowwise and 128x1 "
                                     "columnwise copies); got " + std::string(traits(s.scaling).name) + " scaling, " +
                                         std::string(name(s.layout)) + " layout");
@@ -333,8 +334,8 @@ GemmScaleElems gemm_scale_elems(const GemmSpec& s, int64_t m_total, int64_t num_
   switch (s.scaling) {
     case GemmScaling::PerTensor: return {g, g};
     case GemmScaling::RowChannel: return {m_total, g * s.n};
-    case GemmScaling::Block128:  // mn_major: each group's grid [kb, rows rounded up to 4], so 3 rows more per group at most
-      return {(s.scale_layout == ScaleLayout::MnMajor ? m_total + 3 * g : m_total) * kb, g * nb * kb};
+    case GemmScaling::Block128:  // mn_major: each group's grid [kb, rows rounded up to 4]
+      return {(s.scale_layout == ScaleLayout::MnMajor ? mn_major_grouped_rows(m_total, g) : m_total) * kb, g * nb * kb};
     case GemmScaling::Mx32: return {m_total * (s.k / 32), g * s.n * (s.k / 32)};
     case GemmScaling::Nvfp4: return {m_total * (s.k / 16), g * s.n * (s.k / 16)};
     case GemmScaling::None: return {0, 0};

@@ -65,6 +65,7 @@ struct GemmScalingTraits {
                                   // CTA: no multicast, no ordered issue
   bool col_scales;                // the epilogue applies per-column (output channel) factors
   std::string_view a_default, b_default;  // operand formats when none is named (b_default empty: A's)
+  bool mn_major_ok;               // reads mn_major 1D scale grids (GemmSpec::scale_layout): blockwise
 };
 const GemmScalingTraits& traits(GemmScaling s);
 std::span<const GemmScalingTraits> all_gemm_scalings();

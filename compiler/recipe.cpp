@@ -692,7 +692,7 @@ Recipe parse_recipe(std::string_view text) {
   // (wgrad) the 128x1 transposed copies' grids, an M-grouped one (fprop, dgrad) the 1x128 rowwise
   // grids (its A operand; B is a 128x128 weight, whose 2-D grid is always compact).
   for (const RecipeGemm& g : r.gemms) {
-    if (g.spec.scaling != GemmScaling::Block128) continue;
+    if (!traits(g.spec.scaling).mn_major_ok) continue;  // GEMMs that read 1D block grids as given
     const bool kg = k_grouped(g.spec.layout);
     for (const RoleRule& rule : r.roles) {
       const auto& d = kg ? rule.columnwise : rule.rowwise;

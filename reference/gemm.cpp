@@ -7,6 +7,7 @@
 #include <thread>
 
 #include "compiler/error.h"
+#include "qforge/layout.cuh"
 #include "qforge/numerics.cuh"
 
 namespace qf::ref {
@@ -152,7 +153,7 @@ GemmRows gemm_reference(const GemmSpec& spec, const GemmOperands& ops, std::span
   };
   std::vector<GroupGrid> grids;
   if (!kg && mn_major) {
-    const int64_t cap = ops.m_total + 3 * groups;
+    const int64_t cap = mn_major_grouped_rows(ops.m_total, groups);
     auto clamp_row = [&](int64_t v) { return std::clamp<int64_t>(v, 0, ops.m_total); };
     int64_t prefix = 0;
     for (int64_t g = 0; g < groups; ++g) {

@@ -458,6 +458,8 @@ struct Scheduler {
   __device__ explicit Scheduler(const GemmArgs& args) : a(args) {}
 
   __device__ int clamp_row(i64 r) const { return r < 0 ? 0 : (r > a.m_total ? int(a.m_total) : int(r)); }
+  // M-grouped mn_major A grids: the rows the buffer holds (gemm_scale_elems), saturated in int.
+  __device__ int mn_cap() const { return int(min(mn_major_grouped_rows(a.m_total, a.num_groups), i64(1) << 30)); }
 
   // Unit -> tile for this CTA (rank in its cluster); false when past the last group.
   __device__ bool get(int unit, u32 rank, TileInfo& t) {
@@ -488,8 +490,7 @@ struct Scheduler {
       if constexpr (Cfg::kScaleMnMajor) {
         // Group g's grid follows those of groups 0..g-1 (a masked slot's grid has m_max rows);
         // saturated past the buffer's m_total + 3 G rows (the bound for any rising offsets).
-        const int cap = int(min(a.m_total + 3 * i64(a.num_groups), i64(1) << 30));
-        prefix = min(prefix + pitch, cap + 1);
+        prefix = min(prefix + pitch, mn_cap() + 1);
         pitch = int(mn_major_rows(u64(a.m_max > 0 ? int(a.m_max) : g_end - g_start)));
       }
     }
@@ -512,7 +513,7 @@ struct Scheduler {
       t.s_prefix = prefix;
       t.s_cols = pitch;
       t.grid_row = t.row0 - g_start;
-      t.bad = i64(prefix) + pitch > a.m_total + 3 * i64(a.num_groups);
+      t.bad = prefix + pitch > mn_cap();
     }
     return true;
   }
@@ -845,13 +846,14 @@ struct Block128Scaling : NoColScales {
     const float* sa = static_cast<const float*>(a.a_scale);
     if constexpr (Cfg::kScaleMnMajor) {
       // The group's grid [kKb, pitch]; rows past the group's end read its last row (never
-      // stored). A group whose grid would pass the buffer reads entry 0 and gives NaN.
+      // stored). A group whose grid would pass the buffer reads entry 0 (its rows of D are NaN:
+      // the epilogue's t.bad).
       const int last = t.row_end - t.row0 - 1;
       const float* base = t.bad ? sa : sa + i64(t.s_prefix) * kKb + t.grid_row;
       const i64 pitch = t.bad ? 0 : t.s_cols;
       const i64 q = pitch * (f.lane & 3);  // this lane's k-block of each 4
       const int i0 = t.bad ? 0 : min(f.row, last), i1 = t.bad ? 0 : min(f.row + 8, last);
-      Tile ts{t.bad ? __int_as_float(0x7fc00000) : group_alpha(a, t), base + q + i0, base + q + i1,
+      Tile ts{group_alpha(a, t), base + q + i0, base + q + i1,
               static_cast<const float*>(a.b_scale) + (i64(t.group) * kNb + t.n0 / 128) * kKb, 4 * pitch, {}, {}};
 #pragma unroll
       for (int j = 0; j < kAhead<Cfg>; ++j) load_group<Cfg>(ts, 8 * j, f.lane & 3, ts.next[j]);
@@ -1674,8 +1676,8 @@ __device__ __forceinline__ void epilogue_tma(const GemmArgs& a, const TileInfo& 
   float* cols = reinterpret_cast<float*>(smem + T::kSmem.col_off) + f.wg * T::kBN;
   if constexpr (S::kColScales) S::template store_cols<Cfg>(ts, cols, f);  // read after the pass barrier
   float rf0 = S::template row_factor<Cfg>(ts, 0), rf1 = S::template row_factor<Cfg>(ts, 1);
-  if constexpr (Cfg::kMembers) {
-    if (t.bad) rf0 = rf1 = __int_as_float(0x7FC00000);  // a member the kernel cannot read: D[g] is NaN
+  if constexpr (Cfg::kMembers || (Cfg::kScaleMnMajor && !Cfg::kKGrouped)) {
+    if (t.bad) rf0 = rf1 = __int_as_float(0x7FC00000);  // a member / group grid the kernel cannot read: NaN
   }
   const int quad = f.lane & 3;
   // Byte of column c (within the pass) of row r in the boxes: box c / kBoxCols, 16-byte chunk

@@ -21,5 +21,8 @@ QF_HD u64 ceil_div(u64 v, u64 m) { return (v + m - 1) / m; }
 // padded to a multiple of 4 (the padding zero), i.e. as [cols, mn_major_rows(rows)].
 QF_HD constexpr u64 mn_major_rows(u64 rows) { return round_up(rows, 4); }
 QF_HD u64 mn_major_scale_offset(u64 r, u64 c, u64 padded_rows) { return c * padded_rows + r; }
+// The padded rows of `groups` mn_major grids whose rows sum to `rows` (one per member of a
+// grouped quantize, back to back), at most: each pads by up to 3.
+QF_HD constexpr i64 mn_major_grouped_rows(i64 rows, i64 groups) { return rows + 3 * groups; }
 
 }  // namespace qf
