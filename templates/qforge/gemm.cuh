@@ -846,14 +846,14 @@ struct Block128Scaling : NoColScales {
     const float* sa = static_cast<const float*>(a.a_scale);
     if constexpr (Cfg::kScaleMnMajor) {
       // The group's grid [kKb, pitch]; rows past the group's end read its last row (never
-      // stored). A group whose grid would pass the buffer reads entry 0 (its rows of D are NaN:
-      // the epilogue's t.bad).
+      // stored). A group whose grid would pass the buffer reads entry 0 and gives NaN through
+      // alpha (the M-grouped epilogue has no t.bad of its own: that is the K-grouped TMA one's).
       const int last = t.row_end - t.row0 - 1;
       const float* base = t.bad ? sa : sa + i64(t.s_prefix) * kKb + t.grid_row;
       const i64 pitch = t.bad ? 0 : t.s_cols;
       const i64 q = pitch * (f.lane & 3);  // this lane's k-block of each 4
       const int i0 = t.bad ? 0 : min(f.row, last), i1 = t.bad ? 0 : min(f.row + 8, last);
-      Tile ts{group_alpha(a, t), base + q + i0, base + q + i1,
+      Tile ts{t.bad ? __int_as_float(0x7fc00000) : group_alpha(a, t), base + q + i0, base + q + i1,
               static_cast<const float*>(a.b_scale) + (i64(t.group) * kNb + t.n0 / 128) * kKb, 4 * pitch, {}, {}};
 #pragma unroll
       for (int j = 0; j < kAhead<Cfg>; ++j) load_group<Cfg>(ts, 8 * j, f.lane & 3, ts.next[j]);
@@ -1676,8 +1676,8 @@ __device__ __forceinline__ void epilogue_tma(const GemmArgs& a, const TileInfo& 
   float* cols = reinterpret_cast<float*>(smem + T::kSmem.col_off) + f.wg * T::kBN;
   if constexpr (S::kColScales) S::template store_cols<Cfg>(ts, cols, f);  // read after the pass barrier
   float rf0 = S::template row_factor<Cfg>(ts, 0), rf1 = S::template row_factor<Cfg>(ts, 1);
-  if constexpr (Cfg::kMembers || (Cfg::kScaleMnMajor && !Cfg::kKGrouped)) {
-    if (t.bad) rf0 = rf1 = __int_as_float(0x7FC00000);  // a member / group grid the kernel cannot read: NaN
+  if constexpr (Cfg::kMembers) {
+    if (t.bad) rf0 = rf1 = __int_as_float(0x7FC00000);  // a member the kernel cannot read: D[g] is NaN
   }
   const int quad = f.lane & 3;
   // Byte of column c (within the pass) of row r in the boxes: box c / kBoxCols, 16-byte chunk
