@@ -193,6 +193,10 @@ void Gemm::run(const GemmCall& c, CUstream stream) const {
   const int64_t units = ((m + t.block_m - 1) / t.block_m + g) * n_units;  // upper bound over any split
   if (units >= (int64_t(1) << 31))
     throw UserError("m_total", "too many tiles for one launch (" + std::to_string(units) + ")");
+  // mn_major A grids: the kernel's row prefix of the groups' grids is a 30-bit int.
+  if (s.scale_layout == ScaleLayout::MnMajor && mn_major_grouped_rows(m, g) > (int64_t(1) << 30))
+    throw UserError("m_total", "mn_major A scale grids: expected m_total + 3 * num_groups <= 2^30, got " +
+                                   std::to_string(mn_major_grouped_rows(m, g)));
   const int ob = traits(s.out_dtype).bytes;
   const OperandRows rows = operand_rows(s);
   const int64_t ka = rows.a_bytes(s.k), kb = rows.b_bytes(s.k);  // bytes per row of A and of B

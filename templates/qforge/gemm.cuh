@@ -458,8 +458,9 @@ struct Scheduler {
   __device__ explicit Scheduler(const GemmArgs& args) : a(args) {}
 
   __device__ int clamp_row(i64 r) const { return r < 0 ? 0 : (r > a.m_total ? int(a.m_total) : int(r)); }
-  // M-grouped mn_major A grids: the rows the buffer holds (gemm_scale_elems), saturated in int.
-  __device__ int mn_cap() const { return int(min(mn_major_grouped_rows(a.m_total, a.num_groups), i64(1) << 30)); }
+  // M-grouped mn_major A grids: the rows the buffer holds (gemm_scale_elems; the runtime keeps it
+  // <= 2^30, so prefixes saturated at mn_cap() + 1 and a pitch add up within an int).
+  __device__ int mn_cap() const { return int(mn_major_grouped_rows(a.m_total, a.num_groups)); }
 
   // Unit -> tile for this CTA (rank in its cluster); false when past the last group.
   __device__ bool get(int unit, u32 rank, TileInfo& t) {

@@ -578,6 +578,8 @@ TEST(GemmRuntime, ArgumentErrorsNameTheArgument) {
   x.a_scale.bytes -= 4;
   expect_run_error(mg, x, "argument a_scale: buffer of 844 bytes is smaller than the 848 bytes required for fp32 blockwise "
                           "scales [ceil(K/128), m_total + 3 * num_groups] (mn_major: each group's grid");
+  x = c, x.m_total = (int64_t(1) << 30) - 5;  // the kernel's 30-bit row prefix
+  expect_run_error(mg, x, "m_total: mn_major A scale grids: expected m_total + 3 * num_groups <= 2^30, got 1073741825");
 }
 
 TEST(GemmRuntime, NoneScalingTakesNoScales) {
