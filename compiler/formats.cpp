@@ -60,7 +60,7 @@ const ScalingTraits kScalings[] = {
     {"per_channel", kChannel, ScaleStorage::F32, AmaxScope::Channel, true, false, false, false, "", "qf::kModeChannel"},
     {"block", kBlock, ScaleStorage::F32, AmaxScope::Block, false, true, false, true,
      "[1,L] (rowwise), [L,1] (columnwise) or [R,C], each a power of two in [16, 512]", "qf::kModeBlock"},
-    {"mx", kMx, ScaleStorage::E8M0, AmaxScope::Block, false, true, true, false,
+    {"mx", kMx, ScaleStorage::E8M0, AmaxScope::Block, false, true, true, true,
      "[1,32] (rowwise), [32,1] (columnwise) or [32,32]", "qf::kModeMx"},
     {"nvfp4", kNvfp4, ScaleStorage::E4M3, AmaxScope::Block, false, true, true, false,
      "[1,16] (rowwise), [16,1] (columnwise) or [16,16]", "qf::kModeNvfp4"},

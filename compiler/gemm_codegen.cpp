@@ -25,9 +25,11 @@ constexpr GemmScalingTraits kScalings[] = {
      {"qf::gemm::Block128KScaling", "qf::kGemmBlock128K", kGemmBlock128K}, true, 128, 128, "fp32", 4, 0, 16,
      "[m_total, ceil(K/128)]", "[G, ceil(N/128), ceil(K/128)]", false, true, true, false, false, "e4m3",
      "e4m3", true},
+    // mn_major: every operand's grid (M-grouped A per group, B per expert [K/32, round_up(N, 4)];
+    // K-grouped both operands' 32x1 grids).
     {GemmScaling::Mx32, "mxfp8", {"qf::gemm::Mx32Scaling", "qf::kGemmMx32", kGemmMx32},
      {"qf::gemm::Mx32Scaling", "qf::kGemmMx32", kGemmMx32}, true, 32, 32, "e8m0", 1, 4, 128, "[m_total, K/32]",
-     "[G, N, K/32]", false, true, true, false, false, "e4m3", "e4m3", false},
+     "[G, N, K/32]", false, true, true, false, false, "e4m3", "e4m3", true},
     // Scales applied while dequantizing to fp16 (no promotion: fp16 MMAs accumulate in fp32).
     // K-grouped: both operands' 1x16 blocks along the tokens (the transposed columnwise copies).
     {GemmScaling::Nvfp4, "nvfp4", {"qf::gemm::Nvfp4Scaling", "qf::kGemmNvfp4", kGemmNvfp4},
@@ -225,9 +227,9 @@ void validate(const GemmSpec& s) {
   if (s.scale_layout == ScaleLayout::Swizzled)
     throw UserError("scale_layout", "expected compact or mn_major, got swizzled (the GEMMs read compact MX / NVFP4 scales)");
   if (s.scale_layout == ScaleLayout::MnMajor && !traits(s.scaling).mn_major_ok)
-    throw UserError("scale_layout", "mn_major scale grids are read by the blockwise GEMMs only (1x128 rowwise and 128x1 "
-                                    "columnwise copies); got " + std::string(traits(s.scaling).name) + " scaling, " +
-                                        std::string(name(s.layout)) + " layout");
+    throw UserError("scale_layout", "mn_major scale grids are read by the blockwise and mxfp8 GEMMs only (1x128 / 1x32 "
+                                    "rowwise and 128x1 / 32x1 columnwise copies); got " + std::string(traits(s.scaling).name) +
+                                        " scaling, " + std::string(name(s.layout)) + " layout");
   (void)resolve_tile(s);
 }
 
@@ -336,7 +338,9 @@ GemmScaleElems gemm_scale_elems(const GemmSpec& s, int64_t m_total, int64_t num_
     case GemmScaling::RowChannel: return {m_total, g * s.n};
     case GemmScaling::Block128:  // mn_major: each group's grid [kb, rows rounded up to 4]
       return {(s.scale_layout == ScaleLayout::MnMajor ? mn_major_grouped_rows(m_total, g) : m_total) * kb, g * nb * kb};
-    case GemmScaling::Mx32: return {m_total * (s.k / 32), g * s.n * (s.k / 32)};
+    case GemmScaling::Mx32:  // mn_major: A per group as Block128, B per expert [K/32, N rounded up to 4]
+      return {(s.scale_layout == ScaleLayout::MnMajor ? mn_major_grouped_rows(m_total, g) : m_total) * (s.k / 32),
+              g * mn_major_rows(s, s.n) * (s.k / 32)};
     case GemmScaling::Nvfp4: return {m_total * (s.k / 16), g * s.n * (s.k / 16)};
     case GemmScaling::None: return {0, 0};
     case GemmScaling::Channel: return {0, g * s.n};

@@ -404,7 +404,7 @@ DirectionSpec parse_direction(const Node& n, Direction dir) {
       const auto b = block_of(d.scaling);
       const bool ok = traits(d.scaling).mn_major_ok && b && !b->is_2d();
       if (!ok)
-        l->fail("the mn_major scale layout exists for \"block\" scaling with 1D blocks (1x128, 128x1) only, not \"" +
+        l->fail("the mn_major scale layout exists for \"block\" and \"mx\" scaling with 1D blocks (1x128, 128x1, 1x32, 32x1) only, not \"" +
                 std::string(scaling_name(d.scaling)) + "\"" + (b && traits(d.scaling).mn_major_ok ? " with " + block_str(*b) + " blocks" : ""));
       if (dir == Direction::Columnwise && d.layout != DataLayout::Transposed)
         l->fail("the mn_major scale layout is for K-major data: a columnwise copy needs \"layout\": \"transposed\"");
@@ -687,24 +687,33 @@ Recipe parse_recipe(std::string_view text) {
     if (!gs->raw().is_array()) gs->fail("expected an array of GEMM specs, got " + type_name(gs->raw()));
     for (size_t i = 0; i < gs->raw().size(); ++i) r.gemms.push_back(parse_gemm(gs->index(i)));
   }
-  // A blockwise GEMM reads the recipe's 1D block scales in its own scale_layout, so they must be
-  // written so (else it would read every scale from the wrong place, silently): a K-grouped one
-  // (wgrad) the 128x1 transposed copies' grids, an M-grouped one (fprop, dgrad) the 1x128 rowwise
-  // grids (its A operand; B is a 128x128 weight, whose 2-D grid is always compact).
+  // A blockwise or MXFP8 GEMM reads the recipe's 1D block scales in its own scale_layout, so they
+  // must be written so (else it would read every scale from the wrong place, silently): a
+  // K-grouped one (wgrad) the transposed copies' grids (128x1, 32x1), an M-grouped one (fprop,
+  // dgrad) the rowwise grids (1x128, 1x32: A, and MXFP8 fprop's B) and, for MXFP8, the transposed
+  // ones too (dgrad's B, the weights' transposed copies; blockwise B is a 128x128 weight, whose
+  // 2-D grid is always compact).
   for (const RecipeGemm& g : r.gemms) {
     if (!traits(g.spec.scaling).mn_major_ok) continue;  // GEMMs that read 1D block grids as given
-    const bool kg = k_grouped(g.spec.layout);
+    const bool kg = k_grouped(g.spec.layout), mx = g.spec.scaling == GemmScaling::Mx32;
     for (const RoleRule& rule : r.roles) {
-      const auto& d = kg ? rule.columnwise : rule.rowwise;
-      const auto b = d ? block_of(d->scaling) : std::nullopt;  // the 1D blocks whose grids may be mn_major
-      if (!b || b->is_2d() || !traits(d->scaling).mn_major_ok || d->layout != (kg ? DataLayout::Transposed : DataLayout::RowMajor) ||
-          d->scale_layout == g.spec.scale_layout)
-        continue;
-      const std::string where = rule.pointer + (kg ? "/columnwise" : "/rowwise");
-      throw UserError(g.pointer + "/scale_layout", std::string(kg ? "this wgrad" : "this m_grouped GEMM") + " reads " +
-                                                       std::string(name(g.spec.scale_layout)) + " scale grids, but " + where +
-                                                       " writes " + std::string(name(d->scale_layout)) +
-                                                       " ones (its operands are those copies): give both the same \"scale_layout\"");
+      for (const Direction dir : {Direction::Rowwise, Direction::Columnwise}) {
+        const bool transposed = dir == Direction::Columnwise;
+        if (kg ? !transposed : transposed && !mx) continue;
+        const auto& d = transposed ? rule.columnwise : rule.rowwise;
+        // The streams this GEMM's operands come from: its scaling's 1D blocks, K-major.
+        const auto b = d ? block_of(d->scaling) : std::nullopt;
+        const bool feeds = d && b && !b->is_2d() && (mx ? std::holds_alternative<MxScaling>(d->scaling)
+                                                        : std::holds_alternative<BlockScaling>(d->scaling));
+        if (!feeds || d->layout != (transposed ? DataLayout::Transposed : DataLayout::RowMajor) ||
+            d->scale_layout == g.spec.scale_layout)
+          continue;
+        const std::string where = rule.pointer + (transposed ? "/columnwise" : "/rowwise");
+        throw UserError(g.pointer + "/scale_layout", std::string(kg ? "this wgrad" : "this m_grouped GEMM") + " reads " +
+                                                         std::string(name(g.spec.scale_layout)) + " scale grids, but " + where +
+                                                         " writes " + std::string(name(d->scale_layout)) +
+                                                         " ones (its operands are those copies): give both the same \"scale_layout\"");
+      }
     }
   }
   // The same pattern twice can never be resolved: reject it here, naming both places.

@@ -144,8 +144,8 @@ GemmRows gemm_reference(const GemmSpec& spec, const GemmOperands& ops, std::span
   const bool mn_major = spec.scale_layout == ScaleLayout::MnMajor;
   const int64_t a_pitch = mn_major_rows(spec, spec.m), b_pitch = mn_major_rows(spec, n);
   auto grid_at = [&](int64_t pitch, int64_t cols, int64_t r, int64_t c) { return mn_major ? c * pitch + r : r * cols + c; };
-  // M-grouped blockwise mn_major A grids (the grouped quantizer's members): group g's grid
-  // [kb, round_up(rows_g, 4)] after those of the groups before (rows_g: its clamped row range, or
+  // M-grouped blockwise / MXFP8 mn_major A grids (the grouped quantizer's members): group g's grid
+  // [kb or K/32, round_up(rows_g, 4)] after those of the groups before (rows_g: its clamped row range, or
   // a masked slot's m_max); a group whose grid would pass the buffer's m_total + 3 G rows gives NaN.
   struct GroupGrid {
     int64_t first = 0, prefix = 0, pitch = 0;
@@ -178,13 +178,14 @@ GemmRows gemm_reference(const GemmSpec& spec, const GemmOperands& ops, std::span
       case GemmScaling::Channel: return 1.0;
       case GemmScaling::PerTensor: return scale_at(spec, ops.a_scale, g);
       case GemmScaling::RowChannel: return scale_at(spec, ops.a_scale, members ? int64_t(g) * spec.m + r : r);
-      case GemmScaling::Block128: {
-        if (!mn_major) return scale_at(spec, ops.a_scale, r * kb + kk / 128);
+      case GemmScaling::Block128:
+      case GemmScaling::Mx32: {
+        const int64_t steps = spec.scaling == GemmScaling::Block128 ? kb : row_scales, step_k = sk;
+        if (!mn_major) return scale_at(spec, ops.a_scale, r * steps + kk / step_k);
         const GroupGrid& gg = grids[size_t(g)];
         if (gg.bad) return std::numeric_limits<double>::quiet_NaN();
-        return scale_at(spec, ops.a_scale, gg.prefix * kb + grid_at(gg.pitch, kb, r - gg.first, kk / 128));
+        return scale_at(spec, ops.a_scale, gg.prefix * steps + grid_at(gg.pitch, steps, r - gg.first, kk / step_k));
       }
-      case GemmScaling::Mx32:
       case GemmScaling::Nvfp4: return scale_at(spec, ops.a_scale, r * row_scales + kk / sk);
     }
     return 0;
@@ -201,7 +202,9 @@ GemmRows gemm_reference(const GemmSpec& spec, const GemmOperands& ops, std::span
       case GemmScaling::PerTensor: return scale_at(spec, ops.b_scale, g);
       case GemmScaling::RowChannel: return scale_at(spec, ops.b_scale, kg && !members ? col : int64_t(g) * n + col);
       case GemmScaling::Block128: return scale_at(spec, ops.b_scale, (int64_t(g) * nb + col / 128) * kb + kk / 128);
-      case GemmScaling::Mx32:
+      case GemmScaling::Mx32:  // mn_major: each expert's grid [K/32, N rounded up to 4]
+        if (mn_major) return scale_at(spec, ops.b_scale, int64_t(g) * row_scales * b_pitch + grid_at(b_pitch, row_scales, col, kk / sk));
+        return scale_at(spec, ops.b_scale, (int64_t(g) * n + col) * row_scales + kk / sk);
       case GemmScaling::Nvfp4: return scale_at(spec, ops.b_scale, (int64_t(g) * n + col) * row_scales + kk / sk);
     }
     return 0;

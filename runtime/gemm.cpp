@@ -213,14 +213,19 @@ void Gemm::run(const GemmCall& c, CUstream stream) const {
   const GemmScalingTraits& st = traits(s.scaling);
   const std::string scales = std::string(st.scale_type) + " " + std::string(st.name) + " scales ";
   const int align = std::max(st.scale_bytes, st.scale_align);  // the scaling table's rule
-  // mn_major blockwise A grids: per group (the grouped quantizer's members), each padded to 4 rows.
-  const std::string_view a_shape = s.scale_layout == ScaleLayout::MnMajor
-                                       ? "[ceil(K/128), m_total + 3 * num_groups] (mn_major: each group's grid [ceil(K/128), "
-                                         "rows rounded up to 4] after those of the groups before)"
-                                       : st.a_scale_shape;
-  if (gemm_a_scaled(s)) check_buffer("a_scale", c.a_scale, se.a * st.scale_bytes, align, scales + std::string(a_shape));
+  // mn_major A grids: per group (the grouped quantizer's members), each padded to 4 rows; MXFP8 B
+  // grids per expert.
+  const bool mn = s.scale_layout == ScaleLayout::MnMajor;
+  const std::string steps = "ceil(K/" + std::to_string(st.scale_k) + ")";
+  const std::string a_shape = mn ? "[" + steps + ", m_total + 3 * num_groups] (mn_major: each group's grid [" + steps +
+                                       ", rows rounded up to 4] after those of the groups before)"
+                                 : std::string(st.a_scale_shape);
+  const std::string b_shape = mn && s.scaling == GemmScaling::Mx32
+                                  ? "[G, " + steps + ", N] (mn_major: each expert's grid)"
+                                  : std::string(st.b_scale_shape);
+  if (gemm_a_scaled(s)) check_buffer("a_scale", c.a_scale, se.a * st.scale_bytes, align, scales + a_shape);
   else check_no_scale(s, "a_scale", c.a_scale, s.a_format);
-  if (gemm_b_scaled(s)) check_buffer("b_scale", c.b_scale, se.b * st.scale_bytes, align, scales + std::string(st.b_scale_shape));
+  if (gemm_b_scaled(s)) check_buffer("b_scale", c.b_scale, se.b * st.scale_bytes, align, scales + b_shape);
   else check_no_scale(s, "b_scale", c.b_scale, s.b_format);
   check_amaxes(s, c, "per-tensor amax of each group's A", "amax of each B[g]");
   if (c.alpha.ptr) check_buffer("alpha", c.alpha, g * 4, 4, "fp32 [num_groups]");

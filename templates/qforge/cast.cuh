@@ -1290,9 +1290,10 @@ __device__ void block2d_amax(const TileElem<Cfg>* src, u32* out) {
 
 // -------------------------------------------------------------------------------- streams
 
-// Byte scale entries (MX, NVFP4) in the compact layout: a tile's entries of one data row are
-// consecutive bytes, staged in shared memory and copied out with lanes on consecutive entries
-// (a store request per row instead of one per entry).
+// Byte scale entries (MX, NVFP4) in the compact or mn_major layout: staged in shared memory and
+// copied out with lanes on consecutive entries: compact, a tile's entries of one data row are
+// consecutive bytes (a store request per row instead of one per entry); mn_major (MX), those of
+// one block column are (copy_entries_mn_major).
 template <class S>
 constexpr bool kStagedEntries = kByteEntries<S> && !S::kSwizzled;
 
@@ -1325,6 +1326,30 @@ __device__ __forceinline__ void copy_entries(u8* dst, i64 pitch, const u8* src, 
   if (per_row % 4 == 0 && align % 4 == 0) copy_entry_units<T, 4>(dst, pitch, src, rows, per_row);
   else if (per_row % 2 == 0 && align % 2 == 0) copy_entry_units<T, 2>(dst, pitch, src, rows, per_row);
   else copy_entry_units<T, 1>(dst, pitch, src, rows, per_row);
+}
+
+// The same staged entries (src [rows][per_row]) into an mn_major grid: entry column b of the tile is
+// a run of `rows` consecutive bytes at dst + b * pitch (pitch: the grid's padded rows). A thread per
+// 4 rows of a run where dst and pitch allow (the interior tiles' rows start at a multiple of the
+// tile's, and mn_major grids pad their rows to 4), else a thread per byte. Against the compact
+// layout's run of per_row bytes per row, this writes whole 32-byte sectors: `mxfp8_hopper`'s row +
+// transposed cast 455.7 -> 395.5 us at 16384^2 on an H100 (docs/quantize.md).
+template <int T>
+__device__ __forceinline__ void copy_entries_mn_major(u8* dst, i64 pitch, const u8* src, int rows, int per_row) {
+  if ((rows & 3) == 0 && ((reinterpret_cast<u64>(dst) | u64(pitch)) & 3) == 0) {
+    const int quads = rows / 4;
+    for (int j = threadIdx.x; j < per_row * quads; j += T) {
+      const int b = j / quads, q = j - b * quads;
+      const u8* e = src + 4 * q * per_row + b;
+      *reinterpret_cast<u32*>(dst + b * pitch + 4 * q) =
+          u32(e[0]) | u32(e[per_row]) << 8 | u32(e[2 * per_row]) << 16 | u32(e[3 * per_row]) << 24;
+    }
+  } else {
+    for (int j = threadIdx.x; j < per_row * rows; j += T) {
+      const int b = j / rows, r = j - b * rows;
+      dst[b * pitch + r] = src[r * per_row + b];
+    }
+  }
 }
 
 // Interior tiles, rowwise 1D blocks wider than one run (1x16, 1x32, 1x128): the scale of each
@@ -1374,8 +1399,12 @@ __device__ float cast_rowwise(const QuantizeArgs& a, const Member& mem, i64 col0
     __syncthreads();
     if constexpr (kStagedEntries<S>) {
       constexpr int NBC = TC / S::kBlockCols;
-      copy_entries<T>(static_cast<u8*>(out.scale_inv) + scale_base + row0 * ctx.grid_pcols + col0 / S::kBlockCols,
-                      ctx.grid_pcols, reinterpret_cast<const u8*>(scratch + TR * NBC), TR, NBC);
+      const u8* staged = reinterpret_cast<const u8*>(scratch + TR * NBC);
+      u8* grid = static_cast<u8*>(out.scale_inv) + scale_base;
+      if constexpr (S::kMnMajor)
+        copy_entries_mn_major<T>(grid + (col0 / S::kBlockCols) * ctx.grid_prows + row0, ctx.grid_prows, staged, TR, NBC);
+      else
+        copy_entries<T>(grid + row0 * ctx.grid_pcols + col0 / S::kBlockCols, ctx.grid_pcols, staged, TR, NBC);
     }
   }
   if constexpr (kChannelRows) {
@@ -1508,6 +1537,14 @@ __device__ float cast_rowwise_direct(const QuantizeArgs& a, const Member& mem, i
   const StreamCtx<S> ctx = stream_ctx<Cfg, S>(a, mem);
   const i64 row0 = mem.tile_row * TR, tile_lin = (mem.row_base + row0) * a.k + col0;
   constexpr int KB = K % 8 == 0 ? 8 : K % 4 == 0 ? 4 : K % 2 == 0 ? 2 : 1;  // items loaded together
+  // mn_major byte entries (MX): staged in the otherwise unused shared memory, then copied out a
+  // block column's run at a time (stored one by one they lie a grid column apart: `mxfp8_hopper`'s
+  // rowwise-only cast measured 91 % of copy against 99.6 % compact).
+  constexpr bool kStageMn = kByteEntries<S> && S::kMnMajor;
+  constexpr int NBC = kRowBlocks<S> ? TC / S::kBlockCols : 1;
+  static_assert(!kStageMn || (TC % S::kBlockCols == 0 && TR * NBC <= int(Cfg::kSmemBytes)), "staged entries fit");
+  extern __shared__ float4 smem4[];
+  u8* staged = reinterpret_cast<u8*>(smem4);
   float reported = 0.0f;
 #pragma unroll 1
   for (int it0 = 0; it0 < K; it0 += KB) {
@@ -1535,9 +1572,18 @@ __device__ float cast_rowwise_direct(const QuantizeArgs& a, const Member& mem, i
       float mul;
       u32 entry;
       block_scale<Cfg, S>(block_amax, ctx, mul, entry);
-      maybe_store_entry<S>(out, row0 + r, col0 + c, ctx, scale_base, entry);
+      if constexpr (kStageMn) {
+        if (c % S::kBlockCols == 0) staged[r * NBC + c / S::kBlockCols] = u8(entry);
+      } else {
+        maybe_store_entry<S>(out, row0 + r, col0 + c, ctx, scale_base, entry);
+      }
       encode_store<S, E, true>(a, out.data, tile_lin + i64(r) * a.k + c, v, mul, E);
     }
+  }
+  if constexpr (kStageMn) {
+    __syncthreads();
+    copy_entries_mn_major<T>(static_cast<u8*>(out.scale_inv) + scale_base + (col0 / S::kBlockCols) * ctx.grid_prows + row0,
+                             ctx.grid_prows, staged, TR, NBC);
   }
   return reported;
 }
@@ -1710,9 +1756,13 @@ __device__ float cast_columnwise_transposed_full(const QuantizeArgs& a, const Me
     if constexpr (U == 16) *reinterpret_cast<uint4*>(q) = *reinterpret_cast<const uint4*>(p);
     else *reinterpret_cast<uint2*>(q) = *reinterpret_cast<const uint2*>(p);
   }
-  if constexpr (kStageEntries)
-    copy_entries<T>(static_cast<u8*>(out.scale_inv) + scale_base + col0 * ctx.grid_pcols + row0 / S::kEntryCols,
-                    ctx.grid_pcols, entries, TC, EPR);
+  if constexpr (kStageEntries) {
+    u8* grid = static_cast<u8*>(out.scale_inv) + scale_base;
+    if constexpr (S::kMnMajor)
+      copy_entries_mn_major<T>(grid + (row0 / S::kEntryCols) * ctx.grid_prows + col0, ctx.grid_prows, entries, TC, EPR);
+    else
+      copy_entries<T>(grid + col0 * ctx.grid_pcols + row0 / S::kEntryCols, ctx.grid_pcols, entries, TC, EPR);
+  }
   return reported;
 }
 

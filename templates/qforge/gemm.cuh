@@ -972,14 +972,68 @@ struct SlotScaling : NoColScales {
 // (members: per member, [kM, ceil(M_g/32)] and [N, ceil(M_g/32)]), read a u32 per row and k-block
 // where rows and their start are 4-byte aligned, else a byte at a time; the 32-steps of a k-block
 // that lie wholly outside the group get factor 2^-127 (their data is zeroed), so another group's
-// scales (NaN included) never reach this group's sums.
+// scales (NaN included) never reach this group's sums. With kScaleMnMajor every grid is stored
+// [32-steps, rows padded to 4] (the quantize kernels' "scale_layout": "mn_major"): M-grouped A per
+// group as Block128Scaling's (TileInfo s_prefix / s_cols / grid_row), B per expert
+// [K/32, round_up(N, 4)], K-grouped per tensor or member as Block128KScaling's. A word is then the
+// scales of 4 consecutive rows at one step (tiles and group grids start at multiples of 4 rows, the
+// pitches are multiples of 4): word w of A (of B) is step w / (rows / 4), rows 4 (w % (rows / 4))
+// + 0..3, so a warp's load is 128 contiguous bytes, and store_scales writes the four factors with
+// one 16-byte store.
 struct Mx32Scaling : SlotScaling<4> {
+  template <class Cfg>
+  __device__ static Tile begin(const GemmArgs& a, const TileInfo& t, const Frag&) {
+    // M-grouped mn_major: a group whose A grid would pass the buffer reads nothing and gives NaN
+    // through alpha (the K-grouped epilogue has its own t.bad).
+    if constexpr (Cfg::kScaleMnMajor && !Cfg::kKGrouped)
+      if (t.bad) return {__int_as_float(0x7fc00000)};
+    return {group_alpha(a, t)};
+  }
   template <class Cfg>
   __device__ static void load_scales(const GemmArgs& a, const TileInfo& t, int kb, int lane, u32* words) {
     constexpr int kBM = int(Cfg::kBlockM);
     const u8* sa = static_cast<const u8*>(a.a_scale);
     const u8* sb = static_cast<const u8*>(a.b_scale);
-    if constexpr (Cfg::kKGrouped) {
+    if constexpr (Cfg::kScaleMnMajor) {
+      constexpr int kBN = int(Cfg::kBlockN), kQA = kBM / 4, kQB = kBN / 4;
+      constexpr i64 kRowsB = i64(mn_major_rows(u64(Cfg::kN)));
+      // A: the grid's first entry of this tile's rows at step 4 kb, the pitch between steps, and
+      // the rows it may read (rows past them, or a group that cannot be read: factor 2^-127, never stored).
+      const u8* pa;
+      i64 pitch_a;
+      int rows_a;
+      const u8* pb;
+      u32 keep = ~0u;  // K-grouped: the steps that hold tokens of the group
+      if constexpr (Cfg::kKGrouped) {
+        constexpr i64 kRowsA = i64(mn_major_rows(u64(Cfg::kM)));
+        const i64 s0 = i64(t.s_prefix) + t.k0 / 32 + 4 * kb;
+        pa = sa + kRowsA * s0 + t.row0, pitch_a = kRowsA, rows_a = int(Cfg::kM) - t.row0;
+        pb = sb + kRowsB * s0 + t.n0;
+        keep = 0;
+#pragma unroll
+        for (int k = 0; k < 4; ++k) {
+          const int lo = (4 * kb + k) * 32;
+          if (lo + 32 > t.k_lead && lo < t.k_len) keep |= 1u << k;
+        }
+      } else {
+        constexpr i64 kSteps = Cfg::kK / 32;
+        pitch_a = t.s_cols;
+        pa = sa + i64(t.s_prefix) * kSteps + i64(4 * kb) * pitch_a + t.grid_row;
+        rows_a = t.bad ? 0 : t.row_end - t.row0;
+        pb = sb + (i64(t.group) * kSteps + 4 * kb) * kRowsB + t.n0;
+      }
+#pragma unroll
+      for (int j = 0; j < kBM / 32; ++j) {
+        const int w = lane + 32 * j, q = w % kQA, k = w / kQA;
+        words[j] = 4 * q < rows_a && (keep >> k & 1u) ? *reinterpret_cast<const u32*>(pa + k * pitch_a + 4 * q) : 0u;
+      }
+#pragma unroll
+      for (int j = 0; j < kBN / 32; ++j) {
+        const int w = lane + 32 * j, q = w % kQB, k = w / kQB;
+        words[kBM / 32 + j] =
+            t.n0 + 4 * q < int(Cfg::kN) && (keep >> k & 1u) ? *reinterpret_cast<const u32*>(pb + k * kRowsB + 4 * q) : 0u;
+      }
+    } else if constexpr (Cfg::kKGrouped) {
       const i64 row_bytes = t.s_cols;
       const int s0 = t.k0 / 32 + 4 * kb;  // the k-block's first 32-step of the token grid
       u32 keep = 0;                       // byte mask of the steps that hold tokens of the group
@@ -1029,13 +1083,25 @@ struct Mx32Scaling : SlotScaling<4> {
   }
   template <class Cfg>
   __device__ static void store_scales(const u32* words, int lane, float* slot) {
+    if constexpr (Cfg::kScaleMnMajor) {  // words of 4 rows at one step: one 16-byte store each
+      constexpr int kBM = int(Cfg::kBlockM), kBN = int(Cfg::kBlockN);
 #pragma unroll
-    for (int j = 0; j < kWords<Cfg>; ++j) {
-      const int i = lane + 32 * j;
-      float* dst = slot_entry<Cfg>(slot, i);
-      const int pitch = i < int(Cfg::kBlockM) ? int(Cfg::kBlockM) : int(Cfg::kBlockN);
+      for (int j = 0; j < kWords<Cfg>; ++j) {
+        const bool is_a = j < kBM / 32;
+        const int rows = is_a ? kBM : kBN, w = lane + 32 * (is_a ? j : j - kBM / 32), q = w % (rows / 4), k = w / (rows / 4);
+        float* dst = (is_a ? slot : slot + kSteps * kBM) + k * rows + 4 * q;
+        *reinterpret_cast<float4*>(dst) = make_float4(e8m0_decode(u8(words[j])), e8m0_decode(u8(words[j] >> 8)),
+                                                      e8m0_decode(u8(words[j] >> 16)), e8m0_decode(u8(words[j] >> 24)));
+      }
+    } else {
 #pragma unroll
-      for (int k = 0; k < 4; ++k) dst[k * pitch] = e8m0_decode(u8(words[j] >> (8 * k)));
+      for (int j = 0; j < kWords<Cfg>; ++j) {
+        const int i = lane + 32 * j;
+        float* dst = slot_entry<Cfg>(slot, i);
+        const int pitch = i < int(Cfg::kBlockM) ? int(Cfg::kBlockM) : int(Cfg::kBlockN);
+#pragma unroll
+        for (int k = 0; k < 4; ++k) dst[k * pitch] = e8m0_decode(u8(words[j] >> (8 * k)));
+      }
     }
   }
 };
@@ -1211,8 +1277,9 @@ struct Traits {
   // The pool is the launch's 168 x 384 registers (setmaxnreg.inc waits until the pool has them):
   // 2 x 232 + 40 = 504 = 3 x 168. Per-32 promotion keeps three accumulators: 2 x 240 + 24.
   // NVFP4 (512 threads, 128 each): 2 x 168 + 2 x 88. K-grouped with scale writers (their byte-wise
-  // MX loads spill at 40): 2 x 224 + 56 (at 2 x 216 + 72 the consumers' three accumulators spill).
-  static constexpr bool kWideWriters = Cfg::kKGrouped && Scaling::kScaleWriters > 0;
+  // MX loads spill at 40): 2 x 224 + 56 (at 2 x 216 + 72 the consumers' three accumulators spill);
+  // so do the M-grouped ones on mn_major grids (the group's grid prefix and pitch: 12-20 bytes at 40).
+  static constexpr bool kWideWriters = (Cfg::kKGrouped || Cfg::kScaleMnMajor) && Scaling::kScaleWriters > 0;
   // Weight-only int8: the B converters (and their load issue) take 56 as well.
   static constexpr u32 kProducerRegs = kConsumers == 3 ? 24 : kFp4 ? 88 : kWideWriters || kConvertB ? 56 : 40;
   static constexpr u32 kConsumerRegs = kConsumers == 3 ? 160 : kFp4 ? 168 : kWideWriters || kConvertB ? 224 : 232;

@@ -539,7 +539,7 @@ def _quantize_stream(s, x, dtype, seed=0, offset=0, scale=None, l_base=0):
             else:
                 e = e8m0_floor(g1, FLOAT_FORMATS[fmt][5])
             q = encode((d * _expand(mx_multiplier(e), sbr, sbc, R, C)).astype(F32))
-            return q, _layout_scales(e, swz), None
+            return q, _mn_major(e) if s["scale_layout"] == "mn_major" else _layout_scales(e, swz), None
 
         if mode == "nvfp4":
             A = amax_of(d)

@@ -138,6 +138,11 @@ std::vector<Variant> variants() {
       {"members_block_bf16", members(make(S::Block128, E4, E4, DType::BF16, false, false, 128, 1), 4096)},
       {"members_block_fp32_acc_bm64", members(make(S::Block128, E5, E4, DType::FP32, true, false, 128, 1, 64), 1000)},
       {"members_mxfp8_bf16", members(make(S::Mx32, E4, E4, DType::BF16, false, false, 128, 1), 4096)},
+      {"mxfp8_mn_major_bf16", mn_major(make(S::Mx32, E4, E4, DType::BF16, false, false, 128, 1))},
+      {"mxfp8_mn_major_fp32_acc_mc2", mn_major(make(S::Mx32, E5, E4, DType::FP32, true, false, 128, 2))},
+      {"mxfp8_mn_major_bm64_bn64", mn_major(make(S::Mx32, E4, E4, DType::BF16, false, false, 64, 1, 64))},
+      {"kgrouped_mxfp8_mn_major_fp32_acc", mn_major(k_grouped(make(S::Mx32, E4, E4, DType::FP32, true, false, 128, 1), 4096))},
+      {"members_mxfp8_mn_major_bf16", mn_major(members(make(S::Mx32, E4, E4, DType::BF16, false, false, 128, 1), 4096))},
       {"members_mxfp8_fp32_acc_bm64", members(make(S::Mx32, E4, E4, DType::FP32, true, false, 128, 1, 64), 2048)},
       {"members_nvfp4_bf16", members(make(S::Nvfp4, F4, F4, DType::BF16, false, false, 128, 1), 4096)},
       {"members_nvfp4_fp32_acc", members(make(S::Nvfp4, F4, F4, DType::FP32, true, false, 128, 1), 2048)},
@@ -310,9 +315,21 @@ TEST(GemmCodegen, SpecErrorsNameTheField) {
   expect_spec_error(s, "fast_accum", "every 32 of K is promoted");
   s = ok, s.scaling = GemmScaling::Mx32, s.tile.ordered = 2;
   expect_spec_error(s, "tile.ordered", "not supported");
-  // mn_major scale grids: the blockwise GEMMs only (M-grouped: A's per-group grids).
-  s = ok, s.scaling = GemmScaling::Mx32, s.scale_layout = ScaleLayout::MnMajor;
-  expect_spec_error(s, "scale_layout", "blockwise GEMMs only (1x128 rowwise and 128x1 columnwise copies); got mxfp8 scaling, m_grouped");
+  // mn_major scale grids: the blockwise and mxfp8 GEMMs only (M-grouped: A's per-group grids).
+  s = ok, s.scaling = GemmScaling::Nvfp4, s.a_format = s.b_format = ElemFormat::E2M1, s.scale_layout = ScaleLayout::MnMajor;
+  expect_spec_error(s, "scale_layout",
+                    "blockwise and mxfp8 GEMMs only (1x128 / 1x32 rowwise and 128x1 / 32x1 columnwise copies); got nvfp4 scaling, m_grouped");
+  {
+    // MXFP8: A per group as blockwise, B per expert [K/32, N] (N is a multiple of 8: no padding).
+    GemmSpec mx = ok;
+    mx.scaling = GemmScaling::Mx32, mx.scale_layout = ScaleLayout::MnMajor;
+    EXPECT_NO_THROW(validate(mx));
+    EXPECT_EQ(gemm_scale_elems(mx, 1000, 8).a, (1000 + 3 * 8) * (mx.k / 32));
+    EXPECT_EQ(gemm_scale_elems(mx, 1000, 8).b, 8 * mx.n * (mx.k / 32));
+    EXPECT_NE(emit_gemm(mx).source.find("kScaleMnMajor = true"), std::string::npos);
+    mx.scale_layout = ScaleLayout::Compact;
+    EXPECT_EQ(gemm_scale_elems(mx, 1000, 8).a, 1000 * (mx.k / 32));
+  }
   {
     // M-grouped: each group's A grid [ceil(K/128), rows rounded up to 4], so up to 3 rows more per group.
     GemmSpec mg = ok;
@@ -327,9 +344,18 @@ TEST(GemmCodegen, SpecErrorsNameTheField) {
   }
   s = ok, s.scale_layout = ScaleLayout::Swizzled;
   expect_spec_error(s, "scale_layout", "expected compact or mn_major, got swizzled");
-  s = ok, s.scaling = GemmScaling::Mx32, s.layout = GemmLayout::KGrouped, s.m = 256, s.k = 0,
-  s.scale_layout = ScaleLayout::MnMajor;
-  expect_spec_error(s, "scale_layout", "got mxfp8 scaling, k_grouped layout");
+  s = ok, s.scaling = GemmScaling::Nvfp4, s.a_format = s.b_format = ElemFormat::E2M1, s.layout = GemmLayout::KGrouped,
+  s.m = 256, s.k = 0, s.scale_layout = ScaleLayout::MnMajor;
+  expect_spec_error(s, "scale_layout", "got nvfp4 scaling, k_grouped layout");
+  {
+    // MXFP8 K-grouped: [32-token blocks, rows padded to 4].
+    GemmSpec kg = ok;
+    kg.scaling = GemmScaling::Mx32, kg.layout = GemmLayout::KGrouped, kg.m = 6, kg.n = 200, kg.k = 0;
+    kg.scale_layout = ScaleLayout::MnMajor;
+    EXPECT_NO_THROW(validate(kg));
+    EXPECT_EQ(gemm_scale_elems(kg, 0, 3, 300).a, 8 * 10);
+    EXPECT_EQ(gemm_scale_elems(kg, 0, 3, 300).b, 200 * 10);
+  }
   {
     // [token blocks, rows padded to 4]: 6 rows take 8 entries per block; members add a block each.
     GemmSpec kg = ok;

@@ -9,7 +9,7 @@
 //               gemm_tolerance(), plus the relative Frobenius error; long K, more tiles than SMs.
 //               The masked layout ([G, m_max, K] with device counts) and the K-grouped (wgrad)
 //               layout run through the same checks.
-//   GemmEdge    all groups empty; an mn_major A grid past the buffer (falling offsets) gives NaN; a K-grouped MX or NVFP4 NaN scale stays in its group; the K-grouped fp32
+//   GemmEdge    all groups empty; an mn_major A grid past the buffer (falling offsets) gives NaN (blockwise, MXFP8); a K-grouped MX or NVFP4 NaN scale stays in its group; the K-grouped fp32
 //               reduce-add keeps subnormal and special old values; a second launch gives the same bits;
 //               the members layout's workspace errors.
 //   K-grouped members (the grouped quantizer's per-member copies) run through GemmExact (misaligned
@@ -64,7 +64,7 @@ GemmSpec spec_of(GemmScaling s, ElemFormat a, ElemFormat b, DType out, bool acc,
   return g;
 }
 
-// Blockwise K-grouped scale grids stored mn_major ([token blocks, rows padded to 4]).
+// Blockwise / MXFP8 scale grids stored mn_major ([token blocks, rows padded to 4]).
 GemmSpec mn_major(GemmSpec s) {
   s.scale_layout = ScaleLayout::MnMajor;
   return s;
@@ -254,6 +254,15 @@ std::vector<Case> exact_cases() {
   masked("masked_block_mn_major_fp32", mn_major(spec_of(S::Block128, E4, E4, DType::FP32, false, false, 128, 128, 1, 200, 400)), 258);
   masked("masked_tensor_fast_fp32_acc_mc2", spec_of(S::PerTensor, E4, E5, DType::FP32, true, true, 128, 128, 2, 256, 400), 256);
   masked("masked_mxfp8_bm64", spec_of(S::Mx32, E4, E4, DType::BF16, false, false, 64, 128, 1, 200, 256), 200);
+  // MXFP8 on mn_major grids (A per group as above, B per expert [K/32, N]: groups of 37, 129 and 1
+  // rows pad A's; 40 groups on 3 CTAs; masked slots of 258).
+  add("mxfp8_mn_major_bf16", mn_major(spec_of(S::Mx32, E4, E4, DType::BF16, false, false, 128, 128, 1, 200, 384)));
+  add("mxfp8_mn_major_e5m2_fp32_acc_mc2", mn_major(spec_of(S::Mx32, E5, E4, DType::FP32, true, false, 128, 128, 2, 256, 512)));
+  add("mxfp8_mn_major_bm64_bn64_fp32", mn_major(spec_of(S::Mx32, E4, E5, DType::FP32, false, false, 64, 64, 1, 200, 128)));
+  add("mxfp8_mn_major_many_groups_3ctas", mn_major(spec_of(S::Mx32, E4, E4, DType::BF16, false, false, 128, 128, 1, 1024, 512)),
+      many, 3);
+  v.back().max_ctas = 3;
+  masked("masked_mxfp8_mn_major_bm64", mn_major(spec_of(S::Mx32, E4, E4, DType::BF16, false, false, 64, 128, 1, 200, 256)), 258);
   // K-grouped (wgrad): token counts with an empty group and partial 128-token tails (K of a
   // group starting mid-block), padding tokens after the last group.
   auto kgrouped = [&](std::string name, GemmSpec s, std::vector<int64_t> tokens, int64_t pad, int max_ctas = 0) {
@@ -294,6 +303,11 @@ std::vector<Case> exact_cases() {
   kgrouped("kgrouped_mxfp8_bf16", spec_of(S::Mx32, E4, E4, DType::BF16, false, false, 128, 128, 1, 200, 200), tok, 5);
   kgrouped("kgrouped_mxfp8_fp32_acc_bm64", spec_of(S::Mx32, E5, E4, DType::FP32, true, false, 64, 128, 1, 256, 130), tok128, 3);
   add("mxfp8_many_groups", spec_of(S::Mx32, E4, E4, DType::BF16, false, false, 128, 128, 1, 1024, 512), many, 3);
+  // mn_major token grids: 202 and 130 output rows pad A's grid to 204 and 132 per 32-token step.
+  kgrouped("kgrouped_mxfp8_mn_major_bf16", mn_major(spec_of(S::Mx32, E4, E4, DType::BF16, false, false, 128, 128, 1, 200, 202)),
+           tok, 5);
+  kgrouped("kgrouped_mxfp8_mn_major_fp32_acc_bm64",
+           mn_major(spec_of(S::Mx32, E5, E4, DType::FP32, true, false, 64, 128, 1, 264, 130)), tok128, 3);
   // NVFP4 wgrad: groups start and end at odd tokens (inside a byte of packed e2m1 and inside 16-token
   // scale blocks); scale rows of 16 bytes (512 tokens: one 8-byte load per row and k-block) and of
   // 58 bytes (928 tokens: two-byte loads).
@@ -320,6 +334,9 @@ std::vector<Case> exact_cases() {
   members("members_rowwise_3ctas", spec_of(S::RowChannel, E4, E4, DType::BF16, false, false, 128, 128, 1, 264, 300), mtok, 0, 3);
   members("members_mxfp8_bf16", spec_of(S::Mx32, E4, E4, DType::BF16, false, false, 128, 128, 1, 200, 200), mtok, 16);
   members("members_mxfp8_fp32_acc_bm64", spec_of(S::Mx32, E4, E5, DType::FP32, true, false, 64, 128, 1, 256, 130), mtok, 0);
+  members("members_mxfp8_mn_major_bf16", mn_major(spec_of(S::Mx32, E4, E4, DType::BF16, false, false, 128, 128, 1, 200, 202)),
+          mtok, 16);
+
   members("members_nvfp4_bf16", spec_of(S::Nvfp4, F4, F4, DType::BF16, false, false, 128, 128, 1, 200, 200), mtok4, 32);
   members("members_nvfp4_fp32_acc", spec_of(S::Nvfp4, F4, F4, DType::FP32, true, false, 128, 128, 1, 136, 130), mtok4, 0);
   // 40 members on 3 CTAs: each CTA walks ~13 groups, so its ring of load slots + 1 map slots wraps.
@@ -330,6 +347,8 @@ std::vector<Case> exact_cases() {
   members("members_block_mn_major_ring", mn_major(spec_of(S::Block128, E4, E4, DType::BF16, false, false, 128, 128, 1, 136, 70)),
           many16, 0, 3);
   members("members_nvfp4_ring", spec_of(S::Nvfp4, F4, F4, DType::FP32, false, false, 128, 128, 1, 136, 72), many32, 0, 3);
+  members("members_mxfp8_mn_major_ring", mn_major(spec_of(S::Mx32, E4, E4, DType::FP32, false, false, 128, 128, 1, 136, 70)),
+          many16, 0, 3);
   // Rules that decide alone: MXFP8 with m = 129 and a 128-token member after 16 + 48 tokens (its
   // scale rows are whole words, but its grid starts at byte 129 * 3: the byte loads); NVFP4 with
   // m = 129 and an aligned member after members of 8 and 24 tokens (A's grid would start at an odd
@@ -488,6 +507,8 @@ std::vector<Case> random_cases() {
                g8, 0, true});
   v.push_back({"mxfp8_e5m2_e4m3_fp32_acc_k2048", spec_of(S::Mx32, E5, E4, DType::FP32, true, false, 128, 128, 1, 512, 2048),
                g8, 7, false});
+  v.push_back({"mxfp8_mn_major_bf16_k7168", mn_major(spec_of(S::Mx32, E4, E4, DType::BF16, false, false, 128, 128, 1, 1024, 7168)),
+               g8, 3, true});
   // K-grouped: 384 x 512 outputs over 4096 tokens in 8 uneven groups (one empty); returns the spec.
   auto kgrouped = [&](std::string name, GemmSpec s, bool alpha) {
     s.layout = GemmLayout::KGrouped, s.m = 384;
@@ -505,8 +526,9 @@ std::vector<Case> random_cases() {
   const GemmSpec wr = kgrouped("kgrouped_rowwise_bf16_4096_tokens",
                                spec_of(S::RowChannel, E4, E4, DType::BF16, false, false, 128, 128, 1, 512, 0), true);
   const GemmSpec wbm = kgrouped("kgrouped_block_mn_major_bf16_4096_tokens", mn_major(wb), true);
+  const GemmSpec wmm = kgrouped("kgrouped_mxfp8_mn_major_fp32_acc_4096_tokens", mn_major(wm), false);
   // Members: 8 uneven members (one empty) of multiples of 16 tokens (NVFP4: 32).
-  for (GemmSpec ms : {wg, wb, wm, wf, wr, wbm}) {
+  for (GemmSpec ms : {wg, wb, wm, wf, wr, wbm, wmm}) {
     ms.layout = GemmLayout::KGroupedMembers;
     const bool fp4 = ms.scaling == S::Nvfp4;
     v.push_back({"members_" + std::string(traits(ms.scaling).name) + (ms.scale_layout == ScaleLayout::MnMajor ? "_mn_major" : "") +
@@ -655,10 +677,9 @@ TEST(GemmEdge, AllGroupsEmptyWritesNothing) {
 // start after groups 0 and 1's 300 padded rows and take 300 more, past the m_total + 3 G = 409
 // rows any rising split fits in. Its rows read no scale and are NaN (rows 300..399, which only
 // it owns; 100..299 are group 0's too, written in either order); group 0's rows 0..99 are exact.
-TEST(GemmEdge, MnMajorGridPastTheBufferIsNaN) {
-  QF_SKIP_WITHOUT_GPU();
-  const GemmSpec s = mn_major(spec_of(GemmScaling::Block128, ElemFormat::E4M3, ElemFormat::E4M3, DType::FP32, false, false,
-                                      128, 128, 1, 128, 256));
+// Blockwise (scales in the consumers' registers) and MXFP8 (the scale writers' slots).
+void expect_mn_major_grid_past_the_buffer_is_nan(GemmScaling scaling) {
+  const GemmSpec s = mn_major(spec_of(scaling, ElemFormat::E4M3, ElemFormat::E4M3, DType::FP32, false, false, 128, 128, 1, 128, 256));
   ref::GemmProblem p = ref::make_gemm_problem(s, std::vector<int64_t>{300, 0, 100}, 0, ref::GemmValues::SmallIntegers, false, 23);
   p.offsets = {0, 300, 100, 400};
   Device dev = to_device(s, p);
@@ -678,6 +699,16 @@ TEST(GemmEdge, MnMajorGridPastTheBufferIsNaN) {
   // The reference agrees: group 2's rows are NaN there too.
   const std::vector<int64_t> last = {399};
   EXPECT_TRUE(std::isnan(ref::gemm_reference(s, p.operands(), last).value[0]));
+}
+
+TEST(GemmEdge, MnMajorGridPastTheBufferIsNaN) {
+  QF_SKIP_WITHOUT_GPU();
+  expect_mn_major_grid_past_the_buffer_is_nan(GemmScaling::Block128);
+}
+
+TEST(GemmEdge, MxMnMajorGridPastTheBufferIsNaN) {
+  QF_SKIP_WITHOUT_GPU();
+  expect_mn_major_grid_past_the_buffer_is_nan(GemmScaling::Mx32);
 }
 
 // Runs a two-group K-grouped problem whose NaN scales lie in group 0's first k-block but scale

@@ -7,6 +7,7 @@
 // GEMM sees the reference's bytes), and the float64 dY^T X of the unquantized inputs within the
 // formats' error (as quantize_gemm_test.cpp checks on the CPU). The same for the blockwise fprop on
 // the grouped rowwise copies (GpuQuantizeToFprop).
+#include <algorithm>
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -183,13 +184,14 @@ TEST_P(GpuQuantizeToGemm, MembersWgradReadsGroupedQuantizeOutputs) {
   EXPECT_LT(err, c.max_rel);
 }
 
-// fprop: the grouped quantizer's rowwise copies of X (one member per expert, each member's 1x128
-// grid mn_major, padded to 4 rows on its own: tests/recipes/good/float8_block_scaling_mn_major.json)
-// and of the experts' weights (128x128) go into the M-grouped blockwise GEMM, which reads them with
-// the same device offsets. Members of 209 and 85 rows pad their grids; one is empty.
-TEST(GpuQuantizeToFprop, BlockwiseReadsGroupedMnMajorRowwiseCopies) {
-  QF_SKIP_WITHOUT_GPU();
-  const Recipe r = qf::testing::shipped_recipe("good/float8_block_scaling_mn_major");
+// fprop: the grouped quantizer's rowwise copies of X (one member per expert, each member's 1x128 or
+// 1x32 grid mn_major, padded to 4 rows on its own: tests/recipes/good/float8_block_scaling_mn_major.json,
+// the shipped mxfp8_hopper.json) and of the
+// experts' weights (blockwise 128x128; MXFP8 one mn_major grid per expert) go into the M-grouped
+// GEMM, which reads them with the same device offsets. Members of 209 and 85 rows pad their grids;
+// one is empty.
+void expect_grouped_mn_major_rowwise_copies_feed_fprop(const char* recipe, GemmScaling scaling) {
+  const Recipe r = qf::testing::shipped_recipe(recipe);
   const std::vector<int64_t> splits = {96, 0, 209, 85};
   const int64_t t = 390, k_in = 384, n_out = 256, groups = int64_t(splits.size());
   std::vector<int64_t> offsets{0}, w_offsets{0};
@@ -205,7 +207,7 @@ TEST(GpuQuantizeToFprop, BlockwiseReadsGroupedMnMajorRowwiseCopies) {
   const GpuQuantized qw = quantize_on_gpu(r, "linear:weight", w, experts, dwoff, stream);
 
   GemmSpec spec;
-  spec.scaling = GemmScaling::Block128;
+  spec.scaling = scaling;
   spec.n = n_out, spec.k = k_in, spec.out_dtype = DType::FP32;
   spec.scale_layout = qf::testing::recipe_gemm_scale_layout(r, spec.scaling, spec.layout);
   ASSERT_EQ(spec.scale_layout, ScaleLayout::MnMajor) << "the recipe's fprop entries";
@@ -229,7 +231,7 @@ TEST(GpuQuantizeToFprop, BlockwiseReadsGroupedMnMajorRowwiseCopies) {
   ops.m_total = t;
   std::vector<int64_t> rows(static_cast<size_t>(t));
   for (int64_t i = 0; i < t; ++i) rows[size_t(i)] = i;
-  expect_within_gemm_bound(spec, got, ref::gemm_reference(spec, ops, rows), "float8_block_scaling_mn_major fprop");
+  expect_within_gemm_bound(spec, got, ref::gemm_reference(spec, ops, rows), std::string(recipe) + " fprop");
 
   std::vector<double> gotd(got.begin(), got.end()), exact(got.size());
   for (int64_t g = 0; g < groups; ++g)
@@ -240,18 +242,33 @@ TEST(GpuQuantizeToFprop, BlockwiseReadsGroupedMnMajorRowwiseCopies) {
         exact[size_t(row * n_out + col)] = s;
       }
   const double err = qf::testing::rel_error(gotd, exact);
-  std::printf("[ measure  ] float8_block_scaling_mn_major: GPU grouped quantize -> fprop: relative Frobenius error %.4f\n", err);
+  std::printf("[ measure  ] %s: GPU grouped quantize -> fprop: relative Frobenius error %.4f\n", recipe, err);
   EXPECT_LT(err, 0.1);
+}
+
+TEST(GpuQuantizeToFprop, BlockwiseReadsGroupedMnMajorRowwiseCopies) {
+  QF_SKIP_WITHOUT_GPU();
+  expect_grouped_mn_major_rowwise_copies_feed_fprop("good/float8_block_scaling_mn_major", GemmScaling::Block128);
+}
+
+TEST(GpuQuantizeToFprop, Mxfp8ReadsGroupedMnMajorRowwiseCopies) {
+  QF_SKIP_WITHOUT_GPU();
+  expect_grouped_mn_major_rowwise_copies_feed_fprop("mxfp8_hopper", GemmScaling::Mx32);
 }
 
 INSTANTIATE_TEST_SUITE_P(Shipped, GpuQuantizeToGemm,
                          ::testing::Values(Case{"float8_block_scaling", GemmScaling::Block128, 0.1},
                                            Case{"mxfp8_hopper", GemmScaling::Mx32, 0.1},
+                                           Case{"good/mxfp8_hopper_compact", GemmScaling::Mx32, 0.1},
                                            Case{"nvfp4", GemmScaling::Nvfp4, 0.25},
                                            Case{"current_scaling", GemmScaling::PerTensor, 0.1},
                                            Case{"fp8_rowwise", GemmScaling::RowChannel, 0.05},
                                            // bf16 identity copies (exact): the fp32 sums' rounding only
                                            Case{"int8_weight_sr", GemmScaling::None, 1e-5}),
-                         [](const ::testing::TestParamInfo<Case>& i) { return std::string(i.param.recipe); });
+                         [](const ::testing::TestParamInfo<Case>& i) {
+                           std::string name = i.param.recipe;
+                           std::replace(name.begin(), name.end(), '/', '_');
+                           return name;
+                         });
 
 }  // namespace

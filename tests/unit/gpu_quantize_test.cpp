@@ -206,7 +206,7 @@ std::vector<Case> all_cases() {
                            "mxfp8",            "mxfp8_hopper",    "nvfp4",
                            "hybrid_mxfp8_fwd_nvfp4_bwd", "int8_weight_sr", "w8a8_int8_inference", "fp8_rowwise",
                            // Transformer Engine's GEMM-ready (mn_major) layout of the 1D block scales
-                           "good/float8_block_scaling_mn_major"};
+                           "good/float8_block_scaling_mn_major", "good/mxfp8_hopper_compact"};
   const char* roles[] = {"linear:input", "linear:weight", "linear:grad_output"};
   // {200, 320}: interior tiles (the vector paths) in a tensor whose rows are not a multiple of 16.
   const Shape2D small[] = {{1, 1}, {1, 16}, {31, 33}, {32, 64}, {128, 4224}, {200, 320}};

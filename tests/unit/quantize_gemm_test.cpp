@@ -132,6 +132,9 @@ INSTANTIATE_TEST_SUITE_P(
                       // 1x128 grids mn_major, one per expert (member), read so by its fprop / dgrad entries
                       Case{"good/float8_block_scaling_mn_major", GemmScaling::Block128, false, 0.1},
                       Case{"good/float8_block_scaling_mn_major", GemmScaling::Block128, true, 0.1},
+                      // the compact e8m0 grids (the shipped recipe's are mn_major: A per expert group, B per expert)
+                      Case{"good/mxfp8_hopper_compact", GemmScaling::Mx32, false, 0.1},
+                      Case{"good/mxfp8_hopper_compact", GemmScaling::Mx32, true, 0.1},
                       // fp8 per token x per channel (torchao's rowwise): the weights' columnwise copy per input channel
                       Case{"fp8_rowwise", GemmScaling::RowChannel, false, 0.05}, Case{"fp8_rowwise", GemmScaling::RowChannel, true, 0.05},
                       // W8A8: int8 per token (input) x int8 per output channel (weight), fprop only (inference)
@@ -256,6 +259,8 @@ INSTANTIATE_TEST_SUITE_P(
                       WgradCase{"nvfp4", GemmScaling::Nvfp4, 0.25},
                       WgradCase{"float8_block_scaling", GemmScaling::Block128, 0.1, true},
                       WgradCase{"mxfp8_hopper", GemmScaling::Mx32, 0.1, true},
+                      WgradCase{"good/mxfp8_hopper_compact", GemmScaling::Mx32, 0.1},
+                      WgradCase{"good/mxfp8_hopper_compact", GemmScaling::Mx32, 0.1, true},
                       WgradCase{"nvfp4", GemmScaling::Nvfp4, 0.25, true},
                       WgradCase{"current_scaling", GemmScaling::PerTensor, 0.1, true},
                       WgradCase{"fp8_rowwise", GemmScaling::RowChannel, 0.05},
@@ -265,7 +270,9 @@ INSTANTIATE_TEST_SUITE_P(
                       WgradCase{"int8_weight_sr", GemmScaling::None, 1e-6},
                       WgradCase{"int8_weight_sr", GemmScaling::None, 1e-6, true}),
     [](const ::testing::TestParamInfo<WgradCase>& i) {
-      return std::string(i.param.recipe) + (i.param.members ? "_members" : "");
+      std::string name = std::string(i.param.recipe) + (i.param.members ? "_members" : "");
+      std::replace(name.begin(), name.end(), '/', '_');
+      return name;
     });
 
 }  // namespace

@@ -112,18 +112,21 @@ TEST(ShippedRecipes, Mxfp8) {
   EXPECT_EQ(any.rule->columnwise->scale_layout, ScaleLayout::Compact);
 }
 
-// Hopper's K-major dgrad and wgrad GEMMs read the columnwise copy transposed; the numerics are mxfp8's.
+// Hopper's K-major dgrad and wgrad GEMMs read the columnwise copy transposed; the numerics are
+// mxfp8's; every e8m0 grid mn_major, and every GEMM reads them so.
 TEST(ShippedRecipes, Mxfp8Hopper) {
   const Recipe h = shipped("mxfp8_hopper"), b = shipped("mxfp8");
   const auto hr = resolve_role(h, "grouped_linear:weight"), br = resolve_role(b, "grouped_linear:weight");
   EXPECT_EQ(hr.rule->rowwise->scaling, br.rule->rowwise->scaling);
   EXPECT_EQ(hr.rule->columnwise->scaling, br.rule->columnwise->scaling);
   EXPECT_EQ(hr.rule->columnwise->layout, DataLayout::Transposed);
-  EXPECT_EQ(hr.rule->columnwise->scale_layout, ScaleLayout::Compact);
+  EXPECT_EQ(hr.rule->rowwise->scale_layout, ScaleLayout::MnMajor);
+  EXPECT_EQ(hr.rule->columnwise->scale_layout, ScaleLayout::MnMajor);
   ASSERT_EQ(h.gemms.size(), 8u);
   int shared = 0, members = 0;
   for (const auto& g : h.gemms) {
     EXPECT_EQ(g.spec.scaling, GemmScaling::Mx32);
+    EXPECT_EQ(g.spec.scale_layout, ScaleLayout::MnMajor);
     shared += g.spec.layout == GemmLayout::KGrouped;
     members += g.spec.layout == GemmLayout::KGroupedMembers;
   }
