@@ -65,6 +65,11 @@ gemm_cases+=':*GemmExact*members_block_ring:*GemmExact*members_nvfp4_bf16'
 gemm_cases+=':*float8_block_scaling_mn_major__linear_input__training__bf16__200x320'
 gemm_cases+=':*GemmExact*kgrouped_block_mn_major_bf16:*GemmExact*members_block_mn_major_ring'
 gemm_cases+=':*GemmExact*block_mn_major_many_groups_3ctas:*GemmExact*masked_block_mn_major_fp32'
+# mn_major e8m0 grids (session 32, the shipped mxfp8_hopper): the cast's staged copy-out (row +
+# transposed, and the rowwise-only direct path), the MXFP8 writers' word-per-4-rows loads (M-grouped
+# per group on 3 CTAs, K-grouped members on 3 CTAs).
+gemm_cases+=':*mxfp8_hopper__linear_input__training__bf16__200x320:*mxfp8_hopper__linear_input__inference__bf16__128x4224'
+gemm_cases+=':*GemmExact*mxfp8_mn_major_many_groups_3ctas:*GemmExact*members_mxfp8_mn_major_ring'
 # K-grouped per channel (the TMA epilogue's column factors, restaged per tile) and int8 (s32 sums).
 gemm_cases+=':*GemmExact*kgrouped_rowwise_3ctas_fp32:*GemmExact*int8_block_bf16:*GemmExact*int8_rowwise_bf16'
 # bf16 operands (64 of K per stage) and weight-only int8 (B converted in place in its stage by the

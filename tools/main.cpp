@@ -52,9 +52,10 @@ commands:
                                     D[g] [M, N] over K tokens per group; any scaling but channel;
                                     --members: each group's operands its own [M, tokens] and
                                     [N, tokens] copies back to back, as grouped quantize writes;
-                                    --scale-layout mn_major: blockwise 1D scale grids stored
-                                    [blocks, rows] (M-grouped: A's, per group, padded to 4
-                                    rows), as "scale_layout": "mn_major" writes):
+                                    --scale-layout mn_major: blockwise / mxfp8 1D scale grids
+                                    stored [blocks, rows] (M-grouped: A's, per group, padded to
+                                    4 rows; mxfp8 B's per expert), as "scale_layout": "mn_major"
+                                    writes):
                                     --check compares sampled rows with the
                                     float64 CPU reference, --bench prints TFLOP/s; without a GPU,
                                     --source prints the kernel's CUDA and --arch compiles it
