@@ -59,10 +59,10 @@ struct BlockShape {
 
 // Where a stream's scale entries live: compact (the grid [rows, cols] row-major), swizzled (the
 // GEMM 128x4 tiles of MX / NVFP4 scales) or mn_major (the grid column-major, rows padded to a
-// multiple of 4: Transformer Engine's GEMM-ready layout of 1D fp32 block scales, DeepGEMM's
-// MN-major scaling factors).
+// multiple of 4: Transformer Engine's GEMM-ready layout of 1D block scales, DeepGEMM's MN-major
+// scaling factors; fp32 block and e8m0 MX scales).
 enum class ScaleLayout : uint8_t { Compact, Swizzled, MnMajor };
-// (The K-grouped blockwise GEMM reads compact or mn_major grids: GemmSpec::scale_layout.)
+// (The blockwise and MXFP8 GEMMs read compact or mn_major grids: GemmSpec::scale_layout.)
 enum class AmaxCompute : uint8_t { Max, MostRecent };
 enum class MxRule : uint8_t { RCeil, Floor };
 

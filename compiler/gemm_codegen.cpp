@@ -225,7 +225,7 @@ void validate(const GemmSpec& s) {
     throw UserError("fast_accum", std::string(traits(s.scaling).name) + " scaling changes along K: every " +
                                       std::to_string(traits(s.scaling).promote_k) + " of K is promoted to fp32");
   if (s.scale_layout == ScaleLayout::Swizzled)
-    throw UserError("scale_layout", "expected compact or mn_major, got swizzled (the GEMMs read compact MX / NVFP4 scales)");
+    throw UserError("scale_layout", "expected compact or mn_major, got swizzled (the GEMMs read compact or mn_major grids, not GEMM-swizzled tiles)");
   if (s.scale_layout == ScaleLayout::MnMajor && !traits(s.scaling).mn_major_ok)
     throw UserError("scale_layout", "mn_major scale grids are read by the blockwise and mxfp8 GEMMs only (1x128 / 1x32 "
                                     "rowwise and 128x1 / 32x1 columnwise copies); got " + std::string(traits(s.scaling).name) +

@@ -22,7 +22,7 @@ enum class GemmScaling : uint8_t {
   Block128,    // fp32 per 1x128 block of A ([m_total, ceil(K/128)]) and per 128x128 block of B
                // ([G, ceil(N/128), ceil(K/128)]): the quantize kernels' block-scaling layouts
   Mx32,        // MXFP8: e8m0 per 1x32 block of A ([m_total, K/32] bytes) and of B ([G, N, K/32]):
-               // the quantize kernels' compact MXFP8 rowwise scale layout
+               // the quantize kernels' compact MXFP8 rowwise scale layout (or mn_major: scale_layout)
   Nvfp4,       // NVFP4: e2m1 operands packed two per byte (A [m_total, K/2], B [G, N, K/2]), e4m3 per
                // 1x16 block of A ([m_total, K/16] bytes) and of B ([G, N, K/16]), and the per-tensor
                // amax of each group's A and B (fp32 [G] each): the quantize kernels' NVFP4 layout
@@ -65,7 +65,7 @@ struct GemmScalingTraits {
                                   // CTA: no multicast, no ordered issue
   bool col_scales;                // the epilogue applies per-column (output channel) factors
   std::string_view a_default, b_default;  // operand formats when none is named (b_default empty: A's)
-  bool mn_major_ok;               // reads mn_major 1D scale grids (GemmSpec::scale_layout): blockwise
+  bool mn_major_ok;               // reads mn_major 1D scale grids (GemmSpec::scale_layout): blockwise, mxfp8
 };
 const GemmScalingTraits& traits(GemmScaling s);
 std::span<const GemmScalingTraits> all_gemm_scalings();
@@ -117,11 +117,12 @@ struct GemmSpec {
   bool accumulate = false;      // D += result (fp32 output only)
   bool fast_accum = false;      // no fp32 promotion: tensor cores accumulate over all of K
                                 // (fp8 with per-tensor and rowwise scaling only)
-  // Blockwise 1D scale grids: compact (row-major) or mn_major (the quantize kernels' "scale_layout":
-  // "mn_major": [blocks, rows padded to 4], coalesced per block). K-grouped: both operands' grids
-  // ([rows, token blocks]); M-grouped: A's 1x128 grid, per group as the grouped quantizer writes
-  // its members (group g's [ceil(K/128), round_up(rows_g, 4)] after those of the groups before;
-  // masked: slots of m_max rows). B's 128x128 grid is compact. Compact for every other scaling.
+  // Blockwise and MXFP8 1D scale grids: compact (row-major) or mn_major (the quantize kernels'
+  // "scale_layout": "mn_major": [blocks, rows padded to 4], coalesced per block). K-grouped: both
+  // operands' grids ([rows, token blocks]); M-grouped: A's 1x128 / 1x32 grid, per group as the
+  // grouped quantizer writes its members (group g's [ceil(K/128) or K/32, round_up(rows_g, 4)]
+  // after those of the groups before; masked: slots of m_max rows); MXFP8 B per expert [K/32, N]
+  // (blockwise B's 128x128 grid is compact). Compact for every other scaling.
   ScaleLayout scale_layout = ScaleLayout::Compact;
   GemmTile tile;
 };
@@ -183,9 +184,10 @@ GemmSource emit_gemm(const GemmSpec& spec);
 // 128x1 / 32x1 / 16x1 columnwise grids of one tensor, transposed. K-grouped members: the grids of
 // the members back to back, sized for any split of k_total into num_groups members (each member
 // may add a partial block): m * (ceil(k_total / scale_k) + G) and N * (...). K-grouped tensor: [G]
-// each; rowwise: [m] and [N] (members: [G, m] and [G, N]). mn_major blockwise grids (the spec's
-// scale_layout) are stored [token blocks, rows padded to a multiple of 4] (mn_major_rows); M-grouped,
-// A's per-group grids take up to 3 padding rows per group: [ceil(K/128), m_total + 3 G].
+// each; rowwise: [m] and [N] (members: [G, m] and [G, N]). mn_major blockwise / MXFP8 grids (the
+// spec's scale_layout) are stored [token blocks, rows padded to a multiple of 4] (mn_major_rows);
+// M-grouped, A's per-group grids take up to 3 padding rows per group: [ceil(K/128) or K/32,
+// m_total + 3 G]; MXFP8 B's per expert [G, K/32, N].
 struct GemmScaleElems {
   int64_t a = 0, b = 0;
 };

@@ -687,28 +687,35 @@ Recipe parse_recipe(std::string_view text) {
     if (!gs->raw().is_array()) gs->fail("expected an array of GEMM specs, got " + type_name(gs->raw()));
     for (size_t i = 0; i < gs->raw().size(); ++i) r.gemms.push_back(parse_gemm(gs->index(i)));
   }
-  // A blockwise or MXFP8 GEMM reads the recipe's 1D block scales in its own scale_layout, so they
-  // must be written so (else it would read every scale from the wrong place, silently): a
-  // K-grouped one (wgrad) the transposed copies' grids (128x1, 32x1), an M-grouped one (fprop,
-  // dgrad) the rowwise grids (1x128, 1x32: A, and MXFP8 fprop's B) and, for MXFP8, the transposed
-  // ones too (dgrad's B, the weights' transposed copies; blockwise B is a 128x128 weight, whose
-  // 2-D grid is always compact).
+  // A blockwise or MXFP8 GEMM reads the recipe's 1D block scales in its own scale_layout, so the
+  // copies it reads must be written so (else it would read every scale from the wrong place,
+  // silently): a K-grouped one (wgrad) the transposed copies (128x1, 32x1) of the input and
+  // grad_output roles; an M-grouped one (fprop, dgrad) every role's rowwise copies (1x128, 1x32:
+  // A, and MXFP8 fprop's B) and, for MXFP8, the weights' transposed copies (dgrad's B; blockwise B
+  // is a 128x128 weight, whose 2-D grid is always compact). Checked on the standard roles.
   for (const RecipeGemm& g : r.gemms) {
     if (!traits(g.spec.scaling).mn_major_ok) continue;  // GEMMs that read 1D block grids as given
     const bool kg = k_grouped(g.spec.layout), mx = g.spec.scaling == GemmScaling::Mx32;
-    for (const RoleRule& rule : r.roles) {
+    for (const std::string_view role : standard_roles()) {
+      const bool weight = parse_role(role)[1] == "weight";
+      const RoleRule* rule = nullptr;
+      try {
+        rule = resolve_role(r, role).rule;
+      } catch (const UserError&) {
+        continue;  // a role the recipe does not cover (or not unambiguously): asked for, it fails then
+      }
       for (const Direction dir : {Direction::Rowwise, Direction::Columnwise}) {
         const bool transposed = dir == Direction::Columnwise;
-        if (kg ? !transposed : transposed && !mx) continue;
-        const auto& d = transposed ? rule.columnwise : rule.rowwise;
+        const bool read = kg ? transposed && !weight : !transposed || (mx && weight);
+        const auto& d = transposed ? rule->columnwise : rule->rowwise;
         // The streams this GEMM's operands come from: its scaling's 1D blocks, K-major.
         const auto b = d ? block_of(d->scaling) : std::nullopt;
-        const bool feeds = d && b && !b->is_2d() && (mx ? std::holds_alternative<MxScaling>(d->scaling)
-                                                        : std::holds_alternative<BlockScaling>(d->scaling));
+        const bool feeds = read && d && b && !b->is_2d() &&
+                           (mx ? std::holds_alternative<MxScaling>(d->scaling) : std::holds_alternative<BlockScaling>(d->scaling));
         if (!feeds || d->layout != (transposed ? DataLayout::Transposed : DataLayout::RowMajor) ||
             d->scale_layout == g.spec.scale_layout)
           continue;
-        const std::string where = rule.pointer + (transposed ? "/columnwise" : "/rowwise");
+        const std::string where = rule->pointer + (transposed ? "/columnwise" : "/rowwise");
         throw UserError(g.pointer + "/scale_layout", std::string(kg ? "this wgrad" : "this m_grouped GEMM") + " reads " +
                                                          std::string(name(g.spec.scale_layout)) + " scale grids, but " + where +
                                                          " writes " + std::string(name(d->scale_layout)) +

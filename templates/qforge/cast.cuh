@@ -1512,7 +1512,7 @@ __device__ void cast_rowwise_blocks(const QuantizeArgs& a, const Member& mem, i6
 }
 
 // Rowwise streams that a plan of that one stream casts straight from global memory on interior
-// tiles (no staging, no barrier): 1D blocks (or none), no RHT, and the whole-block form above
+// tiles (no staging, no barrier; but mn_major MX entries, staged for one copy-out after a barrier): 1D blocks (or none), no RHT, and the whole-block form above
 // not taken. One 16-byte piece of the input (E elements) per thread and item, lanes on
 // consecutive pieces of a row, every piece of the thread loaded before the first is encoded;
 // the BC / E lanes of a block reduce its amax with shuffles. (H100, 16384^2, bf16, 16 x 256
@@ -1701,7 +1701,7 @@ __device__ float cast_columnwise_transposed_full(const QuantizeArgs& a, const Me
                                                  const u32* bamax, const float* part, u8* stage, i64 scale_base) {
   constexpr int TR = Cfg::kTileRows, TC = Cfg::kTileCols, N = TC * (TR / 16), T = Cfg::kThreads;
   constexpr int kBits = StoreBits<typename S::Format>::value, RS = transposed_stage_stride(TR, kBits);
-  // Byte entries, one per kEntryCols rows of a column (compact layout), staged too: EPR per
+  // Byte entries, one per kEntryCols rows of a column (compact or mn_major layout), staged too: EPR per
   // tile column, copied out with the data.
   constexpr bool kStageEntries = kStagedEntries<S> && S::kEntryRows == 1 && S::kEntryCols >= 16 && TR % S::kEntryCols == 0;
   constexpr int EPR = kStageEntries ? TR / S::kEntryCols : 1;
@@ -1978,7 +1978,7 @@ __device__ __forceinline__ void cast_tile(const QuantizeArgs& a) {
   // The rotated copy, unless every RHT stream rotates in registers on this tile.
   constexpr bool kAllRhtInRegisters = ((!S::kRht || kRhtInRegisters<S>) && ...);
   // A plan of one rowwise stream with 1D blocks (or none) and no RHT (inference) casts interior
-  // tiles straight from global memory: no staging, no barrier.
+  // tiles straight from global memory: no staging (but mn_major MX entries), no barrier.
   if constexpr (!kFused && sizeof...(S) == 1 && (((kWholeBlockRows<S> && !S::kBlock2d) || kRowwiseDirect<Cfg, S>) && ...)) {
     if (full) {
       (

@@ -406,8 +406,8 @@ struct TileInfo {
   bool bad;  // members: a member the kernel cannot load (misaligned, or its scales would pass the
              // buffer): nothing is loaded and D[g] is NaN. M-grouped mn_major: the group's A grid
              // would pass the buffer (offsets that fall and rise): its rows of D are NaN
-  // M-grouped blockwise with mn_major A grids (the grouped quantizer's members: group g's grid
-  // [ceil(K/128), round_up(rows_g, 4)] after those of the groups before; masked: slots of m_max
+  // M-grouped blockwise / MXFP8 with mn_major A grids (the grouped quantizer's members: group g's grid
+  // [ceil(K/128) or K/32, round_up(rows_g, 4)] after those of the groups before; masked: slots of m_max
   // rows): s_prefix = the padded rows of the groups before, s_cols = the group's pitch
   // round_up(rows_g, 4), and grid_row = the tile's first row within its group.
   int grid_row;

@@ -16,8 +16,8 @@ QF_HD u64 swizzled_scale_offset(u64 r, u64 c, u64 padded_cols) {
 QF_HD constexpr u64 round_up(u64 v, u64 m) { return (v + m - 1) / m * m; }
 QF_HD u64 ceil_div(u64 v, u64 m) { return (v + m - 1) / m; }
 
-// mn_major scale layout (1D fp32 block scales; Transformer Engine's GEMM-ready order, what the
-// K-grouped blockwise GEMM reads coalesced): the grid [rows, cols] stored column-major, its rows
+// mn_major scale layout (1D fp32 block and e8m0 MX scales; Transformer Engine's GEMM-ready order,
+// what the blockwise and MXFP8 GEMMs read coalesced): the grid [rows, cols] stored column-major, its rows
 // padded to a multiple of 4 (the padding zero), i.e. as [cols, mn_major_rows(rows)].
 QF_HD constexpr u64 mn_major_rows(u64 rows) { return round_up(rows, 4); }
 QF_HD u64 mn_major_scale_offset(u64 r, u64 c, u64 padded_rows) { return c * padded_rows + r; }

@@ -750,6 +750,18 @@ TEST(GemmEdge, KGroupedMxNanScaleStaysInItsGroup) {
   expect_nan_scales_stay_in_group_1(s, p);
 }
 
+// The same on mn_major grids ([32-steps, rows]: step 2 is one run of rows), on A and on B (the
+// scale writers' word-per-4-rows loads take the keep mask per step).
+TEST(GemmEdge, KGroupedMxMnMajorNanScaleStaysInItsGroup) {
+  QF_SKIP_WITHOUT_GPU();
+  auto [s, p] = two_groups(GemmScaling::Mx32, ElemFormat::E4M3);
+  s.scale_layout = ScaleLayout::MnMajor;
+  p = ref::make_k_grouped_gemm_problem(s, std::vector<int64_t>{40, 200}, 0, ref::GemmValues::SmallIntegers, false, 21);
+  for (int64_t r = 0; r < s.m; ++r) p.a_scale[size_t(2 * s.m + r)] = 0xFF;  // A (128 rows), tokens 64..95
+  for (int64_t r = 0; r < s.n; ++r) p.b_scale[size_t(2 * s.n + r)] = 0xFF;  // B (128 rows), tokens 64..95
+  expect_nan_scales_stay_in_group_1(s, p);
+}
+
 // K-grouped NVFP4: NaN block scales (e4m3 0x7F) of 16-token blocks that hold only group 1's tokens,
 // on A (tokens 48..63) and on B (64..79): the kernel zeroes the other groups' tokens after the
 // scale multiply, so neither reaches group 0.

@@ -219,6 +219,8 @@ std::vector<Case> all_cases() {
           for (Shape2D s : small) cases.push_back({r, role, u, d, s, {}, false});
       for (Shape2D s : large) cases.push_back({r, role, Usage::Training, DType::BF16, s, {}, false});
       cases.push_back({r, role, Usage::Training, DType::BF16, {1072, 256}, {128, 0, 48, 256, 16, 80, 512, 32}, false});
+      // Rowwise-only plans on members: the direct path's interior tiles at each member's scale base.
+      cases.push_back({r, role, Usage::Inference, DType::BF16, {1072, 256}, {128, 0, 48, 256, 16, 80, 512, 32}, false});
       // Members with interior tiles but rows not a multiple of 16 (no 16-row vector stores).
       cases.push_back({r, role, Usage::Training, DType::BF16, {1000, 192}, {200, 0, 98, 702}, false});
       cases.push_back({r, role, Usage::Training, DType::FP32, {64, 256}, {}, true});

@@ -134,6 +134,26 @@ TEST(ShippedRecipes, Mxfp8Hopper) {
   EXPECT_EQ(members, 2);  // wgrad on the grouped quantizer's per-member copies
 }
 
+// The GEMM entries' scale_layout is checked against the copies each GEMM reads, no more: fprop /
+// dgrad on compact grids (every rowwise copy, the weights' transposed ones) and the wgrad on
+// mn_major ones (the activations' and gradients' transposed copies) are one valid recipe; a
+// blockwise GEMM is not checked against MX streams.
+TEST(RecipeGemms, ScaleLayoutIsCheckedAgainstTheCopiesEachGemmReads) {
+  const char* mixed = R"({"qforge_recipe": 1, "name": "t", "roles": [
+    {"match": "*:weight",
+     "rowwise": {"format": "e4m3", "scaling": {"mode": "mx", "block": [1, 32]}},
+     "columnwise": {"format": "e4m3", "scaling": {"mode": "mx", "block": [32, 1]}, "layout": "transposed"}},
+    {"match": "*:*",
+     "rowwise": {"format": "e4m3", "scaling": {"mode": "mx", "block": [1, 32]}},
+     "columnwise": {"format": "e4m3", "scaling": {"mode": "mx", "block": [32, 1]}, "layout": "transposed", "scale_layout": "mn_major"}}],
+    "gemms": [{"scaling": "mxfp8", "n": 256, "k": 512},
+              {"scaling": "mxfp8", "layout": "k_grouped", "m": 256, "n": 512, "scale_layout": "mn_major"},
+              {"scaling": "blockwise", "n": 256, "k": 512, "scale_layout": "mn_major"}]})";
+  const Recipe r = parse_recipe(mixed);
+  ASSERT_EQ(r.gemms.size(), 3u);
+  EXPECT_EQ(r.gemms[1].spec.scale_layout, ScaleLayout::MnMajor);
+}
+
 TEST(ShippedRecipes, Nvfp4) {
   const Recipe r = shipped("nvfp4");
   const auto in = resolve_role(r, "linear:input");
