@@ -1512,8 +1512,8 @@ __device__ void cast_rowwise_blocks(const QuantizeArgs& a, const Member& mem, i6
 }
 
 // Rowwise streams that a plan of that one stream casts straight from global memory on interior
-// tiles (no staging, no barrier; but mn_major MX entries, staged for one copy-out after a barrier): 1D blocks (or none), no RHT, and the whole-block form above
-// not taken. One 16-byte piece of the input (E elements) per thread and item, lanes on
+// tiles (no staging, no barrier; mn_major MX entries excepted: staged for one copy-out after a
+// barrier): 1D blocks (or none), no RHT, and the whole-block form above not taken. One 16-byte piece of the input (E elements) per thread and item, lanes on
 // consecutive pieces of a row, every piece of the thread loaded before the first is encoded;
 // the BC / E lanes of a block reduce its amax with shuffles. (H100, 16384^2, bf16, 16 x 256
 // tiles, both in row-fastest tile order: delayed 298 -> 279 us, MXFP8 298 -> 290, 1x128 297 ->
