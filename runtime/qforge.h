@@ -154,6 +154,11 @@ typedef struct qf_gemm_spec {
   int fast_accum;        /* 1: no fp32 promotion (fp8, tensor / rowwise scaling) */
   /* Tile; 0 = chosen by qforge. ordered: 1 off, 2 on. */
   int block_m, block_n, stages, multicast, raster_m, ordered;
+  /* "compact" or "mn_major" (blockwise and mxfp8: the 1D scale grids as a recipe's "scale_layout":
+     "mn_major" streams write them; A's one per group, as the grouped quantizer writes its members,
+     mxfp8 B's one per expert; docs/gemm.md); NULL = "compact". The shipped mxfp8_hopper recipe
+     writes mn_major grids: a spec for its operands needs "mn_major". */
+  const char* scale_layout;
 } qf_gemm_spec;
 
 /* Every pointer is device memory of the current context, 16-byte aligned for a, b and d (TMA),

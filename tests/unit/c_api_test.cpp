@@ -524,6 +524,14 @@ TEST_F(CApi, GemmSpecErrorsNameTheField) {
   s = blockwise_spec(), s.accumulate = 2;
   EXPECT_EQ(qf_gemm_create(&s, &g), QF_ERR_USER);
   EXPECT_STREQ(qf_last_error(), "spec->accumulate: expected 0 or 1, got 2");
+  s = blockwise_spec(), s.scale_layout = "swizzled";
+  EXPECT_EQ(qf_gemm_create(&s, &g), QF_ERR_USER);
+  EXPECT_STREQ(qf_last_error(), "spec->scale_layout: expected compact or mn_major, got \"swizzled\"");
+  s = blockwise_spec(), s.scaling = "tensor", s.scale_layout = "mn_major";
+  EXPECT_EQ(qf_gemm_create(&s, &g), QF_ERR_USER);
+  EXPECT_NE(std::string(qf_last_error()).find("spec->scale_layout: mn_major scale grids are read by the blockwise and mxfp8 GEMMs only"),
+            std::string::npos)
+      << qf_last_error();
   EXPECT_EQ(g, nullptr);
   EXPECT_EQ(qf_gemm_create(nullptr, &g), QF_ERR_USER);
   EXPECT_STREQ(qf_last_error(), "spec: must not be NULL");
@@ -594,6 +602,13 @@ TEST_F(CApi, GemmFromRecipePreparesWithoutAGpu) {
   ASSERT_EQ(qf_gemm_scale_bytes(g, 10, 3, &sa, &sb), QF_OK);
   EXPECT_EQ(sa, 10 * 16);       // [m_total, K/32] e8m0
   EXPECT_EQ(sb, 3 * 256 * 16);  // [G, N, K/32] e8m0
+  qf_gemm_destroy(g);
+  mx.scale_layout = "mn_major";  // A per group (up to 3 padding rows each), B per expert
+  ASSERT_EQ(qf_gemm_create(&mx, &g), QF_OK) << qf_last_error();
+  EXPECT_STREQ(qf_gemm_describe(g), "e4m3 x e4m3 mxfp8 (mn_major scales) N=256 K=512 -> bf16");
+  ASSERT_EQ(qf_gemm_scale_bytes(g, 10, 3, &sa, &sb), QF_OK);
+  EXPECT_EQ(sa, (10 + 3 * 3) * 16);  // [K/32, m_total + 3 G] e8m0
+  EXPECT_EQ(sb, 3 * 16 * 256);       // [G, K/32, N] e8m0
   qf_gemm_destroy(g);
 }
 
