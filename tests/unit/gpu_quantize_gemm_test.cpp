@@ -184,76 +184,97 @@ TEST_P(GpuQuantizeToGemm, MembersWgradReadsGroupedQuantizeOutputs) {
   EXPECT_LT(err, c.max_rel);
 }
 
-// fprop: the grouped quantizer's rowwise copies of X (one member per expert, each member's 1x128 or
-// 1x32 grid mn_major, padded to 4 rows on its own: tests/recipes/good/float8_block_scaling_mn_major.json,
-// the shipped mxfp8_hopper.json) and of the
-// experts' weights (blockwise 128x128; MXFP8 one mn_major grid per expert) go into the M-grouped
-// GEMM, which reads them with the same device offsets. Members of 209 and 85 rows pad their grids;
-// one is empty.
-void expect_grouped_mn_major_rowwise_copies_feed_fprop(const char* recipe, GemmScaling scaling) {
+// fprop / dgrad: the grouped quantizer's rowwise copies of X or dY (one member per expert, each
+// member's 1x128 or 1x32 grid mn_major, padded to 4 rows on its own:
+// tests/recipes/good/float8_block_scaling_mn_major.json, the shipped mxfp8_hopper.json) and the
+// experts' weights (fprop: their rowwise copies; dgrad: their transposed columnwise copies; blockwise
+// 128x128, MXFP8 one mn_major grid per expert) go into the M-grouped GEMM, which reads them with
+// the same device offsets. Members of 209 and 85 rows pad their grids; one is empty.
+void expect_grouped_mn_major_copies_feed_m_grouped_gemm(const char* recipe, GemmScaling scaling, bool dgrad) {
   const Recipe r = qf::testing::shipped_recipe(recipe);
   const std::vector<int64_t> splits = {96, 0, 209, 85};
   const int64_t t = 390, k_in = 384, n_out = 256, groups = int64_t(splits.size());
+  const int64_t red = dgrad ? n_out : k_in, cols = dgrad ? k_in : n_out;  // the GEMM's K and N
   std::vector<int64_t> offsets{0}, w_offsets{0};
   for (int64_t m : splits) offsets.push_back(offsets.back() + m), w_offsets.push_back(w_offsets.back() + n_out);
   const std::vector<int64_t> experts(size_t(groups), n_out);
-  const ref::HostTensor x = qf::testing::random_bf16(t, k_in, 5), w = qf::testing::random_bf16(groups * n_out, k_in, 6);
+  // X [t, k_in] (fprop) or dY [t, n_out] (dgrad); the experts' weights W_g [n_out, k_in].
+  const ref::HostTensor x = qf::testing::random_bf16(t, red, dgrad ? 7 : 5), w = qf::testing::random_bf16(groups * n_out, k_in, 6);
+  const char* role = dgrad ? "linear:grad_output" : "linear:input";
+  const std::string bdir = dgrad ? "columnwise" : "rowwise";
 
   rt::Stream stream;
   DeviceBuffer doff(offsets.size() * 8), dwoff(w_offsets.size() * 8);
   doff.upload(offsets.data(), offsets.size() * 8);
   dwoff.upload(w_offsets.data(), w_offsets.size() * 8);
-  const GpuQuantized qx = quantize_on_gpu(r, "linear:input", x, splits, doff, stream);
+  const GpuQuantized qx = quantize_on_gpu(r, role, x, splits, doff, stream);
   const GpuQuantized qw = quantize_on_gpu(r, "linear:weight", w, experts, dwoff, stream);
 
   GemmSpec spec;
   spec.scaling = scaling;
-  spec.n = n_out, spec.k = k_in, spec.out_dtype = DType::FP32;
+  spec.n = cols, spec.k = red, spec.out_dtype = DType::FP32;
   spec.scale_layout = qf::testing::recipe_gemm_scale_layout(r, spec.scaling, spec.layout);
-  ASSERT_EQ(spec.scale_layout, ScaleLayout::MnMajor) << "the recipe's fprop entries";
+  ASSERT_EQ(spec.scale_layout, ScaleLayout::MnMajor) << "the recipe's fprop / dgrad entries";
   rt::Gemm gemm(spec);
-  DeviceBuffer dd = rt::testing::poisoned_buffer(size_t(t * n_out * 4));
+  DeviceBuffer dd = rt::testing::poisoned_buffer(size_t(t * cols * 4));
   rt::GemmCall call;
   call.a = rt::testing::view_of(qx.at("rowwise_data"));
   call.a_scale = rt::testing::view_of(qx.at("rowwise_scale_inv"));
-  call.b = rt::testing::view_of(qw.at("rowwise_data"));
-  call.b_scale = rt::testing::view_of(qw.at("rowwise_scale_inv"));
+  call.b = rt::testing::view_of(qw.at(bdir + "_data"));
+  call.b_scale = rt::testing::view_of(qw.at(bdir + "_scale_inv"));
   call.d = rt::testing::view_of(dd);
   call.group_offsets = rt::testing::view_of(doff);  // the quantizer's member_rows, as they are
   call.m_total = t;
   call.num_groups = int(groups);
   const std::vector<float> got = run_gemm(gemm, call, dd, stream);
 
-  const auto rx = qf::testing::quantize_with(r, "linear:input", x, splits);
+  const auto rx = qf::testing::quantize_with(r, role, x, splits);
   const auto rw = qf::testing::quantize_with(r, "linear:weight", w, experts);
-  ref::GemmOperands ops = operands_of(spec, rx, rw, "rowwise");
+  ref::GemmOperands ops;
+  ops.a = qf::testing::output(rx, "rowwise_data").bytes;
+  ops.a_scale = qf::testing::output(rx, "rowwise_scale_inv").bytes;
+  ops.b = qf::testing::output(rw, bdir + "_data").bytes;
+  ops.b_scale = qf::testing::output(rw, bdir + "_scale_inv").bytes;
   ops.offsets = offsets;
   ops.m_total = t;
   std::vector<int64_t> rows(static_cast<size_t>(t));
   for (int64_t i = 0; i < t; ++i) rows[size_t(i)] = i;
-  expect_within_gemm_bound(spec, got, ref::gemm_reference(spec, ops, rows), std::string(recipe) + " fprop");
+  const std::string what = std::string(recipe) + (dgrad ? " dgrad" : " fprop");
+  expect_within_gemm_bound(spec, got, ref::gemm_reference(spec, ops, rows), what);
 
   std::vector<double> gotd(got.begin(), got.end()), exact(got.size());
   for (int64_t g = 0; g < groups; ++g)
     for (int64_t row = offsets[size_t(g)]; row < offsets[size_t(g) + 1]; ++row)
-      for (int64_t col = 0; col < n_out; ++col) {
+      for (int64_t col = 0; col < cols; ++col) {
         double s = 0;
-        for (int64_t kk = 0; kk < k_in; ++kk) s += double(x.at(row, kk)) * double(w.at(g * n_out + col, kk));
-        exact[size_t(row * n_out + col)] = s;
+        for (int64_t kk = 0; kk < red; ++kk)  // fprop: W_g[col, kk]; dgrad: (W_g^T)[col, kk] = W_g[kk, col]
+          s += double(x.at(row, kk)) * double(dgrad ? w.at(g * n_out + kk, col) : w.at(g * n_out + col, kk));
+        exact[size_t(row * cols + col)] = s;
       }
   const double err = qf::testing::rel_error(gotd, exact);
-  std::printf("[ measure  ] %s: GPU grouped quantize -> fprop: relative Frobenius error %.4f\n", recipe, err);
+  std::printf("[ measure  ] %s: GPU grouped quantize -> %s: relative Frobenius error %.4f\n", recipe, dgrad ? "dgrad" : "fprop", err);
   EXPECT_LT(err, 0.1);
 }
 
 TEST(GpuQuantizeToFprop, BlockwiseReadsGroupedMnMajorRowwiseCopies) {
   QF_SKIP_WITHOUT_GPU();
-  expect_grouped_mn_major_rowwise_copies_feed_fprop("good/float8_block_scaling_mn_major", GemmScaling::Block128);
+  expect_grouped_mn_major_copies_feed_m_grouped_gemm("good/float8_block_scaling_mn_major", GemmScaling::Block128, false);
 }
 
 TEST(GpuQuantizeToFprop, Mxfp8ReadsGroupedMnMajorRowwiseCopies) {
   QF_SKIP_WITHOUT_GPU();
-  expect_grouped_mn_major_rowwise_copies_feed_fprop("mxfp8_hopper", GemmScaling::Mx32);
+  expect_grouped_mn_major_copies_feed_m_grouped_gemm("mxfp8_hopper", GemmScaling::Mx32, false);
+}
+
+// dgrad: dY's rowwise copies (A, per group) and the weights' transposed copies (B, per expert).
+TEST(GpuQuantizeToDgrad, BlockwiseReadsGroupedMnMajorRowwiseCopies) {
+  QF_SKIP_WITHOUT_GPU();
+  expect_grouped_mn_major_copies_feed_m_grouped_gemm("good/float8_block_scaling_mn_major", GemmScaling::Block128, true);
+}
+
+TEST(GpuQuantizeToDgrad, Mxfp8ReadsGroupedMnMajorCopies) {
+  QF_SKIP_WITHOUT_GPU();
+  expect_grouped_mn_major_copies_feed_m_grouped_gemm("mxfp8_hopper", GemmScaling::Mx32, true);
 }
 
 INSTANTIATE_TEST_SUITE_P(Shipped, GpuQuantizeToGemm,
