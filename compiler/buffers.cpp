@@ -132,6 +132,7 @@ std::vector<BufferDesc> output_buffers(const Plan& p, Shape2D in) {
         sc.shape = {g.padded_rows, g.padded_cols};
       sc.bytes = g.size() * storage_bytes(sc.storage);
       sc.zero_padding = g.swizzled;
+      if (block_of(s.scaling)) sc.scale_layout = std::string(name(s.scale_layout));
       out.push_back(sc);
     }
   }
@@ -158,7 +159,7 @@ std::vector<BufferDesc> input_buffers(const Plan& p) {
     bool dup = false;
     for (const auto& b : in) dup |= b.name == n;
     if (dup) continue;
-    in.push_back(BufferDesc{n, BufferKind::Scale, n == "scale" ? -1 : int(i), Storage::F32, "fp32", {1}, 4, false});
+    in.push_back(BufferDesc{n, BufferKind::Scale, n == "scale" ? -1 : int(i), Storage::F32, "fp32", {1}, 4, false, ""});
   }
   return in;
 }

@@ -41,6 +41,9 @@ struct BufferDesc {
   std::vector<int64_t> shape;
   int64_t bytes = 0;
   bool zero_padding = false;  // padding entries must be written as zero (swizzled scales)
+  // Scale grids of blocks (block, mx, nvfp4 scaling): "compact", "swizzled" or "mn_major", the
+  // order a GEMM must read them in (GemmSpec::scale_layout); empty for every other buffer.
+  std::string scale_layout;
 };
 
 // Throws UserError (argument "shape") if the plan cannot quantize this shape.

@@ -67,6 +67,9 @@ typedef struct qf_buffer_info {
   int ndim;
   int64_t shape[4];
   int64_t bytes;
+  const char* scale_layout; /* block scale grids (block, mx, nvfp4 scaling): "compact", "swizzled" or
+                               "mn_major", the order a GEMM must read them in (qf_gemm_spec.scale_layout);
+                               NULL for every other buffer; same lifetime as name */
 } qf_buffer_info;
 
 typedef struct qf_named_buffer {

@@ -108,6 +108,7 @@ void fill_info(const qf_quantizer* q, const qf::BufferDesc& b, qf_buffer_info* o
   info.ndim = int(b.shape.size());
   for (size_t i = 0; i < b.shape.size(); ++i) info.shape[i] = b.shape[i];
   info.bytes = b.bytes;
+  info.scale_layout = b.scale_layout.empty() ? nullptr : q->intern(b.scale_layout);
   *out = info;
 }
 

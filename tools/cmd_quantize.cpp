@@ -394,6 +394,7 @@ int cmd_quantize(const Argv& argv) {
     b["shape"] = fshape;
     b["bytes"] = o.bytes.size();
     b["zero_padding"] = d.zero_padding;
+    b["scale_layout"] = d.scale_layout.empty() ? nlohmann::ordered_json(nullptr) : nlohmann::ordered_json(d.scale_layout);
     b["file"] = file;
     manifest["buffers"].push_back(b);
 

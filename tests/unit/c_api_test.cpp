@@ -96,6 +96,37 @@ TEST_F(CApi, ResolvesEveryStandardRoleOfEveryShippedRecipe) {
   }
 }
 
+// Which order a GEMM must read each scale grid in: mxfp8_hopper's are mn_major ([blocks, rows]),
+// mxfp8's compact; the per-tensor scale of delayed scaling has none.
+TEST_F(CApi, OutputInfoNamesTheScaleLayout) {
+  open_all();
+  auto layouts = [&](const char* recipe) {
+    qf_quantizer* q = nullptr;
+    EXPECT_EQ(qf_quantizer_create(ctx_, recipe, "linear:input", QF_DTYPE_BF16, QF_USAGE_DEFAULT, &q), QF_OK) << qf_last_error();
+    std::map<std::string, std::string> out;
+    int n = 0;
+    EXPECT_EQ(qf_quantizer_num_outputs(q, &n), QF_OK);
+    for (int i = 0; i < n; ++i) {
+      qf_buffer_info info{};
+      EXPECT_EQ(qf_quantizer_output_info(q, 256, 512, i, &info), QF_OK) << qf_last_error();
+      out[info.name] = info.scale_layout ? info.scale_layout : "(none)";
+      if (std::string(info.name) == "rowwise_scale_inv" && info.scale_layout && std::string(info.scale_layout) == "mn_major") {
+        EXPECT_EQ(info.ndim, 2);
+        EXPECT_EQ(info.shape[0], 512 / 32);  // [K/32, M]
+        EXPECT_EQ(info.shape[1], 256);
+      }
+    }
+    qf_quantizer_destroy(q);
+    return out;
+  };
+  const auto hopper = layouts("mxfp8_hopper"), mx = layouts("mxfp8"), delayed = layouts("delayed_scaling");
+  EXPECT_EQ(hopper.at("rowwise_scale_inv"), "mn_major");
+  EXPECT_EQ(hopper.at("columnwise_scale_inv"), "mn_major");
+  EXPECT_EQ(hopper.at("rowwise_data"), "(none)");
+  EXPECT_EQ(mx.at("rowwise_scale_inv"), "compact");
+  EXPECT_EQ(delayed.at("rowwise_scale_inv"), "(none)");
+}
+
 TEST_F(CApi, OutputInfoMatchesCompiler) {
   open_all();
   ASSERT_EQ(qf_quantizer_create(ctx_, "mxfp8", "linear:input", QF_DTYPE_BF16, QF_USAGE_DEFAULT, &q_), QF_OK)
@@ -119,6 +150,8 @@ TEST_F(CApi, OutputInfoMatchesCompiler) {
     EXPECT_EQ(info.element_size, w.storage == qf::Storage::U8 ? 1 : w.storage == qf::Storage::U16 ? 2 : 4);
     EXPECT_EQ(info.stream, w.stream);
     EXPECT_EQ(info.zero_padding != 0, w.zero_padding);
+    EXPECT_EQ(info.scale_layout ? std::string(info.scale_layout) : std::string(), w.scale_layout) << w.name;
+    EXPECT_EQ(info.scale_layout != nullptr, w.kind == qf::BufferKind::ScaleInv) << w.name;  // mxfp8: every scale grid is one of blocks
     ASSERT_EQ(info.ndim, int(w.shape.size()));
     for (int d = 0; d < info.ndim; ++d) EXPECT_EQ(info.shape[d], w.shape[size_t(d)]) << w.name;
     EXPECT_EQ(info.bytes, w.bytes) << w.name;
