@@ -13,37 +13,37 @@ namespace {
 
 constexpr GemmScalingTraits kScalings[] = {
     {GemmScaling::PerTensor, "tensor", {"qf::gemm::PerTensorScaling", "qf::kGemmPerTensor", kGemmPerTensor},
-     {"qf::gemm::PerTensorScaling", "qf::kGemmPerTensor", kGemmPerTensor}, false, 0, 0, "fp32", 4, 0, 16, "[G]", "[G]", false, true, true, false, false, "e4m3", "e4m3", false},
+     {"qf::gemm::PerTensorScaling", "qf::kGemmPerTensor", kGemmPerTensor}, false, 0, 0, "fp32", 4, 0, 16, "[G]", "[G]", false, true, true, false, false, "e4m3", "e4m3", false, false, ""},
     // K-grouped: per row of A [m] and of B [N] (the per-channel transposed copies of one tensor;
     // members: [G, m] and [G, N]).
     {GemmScaling::RowChannel, "rowwise", {"qf::gemm::RowChannelScaling", "qf::kGemmRowChannel", kGemmRowChannel},
      {"qf::gemm::RowChannelScaling", "qf::kGemmRowChannel", kGemmRowChannel}, false, 0, 0, "fp32", 4, 0, 16,
-     "[m_total]", "[G, N]", false, true, true, false, true, "e4m3", "e4m3", false},
+     "[m_total]", "[G, N]", false, true, true, false, true, "e4m3", "e4m3", false, false, ""},
     // K-grouped: both operands 1x128 along the tokens (the 128x1 columnwise grids). mn_major:
     // M-grouped A's 1x128 grids, K-grouped both operands' 128x1 grids.
     {GemmScaling::Block128, "blockwise", {"qf::gemm::Block128Scaling", "qf::kGemmBlock128", kGemmBlock128},
      {"qf::gemm::Block128KScaling", "qf::kGemmBlock128K", kGemmBlock128K}, true, 128, 128, "fp32", 4, 0, 16,
      "[m_total, ceil(K/128)]", "[G, ceil(N/128), ceil(K/128)]", false, true, true, false, false, "e4m3",
-     "e4m3", true},
+     "e4m3", true, false, "block"},
     // mn_major: every operand's grid (M-grouped A per group, B per expert [K/32, round_up(N, 4)];
     // K-grouped both operands' 32x1 grids).
     {GemmScaling::Mx32, "mxfp8", {"qf::gemm::Mx32Scaling", "qf::kGemmMx32", kGemmMx32},
      {"qf::gemm::Mx32Scaling", "qf::kGemmMx32", kGemmMx32}, true, 32, 32, "e8m0", 1, 4, 128, "[m_total, K/32]",
-     "[G, N, K/32]", false, true, true, false, false, "e4m3", "e4m3", true},
+     "[G, N, K/32]", false, true, true, false, false, "e4m3", "e4m3", true, true, "mx"},
     // Scales applied while dequantizing to fp16 (no promotion: fp16 MMAs accumulate in fp32).
     // K-grouped: both operands' 1x16 blocks along the tokens (the transposed columnwise copies).
     {GemmScaling::Nvfp4, "nvfp4", {"qf::gemm::Nvfp4Scaling", "qf::kGemmNvfp4", kGemmNvfp4},
      {"qf::gemm::Nvfp4Scaling", "qf::kGemmNvfp4", kGemmNvfp4}, false, 0, 16, "e4m3", 1, 16, 128, "[m_total, K/16]",
-     "[G, N, K/16]", true, true, true, true, false, "e2m1", "e2m1", false},
+     "[G, N, K/16]", true, true, true, true, false, "e2m1", "e2m1", false, false, ""},
     // bf16 / fp16 operands as they are (the identity copies): only the per-group alpha; the
     // tensor cores accumulate their exact products in fp32 over all of K.
     {GemmScaling::None, "none", {"qf::gemm::AlphaScaling", "qf::kGemmNone", kGemmNone},
      {"qf::gemm::AlphaScaling", "qf::kGemmNone", kGemmNone}, false, 0, 0, "none", 0, 0, 16, "none", "none", true, false, false, false,
-     false, "bf16", "", false},
+     false, "bf16", "", false, false, ""},
     // Weight-only int8 (W8A16): B's int8 converted to A's 16-bit type on chip (exact), fp32 sums,
     // B's per-channel scales in the epilogue. M-grouped only (the wgrad of such a recipe is bf16 x bf16).
     {GemmScaling::Channel, "channel", {"qf::gemm::ChannelScaling", "qf::kGemmChannel", kGemmChannel}, {}, false, 0, 0,
-     "fp32", 4, 0, 16, "none", "[G, N]", true, false, true, true, true, "bf16", "int8", false},
+     "fp32", 4, 0, 16, "none", "[G, N]", true, false, true, true, true, "bf16", "int8", false, false, ""},
 };
 
 // The device types of bf16 and fp16 GEMM operands (identity copies), by operand_dtype == FP16.
@@ -110,6 +110,12 @@ GemmOperandFormat parse_gemm_format(std::string_view name, const std::string& wh
   if (!f || (*f != ElemFormat::E4M3 && *f != ElemFormat::E5M2 && *f != ElemFormat::Int8 && *f != ElemFormat::E2M1))
     throw UserError(where, "expected e4m3, e5m2, int8, e2m1 (nvfp4), bf16 or fp16, got \"" + std::string(name) + "\"");
   return {*f, DType::BF16};
+}
+
+ScaleLayout parse_gemm_scale_layout(std::string_view name, const std::string& where) {
+  if (name == "compact") return ScaleLayout::Compact;
+  if (name == "mn_major") return ScaleLayout::MnMajor;
+  throw UserError(where, "expected compact or mn_major, got \"" + std::string(name) + "\"");
 }
 
 std::string_view default_gemm_format(GemmScaling s, bool b_side, std::string_view a_named) {

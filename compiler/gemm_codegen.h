@@ -66,6 +66,9 @@ struct GemmScalingTraits {
   bool col_scales;                // the epilogue applies per-column (output channel) factors
   std::string_view a_default, b_default;  // operand formats when none is named (b_default empty: A's)
   bool mn_major_ok;               // reads mn_major 1D scale grids (GemmSpec::scale_layout): blockwise, mxfp8
+  bool mn_major_b;                // ... B's too (mxfp8: per expert; blockwise B is a 2-D 128x128 grid, compact)
+  std::string_view stream_scaling;  // the quantize scaling whose 1D grids (blocks of scale_k) it reads
+                                    // in GemmSpec::scale_layout: "block", "mx" (else empty)
 };
 const GemmScalingTraits& traits(GemmScaling s);
 std::span<const GemmScalingTraits> all_gemm_scalings();
@@ -135,6 +138,9 @@ struct GemmOperandFormat {
   DType dtype = DType::BF16;  // identity: bf16 or fp16
 };
 GemmOperandFormat parse_gemm_format(std::string_view name, const std::string& where);
+// A GEMM's scale layout by name: "compact" or "mn_major" (GemmSpec::scale_layout); UserError(where,
+// ...) for any other (the CLI's --scale-layout, the C API's spec->scale_layout).
+ScaleLayout parse_gemm_scale_layout(std::string_view name, const std::string& where);
 // The format of operand A (b_side false) or B that a scaling takes when none is named (the table's
 // a_default / b_default: e2m1 for nvfp4, bf16 for none, bf16 x int8 for channel, else e4m3); with
 // none, B's default is the format A was given as (a_named, when not empty: one type for both).

@@ -691,11 +691,12 @@ Recipe parse_recipe(std::string_view text) {
   // copies it reads must be written so (else it would read every scale from the wrong place,
   // silently): a K-grouped one (wgrad) the transposed copies (128x1, 32x1) of the input and
   // grad_output roles; an M-grouped one (fprop, dgrad) every role's rowwise copies (1x128, 1x32:
-  // A, and MXFP8 fprop's B) and, for MXFP8, the weights' transposed copies (dgrad's B; blockwise B
-  // is a 128x128 weight, whose 2-D grid is always compact). Checked on the standard roles.
+  // A, and MXFP8 fprop's B) and, where B's grids follow the layout too (mn_major_b: MXFP8), the
+  // weights' transposed copies (dgrad's B). Checked on the standard roles.
   for (const RecipeGemm& g : r.gemms) {
-    if (!traits(g.spec.scaling).mn_major_ok) continue;  // GEMMs that read 1D block grids as given
-    const bool kg = k_grouped(g.spec.layout), mx = g.spec.scaling == GemmScaling::Mx32;
+    const GemmScalingTraits& gt = traits(g.spec.scaling);
+    if (!gt.mn_major_ok) continue;  // GEMMs that read 1D block grids as given
+    const bool kg = k_grouped(g.spec.layout);
     for (const std::string_view role : standard_roles()) {
       const bool weight = parse_role(role)[1] == "weight";
       const RoleRule* rule = nullptr;
@@ -706,12 +707,12 @@ Recipe parse_recipe(std::string_view text) {
       }
       for (const Direction dir : {Direction::Rowwise, Direction::Columnwise}) {
         const bool transposed = dir == Direction::Columnwise;
-        const bool read = kg ? transposed && !weight : !transposed || (mx && weight);
+        const bool read = kg ? transposed && !weight : !transposed || (gt.mn_major_b && weight);
         const auto& d = transposed ? rule->columnwise : rule->rowwise;
-        // The streams this GEMM's operands come from: its scaling's 1D blocks, K-major.
+        // The streams this GEMM's operands come from: its scaling's 1D blocks (of scale_k), K-major.
         const auto b = d ? block_of(d->scaling) : std::nullopt;
-        const bool feeds = read && d && b && !b->is_2d() &&
-                           (mx ? std::holds_alternative<MxScaling>(d->scaling) : std::holds_alternative<BlockScaling>(d->scaling));
+        const bool feeds = read && d && b && !b->is_2d() && b->rows * b->cols == gt.scale_k &&
+                           scaling_name(d->scaling) == gt.stream_scaling;
         if (!feeds || d->layout != (transposed ? DataLayout::Transposed : DataLayout::RowMajor) ||
             d->scale_layout == g.spec.scale_layout)
           continue;

@@ -180,11 +180,11 @@ GemmRows gemm_reference(const GemmSpec& spec, const GemmOperands& ops, std::span
       case GemmScaling::RowChannel: return scale_at(spec, ops.a_scale, members ? int64_t(g) * spec.m + r : r);
       case GemmScaling::Block128:
       case GemmScaling::Mx32: {
-        const int64_t steps = spec.scaling == GemmScaling::Block128 ? kb : row_scales, step_k = sk;
-        if (!mn_major) return scale_at(spec, ops.a_scale, r * steps + kk / step_k);
+        const int64_t steps = (k + sk - 1) / sk;  // ceil(K/128), K/32
+        if (!mn_major) return scale_at(spec, ops.a_scale, r * steps + kk / sk);
         const GroupGrid& gg = grids[size_t(g)];
         if (gg.bad) return std::numeric_limits<double>::quiet_NaN();
-        return scale_at(spec, ops.a_scale, gg.prefix * steps + grid_at(gg.pitch, steps, r - gg.first, kk / step_k));
+        return scale_at(spec, ops.a_scale, gg.prefix * steps + grid_at(gg.pitch, steps, r - gg.first, kk / sk));
       }
       case GemmScaling::Nvfp4: return scale_at(spec, ops.a_scale, r * row_scales + kk / sk);
     }

@@ -220,8 +220,7 @@ void Gemm::run(const GemmCall& c, CUstream stream) const {
   const std::string a_shape = mn ? "[" + steps + ", m_total + 3 * num_groups] (mn_major: each group's grid [" + steps +
                                        ", rows rounded up to 4] after those of the groups before)"
                                  : std::string(st.a_scale_shape);
-  const std::string b_shape = mn && s.scaling == GemmScaling::Mx32
-                                  ? "[G, " + steps + ", N] (mn_major: each expert's grid)"
+  const std::string b_shape = mn && st.mn_major_b ? "[G, " + steps + ", N] (mn_major: each expert's grid)"
                                   : std::string(st.b_scale_shape);
   if (gemm_a_scaled(s)) check_buffer("a_scale", c.a_scale, se.a * st.scale_bytes, align, scales + a_shape);
   else check_no_scale(s, "a_scale", c.a_scale, s.a_format);

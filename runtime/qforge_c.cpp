@@ -163,12 +163,7 @@ qf::GemmSpec to_gemm_spec(const qf_gemm_spec& c) {
   s.accumulate = flag(c.accumulate, "spec->accumulate");
   s.fast_accum = flag(c.fast_accum, "spec->fast_accum");
   s.tile = {c.block_m, c.block_n, c.stages, c.multicast, c.raster_m, c.ordered};
-  if (c.scale_layout) {
-    const std::string_view l = c.scale_layout;
-    if (l != "compact" && l != "mn_major")
-      throw qf::UserError("spec->scale_layout", std::string("expected compact or mn_major, got \"") + c.scale_layout + "\"");
-    s.scale_layout = l == "mn_major" ? qf::ScaleLayout::MnMajor : qf::ScaleLayout::Compact;
-  }
+  if (c.scale_layout) s.scale_layout = qf::parse_gemm_scale_layout(c.scale_layout, "spec->scale_layout");
   try {  // the spec's own rules, named as the caller's fields ("spec->tile.block_n: ...")
     qf::validate(s);
   } catch (const qf::UserError& e) {

@@ -91,10 +91,7 @@ int cmd_gemm(const Argv& argv) {
   spec.out_dtype = out == "bf16" ? DType::BF16 : DType::FP32;
   spec.accumulate = args.flag("--accumulate");
   spec.fast_accum = args.flag("--fast-accum");
-  if (auto l = args.get("--scale-layout")) {
-    if (*l != "compact" && *l != "mn_major") throw UserError("--scale-layout", "expected compact or mn_major, got \"" + *l + "\"");
-    spec.scale_layout = *l == "mn_major" ? ScaleLayout::MnMajor : ScaleLayout::Compact;
-  }
+  if (auto l = args.get("--scale-layout")) spec.scale_layout = parse_gemm_scale_layout(*l, "--scale-layout");
   spec.tile.block_m = int(args.integer("--block-m", 0, 0, 1024));
   spec.tile.block_n = int(args.integer("--block-n", 0, 0, 1024));
   spec.tile.stages = int(args.integer("--stages", 0, 0, 64));
@@ -249,7 +246,7 @@ int cmd_gemm(const Argv& argv) {
                            {"layout", k_grouped ? std::string(name(spec.layout)) : m_max > 0 ? "masked" : "contiguous"},
                            {"scaling", std::string(traits(spec.scaling).name)},
                            {"fast_accum", spec.fast_accum},
-                           {"scale_layout", spec.scale_layout == ScaleLayout::MnMajor ? "mn_major" : "compact"},
+                           {"scale_layout", std::string(name(spec.scale_layout))},
                            {"num_groups", rows.size()},
                            {"m", k_grouped ? spec.m : 0},
                            {"n", spec.n},

@@ -1352,6 +1352,18 @@ __device__ __forceinline__ void copy_entries_mn_major(u8* dst, i64 pitch, const 
   }
 }
 
+// Copies a tile's staged byte entries, rows x per_row ([rows][per_row], src 4-byte aligned), whose
+// first is entry (er, ec) of the stream's grid, into that grid in the stream's layout.
+template <class S, int T>
+__device__ __forceinline__ void copy_staged_entries(void* scale_inv, i64 scale_base, const StreamCtx<S>& ctx, i64 er,
+                                                    i64 ec, const u8* src, int rows, int per_row) {
+  u8* grid = static_cast<u8*>(scale_inv) + scale_base;
+  if constexpr (S::kMnMajor)
+    copy_entries_mn_major<T>(grid + ec * ctx.grid_prows + er, ctx.grid_prows, src, rows, per_row);
+  else
+    copy_entries<T>(grid + er * ctx.grid_pcols + ec, ctx.grid_pcols, src, rows, per_row);
+}
+
 // Interior tiles, rowwise 1D blocks wider than one run (1x16, 1x32, 1x128): the scale of each
 // (row, block) once, by one thread (lanes on consecutive rows: the swizzle keeps their 16-byte
 // reads apart), into mul_out[r * (TC / B) + block]; its scale entry goes to global memory, or,
@@ -1399,12 +1411,8 @@ __device__ float cast_rowwise(const QuantizeArgs& a, const Member& mem, i64 col0
     __syncthreads();
     if constexpr (kStagedEntries<S>) {
       constexpr int NBC = TC / S::kBlockCols;
-      const u8* staged = reinterpret_cast<const u8*>(scratch + TR * NBC);
-      u8* grid = static_cast<u8*>(out.scale_inv) + scale_base;
-      if constexpr (S::kMnMajor)
-        copy_entries_mn_major<T>(grid + (col0 / S::kBlockCols) * ctx.grid_prows + row0, ctx.grid_prows, staged, TR, NBC);
-      else
-        copy_entries<T>(grid + row0 * ctx.grid_pcols + col0 / S::kBlockCols, ctx.grid_pcols, staged, TR, NBC);
+      copy_staged_entries<S, T>(out.scale_inv, scale_base, ctx, row0, col0 / S::kBlockCols,
+                                reinterpret_cast<const u8*>(scratch + TR * NBC), TR, NBC);
     }
   }
   if constexpr (kChannelRows) {
@@ -1582,8 +1590,7 @@ __device__ float cast_rowwise_direct(const QuantizeArgs& a, const Member& mem, i
   }
   if constexpr (kStageMn) {
     __syncthreads();
-    copy_entries_mn_major<T>(static_cast<u8*>(out.scale_inv) + scale_base + (col0 / S::kBlockCols) * ctx.grid_prows + row0,
-                             ctx.grid_prows, staged, TR, NBC);
+    copy_staged_entries<S, T>(out.scale_inv, scale_base, ctx, row0, col0 / S::kBlockCols, staged, TR, NBC);
   }
   return reported;
 }
@@ -1756,13 +1763,7 @@ __device__ float cast_columnwise_transposed_full(const QuantizeArgs& a, const Me
     if constexpr (U == 16) *reinterpret_cast<uint4*>(q) = *reinterpret_cast<const uint4*>(p);
     else *reinterpret_cast<uint2*>(q) = *reinterpret_cast<const uint2*>(p);
   }
-  if constexpr (kStageEntries) {
-    u8* grid = static_cast<u8*>(out.scale_inv) + scale_base;
-    if constexpr (S::kMnMajor)
-      copy_entries_mn_major<T>(grid + (row0 / S::kEntryCols) * ctx.grid_prows + col0, ctx.grid_prows, entries, TC, EPR);
-    else
-      copy_entries<T>(grid + col0 * ctx.grid_pcols + row0 / S::kEntryCols, ctx.grid_pcols, entries, TC, EPR);
-  }
+  if constexpr (kStageEntries) copy_staged_entries<S, T>(out.scale_inv, scale_base, ctx, col0, row0 / S::kEntryCols, entries, TC, EPR);
   return reported;
 }
 

@@ -989,6 +989,18 @@ struct Mx32Scaling : SlotScaling<4> {
       if (t.bad) return {__int_as_float(0x7fc00000)};
     return {group_alpha(a, t)};
   }
+  // K-grouped: the W-bit field k all ones when 32-step k of k-block kb holds tokens of the tile's
+  // group, else 0 (those steps get factor 2^-127): W = 8, a byte mask over a row's four scales; W = 1, bits.
+  template <int W>
+  __device__ static u32 group_steps(const TileInfo& t, int kb) {
+    u32 keep = 0;
+#pragma unroll
+    for (int k = 0; k < 4; ++k) {
+      const int lo = (4 * kb + k) * 32;  // the step's first position from k0
+      if (lo + 32 > t.k_lead && lo < t.k_len) keep |= ((1u << W) - 1u) << (W * k);
+    }
+    return keep;
+  }
   template <class Cfg>
   __device__ static void load_scales(const GemmArgs& a, const TileInfo& t, int kb, int lane, u32* words) {
     constexpr int kBM = int(Cfg::kBlockM);
@@ -1003,18 +1015,13 @@ struct Mx32Scaling : SlotScaling<4> {
       i64 pitch_a;
       int rows_a;
       const u8* pb;
-      u32 keep = ~0u;  // K-grouped: the steps that hold tokens of the group
+      u32 keep = ~0u;  // K-grouped: the steps that hold tokens of the group (group_steps)
       if constexpr (Cfg::kKGrouped) {
         constexpr i64 kRowsA = i64(mn_major_rows(u64(Cfg::kM)));
         const i64 s0 = i64(t.s_prefix) + t.k0 / 32 + 4 * kb;
         pa = sa + kRowsA * s0 + t.row0, pitch_a = kRowsA, rows_a = int(Cfg::kM) - t.row0;
         pb = sb + kRowsB * s0 + t.n0;
-        keep = 0;
-#pragma unroll
-        for (int k = 0; k < 4; ++k) {
-          const int lo = (4 * kb + k) * 32;
-          if (lo + 32 > t.k_lead && lo < t.k_len) keep |= 1u << k;
-        }
+        keep = group_steps<1>(t, kb);
       } else {
         constexpr i64 kSteps = Cfg::kK / 32;
         pitch_a = t.s_cols;
@@ -1036,12 +1043,7 @@ struct Mx32Scaling : SlotScaling<4> {
     } else if constexpr (Cfg::kKGrouped) {
       const i64 row_bytes = t.s_cols;
       const int s0 = t.k0 / 32 + 4 * kb;  // the k-block's first 32-step of the token grid
-      u32 keep = 0;                       // byte mask of the steps that hold tokens of the group
-#pragma unroll
-      for (int k = 0; k < 4; ++k) {
-        const int lo = (4 * kb + k) * 32;  // the step's first position from k0
-        if (lo + 32 > t.k_lead && lo < t.k_len) keep |= 0xFFu << (8 * k);
-      }
+      const u32 keep = group_steps<8>(t, kb);  // byte mask of the steps that hold tokens of the group
       // Rows past kM, columns past N: factor 2^-127, their products are never stored. Rows of a
       // multiple of 4 bytes (k_total, or a member's tokens, a multiple of 128) that start 4-byte
       // aligned take one aligned u32 load: a k-block starts (a multiple of 128 tokens) at or before

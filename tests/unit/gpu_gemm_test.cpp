@@ -734,9 +734,9 @@ struct TwoGroups {
   GemmSpec spec;
   ref::GemmProblem problem;
 };
-TwoGroups two_groups(GemmScaling scaling, ElemFormat format) {
+TwoGroups two_groups(GemmScaling scaling, ElemFormat format, ScaleLayout layout = ScaleLayout::Compact) {
   GemmSpec s = spec_of(scaling, format, format, DType::FP32, false, false, 128, 128, 1, 128, 0);
-  s.layout = GemmLayout::KGrouped, s.m = 128;
+  s.layout = GemmLayout::KGrouped, s.m = 128, s.scale_layout = layout;
   return {s, ref::make_k_grouped_gemm_problem(s, std::vector<int64_t>{40, 200}, 0, ref::GemmValues::SmallIntegers, false, 21)};
 }
 
@@ -754,9 +754,7 @@ TEST(GemmEdge, KGroupedMxNanScaleStaysInItsGroup) {
 // scale writers' word-per-4-rows loads take the keep mask per step).
 TEST(GemmEdge, KGroupedMxMnMajorNanScaleStaysInItsGroup) {
   QF_SKIP_WITHOUT_GPU();
-  auto [s, p] = two_groups(GemmScaling::Mx32, ElemFormat::E4M3);
-  s.scale_layout = ScaleLayout::MnMajor;
-  p = ref::make_k_grouped_gemm_problem(s, std::vector<int64_t>{40, 200}, 0, ref::GemmValues::SmallIntegers, false, 21);
+  auto [s, p] = two_groups(GemmScaling::Mx32, ElemFormat::E4M3, ScaleLayout::MnMajor);
   for (int64_t r = 0; r < s.m; ++r) p.a_scale[size_t(2 * s.m + r)] = 0xFF;  // A (128 rows), tokens 64..95
   for (int64_t r = 0; r < s.n; ++r) p.b_scale[size_t(2 * s.n + r)] = 0xFF;  // B (128 rows), tokens 64..95
   expect_nan_scales_stay_in_group_1(s, p);

@@ -5,8 +5,8 @@
 // offsets array: dW[g] = dY_g^T X_g. The result must match the CPU pipeline (reference quantize ->
 // float64 GEMM reference) within the GEMM's error bound (the quantize kernels are bit-exact, so the
 // GEMM sees the reference's bytes), and the float64 dY^T X of the unquantized inputs within the
-// formats' error (as quantize_gemm_test.cpp checks on the CPU). The same for the blockwise fprop on
-// the grouped rowwise copies (GpuQuantizeToFprop).
+// formats' error (as quantize_gemm_test.cpp checks on the CPU). The same for the blockwise and MXFP8
+// fprop and dgrad on the grouped copies' mn_major grids (GpuQuantizeToMGrouped).
 #include <algorithm>
 #include <gtest/gtest.h>
 
@@ -256,26 +256,31 @@ void expect_grouped_mn_major_copies_feed_m_grouped_gemm(const char* recipe, Gemm
   EXPECT_LT(err, 0.1);
 }
 
-TEST(GpuQuantizeToFprop, BlockwiseReadsGroupedMnMajorRowwiseCopies) {
+struct MGroupedCase {
+  const char* recipe;
+  GemmScaling scaling;
+  bool dgrad;  // dY's rowwise copies and the weights' transposed ones; else X's and the weights' rowwise
+};
+void PrintTo(const MGroupedCase& c, std::ostream* os) { *os << c.recipe << (c.dgrad ? " dgrad" : " fprop"); }
+
+class GpuQuantizeToMGrouped : public ::testing::TestWithParam<MGroupedCase> {};
+
+TEST_P(GpuQuantizeToMGrouped, ReadsGroupedMnMajorCopies) {
   QF_SKIP_WITHOUT_GPU();
-  expect_grouped_mn_major_copies_feed_m_grouped_gemm("good/float8_block_scaling_mn_major", GemmScaling::Block128, false);
+  const MGroupedCase& c = GetParam();
+  expect_grouped_mn_major_copies_feed_m_grouped_gemm(c.recipe, c.scaling, c.dgrad);
 }
 
-TEST(GpuQuantizeToFprop, Mxfp8ReadsGroupedMnMajorRowwiseCopies) {
-  QF_SKIP_WITHOUT_GPU();
-  expect_grouped_mn_major_copies_feed_m_grouped_gemm("mxfp8_hopper", GemmScaling::Mx32, false);
-}
-
-// dgrad: dY's rowwise copies (A, per group) and the weights' transposed copies (B, per expert).
-TEST(GpuQuantizeToDgrad, BlockwiseReadsGroupedMnMajorRowwiseCopies) {
-  QF_SKIP_WITHOUT_GPU();
-  expect_grouped_mn_major_copies_feed_m_grouped_gemm("good/float8_block_scaling_mn_major", GemmScaling::Block128, true);
-}
-
-TEST(GpuQuantizeToDgrad, Mxfp8ReadsGroupedMnMajorCopies) {
-  QF_SKIP_WITHOUT_GPU();
-  expect_grouped_mn_major_copies_feed_m_grouped_gemm("mxfp8_hopper", GemmScaling::Mx32, true);
-}
+INSTANTIATE_TEST_SUITE_P(MnMajor, GpuQuantizeToMGrouped,
+                         ::testing::Values(MGroupedCase{"good/float8_block_scaling_mn_major", GemmScaling::Block128, false},
+                                           MGroupedCase{"mxfp8_hopper", GemmScaling::Mx32, false},
+                                           MGroupedCase{"good/float8_block_scaling_mn_major", GemmScaling::Block128, true},
+                                           MGroupedCase{"mxfp8_hopper", GemmScaling::Mx32, true}),
+                         [](const ::testing::TestParamInfo<MGroupedCase>& i) {
+                           std::string name = std::string(i.param.recipe) + (i.param.dgrad ? "_dgrad" : "_fprop");
+                           std::replace(name.begin(), name.end(), '/', '_');
+                           return name;
+                         });
 
 INSTANTIATE_TEST_SUITE_P(Shipped, GpuQuantizeToGemm,
                          ::testing::Values(Case{"float8_block_scaling", GemmScaling::Block128, 0.1},
