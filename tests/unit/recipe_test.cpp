@@ -175,7 +175,9 @@ TEST(ShippedRecipes, Hybrid) {
   const auto in = resolve_role(r, "grouped_linear:input");
   EXPECT_EQ(in.rule->rowwise->format, ElemFormat::E4M3);
   EXPECT_TRUE(std::holds_alternative<MxScaling>(in.rule->rowwise->scaling));
+  EXPECT_EQ(in.rule->rowwise->scale_layout, ScaleLayout::MnMajor);  // as the MXFP8 GEMMs read it
   EXPECT_EQ(in.rule->columnwise->format, ElemFormat::E2M1);
+  EXPECT_EQ(in.rule->columnwise->scale_layout, ScaleLayout::Compact);  // NVFP4 grids are compact
   EXPECT_EQ(in.rule->columnwise->scaling, Scaling(Nvfp4Scaling{{16, 1}}));
   EXPECT_EQ(in.rule->columnwise->rht, Rht{0xD7E8});  // "rht": true takes the default mask
   EXPECT_EQ(resolve_role(r, "linear:grad_output").rule->columnwise->rounding, Rounding::Stochastic);

@@ -374,11 +374,12 @@ TEST(ReferenceNvfp4, Tile2DBothOrientationsAgree) {
 }
 
 TEST(ReferenceHybrid, StreamsAreIndependent) {
-  // The hybrid recipe's rowwise MXFP8 stream equals mxfp8's rowwise stream, and its columnwise
-  // NVFP4 + RHT stream equals nvfp4's columnwise input stream: one fused plan, same bits.
+  // The hybrid recipe's rowwise MXFP8 stream equals mxfp8_hopper's rowwise stream (both mn_major
+  // e8m0 grids), and its columnwise NVFP4 + RHT stream equals nvfp4's columnwise input stream: one
+  // fused plan, same bits.
   const HostTensor x = make_tensor(DType::BF16, 32, 64, pseudo_random(32 * 64, 8.0f, 21));
   const auto h = ref::quantize(plan_from_file("hybrid_mxfp8_fwd_nvfp4_bwd", "linear:input", DType::BF16), x, {});
-  const auto m = ref::quantize(plan_from_file("mxfp8", "linear:input", DType::BF16), x, {});
+  const auto m = ref::quantize(plan_from_file("mxfp8_hopper", "linear:input", DType::BF16), x, {});
   const auto n = ref::quantize(plan_from_file("nvfp4", "linear:input", DType::BF16), x, {});
   for (const char* b : {"rowwise_data", "rowwise_scale_inv"}) EXPECT_EQ(find(h, b).bytes, find(m, b).bytes) << b;
   for (const char* b : {"columnwise_data", "columnwise_scale_inv", "columnwise_amax"})
