@@ -230,11 +230,14 @@ def build_report(q, t, plot_note):
     if q:
         meta.append(f"- qforge benchmark: device **{q.get('device', '?')}**, device-to-device copy "
                     f"bandwidth **{fmt(copy_gbps, '{:.0f}')} GB/s**, {len(q_results)} results.")
+        if q.get("note"):
+            meta.append(f"- qforge benchmark note: {q['note']}.")
     else:
         meta.append("- qforge benchmark: `qforge_bench.json` not found.")
     if t:
         meta.append(f"- torch baselines: device **{t.get('device', '?')}**, torch {t.get('torch', '?')}, "
-                    f"triton {t.get('triton', '?')}, {len(t_results)} results; torch.compile "
+                    f"triton {t.get('triton', '?')}, {len(t_results)} results"
+                    f"{' (run of ' + t['created'] + ')' if t.get('created') else ''}; torch.compile "
                     f"{json.dumps(t.get('compile', {}))}.")
         tm = t.get("timing", {})
         meta.append(f"- torch timing: {tm.get('method', '?')}, {tm.get('stat', 'median')} of {tm.get('iters', '?')} "
