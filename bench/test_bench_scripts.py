@@ -147,6 +147,27 @@ def test_report_full(tmp_path):
         assert (out / "bandwidth.png").stat().st_size > 10000
 
 
+def test_report_names_each_runs_note_and_date(tmp_path):
+    # A report that merges runs (qforge_bench.json from one run, torch_baselines.json from an
+    # earlier one) says so in its header.
+    q = synthetic_qforge()
+    q["note"] = "one process per recipe, merged"
+    t = synthetic_torch(q)
+    t["created"] = "2026-11-25T01:08:39+00:00"
+    write(tmp_path, "qforge_bench.json", q)
+    write(tmp_path, "torch_baselines.json", t)
+    assert report.main(["--in", str(tmp_path), "--out", str(tmp_path / "out"), "--no-plot"]) == 0
+    head = (tmp_path / "out" / "report.md").read_text().split("## ")[0]
+    assert "- qforge benchmark note: one process per recipe, merged." in head
+    assert "(run of 2026-11-25T01:08:39+00:00)" in head
+    del q["note"], t["created"]
+    write(tmp_path, "qforge_bench.json", q)
+    write(tmp_path, "torch_baselines.json", t)
+    assert report.main(["--in", str(tmp_path), "--out", str(tmp_path / "out2"), "--no-plot"]) == 0
+    head = (tmp_path / "out2" / "report.md").read_text().split("## ")[0]
+    assert "note" not in head and "run of" not in head
+
+
 def test_report_only_one_file(tmp_path):
     q = synthetic_qforge()
     write(tmp_path, "qforge_bench.json", q)
