@@ -1,0 +1,394 @@
+"""qforge from Python: recipes, the fused quantize kernels and the grouped GEMMs that consume them.
+
+A thin layer over libqforge.so's C API (runtime/qforge.h, loaded with ctypes): no compiled
+extension, no dependency but the library. Recipes, buffer queries and ahead-of-time kernel
+compilation (`prepare`) need no GPU; `Quantizer.quantize` and `Gemm.run` take torch CUDA tensors and
+launch on torch's current stream (the `*_raw` forms take device addresses instead).
+
+    import qforge, torch
+    ctx = qforge.Context("recipes/mxfp8_hopper.json")
+    q = ctx.quantizer("linear:input")                      # bf16 input, the recipe's usage
+    out = q.quantize(torch.randn(4096, 7168, device="cuda", dtype=torch.bfloat16))
+    out["rowwise_data"], out["rowwise_scale_inv"]          # e4m3 data, e8m0 mn_major grid
+
+Errors: every failing call raises UserError (bad recipe, role, shape, buffer: the message names
+the JSON path or argument), CudaError (no driver / GPU, a failed driver call) or InternalError, all
+QforgeError, with the library's message.
+"""
+import ctypes
+import os
+from dataclasses import dataclass
+from typing import Dict, Mapping, Optional, Sequence, Tuple, Union
+
+from . import _capi
+
+__all__ = ["QforgeError", "UserError", "InternalError", "CudaError", "BufferInfo", "Context", "Quantizer",
+           "Gemm", "library"]
+
+
+class QforgeError(Exception):
+    """A qforge call failed; `status` is the C API's qf_status."""
+
+    def __init__(self, status: int, message: str):
+        super().__init__(message)
+        self.status = status
+
+
+class UserError(QforgeError):
+    """Bad argument, recipe, role, shape or buffer."""
+
+
+class InternalError(QforgeError):
+    """A bug in qforge (or out of memory)."""
+
+
+class CudaError(QforgeError):
+    """No driver / no GPU, or a CUDA driver call failed."""
+
+
+_ERRORS = {_capi.QF_ERR_USER: UserError, _capi.QF_ERR_INTERNAL: InternalError, _capi.QF_ERR_CUDA: CudaError}
+_lib = None
+
+
+def library():
+    """The loaded libqforge.so (loaded on first use; see _capi.candidate_paths)."""
+    global _lib
+    if _lib is None:
+        _lib = _capi.load()
+    return _lib
+
+
+def _call(name: str, *args) -> None:
+    lib = library()
+    status = getattr(lib, name)(*args)
+    if status != _capi.QF_OK:
+        message = (lib.qf_last_error() or b"").decode(errors="replace")
+        raise _ERRORS.get(status, QforgeError)(status, message)
+
+
+def _bytes(s: Optional[str]) -> Optional[bytes]:
+    return None if s is None else str(s).encode()
+
+
+def _user_error(message: str) -> UserError:
+    return UserError(_capi.QF_ERR_USER, message)
+
+
+@dataclass(frozen=True)
+class BufferInfo:
+    """One buffer a quantizer writes (or reads, e.g. delayed scaling's "scale")."""
+    name: str
+    dtype: str                 # what the bytes mean: "e4m3", "e2m1x2", "e8m0", "fp32", ...
+    kind: str                  # "data", "scale_inv", "amax" or "scale"
+    element_size: int          # storage bytes per element
+    stream: int                # plan stream index; -1 for amax outputs / shared inputs
+    zero_padding: bool         # padding entries must be zero (swizzled scales)
+    shape: Tuple[int, ...]
+    bytes: int
+    scale_layout: Optional[str]  # block scale grids: "compact", "swizzled" or "mn_major"
+
+    @staticmethod
+    def _from_c(c: _capi.BufferInfoC) -> "BufferInfo":
+        return BufferInfo(c.name.decode(), c.dtype.decode(), _capi.BUFFER_KINDS.get(c.kind, str(c.kind)),
+                          c.element_size, c.stream, bool(c.zero_padding), tuple(c.shape[i] for i in range(c.ndim)),
+                          c.bytes, c.scale_layout.decode() if c.scale_layout else None)
+
+
+class _Handle:
+    """Owns one C handle; destroyed by close(), the with-block's end or garbage collection."""
+    _destroy = ""
+
+    def __init__(self, handle: ctypes.c_void_p):
+        self._h = handle
+
+    @property
+    def _handle(self) -> ctypes.c_void_p:
+        if not self._h:
+            raise ValueError(f"{type(self).__name__} is closed")
+        return self._h
+
+    def close(self) -> None:
+        if getattr(self, "_h", None):
+            getattr(library(), self._destroy)(self._h)
+            self._h = None
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    def __del__(self):
+        try:
+            self.close()
+        except Exception:  # interpreter shutdown: the library may already be gone
+            pass
+
+
+class Context(_Handle):
+    """Parsed, validated recipes: one path, a list of paths, or (from_json) a recipe's text."""
+    _destroy = "qf_context_destroy"
+
+    def __init__(self, recipes: Union[str, os.PathLike, Sequence[Union[str, os.PathLike]]]):
+        paths = [recipes] if isinstance(recipes, (str, os.PathLike)) else list(recipes)
+        arr = (ctypes.c_char_p * len(paths))(*[os.fsencode(p) for p in paths])
+        h = ctypes.c_void_p()
+        _call("qf_context_create", arr, len(paths), ctypes.byref(h))
+        super().__init__(h)
+
+    @classmethod
+    def from_json(cls, text: str) -> "Context":
+        h = ctypes.c_void_p()
+        _call("qf_context_create_from_json", text.encode(), ctypes.byref(h))
+        self = cls.__new__(cls)
+        _Handle.__init__(self, h)
+        return self
+
+    @property
+    def recipes(self) -> list:
+        n = ctypes.c_int()
+        _call("qf_context_num_recipes", self._handle, ctypes.byref(n))
+        names = []
+        for i in range(n.value):
+            s = ctypes.c_char_p()
+            _call("qf_context_recipe_name", self._handle, i, ctypes.byref(s))
+            names.append(s.value.decode())
+        return names
+
+    def quantizer(self, role: str, recipe: Optional[str] = None, dtype: str = "bf16", usage: Optional[str] = None,
+                  grouped: bool = False) -> "Quantizer":
+        """The kernels of one role (e.g. "linear:input") of one recipe (None: the context's only
+        one) for an input dtype ("bf16", "fp16", "fp32") and usage (None: the recipe's; "training",
+        "inference", "memory"); grouped: one call quantizes several members (MoE experts)."""
+        if dtype not in _capi.DTYPES:
+            raise _user_error(f"dtype: expected one of {sorted(_capi.DTYPES)}, got {dtype!r}")
+        if usage not in _capi.USAGES:
+            raise _user_error(f"usage: expected training, inference, memory or None, got {usage!r}")
+        h = ctypes.c_void_p()
+        _call("qf_quantizer_create_ex", self._handle, _bytes(recipe), role.encode(), _capi.DTYPES[dtype],
+              _capi.USAGES[usage], int(bool(grouped)), ctypes.byref(h))
+        return Quantizer(h, self, dtype, bool(grouped))
+
+    def num_gemms(self, recipe: Optional[str] = None) -> int:
+        n = ctypes.c_int()
+        _call("qf_context_num_gemms", self._handle, _bytes(recipe), ctypes.byref(n))
+        return n.value
+
+    def gemm(self, index: int, recipe: Optional[str] = None) -> "Gemm":
+        """The recipe's GEMM number `index` (its "gemms" list)."""
+        h = ctypes.c_void_p()
+        _call("qf_gemm_create_from_recipe", self._handle, _bytes(recipe), int(index), ctypes.byref(h))
+        return Gemm._wrap(h)
+
+
+def _torch():
+    try:
+        import torch
+    except ImportError as e:
+        raise ImportError("qforge: quantize() and run() take torch tensors (import torch failed: "
+                          f"{e}); the *_raw forms take device addresses") from e
+    return torch
+
+
+def _torch_dtype(torch, info: BufferInfo):
+    """The torch dtype that holds the buffer's elements (uint8 where torch has no equivalent)."""
+    names = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16", "int8": "int8", "e4m3": "float8_e4m3fn",
+             "e5m2": "float8_e5m2", "e8m0": "float8_e8m0fnu"}
+    t = getattr(torch, names.get(info.dtype, "uint8"), torch.uint8)
+    return t if t.itemsize == info.element_size else torch.uint8
+
+
+def _device_ptr(t, what: str) -> Tuple[int, int]:
+    if t is None:
+        return 0, 0
+    if not getattr(t, "is_cuda", False):
+        raise _user_error(f"{what}: expected a CUDA tensor, got {type(t).__name__}"
+                          + (f" on {t.device}" if hasattr(t, "device") else ""))
+    if not t.is_contiguous():
+        raise _user_error(f"{what}: expected a contiguous tensor")
+    return t.data_ptr(), t.numel() * t.element_size()
+
+
+def _stream(torch, device, stream) -> int:
+    if stream is None:
+        return torch.cuda.current_stream(device).cuda_stream
+    return int(getattr(stream, "cuda_stream", stream))
+
+
+class Quantizer(_Handle):
+    """One role of one recipe compiled into a kernel plan (Context.quantizer)."""
+    _destroy = "qf_quantizer_destroy"
+
+    def __init__(self, handle, context: Context, dtype: str, grouped: bool):
+        super().__init__(handle)
+        self._context = context  # the C quantizer keeps its recipe; this keeps the handle order plain
+        self.dtype, self.grouped = dtype, grouped
+
+    def _infos(self, count_fn: str, info_fn: str, *shape_args) -> list:
+        n = ctypes.c_int()
+        _call(count_fn, self._handle, ctypes.byref(n))
+        out = []
+        for i in range(n.value):
+            c = _capi.BufferInfoC()
+            _call(info_fn, self._handle, *shape_args, i, ctypes.byref(c))
+            out.append(BufferInfo._from_c(c))
+        return out
+
+    def outputs(self, m: int, k: int) -> list:
+        """Every buffer one call on an [m, k] input writes."""
+        return self._infos("qf_quantizer_num_outputs", "qf_quantizer_output_info", int(m), int(k))
+
+    def grouped_outputs(self, m_total: int, k: int, members: int) -> list:
+        """Grouped: every buffer of a call of `members` members over m_total rows, whatever the split
+        (flat shapes: the bound each buffer is checked against)."""
+        return self._infos("qf_quantizer_num_outputs", "qf_quantizer_grouped_output_info", int(m_total), int(k),
+                           int(members))
+
+    def inputs(self) -> list:
+        """Buffers a call reads besides the tensor (delayed scaling's "scale")."""
+        return self._infos("qf_quantizer_num_inputs", "qf_quantizer_input_info")
+
+    def workspace_bytes(self, m: int, k: int, members: int = 1) -> int:
+        """Device workspace bytes a call needs (members: 1 for one tensor)."""
+        n = ctypes.c_int64()
+        _call("qf_quantizer_workspace_bytes", self._handle, int(m), int(k), int(members), ctypes.byref(n))
+        return n.value
+
+    def prepare(self, arch: str = "sm_90a") -> None:
+        """Compiles (or loads) the kernels for arch into the kernel cache; needs no GPU."""
+        _call("qf_quantizer_prepare", self._handle, arch.encode())
+
+    def quantize_raw(self, input_ptr: int, m: int, k: int, buffers: Mapping[str, Tuple[int, int]], *,
+                     workspace: Tuple[int, int] = (0, 0), noop_ptr: int = 0, seed: int = 0, offset: int = 0,
+                     member_rows_ptr: int = 0, num_members: int = 0, stream: int = 0) -> None:
+        """qf_quantize on device addresses: buffers maps each output (and input) name to (ptr, bytes)."""
+        named = (_capi.NamedBufferC * max(1, len(buffers)))()
+        keep = []
+        for i, (name, (ptr, nbytes)) in enumerate(buffers.items()):
+            keep.append(name.encode())
+            named[i] = _capi.NamedBufferC(keep[-1], ptr, nbytes)
+        args = _capi.QuantizeArgsC(input_ptr, int(m), int(k), named, len(buffers), workspace[0], workspace[1],
+                                   noop_ptr, int(seed), int(offset), member_rows_ptr, int(num_members))
+        _call("qf_quantize", self._handle, ctypes.byref(args), ctypes.c_void_p(stream))
+
+    def quantize(self, x, *, out: Optional[Mapping[str, object]] = None, inputs: Optional[Mapping[str, object]] = None,
+                 member_rows=None, seed: int = 0, offset: int = 0, noop=None, stream=None) -> Dict[str, object]:
+        """Quantizes the 2-D CUDA tensor x ([m, k], the quantizer's dtype) on torch's current stream
+        (or `stream`). Returns every output as a tensor, allocated here unless given in `out`
+        (name -> tensor). inputs: e.g. {"scale": t} for delayed scaling. Grouped quantizers take
+        member_rows, a CUDA int64 tensor of the members' row offsets [members + 1]."""
+        torch = _torch()
+        want = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}[self.dtype]
+        if not isinstance(x, torch.Tensor) or x.dim() != 2 or x.dtype != want:
+            got = f"{x.dtype} {tuple(x.shape)}" if isinstance(x, torch.Tensor) else type(x).__name__
+            raise _user_error(f"x: expected a 2-D {self.dtype} CUDA tensor, got {got}")
+        x_ptr, _ = _device_ptr(x, "x")
+        m, k = x.shape
+        if self.grouped:
+            if member_rows is None:
+                raise _user_error("member_rows: a grouped quantizer needs the members' row offsets")
+            members = member_rows.numel() - 1
+            infos = self.grouped_outputs(m, k, members)
+        else:
+            if member_rows is not None:
+                raise _user_error("member_rows: only for quantizers created with grouped=True")
+            members = 0
+            infos = self.outputs(m, k)
+        out = dict(out or {})
+        buffers = {}
+        for info in infos:
+            if info.name not in out:
+                alloc = torch.zeros if info.zero_padding else torch.empty
+                out[info.name] = alloc(info.shape, dtype=_torch_dtype(torch, info), device=x.device)
+            buffers[info.name] = _device_ptr(out[info.name], f"out[{info.name!r}]")
+        for name, t in (inputs or {}).items():
+            buffers[name] = _device_ptr(t, f"inputs[{name!r}]")
+        ws_bytes = self.workspace_bytes(m, k, max(members, 1))
+        ws = torch.empty(ws_bytes, dtype=torch.uint8, device=x.device) if ws_bytes else None
+        with torch.cuda.device(x.device):
+            self.quantize_raw(x_ptr, m, k, buffers, workspace=_device_ptr(ws, "workspace"),
+                              noop_ptr=_device_ptr(noop, "noop")[0], seed=seed, offset=offset,
+                              member_rows_ptr=_device_ptr(member_rows, "member_rows")[0], num_members=members,
+                              stream=_stream(torch, x.device, stream))
+        return {info.name: out[info.name] for info in infos}
+
+
+class Gemm(_Handle):
+    """One grouped GEMM spec compiled into one kernel (docs/gemm.md): Gemm(scaling=..., n=..., k=...)
+    or Context.gemm(index) for a recipe's "gemms" entry."""
+    _destroy = "qf_gemm_destroy"
+
+    def __init__(self, scaling: str, n: int, k: int, *, a_format: Optional[str] = None, b_format: Optional[str] = None,
+                 out_dtype: Optional[str] = None, accumulate: bool = False, fast_accum: bool = False, block_m: int = 0,
+                 block_n: int = 0, stages: int = 0, multicast: int = 0, raster_m: int = 0, ordered: int = 0,
+                 scale_layout: Optional[str] = None):
+        spec = _capi.GemmSpecC(_bytes(scaling), _bytes(a_format), _bytes(b_format), int(n), int(k), _bytes(out_dtype),
+                               int(bool(accumulate)), int(bool(fast_accum)), block_m, block_n, stages, multicast,
+                               raster_m, ordered, _bytes(scale_layout))
+        h = ctypes.c_void_p()
+        _call("qf_gemm_create", ctypes.byref(spec), ctypes.byref(h))
+        super().__init__(h)
+
+    @classmethod
+    def _wrap(cls, h) -> "Gemm":
+        self = cls.__new__(cls)
+        _Handle.__init__(self, h)
+        return self
+
+    def describe(self) -> str:
+        return library().qf_gemm_describe(self._handle).decode()
+
+    def __repr__(self) -> str:
+        return f"qforge.Gemm({self.describe()!r})" if self._h else "qforge.Gemm(closed)"
+
+    def scale_bytes(self, extent: int, num_groups: int) -> Tuple[int, int]:
+        """Bytes of the A and B scale buffers: extent is m_total (M-grouped) or k_total (K-grouped)."""
+        a, b = ctypes.c_int64(), ctypes.c_int64()
+        _call("qf_gemm_scale_bytes", self._handle, int(extent), int(num_groups), ctypes.byref(a), ctypes.byref(b))
+        return a.value, b.value
+
+    def workspace_bytes(self) -> int:
+        n = ctypes.c_int64()
+        _call("qf_gemm_workspace_bytes", self._handle, ctypes.byref(n))
+        return n.value
+
+    def prepare(self, arch: str = "sm_90a") -> None:
+        """Compiles (or loads) the kernel into the kernel cache; needs no GPU."""
+        _call("qf_gemm_prepare", self._handle, arch.encode())
+
+    def run_raw(self, args: _capi.GemmArgsC, stream: int = 0) -> None:
+        """qf_gemm_run on a filled qf_gemm_args (device addresses)."""
+        _call("qf_gemm_run", self._handle, ctypes.byref(args), ctypes.c_void_p(stream))
+
+    def run(self, a, b, d, *, a_scale=None, b_scale=None, alpha=None, group_offsets=None, group_counts=None,
+            m_max: int = 0, m_total: Optional[int] = None, num_groups: Optional[int] = None, max_ctas: int = 0,
+            a_amax=None, b_amax=None, k_total: int = 0, workspace=None, stream=None) -> None:
+        """D[group rows] (+)= alpha[g] * A[group rows] @ B[g]^T on CUDA tensors (bytes as qforge.h's
+        qf_gemm_args describe them). m_total defaults to a's rows for M-grouped runs (k_total == 0);
+        num_groups to the length of group_offsets - 1 or of group_counts. A K-grouped members spec
+        without `workspace` gets one allocated here."""
+        torch = _torch()
+        if num_groups is None:
+            if group_offsets is not None:
+                num_groups = group_offsets.numel() - 1
+            elif group_counts is not None:
+                num_groups = group_counts.numel()
+            else:
+                raise _user_error("num_groups: give it, group_offsets or group_counts")
+        if m_total is None:
+            m_total = a.shape[0] if k_total == 0 else 0
+        ws_bytes = self.workspace_bytes() if workspace is None else 0
+        if ws_bytes:
+            workspace = torch.empty(ws_bytes, dtype=torch.uint8, device=d.device)
+        p = {name: _device_ptr(t, name) for name, t in (("a", a), ("b", b), ("d", d), ("a_scale", a_scale),
+                                                        ("b_scale", b_scale), ("alpha", alpha),
+                                                        ("group_offsets", group_offsets),
+                                                        ("group_counts", group_counts), ("a_amax", a_amax),
+                                                        ("b_amax", b_amax), ("workspace", workspace))}
+        args = _capi.GemmArgsC(p["a"][0], p["a"][1], p["b"][0], p["b"][1], p["d"][0], p["d"][1], p["a_scale"][0],
+                               p["a_scale"][1], p["b_scale"][0], p["b_scale"][1], p["alpha"][0],
+                               p["group_offsets"][0], p["group_counts"][0], int(m_max), int(m_total), int(num_groups),
+                               int(max_ctas), p["a_amax"][0], p["b_amax"][0], int(k_total), p["workspace"][0],
+                               p["workspace"][1])
+        with torch.cuda.device(d.device):
+            self.run_raw(args, _stream(torch, d.device, stream))

@@ -1,0 +1,106 @@
+"""ctypes declarations of libqforge.so's C API (runtime/qforge.h): structs and signatures.
+
+Every struct mirrors its C definition field for field; tests/python checks the sizes against the
+header's layout rules (int64 alignment), so a field added to qforge.h without one here fails there.
+"""
+import ctypes
+import os
+from ctypes import POINTER, Structure, c_char_p, c_int, c_int64, c_uint64, c_void_p
+from pathlib import Path
+
+QF_OK, QF_ERR_USER, QF_ERR_INTERNAL, QF_ERR_CUDA = 0, 2, 3, 4
+DTYPES = {"fp32": 0, "bf16": 1, "fp16": 2}
+USAGES = {None: -1, "training": 0, "inference": 1, "memory": 2}
+BUFFER_KINDS = {0: "data", 1: "scale_inv", 2: "amax", 3: "scale"}
+
+
+class BufferInfoC(Structure):
+    _fields_ = [("name", c_char_p), ("dtype", c_char_p), ("kind", c_int), ("element_size", c_int),
+                ("stream", c_int), ("zero_padding", c_int), ("ndim", c_int), ("shape", c_int64 * 4),
+                ("bytes", c_int64), ("scale_layout", c_char_p)]
+
+
+class NamedBufferC(Structure):
+    _fields_ = [("name", c_char_p), ("ptr", c_void_p), ("bytes", c_int64)]
+
+
+class QuantizeArgsC(Structure):
+    _fields_ = [("input", c_void_p), ("m", c_int64), ("k", c_int64), ("buffers", POINTER(NamedBufferC)),
+                ("num_buffers", c_int), ("workspace", c_void_p), ("workspace_bytes", c_int64),
+                ("noop", c_void_p), ("seed", c_uint64), ("offset", c_uint64), ("member_rows", c_void_p),
+                ("num_members", c_int)]
+
+
+class GemmSpecC(Structure):
+    _fields_ = [("scaling", c_char_p), ("a_format", c_char_p), ("b_format", c_char_p), ("n", c_int64),
+                ("k", c_int64), ("out_dtype", c_char_p), ("accumulate", c_int), ("fast_accum", c_int),
+                ("block_m", c_int), ("block_n", c_int), ("stages", c_int), ("multicast", c_int),
+                ("raster_m", c_int), ("ordered", c_int), ("scale_layout", c_char_p)]
+
+
+class GemmArgsC(Structure):
+    _fields_ = [("a", c_void_p), ("a_bytes", c_int64), ("b", c_void_p), ("b_bytes", c_int64),
+                ("d", c_void_p), ("d_bytes", c_int64), ("a_scale", c_void_p), ("a_scale_bytes", c_int64),
+                ("b_scale", c_void_p), ("b_scale_bytes", c_int64), ("alpha", c_void_p),
+                ("group_offsets", c_void_p), ("group_counts", c_void_p), ("m_max", c_int64),
+                ("m_total", c_int64), ("num_groups", c_int), ("max_ctas", c_int), ("a_amax", c_void_p),
+                ("b_amax", c_void_p), ("k_total", c_int64), ("workspace", c_void_p),
+                ("workspace_bytes", c_int64)]
+
+
+_P = c_void_p  # opaque handles (qf_context*, qf_quantizer*, qf_gemm*)
+_PP = POINTER(c_void_p)
+SIGNATURES = {
+    "qf_last_error": (c_char_p, []),
+    "qf_context_create": (c_int, [POINTER(c_char_p), c_int, _PP]),
+    "qf_context_create_from_json": (c_int, [c_char_p, _PP]),
+    "qf_context_destroy": (None, [_P]),
+    "qf_context_num_recipes": (c_int, [_P, POINTER(c_int)]),
+    "qf_context_recipe_name": (c_int, [_P, c_int, POINTER(c_char_p)]),
+    "qf_quantizer_create_ex": (c_int, [_P, c_char_p, c_char_p, c_int, c_int, c_int, _PP]),
+    "qf_quantizer_destroy": (None, [_P]),
+    "qf_quantizer_num_outputs": (c_int, [_P, POINTER(c_int)]),
+    "qf_quantizer_output_info": (c_int, [_P, c_int64, c_int64, c_int, POINTER(BufferInfoC)]),
+    "qf_quantizer_grouped_output_info": (c_int, [_P, c_int64, c_int64, c_int, c_int, POINTER(BufferInfoC)]),
+    "qf_quantizer_num_inputs": (c_int, [_P, POINTER(c_int)]),
+    "qf_quantizer_input_info": (c_int, [_P, c_int, POINTER(BufferInfoC)]),
+    "qf_quantizer_workspace_bytes": (c_int, [_P, c_int64, c_int64, c_int, POINTER(c_int64)]),
+    "qf_quantizer_prepare": (c_int, [_P, c_char_p]),
+    "qf_quantize": (c_int, [_P, POINTER(QuantizeArgsC), c_void_p]),
+    "qf_gemm_create": (c_int, [POINTER(GemmSpecC), _PP]),
+    "qf_context_num_gemms": (c_int, [_P, c_char_p, POINTER(c_int)]),
+    "qf_gemm_create_from_recipe": (c_int, [_P, c_char_p, c_int, _PP]),
+    "qf_gemm_destroy": (None, [_P]),
+    "qf_gemm_describe": (c_char_p, [_P]),
+    "qf_gemm_scale_bytes": (c_int, [_P, c_int64, c_int, POINTER(c_int64), POINTER(c_int64)]),
+    "qf_gemm_workspace_bytes": (c_int, [_P, POINTER(c_int64)]),
+    "qf_gemm_prepare": (c_int, [_P, c_char_p]),
+    "qf_gemm_run": (c_int, [_P, POINTER(GemmArgsC), c_void_p]),
+}
+
+
+def candidate_paths():
+    """Where libqforge.so is looked for: $QFORGE_LIBRARY, then the build trees beside this package's
+    checkout (build*/runtime/), then the system's library path."""
+    env = os.environ.get("QFORGE_LIBRARY")
+    if env:
+        return [Path(env)]
+    root = Path(__file__).resolve().parents[2]
+    return sorted(root.glob("build*/runtime/libqforge.so")) + [Path("libqforge.so")]
+
+
+def load():
+    """The library with every signature set; OSError naming each place tried when none loads."""
+    tried = []
+    for path in candidate_paths():
+        try:
+            lib = ctypes.CDLL(str(path))
+        except OSError as e:
+            tried.append(f"{path}: {e}")
+            continue
+        for name, (restype, argtypes) in SIGNATURES.items():
+            fn = getattr(lib, name)
+            fn.restype, fn.argtypes = restype, argtypes
+        return lib
+    raise OSError("libqforge.so not found (build the qforge_shared target, or set QFORGE_LIBRARY to its "
+                  "path); tried: " + "; ".join(tried))

@@ -1,0 +1,273 @@
+"""The Python package (python/qforge) over libqforge.so.
+
+Without a GPU: recipes, buffer queries, GEMM specs, ahead-of-time compilation and every error
+path. With torch and a CUDA GPU: quantize outputs bit for bit against the CPU reference
+(`qforge quantize --device cpu`), grouped calls, and an exact GEMM.
+
+Run:  QFORGE_LIBRARY=BUILD/runtime/libqforge.so QFORGE_BIN=BUILD/tools/qforge \
+      python3 -m pytest -q tests/python
+"""
+import ctypes
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT / "python"))
+import qforge  # noqa: E402
+from qforge import _capi  # noqa: E402
+
+RECIPES = ROOT / "recipes"
+
+
+def has_gpu():
+    try:
+        import torch
+        return torch.cuda.is_available()
+    except ImportError:
+        return False
+
+
+gpu = pytest.mark.skipif(not has_gpu(), reason="needs torch with a CUDA GPU")
+
+
+# ------------------------------------------------------------------------------------------ layout
+
+def test_struct_layouts_match_the_header():
+    # qforge.h's structs under the x86-64 ABI (int64 and pointers 8-byte aligned): a field added to
+    # the header without one in _capi.py changes these sizes.
+    assert ctypes.sizeof(_capi.BufferInfoC) == 88
+    assert ctypes.sizeof(_capi.NamedBufferC) == 24
+    assert ctypes.sizeof(_capi.QuantizeArgsC) == 96
+    assert ctypes.sizeof(_capi.GemmSpecC) == 88
+    assert ctypes.sizeof(_capi.GemmArgsC) == 168
+    header = (ROOT / "runtime" / "qforge.h").read_text()
+    for name in _capi.SIGNATURES:
+        assert f"{name}(" in header, name
+
+
+def test_library_exports_the_c_api_only():
+    lib = qforge.library()
+    for name in _capi.SIGNATURES:
+        assert hasattr(lib, name)
+    with pytest.raises(AttributeError):
+        lib._ZN2qf11load_recipeERKNSt10filesystem7__cxx114pathE  # C++ internals stay hidden
+
+
+def test_missing_library_names_every_place_tried(monkeypatch):
+    monkeypatch.setenv("QFORGE_LIBRARY", "/nonexistent/libqforge.so")
+    with pytest.raises(OSError, match="QFORGE_LIBRARY.*nonexistent"):
+        _capi.load()
+
+
+# ---------------------------------------------------------------------------------------- recipes
+
+def test_context_reads_recipes():
+    with qforge.Context([RECIPES / "mxfp8_hopper.json", str(RECIPES / "nvfp4.json")]) as ctx:
+        assert ctx.recipes == ["mxfp8_hopper", "nvfp4"]
+        assert ctx.num_gemms("mxfp8_hopper") == 8
+    with pytest.raises(ValueError, match="closed"):
+        ctx.recipes
+
+
+def test_recipe_errors_name_the_file_or_json_path(tmp_path):
+    with pytest.raises(qforge.UserError, match=r"nope\.json: no such recipe file"):
+        qforge.Context(tmp_path / "nope.json")
+    bad = {"qforge_recipe": 1, "name": "x", "roles": [{"match": "*:*", "rowwise": {"format": "e9m9"}}]}
+    with pytest.raises(qforge.UserError, match=r"/roles/0/rowwise/format: unknown format \"e9m9\"") as e:
+        qforge.Context.from_json(json.dumps(bad))
+    assert e.value.status == _capi.QF_ERR_USER
+
+
+def test_quantizer_outputs_describe_every_buffer():
+    ctx = qforge.Context(RECIPES / "mxfp8_hopper.json")
+    q = ctx.quantizer("linear:input")
+    out = {b.name: b for b in q.outputs(256, 512)}
+    assert list(out) == ["rowwise_data", "rowwise_scale_inv", "columnwise_data", "columnwise_scale_inv"]
+    assert out["rowwise_data"] == qforge.BufferInfo("rowwise_data", "e4m3", "data", 1, 0, False, (256, 512),
+                                                    256 * 512, None)
+    # mn_major e8m0 grids: [blocks, rows padded to 4]
+    assert out["rowwise_scale_inv"].shape == (16, 256) and out["rowwise_scale_inv"].scale_layout == "mn_major"
+    assert out["columnwise_data"].shape == (512, 256)
+    assert out["columnwise_scale_inv"].shape == (8, 512) and out["columnwise_scale_inv"].kind == "scale_inv"
+    assert q.inputs() == [] and q.workspace_bytes(256, 512) == 0
+    inference = ctx.quantizer("linear:input", usage="inference")
+    assert [b.name for b in inference.outputs(256, 512)] == ["rowwise_data", "rowwise_scale_inv"]
+
+
+def test_inputs_and_grouped_outputs():
+    delayed = qforge.Context(RECIPES / "delayed_scaling.json").quantizer("linear:input", dtype="fp32")
+    (scale,) = delayed.inputs()
+    assert (scale.name, scale.kind, scale.shape, scale.stream) == ("scale", "scale", (1,), -1)
+    grouped = qforge.Context(RECIPES / "mxfp8.json").quantizer("grouped_linear:input", grouped=True)
+    flat = grouped.grouped_outputs(1000, 256, 3)
+    assert [b.name for b in flat][0] == "rowwise_data" and all(len(b.shape) == 1 for b in flat)
+    assert flat[0].bytes == 1000 * 256
+
+
+def test_quantizer_errors_name_the_argument():
+    hybrid = qforge.Context(RECIPES / "hybrid_mxfp8_fwd_nvfp4_bwd.json")
+    with pytest.raises(qforge.UserError, match="linear:bias"):
+        hybrid.quantizer("linear:bias")
+    with pytest.raises(qforge.UserError, match=r"dtype: expected one of \['bf16', 'fp16', 'fp32'\], got 'fp64'"):
+        hybrid.quantizer("linear:input", dtype="fp64")
+    with pytest.raises(qforge.UserError, match="usage"):
+        hybrid.quantizer("linear:input", usage="serving")
+    q = hybrid.quantizer("linear:input")
+    with pytest.raises(qforge.UserError, match=r"null pointer; expected a device buffer of 262144 bytes"):
+        q.quantize_raw(0, 256, 512, {})
+    with pytest.raises(qforge.UserError, match="num_members"):
+        q.workspace_bytes(256, 512, members=0)
+
+
+def test_prepare_compiles_without_a_gpu(tmp_path):
+    # In a fresh process: the kernel cache reads QFORGE_CACHE_DIR once per process.
+    code = ("import qforge; q = qforge.Context(%r).quantizer('linear:input', usage='inference'); "
+            "q.prepare('sm_90a')" % str(RECIPES / "delayed_scaling.json"))
+    env = dict(os.environ, QFORGE_CACHE_DIR=str(tmp_path / "cache"), PYTHONPATH=str(ROOT / "python"))
+    subprocess.run([sys.executable, "-c", code], check=True, env=env)
+    assert [p for p in (tmp_path / "cache").rglob("*") if p.is_file()], "the kernel went into the cache"
+    q = qforge.Context(RECIPES / "delayed_scaling.json").quantizer("linear:input")
+    with pytest.raises(qforge.UserError, match="sm_12"):
+        q.prepare("sm_12")
+
+
+@pytest.mark.skipif(has_gpu() or os.path.exists("/dev/nvidia0"), reason="checks the no-GPU path")
+def test_quantize_without_a_gpu_is_a_cuda_error():
+    q = qforge.Context(RECIPES / "mxfp8.json").quantizer("linear:input")
+    # Distinct, never dereferenced addresses: the driver is missing.
+    buffers, at = {}, 1 << 30
+    for b in q.outputs(64, 64):
+        buffers[b.name] = (at, b.bytes)
+        at += 1 << 20
+    with pytest.raises(qforge.CudaError, match="libcuda"):
+        q.quantize_raw(1 << 20, 64, 64, buffers)
+
+
+# ------------------------------------------------------------------------------------------- GEMMs
+
+def test_gemm_specs():
+    g = qforge.Gemm("blockwise", n=4096, k=7168)
+    assert g.describe() == "e4m3 x e4m3 blockwise N=4096 K=7168 -> bf16"
+    a, b = g.scale_bytes(4096, 8)
+    assert a == 4096 * 56 * 4 and b == 8 * 32 * 56 * 4
+    assert g.workspace_bytes() == 0
+    mx = qforge.Context(RECIPES / "mxfp8_hopper.json").gemm(0)
+    assert "mxfp8 (mn_major scales)" in repr(mx)
+    with pytest.raises(qforge.UserError, match=r"spec->n: expected a multiple of 8"):
+        qforge.Gemm("blockwise", n=100, k=128)
+    with pytest.raises(qforge.UserError, match="scaling"):
+        qforge.Gemm("sparkly", n=128, k=128)
+    with pytest.raises(qforge.UserError, match="index 99 out of range"):
+        qforge.Context(RECIPES / "mxfp8_hopper.json").gemm(99)
+
+
+# -------------------------------------------------------------------------------------------- GPU
+
+def qforge_bin():
+    path = os.environ.get("QFORGE_BIN")
+    if not path:
+        found = sorted(ROOT.glob("build*/tools/qforge"))
+        path = str(found[0]) if found else ""
+    if not path or not os.path.exists(path):
+        pytest.skip("QFORGE_BIN (the qforge CLI) not found")
+    return path
+
+
+def cpu_reference(tmp_path, recipe, role, x_bits, usage=None, splits=None, seed=0, offset=0):
+    """The CLI's CPU outputs for the bf16 bit patterns x_bits: {buffer name: bytes}."""
+    np.save(tmp_path / "x.npy", x_bits)
+    cmd = [qforge_bin(), "quantize", "--recipe", str(RECIPES / recipe), "--role", role, "--input",
+           str(tmp_path / "x.npy"), "--out", str(tmp_path / "ref"), "--dtype", "bf16", "--device", "cpu",
+           "--seed", str(seed), "--offset", str(offset)]
+    if usage:
+        cmd += ["--usage", usage]
+    if splits:
+        cmd += ["--splits", ",".join(map(str, splits))]
+    subprocess.run(cmd, check=True, capture_output=True)
+    manifest = json.loads((tmp_path / "ref" / "manifest.json").read_text())
+    return {b["name"]: np.load(tmp_path / "ref" / b["file"]).tobytes() for b in manifest["buffers"]}
+
+
+def random_bf16(torch, m, k, seed):
+    g = torch.Generator().manual_seed(seed)
+    x = (torch.randn(m, k, generator=g) * 4).to(torch.bfloat16)
+    return x, x.view(torch.int16).numpy().view(np.uint16)
+
+
+@gpu
+@pytest.mark.parametrize("recipe,role,usage", [
+    ("mxfp8_hopper.json", "linear:input", None),
+    ("float8_block_scaling.json", "linear:input", None),
+    ("hybrid_mxfp8_fwd_nvfp4_bwd.json", "linear:input", None),
+    ("nvfp4.json", "linear:grad_output", None),
+    ("mxfp8.json", "linear:weight", "inference"),
+])
+def test_quantize_matches_the_cpu_reference(tmp_path, recipe, role, usage):
+    import torch
+    x, bits = random_bf16(torch, 256, 384, 1)
+    q = qforge.Context(RECIPES / recipe).quantizer(role, usage=usage)
+    out = q.quantize(x.cuda(), seed=7, offset=3)
+    torch.cuda.synchronize()
+    ref = cpu_reference(tmp_path, recipe, role, bits, usage, seed=7, offset=3)
+    for name, t in out.items():
+        if name in ref:
+            assert t.contiguous().view(torch.uint8).cpu().numpy().tobytes() == ref[name], name
+    assert set(ref) <= set(out)
+
+
+@gpu
+def test_grouped_quantize_matches_the_cpu_reference(tmp_path):
+    import torch
+    splits = [96, 0, 160]
+    x, bits = random_bf16(torch, sum(splits), 256, 2)
+    q = qforge.Context(RECIPES / "mxfp8_hopper.json").quantizer("grouped_linear:input", grouped=True)
+    offsets = torch.tensor(np.cumsum([0] + splits), dtype=torch.int64, device="cuda")
+    out = q.quantize(x.cuda(), member_rows=offsets)
+    torch.cuda.synchronize()
+    ref = cpu_reference(tmp_path, "mxfp8_hopper.json", "grouped_linear:input", bits, splits=splits)
+    for name, data in ref.items():
+        got = out[name].view(torch.uint8).cpu().numpy().tobytes()
+        assert got[:len(data)] == data, name
+
+
+@gpu
+def test_errors_on_tensors_name_the_argument():
+    import torch
+    q = qforge.Context(RECIPES / "mxfp8.json").quantizer("linear:input")
+    with pytest.raises(qforge.UserError, match=r"x: expected a 2-D bf16 CUDA tensor, got torch.float32"):
+        q.quantize(torch.zeros(64, 64, device="cuda"))
+    with pytest.raises(qforge.UserError, match="x: expected a CUDA tensor"):
+        q.quantize(torch.zeros(64, 64, dtype=torch.bfloat16))
+    with pytest.raises(qforge.UserError, match="member_rows"):
+        q.quantize(torch.zeros(64, 64, dtype=torch.bfloat16, device="cuda"),
+                   member_rows=torch.zeros(2, dtype=torch.int64, device="cuda"))
+
+
+@gpu
+def test_tensor_scaled_gemm_is_exact_on_small_integers():
+    # Per-tensor fp8 with unit scales on small integers: every product and sum is exact in fp32 and
+    # the bf16 output (|D| < 256), so D must equal the integer product.
+    import torch
+    if torch.cuda.get_device_capability() != (9, 0):
+        pytest.skip("the grouped GEMM kernels are sm_90a")
+    groups, rows, n, k = 2, 128, 128, 256
+    g = torch.Generator().manual_seed(3)
+    a_int = torch.randint(-2, 3, (groups * rows, k), generator=g).float()
+    b_int = torch.randint(-1, 2, (groups, n, k), generator=g).float()
+    a = a_int.to(torch.float8_e4m3fn).cuda()
+    b = b_int.to(torch.float8_e4m3fn).cuda()
+    d = torch.empty(groups * rows, n, dtype=torch.bfloat16, device="cuda")
+    gemm = qforge.Gemm("tensor", n=n, k=k)
+    a_bytes, b_bytes = gemm.scale_bytes(groups * rows, groups)
+    ones = lambda nbytes: torch.ones(nbytes // 4, dtype=torch.float32, device="cuda")  # noqa: E731
+    offsets = torch.tensor([0, rows, 2 * rows], dtype=torch.int64, device="cuda")
+    gemm.run(a, b, d, a_scale=ones(a_bytes), b_scale=ones(b_bytes), group_offsets=offsets)
+    torch.cuda.synchronize()
+    want = torch.cat([a_int[i * rows:(i + 1) * rows] @ b_int[i].T for i in range(groups)])
+    assert torch.equal(d.float().cpu(), want)
