@@ -192,10 +192,21 @@ def _torch():
 
 def _torch_dtype(torch, info: BufferInfo):
     """The torch dtype that holds the buffer's elements (uint8 where torch has no equivalent)."""
-    names = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16", "int8": "int8", "e4m3": "float8_e4m3fn",
-             "e5m2": "float8_e5m2", "e8m0": "float8_e8m0fnu"}
+    names = {"fp32": "float32", "f32": "float32", "bf16": "bfloat16", "fp16": "float16", "int8": "int8",
+             "e4m3": "float8_e4m3fn", "e5m2": "float8_e5m2", "e8m0": "float8_e8m0fnu"}
     t = getattr(torch, names.get(info.dtype, "uint8"), torch.uint8)
     return t if t.itemsize == info.element_size else torch.uint8
+
+
+def _empty(torch, info: BufferInfo, device):
+    """A tensor of exactly info.bytes: info.shape in the elements' dtype, or (no torch dtype of that
+    size) the same bytes as uint8 with the last dimension in bytes. Zeroed where padding must be."""
+    raw = (torch.zeros if info.zero_padding else torch.empty)(info.bytes, dtype=torch.uint8, device=device)
+    dtype = _torch_dtype(torch, info)
+    if dtype == torch.uint8:
+        shape = info.shape[:-1] + (info.shape[-1] * info.element_size,) if info.shape else (info.bytes,)
+        return raw.view(shape)
+    return raw.view(dtype).view(info.shape)
 
 
 def _device_ptr(t, what: str) -> Tuple[int, int]:
@@ -298,8 +309,7 @@ class Quantizer(_Handle):
         buffers = {}
         for info in infos:
             if info.name not in out:
-                alloc = torch.zeros if info.zero_padding else torch.empty
-                out[info.name] = alloc(info.shape, dtype=_torch_dtype(torch, info), device=x.device)
+                out[info.name] = _empty(torch, info, x.device)
             buffers[info.name] = _device_ptr(out[info.name], f"out[{info.name!r}]")
         for name, t in (inputs or {}).items():
             buffers[name] = _device_ptr(t, f"inputs[{name!r}]")

@@ -237,6 +237,21 @@ def test_grouped_quantize_matches_the_cpu_reference(tmp_path):
 
 
 @gpu
+def test_outputs_are_allocated_in_their_element_types():
+    import torch
+    q = qforge.Context(RECIPES / "float8_block_scaling.json").quantizer("linear:input")
+    out = q.quantize(torch.ones(256, 384, dtype=torch.bfloat16, device="cuda"))
+    torch.cuda.synchronize()
+    assert out["rowwise_data"].dtype == torch.float8_e4m3fn and out["rowwise_data"].shape == (256, 384)
+    assert out["rowwise_scale_inv"].dtype == torch.float32 and out["rowwise_scale_inv"].shape == (256, 3)
+    # all ones: each 1x128 block's scale is a power of two with 1 * scale <= 448, so 1 / 256
+    assert torch.all(out["rowwise_scale_inv"] == 1 / 256)
+    nvfp4 = qforge.Context(RECIPES / "nvfp4.json").quantizer("linear:input")
+    packed = nvfp4.quantize(torch.ones(64, 128, dtype=torch.bfloat16, device="cuda"))["rowwise_data"]
+    assert packed.dtype == torch.uint8 and packed.shape == (64, 64)  # e2m1x2: two per byte
+
+
+@gpu
 def test_errors_on_tensors_name_the_argument():
     import torch
     q = qforge.Context(RECIPES / "mxfp8.json").quantizer("linear:input")
