@@ -383,6 +383,67 @@ qf_status qf_quantize(qf_quantizer* q, const qf_quantize_args* args, void* cuda_
   });
 }
 
+namespace {
+
+// The delayed-scaling stream whose scale input is `scale_name` (NULL: the quantizer's only one).
+const qf::Stream& delayed_stream(const qf_quantizer* q, const char* scale_name) {
+  const qf::Plan& plan = q->q->plan();
+  std::vector<const qf::Stream*> delayed;
+  std::string names;
+  for (const auto& s : plan.streams) {
+    if (!std::holds_alternative<qf::PerTensorDelayed>(s.scaling)) continue;
+    const std::string n = qf::scale_input_name(plan, s);
+    if (scale_name && n == scale_name) return s;
+    if (names.find("\"" + n + "\"") == std::string::npos) {
+      names += (names.empty() ? "" : ", ") + ("\"" + n + "\"");
+      delayed.push_back(&s);
+    }
+  }
+  if (delayed.empty())
+    throw qf::UserError("q", "role \"" + plan.role + "\" of recipe \"" + plan.recipe +
+                                 "\" has no delayed-scaling stream, so no amax history");
+  if (scale_name)
+    throw qf::UserError("scale_name", std::string("no scale input \"") + scale_name + "\"; expected " + names);
+  if (delayed.size() > 1)
+    throw qf::UserError("scale_name", "NULL needs a quantizer of one scale input; this one has " + names);
+  return *delayed[0];
+}
+
+qf::rt::TensorView history_view(const void* ptr, int64_t bytes, const char* field) {
+  if (bytes < 0) throw qf::UserError(field, "must be >= 0, got " + std::to_string(bytes));
+  qf::rt::TensorView v;
+  v.ptr = reinterpret_cast<uint64_t>(ptr);
+  v.bytes = bytes;
+  return v;
+}
+
+}  // namespace
+
+qf_status qf_quantizer_history_length(const qf_quantizer* q, const char* scale_name, int* out) {
+  return guarded([&] {
+    require(q, "q");
+    require(out, "out");
+    *out = std::get<qf::PerTensorDelayed>(delayed_stream(q, scale_name).scaling).history_length;
+  });
+}
+
+qf_status qf_quantizer_update_amax_history(const qf_quantizer* q, const char* scale_name,
+                                           const qf_history_args* args, void* cuda_stream) {
+  return guarded([&] {
+    require(q, "q");
+    require(args, "args");
+    const qf::Stream& s = delayed_stream(q, scale_name);
+    qf::rt::HistoryCall call;
+    call.history = history_view(args->history, args->history_bytes, "args->history_bytes");
+    call.amax = history_view(args->amax, args->amax_bytes, "args->amax_bytes");
+    call.scale = history_view(args->scale, args->scale_bytes, "args->scale_bytes");
+    call.scale_inv = history_view(args->scale_inv, args->scale_inv_bytes, "args->scale_inv_bytes");
+    call.noop = reinterpret_cast<uint64_t>(args->noop);
+    qf::rt::update_amax_history(std::get<qf::PerTensorDelayed>(s.scaling), s.format, call,
+                                static_cast<CUstream>(cuda_stream));
+  });
+}
+
 qf_status qf_gemm_create(const qf_gemm_spec* spec, qf_gemm** out) {
   return guarded([&] {
     require(out, "out");

@@ -323,6 +323,36 @@ class Quantizer(_Handle):
         return {info.name: out[info.name] for info in infos}
 
 
+    def history_length(self, scale_name: Optional[str] = None) -> int:
+        """Delayed scaling: the amax history length of the scale input `scale_name` (None: the
+        quantizer's only one), as its recipe rule says."""
+        n = ctypes.c_int()
+        _call("qf_quantizer_history_length", self._handle, _bytes(scale_name), ctypes.byref(n))
+        return n.value
+
+    def update_amax_history_raw(self, history: Tuple[int, int], amax: Tuple[int, int], scale: Tuple[int, int], *,
+                                scale_inv: Tuple[int, int] = (0, 0), noop_ptr: int = 0,
+                                scale_name: Optional[str] = None, stream: int = 0) -> None:
+        """qf_quantizer_update_amax_history on (device address, bytes) pairs."""
+        args = _capi.HistoryArgsC(history[0], history[1], amax[0], amax[1], scale[0], scale[1], scale_inv[0],
+                                  scale_inv[1], noop_ptr)
+        _call("qf_quantizer_update_amax_history", self._handle, _bytes(scale_name), ctypes.byref(args),
+              ctypes.c_void_p(stream))
+
+    def update_amax_history(self, history, amax, scale, *, scale_inv=None, noop=None,
+                            scale_name: Optional[str] = None, stream=None) -> None:
+        """Delayed scaling, after quantize: rolls `history` (fp32 CUDA tensor [history_length]) with
+        the call's `amax` output and recomputes `scale` (the next call's scale input; and 1 / scale
+        into `scale_inv` when given) on the device, by the recipe's margin and amax rule."""
+        torch = _torch()
+        p = {name: _device_ptr(t, name) for name, t in (("history", history), ("amax", amax), ("scale", scale),
+                                                        ("scale_inv", scale_inv), ("noop", noop))}
+        with torch.cuda.device(history.device):
+            self.update_amax_history_raw(p["history"], p["amax"], p["scale"], scale_inv=p["scale_inv"],
+                                         noop_ptr=p["noop"][0], scale_name=scale_name,
+                                         stream=_stream(torch, history.device, stream))
+
+
 class Gemm(_Handle):
     """One grouped GEMM spec compiled into one kernel (docs/gemm.md): Gemm(scaling=..., n=..., k=...)
     or Context.gemm(index) for a recipe's "gemms" entry."""

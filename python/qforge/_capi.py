@@ -31,6 +31,12 @@ class QuantizeArgsC(Structure):
                 ("num_members", c_int)]
 
 
+class HistoryArgsC(Structure):
+    _fields_ = [("history", c_void_p), ("history_bytes", c_int64), ("amax", c_void_p), ("amax_bytes", c_int64),
+                ("scale", c_void_p), ("scale_bytes", c_int64), ("scale_inv", c_void_p), ("scale_inv_bytes", c_int64),
+                ("noop", c_void_p)]
+
+
 class GemmSpecC(Structure):
     _fields_ = [("scaling", c_char_p), ("a_format", c_char_p), ("b_format", c_char_p), ("n", c_int64),
                 ("k", c_int64), ("out_dtype", c_char_p), ("accumulate", c_int), ("fast_accum", c_int),
@@ -67,6 +73,8 @@ SIGNATURES = {
     "qf_quantizer_workspace_bytes": (c_int, [_P, c_int64, c_int64, c_int, POINTER(c_int64)]),
     "qf_quantizer_prepare": (c_int, [_P, c_char_p]),
     "qf_quantize": (c_int, [_P, POINTER(QuantizeArgsC), c_void_p]),
+    "qf_quantizer_history_length": (c_int, [_P, c_char_p, POINTER(c_int)]),
+    "qf_quantizer_update_amax_history": (c_int, [_P, c_char_p, POINTER(HistoryArgsC), c_void_p]),
     "qf_gemm_create": (c_int, [POINTER(GemmSpecC), _PP]),
     "qf_context_num_gemms": (c_int, [_P, c_char_p, POINTER(c_int)]),
     "qf_gemm_create_from_recipe": (c_int, [_P, c_char_p, c_int, _PP]),

@@ -46,6 +46,7 @@ def test_struct_layouts_match_the_header():
     assert ctypes.sizeof(_capi.QuantizeArgsC) == 96
     assert ctypes.sizeof(_capi.GemmSpecC) == 88
     assert ctypes.sizeof(_capi.GemmArgsC) == 168
+    assert ctypes.sizeof(_capi.HistoryArgsC) == 72
     header = (ROOT / "runtime" / "qforge.h").read_text()
     for name in _capi.SIGNATURES:
         assert f"{name}(" in header, name
@@ -123,6 +124,19 @@ def test_quantizer_errors_name_the_argument():
         q.quantize_raw(0, 256, 512, {})
     with pytest.raises(qforge.UserError, match="num_members"):
         q.workspace_bytes(256, 512, members=0)
+
+
+def test_amax_history_queries_and_checks():
+    q = qforge.Context(RECIPES / "delayed_scaling.json").quantizer("linear:input")
+    assert q.history_length() == q.history_length("scale") == 1024
+    with pytest.raises(qforge.UserError, match=r'scale_name: no scale input "rowwise_scale"; expected "scale"'):
+        q.history_length("rowwise_scale")
+    # Sizes are checked before anything is launched (the addresses are never used).
+    with pytest.raises(qforge.UserError, match="history.*4096"):
+        q.update_amax_history_raw((1 << 30, 4092), (2 << 30, 4), (3 << 30, 4))
+    mx = qforge.Context(RECIPES / "mxfp8.json").quantizer("linear:input")
+    with pytest.raises(qforge.UserError, match="has no delayed-scaling stream"):
+        mx.history_length()
 
 
 def test_prepare_compiles_without_a_gpu(tmp_path):
@@ -249,6 +263,24 @@ def test_outputs_are_allocated_in_their_element_types():
     nvfp4 = qforge.Context(RECIPES / "nvfp4.json").quantizer("linear:input")
     packed = nvfp4.quantize(torch.ones(64, 128, dtype=torch.bfloat16, device="cuda"))["rowwise_data"]
     assert packed.dtype == torch.uint8 and packed.shape == (64, 64)  # e2m1x2: two per byte
+
+
+@gpu
+def test_delayed_scaling_step():
+    # quantize -> roll the history with the amax output -> the next scale, as the CPU reference's
+    # rule (margin 0, max of the history): scale = e5m2 max / amax.
+    import torch
+    q = qforge.Context(RECIPES / "delayed_scaling.json").quantizer("linear:grad_output", dtype="fp32")
+    x = torch.tensor([[-3.5, 1.0], [0.25, 2.0]], device="cuda").repeat(32, 64)
+    scale = torch.ones(1, device="cuda")
+    history = torch.zeros(q.history_length(), device="cuda")
+    scale_inv = torch.empty(1, device="cuda")
+    out = q.quantize(x, inputs={"scale": scale})
+    q.update_amax_history(history, out["amax"], scale, scale_inv=scale_inv)
+    torch.cuda.synchronize()
+    assert history[0].item() == 3.5 and torch.count_nonzero(history).item() == 1
+    want = torch.tensor([57344.0]) / torch.tensor([3.5])
+    assert torch.equal(scale.cpu(), want) and torch.equal(scale_inv.cpu(), 1 / want)
 
 
 @gpu

@@ -520,6 +520,120 @@ TEST_F(CApi, QuantizeOnGpuMatchesReference) {
   }
 }
 
+// ---- Delayed scaling's amax history
+
+TEST_F(CApi, AmaxHistoryNamesItsScaleAndChecksItsBuffers) {
+  const std::string delayed = recipe_path("delayed_scaling"), mx = recipe_path("mxfp8");
+  const char* paths[] = {delayed.c_str(), mx.c_str()};
+  ASSERT_EQ(qf_context_create(paths, 2, &ctx_), QF_OK) << qf_last_error();
+  ASSERT_EQ(qf_quantizer_create(ctx_, "delayed_scaling", "linear:grad_output", QF_DTYPE_BF16, QF_USAGE_DEFAULT, &q_),
+            QF_OK)
+      << qf_last_error();
+  int len = 0;
+  ASSERT_EQ(qf_quantizer_history_length(q_, nullptr, &len), QF_OK) << qf_last_error();
+  EXPECT_EQ(len, 1024);  // the recipe's history_length
+  ASSERT_EQ(qf_quantizer_history_length(q_, "scale", &len), QF_OK) << qf_last_error();
+  EXPECT_EQ(qf_quantizer_history_length(q_, "rowwise_scale", &len), QF_ERR_USER);
+  EXPECT_STREQ(qf_last_error(), "scale_name: no scale input \"rowwise_scale\"; expected \"scale\"");
+
+  // Buffers are checked before anything else (no GPU needed to get here).
+  float fake[4];
+  qf_history_args a{};
+  a.history = fake;
+  a.history_bytes = 4 * 1023;
+  a.amax = fake + 1;
+  a.amax_bytes = 4;
+  a.scale = fake + 2;
+  a.scale_bytes = 4;
+  EXPECT_EQ(qf_quantizer_update_amax_history(q_, nullptr, &a, nullptr), QF_ERR_USER);
+  EXPECT_NE(std::string(qf_last_error()).find("history"), std::string::npos) << qf_last_error();
+  EXPECT_NE(std::string(qf_last_error()).find("4096"), std::string::npos) << qf_last_error();
+  a.history_bytes = 4096;
+  a.scale = nullptr;
+  EXPECT_EQ(qf_quantizer_update_amax_history(q_, nullptr, &a, nullptr), QF_ERR_USER);
+  EXPECT_NE(std::string(qf_last_error()).find("scale"), std::string::npos) << qf_last_error();
+  a.scale_bytes = -1;
+  EXPECT_EQ(qf_quantizer_update_amax_history(q_, nullptr, &a, nullptr), QF_ERR_USER);
+  EXPECT_STREQ(qf_last_error(), "args->scale_bytes: must be >= 0, got -1");
+  EXPECT_EQ(qf_quantizer_update_amax_history(q_, nullptr, nullptr, nullptr), QF_ERR_USER);
+  EXPECT_STREQ(qf_last_error(), "args: must not be NULL");
+
+  // A quantizer without delayed scaling has no history.
+  qf_quantizer* mq = nullptr;
+  ASSERT_EQ(qf_quantizer_create(ctx_, "mxfp8", "linear:input", QF_DTYPE_BF16, QF_USAGE_DEFAULT, &mq), QF_OK);
+  EXPECT_EQ(qf_quantizer_history_length(mq, nullptr, &len), QF_ERR_USER);
+  EXPECT_STREQ(qf_last_error(),
+               "q: role \"linear:input\" of recipe \"mxfp8\" has no delayed-scaling stream, so no amax history");
+  qf_quantizer_destroy(mq);
+}
+
+TEST_F(CApi, AmaxHistoryOnGpuMatchesReference) {
+  QF_SKIP_WITHOUT_GPU();
+  using qf::rt::DeviceBuffer;
+  const std::string p = recipe_path("delayed_scaling");
+  const char* paths[] = {p.c_str()};
+  ASSERT_EQ(qf_context_create(paths, 1, &ctx_), QF_OK) << qf_last_error();
+  ASSERT_EQ(qf_quantizer_create(ctx_, nullptr, "linear:grad_output", QF_DTYPE_FP32, QF_USAGE_DEFAULT, &q_), QF_OK)
+      << qf_last_error();
+  const qf::Recipe recipe = qf::load_recipe(p);
+  const qf::Plan plan =
+      qf::compile_plan(recipe, qf::PlanRequest{"linear:grad_output", qf::DType::FP32, std::nullopt, false});
+  const auto& mode = std::get<qf::PerTensorDelayed>(plan.streams[0].scaling);
+  // Three steps: quantize (its amax output), then roll the history and rescale; the next
+  // quantize reads the new scale.
+  const int64_t m = 64, k = 128;
+  std::vector<float> history(size_t(mode.history_length));
+  for (size_t i = 0; i < history.size(); ++i) history[i] = float(i % 37) * 0.25f;
+  float scale = 1.0f;
+  DeviceBuffer dh(history.size() * 4), ds(4), dsi(4), dx(size_t(m * k * 4));
+  dh.upload(history.data(), history.size() * 4);
+  ds.upload(&scale, 4);
+  std::map<std::string, DeviceBuffer> outs;
+  std::vector<qf_named_buffer> bufs;
+  int n_out = 0;
+  ASSERT_EQ(qf_quantizer_num_outputs(q_, &n_out), QF_OK);
+  for (int i = 0; i < n_out; ++i) {
+    qf_buffer_info info{};
+    ASSERT_EQ(qf_quantizer_output_info(q_, m, k, i, &info), QF_OK);
+    auto& b = outs.emplace(info.name, DeviceBuffer(size_t(info.bytes))).first->second;
+    bufs.push_back({info.name, reinterpret_cast<void*>(b.address()), info.bytes});
+  }
+  bufs.push_back({"scale", reinterpret_cast<void*>(ds.address()), 4});
+  ASSERT_TRUE(outs.count("amax"));
+  for (float peak : {3.5f, 1000.0f, 0.125f}) {
+    SCOPED_TRACE(peak);
+    std::vector<float> x(size_t(m * k));
+    for (size_t i = 0; i < x.size(); ++i) x[i] = peak * float(int(i % 9) - 4) / 4.0f;
+    dx.upload(x.data(), x.size() * 4);
+    qf_quantize_args qa{};
+    qa.input = reinterpret_cast<const void*>(dx.address());
+    qa.m = m;
+    qa.k = k;
+    qa.buffers = bufs.data();
+    qa.num_buffers = int(bufs.size());
+    ASSERT_EQ(qf_quantize(q_, &qa, nullptr), QF_OK) << qf_last_error();
+    qf_history_args ha{};
+    ha.history = reinterpret_cast<void*>(dh.address());
+    ha.history_bytes = int64_t(history.size() * 4);
+    ha.amax = reinterpret_cast<const void*>(outs.at("amax").address());
+    ha.amax_bytes = 4;
+    ha.scale = reinterpret_cast<void*>(ds.address());
+    ha.scale_bytes = 4;
+    ha.scale_inv = reinterpret_cast<void*>(dsi.address());
+    ha.scale_inv_bytes = 4;
+    ASSERT_EQ(qf_quantizer_update_amax_history(q_, "scale", &ha, nullptr), QF_OK) << qf_last_error();
+    qf::ref::update_amax_history(history, peak, scale, mode, plan.streams[0].format);  // amax = peak
+    std::vector<float> got(history.size());
+    dh.download(got.data(), got.size() * 4);
+    float got_scale = 0, got_inv = 0;
+    ds.download(&got_scale, 4);
+    dsi.download(&got_inv, 4);
+    ASSERT_EQ(0, std::memcmp(got.data(), history.data(), history.size() * 4));
+    EXPECT_EQ(qf::f32_bits(got_scale), qf::f32_bits(scale));
+    EXPECT_EQ(qf::f32_bits(got_inv), qf::f32_bits(1.0f / scale));
+  }
+}
+
 // ---- GEMM
 
 qf_gemm_spec blockwise_spec() {
