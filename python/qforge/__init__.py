@@ -209,9 +209,13 @@ def _empty(torch, info: BufferInfo, device):
     return raw.view(dtype).view(info.shape)
 
 
-def _device_ptr(t, what: str) -> Tuple[int, int]:
+def _device_ptr(t, what: str, dtype=None) -> Tuple[int, int]:
+    """(device address, bytes) of a contiguous CUDA tensor (of `dtype` when given); (0, 0) for None."""
     if t is None:
         return 0, 0
+    if dtype is not None and getattr(t, "dtype", None) != dtype:
+        raise _user_error(f"{what}: expected a {str(dtype).replace('torch.', '')} tensor, got "
+                          f"{getattr(t, 'dtype', type(t).__name__)}")
     if not getattr(t, "is_cuda", False):
         raise _user_error(f"{what}: expected a CUDA tensor, got {type(t).__name__}"
                           + (f" on {t.device}" if hasattr(t, "device") else ""))
@@ -220,10 +224,15 @@ def _device_ptr(t, what: str) -> Tuple[int, int]:
     return t.data_ptr(), t.numel() * t.element_size()
 
 
-def _stream(torch, device, stream) -> int:
+def _torch_stream(torch, device, stream):
+    """The torch stream a call runs on: torch's current one, a torch.cuda.Stream, or a raw
+    cudaStream_t handle (wrapped). Buffers allocated here are allocated under it, so torch's
+    caching allocator orders their reuse after the launch."""
     if stream is None:
-        return torch.cuda.current_stream(device).cuda_stream
-    return int(getattr(stream, "cuda_stream", stream))
+        return torch.cuda.current_stream(device)
+    if isinstance(stream, torch.cuda.Stream):
+        return stream
+    return torch.cuda.ExternalStream(int(stream), device=device)
 
 
 class Quantizer(_Handle):
@@ -293,11 +302,11 @@ class Quantizer(_Handle):
         if not isinstance(x, torch.Tensor) or x.dim() != 2 or x.dtype != want:
             got = f"{x.dtype} {tuple(x.shape)}" if isinstance(x, torch.Tensor) else type(x).__name__
             raise _user_error(f"x: expected a 2-D {self.dtype} CUDA tensor, got {got}")
-        x_ptr, _ = _device_ptr(x, "x")
         m, k = x.shape
         if self.grouped:
             if member_rows is None:
                 raise _user_error("member_rows: a grouped quantizer needs the members' row offsets")
+            _device_ptr(member_rows, "member_rows", torch.int64)
             members = member_rows.numel() - 1
             infos = self.grouped_outputs(m, k, members)
         else:
@@ -305,23 +314,24 @@ class Quantizer(_Handle):
                 raise _user_error("member_rows: only for quantizers created with grouped=True")
             members = 0
             infos = self.outputs(m, k)
+        x_ptr, _ = _device_ptr(x, "x")
         out = dict(out or {})
-        buffers = {}
-        for info in infos:
-            if info.name not in out:
-                out[info.name] = _empty(torch, info, x.device)
-            buffers[info.name] = _device_ptr(out[info.name], f"out[{info.name!r}]")
-        for name, t in (inputs or {}).items():
-            buffers[name] = _device_ptr(t, f"inputs[{name!r}]")
         ws_bytes = self.workspace_bytes(m, k, max(members, 1))
-        ws = torch.empty(ws_bytes, dtype=torch.uint8, device=x.device) if ws_bytes else None
-        with torch.cuda.device(x.device):
+        s = _torch_stream(torch, x.device, stream)
+        with torch.cuda.device(x.device), torch.cuda.stream(s):
+            buffers = {}
+            for info in infos:
+                if info.name not in out:
+                    out[info.name] = _empty(torch, info, x.device)
+                buffers[info.name] = _device_ptr(out[info.name], f"out[{info.name!r}]")
+            for name, t in (inputs or {}).items():
+                buffers[name] = _device_ptr(t, f"inputs[{name!r}]")
+            ws = torch.empty(ws_bytes, dtype=torch.uint8, device=x.device) if ws_bytes else None
             self.quantize_raw(x_ptr, m, k, buffers, workspace=_device_ptr(ws, "workspace"),
-                              noop_ptr=_device_ptr(noop, "noop")[0], seed=seed, offset=offset,
-                              member_rows_ptr=_device_ptr(member_rows, "member_rows")[0], num_members=members,
-                              stream=_stream(torch, x.device, stream))
+                              noop_ptr=_device_ptr(noop, "noop", torch.float32)[0], seed=seed, offset=offset,
+                              member_rows_ptr=_device_ptr(member_rows, "member_rows", torch.int64)[0],
+                              num_members=members, stream=s.cuda_stream)
         return {info.name: out[info.name] for info in infos}
-
 
     def history_length(self, scale_name: Optional[str] = None) -> int:
         """Delayed scaling: the amax history length of the scale input `scale_name` (None: the
@@ -345,12 +355,13 @@ class Quantizer(_Handle):
         the call's `amax` output and recomputes `scale` (the next call's scale input; and 1 / scale
         into `scale_inv` when given) on the device, by the recipe's margin and amax rule."""
         torch = _torch()
-        p = {name: _device_ptr(t, name) for name, t in (("history", history), ("amax", amax), ("scale", scale),
-                                                        ("scale_inv", scale_inv), ("noop", noop))}
-        with torch.cuda.device(history.device):
+        p = {name: _device_ptr(t, name, torch.float32) for name, t in (("history", history), ("amax", amax),
+                                                                       ("scale", scale), ("scale_inv", scale_inv),
+                                                                       ("noop", noop))}
+        s = _torch_stream(torch, history.device, stream)
+        with torch.cuda.device(history.device), torch.cuda.stream(s):
             self.update_amax_history_raw(p["history"], p["amax"], p["scale"], scale_inv=p["scale_inv"],
-                                         noop_ptr=p["noop"][0], scale_name=scale_name,
-                                         stream=_stream(torch, history.device, stream))
+                                         noop_ptr=p["noop"][0], scale_name=scale_name, stream=s.cuda_stream)
 
 
 class Gemm(_Handle):
@@ -408,6 +419,13 @@ class Gemm(_Handle):
         num_groups to the length of group_offsets - 1 or of group_counts. A K-grouped members spec
         without `workspace` gets one allocated here."""
         torch = _torch()
+        # Only the typed small arrays have a dtype to check: operands and scales are raw bytes of many formats.
+        want = {"alpha": torch.float32, "a_amax": torch.float32, "b_amax": torch.float32,
+                "group_offsets": torch.int64, "group_counts": torch.int64}
+        p = {name: _device_ptr(t, name, want.get(name)) for name, t in (
+            ("a", a), ("b", b), ("d", d), ("a_scale", a_scale), ("b_scale", b_scale), ("alpha", alpha),
+            ("group_offsets", group_offsets), ("group_counts", group_counts), ("a_amax", a_amax),
+            ("b_amax", b_amax), ("workspace", workspace))}
         if num_groups is None:
             if group_offsets is not None:
                 num_groups = group_offsets.numel() - 1
@@ -416,19 +434,18 @@ class Gemm(_Handle):
             else:
                 raise _user_error("num_groups: give it, group_offsets or group_counts")
         if m_total is None:
-            m_total = a.shape[0] if k_total == 0 else 0
-        ws_bytes = self.workspace_bytes() if workspace is None else 0
-        if ws_bytes:
-            workspace = torch.empty(ws_bytes, dtype=torch.uint8, device=d.device)
-        p = {name: _device_ptr(t, name) for name, t in (("a", a), ("b", b), ("d", d), ("a_scale", a_scale),
-                                                        ("b_scale", b_scale), ("alpha", alpha),
-                                                        ("group_offsets", group_offsets),
-                                                        ("group_counts", group_counts), ("a_amax", a_amax),
-                                                        ("b_amax", b_amax), ("workspace", workspace))}
+            m_total = a.shape[0] if k_total == 0 and a is not None else 0
+        s = _torch_stream(torch, d.device, stream)
+        with torch.cuda.device(d.device), torch.cuda.stream(s):
+            if workspace is None and self.workspace_bytes():
+                workspace = torch.empty(self.workspace_bytes(), dtype=torch.uint8, device=d.device)
+                p["workspace"] = _device_ptr(workspace, "workspace")
+            self._run_args(p, m_max, m_total, num_groups, max_ctas, k_total, s.cuda_stream)
+
+    def _run_args(self, p, m_max, m_total, num_groups, max_ctas, k_total, stream: int) -> None:
         args = _capi.GemmArgsC(p["a"][0], p["a"][1], p["b"][0], p["b"][1], p["d"][0], p["d"][1], p["a_scale"][0],
                                p["a_scale"][1], p["b_scale"][0], p["b_scale"][1], p["alpha"][0],
                                p["group_offsets"][0], p["group_counts"][0], int(m_max), int(m_total), int(num_groups),
                                int(max_ctas), p["a_amax"][0], p["b_amax"][0], int(k_total), p["workspace"][0],
                                p["workspace"][1])
-        with torch.cuda.device(d.device):
-            self.run_raw(args, _stream(torch, d.device, stream))
+        self.run_raw(args, stream)

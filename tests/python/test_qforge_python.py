@@ -19,6 +19,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "python"))
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # fake_torch
 import qforge  # noqa: E402
 from qforge import _capi  # noqa: E402
 
@@ -281,6 +282,90 @@ def test_delayed_scaling_step():
     assert history[0].item() == 3.5 and torch.count_nonzero(history).item() == 1
     want = torch.tensor([57344.0]) / torch.tensor([3.5])
     assert torch.equal(scale.cpu(), want) and torch.equal(scale_inv.cpu(), 1 / want)
+
+
+# ------------------------------------------------------------- torch paths without torch or a GPU
+
+no_gpu = pytest.mark.skipif(has_gpu() or os.path.exists("/dev/nvidia0"),
+                            reason="fake device addresses: only where nothing can launch")
+
+
+@pytest.fixture
+def fake_torch(monkeypatch):
+    """tests/python/fake_torch.py as `torch`: the package's torch paths run up to the C API."""
+    import fake_torch as ft
+    monkeypatch.setitem(sys.modules, "torch", ft)
+    ft.allocations.clear()
+    return ft
+
+
+@no_gpu
+@pytest.mark.parametrize("recipe,role,grouped", [
+    ("mxfp8_hopper.json", "linear:input", False),
+    ("float8_block_scaling.json", "linear:weight", False),
+    ("nvfp4.json", "linear:grad_output", False),
+    ("hybrid_mxfp8_fwd_nvfp4_bwd.json", "grouped_linear:input", True),
+    ("fp8_rowwise.json", "linear:input", False),
+])
+def test_quantize_buffers_pass_the_c_checks(fake_torch, recipe, role, grouped):
+    # Everything the package allocates and passes is what the C API's checks ask for (names, sizes,
+    # alignment, no overlap): the call gets as far as the launch, which fails for want of a driver.
+    torch = fake_torch
+    q = qforge.Context(RECIPES / recipe).quantizer(role, grouped=grouped)
+    x = torch.empty((192, 256), dtype=torch.bfloat16)
+    rows = torch.empty(4, dtype=torch.int64) if grouped else None
+    with pytest.raises(qforge.CudaError, match="libcuda"):
+        q.quantize(x, member_rows=rows, stream=7)
+    made = [a for a in torch.allocations if a[0] not in (x.data_ptr(), getattr(rows, "data_ptr", lambda: 0)())]
+    assert made and all(stream == 7 for _, _, stream in made), "allocated under the call's stream"
+    # A buffer of the wrong size is refused by name before any launch.
+    with pytest.raises(qforge.UserError, match="rowwise_data"):
+        q.quantize(x, member_rows=rows, out={"rowwise_data": torch.empty(16, dtype=torch.uint8)})
+
+
+@no_gpu
+def test_delayed_scaling_step_passes_the_c_checks(fake_torch):
+    torch = fake_torch
+    q = qforge.Context(RECIPES / "delayed_scaling.json").quantizer("linear:input")
+    scale = torch.empty(1)
+    with pytest.raises(qforge.CudaError, match="libcuda"):
+        q.quantize(torch.empty((64, 64), dtype=torch.bfloat16), inputs={"scale": scale})
+    with pytest.raises(qforge.UserError, match="scale"):
+        q.quantize(torch.empty((64, 64), dtype=torch.bfloat16))  # the scale input is missing
+    with pytest.raises(qforge.CudaError, match="libcuda"):
+        q.update_amax_history(torch.empty(1024), torch.empty(1), scale, scale_inv=torch.empty(1))
+    with pytest.raises(qforge.UserError, match="history"):
+        q.update_amax_history(torch.empty(1000), torch.empty(1), scale)
+
+
+@no_gpu
+def test_gemm_run_passes_the_c_checks(fake_torch):
+    torch = fake_torch
+    gemm = qforge.Gemm("tensor", n=128, k=256)
+    a_bytes, b_bytes = gemm.scale_bytes(256, 2)
+    a = torch.empty((256, 256), dtype=torch.float8_e4m3fn)
+    b = torch.empty((2, 128, 256), dtype=torch.float8_e4m3fn)
+    d = torch.empty((256, 128), dtype=torch.bfloat16)
+    offsets = torch.empty(3, dtype=torch.int64)
+    sa, sb = torch.empty(a_bytes // 4), torch.empty(b_bytes // 4)
+    with pytest.raises(qforge.CudaError, match="libcuda"):
+        gemm.run(a, b, d, a_scale=sa, b_scale=sb, group_offsets=offsets)
+    with pytest.raises(qforge.UserError, match=r"\bd\b"):
+        gemm.run(a, b, torch.empty((255, 128), dtype=torch.bfloat16), a_scale=sa, b_scale=sb, group_offsets=offsets)
+
+
+def test_small_arrays_are_checked_for_their_dtype(fake_torch):
+    # The C API takes their addresses only; a wrong dtype would be read as garbage.
+    torch = fake_torch
+    q = qforge.Context(RECIPES / "delayed_scaling.json").quantizer("linear:input")
+    with pytest.raises(qforge.UserError, match="history: expected a float32 tensor, got torch.float16"):
+        q.update_amax_history(torch.zeros(1024, dtype=torch.float16), torch.zeros(1), torch.zeros(1))
+    g = qforge.Context(RECIPES / "mxfp8.json").quantizer("grouped_linear:input", grouped=True)
+    with pytest.raises(qforge.UserError, match="member_rows: expected a int64 tensor, got torch.int32"):
+        g.quantize(torch.zeros(64, 64, dtype=torch.bfloat16), member_rows=torch.zeros(3, dtype=torch.int32))
+    gemm = qforge.Gemm("tensor", n=128, k=128)
+    with pytest.raises(qforge.UserError, match="group_offsets: expected a int64 tensor, got torch.int32"):
+        gemm.run(None, None, None, group_offsets=torch.zeros(3, dtype=torch.int32))
 
 
 @gpu
