@@ -135,16 +135,18 @@ qf_status qf_quantize(qf_quantizer* q, const qf_quantize_args* args, void* cuda_
  * and recompute the scale from it (the recipe's margin, history length and amax rule; the CPU
  * reference's rule, docs/numerics.md), on the device: the next call reads the new scale. scale_name
  * names the quantizer input the scale is ("scale", or "rowwise_scale" / "columnwise_scale" when the
- * two directions keep their own; NULL = the quantizer's only one). */
+ * two directions keep their own; NULL = the quantizer's only one). Its amax is the output the
+ * quantize call reported for that scale's streams ("amax", or the direction's own amax output).
+ * Zero the struct ({0} / memset) before filling it; the buffers must not overlap. */
 typedef struct qf_history_args {
-  void* history; int64_t history_bytes;     /* fp32 [history_length], in/out */
+  void* history; int64_t history_bytes;     /* fp32 [history_length] (at least), in/out */
   const void* amax; int64_t amax_bytes;     /* fp32 [1]: the quantize call's amax output */
   void* scale; int64_t scale_bytes;         /* fp32 [1], in/out: the scale input of the next call */
   void* scale_inv; int64_t scale_inv_bytes; /* optional fp32 [1]: 1 / scale; NULL = not written */
   const float* noop;                        /* optional device float: 1.0 skips the update; NULL = never */
 } qf_history_args;
 
-/* The history length the scale's recipe rule keeps (history_bytes = 4 * that). */
+/* The history length the scale's recipe rule keeps (history_bytes >= 4 * that). */
 qf_status qf_quantizer_history_length(const qf_quantizer* q, const char* scale_name, int* out);
 qf_status qf_quantizer_update_amax_history(const qf_quantizer* q, const char* scale_name,
                                            const qf_history_args* args, void* cuda_stream);

@@ -385,6 +385,12 @@ void update_amax_history(const PerTensorDelayed& mode, ElemFormat format, const 
   if (call.scale_inv.ptr) check_buffer("scale_inv", call.scale_inv, 4, 4);
   check_disjoint("history", call.history, "scale", call.scale);
   check_disjoint("history", call.history, "amax", call.amax);
+  check_disjoint("amax", call.amax, "scale", call.scale);
+  if (call.scale_inv.ptr) {  // written after the scale: aliasing either would leave 1 / scale in it
+    check_disjoint("scale_inv", call.scale_inv, "history", call.history);
+    check_disjoint("scale_inv", call.scale_inv, "scale", call.scale);
+    check_disjoint("scale_inv", call.scale_inv, "amax", call.amax);
+  }
   const KernelSource ks = emit_history_update(mode, format);
   CompileRequest req;
   req.source = ks.source;

@@ -209,9 +209,12 @@ def _empty(torch, info: BufferInfo, device):
     return raw.view(dtype).view(info.shape)
 
 
-def _device_ptr(t, what: str, dtype=None) -> Tuple[int, int]:
-    """(device address, bytes) of a contiguous CUDA tensor (of `dtype` when given); (0, 0) for None."""
+def _device_ptr(t, what: str, dtype=None, required: bool = False) -> Tuple[int, int]:
+    """(device address, bytes) of a contiguous CUDA tensor (of `dtype` when given); (0, 0) for an
+    optional None."""
     if t is None:
+        if required:
+            raise _user_error(f"{what}: expected a CUDA tensor, got None")
         return 0, 0
     if dtype is not None and getattr(t, "dtype", None) != dtype:
         raise _user_error(f"{what}: expected a {str(dtype).replace('torch.', '')} tensor, got "
@@ -231,8 +234,21 @@ def _torch_stream(torch, device, stream):
     if stream is None:
         return torch.cuda.current_stream(device)
     if isinstance(stream, torch.cuda.Stream):
+        if stream.device != device:
+            raise _user_error(f"stream: on {stream.device}, the tensors on {device}")
         return stream
     return torch.cuda.ExternalStream(int(stream), device=device)
+
+
+def _used_on(stream, caller, tensors) -> None:
+    """Tensors a launch on `stream` reads or writes, when that is not the caller's current stream:
+    the caching allocator then reuses their memory only after the launch (record_stream). Ordering
+    the launch after whatever produced them on other streams is the caller's, as in torch."""
+    if stream.cuda_stream == caller.cuda_stream:
+        return
+    for t in tensors:
+        if t is not None:
+            t.record_stream(stream)
 
 
 class Quantizer(_Handle):
@@ -316,17 +332,21 @@ class Quantizer(_Handle):
             infos = self.outputs(m, k)
         x_ptr, _ = _device_ptr(x, "x")
         out = dict(out or {})
+        unknown = sorted(set(out) - {info.name for info in infos})
+        if unknown:
+            raise _user_error(f"out: no output named {unknown[0]!r}; expected {[info.name for info in infos]}")
         ws_bytes = self.workspace_bytes(m, k, max(members, 1))
-        s = _torch_stream(torch, x.device, stream)
+        s, caller = _torch_stream(torch, x.device, stream), torch.cuda.current_stream(x.device)
         with torch.cuda.device(x.device), torch.cuda.stream(s):
             buffers = {}
             for info in infos:
                 if info.name not in out:
                     out[info.name] = _empty(torch, info, x.device)
                 buffers[info.name] = _device_ptr(out[info.name], f"out[{info.name!r}]")
-            for name, t in (inputs or {}).items():
-                buffers[name] = _device_ptr(t, f"inputs[{name!r}]")
+            for name, t in (inputs or {}).items():  # every input is a scale: fp32 [1]
+                buffers[name] = _device_ptr(t, f"inputs[{name!r}]", torch.float32)
             ws = torch.empty(ws_bytes, dtype=torch.uint8, device=x.device) if ws_bytes else None
+            _used_on(s, caller, [x, member_rows, noop, ws, *out.values(), *(inputs or {}).values()])
             self.quantize_raw(x_ptr, m, k, buffers, workspace=_device_ptr(ws, "workspace"),
                               noop_ptr=_device_ptr(noop, "noop", torch.float32)[0], seed=seed, offset=offset,
                               member_rows_ptr=_device_ptr(member_rows, "member_rows", torch.int64)[0],
@@ -355,11 +375,12 @@ class Quantizer(_Handle):
         the call's `amax` output and recomputes `scale` (the next call's scale input; and 1 / scale
         into `scale_inv` when given) on the device, by the recipe's margin and amax rule."""
         torch = _torch()
-        p = {name: _device_ptr(t, name, torch.float32) for name, t in (("history", history), ("amax", amax),
-                                                                       ("scale", scale), ("scale_inv", scale_inv),
-                                                                       ("noop", noop))}
-        s = _torch_stream(torch, history.device, stream)
+        p = {name: _device_ptr(t, name, torch.float32, required=name in ("history", "amax", "scale"))
+             for name, t in (("history", history), ("amax", amax), ("scale", scale), ("scale_inv", scale_inv),
+                             ("noop", noop))}
+        s, caller = _torch_stream(torch, history.device, stream), torch.cuda.current_stream(history.device)
         with torch.cuda.device(history.device), torch.cuda.stream(s):
+            _used_on(s, caller, [history, amax, scale, scale_inv, noop])
             self.update_amax_history_raw(p["history"], p["amax"], p["scale"], scale_inv=p["scale_inv"],
                                          noop_ptr=p["noop"][0], scale_name=scale_name, stream=s.cuda_stream)
 
@@ -422,7 +443,7 @@ class Gemm(_Handle):
         # Only the typed small arrays have a dtype to check: operands and scales are raw bytes of many formats.
         want = {"alpha": torch.float32, "a_amax": torch.float32, "b_amax": torch.float32,
                 "group_offsets": torch.int64, "group_counts": torch.int64}
-        p = {name: _device_ptr(t, name, want.get(name)) for name, t in (
+        p = {name: _device_ptr(t, name, want.get(name), required=name in ("a", "b", "d")) for name, t in (
             ("a", a), ("b", b), ("d", d), ("a_scale", a_scale), ("b_scale", b_scale), ("alpha", alpha),
             ("group_offsets", group_offsets), ("group_counts", group_counts), ("a_amax", a_amax),
             ("b_amax", b_amax), ("workspace", workspace))}
@@ -433,13 +454,20 @@ class Gemm(_Handle):
                 num_groups = group_counts.numel()
             else:
                 raise _user_error("num_groups: give it, group_offsets or group_counts")
+        # The C API reads these by num_groups alone: their lengths are checked here.
+        for name, t, n in (("group_offsets", group_offsets, num_groups + 1), ("group_counts", group_counts, num_groups),
+                           ("alpha", alpha, num_groups), ("a_amax", a_amax, num_groups), ("b_amax", b_amax, num_groups)):
+            if t is not None and t.numel() != n:
+                raise _user_error(f"{name}: expected {n} elements for {num_groups} groups, got {t.numel()}")
         if m_total is None:
             m_total = a.shape[0] if k_total == 0 and a is not None else 0
-        s = _torch_stream(torch, d.device, stream)
+        s, caller = _torch_stream(torch, d.device, stream), torch.cuda.current_stream(d.device)
         with torch.cuda.device(d.device), torch.cuda.stream(s):
             if workspace is None and self.workspace_bytes():
                 workspace = torch.empty(self.workspace_bytes(), dtype=torch.uint8, device=d.device)
                 p["workspace"] = _device_ptr(workspace, "workspace")
+            _used_on(s, caller, [a, b, d, a_scale, b_scale, alpha, group_offsets, group_counts, a_amax, b_amax,
+                                workspace])
             self._run_args(p, m_max, m_total, num_groups, max_ctas, k_total, s.cuda_stream)
 
     def _run_args(self, p, m_max, m_total, num_groups, max_ctas, k_total, stream: int) -> None:

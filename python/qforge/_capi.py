@@ -1,7 +1,7 @@
 """ctypes declarations of libqforge.so's C API (runtime/qforge.h): structs and signatures.
 
-Every struct mirrors its C definition field for field; tests/python checks the sizes against the
-header's layout rules (int64 alignment), so a field added to qforge.h without one here fails there.
+Every struct mirrors its C definition field for field; tests/python compiles the header with a C
+compiler and compares every field's offset and size, and each struct's size, with these.
 """
 import ctypes
 import os
@@ -89,12 +89,13 @@ SIGNATURES = {
 
 def candidate_paths():
     """Where libqforge.so is looked for: $QFORGE_LIBRARY, then the build trees beside this package's
-    checkout (build*/runtime/), then the system's library path."""
+    checkout (build*/runtime/, newest first), then the system's library path."""
     env = os.environ.get("QFORGE_LIBRARY")
     if env:
         return [Path(env)]
     root = Path(__file__).resolve().parents[2]
-    return sorted(root.glob("build*/runtime/libqforge.so")) + [Path("libqforge.so")]
+    builds = sorted(root.glob("build*/runtime/libqforge.so"), key=lambda p: p.stat().st_mtime, reverse=True)
+    return builds + [Path("libqforge.so")]  # the newest build first
 
 
 def load():
@@ -105,6 +106,10 @@ def load():
             lib = ctypes.CDLL(str(path))
         except OSError as e:
             tried.append(f"{path}: {e}")
+            continue
+        missing = [name for name in SIGNATURES if not hasattr(lib, name)]
+        if missing:  # an older build
+            tried.append(f"{path}: lacks {', '.join(missing)} (built before this package's API)")
             continue
         for name, (restype, argtypes) in SIGNATURES.items():
             fn = getattr(lib, name)

@@ -23,6 +23,7 @@ float8_e4m3fn, float8_e5m2, float8_e8m0fnu = dtype("float8_e4m3fn", 1), dtype("f
 
 _next_address = [1 << 32]
 allocations = []  # every tensor torch.empty / zeros made: (address, bytes, stream current at the time)
+recorded = []  # record_stream calls: (address, stream handle)
 
 
 class device:
@@ -31,6 +32,12 @@ class device:
 
     def __repr__(self):
         return self.type
+
+    def __eq__(self, other):
+        return isinstance(other, device) and other.type == self.type
+
+    def __hash__(self):
+        return hash(self.type)
 
 
 class Tensor:
@@ -52,6 +59,9 @@ class Tensor:
 
     def is_contiguous(self):
         return True
+
+    def record_stream(self, stream):
+        recorded.append((self._address, stream.cuda_stream))
 
     def view(self, arg, *more):
         if isinstance(arg, dtype):
@@ -82,8 +92,8 @@ def zeros(*shape, dtype=float32, device="cuda"):
 
 class _Cuda:
     class Stream:
-        def __init__(self, handle=0):
-            self.cuda_stream = handle
+        def __init__(self, handle=0, dev="cuda"):
+            self.cuda_stream, self.device = handle, device(dev)
 
     def __init__(self):
         outer = self

@@ -10,6 +10,8 @@ Run:  QFORGE_LIBRARY=BUILD/runtime/libqforge.so QFORGE_BIN=BUILD/tools/qforge \
 import ctypes
 import json
 import os
+import re
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -39,16 +41,40 @@ gpu = pytest.mark.skipif(not has_gpu(), reason="needs torch with a CUDA GPU")
 
 # ------------------------------------------------------------------------------------------ layout
 
-def test_struct_layouts_match_the_header():
-    # qforge.h's structs under the x86-64 ABI (int64 and pointers 8-byte aligned): a field added to
-    # the header without one in _capi.py changes these sizes.
-    assert ctypes.sizeof(_capi.BufferInfoC) == 88
-    assert ctypes.sizeof(_capi.NamedBufferC) == 24
-    assert ctypes.sizeof(_capi.QuantizeArgsC) == 96
-    assert ctypes.sizeof(_capi.GemmSpecC) == 88
-    assert ctypes.sizeof(_capi.GemmArgsC) == 168
-    assert ctypes.sizeof(_capi.HistoryArgsC) == 72
+STRUCTS = {"qf_buffer_info": _capi.BufferInfoC, "qf_named_buffer": _capi.NamedBufferC,
+           "qf_quantize_args": _capi.QuantizeArgsC, "qf_history_args": _capi.HistoryArgsC,
+           "qf_gemm_spec": _capi.GemmSpecC, "qf_gemm_args": _capi.GemmArgsC}
+
+
+def test_struct_layouts_match_the_header(tmp_path):
+    # Every ctypes struct against the header as a C compiler lays it out: the same fields, in the
+    # same order, at the same offsets with the same sizes, and the same struct size.
+    cc = next((c for c in (os.environ.get("CC"), "cc", "gcc", "clang") if c and shutil.which(c)), None)
+    if cc is None:
+        pytest.skip("no C compiler")
+    lines = ['#include <stddef.h>', '#include <stdio.h>', '#include "runtime/qforge.h"', "int main(void) {"]
+    for cname, py in STRUCTS.items():
+        lines.append(f'printf("{cname} size %zu\\n", sizeof({cname}));')
+        for field, _ in py._fields_:
+            lines.append(f'printf("{cname} {field} %zu %zu\\n", offsetof({cname}, {field}), '
+                         f'sizeof((({cname}*)0)->{field}));')
+    lines.append("return 0; }")
+    src = tmp_path / "layout.c"
+    src.write_text("\n".join(lines))
+    subprocess.run([cc, "-std=c11", "-I", str(ROOT), str(src), "-o", str(tmp_path / "layout")], check=True)
+    c_layout = subprocess.run([str(tmp_path / "layout")], check=True, capture_output=True, text=True).stdout.split("\n")
+    py_layout = []
+    for cname, py in STRUCTS.items():
+        py_layout.append(f"{cname} size {ctypes.sizeof(py)}")
+        py_layout += [f"{cname} {f} {getattr(py, f).offset} {getattr(py, f).size}" for f, _ in py._fields_]
+    assert c_layout[:-1] == py_layout
+    # Every field of the C structs is declared (a field added to the header without one here).
     header = (ROOT / "runtime" / "qforge.h").read_text()
+    for cname, py in STRUCTS.items():
+        body = header.split(f"typedef struct {cname} {{")[1].split(f"}} {cname};")[0]
+        body = re.sub(r"/\*.*?\*/", "", body, flags=re.S)
+        declared = re.findall(r"([A-Za-z_][A-Za-z_0-9]*)\s*(?:\[\d+\])?\s*[;,]", body)
+        assert declared == [f for f, _ in py._fields_], cname
     for name in _capi.SIGNATURES:
         assert f"{name}(" in header, name
 
@@ -318,9 +344,18 @@ def test_quantize_buffers_pass_the_c_checks(fake_torch, recipe, role, grouped):
         q.quantize(x, member_rows=rows, stream=7)
     made = [a for a in torch.allocations if a[0] not in (x.data_ptr(), getattr(rows, "data_ptr", lambda: 0)())]
     assert made and all(stream == 7 for _, _, stream in made), "allocated under the call's stream"
-    # A buffer of the wrong size is refused by name before any launch.
+    # ... and every tensor the launch uses is recorded on it (not torch's current stream).
+    recorded = {address for address, stream in torch.recorded if stream == 7}
+    assert x.data_ptr() in recorded and all(address in recorded for address, _, _ in made)
+    # A buffer of the wrong size is refused by name before any launch, as is a misspelt one.
     with pytest.raises(qforge.UserError, match="rowwise_data"):
         q.quantize(x, member_rows=rows, out={"rowwise_data": torch.empty(16, dtype=torch.uint8)})
+    with pytest.raises(qforge.UserError, match="out: no output named 'rowwise_dat'; expected"):
+        q.quantize(x, member_rows=rows, out={"rowwise_dat": torch.empty(16, dtype=torch.uint8)})
+    torch.recorded.clear()
+    with pytest.raises(qforge.CudaError):
+        q.quantize(x, member_rows=rows)  # torch's current stream: nothing to record
+    assert not torch.recorded
 
 
 @no_gpu
@@ -336,6 +371,12 @@ def test_delayed_scaling_step_passes_the_c_checks(fake_torch):
         q.update_amax_history(torch.empty(1024), torch.empty(1), scale, scale_inv=torch.empty(1))
     with pytest.raises(qforge.UserError, match="history"):
         q.update_amax_history(torch.empty(1000), torch.empty(1), scale)
+    with pytest.raises(qforge.UserError, match="scale_inv.*overlaps.*scale"):
+        q.update_amax_history(torch.empty(1024), torch.empty(1), scale, scale_inv=scale)
+    with pytest.raises(qforge.UserError, match="amax: expected a CUDA tensor, got None"):
+        q.update_amax_history(torch.empty(1024), None, scale)
+    with pytest.raises(qforge.UserError, match=r"inputs\['scale'\]: expected a float32 tensor, got torch.int64"):
+        q.quantize(torch.empty((64, 64), dtype=torch.bfloat16), inputs={"scale": torch.empty(1, dtype=torch.int64)})
 
 
 @no_gpu
@@ -352,6 +393,13 @@ def test_gemm_run_passes_the_c_checks(fake_torch):
         gemm.run(a, b, d, a_scale=sa, b_scale=sb, group_offsets=offsets)
     with pytest.raises(qforge.UserError, match=r"\bd\b"):
         gemm.run(a, b, torch.empty((255, 128), dtype=torch.bfloat16), a_scale=sa, b_scale=sb, group_offsets=offsets)
+    # Arrays the C API reads by num_groups alone.
+    with pytest.raises(qforge.UserError, match="group_offsets: expected 3 elements for 2 groups, got 2"):
+        gemm.run(a, b, d, a_scale=sa, b_scale=sb, group_offsets=torch.empty(2, dtype=torch.int64), num_groups=2)
+    with pytest.raises(qforge.UserError, match="alpha: expected 2 elements for 2 groups, got 1"):
+        gemm.run(a, b, d, a_scale=sa, b_scale=sb, group_offsets=offsets, alpha=torch.empty(1))
+    with pytest.raises(qforge.UserError, match="d: expected a CUDA tensor, got None"):
+        gemm.run(a, b, None, a_scale=sa, b_scale=sb, group_offsets=offsets)
 
 
 def test_small_arrays_are_checked_for_their_dtype(fake_torch):
@@ -364,8 +412,9 @@ def test_small_arrays_are_checked_for_their_dtype(fake_torch):
     with pytest.raises(qforge.UserError, match="member_rows: expected a int64 tensor, got torch.int32"):
         g.quantize(torch.zeros(64, 64, dtype=torch.bfloat16), member_rows=torch.zeros(3, dtype=torch.int32))
     gemm = qforge.Gemm("tensor", n=128, k=128)
+    a = torch.zeros(128, 128, dtype=torch.float8_e4m3fn)
     with pytest.raises(qforge.UserError, match="group_offsets: expected a int64 tensor, got torch.int32"):
-        gemm.run(None, None, None, group_offsets=torch.zeros(3, dtype=torch.int32))
+        gemm.run(a, a, a, group_offsets=torch.zeros(3, dtype=torch.int32))
 
 
 @gpu
@@ -383,12 +432,12 @@ def test_errors_on_tensors_name_the_argument():
 
 @gpu
 def test_tensor_scaled_gemm_is_exact_on_small_integers():
-    # Per-tensor fp8 with unit scales on small integers: every product and sum is exact in fp32 and
-    # the bf16 output (|D| < 256), so D must equal the integer product.
+    # Per-tensor fp8 with unit scales on small integers: every product and sum is exact in fp32, and
+    # |D| <= 128 * 2 * 1 = 256 is an integer bf16 holds exactly, so D must equal the integer product.
     import torch
     if torch.cuda.get_device_capability() != (9, 0):
         pytest.skip("the grouped GEMM kernels are sm_90a")
-    groups, rows, n, k = 2, 128, 128, 256
+    groups, rows, n, k = 2, 128, 128, 128
     g = torch.Generator().manual_seed(3)
     a_int = torch.randint(-2, 3, (groups * rows, k), generator=g).float()
     b_int = torch.randint(-1, 2, (groups, n, k), generator=g).float()

@@ -537,13 +537,15 @@ TEST_F(CApi, AmaxHistoryNamesItsScaleAndChecksItsBuffers) {
   EXPECT_STREQ(qf_last_error(), "scale_name: no scale input \"rowwise_scale\"; expected \"scale\"");
 
   // Buffers are checked before anything else (no GPU needed to get here).
-  float fake[4];
+  // Host addresses standing for device buffers: never dereferenced, every call fails its checks.
+  std::vector<float> hist(1024);
+  float amax = 0, scale = 0;
   qf_history_args a{};
-  a.history = fake;
+  a.history = hist.data();
   a.history_bytes = 4 * 1023;
-  a.amax = fake + 1;
+  a.amax = &amax;
   a.amax_bytes = 4;
-  a.scale = fake + 2;
+  a.scale = &scale;
   a.scale_bytes = 4;
   EXPECT_EQ(qf_quantizer_update_amax_history(q_, nullptr, &a, nullptr), QF_ERR_USER);
   EXPECT_NE(std::string(qf_last_error()).find("history"), std::string::npos) << qf_last_error();
@@ -557,14 +559,42 @@ TEST_F(CApi, AmaxHistoryNamesItsScaleAndChecksItsBuffers) {
   EXPECT_STREQ(qf_last_error(), "args->scale_bytes: must be >= 0, got -1");
   EXPECT_EQ(qf_quantizer_update_amax_history(q_, nullptr, nullptr, nullptr), QF_ERR_USER);
   EXPECT_STREQ(qf_last_error(), "args: must not be NULL");
+  // 1 / scale written over the scale (or the history, or the amax) is refused.
+  a.scale = &scale;
+  a.scale_bytes = 4;
+  a.scale_inv = &scale;
+  a.scale_inv_bytes = 4;
+  EXPECT_EQ(qf_quantizer_update_amax_history(q_, nullptr, &a, nullptr), QF_ERR_USER);
+  EXPECT_NE(std::string(qf_last_error()).find("scale_inv"), std::string::npos) << qf_last_error();
+  a.scale_inv = hist.data() + 5;  // inside the history
+  EXPECT_EQ(qf_quantizer_update_amax_history(q_, nullptr, &a, nullptr), QF_ERR_USER);
+  EXPECT_NE(std::string(qf_last_error()).find("scale_inv"), std::string::npos) << qf_last_error();
 
   // A quantizer without delayed scaling has no history.
   qf_quantizer* mq = nullptr;
   ASSERT_EQ(qf_quantizer_create(ctx_, "mxfp8", "linear:input", QF_DTYPE_BF16, QF_USAGE_DEFAULT, &mq), QF_OK);
   EXPECT_EQ(qf_quantizer_history_length(mq, nullptr, &len), QF_ERR_USER);
-  EXPECT_STREQ(qf_last_error(),
-               "q: role \"linear:input\" of recipe \"mxfp8\" has no delayed-scaling stream, so no amax history");
+  const std::string msg = qf_last_error();
   qf_quantizer_destroy(mq);
+  EXPECT_EQ(msg, "q: role \"linear:input\" of recipe \"mxfp8\" has no delayed-scaling stream, so no amax history");
+}
+
+TEST_F(CApi, AmaxHistoryOfOneOfTwoScales) {
+  // Directions of different formats keep their own scale (and history rule): the name picks one.
+  const char* json = R"({"qforge_recipe": 1, "name": "two_scales", "roles": [{"match": "*:*",
+    "rowwise": {"format": "e4m3", "scaling": {"mode": "per_tensor_delayed", "history_length": 16}},
+    "columnwise": {"format": "e5m2", "scaling": {"mode": "per_tensor_delayed", "history_length": 8}}}]})";
+  ASSERT_EQ(qf_context_create_from_json(json, &ctx_), QF_OK) << qf_last_error();
+  ASSERT_EQ(qf_quantizer_create(ctx_, nullptr, "linear:input", QF_DTYPE_BF16, QF_USAGE_TRAINING, &q_), QF_OK)
+      << qf_last_error();
+  int len = 0;
+  ASSERT_EQ(qf_quantizer_history_length(q_, "rowwise_scale", &len), QF_OK) << qf_last_error();
+  EXPECT_EQ(len, 16);
+  ASSERT_EQ(qf_quantizer_history_length(q_, "columnwise_scale", &len), QF_OK) << qf_last_error();
+  EXPECT_EQ(len, 8);
+  EXPECT_EQ(qf_quantizer_history_length(q_, nullptr, &len), QF_ERR_USER);
+  EXPECT_STREQ(qf_last_error(),
+               "scale_name: NULL needs a quantizer of one scale input; this one has \"rowwise_scale\", \"columnwise_scale\"");
 }
 
 TEST_F(CApi, AmaxHistoryOnGpuMatchesReference) {
