@@ -240,6 +240,31 @@ def _torch_stream(torch, device, stream):
     return torch.cuda.ExternalStream(int(stream), device=device)
 
 
+_cuda_driver = []  # [libcuda.so.1 or None], loaded on first use
+
+
+def _current_context(torch, device) -> None:
+    """Makes the device's primary context current on this thread when none is (a thread that made
+    no CUDA runtime call yet): the C API launches in the current context, as torch's runtime calls
+    would set it. A no-op when one is current or libcuda cannot be loaded (the C API then reports)."""
+    if not _cuda_driver:
+        try:
+            _cuda_driver.append(ctypes.CDLL("libcuda.so.1"))
+        except OSError:
+            _cuda_driver.append(None)
+    cu = _cuda_driver[0]
+    if cu is None:
+        return
+    ctx = ctypes.c_void_p()
+    if cu.cuCtxGetCurrent(ctypes.byref(ctx)) == 0 and ctx.value:
+        return
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    dev = ctypes.c_int()
+    if cu.cuInit(0) == 0 and cu.cuDeviceGet(ctypes.byref(dev), index) == 0 and \
+            cu.cuDevicePrimaryCtxRetain(ctypes.byref(ctx), dev) == 0:
+        cu.cuCtxSetCurrent(ctx)  # the retain is kept: torch holds the primary context for the process
+
+
 def _used_on(stream, caller, tensors) -> None:
     """Tensors a launch on `stream` reads or writes, when that is not the caller's current stream:
     the caching allocator then reuses their memory only after the launch (record_stream). Ordering
@@ -338,6 +363,7 @@ class Quantizer(_Handle):
         ws_bytes = self.workspace_bytes(m, k, max(members, 1))
         s, caller = _torch_stream(torch, x.device, stream), torch.cuda.current_stream(x.device)
         with torch.cuda.device(x.device), torch.cuda.stream(s):
+            _current_context(torch, x.device)
             buffers = {}
             for info in infos:
                 if info.name not in out:
@@ -380,6 +406,7 @@ class Quantizer(_Handle):
                              ("noop", noop))}
         s, caller = _torch_stream(torch, history.device, stream), torch.cuda.current_stream(history.device)
         with torch.cuda.device(history.device), torch.cuda.stream(s):
+            _current_context(torch, history.device)
             _used_on(s, caller, [history, amax, scale, scale_inv, noop])
             self.update_amax_history_raw(p["history"], p["amax"], p["scale"], scale_inv=p["scale_inv"],
                                          noop_ptr=p["noop"][0], scale_name=scale_name, stream=s.cuda_stream)
@@ -463,6 +490,7 @@ class Gemm(_Handle):
             m_total = a.shape[0] if k_total == 0 and a is not None else 0
         s, caller = _torch_stream(torch, d.device, stream), torch.cuda.current_stream(d.device)
         with torch.cuda.device(d.device), torch.cuda.stream(s):
+            _current_context(torch, d.device)
             if workspace is None and self.workspace_bytes():
                 workspace = torch.empty(self.workspace_bytes(), dtype=torch.uint8, device=d.device)
                 p["workspace"] = _device_ptr(workspace, "workspace")

@@ -402,6 +402,50 @@ def test_gemm_run_passes_the_c_checks(fake_torch):
         gemm.run(a, b, None, a_scale=sa, b_scale=sb, group_offsets=offsets)
 
 
+class FakeDriver:
+    """libcuda's context calls, recorded; `current` is the context cuCtxGetCurrent reports."""
+
+    def __init__(self, current):
+        self.current, self.calls = current, []
+
+    def cuCtxGetCurrent(self, pctx):
+        pctx._obj.value = self.current
+        return 0
+
+    def cuInit(self, flags):
+        return 0
+
+    def cuDeviceGet(self, pdev, ordinal):
+        pdev._obj.value = ordinal
+        self.calls.append(("get", ordinal))
+        return 0
+
+    def cuDevicePrimaryCtxRetain(self, pctx, dev):
+        pctx._obj.value = 0x1000 + dev.value
+        self.calls.append(("retain", dev.value))
+        return 0
+
+    def cuCtxSetCurrent(self, ctx):
+        self.calls.append(("set", ctx.value))
+        return 0
+
+
+def test_a_thread_without_a_context_gets_the_primary_one(fake_torch, monkeypatch):
+    # The C API launches in the current context; a thread that made no CUDA runtime call has none.
+    dev = fake_torch.device("cuda")
+    dev.index = 3
+    idle = FakeDriver(current=None)
+    monkeypatch.setattr(qforge, "_cuda_driver", [idle])
+    qforge._current_context(fake_torch, dev)
+    assert idle.calls == [("get", 3), ("retain", 3), ("set", 0x1003)]
+    busy = FakeDriver(current=0x42)
+    monkeypatch.setattr(qforge, "_cuda_driver", [busy])
+    qforge._current_context(fake_torch, dev)
+    assert busy.calls == []
+    monkeypatch.setattr(qforge, "_cuda_driver", [None])  # no libcuda: left to the C API's error
+    qforge._current_context(fake_torch, dev)
+
+
 def test_small_arrays_are_checked_for_their_dtype(fake_torch):
     # The C API takes their addresses only; a wrong dtype would be read as garbage.
     torch = fake_torch
@@ -415,6 +459,32 @@ def test_small_arrays_are_checked_for_their_dtype(fake_torch):
     a = torch.zeros(128, 128, dtype=torch.float8_e4m3fn)
     with pytest.raises(qforge.UserError, match="group_offsets: expected a int64 tensor, got torch.int32"):
         gemm.run(a, a, a, group_offsets=torch.zeros(3, dtype=torch.int32))
+
+
+@gpu
+def test_quantize_from_a_fresh_thread():
+    # A thread that made no CUDA runtime call has no current context until the package sets one.
+    import threading
+    import torch
+    q = qforge.Context(RECIPES / "mxfp8.json").quantizer("linear:input")
+    x = torch.randn(128, 256, device="cuda").to(torch.bfloat16)
+    want = q.quantize(x)
+    torch.cuda.synchronize()
+    got, errors = {}, []
+
+    def run():
+        try:
+            got.update(q.quantize(x))
+            torch.cuda.synchronize()
+        except Exception as e:  # reported below
+            errors.append(e)
+
+    t = threading.Thread(target=run)
+    t.start()
+    t.join()
+    assert not errors, errors
+    for name, w in want.items():
+        assert torch.equal(got[name].view(torch.uint8), w.view(torch.uint8)), name
 
 
 @gpu
