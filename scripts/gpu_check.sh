@@ -31,6 +31,10 @@ t3=$(date +%s)
 # CLI on the GPU: qforge quantize --device cuda vs the CPU path, bit for bit.
 python3 -m pytest -q -p no:cacheprovider tests/numerics/test_quantize_device.py --qforge-bin="$BUILD" \
   >"$OUT/pytest_device.log" 2>&1; dev_rc=$?
+# The Python package on the GPU (torch): bit-exact quantize, grouped, delayed-scaling step, a fresh
+# thread, an exact GEMM (tests/python; without torch its GPU cases skip).
+QFORGE_LIBRARY="$PWD/$BUILD/runtime/libqforge.so" QFORGE_BIN="$PWD/$BUILD/tools/qforge" \
+  python3 -m pytest -q -p no:cacheprovider -rs tests/python >"$OUT/pytest_python.log" 2>&1; py_rc=$?
 # Memory, race and initialization checks of fused kernels covering every kernel path: edge tiles
 # (hybrid 32x64: RHT, fp8 31x33 fp32), interior tiles with transposed runs and the rowwise block-scale pass
 # (blockwise 1x128 / 128x1, 2D 128x128; nvfp4 grouped with SR + RHT), the same-layout
@@ -103,6 +107,7 @@ echo "second prewarm (all hits): $(tail -1 "$OUT/prewarm_warm.log")"
 echo "qforge quantize --device cuda, 4096x4096 nvfp4 input, whole process: cold cache ${cold} ms, warm cache ${warm} ms"
 echo "gpu tests: $((t3 - t2)) s, rc=$gpu_rc"
 echo "quantize --device cuda pytest: $(tail -1 "$OUT/pytest_device.log") (rc=$dev_rc)"
+echo "python package pytest: $(tail -1 "$OUT/pytest_python.log") (rc=$py_rc)"
 echo "compute-sanitizer memcheck: rc=$mc_rc; $(grep -E "ERROR SUMMARY|PASSED|FAILED" "$OUT/memcheck.log" | tr '\n' ' ' | cut -c1-300)"
 echo "compute-sanitizer racecheck: rc=$rc_rc; $(grep -E "RACECHECK SUMMARY|ERROR SUMMARY|PASSED|FAILED" "$OUT/racecheck.log" 2>/dev/null | tr '\n' ' ' | cut -c1-200)"
 echo "compute-sanitizer initcheck: rc=$ic_rc; $(grep -E "ERROR SUMMARY|PASSED|FAILED" "$OUT/initcheck.log" 2>/dev/null | tr '\n' ' ' | cut -c1-200)"
