@@ -123,8 +123,8 @@ qf_status qf_quantizer_input_info(const qf_quantizer* q, int index, qf_buffer_in
 qf_status qf_quantizer_workspace_bytes(const qf_quantizer* q, int64_t m, int64_t k,
                                        int num_members, int64_t* out);
 
-/* Compile (or load) the kernels for arch ("sm_90a", "sm_100a", ...) into the kernel cache.
-   Needs no GPU. */
+/* Compile (or load) the kernels for arch ("sm_90a", "sm_100a", ...) into the kernel cache, delayed
+   scaling's amax-history update included. Needs no GPU. */
 qf_status qf_quantizer_prepare(qf_quantizer* q, const char* arch);
 
 /* Validate every argument, then launch on cuda_stream (a CUstream / cudaStream_t) in the

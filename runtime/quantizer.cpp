@@ -86,7 +86,9 @@ Quantizer::Quantizer(Plan plan, KernelCache& cache, bool use_tuning)
 }
 
 CacheHow Quantizer::prepare(const std::string& arch) const {
-  return build_quantize_kernels(plan_, arch, cache_).cached.how;
+  const CacheHow how = build_quantize_kernels(plan_, arch, cache_).cached.how;
+  for (const auto& [mode, format] : history_rules(plan_)) (void)build_history_kernel(mode, format, arch, cache_);
+  return how;
 }
 
 std::shared_ptr<const Quantizer::Loaded> Quantizer::load_for_current_device() const {
@@ -377,6 +379,29 @@ void Quantizer::quantize(const QuantizeCall& call, CUstream stream) const {
   launch(l->cast, grid, block, smem, stream, params, {}, SmemLimit::kPrepared);
 }
 
+QuantizeKernels build_history_kernel(const PerTensorDelayed& mode, ElemFormat format, const std::string& arch,
+                                     KernelCache& cache) {
+  QuantizeKernels k;
+  k.source = emit_history_update(mode, format);
+  CompileRequest req;
+  req.source = k.source.source;
+  req.source_name = "qforge_history.cu";
+  req.name_expressions = {k.source.cast_kernel};
+  req.arch = arch;
+  k.cached = cache.get_or_compile(req, nlohmann::json{{"kind", "amax_history"}});
+  return k;
+}
+
+std::vector<std::pair<PerTensorDelayed, ElemFormat>> history_rules(const Plan& plan) {
+  std::vector<std::pair<PerTensorDelayed, ElemFormat>> out;
+  for (const auto& s : plan.streams)
+    if (const auto* d = std::get_if<PerTensorDelayed>(&s.scaling)) {
+      const std::pair<PerTensorDelayed, ElemFormat> rule{*d, s.format};
+      if (std::find(out.begin(), out.end(), rule) == out.end()) out.push_back(rule);
+    }
+  return out;
+}
+
 void update_amax_history(const PerTensorDelayed& mode, ElemFormat format, const HistoryCall& call,
                          CUstream stream, KernelCache& cache) {
   check_buffer("history", call.history, int64_t(mode.history_length) * 4, 4);
@@ -391,14 +416,10 @@ void update_amax_history(const PerTensorDelayed& mode, ElemFormat format, const 
     check_disjoint("scale_inv", call.scale_inv, "scale", call.scale);
     check_disjoint("scale_inv", call.scale_inv, "amax", call.amax);
   }
-  const KernelSource ks = emit_history_update(mode, format);
-  CompileRequest req;
-  req.source = ks.source;
-  req.source_name = "qforge_history.cu";
-  req.name_expressions = {ks.cast_kernel};
   const int dev = current_device();
-  req.arch = device_arch(dev);
-  const CacheResult r = cache.get_or_compile(req, nlohmann::json{{"kind", "amax_history"}});
+  const QuantizeKernels k = build_history_kernel(mode, format, device_arch(dev), cache);
+  const CacheResult& r = k.cached;
+  const KernelSource& ks = k.source;
   auto module = module_registry().get(dev, r.entry->key, std::string_view(r.entry->image));
   CUfunction f = module->function(r.entry->lowered(ks.cast_kernel));
   HistoryArgs args{reinterpret_cast<float*>(call.history.ptr), reinterpret_cast<const float*>(call.amax.ptr),

@@ -139,5 +139,12 @@ struct HistoryCall {
 };
 void update_amax_history(const PerTensorDelayed& mode, ElemFormat format, const HistoryCall& call,
                          CUstream stream, KernelCache& cache = KernelCache::global());
+// The history-update kernel of one delayed-scaling rule, compiled (or found) for `arch`, no GPU
+// needed: what update_amax_history launches, and what Quantizer::prepare and `qforge prewarm`
+// put into the cache for every delayed-scaling stream of a plan.
+QuantizeKernels build_history_kernel(const PerTensorDelayed& mode, ElemFormat format, const std::string& arch,
+                                     KernelCache& cache = KernelCache::global());
+// The distinct (rule, format) pairs of a plan's delayed-scaling streams: the history kernels it needs.
+std::vector<std::pair<PerTensorDelayed, ElemFormat>> history_rules(const Plan& plan);
 
 }  // namespace qf::rt

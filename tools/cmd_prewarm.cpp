@@ -37,7 +37,11 @@ struct Job {
   std::optional<Plan> plan;
   std::optional<GemmSpec> gemm;
   std::string arch;
-  std::string what() const { return plan ? plan->role : describe(*gemm); }
+  std::optional<std::pair<PerTensorDelayed, ElemFormat>> history;  // delayed scaling's history update
+  std::string what() const {
+    if (history) return "amax history (" + std::string(traits(history->second).name) + ")";
+    return plan ? plan->role : describe(*gemm);
+  }
 };
 
 constexpr const char* kGemmArch = "sm_90a";  // wgmma: the GEMM kernels' only target
@@ -98,15 +102,24 @@ int cmd_prewarm(const Argv& argv) {
           const std::string src = emit_quantize(p).source;
           for (const auto& a : archs)
             if (seen.insert({src, a}).second) {
-              jobs.push_back({r.name, p, std::nullopt, a});
+              jobs.push_back({r.name, p, std::nullopt, a, std::nullopt});
               ++t.kernels;
             }
+          // Delayed scaling's history update, which the training step launches after each quantize.
+          for (const auto& rule : rt::history_rules(p)) {
+            const std::string hsrc = emit_history_update(rule.first, rule.second).source;
+            for (const auto& a : archs)
+              if (seen.insert({hsrc, a}).second) {
+                jobs.push_back({r.name, std::nullopt, std::nullopt, a, rule});
+                ++t.kernels;
+              }
+          }
         }
     for (const auto& g : r.gemms) {
       if (!with_gemms || std::find(archs.begin(), archs.end(), kGemmArch) == archs.end()) continue;
       ++t.gemms;
       if (seen.insert({emit_gemm(g.spec).source, kGemmArch}).second) {
-        jobs.push_back({r.name, std::nullopt, g.spec, kGemmArch});
+        jobs.push_back({r.name, std::nullopt, g.spec, kGemmArch, std::nullopt});
         ++t.kernels;
       }
     }
@@ -122,8 +135,10 @@ int cmd_prewarm(const Argv& argv) {
       std::string err;
       rt::CacheHow how = rt::CacheHow::Compiled;
       try {
-        how = jobs[i].plan ? rt::build_quantize_kernels(*jobs[i].plan, jobs[i].arch, rt::KernelCache::global()).cached.how
-                           : rt::build_gemm_kernel(*jobs[i].gemm, jobs[i].arch, rt::KernelCache::global()).cached.how;
+        const Job& j = jobs[i];
+        how = j.history ? rt::build_history_kernel(j.history->first, j.history->second, j.arch).cached.how
+              : j.plan  ? rt::build_quantize_kernels(*j.plan, j.arch, rt::KernelCache::global()).cached.how
+                        : rt::build_gemm_kernel(*j.gemm, j.arch, rt::KernelCache::global()).cached.how;
       } catch (const std::exception& e) {
         err = e.what();
       }

@@ -9,6 +9,8 @@
 #include <random>
 
 #include "compiler/codegen.h"
+#include "compiler/pipeline.h"
+#include "compiler/recipe.h"
 #include "qforge/numerics.cuh"
 #include "reference/executor.h"
 #include "runtime/gpu_test_util.h"
@@ -41,6 +43,32 @@ TEST_P(AmaxHistory, CompilesForHopperAndBlackwell) {
     const rt::CompileResult r = rt::compile_cuda(req);
     EXPECT_FALSE(r.image.empty()) << arch;
   }
+}
+
+TEST(AmaxHistoryKernels, PrepareAndPrewarmCompileThemAheadOfTime) {
+  // Every delayed-scaling rule of a plan, once per (rule, format): the kernels a training step
+  // launches after each quantize, which Quantizer::prepare (and `qforge prewarm`) compile so that
+  // the first update is no NVRTC compile.
+  const Recipe r = load_recipe(std::string(QF_SOURCE_DIR) + "/recipes/delayed_scaling.json");
+  const Plan input = compile_plan(r, PlanRequest{"linear:input", DType::BF16, Usage::Training, false});
+  const Plan grad = compile_plan(r, PlanRequest{"linear:grad_output", DType::BF16, Usage::Training, false});
+  const auto in_rules = rt::history_rules(input), grad_rules = rt::history_rules(grad);
+  ASSERT_EQ(in_rules.size(), 1u);  // row and column share the rule and format: one kernel
+  EXPECT_EQ(in_rules[0].second, ElemFormat::E4M3);
+  EXPECT_EQ(in_rules[0].first.history_length, 1024);
+  ASSERT_EQ(grad_rules.size(), 1u);
+  EXPECT_EQ(grad_rules[0].second, ElemFormat::E5M2);
+  const Recipe mx = load_recipe(std::string(QF_SOURCE_DIR) + "/recipes/mxfp8.json");
+  EXPECT_TRUE(rt::history_rules(compile_plan(mx, PlanRequest{"linear:input", DType::BF16, Usage::Training, false})).empty());
+
+  rt::CacheOptions opts;
+  opts.disabled = true;  // memory only: what this cache compiled, nothing else
+  rt::KernelCache cache(opts);
+  const rt::Quantizer q(grad, cache, false);
+  (void)q.prepare("sm_90a");
+  const auto [mode, format] = grad_rules[0];
+  EXPECT_EQ(rt::build_history_kernel(mode, format, "sm_90a", cache).cached.how, rt::CacheHow::MemoryHit);
+  EXPECT_EQ(rt::build_history_kernel(mode, ElemFormat::E4M3, "sm_90a", cache).cached.how, rt::CacheHow::Compiled);
 }
 
 TEST_P(AmaxHistory, GpuMatchesReferenceOverSteps) {
