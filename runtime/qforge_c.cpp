@@ -386,27 +386,21 @@ qf_status qf_quantize(qf_quantizer* q, const qf_quantize_args* args, void* cuda_
 namespace {
 
 // The delayed-scaling stream whose scale input is `scale_name` (NULL: the quantizer's only one).
+// The names are the plan's scale inputs (input_buffers: one per distinct delayed scale).
 const qf::Stream& delayed_stream(const qf_quantizer* q, const char* scale_name) {
   const qf::Plan& plan = q->q->plan();
-  std::vector<const qf::Stream*> delayed;
-  std::string names;
-  for (const auto& s : plan.streams) {
-    if (!std::holds_alternative<qf::PerTensorDelayed>(s.scaling)) continue;
-    const std::string n = qf::scale_input_name(plan, s);
-    if (scale_name && n == scale_name) return s;
-    if (names.find("\"" + n + "\"") == std::string::npos) {
-      names += (names.empty() ? "" : ", ") + ("\"" + n + "\"");
-      delayed.push_back(&s);
-    }
-  }
-  if (delayed.empty())
+  const std::vector<qf::BufferDesc> scales = qf::input_buffers(plan);
+  if (scales.empty())
     throw qf::UserError("q", "role \"" + plan.role + "\" of recipe \"" + plan.recipe +
                                  "\" has no delayed-scaling stream, so no amax history");
-  if (scale_name)
-    throw qf::UserError("scale_name", std::string("no scale input \"") + scale_name + "\"; expected " + names);
-  if (delayed.size() > 1)
+  std::string names;
+  for (const auto& b : scales) names += (names.empty() ? "\"" : ", \"") + b.name + "\"";
+  if (!scale_name && scales.size() > 1)
     throw qf::UserError("scale_name", "NULL needs a quantizer of one scale input; this one has " + names);
-  return *delayed[0];
+  const std::string want = scale_name ? scale_name : scales[0].name;
+  for (const auto& s : plan.streams)
+    if (std::holds_alternative<qf::PerTensorDelayed>(s.scaling) && qf::scale_input_name(plan, s) == want) return s;
+  throw qf::UserError("scale_name", "no scale input \"" + want + "\"; expected " + names);
 }
 
 qf::rt::TensorView history_view(const void* ptr, int64_t bytes, const char* field) {

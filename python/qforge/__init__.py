@@ -347,13 +347,13 @@ class Quantizer(_Handle):
         if self.grouped:
             if member_rows is None:
                 raise _user_error("member_rows: a grouped quantizer needs the members' row offsets")
-            _device_ptr(member_rows, "member_rows", torch.int64)
+            rows_ptr = _device_ptr(member_rows, "member_rows", torch.int64)[0]
             members = member_rows.numel() - 1
             infos = self.grouped_outputs(m, k, members)
         else:
             if member_rows is not None:
                 raise _user_error("member_rows: only for quantizers created with grouped=True")
-            members = 0
+            rows_ptr, members = 0, 0
             infos = self.outputs(m, k)
         x_ptr, _ = _device_ptr(x, "x")
         out = dict(out or {})
@@ -375,8 +375,7 @@ class Quantizer(_Handle):
             _used_on(s, caller, [x, member_rows, noop, ws, *out.values(), *(inputs or {}).values()])
             self.quantize_raw(x_ptr, m, k, buffers, workspace=_device_ptr(ws, "workspace"),
                               noop_ptr=_device_ptr(noop, "noop", torch.float32)[0], seed=seed, offset=offset,
-                              member_rows_ptr=_device_ptr(member_rows, "member_rows", torch.int64)[0],
-                              num_members=members, stream=s.cuda_stream)
+                              member_rows_ptr=rows_ptr, num_members=members, stream=s.cuda_stream)
         return {info.name: out[info.name] for info in infos}
 
     def history_length(self, scale_name: Optional[str] = None) -> int:
@@ -491,8 +490,9 @@ class Gemm(_Handle):
         s, caller = _torch_stream(torch, d.device, stream), torch.cuda.current_stream(d.device)
         with torch.cuda.device(d.device), torch.cuda.stream(s):
             _current_context(torch, d.device)
-            if workspace is None and self.workspace_bytes():
-                workspace = torch.empty(self.workspace_bytes(), dtype=torch.uint8, device=d.device)
+            ws_bytes = self.workspace_bytes() if workspace is None else 0
+            if ws_bytes:
+                workspace = torch.empty(ws_bytes, dtype=torch.uint8, device=d.device)
                 p["workspace"] = _device_ptr(workspace, "workspace")
             _used_on(s, caller, [a, b, d, a_scale, b_scale, alpha, group_offsets, group_counts, a_amax, b_amax,
                                 workspace])
