@@ -102,7 +102,7 @@ bool needs_tensor_amax(const Scaling& s) {
 std::string_view name(ScaleStorage s) {
   switch (s) {
     case ScaleStorage::None: return "none";
-    case ScaleStorage::F32: return "f32";
+    case ScaleStorage::F32: return "fp32";
     case ScaleStorage::E8M0: return "e8m0";
     case ScaleStorage::E4M3: return "e4m3";
   }
