@@ -36,7 +36,7 @@ if ! links_libfuzzer; then
 fi
 
 py_missing=()
-for mod in numpy ml_dtypes lit pytest jsonschema; do
+for mod in numpy ml_dtypes lit pytest jsonschema setuptools wheel; do
   python3 -c "import $mod" 2>/dev/null || py_missing+=("$mod")
 done
 if [ ${#py_missing[@]} -gt 0 ]; then

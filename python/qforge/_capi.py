@@ -5,6 +5,7 @@ compiler and compares every field's offset and size, and each struct's size, wit
 """
 import ctypes
 import os
+import shutil
 from ctypes import POINTER, Structure, c_char_p, c_int, c_int64, c_uint64, c_void_p
 from pathlib import Path
 
@@ -87,15 +88,26 @@ SIGNATURES = {
 }
 
 
+SONAME = "libqforge.so.0.1"  # runtime/CMakeLists.txt: SOVERSION major.minor
+
+
 def candidate_paths():
-    """Where libqforge.so is looked for: $QFORGE_LIBRARY, then the build trees beside this package's
-    checkout (build*/runtime/, newest first), then the system's library path."""
+    """Where libqforge.so is looked for: $QFORGE_LIBRARY alone when set; else the build trees of the
+    checkout this package sits in (build*/runtime/, newest first), the lib directories of the
+    installed prefix whose bin/ holds the `qforge` on PATH (`cmake --install`), then the system's
+    library path (the SONAME: LD_LIBRARY_PATH, ldconfig)."""
     env = os.environ.get("QFORGE_LIBRARY")
     if env:
         return [Path(env)]
-    root = Path(__file__).resolve().parents[2]
-    builds = sorted(root.glob("build*/runtime/libqforge.so"), key=lambda p: p.stat().st_mtime, reverse=True)
-    return builds + [Path("libqforge.so")]  # the newest build first
+    paths = []
+    parents = Path(__file__).resolve().parents
+    if len(parents) > 2:  # python/qforge/_capi.py of a checkout
+        paths += sorted(parents[2].glob("build*/runtime/libqforge.so"), key=lambda p: p.stat().st_mtime, reverse=True)
+    cli = shutil.which("qforge")
+    if cli:
+        prefix = Path(cli).resolve().parent.parent
+        paths += [prefix / d / SONAME for d in ("lib", "lib64") if (prefix / d / SONAME).exists()]
+    return paths + [Path(SONAME)]
 
 
 def load():

@@ -1,0 +1,64 @@
+#!/usr/bin/env bash
+# install_test.sh BUILD_DIR SOURCE_DIR WORK_DIR
+# `cmake --install` of the build into an empty prefix, then the prefix used the ways users use it,
+# with nothing from the build or source tree on any search path:
+#   - the installed CLI checks the installed recipes;
+#   - a C program outside the tree (tests/install) finds the package with find_package(qforge),
+#     links qforge::qforge, loads an installed recipe through <qforge/qforge.h> and prints a
+#     quantizer's outputs, with libqforge.so resolved from the prefix;
+#   - `pip install` of python/ into a fresh directory, whose package then finds the prefix's
+#     library through the `qforge` on PATH (no QFORGE_LIBRARY) and answers the same query.
+set -u
+build=$1 src=$2 work=$3
+fail() { echo "FAIL: $*"; exit 1; }
+rm -rf "$work" && mkdir -p "$work" || exit 1
+prefix=$work/prefix
+cmake --install "$build" --prefix "$prefix" >"$work/install.log" 2>&1 || { cat "$work/install.log"; fail "cmake --install"; }
+
+for f in bin/qforge lib/libqforge.so lib/libqforge.so.0.1 include/qforge/qforge.h \
+         lib/cmake/qforge/qforgeConfig.cmake lib/cmake/qforge/qforgeConfigVersion.cmake \
+         lib/cmake/qforge/qforgeTargets.cmake share/qforge/recipes/recipe.schema.json; do
+  [ -e "$prefix/$f" ] || fail "the install lacks $f"
+done
+shipped=$(ls "$src"/recipes/*.json | wc -l) installed=$(ls "$prefix"/share/qforge/recipes/*.json | wc -l)
+[ "$shipped" = "$installed" ] || fail "$installed recipes installed, $shipped shipped"
+
+recipes=$(ls "$prefix"/share/qforge/recipes/*.json | grep -v recipe.schema.json)
+# shellcheck disable=SC2086
+"$prefix/bin/qforge" check $recipes >"$work/check.log" 2>&1 || { cat "$work/check.log"; fail "installed qforge check"; }
+
+# The consumer: configured against the prefix only.
+cmake -S "$src/tests/install" -B "$work/consumer" -DCMAKE_PREFIX_PATH="$prefix" >"$work/consumer.log" 2>&1 &&
+  cmake --build "$work/consumer" >>"$work/consumer.log" 2>&1 || { cat "$work/consumer.log"; fail "building the consumer"; }
+out=$("$work/consumer/qforge_consumer") || fail "the consumer exited $?: $out"
+echo "$out"
+expected="rowwise_data e4m3 [4096, 7168] 29360128 B
+rowwise_scale_inv e8m0 [224, 4096] 917504 B
+columnwise_data e4m3 [7168, 4096] 29360128 B
+columnwise_scale_inv e8m0 [128, 7168] 917504 B"
+[ "$out" = "$expected" ] || fail "consumer output differs; expected:
+$expected"
+lib=$(ldd "$work/consumer/qforge_consumer" | awk '/libqforge/ {print $3}')
+[ "$lib" = "$(cd "$prefix/lib" && pwd)/libqforge.so.0.1" ] || fail "the consumer loads libqforge from '$lib', not the prefix"
+
+# The Python package, pip-installed from a copy of python/ (the build writes beside its source).
+cp -r "$src/python" "$work/pysrc" || exit 1
+python3 -m pip install -q --no-deps --no-build-isolation --target "$work/py" "$work/pysrc" >"$work/pip.log" 2>&1 ||
+  { cat "$work/pip.log"; fail "pip install python/"; }
+cd "$work" || exit 1
+py=$(env -u QFORGE_LIBRARY PATH="$prefix/bin:$PATH" PYTHONPATH="$work/py" python3 - "$prefix" <<'PY'
+import sys
+import qforge
+prefix = sys.argv[1]
+ctx = qforge.Context(prefix + "/share/qforge/recipes/mxfp8_hopper.json")
+for b in ctx.quantizer("linear:input").outputs(4096, 7168):
+    print(b.name, b.dtype, list(b.shape), b.bytes)
+print("library", qforge.library()._name)
+print("package", qforge.__file__)
+PY
+) || fail "python: $py"
+echo "$py"
+grep -qx "rowwise_data e4m3 \[4096, 7168\] 29360128" <<<"$py" || fail "python query output"
+grep -qx "library $prefix/lib/libqforge.so.0.1" <<<"$py" || fail "python did not load the prefix's library"
+grep -qx "package $work/py/qforge/__init__.py" <<<"$py" || fail "python imported qforge from elsewhere"
+echo "install test: ok"
