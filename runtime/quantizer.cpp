@@ -2,6 +2,9 @@
 
 #include <algorithm>
 #include <cstdlib>
+#include <map>
+#include <mutex>
+#include <tuple>
 #include <string_view>
 
 #include "compiler/error.h"
@@ -417,16 +420,34 @@ void update_amax_history(const PerTensorDelayed& mode, ElemFormat format, const 
     check_disjoint("scale_inv", call.scale_inv, "amax", call.amax);
   }
   const int dev = current_device();
-  const QuantizeKernels k = build_history_kernel(mode, format, device_arch(dev), cache);
-  const CacheResult& r = k.cached;
-  const KernelSource& ks = k.source;
-  auto module = module_registry().get(dev, r.entry->key, std::string_view(r.entry->image));
-  CUfunction f = module->function(r.entry->lowered(ks.cast_kernel));
+  // A training step updates every delayed-scaling tensor's history: after the first update of a
+  // rule on a device, its function comes from here, without codegen, hashing or a cache lookup
+  // (the module registry keeps every module loaded for the process, so the handle stays valid).
+  struct Loaded {
+    CUfunction f;
+    unsigned threads;
+  };
+  using Key = std::tuple<int, const KernelCache*, int, int, int, int>;
+  static std::mutex mu;
+  static std::map<Key, Loaded> loaded;
+  const Key key{dev, &cache, mode.margin, mode.history_length, int(mode.amax_compute), int(format)};
+  Loaded fn{};
+  {
+    std::lock_guard<std::mutex> lock(mu);
+    if (auto it = loaded.find(key); it != loaded.end()) fn = it->second;
+  }
+  if (!fn.f) {
+    const QuantizeKernels k = build_history_kernel(mode, format, device_arch(dev), cache);
+    auto module = module_registry().get(dev, k.cached.entry->key, std::string_view(k.cached.entry->image));
+    fn = Loaded{module->function(k.cached.entry->lowered(k.source.cast_kernel)), unsigned(k.source.tile.threads)};
+    std::lock_guard<std::mutex> lock(mu);
+    loaded.emplace(key, fn);
+  }
   HistoryArgs args{reinterpret_cast<float*>(call.history.ptr), reinterpret_cast<const float*>(call.amax.ptr),
                    reinterpret_cast<float*>(call.scale.ptr), reinterpret_cast<float*>(call.scale_inv.ptr),
                    reinterpret_cast<const float*>(call.noop)};
   void* params[] = {&args};
-  launch(f, Dim3{1}, Dim3{unsigned(ks.tile.threads)}, 0, stream, params);
+  launch(fn.f, Dim3{1}, Dim3{fn.threads}, 0, stream, params);
 }
 
 }  // namespace qf::rt
