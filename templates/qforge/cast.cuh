@@ -781,6 +781,7 @@ struct TilePos {
 // L2 (up to its 50 MB on an H100) instead of the ones read first, long evicted.
 template <class Cfg, bool kReversed = false>
 __device__ __forceinline__ TilePos tile_pos() {
+  if constexpr (Cfg::kRowFastest && !kReversed) return TilePos{i64(blockIdx.x), i64(blockIdx.y)};
   u64 lin = u64(blockIdx.y) * gridDim.x + blockIdx.x;
   if constexpr (kReversed) lin = u64(gridDim.x) * gridDim.y - 1 - lin;
   if constexpr (Cfg::kRowFastest) return TilePos{i64(lin % gridDim.x), i64(lin / gridDim.x)};
