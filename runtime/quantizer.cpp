@@ -421,25 +421,28 @@ void update_amax_history(const PerTensorDelayed& mode, ElemFormat format, const 
   }
   const int dev = current_device();
   // A training step updates every delayed-scaling tensor's history: after the first update of a
-  // rule on a device, its function comes from here, without codegen, hashing or a cache lookup
-  // (the module registry keeps every module loaded for the process, so the handle stays valid).
+  // rule on a device, its function comes from here, without codegen, hashing or a cache lookup.
+  // The kernel depends on the rule and the format only (and the device's arch), not on the cache
+  // that built it. Never destroyed, like the module registry: usable until the process ends.
   struct Loaded {
-    CUfunction f;
-    unsigned threads;
+    std::shared_ptr<const Module> module;
+    CUfunction f = nullptr;
+    unsigned threads = 0;
   };
-  using Key = std::tuple<int, const KernelCache*, int, int, int, int>;
-  static std::mutex mu;
-  static std::map<Key, Loaded> loaded;
-  const Key key{dev, &cache, mode.margin, mode.history_length, int(mode.amax_compute), int(format)};
-  Loaded fn{};
+  using Key = std::tuple<int, int, int, int, int>;
+  static std::mutex& mu = *new std::mutex;
+  static std::map<Key, Loaded>& loaded = *new std::map<Key, Loaded>;
+  const Key key{dev, mode.margin, mode.history_length, int(mode.amax_compute), int(format)};
+  Loaded fn;
   {
     std::lock_guard<std::mutex> lock(mu);
     if (auto it = loaded.find(key); it != loaded.end()) fn = it->second;
   }
   if (!fn.f) {
     const QuantizeKernels k = build_history_kernel(mode, format, device_arch(dev), cache);
-    auto module = module_registry().get(dev, k.cached.entry->key, std::string_view(k.cached.entry->image));
-    fn = Loaded{module->function(k.cached.entry->lowered(k.source.cast_kernel)), unsigned(k.source.tile.threads)};
+    fn.module = module_registry().get(dev, k.cached.entry->key, std::string_view(k.cached.entry->image));
+    fn.f = fn.module->function(k.cached.entry->lowered(k.source.cast_kernel));
+    fn.threads = unsigned(k.source.tile.threads);
     std::lock_guard<std::mutex> lock(mu);
     loaded.emplace(key, fn);
   }

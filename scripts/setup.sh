@@ -43,6 +43,11 @@ if [ ${#py_missing[@]} -gt 0 ]; then
   echo "setup: pip install ${py_missing[*]}"
   python3 -m pip install -q "${py_missing[@]}"
 fi
+# python/pyproject.toml's [project] table needs setuptools 61 or later (tests/tools/install_test.sh).
+if ! python3 -c "import setuptools, sys; sys.exit(int(setuptools.__version__.split('.')[0]) < 61)" 2>/dev/null; then
+  echo "setup: pip install -U setuptools>=61"
+  python3 -m pip install -q -U "setuptools>=61"
+fi
 
 if ! command -v nvcc >/dev/null && [ ! -f /usr/local/cuda/include/nvrtc.h ]; then
   echo "setup: the CUDA toolkit (NVRTC) is required: install cuda-toolkit 12.8+ (13.0 tested)" >&2

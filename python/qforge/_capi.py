@@ -100,13 +100,15 @@ def candidate_paths():
     if env:
         return [Path(env)]
     paths = []
-    parents = Path(__file__).resolve().parents
-    if len(parents) > 2:  # python/qforge/_capi.py of a checkout
-        paths += sorted(parents[2].glob("build*/runtime/libqforge.so"), key=lambda p: p.stat().st_mtime, reverse=True)
+    here = Path(__file__).resolve()
+    root = here.parents[2]
+    if here.parents[1].name == "python" and (root / "CMakeLists.txt").exists():  # a checkout (or pip install -e)
+        paths += sorted(root.glob("build*/runtime/libqforge.so"), key=lambda p: p.stat().st_mtime, reverse=True)
     cli = shutil.which("qforge")
-    if cli:
+    if cli:  # PREFIX/bin/qforge: PREFIX/lib, lib64 or lib/<multiarch> (CMAKE_INSTALL_LIBDIR)
         prefix = Path(cli).resolve().parent.parent
-        paths += [prefix / d / SONAME for d in ("lib", "lib64") if (prefix / d / SONAME).exists()]
+        dirs = [prefix / "lib", prefix / "lib64"] + sorted(prefix.glob("lib/*-linux-*"))
+        paths += [d / SONAME for d in dirs if (d / SONAME).exists()]
     return paths + [Path(SONAME)]
 
 

@@ -1,5 +1,7 @@
 #!/usr/bin/env bash
-# install_test.sh BUILD_DIR SOURCE_DIR WORK_DIR
+# install_test.sh BUILD_DIR SOURCE_DIR WORK_DIR CMAKE PYTHON LIBDIR
+#   CMAKE, PYTHON: the build's cmake and Python (ctest passes ${CMAKE_COMMAND}, ${Python3_EXECUTABLE});
+#   LIBDIR: its CMAKE_INSTALL_LIBDIR (lib, lib64, lib/x86_64-linux-gnu, ...).
 # `cmake --install` of the build into an empty prefix, then the prefix used the ways users use it,
 # with nothing from the build or source tree on any search path:
 #   - the installed CLI checks the installed recipes;
@@ -9,15 +11,18 @@
 #   - `pip install` of python/ into a fresh directory, whose package then finds the prefix's
 #     library through the `qforge` on PATH (no QFORGE_LIBRARY) and answers the same query.
 set -u
-build=$1 src=$2 work=$3
+build=$1 src=$2 work=$3 cmake=$4 python=$5 libdir=$6
 fail() { echo "FAIL: $*"; exit 1; }
+# Nothing from the caller's environment may redirect the install or the loader.
+unset DESTDIR LD_LIBRARY_PATH QFORGE_LIBRARY
 rm -rf "$work" && mkdir -p "$work" || exit 1
+work=$(cd "$work" && pwd -P) || exit 1
 prefix=$work/prefix
-cmake --install "$build" --prefix "$prefix" >"$work/install.log" 2>&1 || { cat "$work/install.log"; fail "cmake --install"; }
+"$cmake" --install "$build" --prefix "$prefix" >"$work/install.log" 2>&1 || { cat "$work/install.log"; fail "cmake --install"; }
 
-for f in bin/qforge lib/libqforge.so lib/libqforge.so.0.1 include/qforge/qforge.h \
-         lib/cmake/qforge/qforgeConfig.cmake lib/cmake/qforge/qforgeConfigVersion.cmake \
-         lib/cmake/qforge/qforgeTargets.cmake share/qforge/recipes/recipe.schema.json; do
+for f in bin/qforge "$libdir/libqforge.so" "$libdir/libqforge.so.0.1" include/qforge/qforge.h \
+         "$libdir/cmake/qforge/qforgeConfig.cmake" "$libdir/cmake/qforge/qforgeConfigVersion.cmake" \
+         "$libdir/cmake/qforge/qforgeTargets.cmake" share/qforge/recipes/recipe.schema.json; do
   [ -e "$prefix/$f" ] || fail "the install lacks $f"
 done
 shipped=$(ls "$src"/recipes/*.json | wc -l) installed=$(ls "$prefix"/share/qforge/recipes/*.json | wc -l)
@@ -28,8 +33,8 @@ recipes=$(ls "$prefix"/share/qforge/recipes/*.json | grep -v recipe.schema.json)
 "$prefix/bin/qforge" check $recipes >"$work/check.log" 2>&1 || { cat "$work/check.log"; fail "installed qforge check"; }
 
 # The consumer: configured against the prefix only.
-cmake -S "$src/tests/install" -B "$work/consumer" -DCMAKE_PREFIX_PATH="$prefix" >"$work/consumer.log" 2>&1 &&
-  cmake --build "$work/consumer" >>"$work/consumer.log" 2>&1 || { cat "$work/consumer.log"; fail "building the consumer"; }
+"$cmake" -S "$src/tests/install" -B "$work/consumer" -DCMAKE_PREFIX_PATH="$prefix" >"$work/consumer.log" 2>&1 &&
+  "$cmake" --build "$work/consumer" >>"$work/consumer.log" 2>&1 || { cat "$work/consumer.log"; fail "building the consumer"; }
 out=$("$work/consumer/qforge_consumer") || fail "the consumer exited $?: $out"
 echo "$out"
 expected="rowwise_data e4m3 [4096, 7168] 29360128 B
@@ -39,14 +44,16 @@ columnwise_scale_inv e8m0 [128, 7168] 917504 B"
 [ "$out" = "$expected" ] || fail "consumer output differs; expected:
 $expected"
 lib=$(ldd "$work/consumer/qforge_consumer" | awk '/libqforge/ {print $3}')
-[ "$lib" = "$(cd "$prefix/lib" && pwd)/libqforge.so.0.1" ] || fail "the consumer loads libqforge from '$lib', not the prefix"
+[ "$lib" = "$prefix/$libdir/libqforge.so.0.1" ] || fail "the consumer loads libqforge from '$lib', not the prefix"
 
-# The Python package, pip-installed from a copy of python/ (the build writes beside its source).
-cp -r "$src/python" "$work/pysrc" || exit 1
-python3 -m pip install -q --no-deps --no-build-isolation --target "$work/py" "$work/pysrc" >"$work/pip.log" 2>&1 ||
+# The Python package, pip-installed from a copy of python/'s sources (the build writes beside
+# them; python_pytest may be writing __pycache__ in the tree meanwhile).
+mkdir -p "$work/pysrc/qforge" && cp "$src/python/pyproject.toml" "$src/python/README.md" "$work/pysrc/" &&
+  cp "$src"/python/qforge/*.py "$work/pysrc/qforge/" || exit 1
+"$python" -m pip install -q --no-deps --no-build-isolation --target "$work/py" "$work/pysrc" >"$work/pip.log" 2>&1 ||
   { cat "$work/pip.log"; fail "pip install python/"; }
 cd "$work" || exit 1
-py=$(env -u QFORGE_LIBRARY PATH="$prefix/bin:$PATH" PYTHONPATH="$work/py" python3 - "$prefix" <<'PY'
+py=$(PATH="$prefix/bin:$PATH" PYTHONPATH="$work/py" "$python" - "$prefix" <<'PY'
 import sys
 import qforge
 prefix = sys.argv[1]
@@ -59,6 +66,6 @@ PY
 ) || fail "python: $py"
 echo "$py"
 grep -qx "rowwise_data e4m3 \[4096, 7168\] 29360128" <<<"$py" || fail "python query output"
-grep -qx "library $prefix/lib/libqforge.so.0.1" <<<"$py" || fail "python did not load the prefix's library"
+grep -qx "library $prefix/$libdir/libqforge.so.0.1" <<<"$py" || fail "python did not load the prefix's library"
 grep -qx "package $work/py/qforge/__init__.py" <<<"$py" || fail "python imported qforge from elsewhere"
 echo "install test: ok"
