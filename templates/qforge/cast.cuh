@@ -781,11 +781,10 @@ struct TilePos {
 // L2 (up to its 50 MB on an H100) instead of the ones read first, long evicted.
 template <class Cfg, bool kReversed = false>
 __device__ __forceinline__ TilePos tile_pos() {
+  // Forward row-fastest is the grid's own order: no division (one made ptxas spill in a cast).
   if constexpr (Cfg::kRowFastest && !kReversed) return TilePos{i64(blockIdx.x), i64(blockIdx.y)};
-  u64 lin = u64(blockIdx.y) * gridDim.x + blockIdx.x;
-  if constexpr (kReversed) lin = u64(gridDim.x) * gridDim.y - 1 - lin;
-  if constexpr (Cfg::kRowFastest) return TilePos{i64(lin % gridDim.x), i64(lin / gridDim.x)};
-  return TilePos{i64(lin / gridDim.y), i64(lin % gridDim.y)};
+  const TileRc t = cta_tile(u64(blockIdx.y) * gridDim.x + blockIdx.x, gridDim.x, gridDim.y, Cfg::kRowFastest, kReversed);
+  return TilePos{i64(t.row), i64(t.col)};
 }
 
 // Resolves the member of tile row `tile` (tile_pos); computes each stream's scale-grid base (in

@@ -25,4 +25,16 @@ QF_HD u64 mn_major_scale_offset(u64 r, u64 c, u64 padded_rows) { return c * padd
 // grouped quantize, back to back), at most: each pads by up to 3.
 QF_HD constexpr i64 mn_major_grouped_rows(i64 rows, i64 groups) { return rows + 3 * groups; }
 
+// The tile a CTA takes in a launch grid of gx tile rows x gy tile columns, from its dispatch index
+// lin = blockIdx.y * gx + blockIdx.x (the order in which the hardware starts CTAs). Column-fastest:
+// consecutive CTAs take consecutive tile columns of one tile row; row-fastest: consecutive tile
+// rows. `reversed` walks the same tiles last to first (the amax pre-pass: cast.cuh tile_pos).
+struct TileRc {
+  u64 row, col;
+};
+QF_HD TileRc cta_tile(u64 lin, u64 gx, u64 gy, bool row_fastest, bool reversed) {
+  if (reversed) lin = gx * gy - 1 - lin;
+  return row_fastest ? TileRc{lin % gx, lin / gx} : TileRc{lin / gy, lin % gy};
+}
+
 }  // namespace qf

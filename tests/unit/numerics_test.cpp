@@ -1,6 +1,7 @@
 // Unit tests of templates/qforge/numerics.cuh (host build of the shared scalar numerics).
 // The exhaustive comparisons against ml_dtypes live in tests/numerics/test_conversions.py;
 // these tests pin the hand-computed edge cases of docs/numerics.md.
+#include "qforge/layout.cuh"
 #include "qforge/numerics.cuh"
 
 #include <gtest/gtest.h>
@@ -672,3 +673,34 @@ TEST(Sr, Unbiased) {
 }  // namespace
 }  // namespace qf
 
+
+// The CTA -> tile mapping of the cast and amax kernels (cast.cuh tile_pos): every order visits
+// each tile of the grid exactly once; column-fastest CTAs sweep a tile row, row-fastest ones a
+// tile column; the reversed walk (the amax pre-pass) is the forward one backwards, so the cast
+// kernel's first CTAs take the tiles the pre-pass took last.
+TEST(CtaTile, EveryOrderVisitsEachTileOnceAndReversedIsForwardBackwards) {
+  for (qf::u64 gx : {1, 2, 3, 7, 64, 513})
+    for (qf::u64 gy : {1, 2, 5, 16, 31})
+      for (bool row_fastest : {false, true}) {
+        const qf::u64 n = gx * gy;
+        std::vector<int> seen(n, 0);
+        for (qf::u64 lin = 0; lin < n; ++lin) {
+          const qf::TileRc f = qf::cta_tile(lin, gx, gy, row_fastest, false);
+          const qf::TileRc r = qf::cta_tile(n - 1 - lin, gx, gy, row_fastest, true);
+          ASSERT_LT(f.row, gx);
+          ASSERT_LT(f.col, gy);
+          ++seen[f.row * gy + f.col];
+          EXPECT_EQ(f.row, r.row) << gx << "x" << gy << " lin " << lin;
+          EXPECT_EQ(f.col, r.col) << gx << "x" << gy << " lin " << lin;
+        }
+        EXPECT_EQ(std::count(seen.begin(), seen.end(), 1), qf::i64(n)) << gx << "x" << gy;
+      }
+  // Column-fastest: CTAs 0..gy-1 take tile row 0 left to right; row-fastest: the grid's own order.
+  EXPECT_EQ(qf::cta_tile(4, 3, 5, false, false).row, 0u);
+  EXPECT_EQ(qf::cta_tile(4, 3, 5, false, false).col, 4u);
+  EXPECT_EQ(qf::cta_tile(5, 3, 5, false, false).row, 1u);
+  EXPECT_EQ(qf::cta_tile(4, 3, 5, true, false).row, 1u);  // blockIdx (1, 1)
+  EXPECT_EQ(qf::cta_tile(4, 3, 5, true, false).col, 1u);
+  EXPECT_EQ(qf::cta_tile(0, 3, 5, true, true).row, 2u);   // the last tile first
+  EXPECT_EQ(qf::cta_tile(0, 3, 5, true, true).col, 4u);
+}
