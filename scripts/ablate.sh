@@ -10,7 +10,8 @@
 #             linear:input training)
 #   ABLATIONS="no-entries no-rowwise ..." picks variants (default all), ROUNDS (default 2),
 #   METRIC the reported time (default time_us, back to back; graph_us for small sizes: GPU time
-#   per call replayed from a CUDA graph).
+#   per call replayed from a CUDA graph), MEMBERS member rows for qforge_bench --groups (grouped
+#   cases, e.g. 2048,6144,3072,5120,4096,1024,7168,4096 with a "... grouped_linear:input ..." filter).
 #   A variant rev:REV is the whole tracked tree at git revision REV, unchanged: an A/B of the
 #   working tree against a commit (ABLATIONS=rev:HEAD~1 times a kernel change against its parent).
 #   A variant tree:DIR is the source tree in directory DIR of the repository root (one path
@@ -57,7 +58,7 @@ for ((round = 1; round <= ROUNDS; ++round)); do
   for i in "${!FILTERS[@]}"; do
     for v in shipped "${NAMES[@]}"; do
       # One kernel cache per variant: the variants' kernels share their generated source.
-      QFORGE_CACHE_DIR="$OUT/cache-${v//[^A-Za-z0-9_.-]/_}" "${BENCH[$v]}" --sizes "$SIZES" --filter "${FILTERS[$i]}" \
+      QFORGE_CACHE_DIR="$OUT/cache-${v//[^A-Za-z0-9_.-]/_}" "${BENCH[$v]}" --sizes "$SIZES" ${MEMBERS:+--groups "$MEMBERS"} --filter "${FILTERS[$i]}" \
         --out "$OUT/json/${v}__${round}__${i}.json" >"$OUT/json/${v}__${round}__${i}.log" 2>&1 ||
         { echo "ablate: qforge_bench ($v) failed: $OUT/json/${v}__${round}__${i}.log"; exit 1; }
     done
