@@ -94,6 +94,10 @@ typedef struct qf_quantize_args {
 /* The last error on this thread ("" if none). */
 const char* qf_last_error(void);
 
+/* The library's version, "MAJOR.MINOR.PATCH" (static storage). While MAJOR is 0, a MINOR change may
+   change this API; the Python package loads only a library of its own MAJOR.MINOR. */
+const char* qf_version(void);
+
 qf_status qf_context_create(const char* const* recipe_paths, int n, qf_context** out);
 qf_status qf_context_create_from_json(const char* json, qf_context** out);
 void qf_context_destroy(qf_context* ctx); /* NULL is fine */

@@ -185,6 +185,8 @@ extern "C" {
 
 const char* qf_last_error(void) { return g_last_error.c_str(); }
 
+const char* qf_version(void) { return QFORGE_VERSION; }
+
 qf_status qf_context_create(const char* const* recipe_paths, int n, qf_context** out) {
   return guarded([&] {
     require(out, "out");

@@ -4,6 +4,8 @@
 #include <map>
 
 #include "compiler/error.h"
+#include "runtime/kernel_cache.h"
+#include "runtime/nvrtc.h"
 #include "tools/commands.h"
 
 namespace {
@@ -62,6 +64,8 @@ commands:
   list [--json]                     list the kernel cache's entries
   verify                            check every cached kernel against its key (exit 1 on problems)
   clear                             remove every kernel of the writable cache directory
+  version (or --version)            qforge's version, the NVRTC it compiles with, and what keys
+                                    its kernel cache (cache format, device headers' hash)
   help                              this text
 
 exit codes: 0 ok, 1 check found problems, 2 bad input (recipe, arguments, files), 3 internal error
@@ -74,6 +78,18 @@ int main(int argc, char** argv) {
   if (argc < 2 || !std::strcmp(argv[1], "help") || !std::strcmp(argv[1], "--help") || !std::strcmp(argv[1], "-h")) {
     std::cout << kUsage;
     return argc < 2 ? 2 : 0;
+  }
+  if (!std::strcmp(argv[1], "version") || !std::strcmp(argv[1], "--version")) {
+    try {
+      std::cout << "qforge " << QFORGE_VERSION << "\n"
+                << "nvrtc " << qf::rt::nvrtc_version() << "\n"
+                << "kernel cache " << qf::rt::kCacheDirName << " (schema " << qf::rt::kCacheSchemaVersion
+                << "), device headers " << qf::rt::templates_hash().substr(0, 16) << "\n";
+    } catch (const std::exception& e) {
+      std::cerr << "qforge version: " << e.what() << "\n";
+      return 3;
+    }
+    return 0;
   }
   const std::map<std::string, int (*)(const Argv&)> commands = {
       {"check", cmd_check}, {"inspect", cmd_inspect}, {"quantize", cmd_quantize},

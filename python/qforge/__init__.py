@@ -23,7 +23,7 @@ from typing import Dict, Mapping, Optional, Sequence, Tuple, Union
 from . import _capi
 
 __all__ = ["QforgeError", "UserError", "InternalError", "CudaError", "BufferInfo", "Context", "Quantizer",
-           "Gemm", "library"]
+           "Gemm", "library", "library_version", "__version__"]
 
 
 class QforgeError(Exception):
@@ -48,6 +48,14 @@ class CudaError(QforgeError):
 
 _ERRORS = {_capi.QF_ERR_USER: UserError, _capi.QF_ERR_INTERNAL: InternalError, _capi.QF_ERR_CUDA: CudaError}
 _lib = None
+
+
+__version__ = _capi.PACKAGE_VERSION
+
+
+def library_version() -> str:
+    """The loaded libqforge.so's version (qf_version); the package loads only its own major.minor."""
+    return library().qf_version().decode()
 
 
 def library():

@@ -59,6 +59,7 @@ _P = c_void_p  # opaque handles (qf_context*, qf_quantizer*, qf_gemm*)
 _PP = POINTER(c_void_p)
 SIGNATURES = {
     "qf_last_error": (c_char_p, []),
+    "qf_version": (c_char_p, []),
     "qf_context_create": (c_int, [POINTER(c_char_p), c_int, _PP]),
     "qf_context_create_from_json": (c_int, [c_char_p, _PP]),
     "qf_context_destroy": (None, [_P]),
@@ -88,6 +89,7 @@ SIGNATURES = {
 }
 
 
+PACKAGE_VERSION = "0.1.0"  # python/pyproject.toml's; the CMake project's (tests/python checks both)
 SONAME = "libqforge.so.0.1"  # runtime/CMakeLists.txt: SOVERSION major.minor
 
 
@@ -112,6 +114,11 @@ def candidate_paths():
     return paths + [Path(SONAME)]
 
 
+def compatible(library_version: str) -> bool:
+    """A library this package can drive: the same MAJOR.MINOR (0.x: a minor version may change the API)."""
+    return library_version.split(".")[:2] == PACKAGE_VERSION.split(".")[:2]
+
+
 def load():
     """The library with every signature set; OSError naming each place tried when none loads."""
     tried = []
@@ -128,6 +135,10 @@ def load():
         for name, (restype, argtypes) in SIGNATURES.items():
             fn = getattr(lib, name)
             fn.restype, fn.argtypes = restype, argtypes
+        version = lib.qf_version().decode()
+        if not compatible(version):
+            tried.append(f"{path}: version {version}, this package is {PACKAGE_VERSION} (needs the same major.minor)")
+            continue
         return lib
     raise OSError("libqforge.so not found (build the qforge_shared target, or set QFORGE_LIBRARY to its "
                   "path); tried: " + "; ".join(tried))

@@ -87,6 +87,26 @@ def test_library_exports_the_c_api_only():
         lib._ZN2qf11load_recipeERKNSt10filesystem7__cxx114pathE  # C++ internals stay hidden
 
 
+def test_versions_agree():
+    """The package, its pyproject.toml, the library it loaded and the CMake project are one version."""
+    root = Path(__file__).resolve().parents[2]
+    project = re.search(r"project\(qforge VERSION ([0-9.]+)", (root / "CMakeLists.txt").read_text()).group(1)
+    pyproject = re.search(r'^version = "([0-9.]+)"', (root / "python" / "pyproject.toml").read_text(), re.M).group(1)
+    assert qforge.__version__ == pyproject == project == qforge.library_version()
+    major, minor = project.split(".")[:2]
+    assert _capi.SONAME == f"libqforge.so.{major}.{minor}"
+    assert Path(qforge.library()._name).resolve().name.startswith(_capi.SONAME)
+
+
+def test_a_library_of_another_minor_version_is_skipped(monkeypatch):
+    assert _capi.compatible(_capi.PACKAGE_VERSION)
+    assert _capi.compatible(".".join(_capi.PACKAGE_VERSION.split(".")[:2] + ["99"]))
+    monkeypatch.setattr(_capi, "PACKAGE_VERSION", "0.99.0")
+    monkeypatch.setenv("QFORGE_LIBRARY", qforge.library()._name)
+    with pytest.raises(OSError, match=r"version [0-9.]+, this package is 0\.99\.0 \(needs the same major\.minor\)"):
+        _capi.load()
+
+
 def test_missing_library_names_every_place_tried(monkeypatch):
     monkeypatch.setenv("QFORGE_LIBRARY", "/nonexistent/libqforge.so")
     with pytest.raises(OSError, match="QFORGE_LIBRARY.*nonexistent"):
