@@ -71,6 +71,17 @@ commands:
 exit codes: 0 ok, 1 check found problems, 2 bad input (recipe, arguments, files), 3 internal error
 )";
 
+// qforge's version, the NVRTC it compiles with, and the kernel cache's format and device-header
+// hash: what keys every cached kernel, and what a bug report needs.
+int cmd_version(const qf::cli::Argv& args) {
+  if (!args.empty()) throw qf::UserError(args[0], "version takes no arguments");
+  std::cout << "qforge " << QFORGE_VERSION << "\n"
+            << "nvrtc " << qf::rt::nvrtc_version() << "\n"
+            << "kernel cache " << qf::rt::kCacheDirName << " (schema " << qf::rt::kCacheSchemaVersion
+            << "), device headers " << qf::rt::templates_hash().substr(0, 16) << "\n";
+  return 0;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -79,21 +90,10 @@ int main(int argc, char** argv) {
     std::cout << kUsage;
     return argc < 2 ? 2 : 0;
   }
-  if (!std::strcmp(argv[1], "version") || !std::strcmp(argv[1], "--version")) {
-    try {
-      std::cout << "qforge " << QFORGE_VERSION << "\n"
-                << "nvrtc " << qf::rt::nvrtc_version() << "\n"
-                << "kernel cache " << qf::rt::kCacheDirName << " (schema " << qf::rt::kCacheSchemaVersion
-                << "), device headers " << qf::rt::templates_hash().substr(0, 16) << "\n";
-    } catch (const std::exception& e) {
-      std::cerr << "qforge version: " << e.what() << "\n";
-      return 3;
-    }
-    return 0;
-  }
   const std::map<std::string, int (*)(const Argv&)> commands = {
       {"check", cmd_check}, {"inspect", cmd_inspect}, {"quantize", cmd_quantize},
-      {"prewarm", cmd_prewarm}, {"tune", cmd_tune}, {"gemm", cmd_gemm}, {"list", cmd_list}, {"verify", cmd_verify}, {"clear", cmd_clear}};
+      {"prewarm", cmd_prewarm}, {"tune", cmd_tune}, {"gemm", cmd_gemm}, {"list", cmd_list}, {"verify", cmd_verify}, {"clear", cmd_clear},
+      {"version", cmd_version}, {"--version", cmd_version}};
   const std::string cmd = argv[1];
   Argv args(argv + 2, argv + argc);
   auto it = commands.find(cmd);

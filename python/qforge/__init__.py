@@ -15,6 +15,7 @@ Errors: every failing call raises UserError (bad recipe, role, shape, buffer: th
 the JSON path or argument), CudaError (no driver / GPU, a failed driver call) or InternalError, all
 QforgeError, with the library's message.
 """
+import contextlib
 import ctypes
 import os
 from dataclasses import dataclass
@@ -274,15 +275,34 @@ def _current_context(torch, device) -> None:
         cu.cuCtxSetCurrent(ctx)  # the retain is kept: torch holds the primary context for the process
 
 
-def _used_on(stream, caller, tensors) -> None:
-    """Tensors a launch on `stream` reads or writes, when that is not the caller's current stream:
-    the caching allocator then reuses their memory only after the launch (record_stream). Ordering
-    the launch after whatever produced them on other streams is the caller's, as in torch."""
-    if stream.cuda_stream == caller.cuda_stream:
-        return
-    for t in tensors:
-        if t is not None:
-            t.record_stream(stream)
+class _Launch:
+    """Where one call launches: the torch stream (_torch_stream), current for allocations inside
+    the `with`, on the device with a current CUDA context (_current_context)."""
+
+    def __init__(self, torch, device, stream):
+        self._torch, self._device = torch, device
+        self.stream = _torch_stream(torch, device, stream)
+        self._caller = torch.cuda.current_stream(device)
+
+    def __enter__(self) -> "_Launch":
+        self._scopes = contextlib.ExitStack()
+        self._scopes.enter_context(self._torch.cuda.device(self._device))
+        self._scopes.enter_context(self._torch.cuda.stream(self.stream))
+        _current_context(self._torch, self._device)
+        return self
+
+    def __exit__(self, *exc):
+        return self._scopes.__exit__(*exc)
+
+    def uses(self, tensors) -> None:
+        """Tensors the launch reads or writes, when it is not on the caller's current stream: the
+        caching allocator then reuses their memory only after the launch (record_stream). Ordering
+        the launch after whatever produced them on other streams is the caller's, as in torch."""
+        if self.stream.cuda_stream == self._caller.cuda_stream:
+            return
+        for t in tensors:
+            if t is not None:
+                t.record_stream(self.stream)
 
 
 class Quantizer(_Handle):
@@ -370,9 +390,7 @@ class Quantizer(_Handle):
         if unknown:
             raise _user_error(f"out: no output named {unknown[0]!r}; expected {[info.name for info in infos]}")
         ws_bytes = self.workspace_bytes(m, k, max(members, 1))
-        s, caller = _torch_stream(torch, x.device, stream), torch.cuda.current_stream(x.device)
-        with torch.cuda.device(x.device), torch.cuda.stream(s):
-            _current_context(torch, x.device)
+        with _Launch(torch, x.device, stream) as launch:
             buffers = {}
             for info in infos:
                 if info.name not in out:
@@ -381,10 +399,10 @@ class Quantizer(_Handle):
             for name, t in (inputs or {}).items():  # every input is a scale: fp32 [1]
                 buffers[name] = _device_ptr(t, f"inputs[{name!r}]", torch.float32)
             ws = torch.empty(ws_bytes, dtype=torch.uint8, device=x.device) if ws_bytes else None
-            _used_on(s, caller, [x, member_rows, noop, ws, *out.values(), *(inputs or {}).values()])
+            launch.uses([x, member_rows, noop, ws, *out.values(), *(inputs or {}).values()])
             self.quantize_raw(x_ptr, m, k, buffers, workspace=_device_ptr(ws, "workspace"),
                               noop_ptr=_device_ptr(noop, "noop", torch.float32)[0], seed=seed, offset=offset,
-                              member_rows_ptr=rows_ptr, num_members=members, stream=s.cuda_stream)
+                              member_rows_ptr=rows_ptr, num_members=members, stream=launch.stream.cuda_stream)
         return {info.name: out[info.name] for info in infos}
 
     def history_length(self, scale_name: Optional[str] = None) -> int:
@@ -412,12 +430,11 @@ class Quantizer(_Handle):
         p = {name: _device_ptr(t, name, torch.float32, required=name in ("history", "amax", "scale"))
              for name, t in (("history", history), ("amax", amax), ("scale", scale), ("scale_inv", scale_inv),
                              ("noop", noop))}
-        s, caller = _torch_stream(torch, history.device, stream), torch.cuda.current_stream(history.device)
-        with torch.cuda.device(history.device), torch.cuda.stream(s):
-            _current_context(torch, history.device)
-            _used_on(s, caller, [history, amax, scale, scale_inv, noop])
+        with _Launch(torch, history.device, stream) as launch:
+            launch.uses([history, amax, scale, scale_inv, noop])
             self.update_amax_history_raw(p["history"], p["amax"], p["scale"], scale_inv=p["scale_inv"],
-                                         noop_ptr=p["noop"][0], scale_name=scale_name, stream=s.cuda_stream)
+                                         noop_ptr=p["noop"][0], scale_name=scale_name,
+                                         stream=launch.stream.cuda_stream)
 
 
 class Gemm(_Handle):
@@ -496,16 +513,13 @@ class Gemm(_Handle):
                 raise _user_error(f"{name}: expected {n} elements for {num_groups} groups, got {t.numel()}")
         if m_total is None:
             m_total = a.shape[0] if k_total == 0 and a is not None else 0
-        s, caller = _torch_stream(torch, d.device, stream), torch.cuda.current_stream(d.device)
-        with torch.cuda.device(d.device), torch.cuda.stream(s):
-            _current_context(torch, d.device)
+        with _Launch(torch, d.device, stream) as launch:
             ws_bytes = self.workspace_bytes() if workspace is None else 0
             if ws_bytes:
                 workspace = torch.empty(ws_bytes, dtype=torch.uint8, device=d.device)
                 p["workspace"] = _device_ptr(workspace, "workspace")
-            _used_on(s, caller, [a, b, d, a_scale, b_scale, alpha, group_offsets, group_counts, a_amax, b_amax,
-                                workspace])
-            self._run_args(p, m_max, m_total, num_groups, max_ctas, k_total, s.cuda_stream)
+            launch.uses([a, b, d, a_scale, b_scale, alpha, group_offsets, group_counts, a_amax, b_amax, workspace])
+            self._run_args(p, m_max, m_total, num_groups, max_ctas, k_total, launch.stream.cuda_stream)
 
     def _run_args(self, p, m_max, m_total, num_groups, max_ctas, k_total, stream: int) -> None:
         args = _capi.GemmArgsC(p["a"][0], p["a"][1], p["b"][0], p["b"][1], p["d"][0], p["d"][1], p["a_scale"][0],
