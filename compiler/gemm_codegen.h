@@ -89,6 +89,15 @@ std::string_view name(GemmLayout l);
 // Both K-grouped layouts (wgrad): D [G, m, N], groups split the tokens.
 constexpr bool k_grouped(GemmLayout l) { return l != GemmLayout::MGrouped; }
 
+// How an MXFP8 or NVFP4 GEMM runs. Fused: one kernel dequantizes on chip (MXFP8 promotes every 32
+// of K; NVFP4's producers convert B to fp16). Dequant: each operand is dequantized once into a
+// 16-bit copy in the call's workspace (bf16 for MXFP8, fp16 for NVFP4; templates/qforge/dequant.cuh),
+// then the none GEMM runs on the copies: 1.3-1.6x faster where many tokens meet the weights, for 2
+// bytes of workspace per operand element; slower where the weights dominate (docs/gemm.md).
+enum class GemmRoute : uint8_t { Fused, Dequant };
+std::string_view name(GemmRoute r);
+GemmRoute parse_gemm_route(std::string_view name, const std::string& where);
+
 // Tile configuration; a zero field is chosen by resolve_tile().
 struct GemmTile {
   int block_m = 0;    // 64 or 128: one consumer warpgroup per 64 rows (128 for nvfp4)
@@ -127,7 +136,8 @@ struct GemmSpec {
   // after those of the groups before; masked: slots of m_max rows); MXFP8 B per expert [K/32, N]
   // (blockwise B's 128x128 grid is compact). Compact for every other scaling.
   ScaleLayout scale_layout = ScaleLayout::Compact;
-  GemmTile tile;
+  GemmRoute route = GemmRoute::Fused;  // mxfp8 and nvfp4, m_grouped and k_grouped layouts
+  GemmTile tile;                       // dequant route: the none GEMM's tile
 };
 
 // An operand format by name (the CLI, the C API, recipes): e4m3, e5m2, int8, e2m1, or bf16 / fp16
@@ -209,6 +219,26 @@ int64_t gemm_k_total_multiple(const GemmSpec& spec);
 // K-grouped members: tensor-map pairs per persistent CTA in the workspace (the kernel's ring, one
 // more than its TMA load slots), for a spec whose tile is resolved.
 int gemm_member_map_count(const GemmSpec& spec);
+
+// The dequant route (GemmRoute::Dequant): the none GEMM of the same problem on the 16-bit copies
+// (bf16 for MXFP8, fp16 for NVFP4; the spec's tile, output, accumulation and layout).
+GemmSpec dequant_inner_spec(const GemmSpec& spec);
+// Its dequantization kernels (templates/qforge/dequant.cuh): one per operand format, and the
+// prep kernel (mn_major grid prefix of M-grouped A, NVFP4's per-group alpha).
+struct DequantSource {
+  std::string source;
+  std::string a_kernel, b_kernel, prep_kernel;  // name expressions
+  int threads = 0;
+};
+DequantSource emit_dequant(const GemmSpec& spec);
+// Where a dequant-route call keeps its copies in the workspace (extent: m_total, or k_total for
+// the K-grouped layout): A's copy, B's, NVFP4's alpha [G] and the mn_major A grid prefix [G + 1],
+// each 256-byte aligned; total is what the call needs.
+struct DequantWorkspace {
+  int64_t a = 0, b = 0, alpha = -1, prefix = -1;  // byte offsets (-1: not used)
+  int64_t total = 0;
+};
+DequantWorkspace dequant_workspace(const GemmSpec& spec, int64_t extent, int64_t num_groups);
 
 // "e4m3 x e4m3 blockwise N=4096 K=7168 -> bf16" (logs, cache metadata).
 std::string describe(const GemmSpec& spec);

@@ -270,6 +270,8 @@ GemmRows gemm_reference(const GemmSpec& spec, const GemmOperands& ops, std::span
 }
 
 GemmTolerance gemm_tolerance(const GemmSpec& spec) {
+  // The dequant route: exact 16-bit copies (but past bf16's range), summed by the none GEMM.
+  if (spec.route == GemmRoute::Dequant) return gemm_tolerance(dequant_inner_spec(spec));
   GemmTolerance t;
   // bf16: RNE of the fp32 result, half an ulp = 2^-9 relative, plus the fp32 epilogue
   // multiplies; fp32: a few fp32 roundings (scale products, epilogue multiplies, promotion fma).

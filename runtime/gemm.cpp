@@ -4,6 +4,7 @@
 #include <cstring>
 
 #include "compiler/error.h"
+#include "qforge/dequant.cuh"
 #include "qforge/gemm.cuh"
 #include "runtime/driver.h"
 #include "runtime/nvrtc.h"
@@ -97,6 +98,25 @@ GemmKernel build_gemm_kernel(const GemmSpec& spec, const std::string& arch, Kern
   return k;
 }
 
+DequantKernels build_dequant_kernels(const GemmSpec& spec, const std::string& arch, KernelCache& cache) {
+  DequantKernels k;
+  k.source = emit_dequant(spec);
+  CompileRequest req;
+  req.source = k.source.source;
+  req.source_name = "qforge_dequant.cu";
+  req.name_expressions = {k.source.a_kernel, k.source.b_kernel, k.source.prep_kernel};
+  req.arch = arch;
+  k.cached = cache.get_or_compile(req, nlohmann::json{{"kind", "gemm_dequant"}, {"gemm", describe(spec)}});
+  return k;
+}
+
+struct Gemm::LoadedDequant {
+  DequantKernels kernels;
+  std::shared_ptr<const Module> module;
+  CUfunction a = nullptr, b = nullptr, prep = nullptr;
+  int sms = 0;
+};
+
 struct Gemm::Loaded {
   GemmKernel kernel;
   std::shared_ptr<const Module> module;
@@ -107,15 +127,133 @@ struct Gemm::Loaded {
 Gemm::Gemm(GemmSpec spec, KernelCache& cache) : spec_(std::move(spec)), cache_(cache) {
   validate(spec_);
   spec_.tile = resolve_tile(spec_);
+  if (spec_.route == GemmRoute::Dequant) inner_ = std::make_unique<Gemm>(dequant_inner_spec(spec_), cache_);
 }
 
-CacheHow Gemm::prepare(const std::string& arch) const { return build_gemm_kernel(spec_, arch, cache_).cached.how; }
+CacheHow Gemm::prepare(const std::string& arch) const {
+  if (!inner_) return build_gemm_kernel(spec_, arch, cache_).cached.how;
+  const CacheHow a = build_dequant_kernels(spec_, arch, cache_).cached.how, b = inner_->prepare(arch);
+  return std::max(a, b);  // (MemoryHit < DiskHit < Compiled: the slower answer)
+}
 
-int Gemm::persistent_ctas() const { return load_for_current_device()->grid; }
+int Gemm::persistent_ctas() const { return inner_ ? inner_->persistent_ctas() : load_for_current_device()->grid; }
 
 int64_t Gemm::workspace_bytes() const {
+  if (inner_)
+    throw UserError("workspace_bytes", "the dequant route's workspace holds the call's operand copies: ask with the "
+                                       "call's extent and group count (workspace_bytes(extent, num_groups))");
   if (spec_.layout != GemmLayout::KGroupedMembers) return 0;
   return workspace_bytes(*load_for_current_device());
+}
+
+int64_t Gemm::workspace_bytes(int64_t extent, int num_groups) const {
+  if (!inner_) return workspace_bytes();
+  if (extent < 0) throw UserError("extent", "expected >= 0, got " + std::to_string(extent));
+  if (num_groups < 1 || num_groups > kMaxGroups)
+    throw UserError("num_groups", "expected 1.." + std::to_string(kMaxGroups) + ", got " + std::to_string(num_groups));
+  return dequant_workspace(spec_, extent, num_groups).total;
+}
+
+std::shared_ptr<const Gemm::LoadedDequant> Gemm::load_dequant_for_current_device() const {
+  const int dev = current_device();
+  {
+    std::lock_guard<std::mutex> g(mu_);
+    if (auto it = loaded_dequant_.find(dev); it != loaded_dequant_.end()) return it->second;
+  }
+  auto l = std::make_shared<LoadedDequant>();
+  l->kernels = build_dequant_kernels(spec_, device_arch(dev), cache_);
+  const auto& entry = *l->kernels.cached.entry;
+  l->module = module_registry().get(dev, entry.key, std::string_view(entry.image));
+  l->a = l->module->function(entry.lowered(l->kernels.source.a_kernel));
+  l->b = l->module->function(entry.lowered(l->kernels.source.b_kernel));
+  l->prep = l->module->function(entry.lowered(l->kernels.source.prep_kernel));
+  l->sms = device_sm_count(dev);
+  std::lock_guard<std::mutex> g(mu_);
+  return loaded_dequant_.emplace(dev, std::move(l)).first->second;
+}
+
+// The dequant route: the prep kernel (NVFP4's per-group alpha, M-grouped mn_major A's grid
+// prefix), each operand into its 16-bit copy, then the none GEMM on the copies with the caller's
+// D, groups and (MXFP8) alpha. The call was checked as the fused kernel takes it.
+void Gemm::run_dequant(const GemmCall& c, CUstream stream) const {
+  const GemmSpec& s = spec_;
+  const bool kg = k_grouped(s.layout), fp4 = s.scaling == GemmScaling::Nvfp4;
+  const bool mn = s.scale_layout == ScaleLayout::MnMajor, masked = c.m_max != 0;
+  const int64_t g = c.num_groups, extent = kg ? c.k_total : c.m_total;
+  const DequantWorkspace w = dequant_workspace(s, extent, g);
+  check_buffer("workspace", c.workspace, w.total, 256,
+               "dequant route: workspace_bytes(" + std::to_string(extent) + ", " + std::to_string(g) + ") = " +
+                   std::to_string(w.total) + " bytes (the operands' 16-bit copies)");
+  const std::pair<const char*, const TensorView*> others[] = {
+      {"d", &c.d},         {"a", &c.a},         {"b", &c.b},           {"a_scale", &c.a_scale},
+      {"b_scale", &c.b_scale}, {"alpha", &c.alpha}, {"a_amax", &c.a_amax}, {"b_amax", &c.b_amax},
+      {"group_offsets", &c.group_offsets}, {"group_counts", &c.group_counts}};
+  for (const auto& [name, v] : others) check_disjoint("workspace", c.workspace, name, *v);
+  const int dev = current_device();
+  check_device_pointer("workspace", c.workspace.ptr, dev);
+  for (const auto& [name, v] : others) check_device_pointer(name, v->ptr, dev);
+  if (!kg && c.m_total == 0) return;
+  auto l = load_dequant_for_current_device();
+  u8* ws = reinterpret_cast<u8*>(c.workspace.ptr);
+
+  DequantArgs prep{};
+  prep.num_groups = int(g);
+  if (w.alpha >= 0) {
+    prep.alpha = reinterpret_cast<const float*>(c.alpha.ptr);
+    prep.a_amax = reinterpret_cast<const float*>(c.a_amax.ptr);
+    prep.b_amax = reinterpret_cast<const float*>(c.b_amax.ptr);
+    prep.alpha_out = reinterpret_cast<float*>(ws + w.alpha);
+  }
+  const bool grouped_grid = w.prefix >= 0 && !masked;  // M-grouped contiguous mn_major A
+  if (grouped_grid) {
+    prep.offsets = reinterpret_cast<const i64*>(c.group_offsets.ptr);
+    prep.prefix = reinterpret_cast<i64*>(ws + w.prefix);
+    prep.cap = mn_major_grouped_rows(c.m_total, g);
+  }
+  if (prep.alpha_out || prep.prefix) {
+    void* params[] = {&prep};
+    launch(l->prep, Dim3{1}, Dim3{1024}, 0, stream, params);
+  }
+  auto operand = [&](CUfunction f, const TensorView& data, const TensorView& scale, int64_t out_off, int64_t rows,
+                     int64_t k, bool is_a) {
+    DequantArgs a{};
+    a.data = reinterpret_cast<const u8*>(data.ptr);
+    a.scale = reinterpret_cast<const u8*>(scale.ptr);
+    a.out = reinterpret_cast<u16*>(ws + out_off);
+    a.rows = rows;
+    a.k = k;
+    a.grid = kGridCompact;
+    if (mn && !fp4) {
+      a.grid = kGridMnMajor;
+      a.grid_rows = kg ? rows : !is_a ? s.n : masked ? c.m_max : 0;
+      if (is_a && !kg && !masked) {
+        a.grid = kGridGroups;
+        a.num_groups = int(g);
+        a.offsets = prep.offsets;
+        a.prefix = prep.prefix;
+        a.cap = prep.cap;
+      }
+    }
+    const int64_t nblk = (k + (fp4 ? 15 : 31)) / (fp4 ? 16 : 32);
+    // Threads: one per block; mn_major grids in warps of 8 rows x 4 blocks (dequant_kernel).
+    const int64_t blocks = a.grid == kGridCompact ? rows * nblk : (rows + 7) / 8 * ((nblk + 3) / 4) * 32;
+    if (blocks == 0) return;
+    const int64_t ctas = std::min<int64_t>((blocks + l->kernels.source.threads - 1) / l->kernels.source.threads, int64_t(l->sms) * 16);
+    void* params[] = {&a};
+    launch(f, Dim3{unsigned(ctas)}, Dim3{unsigned(l->kernels.source.threads)}, 0, stream, params);
+  };
+  const int64_t rows_a = kg ? s.m : c.m_total, rows_b = kg ? s.n : g * s.n, k = kg ? c.k_total : s.k;
+  operand(l->a, c.a, c.a_scale, w.a, rows_a, k, true);
+  operand(l->b, c.b, c.b_scale, w.b, rows_b, k, false);
+
+  const DType dt = fp4 ? DType::FP16 : DType::BF16;
+  GemmCall in = c;
+  in.a = TensorView{c.workspace.ptr + uint64_t(w.a), rows_a * k * 2, dt, {}};
+  in.b = TensorView{c.workspace.ptr + uint64_t(w.b), rows_b * k * 2, dt, {}};
+  in.a_scale = in.b_scale = in.a_amax = in.b_amax = TensorView{};
+  if (fp4) in.alpha = TensorView{c.workspace.ptr + uint64_t(w.alpha), g * 4, DType::FP32, {}};
+  in.workspace = TensorView{};
+  inner_->run(in, stream);
 }
 
 int64_t Gemm::workspace_bytes(const Loaded& l) const {
@@ -234,6 +372,7 @@ void Gemm::run(const GemmCall& c, CUstream stream) const {
       {"alpha", &c.alpha}, masked ? std::pair{"group_counts", &c.group_counts} : std::pair{"group_offsets", &c.group_offsets},
       {"a_amax", &c.a_amax}, {"b_amax", &c.b_amax}};
   for (const auto& [name, v] : inputs) check_disjoint("d", c.d, name, *v);
+  if (inner_) return run_dequant(c, stream);
   if (m == 0) return;  // no rows: nothing to read or write
 
   const int dev = current_device();
@@ -360,6 +499,7 @@ void Gemm::run_k_grouped(const GemmCall& c, CUstream stream) const {
       {"a", &c.a},         {"b", &c.b}, {"a_scale", &c.a_scale}, {"b_scale", &c.b_scale},
       {"alpha", &c.alpha}, {"group_offsets", &c.group_offsets}, {"a_amax", &c.a_amax}, {"b_amax", &c.b_amax}};
   for (const auto& [name, v] : inputs) check_disjoint("d", c.d, name, *v);
+  if (inner_) return run_dequant(c, stream);
   const int dev = current_device();
   check_device_pointer("d", c.d.ptr, dev);
   for (const auto& [name, v] : inputs) check_device_pointer(name, v->ptr, dev);

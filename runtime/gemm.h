@@ -35,6 +35,12 @@ struct GemmKernel {
   CacheResult cached;
 };
 GemmKernel build_gemm_kernel(const GemmSpec& spec, const std::string& arch, KernelCache& cache);
+// The dequant route's operand kernels (GemmRoute::Dequant) for one arch, from the cache.
+struct DequantKernels {
+  DequantSource source;
+  CacheResult cached;
+};
+DequantKernels build_dequant_kernels(const GemmSpec& spec, const std::string& arch, KernelCache& cache);
 
 struct GemmCall {
   TensorView a;              // fp8 / int8 [m_total, K] (K-grouped: [m, k_total]; nvfp4: packed e2m1 [m_total, K/2] or
@@ -63,7 +69,8 @@ struct GemmCall {
                              // 0: one per SM, or as many clusters as fit at once
   TensorView workspace;      // k_grouped_members: workspace_bytes() of device memory, 128-byte aligned,
                              // where the kernel builds each member's tensor maps (one run at a time);
-                             // ignored by the other layouts
+                             // dequant route: workspace_bytes(extent, num_groups), 256-byte aligned,
+                             // the operands' 16-bit copies; ignored otherwise
 };
 
 
@@ -87,20 +94,31 @@ class Gemm {
 
   // Device workspace a run on the current device needs (GemmCall::workspace): k_grouped_members
   // keeps a ring of (load slots + 1) A and B tensor maps per persistent CTA (the load slots are
-  // the stages but for NVFP4, gemm_member_map_count); 0 for the other layouts.
+  // the stages but for NVFP4, gemm_member_map_count); 0 for the other layouts. The dequant route's
+  // depends on the call: the overload below (this one throws UserError for it).
   int64_t workspace_bytes() const;
+  // The same for a call of num_groups groups over `extent` rows (m_total; K-grouped: k_total
+  // tokens): the dequant route's 16-bit copies of both operands (dequant_workspace), else as
+  // above. No GPU needed for the dequant route.
+  int64_t workspace_bytes(int64_t extent, int num_groups) const;
 
  private:
   struct Loaded;
   std::shared_ptr<const Loaded> load_for_current_device() const;
   int64_t workspace_bytes(const Loaded& l) const;
   void run_k_grouped(const GemmCall& call, CUstream stream) const;
+  struct LoadedDequant;
+  std::shared_ptr<const LoadedDequant> load_dequant_for_current_device() const;
+  // The dequant route, after run / run_k_grouped checked the call as the fused kernel takes it.
+  void run_dequant(const GemmCall& call, CUstream stream) const;
   void launch_persistent(const Loaded& l, GemmArgs& args, int64_t units, int max_ctas, CUstream stream) const;
 
   GemmSpec spec_;
   KernelCache& cache_;
+  std::unique_ptr<Gemm> inner_;  // dequant route: the none GEMM on the copies
   mutable std::mutex mu_;
   mutable std::map<int, std::shared_ptr<const Loaded>> loaded_;  // by device
+  mutable std::map<int, std::shared_ptr<const LoadedDequant>> loaded_dequant_;
 };
 
 }  // namespace qf::rt

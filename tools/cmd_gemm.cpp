@@ -63,7 +63,7 @@ int cmd_gemm(const Argv& argv) {
   Args args(argv,
             {"--a-format", "--b-format", "--scaling", "--groups", "--m", "--n", "--k", "--splits", "--out",
              "--block-m", "--block-n", "--stages", "--multicast", "--raster", "--arch", "--seed", "--check-rows",
-             "--iters", "--warmup", "--json", "--zero-groups", "--max-ctas", "--ordered", "--m-max", "--scale-layout"},
+             "--iters", "--warmup", "--json", "--zero-groups", "--max-ctas", "--ordered", "--m-max", "--scale-layout", "--route"},
             {"--accumulate", "--alpha", "--fast-accum", "--uneven", "--source", "--check", "--bench", "--k-grouped", "--members"});
   if (!args.positional().empty()) throw UserError(args.positional()[0], "unexpected argument");
   GemmSpec spec;
@@ -92,6 +92,7 @@ int cmd_gemm(const Argv& argv) {
   spec.accumulate = args.flag("--accumulate");
   spec.fast_accum = args.flag("--fast-accum");
   if (auto l = args.get("--scale-layout")) spec.scale_layout = parse_gemm_scale_layout(*l, "--scale-layout");
+  if (auto r = args.get("--route")) spec.route = parse_gemm_route(*r, "--route");
   spec.tile.block_m = int(args.integer("--block-m", 0, 0, 1024));
   spec.tile.block_n = int(args.integer("--block-n", 0, 0, 1024));
   spec.tile.stages = int(args.integer("--stages", 0, 0, 64));
@@ -108,6 +109,7 @@ int cmd_gemm(const Argv& argv) {
         {"a_format", "--a-format"}, {"b_format", "--b-format"}, {"n", "--n"}, {"k", "--k"}, {"m", "--m"},
         {"scaling", "--scaling"}, {"layout", "--k-grouped"}, {"operand_dtype", "--a-format"},
         {"out_dtype", "--out"}, {"accumulate", "--accumulate"}, {"fast_accum", "--fast-accum"}, {"scale_layout", "--scale-layout"},
+        {"route", "--route"},
         {"tile.block_m", "--block-m"}, {"tile.block_n", "--block-n"}, {"tile.stages", "--stages"},
         {"tile.multicast", "--multicast"}, {"tile.raster_m", "--raster"}, {"tile.ordered", "--ordered"}};
     auto it = kFlag.find(e.where());
@@ -115,15 +117,21 @@ int cmd_gemm(const Argv& argv) {
     throw UserError(it->second, std::string(e.what()).substr(e.where().size() + 2));
   }
   spec.tile = resolve_tile(spec);
-  const GemmSource src = emit_gemm(spec);
+  // The dequant route: its operand kernels, then the none GEMM on the 16-bit copies.
+  const bool dequant = spec.route == GemmRoute::Dequant;
+  const GemmSource src = emit_gemm(dequant ? dequant_inner_spec(spec) : spec);
   if (args.flag("--source")) {
+    if (dequant) {
+      const DequantSource ds = emit_dequant(spec);
+      std::cout << ds.source << "// kernels: " << ds.a_kernel << ", " << ds.b_kernel << ", " << ds.prep_kernel << "\n";
+    }
     std::cout << src.source << "// kernel: " << src.kernel << "\n";
     return 0;
   }
   auto tile_line = [&] {
     std::ostringstream os;
     os << "tile " << spec.tile.block_m << "x" << spec.tile.block_n << "x"
-       << (gemm_operand_bits(spec, spec.a_format) == 16 ? 64 : 128) << ", " << spec.tile.stages << " stages, multicast "
+       << (dequant || gemm_operand_bits(spec, spec.a_format) == 16 ? 64 : 128) << ", " << spec.tile.stages << " stages, multicast "
        << spec.tile.multicast << ", raster " << spec.tile.raster_m << ", ordered issue "
        << (spec.tile.ordered == 2 ? "on" : "off") << ", " << src.threads << " threads, "
        << src.smem_bytes << " bytes of shared memory";
@@ -229,8 +237,9 @@ int cmd_gemm(const Argv& argv) {
   rt::Gemm gemm(spec);
   std::cout << "persistent CTAs: " << gemm.persistent_ctas() << " (" << rt::device_sm_count(0) << " SMs)"
             << (call.max_ctas ? ", capped at " + std::to_string(call.max_ctas) : std::string()) << "\n";
-  std::optional<rt::DeviceBuffer> dws;  // --members: the tensor-map workspace
+  std::optional<rt::DeviceBuffer> dws;  // --members: the tensor-map workspace; --route dequant: the operands' copies
   if (members) call.workspace = view(dws.emplace(size_t(gemm.workspace_bytes())));
+  if (dequant) call.workspace = view(dws.emplace(size_t(gemm.workspace_bytes(k_grouped ? p.k_total : m_total, call.num_groups))));
   rt::Stream stream;
   const auto tc = std::chrono::steady_clock::now();
   gemm.run(call, stream.get());

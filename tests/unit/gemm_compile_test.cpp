@@ -1092,4 +1092,102 @@ TEST(GemmProblem, ShapesSplitsAndExactValues) {
   EXPECT_EQ(p.b, q.b);
 }
 
+
+// ------------------------------------------------------------------------- the dequant route
+
+GemmSpec dequant(GemmSpec s) {
+  s.route = GemmRoute::Dequant;
+  return s;
+}
+
+TEST(GemmDequant, OperandKernelsCompileWithoutSpills) {
+  using S = GemmScaling;
+  const auto E4 = ElemFormat::E4M3, E5 = ElemFormat::E5M2, F4 = ElemFormat::E2M1;
+  for (const GemmSpec& s : {dequant(make(S::Mx32, E5, E4, DType::BF16, false, false, 0, 1)),
+                            dequant(make(S::Nvfp4, F4, F4, DType::FP32, true, false, 0, 1))}) {
+    const DequantSource src = emit_dequant(s);
+    EXPECT_NE(src.source.find("#include \"qforge/dequant.cuh\""), std::string::npos) << src.source;
+    rt::CompileRequest req{src.source, "dequant.cu", {src.a_kernel, src.b_kernel, src.prep_kernel}, "sm_90a", {"--ptxas-options=-v"}};
+    const rt::CompileResult r = rt::compile_cuda(req);
+    ASSERT_FALSE(r.image.empty());
+    const std::vector<rt::KernelResources> res = rt::ptxas_resources(r.log);
+    ASSERT_GE(res.size(), 2u) << r.log;  // (A's and B's kernel are one instance where the formats agree)
+    for (const auto& k : res) EXPECT_EQ(k.spill_store_bytes, 0) << r.log;
+    // The GEMM on the copies is the none GEMM of the same problem, with the spec's tile.
+    const GemmSpec in = dequant_inner_spec(s);
+    EXPECT_EQ(in.scaling, S::None);
+    EXPECT_EQ(in.operand_dtype, s.scaling == S::Nvfp4 ? DType::FP16 : DType::BF16);
+    EXPECT_EQ(resolve_tile(s), resolve_tile(in));
+    EXPECT_NE(describe(s).find("(dequant route)"), std::string::npos);
+  }
+}
+
+TEST(GemmDequant, SpecErrorsNameTheRoute) {
+  using S = GemmScaling;
+  const auto E4 = ElemFormat::E4M3;
+  auto expect = [](const GemmSpec& s, const std::string& what) {
+    try {
+      validate(s);
+      FAIL() << "accepted: " << what;
+    } catch (const UserError& e) {
+      EXPECT_NE(std::string(e.what()).find(what), std::string::npos) << e.what();
+    }
+  };
+  expect(dequant(make(S::Block128, E4, E4, DType::BF16, false, false, 0, 1)), "route: dequant: expected mxfp8 or nvfp4 scaling");
+  expect(dequant(members(make(S::Mx32, E4, E4, DType::BF16, false, false, 0, 1), 4096)), "got k_grouped_members");
+  expect(dequant(make(S::Mx32, E4, E4, DType::BF16, false, true, 0, 1)), "fast_accum");  // the operands' own rules
+  expect(dequant(make(S::Mx32, E4, E4, DType::BF16, false, false, 96, 1)), "tile.block_n");  // the none GEMM's tile
+  try {
+    (void)parse_gemm_route("fast", "--route");
+    FAIL();
+  } catch (const UserError& e) {
+    EXPECT_EQ(std::string(e.what()), "--route: expected fused or dequant, got \"fast\"");
+  }
+}
+
+TEST(GemmDequant, WorkspaceHoldsBothCopiesPerCall) {
+  using S = GemmScaling;
+  const auto E4 = ElemFormat::E4M3, F4 = ElemFormat::E2M1;
+  GemmSpec mx = dequant(make(S::Mx32, E4, E4, DType::BF16, false, false, 0, 1, 128, 256, 512));
+  DequantWorkspace w = dequant_workspace(mx, 1000, 4);
+  EXPECT_EQ(w.a, 0);
+  EXPECT_EQ(w.b, 1000 * 512 * 2);  // (a multiple of 256)
+  EXPECT_EQ(w.total, w.b + 4 * 256 * 512 * 2);
+  EXPECT_EQ(w.alpha, -1);
+  EXPECT_EQ(w.prefix, -1);
+  mx.scale_layout = ScaleLayout::MnMajor;  // A's per-group grid prefix
+  w = dequant_workspace(mx, 1000, 4);
+  EXPECT_EQ(w.prefix, 1000 * 512 * 2 + 4 * 256 * 512 * 2);
+  EXPECT_EQ(w.total, w.prefix + 256);
+  const GemmSpec fp4 = dequant(k_grouped(make(S::Nvfp4, F4, F4, DType::FP32, false, false, 0, 1, 128, 136), 200));
+  w = dequant_workspace(fp4, 4096, 8);  // K-grouped: A [200, 4096], B [136, 4096], alpha [8]
+  EXPECT_EQ(w.b, 200 * 4096 * 2);
+  EXPECT_EQ(w.alpha, w.b + 136 * 4096 * 2);
+  EXPECT_EQ(w.total, w.alpha + 256);
+  rt::Gemm gemm(mx);
+  EXPECT_EQ(gemm.workspace_bytes(1000, 4), dequant_workspace(mx, 1000, 4).total);
+  EXPECT_THROW((void)gemm.workspace_bytes(), UserError);  // the copies depend on the call
+  // A call without it, or with too little, is refused before anything runs.
+  auto buf = [](uint64_t addr, int64_t bytes) { return rt::TensorView{addr, bytes, std::nullopt, {}}; };
+  rt::GemmCall c;
+  c.m_total = 1000, c.num_groups = 4;
+  c.a = buf(0x1000000, 1000 * 512);
+  c.b = buf(0x2000000, 4 * 256 * 512);
+  c.d = buf(0x3000000, 1000 * 256 * 2);
+  c.a_scale = buf(0x4000000, (1000 + 12) * 16);
+  c.b_scale = buf(0x5000000, 4 * 256 * 16);
+  c.group_offsets = buf(0x6000000, 5 * 8);
+  expect_run_error(gemm, c, "argument workspace: null pointer");
+  c.workspace = buf(0x10000000, gemm.workspace_bytes(1000, 4) - 256);
+  expect_run_error(gemm, c, "dequant route: workspace_bytes(1000, 4) = ");
+  c.workspace = buf(0x10000000, gemm.workspace_bytes(1000, 4));
+  c.a_scale.bytes -= 1;  // the operands are checked as the fused kernel takes them
+  expect_run_error(gemm, c, "argument a_scale");
+  c.a_scale.bytes += 1;
+  c.workspace.ptr = 0x1000000 + 256;  // overlaps A
+  expect_run_error(gemm, c, "argument workspace: buffer");
+  c.workspace.ptr = 0x10000000;
+  expect_run_error(gemm, c, "");  // past the checks
+}
+
 }  // namespace

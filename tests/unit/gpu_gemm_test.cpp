@@ -70,6 +70,13 @@ GemmSpec mn_major(GemmSpec s) {
   return s;
 }
 
+// The dequant route: MXFP8 / NVFP4 operands into 16-bit copies, then the none GEMM (whose tile
+// the spec's is).
+GemmSpec dequant(GemmSpec s) {
+  s.route = GemmRoute::Dequant;
+  return s;
+}
+
 // Identity operands as fp16 (bf16 by default).
 GemmSpec fp16(GemmSpec s) {
   s.operand_dtype = DType::FP16;
@@ -121,9 +128,14 @@ Device to_device(const GemmSpec& spec, const ref::GemmProblem& p) {
 std::vector<uint8_t> run(const GemmSpec& spec, Device& dev, int max_ctas = 0) {
   rt::Gemm gemm(spec);
   rt::Stream stream;
-  // Members: the kernel's tensor-map ring (poisoned: every map it uses must be one it wrote).
-  DeviceBuffer ws = rt::testing::poisoned_buffer(size_t(std::max<int64_t>(gemm.workspace_bytes(), 128)));
-  if (spec.layout == GemmLayout::KGroupedMembers) dev.call.workspace = rt::testing::view_of(ws);
+  // Members: the kernel's tensor-map ring (poisoned: every map it uses must be one it wrote); the
+  // dequant route: the operands' copies (poisoned: every element the GEMM reads must be written).
+  const bool copies = spec.route == GemmRoute::Dequant;
+  const int64_t ws_bytes = copies ? gemm.workspace_bytes(k_grouped(spec.layout) ? dev.call.k_total : dev.call.m_total,
+                                                         dev.call.num_groups)
+                                  : gemm.workspace_bytes();
+  DeviceBuffer ws = rt::testing::poisoned_buffer(size_t(std::max<int64_t>(ws_bytes, 256)));
+  if (spec.layout == GemmLayout::KGroupedMembers || copies) dev.call.workspace = rt::testing::view_of(ws);
   dev.call.max_ctas = max_ctas;
   gemm.run(dev.call, stream.get());
   stream.synchronize();
@@ -413,6 +425,24 @@ std::vector<Case> exact_cases() {
   masked("masked_channel_fp32", spec_of(S::Channel, Id, I8, DType::FP32, false, false, 128, 128, 1, 200, 256), 256);
   members("members_fp16_fp32_acc_3ctas", fp16(spec_of(S::None, Id, Id, DType::FP32, true, false, 128, 128, 1, 136, 130)),
           many8, 0, 3);
+  // The dequant route (16-bit copies, then the none GEMM with this tile): every scale layout the
+  // fused kernels read: compact, mn_major A per group (groups of 37, 129 and 1 rows pad their
+  // grids; 40 groups; rows after the last group), masked slots, K-grouped token grids (202 rows
+  // pad to 204; 32-token blocks cut by the groups), NVFP4's per-group alpha.
+  add("dequant_mxfp8_bf16", dequant(spec_of(S::Mx32, E4, E4, DType::BF16, false, false, 128, 128, 1, 200, 384)));
+  add("dequant_mxfp8_e5m2_e4m3_fp32_acc_bn256", dequant(spec_of(S::Mx32, E5, E4, DType::FP32, true, false, 128, 256, 1, 256, 512)));
+  add("dequant_mxfp8_mn_major_bf16", mn_major(dequant(spec_of(S::Mx32, E4, E4, DType::BF16, false, false, 128, 128, 1, 200, 384))));
+  add("dequant_mxfp8_mn_major_many_groups", mn_major(dequant(spec_of(S::Mx32, E4, E5, DType::BF16, false, false, 128, 128, 1, 1024, 512))),
+      many, 3);
+  masked("dequant_masked_mxfp8_mn_major_bm64", mn_major(dequant(spec_of(S::Mx32, E4, E4, DType::BF16, false, false, 64, 128, 1, 200, 256))), 258);
+  kgrouped("dequant_kgrouped_mxfp8_bf16", dequant(spec_of(S::Mx32, E4, E4, DType::BF16, false, false, 128, 128, 1, 200, 200)), tok, 5);
+  kgrouped("dequant_kgrouped_mxfp8_mn_major_fp32_acc",
+           mn_major(dequant(spec_of(S::Mx32, E5, E4, DType::FP32, true, false, 128, 128, 1, 264, 202))), tok128, 3);
+  add("dequant_nvfp4_bf16", dequant(spec_of(S::Nvfp4, F4, F4, DType::BF16, false, false, 128, 128, 1, 200, 384)));
+  add("dequant_nvfp4_fp32_acc_noalpha", dequant(spec_of(S::Nvfp4, F4, F4, DType::FP32, true, false, 128, 128, 1, 256, 512)), {}, 3,
+      false);
+  masked("dequant_masked_nvfp4_fp32", dequant(spec_of(S::Nvfp4, F4, F4, DType::FP32, false, false, 128, 128, 1, 200, 256)), 256);
+  kgrouped("dequant_kgrouped_nvfp4_bf16", dequant(spec_of(S::Nvfp4, F4, F4, DType::BF16, false, false, 128, 128, 1, 200, 200)), tok, 5);
   return v;
 }
 
@@ -565,6 +595,15 @@ std::vector<Case> random_cases() {
   GemmSpec mh = wh;
   mh.layout = GemmLayout::KGroupedMembers;
   v.push_back({"members_bf16_4096_tokens", mh, ref::random_group_rows(8, 4096, 1, 8, 9), 0, true});
+  // The dequant route on random operands: the 16-bit copies' sums within the none GEMM's bound.
+  v.push_back({"dequant_mxfp8_bf16_k7168", dequant(spec_of(S::Mx32, E4, E4, DType::BF16, false, false, 128, 256, 1, 1024, 7168)),
+               g8, 0, true});
+  v.push_back({"dequant_mxfp8_mn_major_fp32_acc_k2048",
+               mn_major(dequant(spec_of(S::Mx32, E5, E4, DType::FP32, true, false, 128, 128, 1, 512, 2048))), g8, 7, false});
+  v.push_back({"dequant_nvfp4_bf16_k7168", dequant(spec_of(S::Nvfp4, F4, F4, DType::BF16, false, false, 128, 256, 1, 1024, 7168)),
+               g8, 0, true});
+  kgrouped("dequant_kgrouped_mxfp8_mn_major_fp32_acc_4096_tokens", dequant(wmm), false);
+  kgrouped("dequant_kgrouped_nvfp4_bf16_4096_tokens", dequant(wf), true);
   return v;
 }
 

@@ -1,0 +1,235 @@
+// The dequant route of the MXFP8 and NVFP4 grouped GEMMs (compiler/gemm_codegen.h, GemmRoute):
+// each operand is dequantized once into a 16-bit copy, then the bf16 / fp16 GEMM (gemm.cuh, none
+// scaling) runs on the copies. MXFP8: e4m3 / e5m2 x e8m0 into bf16, exact but where the value
+// passes bf16's range or falls below its smallest subnormal (2^-133); NVFP4: e2m1 x e4m3 into fp16,
+// always exact (|x| <= 2688, multiples of 2^-10), the per-tensor decode scales going into the
+// per-group alpha (dequant_prep_kernel) as the fused kernel folds them into its epilogue factor.
+//
+// Cfg (generated per operand): Format (E4M3, E5M2 or E2M1), kNvfp4, kThreads.
+#pragma once
+#include "qforge/layout.cuh"
+#include "qforge/numerics.cuh"
+
+namespace qf {
+
+// Where a block's scale sits (the layouts the fused kernels read).
+enum DequantGrid : int {
+  kGridCompact = 0,   // [rows, ceil(k / block)] row-major
+  kGridMnMajor = 1,   // grids of grid_rows rows back to back, each [ceil(k / block), round_up(grid_rows, 4)]
+                      // (one tensor: grid_rows = rows; MXFP8 B per expert: N; masked A: m_max)
+  kGridGroups = 2,    // M-grouped A, mn_major: group g's grid [ceil(k / block), round_up(rows_g, 4)] after
+                      // those of groups 0..g-1 (prefix from dequant_prep_kernel); rows outside every
+                      // group become zero, the rows of a group whose grid would pass the buffer NaN
+};
+
+struct DequantArgs {
+  const u8* data;       // [rows, k] fp8, or packed e2m1 [rows, k / 2] (element 2i in the low nibble)
+  const u8* scale;      // e8m0 (MXFP8) or e4m3 (NVFP4) scales, laid out by `grid`
+  u16* out;             // [rows, k] bf16 (MXFP8) or fp16 (NVFP4)
+  i64 rows, k;          // k: elements per row
+  i64 grid_rows;        // kGridMnMajor
+  i32 grid;             // DequantGrid
+  i32 num_groups;       // kGridGroups; dequant_prep_kernel
+  const i64* offsets;   // kGridGroups: row offsets [num_groups + 1]
+  i64* prefix;          // kGridGroups: padded grid rows before each group [num_groups + 1] (written by
+                        // dequant_prep_kernel, saturated at cap + 1)
+  i64 cap;              // kGridGroups: grid rows the scale buffer holds (m_total + 3 num_groups)
+  // dequant_prep_kernel, NVFP4: alpha_out[g] = alpha[g] (1 when null) x decode(a_amax[g]) x
+  // decode(b_amax[g]), in double, rounded once (the fused kernel's epilogue factor).
+  const float* alpha;
+  const float* a_amax;
+  const float* b_amax;
+  float* alpha_out;
+};
+
+#if defined(__CUDACC__)
+namespace dequant {
+
+template <class Cfg>
+__device__ constexpr int block_elems() {
+  return Cfg::kNvfp4 ? 16 : 32;
+}
+
+// The scale entry of block kb of row r, or -1 where the row has none (kGridGroups: outside every
+// group; -2: its group's grid passes the buffer).
+template <class Cfg>
+__device__ __forceinline__ i64 scale_index(const DequantArgs& a, i64 r, i64 kb, i64 nblk) {
+  if (a.grid == kGridCompact) return r * nblk + kb;
+  if (a.grid == kGridMnMajor) {
+    const i64 pitch = i64(mn_major_rows(u64(a.grid_rows)));
+    return (r / a.grid_rows) * nblk * pitch + kb * pitch + r % a.grid_rows;
+  }
+  // kGridGroups: the last group whose first row is <= r (binary search over the offsets).
+  int lo = 0, hi = a.num_groups;  // groups [lo, hi)
+  if (r < a.offsets[0] || r >= a.offsets[a.num_groups]) return -1;
+  while (hi - lo > 1) {
+    const int mid = (lo + hi) / 2;
+    if (a.offsets[mid] <= r) lo = mid;
+    else hi = mid;
+  }
+  const i64 first = a.offsets[lo], rows_g = a.offsets[lo + 1] - first;
+  if (rows_g <= 0) return -1;
+  const i64 pitch = i64(mn_major_rows(u64(rows_g)));
+  if (a.prefix[lo] + pitch > a.cap) return -2;
+  return nblk * a.prefix[lo] + kb * pitch + (r - first);
+}
+
+// e8m0 -> fp32 multiplier 2^(e - 127) (0xFF: NaN).
+__device__ __forceinline__ float e8m0_value(u32 e) {
+  return e == 0xFFu ? f32_quiet_nan() : e == 0u ? f32_from_bits(0x00400000u) : f32_from_bits(e << 23);
+}
+
+// Two fp8 bytes (low byte first) -> fp16x2, exact.
+template <class F>
+__device__ __forceinline__ u32 fp8x2_to_f16x2(u32 b) {
+  u32 h;
+  if constexpr (F::kManBits == 3) asm("cvt.rn.f16x2.e4m3x2 %0, %1;" : "=r"(h) : "h"(u16(b)));
+  else asm("cvt.rn.f16x2.e5m2x2 %0, %1;" : "=r"(h) : "h"(u16(b)));
+  return h;
+}
+
+// Sixteen fp8 bytes times the block's multiplier -> sixteen bf16 (eight words).
+template <class F>
+__device__ __forceinline__ void mx16(uint4 in, float mul, u32 (&o)[8]) {
+  const u32 w[4] = {in.x, in.y, in.z, in.w};
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const u32 f2 = fp8x2_to_f16x2<F>(h ? w[i] >> 16 : w[i] & 0xFFFFu);
+      float lo, hi;
+      asm("{.reg .b16 l, u; mov.b32 {l, u}, %2; cvt.f32.f16 %0, l; cvt.f32.f16 %1, u;}" : "=f"(lo), "=f"(hi) : "r"(f2));
+      u32 r;
+      asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(hi * mul), "f"(lo * mul));
+      o[2 * i + h] = r;
+    }
+  }
+}
+
+// An e2m1 nibble -> fp16 bits (exact): 0, 0.5, 1, 1.5, 2, 3, 4, 6 and their negatives.
+__device__ __forceinline__ u32 e2m1_f16(u32 n) {
+  const u32 mag = n & 7u;
+  const u32 bits = mag >= 2u ? ((((mag >> 1) + 14u) << 10) | ((mag & 1u) << 9)) : (mag == 1u ? 0x3800u : 0u);
+  return bits | ((n & 8u) << 12);
+}
+
+// Eight packed bytes (sixteen e2m1) times the block's e4m3 scale (fp16x2 in both halves) ->
+// sixteen fp16 (eight words), exact.
+__device__ __forceinline__ void fp4x16(uint2 in, u32 s2, u32 (&o)[8]) {
+  const u32 w[2] = {in.x, in.y};
+#pragma unroll
+  for (int i = 0; i < 8; ++i) {
+    const u32 byte = (w[i / 4] >> (8 * (i % 4))) & 0xFFu;
+    const u32 v = e2m1_f16(byte & 0xFu) | (e2m1_f16(byte >> 4) << 16);
+    u32 r;
+    asm("mul.rn.f16x2 %0, %1, %2;" : "=r"(r) : "r"(v), "r"(s2));
+    o[i] = r;
+  }
+}
+
+}  // namespace dequant
+
+// One thread per block (32 MXFP8 or 16 NVFP4 elements of a row). Compact grids: the blocks row
+// by row (neighbouring threads read neighbouring scale bytes and data). mn_major grids, whose
+// bytes are contiguous along the rows: a warp takes 8 rows x 4 blocks (four 8-byte runs of the
+// grid, 8 runs of 128 or 64 bytes of data), the warps of a row band along K (a walk down the
+// rows, one block column at a time, measured 3x slower: every DRAM page opened for 32 bytes).
+// Interior blocks take 16-byte loads and stores; a row's last MXFP8 block may be partial
+// (k % 32 == 16, K-grouped token counts).
+template <class Cfg>
+__global__ void __launch_bounds__(Cfg::kThreads) dequant_kernel(const DequantArgs a) {
+  using F = typename Cfg::Format;
+  constexpr int B = dequant::block_elems<Cfg>();
+  const i64 nblk = i64(ceil_div(u64(a.k), u64(B)));
+  const bool tiled = a.grid != kGridCompact;
+  const i64 k_tiles = (nblk + 3) / 4;
+  const i64 total = tiled ? (a.rows + 7) / 8 * k_tiles * 32 : a.rows * nblk;
+  for (i64 i = i64(blockIdx.x) * Cfg::kThreads + threadIdx.x; i < total; i += i64(gridDim.x) * Cfg::kThreads) {
+    i64 r, kb;
+    if (tiled) {
+      const i64 w = i / 32;
+      const int lane = int(i % 32);
+      r = w / k_tiles * 8 + lane % 8;
+      kb = w % k_tiles * 4 + lane / 8;
+      if (r >= a.rows || kb >= nblk) continue;
+    } else {
+      r = i / nblk;
+      kb = i % nblk;
+    }
+    const i64 e0 = kb * B;
+    const int n = int(a.k - e0 < B ? a.k - e0 : B);
+    const i64 si = dequant::scale_index<Cfg>(a, r, kb, nblk);
+    u16* out = a.out + r * a.k + e0;
+    if constexpr (Cfg::kNvfp4) {
+      u32 o[8];
+      if (si < 0) {
+        const u32 fill = si == -1 ? 0u : 0x7E007E00u;
+#pragma unroll
+        for (int j = 0; j < 8; ++j) o[j] = fill;
+      } else {
+        const u32 s = a.scale[si];
+        u32 h;
+        asm("cvt.rn.f16x2.e4m3x2 %0, %1;" : "=r"(h) : "h"(u16(s)));
+        const u32 s2 = (h & 0xFFFFu) | (h << 16);
+        dequant::fp4x16(*reinterpret_cast<const uint2*>(a.data + (r * a.k + e0) / 2), s2, o);
+      }
+      reinterpret_cast<uint4*>(out)[0] = make_uint4(o[0], o[1], o[2], o[3]);
+      reinterpret_cast<uint4*>(out)[1] = make_uint4(o[4], o[5], o[6], o[7]);
+    } else {
+      const float mul = si >= 0 ? dequant::e8m0_value(a.scale[si]) : si == -1 ? 0.0f : f32_quiet_nan();
+      const u8* in = a.data + r * a.k + e0;
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        if (16 * h >= n) break;
+        u32 o[8];
+        dequant::mx16<F>(*reinterpret_cast<const uint4*>(in + 16 * h), mul, o);
+        reinterpret_cast<uint4*>(out + 16 * h)[0] = make_uint4(o[0], o[1], o[2], o[3]);
+        reinterpret_cast<uint4*>(out + 16 * h)[1] = make_uint4(o[4], o[5], o[6], o[7]);
+      }
+    }
+  }
+}
+
+// One block before the operands' dequantization: kGridGroups' grid prefix (each thread a run of
+// groups, then a scan of the runs' sums) and NVFP4's per-group alpha.
+template <class Cfg>
+__global__ void __launch_bounds__(1024) dequant_prep_kernel(const DequantArgs a) {
+  const int G = a.num_groups, t = threadIdx.x;
+  if (a.alpha_out) {
+    for (int g = t; g < G; g += 1024) {
+      const float alpha = a.alpha ? a.alpha[g] : 1.0f;
+      const float da = nvfp4_global_decode_scale(nvfp4_global_encode_scale(a.a_amax[g]));
+      const float db = nvfp4_global_decode_scale(nvfp4_global_encode_scale(a.b_amax[g]));
+      a.alpha_out[g] = float(double(alpha) * double(da) * double(db));
+    }
+  }
+  if (!a.prefix) return;
+  __shared__ i64 run_sum[1024];
+  const int per = (G + 1023) / 1024, g0 = t * per, g1 = min(G, g0 + per);
+  auto pitch = [&](int g) {
+    const i64 rows = a.offsets[g + 1] - a.offsets[g];
+    return rows > 0 ? i64(mn_major_rows(u64(rows))) : i64(0);
+  };
+  i64 s = 0;
+  for (int g = g0; g < g1; ++g) s += pitch(g);
+  run_sum[t] = s;
+  __syncthreads();
+  if (t == 0) {
+    i64 acc = 0;
+    for (int i = 0; i < 1024; ++i) {
+      const i64 v = run_sum[i];
+      run_sum[i] = acc;
+      acc = acc + v > a.cap + 1 ? a.cap + 1 : acc + v;
+    }
+  }
+  __syncthreads();
+  i64 p = run_sum[t];
+  for (int g = g0; g < g1; ++g) {
+    a.prefix[g] = p;
+    p = p + pitch(g) > a.cap + 1 ? a.cap + 1 : p + pitch(g);
+  }
+  if (t == 1023) a.prefix[G] = p;
+}
+#endif
+
+}  // namespace qf
