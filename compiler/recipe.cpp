@@ -562,7 +562,7 @@ std::array<std::string, 3> parse_role(std::string_view role, std::string_view wh
 // the spec's own validation runs here, its field name turned into this entry's JSON pointer.
 RecipeGemm parse_gemm(const Node& g) {
   g.expect_object({"scaling", "a_format", "b_format", "layout", "m", "n", "k", "out_dtype", "accumulate", "fast_accum",
-                   "scale_layout", "tile", "comment"});
+                   "scale_layout", "route", "tile", "comment"});
   RecipeGemm out;
   out.pointer = g.ptr();
   GemmSpec& s = out.spec;
@@ -619,6 +619,7 @@ RecipeGemm parse_gemm(const Node& g) {
   if (auto f = g.find("fast_accum")) s.fast_accum = f->boolean();
   if (auto l = g.find("scale_layout"))
     s.scale_layout = l->choice<ScaleLayout>({{"compact", ScaleLayout::Compact}, {"mn_major", ScaleLayout::MnMajor}});
+  if (auto r = g.find("route")) s.route = r->choice<GemmRoute>({{"fused", GemmRoute::Fused}, {"dequant", GemmRoute::Dequant}});
   if (auto t = g.find("tile")) {
     t->expect_object({"block_m", "block_n", "stages", "multicast", "raster_m", "ordered"});
     auto field = [&](const char* key, int& dst, int hi) {

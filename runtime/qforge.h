@@ -186,6 +186,12 @@ typedef struct qf_gemm_spec {
      mxfp8 B's one per expert; docs/gemm.md); NULL = "compact". The shipped mxfp8_hopper recipe
      writes mn_major grids: a spec for its operands needs "mn_major". */
   const char* scale_layout;
+  /* mxfp8 and nvfp4 (m_grouped and k_grouped): "fused" (one kernel dequantizes on chip) or "dequant"
+     (both operands dequantized once into bf16 / fp16 copies in args->workspace, sized by
+     qf_gemm_workspace_bytes_for, then the bf16 / fp16 GEMM with this tile: faster where many tokens
+     meet the weights, slower where few do; docs/gemm.md); NULL = "fused". Appended in 0.2.0: zero
+     the struct before filling it. */
+  const char* route;
 } qf_gemm_spec;
 
 /* Every pointer is device memory of the current context, 16-byte aligned for a, b and d (TMA),
@@ -215,7 +221,9 @@ typedef struct qf_gemm_args {
   const float* b_amax;                        /* nvfp4: device fp32 [num_groups], amax of each B[g] */
   int64_t k_total;                            /* K-grouped: the token dimension; 0 otherwise */
   void* workspace; int64_t workspace_bytes;   /* k_grouped_members: qf_gemm_workspace_bytes() of device
-                                                 memory, 128-byte aligned, one run at a time */
+                                                 memory, 128-byte aligned, one run at a time; the
+                                                 dequant route: qf_gemm_workspace_bytes_for() for
+                                                 this call, 256-byte aligned */
 } qf_gemm_args;
 
 /* Validates the spec (errors name the field: "n", "tile.block_n", ...). */
@@ -236,6 +244,11 @@ qf_status qf_gemm_scale_bytes(const qf_gemm* g, int64_t extent, int num_groups, 
    recipes' "k_grouped_members" specs, whose kernel builds each member's tensor maps there (their
    size depends on the device: it loads the kernel, so needs a GPU; 0 needs none). */
 qf_status qf_gemm_workspace_bytes(const qf_gemm* g, int64_t* bytes);
+/* The same for a call of num_groups groups over `extent` (m_total, or k_total for a K-grouped spec):
+   for the dequant route (spec->route "dequant"), 2 bytes per element of A and of B (their 16-bit
+   copies) plus a few per group, no GPU needed (qf_gemm_workspace_bytes refuses that route); for the
+   others, what qf_gemm_workspace_bytes says. */
+qf_status qf_gemm_workspace_bytes_for(const qf_gemm* g, int64_t extent, int num_groups, int64_t* bytes);
 /* Compile (or load) the kernel for arch (only "sm_90a") into the kernel cache; no GPU needed. */
 qf_status qf_gemm_prepare(qf_gemm* g, const char* arch);
 /* Validate every argument, then launch on cuda_stream in the caller's current CUDA context. */

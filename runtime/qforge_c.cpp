@@ -164,6 +164,7 @@ qf::GemmSpec to_gemm_spec(const qf_gemm_spec& c) {
   s.fast_accum = flag(c.fast_accum, "spec->fast_accum");
   s.tile = {c.block_m, c.block_n, c.stages, c.multicast, c.raster_m, c.ordered};
   if (c.scale_layout) s.scale_layout = qf::parse_gemm_scale_layout(c.scale_layout, "spec->scale_layout");
+  if (c.route) s.route = qf::parse_gemm_route(c.route, "spec->route");
   try {  // the spec's own rules, named as the caller's fields ("spec->tile.block_n: ...")
     qf::validate(s);
   } catch (const qf::UserError& e) {
@@ -499,6 +500,14 @@ qf_status qf_gemm_workspace_bytes(const qf_gemm* g, int64_t* bytes) {
     require(g, "g");
     require(bytes, "bytes");
     *bytes = g->g->workspace_bytes();
+  });
+}
+
+qf_status qf_gemm_workspace_bytes_for(const qf_gemm* g, int64_t extent, int num_groups, int64_t* bytes) {
+  return guarded([&] {
+    require(g, "g");
+    require(bytes, "bytes");
+    *bytes = g->g->workspace_bytes(extent, num_groups);
   });
 }
 

@@ -40,7 +40,7 @@ struct Job {
   std::optional<std::pair<PerTensorDelayed, ElemFormat>> history;  // delayed scaling's history update
   std::string what() const {
     if (history) return "amax history (" + std::string(traits(history->second).name) + ")";
-    return plan ? plan->role : describe(*gemm);
+    return plan ? plan->role : gemm->route == GemmRoute::Dequant ? describe(*gemm) + ": operand kernels" : describe(*gemm);
   }
 };
 
@@ -118,8 +118,15 @@ int cmd_prewarm(const Argv& argv) {
     for (const auto& g : r.gemms) {
       if (!with_gemms || std::find(archs.begin(), archs.end(), kGemmArch) == archs.end()) continue;
       ++t.gemms;
-      if (seen.insert({emit_gemm(g.spec).source, kGemmArch}).second) {
+      // The dequant route: its operand kernels (a job of their own), then the none GEMM on the copies.
+      const bool dequant = g.spec.route == GemmRoute::Dequant;
+      if (dequant && seen.insert({emit_dequant(g.spec).source, kGemmArch}).second) {
         jobs.push_back({r.name, std::nullopt, g.spec, kGemmArch, std::nullopt});
+        ++t.kernels;
+      }
+      const GemmSpec kernel = dequant ? dequant_inner_spec(g.spec) : g.spec;
+      if (seen.insert({emit_gemm(kernel).source, kGemmArch}).second) {
+        jobs.push_back({r.name, std::nullopt, kernel, kGemmArch, std::nullopt});
         ++t.kernels;
       }
     }
@@ -138,7 +145,9 @@ int cmd_prewarm(const Argv& argv) {
         const Job& j = jobs[i];
         how = j.history ? rt::build_history_kernel(j.history->first, j.history->second, j.arch).cached.how
               : j.plan  ? rt::build_quantize_kernels(*j.plan, j.arch, rt::KernelCache::global()).cached.how
-                        : rt::build_gemm_kernel(*j.gemm, j.arch, rt::KernelCache::global()).cached.how;
+              : j.gemm->route == GemmRoute::Dequant
+                  ? rt::build_dequant_kernels(*j.gemm, j.arch, rt::KernelCache::global()).cached.how
+                  : rt::build_gemm_kernel(*j.gemm, j.arch, rt::KernelCache::global()).cached.how;
       } catch (const std::exception& e) {
         err = e.what();
       }

@@ -445,10 +445,12 @@ class Gemm(_Handle):
     def __init__(self, scaling: str, n: int, k: int, *, a_format: Optional[str] = None, b_format: Optional[str] = None,
                  out_dtype: Optional[str] = None, accumulate: bool = False, fast_accum: bool = False, block_m: int = 0,
                  block_n: int = 0, stages: int = 0, multicast: int = 0, raster_m: int = 0, ordered: int = 0,
-                 scale_layout: Optional[str] = None):
+                 scale_layout: Optional[str] = None, route: Optional[str] = None):
+        """route: "fused" (the default) or "dequant" (mxfp8 / nvfp4: both operands dequantized into
+        16-bit copies in the run's workspace, then the bf16 / fp16 GEMM; docs/gemm.md)."""
         spec = _capi.GemmSpecC(_bytes(scaling), _bytes(a_format), _bytes(b_format), int(n), int(k), _bytes(out_dtype),
                                int(bool(accumulate)), int(bool(fast_accum)), block_m, block_n, stages, multicast,
-                               raster_m, ordered, _bytes(scale_layout))
+                               raster_m, ordered, _bytes(scale_layout), _bytes(route))
         h = ctypes.c_void_p()
         _call("qf_gemm_create", ctypes.byref(spec), ctypes.byref(h))
         super().__init__(h)
@@ -471,9 +473,17 @@ class Gemm(_Handle):
         _call("qf_gemm_scale_bytes", self._handle, int(extent), int(num_groups), ctypes.byref(a), ctypes.byref(b))
         return a.value, b.value
 
-    def workspace_bytes(self) -> int:
+    def workspace_bytes(self, extent: Optional[int] = None, num_groups: Optional[int] = None) -> int:
+        """Device workspace bytes of a run: with extent (m_total, or k_total K-grouped) and num_groups,
+        what that call needs (the dequant route's 16-bit copies; no GPU needed for them); without,
+        the call-independent size (K-grouped members' tensor maps; refused for the dequant route)."""
         n = ctypes.c_int64()
-        _call("qf_gemm_workspace_bytes", self._handle, ctypes.byref(n))
+        if extent is None and num_groups is None:
+            _call("qf_gemm_workspace_bytes", self._handle, ctypes.byref(n))
+        elif extent is None or num_groups is None:
+            raise _user_error("workspace_bytes: give extent and num_groups together, or neither")
+        else:
+            _call("qf_gemm_workspace_bytes_for", self._handle, int(extent), int(num_groups), ctypes.byref(n))
         return n.value
 
     def prepare(self, arch: str = "sm_90a") -> None:
@@ -489,8 +499,8 @@ class Gemm(_Handle):
             a_amax=None, b_amax=None, k_total: int = 0, workspace=None, stream=None) -> None:
         """D[group rows] (+)= alpha[g] * A[group rows] @ B[g]^T on CUDA tensors (bytes as qforge.h's
         qf_gemm_args describe them). m_total defaults to a's rows for M-grouped runs (k_total == 0);
-        num_groups to the length of group_offsets - 1 or of group_counts. A K-grouped members spec
-        without `workspace` gets one allocated here."""
+        num_groups to the length of group_offsets - 1 or of group_counts. A K-grouped members spec or
+        a dequant-route one without `workspace` gets one allocated here (on the run's stream)."""
         torch = _torch()
         # Only the typed small arrays have a dtype to check: operands and scales are raw bytes of many formats.
         want = {"alpha": torch.float32, "a_amax": torch.float32, "b_amax": torch.float32,
@@ -514,7 +524,7 @@ class Gemm(_Handle):
         if m_total is None:
             m_total = a.shape[0] if k_total == 0 and a is not None else 0
         with _Launch(torch, d.device, stream) as launch:
-            ws_bytes = self.workspace_bytes() if workspace is None else 0
+            ws_bytes = self.workspace_bytes(k_total if k_total else m_total, num_groups) if workspace is None else 0
             if ws_bytes:
                 workspace = torch.empty(ws_bytes, dtype=torch.uint8, device=d.device)
                 p["workspace"] = _device_ptr(workspace, "workspace")

@@ -42,7 +42,7 @@ class GemmSpecC(Structure):
     _fields_ = [("scaling", c_char_p), ("a_format", c_char_p), ("b_format", c_char_p), ("n", c_int64),
                 ("k", c_int64), ("out_dtype", c_char_p), ("accumulate", c_int), ("fast_accum", c_int),
                 ("block_m", c_int), ("block_n", c_int), ("stages", c_int), ("multicast", c_int),
-                ("raster_m", c_int), ("ordered", c_int), ("scale_layout", c_char_p)]
+                ("raster_m", c_int), ("ordered", c_int), ("scale_layout", c_char_p), ("route", c_char_p)]
 
 
 class GemmArgsC(Structure):
@@ -84,13 +84,14 @@ SIGNATURES = {
     "qf_gemm_describe": (c_char_p, [_P]),
     "qf_gemm_scale_bytes": (c_int, [_P, c_int64, c_int, POINTER(c_int64), POINTER(c_int64)]),
     "qf_gemm_workspace_bytes": (c_int, [_P, POINTER(c_int64)]),
+    "qf_gemm_workspace_bytes_for": (c_int, [_P, c_int64, c_int, POINTER(c_int64)]),
     "qf_gemm_prepare": (c_int, [_P, c_char_p]),
     "qf_gemm_run": (c_int, [_P, POINTER(GemmArgsC), c_void_p]),
 }
 
 
-PACKAGE_VERSION = "0.1.0"  # python/pyproject.toml's; the CMake project's (tests/python checks both)
-SONAME = "libqforge.so.0.1"  # runtime/CMakeLists.txt: SOVERSION major.minor
+PACKAGE_VERSION = "0.2.0"  # python/pyproject.toml's; the CMake project's (tests/python checks both)
+SONAME = "libqforge.so.0.2"  # runtime/CMakeLists.txt: SOVERSION major.minor
 
 
 def candidate_paths():

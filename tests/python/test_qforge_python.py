@@ -228,6 +228,26 @@ def test_gemm_specs():
         qforge.Context(RECIPES / "mxfp8_hopper.json").gemm(99)
 
 
+def test_gemm_dequant_route():
+    g = qforge.Gemm("nvfp4", n=256, k=512, route="dequant")
+    assert g.describe() == "e2m1 x e2m1 nvfp4 (dequant route) N=256 K=512 -> bf16"
+    # fp16 copies of A [1000, 512] and B [4, 256, 512], then NVFP4's per-group alpha: 256-byte aligned parts.
+    assert g.workspace_bytes(1000, 4) == 1000 * 512 * 2 + 4 * 256 * 512 * 2 + 256
+    with pytest.raises(qforge.UserError, match="workspace_bytes: the dequant route's workspace holds the call's"):
+        g.workspace_bytes()
+    with pytest.raises(qforge.UserError, match="give extent and num_groups together"):
+        g.workspace_bytes(1000)
+    assert qforge.Gemm("blockwise", n=256, k=512).workspace_bytes(1000, 4) == 0
+    with pytest.raises(qforge.UserError, match=r'spec->route: expected fused or dequant, got "fast"'):
+        qforge.Gemm("mxfp8", n=256, k=512, route="fast")
+    with pytest.raises(qforge.UserError, match=r"spec->route: dequant: expected mxfp8 or nvfp4 scaling"):
+        qforge.Gemm("blockwise", n=256, k=512, route="dequant")
+    ctx = qforge.Context.from_json(json.dumps({
+        "qforge_recipe": 1, "name": "r", "roles": [{"match": "*:*", "rowwise": {"format": "e4m3", "scaling": "mx"}}],
+        "gemms": [{"scaling": "mxfp8", "n": 256, "k": 512, "route": "dequant", "tile": {"block_n": 256}}]}))
+    assert "mxfp8 (dequant route)" in ctx.gemm(0).describe()
+
+
 # -------------------------------------------------------------------------------------------- GPU
 
 def qforge_bin():
@@ -541,4 +561,31 @@ def test_tensor_scaled_gemm_is_exact_on_small_integers():
     gemm.run(a, b, d, a_scale=ones(a_bytes), b_scale=ones(b_bytes), group_offsets=offsets)
     torch.cuda.synchronize()
     want = torch.cat([a_int[i * rows:(i + 1) * rows] @ b_int[i].T for i in range(groups)])
+    assert torch.equal(d.float().cpu(), want)
+
+
+@gpu
+@pytest.mark.parametrize("route", ["fused", "dequant"])
+def test_mxfp8_gemm_routes_are_exact_on_small_integers(route):
+    # MXFP8 with e8m0 scales 2^0 and 2^1 per 32 of K on small integers: every product and sum is
+    # exact in fp32, so both routes (the dequant one allocating its workspace on the stream) give the
+    # integer product.
+    import torch
+    if torch.cuda.get_device_capability() != (9, 0):
+        pytest.skip("the grouped GEMM kernels are sm_90a")
+    groups, rows, n, k = 2, 96, 128, 256
+    g = torch.Generator().manual_seed(5)
+    a_int = torch.randint(-2, 3, (groups * rows, k), generator=g).float()
+    b_int = torch.randint(-1, 2, (groups, n, k), generator=g).float()
+    a_exp = torch.randint(127, 129, (groups * rows, k // 32), generator=g)
+    b_exp = torch.randint(127, 129, (groups, n, k // 32), generator=g)
+    gemm = qforge.Gemm("mxfp8", n=n, k=k, route=route, out_dtype="fp32")  # |D| up to 2048: fp32 holds it
+    d = torch.empty(groups * rows, n, dtype=torch.float32, device="cuda")
+    offsets = torch.tensor([0, rows, 2 * rows], dtype=torch.int64, device="cuda")
+    gemm.run(a_int.to(torch.float8_e4m3fn).cuda(), b_int.to(torch.float8_e4m3fn).cuda(), d,
+             a_scale=a_exp.to(torch.uint8).cuda(), b_scale=b_exp.to(torch.uint8).cuda(), group_offsets=offsets)
+    torch.cuda.synchronize()
+    a_val = a_int * torch.repeat_interleave(2.0 ** (a_exp - 127).float(), 32, dim=1)
+    b_val = b_int * torch.repeat_interleave(2.0 ** (b_exp - 127).float(), 32, dim=2)
+    want = torch.cat([a_val[i * rows:(i + 1) * rows] @ b_val[i].T for i in range(groups)])
     assert torch.equal(d.float().cpu(), want)
