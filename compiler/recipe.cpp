@@ -390,6 +390,12 @@ DirectionSpec parse_direction(const Node& n, Direction dir) {
     if (dir == Direction::Rowwise)
       l->fail("\"layout\" applies to the columnwise direction only (rowwise data is always [M, K])");
     d.layout = l->choice<DataLayout>({{"transposed", DataLayout::Transposed}, {"same", DataLayout::RowMajor}});
+    // The kernels' same-layout columnwise walk writes one element per thread; e2m1 packs two
+    // elements of a row into a byte (elements of two columns), so its copy must be transposed.
+    if (d.layout == DataLayout::RowMajor && traits(d.format).elems_per_byte == 2)
+      l->fail("a same-layout " + std::string(traits(d.format).name) +
+              " copy packs two columns' elements in a byte, which the columnwise walk writes one at a time; "
+              "expected \"transposed\" (the default) for this format");
   } else {
     d.layout = dir == Direction::Rowwise ? DataLayout::RowMajor : DataLayout::Transposed;
   }

@@ -87,7 +87,8 @@ typedef struct qf_quantize_args {
   int64_t workspace_bytes;
   const float* noop;    /* optional device float: 1.0 skips the launch; NULL = never */
   uint64_t seed, offset; /* stochastic rounding */
-  const int64_t* member_rows; /* grouped: device int64 [num_members + 1] row offsets */
+  const int64_t* member_rows; /* grouped: device int64 [num_members + 1] row offsets; required exactly
+                                 when the quantizer was created grouped (NULL with num_members 0 otherwise) */
   int num_members;
 } qf_quantize_args;
 

@@ -7,6 +7,8 @@
 // later Quantizer loads on a GPU of the same model use it. Prints one line per plan and a
 // summary; --dry-run times and reports without storing; --verbose also prints every candidate's
 // time.
+#include <cmath>
+#include <cstdlib>
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
@@ -51,7 +53,16 @@ int cmd_tune(const Argv& argv) {
   const DType dtype = parse_dtype_arg(args, "--dtype");
   const Shape2D shape = parse_shape("--shape", args.get("--shape").value_or("8192x8192"));
   if (shape.m * shape.k > (int64_t(1) << 32)) throw UserError("--shape", "expected M*K <= 2^32");
-  const double target_ms = std::stod(args.get("--ms").value_or("20"));
+  const std::string ms_arg = args.get("--ms").value_or("20");
+  double target_ms = 0.0;
+  {
+    // Milliseconds of timing per candidate: a positive finite number, the whole argument.
+    char* end = nullptr;
+    target_ms = std::strtod(ms_arg.c_str(), &end);
+    if (ms_arg.empty() || end != ms_arg.c_str() + ms_arg.size() || !std::isfinite(target_ms) || target_ms <= 0.0 ||
+        target_ms > 60000.0)
+      throw UserError("--ms", "expected milliseconds of timing per candidate in (0, 60000], got \"" + ms_arg + "\"");
+  }
   const bool dry = args.flag("--dry-run"), verbose = args.flag("--verbose");
   const std::string search_arg = args.get("--search").value_or("all");
   TileSearch search = TileSearch::All;

@@ -154,6 +154,7 @@ const BadRecipe kBadRecipes[] = {
     {"gemm_nvfp4_fp8_operand.json", "/gemms/0/b_format", "unknown value \"e4m3\"; expected \"e2m1\""},
     {"gemm_fp8_e2m1_operand.json", "/gemms/0/a_format", "e2m1 operands take \"scaling\": \"nvfp4\" (got \"blockwise\"); expected e4m3, e5m2, int8, bf16 or fp16 here"},
     {"gemm_bf16_fp16_mixed.json", "/gemms/0/b_format", "a bf16 A takes a bf16 B (one MMA type), got fp16"},
+    {"columnwise_e2m1_same_layout.json", "/roles/0/columnwise/layout", "a same-layout e2m1 copy packs two columns' elements in a byte"},
     {"gemm_route_blockwise.json", "/gemms/0/route", "dequant: expected mxfp8 or nvfp4 scaling"},
     {"gemm_route_unknown.json", "/gemms/0/route", "unknown value \"fast\"; expected \"fused\" or \"dequant\""},
     {"gemm_channel_k_grouped.json", "/gemms/0/layout", "channel scaling (int8 weights x 16-bit activations) is an fprop / dgrad GEMM: expected m_grouped, got k_grouped"},

@@ -414,6 +414,20 @@ TEST_F(CApi, GroupedOutputInfoIsWhatQuantizeChecks) {
   a.member_rows = reinterpret_cast<const int64_t*>(next);
   a.num_members = members;
   EXPECT_EQ(qf_quantize(q_, &a, nullptr), QF_ERR_CUDA) << qf_last_error();
+  // A grouped quantizer takes grouped calls only; num_members needs member_rows.
+  a.member_rows = nullptr;
+  EXPECT_EQ(qf_quantize(q_, &a, nullptr), QF_ERR_USER);
+  EXPECT_STREQ(qf_last_error(), "args->member_rows: NULL with num_members 3: a grouped call needs the members' device row offsets");
+  a.num_members = 0;
+  EXPECT_EQ(qf_quantize(q_, &a, nullptr), QF_ERR_USER);
+  EXPECT_NE(std::string(qf_last_error()).find("this quantizer was created grouped"), std::string::npos) << qf_last_error();
+  qf_quantizer* single = nullptr;
+  ASSERT_EQ(qf_quantizer_create_ex(ctx_, nullptr, "grouped_linear:input", QF_DTYPE_BF16, QF_USAGE_TRAINING, 0, &single), QF_OK);
+  a.member_rows = reinterpret_cast<const int64_t*>(next);
+  a.num_members = members;
+  EXPECT_EQ(qf_quantize(single, &a, nullptr), QF_ERR_USER);
+  EXPECT_NE(std::string(qf_last_error()).find("created for single tensors"), std::string::npos) << qf_last_error();
+  qf_quantizer_destroy(single);
   for (auto& b : bufs) {
     b.bytes -= 1;
     EXPECT_EQ(qf_quantize(q_, &a, nullptr), QF_ERR_USER) << b.name;
