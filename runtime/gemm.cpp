@@ -131,6 +131,7 @@ Gemm::Gemm(GemmSpec spec, KernelCache& cache) : spec_(std::move(spec)), cache_(c
 }
 
 CacheHow Gemm::prepare(const std::string& arch) const {
+  if (arch != "sm_90a") throw UserError("arch", "the GEMM kernels are wgmma code for sm_90a, got \"" + arch + "\"");
   if (!inner_) return build_gemm_kernel(spec_, arch, cache_).cached.how;
   const CacheHow a = build_dequant_kernels(spec_, arch, cache_).cached.how, b = inner_->prepare(arch);
   return std::max(a, b);  // (MemoryHit < DiskHit < Compiled: the slower answer)

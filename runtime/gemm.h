@@ -86,7 +86,8 @@ class Gemm {
   // context. The first call per device compiles or loads the kernel.
   void run(const GemmCall& call, CUstream stream) const;
 
-  // Compiles (or loads) for `arch` without a GPU; returns how the cache answered.
+  // Compiles (or loads) for `arch` (only sm_90a: UserError otherwise) without a GPU; returns how the
+  // cache answered.
   CacheHow prepare(const std::string& arch) const;
 
   // Persistent CTAs a launch on the current device uses at most (loads the kernel).

@@ -168,7 +168,7 @@ CompileResult compile_cuda(const CompileRequest& req) {
   if (r != NVRTC_SUCCESS) {
     std::string why;
     const std::string path = dump_failed_source(req, why);
-    throw CompileError("internal error: NVRTC " + nvrtc_version() + " failed to compile generated source " +
+    throw CompileError("NVRTC " + nvrtc_version() + " failed to compile generated source " +
                            req.source_name + " for " + req.arch + " (" + nvrtcGetErrorString(r) + ")\n  options: " +
                            join(out.options) + "\n  source: " + (path.empty() ? "(not dumped: " + why + ")" : path) +
                            "\n  log:\n" + out.log,

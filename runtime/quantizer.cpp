@@ -17,6 +17,7 @@
 namespace qf::rt {
 
 QuantizeKernels build_quantize_kernels(const Plan& plan, const std::string& arch, KernelCache& cache) {
+  check_quantize_arch(arch);
   QuantizeKernels k;
   k.source = emit_quantize(plan);
   CompileRequest req;
@@ -382,8 +383,19 @@ void Quantizer::quantize(const QuantizeCall& call, CUstream stream) const {
   launch(l->cast, grid, block, smem, stream, params, {}, SmemLimit::kPrepared);
 }
 
+void check_quantize_arch(const std::string& arch) {
+  CompileRequest probe;  // a malformed or unknown arch: compile_options says so, naming it
+  probe.arch = arch;
+  (void)compile_options(probe);
+  int number = 0;
+  for (size_t i = 3; i < arch.size() && arch[i] >= '0' && arch[i] <= '9'; ++i) number = number * 10 + (arch[i] - '0');
+  if (number < 80)
+    throw UserError("arch", "the quantize kernels need sm_80 or newer (bf16 arithmetic), got \"" + arch + "\"");
+}
+
 QuantizeKernels build_history_kernel(const PerTensorDelayed& mode, ElemFormat format, const std::string& arch,
                                      KernelCache& cache) {
+  check_quantize_arch(arch);
   QuantizeKernels k;
   k.source = emit_history_update(mode, format);
   CompileRequest req;

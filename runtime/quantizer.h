@@ -27,6 +27,9 @@ struct QuantizeKernels {
   KernelSource source;
   CacheResult cached;
 };
+// UserError("arch", ...) unless the quantize kernels can be built for `arch`: sm_<number>[a|f]
+// that NVRTC knows (or newer, as PTX), sm_80 or newer.
+void check_quantize_arch(const std::string& arch);
 QuantizeKernels build_quantize_kernels(const Plan& plan, const std::string& arch, KernelCache& cache);
 
 struct QuantizeCall {

@@ -138,6 +138,7 @@ int cmd_gemm(const Argv& argv) {
     return os.str();
   };
   if (auto arch = args.get("--arch")) {
+    if (*arch != "sm_90a") throw UserError("--arch", "the GEMM kernels are wgmma code for sm_90a, got \"" + *arch + "\"");
     rt::Gemm gemm(spec);
     const auto t0 = std::chrono::steady_clock::now();
     const rt::CacheHow how = gemm.prepare(*arch);

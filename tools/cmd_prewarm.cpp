@@ -61,6 +61,13 @@ int cmd_prewarm(const Argv& argv) {
 
   std::vector<std::string> archs = split_list(args.get("--arch").value_or(""));
   if (archs.empty()) archs = {rt::device_count() > 0 ? rt::device_arch(0) : std::string("sm_90a")};
+  for (const auto& a : archs) {  // before any job: a bad arch is the command line's error, not a job's
+    try {
+      rt::check_quantize_arch(a);
+    } catch (const UserError& e) {
+      throw UserError("--arch", e.message());
+    }
+  }
   std::vector<DType> dtypes;
   for (const auto& d : split_list(args.get("--dtype").value_or("bf16,fp16,fp32"))) {
     auto t = parse_dtype(d);
