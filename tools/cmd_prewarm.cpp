@@ -80,7 +80,10 @@ int cmd_prewarm(const Argv& argv) {
     if (!t) throw UserError("--usage", "expected training, inference or memory, got \"" + u + "\"");
     usages.push_back(*t);
   }
+  if (dtypes.empty()) throw UserError("--dtype", "expected a list of bf16, fp16 or fp32, got none");
+  if (usages.empty()) throw UserError("--usage", "expected a list of training, inference or memory, got none");
   std::vector<std::string> roles = args.all("--role");
+  for (const auto& r : roles) (void)parse_role(r, "--role");  // a malformed role names itself here
   const bool with_gemms = roles.empty();  // --role asks for those roles' quantize kernels only
   if (roles.empty())
     for (auto r : standard_roles()) roles.emplace_back(r);
@@ -205,7 +208,11 @@ int cmd_prewarm(const Argv& argv) {
   std::printf("prewarm: %d kernels for %s: %d compiled, %d cache hits, %d failed in %.2f s (cache: %s)\n",
               sum.kernels, arch_list.c_str(), sum.compiled, sum.disk_hits, sum.failed, total,
               cache.disk_writable() && cache.writable_root() ? cache.writable_root()->string().c_str() : "memory only");
+  std::fflush(stdout);  // the summary before what follows on stderr
   for (const auto& f : failures) std::fprintf(stderr, "qforge prewarm: failed: %s\n", f.c_str());
+  if (sum.plans == 0)  // every role x usage x dtype was one its recipes' rules do not serve
+    std::fprintf(stderr, "qforge prewarm: warning: no quantize plan matched the recipes' rules for the --role / --usage / "
+                         "--dtype given\n");
   return failures.empty() ? 0 : 3;
 }
 
