@@ -17,6 +17,7 @@ QforgeError, with the library's message.
 """
 import contextlib
 import ctypes
+import operator
 import os
 from dataclasses import dataclass
 from typing import Dict, Mapping, Optional, Sequence, Tuple, Union
@@ -77,6 +78,26 @@ def _call(name: str, *args) -> None:
 
 def _bytes(s: Optional[str]) -> Optional[bytes]:
     return None if s is None else str(s).encode()
+
+
+def _str(value, name: str) -> bytes:
+    """A required string argument of the C API; UserError naming `name` for anything else."""
+    if not isinstance(value, str):
+        raise _user_error(f"{name}: expected a string, got {value!r}")
+    return value.encode()
+
+
+def _int(value, name: str, bits: int = 64, signed: bool = True) -> int:
+    """An integer argument of the C API: an int or anything with __index__ (numpy integers), not a
+    bool or a float, that fits the C type (ctypes would truncate or wrap it); UserError naming
+    `name` otherwise."""
+    if isinstance(value, bool) or not hasattr(type(value), "__index__"):
+        raise _user_error(f"{name}: expected an integer, got {value!r}")
+    v = operator.index(value)
+    lo, hi = (-(1 << (bits - 1)), (1 << (bits - 1)) - 1) if signed else (0, (1 << bits) - 1)
+    if not lo <= v <= hi:
+        raise _user_error(f"{name}: {v} does not fit the C API's {'' if signed else 'u'}int{bits}")
+    return v
 
 
 def _user_error(message: str) -> UserError:
@@ -174,7 +195,7 @@ class Context(_Handle):
         if usage not in _capi.USAGES:
             raise _user_error(f"usage: expected training, inference, memory or None, got {usage!r}")
         h = ctypes.c_void_p()
-        _call("qf_quantizer_create_ex", self._handle, _bytes(recipe), role.encode(), _capi.DTYPES[dtype],
+        _call("qf_quantizer_create_ex", self._handle, _bytes(recipe), _str(role, "role"), _capi.DTYPES[dtype],
               _capi.USAGES[usage], int(bool(grouped)), ctypes.byref(h))
         return Quantizer(h, self, dtype, bool(grouped))
 
@@ -186,7 +207,7 @@ class Context(_Handle):
     def gemm(self, index: int, recipe: Optional[str] = None) -> "Gemm":
         """The recipe's GEMM number `index` (its "gemms" list)."""
         h = ctypes.c_void_p()
-        _call("qf_gemm_create_from_recipe", self._handle, _bytes(recipe), int(index), ctypes.byref(h))
+        _call("qf_gemm_create_from_recipe", self._handle, _bytes(recipe), _int(index, "index", 32), ctypes.byref(h))
         return Gemm._wrap(h)
 
 
@@ -326,13 +347,13 @@ class Quantizer(_Handle):
 
     def outputs(self, m: int, k: int) -> list:
         """Every buffer one call on an [m, k] input writes."""
-        return self._infos("qf_quantizer_num_outputs", "qf_quantizer_output_info", int(m), int(k))
+        return self._infos("qf_quantizer_num_outputs", "qf_quantizer_output_info", _int(m, "m"), _int(k, "k"))
 
     def grouped_outputs(self, m_total: int, k: int, members: int) -> list:
         """Grouped: every buffer of a call of `members` members over m_total rows, whatever the split
         (flat shapes: the bound each buffer is checked against)."""
-        return self._infos("qf_quantizer_num_outputs", "qf_quantizer_grouped_output_info", int(m_total), int(k),
-                           int(members))
+        return self._infos("qf_quantizer_num_outputs", "qf_quantizer_grouped_output_info", _int(m_total, "m_total"),
+                           _int(k, "k"), _int(members, "members", 32))
 
     def inputs(self) -> list:
         """Buffers a call reads besides the tensor (delayed scaling's "scale")."""
@@ -341,12 +362,13 @@ class Quantizer(_Handle):
     def workspace_bytes(self, m: int, k: int, members: int = 1) -> int:
         """Device workspace bytes a call needs (members: 1 for one tensor)."""
         n = ctypes.c_int64()
-        _call("qf_quantizer_workspace_bytes", self._handle, int(m), int(k), int(members), ctypes.byref(n))
+        _call("qf_quantizer_workspace_bytes", self._handle, _int(m, "m"), _int(k, "k"), _int(members, "members", 32),
+              ctypes.byref(n))
         return n.value
 
     def prepare(self, arch: str = "sm_90a") -> None:
         """Compiles (or loads) the kernels for arch into the kernel cache; needs no GPU."""
-        _call("qf_quantizer_prepare", self._handle, arch.encode())
+        _call("qf_quantizer_prepare", self._handle, _str(arch, "arch"))
 
     def quantize_raw(self, input_ptr: int, m: int, k: int, buffers: Mapping[str, Tuple[int, int]], *,
                      workspace: Tuple[int, int] = (0, 0), noop_ptr: int = 0, seed: int = 0, offset: int = 0,
@@ -357,8 +379,9 @@ class Quantizer(_Handle):
         for i, (name, (ptr, nbytes)) in enumerate(buffers.items()):
             keep.append(name.encode())
             named[i] = _capi.NamedBufferC(keep[-1], ptr, nbytes)
-        args = _capi.QuantizeArgsC(input_ptr, int(m), int(k), named, len(buffers), workspace[0], workspace[1],
-                                   noop_ptr, int(seed), int(offset), member_rows_ptr, int(num_members))
+        args = _capi.QuantizeArgsC(input_ptr, _int(m, "m"), _int(k, "k"), named, len(buffers), workspace[0], workspace[1],
+                                   noop_ptr, _int(seed, "seed", signed=False), _int(offset, "offset", signed=False),
+                                   member_rows_ptr, _int(num_members, "num_members", 32))
         _call("qf_quantize", self._handle, ctypes.byref(args), ctypes.c_void_p(stream))
 
     def quantize(self, x, *, out: Optional[Mapping[str, object]] = None, inputs: Optional[Mapping[str, object]] = None,
@@ -444,13 +467,17 @@ class Gemm(_Handle):
 
     def __init__(self, scaling: str, n: int, k: int, *, a_format: Optional[str] = None, b_format: Optional[str] = None,
                  out_dtype: Optional[str] = None, accumulate: bool = False, fast_accum: bool = False, block_m: int = 0,
-                 block_n: int = 0, stages: int = 0, multicast: int = 0, raster_m: int = 0, ordered: int = 0,
+                 block_n: int = 0, stages: int = 0, multicast: int = 0, raster_m: int = 0, ordered: Union[bool, int] = 0,
                  scale_layout: Optional[str] = None, route: Optional[str] = None):
         """route: "fused" (the default) or "dequant" (mxfp8 / nvfp4: both operands dequantized into
         16-bit copies in the run's workspace, then the bf16 / fp16 GEMM; docs/gemm.md)."""
-        spec = _capi.GemmSpecC(_bytes(scaling), _bytes(a_format), _bytes(b_format), int(n), int(k), _bytes(out_dtype),
-                               int(bool(accumulate)), int(bool(fast_accum)), block_m, block_n, stages, multicast,
-                               raster_m, ordered, _bytes(scale_layout), _bytes(route))
+        # ordered: True / False (the C API's 2 on / 1 off), or 0 (chosen by qforge), 1, 2 as the C API takes them.
+        ordered_c = (2 if ordered else 1) if isinstance(ordered, bool) else _int(ordered, "ordered", 32)
+        spec = _capi.GemmSpecC(_str(scaling, "scaling"), _bytes(a_format), _bytes(b_format), _int(n, "n"), _int(k, "k"),
+                               _bytes(out_dtype), int(bool(accumulate)), int(bool(fast_accum)),
+                               _int(block_m, "block_m", 32), _int(block_n, "block_n", 32), _int(stages, "stages", 32),
+                               _int(multicast, "multicast", 32), _int(raster_m, "raster_m", 32), ordered_c,
+                               _bytes(scale_layout), _bytes(route))
         h = ctypes.c_void_p()
         _call("qf_gemm_create", ctypes.byref(spec), ctypes.byref(h))
         super().__init__(h)
@@ -470,7 +497,8 @@ class Gemm(_Handle):
     def scale_bytes(self, extent: int, num_groups: int) -> Tuple[int, int]:
         """Bytes of the A and B scale buffers: extent is m_total (M-grouped) or k_total (K-grouped)."""
         a, b = ctypes.c_int64(), ctypes.c_int64()
-        _call("qf_gemm_scale_bytes", self._handle, int(extent), int(num_groups), ctypes.byref(a), ctypes.byref(b))
+        _call("qf_gemm_scale_bytes", self._handle, _int(extent, "extent"), _int(num_groups, "num_groups", 32),
+              ctypes.byref(a), ctypes.byref(b))
         return a.value, b.value
 
     def workspace_bytes(self, extent: Optional[int] = None, num_groups: Optional[int] = None) -> int:
@@ -483,12 +511,13 @@ class Gemm(_Handle):
         elif extent is None or num_groups is None:
             raise _user_error("workspace_bytes: give extent and num_groups together, or neither")
         else:
-            _call("qf_gemm_workspace_bytes_for", self._handle, int(extent), int(num_groups), ctypes.byref(n))
+            _call("qf_gemm_workspace_bytes_for", self._handle, _int(extent, "extent"), _int(num_groups, "num_groups", 32),
+                  ctypes.byref(n))
         return n.value
 
     def prepare(self, arch: str = "sm_90a") -> None:
         """Compiles (or loads) the kernel into the kernel cache; needs no GPU."""
-        _call("qf_gemm_prepare", self._handle, arch.encode())
+        _call("qf_gemm_prepare", self._handle, _str(arch, "arch"))
 
     def run_raw(self, args: _capi.GemmArgsC, stream: int = 0) -> None:
         """qf_gemm_run on a filled qf_gemm_args (device addresses)."""
@@ -534,7 +563,8 @@ class Gemm(_Handle):
     def _run_args(self, p, m_max, m_total, num_groups, max_ctas, k_total, stream: int) -> None:
         args = _capi.GemmArgsC(p["a"][0], p["a"][1], p["b"][0], p["b"][1], p["d"][0], p["d"][1], p["a_scale"][0],
                                p["a_scale"][1], p["b_scale"][0], p["b_scale"][1], p["alpha"][0],
-                               p["group_offsets"][0], p["group_counts"][0], int(m_max), int(m_total), int(num_groups),
-                               int(max_ctas), p["a_amax"][0], p["b_amax"][0], int(k_total), p["workspace"][0],
+                               p["group_offsets"][0], p["group_counts"][0], _int(m_max, "m_max"), _int(m_total, "m_total"),
+                               _int(num_groups, "num_groups", 32), _int(max_ctas, "max_ctas", 32), p["a_amax"][0],
+                               p["b_amax"][0], _int(k_total, "k_total"), p["workspace"][0],
                                p["workspace"][1])
         self.run_raw(args, stream)

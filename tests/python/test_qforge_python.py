@@ -589,3 +589,29 @@ def test_mxfp8_gemm_routes_are_exact_on_small_integers(route):
     b_val = b_int * torch.repeat_interleave(2.0 ** (b_exp - 127).float(), 32, dim=2)
     want = torch.cat([a_val[i * rows:(i + 1) * rows] @ b_val[i].T for i in range(groups)])
     assert torch.equal(d.float().cpu(), want)
+
+
+def test_integer_and_string_arguments_are_checked():
+    # ctypes would truncate or wrap these; each is a UserError naming the argument instead.
+    ctx = qforge.Context(RECIPES / "mxfp8.json")
+    q = ctx.quantizer("linear:input")
+    with pytest.raises(qforge.UserError, match=r"m: 18446744073709551744 does not fit the C API's int64"):
+        q.outputs(2**64 + 128, 256)
+    with pytest.raises(qforge.UserError, match=r"m: expected an integer, got 128.7"):
+        q.outputs(128.7, 256)
+    assert len(q.outputs(np.int64(128), 256)) == len(q.outputs(128, 256))  # numpy integers are integers
+    g = ctx.quantizer("grouped_linear:input", grouped=True)
+    with pytest.raises(qforge.UserError, match=r"members: 4294967300 does not fit the C API's int32"):
+        g.grouped_outputs(128, 256, 2**32 + 4)
+    with pytest.raises(qforge.UserError, match=r"index: 4294967296 does not fit"):
+        qforge.Context(RECIPES / "mxfp8_hopper.json").gemm(2**32)
+    with pytest.raises(qforge.UserError, match=r"n: 18446744073709551872 does not fit"):
+        qforge.Gemm("tensor", 2**64 + 256, 256)
+    with pytest.raises(qforge.UserError, match=r"role: expected a string, got None"):
+        ctx.quantizer(None)
+    with pytest.raises(qforge.UserError, match=r"arch: expected a string, got None"):
+        q.prepare(None)
+    with pytest.raises(qforge.UserError, match=r"block_n: expected an integer, got True"):
+        qforge.Gemm("tensor", 256, 256, block_n=True)
+    with pytest.raises(qforge.UserError, match=r"ordered: expected an integer, got 'on'"):
+        qforge.Gemm("tensor", 256, 256, ordered="on")
