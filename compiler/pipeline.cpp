@@ -25,19 +25,24 @@ namespace {
 class Runner {
  public:
   explicit Runner(const PipelineOptions& o) : opt_(o), log_(o.log ? *o.log : std::cerr) {
-    dump_ = opt_.dump_after;
+    // Pass names from the caller (qforge inspect --dump-after) and from QFORGE_DUMP_AFTER, each
+    // checked under the name the user gave it.
+    std::string names;
+    for (const auto& n : pass_names()) names += (names.empty() ? "" : ", ") + n;
+    auto add = [&](const std::string& d, const char* where) {
+      bool known = d == "all";
+      for (const auto& n : pass_names()) known |= n == d;
+      if (!known) throw UserError(where, "unknown pass \"" + d + "\"; expected all or one of " + names);
+      dump_.push_back(d);
+    };
+    for (const auto& d : opt_.dump_after) add(d, "--dump-after");
     if (const char* env = std::getenv("QFORGE_DUMP_AFTER")) {
       std::stringstream ss(env);
       for (std::string item; std::getline(ss, item, ',');)
-        if (!item.empty()) dump_.push_back(item);
+        if (!item.empty()) add(item, "QFORGE_DUMP_AFTER");
     }
     if (const char* env = std::getenv("QFORGE_TIME_PASSES")) time_ = opt_.time_passes || std::string(env) == "1";
     else time_ = opt_.time_passes;
-    for (const auto& d : dump_) {
-      bool known = d == "all";
-      for (const auto& n : pass_names()) known |= n == d;
-      if (!known) throw UserError("--dump-after", "unknown pass \"" + d + "\"");
-    }
   }
 
   template <class F>

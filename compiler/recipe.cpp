@@ -746,6 +746,9 @@ Recipe parse_recipe(std::string_view text) {
 }
 
 Recipe load_recipe(const std::filesystem::path& path) {
+  std::error_code ec;
+  if (std::filesystem::is_directory(path, ec))
+    throw UserError(path.string(), "is a directory; expected a recipe file (qforge prewarm and tune take directories)");
   std::ifstream in(path, std::ios::binary);
   if (!in) throw UserError(path.string(), "cannot open recipe file");
   std::ostringstream ss;

@@ -724,6 +724,14 @@ size_t KernelCache::clear() {
     if (!prefix.is_directory() || prefix.is_symlink()) {  // not ours: leave it
       continue;
     }
+    if (prefix.path().filename() == "tuning") {  // qforge tune's tile choices (<key>.json): cleared too
+      std::error_code ec2;
+      std::vector<fs::path> records;
+      for (const auto& d : fs::directory_iterator(prefix.path(), ec2))
+        if (d.path().extension() == ".json" && is_key(d.path().stem().string()) && !d.is_symlink()) records.push_back(d.path());
+      for (const auto& r : records) fs::remove(r, ec2);
+      continue;
+    }
     std::error_code ec2;
     std::vector<fs::path> entries;
     for (const auto& d : fs::directory_iterator(prefix.path(), ec2)) entries.push_back(d.path());

@@ -327,9 +327,16 @@ TEST(KernelCache, MemoryHitThenDiskHitInANewCache) {
   EXPECT_EQ(listing[0].size, c.entry->image.size());
   EXPECT_TRUE(fresh.verify().empty());
 
+  // qforge tune's records go with the kernels; files that are not ours stay.
+  const fs::path tuning = dir.path() / "qforge-v1" / "tuning";
+  fs::create_directories(tuning);
+  std::ofstream(tuning / (key + ".json")) << "{}";
+  std::ofstream(tuning / "notes.txt") << "mine";
   EXPECT_EQ(fresh.clear(), 1u);
   EXPECT_TRUE(fresh.list().empty());
   EXPECT_TRUE(fs::exists(dir.path() / "qforge-v1"));
+  EXPECT_FALSE(fs::exists(tuning / (key + ".json")));
+  EXPECT_TRUE(fs::exists(tuning / "notes.txt"));
 }
 
 // Corruption: each case damages the stored entry, then a new cache must notice, report it via
