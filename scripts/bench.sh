@@ -8,8 +8,9 @@
 #   torch_baselines.json  torch eager / torch.compile on the cases torch can express, checked
 #                         against qforge's outputs first (bench/torch_baselines.py; skipped
 #                         without torch)
-#   gemm.jsonl            on sm_90 GPUs: `qforge gemm --bench` for every scaling on the issue's
-#                         grouped-GEMM shapes plus wgrad, and the torch baselines on the same
+#   gemm.jsonl            on sm_90 GPUs: `qforge gemm --bench` for every scaling (MXFP8 and NVFP4
+#                         by both routes) on the issue's grouped-GEMM shapes plus wgrad, and the
+#                         torch baselines on the same
 #                         shapes (scripts/gemm_torch_baseline.py; skipped without torch)
 #   report.md, bandwidth.png  tables (quantize bandwidth; grouped GEMM TFLOP/s) and the
 #                         bandwidth-vs-size plot (bench/report.py; the PNG needs matplotlib)
@@ -37,7 +38,8 @@ if [ "$(nvidia-smi --query-gpu=compute_cap --format=csv,noheader 2>/dev/null | h
   [ "$QUICK" = "--quick" ] && GEMM_SHAPES="8:4096:4096:7168"
   for shape in $GEMM_SHAPES; do
     IFS=: read -r g m n k <<<"$shape"
-    for sc in "blockwise" "mxfp8" "nvfp4" "rowwise" "rowwise --fast-accum" "tensor --fast-accum"; do
+    for sc in "blockwise" "mxfp8" "nvfp4" "mxfp8 --route dequant" "nvfp4 --route dequant" "rowwise" "rowwise --fast-accum" \
+              "tensor --fast-accum"; do
       timeout 120 "$BUILD/tools/qforge" gemm --scaling $sc --groups "$g" --m "$m" --n "$n" --k "$k" --bench \
         --json "$OUT/gemm.jsonl" >>"$OUT/gemm.log" 2>&1 || echo "qforge gemm $sc $shape failed (see $OUT/gemm.log)"
     done
@@ -48,8 +50,9 @@ if [ "$(nvidia-smi --query-gpu=compute_cap --format=csv,noheader 2>/dev/null | h
   done
   # wgrad of the first shape's expert weight (K-grouped over 8 x 4096 tokens, M 4096, N 7168).
   # The same on per-member copies (the grouped quantizer's layout, --members).
-  for sc in "tensor" "tensor --fast-accum" "blockwise" "mxfp8" "nvfp4"; do
+  for sc in "tensor" "tensor --fast-accum" "blockwise" "mxfp8" "nvfp4" "mxfp8 --route dequant" "nvfp4 --route dequant"; do
     for layout in "" "--members"; do
+      [[ $sc == *dequant* && -n $layout ]] && continue  # the dequant route takes one tensor's copies
       timeout 120 "$BUILD/tools/qforge" gemm --scaling $sc --k-grouped $layout --groups 8 --m 4096 --n 7168 --k 4096 --bench \
         --json "$OUT/gemm.jsonl" >>"$OUT/gemm.log" 2>&1 || echo "qforge gemm wgrad $sc $layout failed (see $OUT/gemm.log)"
     done
