@@ -149,7 +149,11 @@ int64_t Gemm::workspace_bytes() const {
 
 int64_t Gemm::workspace_bytes(int64_t extent, int num_groups) const {
   if (!inner_) return workspace_bytes();
-  if (extent < 0) throw UserError("extent", "expected >= 0, got " + std::to_string(extent));
+  const bool kg = k_grouped(spec_.layout);
+  const int64_t max_extent = kg ? (int64_t(1) << 30) - 1 : kMaxMTotal;
+  if (extent < 0 || extent > max_extent)
+    throw UserError("extent", std::string("expected 0 <= ") + (kg ? "k_total < 2^30 (the 16-bit copies' rows)" : "m_total <= 2^31 - 257") +
+                                  ", got " + std::to_string(extent));
   if (num_groups < 1 || num_groups > kMaxGroups)
     throw UserError("num_groups", "expected 1.." + std::to_string(kMaxGroups) + ", got " + std::to_string(num_groups));
   return dequant_workspace(spec_, extent, num_groups).total;
@@ -194,6 +198,11 @@ void Gemm::run_dequant(const GemmCall& c, CUstream stream) const {
   check_device_pointer("workspace", c.workspace.ptr, dev);
   for (const auto& [name, v] : others) check_device_pointer(name, v->ptr, dev);
   if (!kg && c.m_total == 0) return;
+  // The none GEMM's own limits, before anything is launched: a K-grouped row of the 16-bit copy
+  // (2 bytes a token) must stay under 2^31 bytes.
+  if (kg && 2 * c.k_total >= (int64_t(1) << 31))
+    throw UserError("k_total", "dequant route: the 16-bit copies' rows of " + std::to_string(c.k_total) +
+                                   " tokens pass 2^31 bytes; expected fewer than 2^30 tokens");
   auto l = load_dequant_for_current_device();
   u8* ws = reinterpret_cast<u8*>(c.workspace.ptr);
 
@@ -209,6 +218,7 @@ void Gemm::run_dequant(const GemmCall& c, CUstream stream) const {
   if (grouped_grid) {
     prep.offsets = reinterpret_cast<const i64*>(c.group_offsets.ptr);
     prep.prefix = reinterpret_cast<i64*>(ws + w.prefix);
+    prep.rows = c.m_total;  // the offsets are clamped to A's rows
     prep.cap = mn_major_grouped_rows(c.m_total, g);
   }
   if (prep.alpha_out || prep.prefix) {
@@ -239,7 +249,8 @@ void Gemm::run_dequant(const GemmCall& c, CUstream stream) const {
     // Threads: one per block; mn_major grids in warps of 8 rows x 4 blocks (dequant_kernel).
     const int64_t blocks = a.grid == kGridCompact ? rows * nblk : (rows + 7) / 8 * ((nblk + 3) / 4) * 32;
     if (blocks == 0) return;
-    const int64_t ctas = std::min<int64_t>((blocks + l->kernels.source.threads - 1) / l->kernels.source.threads, int64_t(l->sms) * 16);
+    int64_t ctas = std::min<int64_t>((blocks + l->kernels.source.threads - 1) / l->kernels.source.threads, int64_t(l->sms) * 16);
+    if (c.max_ctas > 0) ctas = std::min<int64_t>(ctas, c.max_ctas);  // SMs left to other streams, as the GEMM's
     void* params[] = {&a};
     launch(f, Dim3{unsigned(ctas)}, Dim3{unsigned(l->kernels.source.threads)}, 0, stream, params);
   };

@@ -649,7 +649,7 @@ std::vector<CacheListing> KernelCache::list() const {
   for (const auto& [root, readonly] : roots) {
     std::error_code ec;
     for (const auto& prefix : fs::directory_iterator(root / kCacheDirName, ec)) {
-      if (prefix.path().filename() == "tmp" || !prefix.is_directory()) continue;
+      if (prefix.path().filename() == "tmp" || prefix.path().filename() == "tuning" || !prefix.is_directory()) continue;
       std::error_code ec2;
       for (const auto& d : fs::directory_iterator(prefix.path(), ec2)) {
         const std::string key = d.path().filename().string();
@@ -688,7 +688,7 @@ std::vector<CacheProblem> KernelCache::verify() const {
     std::error_code ec;
     for (const auto& prefix : fs::directory_iterator(root / kCacheDirName, ec)) {
       const std::string p = prefix.path().filename().string();
-      if (p == "tmp") continue;
+      if (p == "tmp" || p == "tuning") continue;  // (tuning/: qforge tune's records, not kernels)
       if (!prefix.is_directory() || p.size() != 2) {
         problems.push_back({prefix.path().string(), "unexpected entry in the cache directory"});
         continue;

@@ -88,7 +88,8 @@ typedef struct qf_quantize_args {
   const float* noop;    /* optional device float: 1.0 skips the launch; NULL = never */
   uint64_t seed, offset; /* stochastic rounding */
   const int64_t* member_rows; /* grouped: device int64 [num_members + 1] row offsets; required exactly
-                                 when the quantizer was created grouped (NULL with num_members 0 otherwise) */
+                                 when the quantizer was created grouped (NULL with num_members 0 otherwise;
+                                 enforced since 0.2.0) */
   int num_members;
 } qf_quantize_args;
 

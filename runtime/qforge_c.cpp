@@ -351,18 +351,6 @@ qf_status qf_quantize(qf_quantizer* q, const qf_quantize_args* args, void* cuda_
       throw qf::UserError("args->num_members", "must be >= 0, got " + std::to_string(args->num_members));
     if (args->workspace_bytes < 0)
       throw qf::UserError("args->workspace_bytes", "must be >= 0");
-    // A call is grouped by its member_rows, and must be so exactly when the quantizer was created
-    // grouped (qf_quantizer_create_ex): its buffers were sized that way.
-    const bool grouped = q->q->plan().grouped;
-    if (!args->member_rows && args->num_members != 0)
-      throw qf::UserError("args->member_rows", "NULL with num_members " + std::to_string(args->num_members) +
-                                                  ": a grouped call needs the members' device row offsets");
-    if (grouped && !args->member_rows)
-      throw qf::UserError("args->member_rows", "this quantizer was created grouped: a call needs the members' "
-                                               "device row offsets [num_members + 1]");
-    if (!grouped && args->member_rows)
-      throw qf::UserError("args->member_rows", "this quantizer was created for single tensors (grouped 0): expected "
-                                               "NULL, or create it with grouped 1");
 
     qf::rt::QuantizeCall call;
     call.shape = qf::Shape2D{args->m, args->k};

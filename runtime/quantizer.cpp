@@ -243,6 +243,17 @@ BoundCall Quantizer::bind(const QuantizeCall& call) const {
   const bool grouped = call.member_rows != 0;
   const int members = grouped ? call.num_members : 1;
   if (grouped) check_members(members);
+  // A call is grouped exactly when the quantizer was made for grouped tensors (PlanRequest::grouped,
+  // qf_quantizer_create_ex's grouped): what the caller sized its buffers by (grouped_capacity or
+  // outputs) follows from that, and a call that says otherwise would run as the other kind.
+  if (!grouped && call.num_members != 0)
+    throw UserError("member_rows", "null with num_members " + std::to_string(call.num_members) +
+                                       ": a grouped call needs the members' device row offsets");
+  if (grouped != plan_.grouped)
+    throw UserError("member_rows", plan_.grouped ? "this quantizer is for grouped tensors: a call needs the members' "
+                                                   "device row offsets [num_members + 1]"
+                                                 : "this quantizer is for single tensors: expected no member_rows "
+                                                   "(make it grouped for grouped calls)");
   const std::shared_ptr<const Layout> lay = layout(call.shape, members, grouped);
 
   // Input.

@@ -18,8 +18,11 @@ enum DequantGrid : int {
   kGridMnMajor = 1,   // grids of grid_rows rows back to back, each [ceil(k / block), round_up(grid_rows, 4)]
                       // (one tensor: grid_rows = rows; MXFP8 B per expert: N; masked A: m_max)
   kGridGroups = 2,    // M-grouped A, mn_major: group g's grid [ceil(k / block), round_up(rows_g, 4)] after
-                      // those of groups 0..g-1 (prefix from dequant_prep_kernel); rows outside every
-                      // group become zero, the rows of a group whose grid would pass the buffer NaN
+                      // those of groups 0..g-1 (prefix from dequant_prep_kernel); offsets clamped to
+                      // [0, rows] and group g's end to at least its start, as the fused kernel's
+                      // scheduler does (rising offsets: the same scales; falling ones are the caller's
+                      // error either way); rows outside every group become zero, the rows of a group
+                      // whose grid would pass the buffer NaN
 };
 
 struct DequantArgs {
@@ -32,7 +35,7 @@ struct DequantArgs {
   i32 num_groups;       // kGridGroups; dequant_prep_kernel
   const i64* offsets;   // kGridGroups: row offsets [num_groups + 1]
   i64* prefix;          // kGridGroups: padded grid rows before each group [num_groups + 1] (written by
-                        // dequant_prep_kernel, saturated at cap + 1)
+                        // dequant_prep_kernel from the offsets clamped to [0, rows], saturated at cap + 1)
   i64 cap;              // kGridGroups: grid rows the scale buffer holds (m_total + 3 num_groups)
   // dequant_prep_kernel, NVFP4: alpha_out[g] = alpha[g] (1 when null) x decode(a_amax[g]) x
   // decode(b_amax[g]), in double, rounded once (the fused kernel's epilogue factor).
@@ -44,6 +47,12 @@ struct DequantArgs {
 
 #if defined(__CUDACC__)
 namespace dequant {
+
+// Group offset i clamped to [0, rows] (Scheduler::clamp_row in gemm.cuh).
+__device__ __forceinline__ i64 clamped_offset(const DequantArgs& a, int i) {
+  const i64 v = a.offsets[i];
+  return v < 0 ? 0 : v > a.rows ? a.rows : v;
+}
 
 template <class Cfg>
 __device__ constexpr int block_elems() {
@@ -59,16 +68,16 @@ __device__ __forceinline__ i64 scale_index(const DequantArgs& a, i64 r, i64 kb, 
     const i64 pitch = i64(mn_major_rows(u64(a.grid_rows)));
     return (r / a.grid_rows) * nblk * pitch + kb * pitch + r % a.grid_rows;
   }
-  // kGridGroups: the last group whose first row is <= r (binary search over the offsets).
+  // kGridGroups: the last group whose (clamped) first row is <= r (binary search over the offsets).
   int lo = 0, hi = a.num_groups;  // groups [lo, hi)
-  if (r < a.offsets[0] || r >= a.offsets[a.num_groups]) return -1;
+  if (r < clamped_offset(a, 0) || r >= clamped_offset(a, a.num_groups)) return -1;
   while (hi - lo > 1) {
     const int mid = (lo + hi) / 2;
-    if (a.offsets[mid] <= r) lo = mid;
+    if (clamped_offset(a, mid) <= r) lo = mid;
     else hi = mid;
   }
-  const i64 first = a.offsets[lo], rows_g = a.offsets[lo + 1] - first;
-  if (rows_g <= 0) return -1;
+  const i64 first = clamped_offset(a, lo), end = clamped_offset(a, lo + 1), rows_g = end > first ? end - first : 0;
+  if (r >= first + rows_g) return -1;
   const i64 pitch = i64(mn_major_rows(u64(rows_g)));
   if (a.prefix[lo] + pitch > a.cap) return -2;
   return nblk * a.prefix[lo] + kb * pitch + (r - first);
@@ -162,10 +171,9 @@ __global__ void __launch_bounds__(Cfg::kThreads) dequant_kernel(const DequantArg
     u16* out = a.out + r * a.k + e0;
     if constexpr (Cfg::kNvfp4) {
       u32 o[8];
-      if (si < 0) {
-        const u32 fill = si == -1 ? 0u : 0x7E007E00u;
+      if (si < 0) {  // (NVFP4 grids are compact: no row goes without a scale; kept for symmetry)
 #pragma unroll
-        for (int j = 0; j < 8; ++j) o[j] = fill;
+        for (int j = 0; j < 8; ++j) o[j] = 0u;
       } else {
         const u32 s = a.scale[si];
         u32 h;
@@ -203,11 +211,11 @@ __global__ void __launch_bounds__(1024) dequant_prep_kernel(const DequantArgs a)
       a.alpha_out[g] = float(double(alpha) * double(da) * double(db));
     }
   }
-  if (!a.prefix) return;
+  if (!a.prefix) return;  // (a.rows: the rows the offsets are clamped to)
   __shared__ i64 run_sum[1024];
   const int per = (G + 1023) / 1024, g0 = t * per, g1 = min(G, g0 + per);
-  auto pitch = [&](int g) {
-    const i64 rows = a.offsets[g + 1] - a.offsets[g];
+  auto pitch = [&](int g) {  // of the clamped offsets, as scale_index reads them
+    const i64 rows = dequant::clamped_offset(a, g + 1) - dequant::clamped_offset(a, g);
     return rows > 0 ? i64(mn_major_rows(u64(rows))) : i64(0);
   };
   i64 s = 0;

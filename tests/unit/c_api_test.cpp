@@ -417,16 +417,16 @@ TEST_F(CApi, GroupedOutputInfoIsWhatQuantizeChecks) {
   // A grouped quantizer takes grouped calls only; num_members needs member_rows.
   a.member_rows = nullptr;
   EXPECT_EQ(qf_quantize(q_, &a, nullptr), QF_ERR_USER);
-  EXPECT_STREQ(qf_last_error(), "args->member_rows: NULL with num_members 3: a grouped call needs the members' device row offsets");
+  EXPECT_STREQ(qf_last_error(), "member_rows: null with num_members 3: a grouped call needs the members' device row offsets");
   a.num_members = 0;
   EXPECT_EQ(qf_quantize(q_, &a, nullptr), QF_ERR_USER);
-  EXPECT_NE(std::string(qf_last_error()).find("this quantizer was created grouped"), std::string::npos) << qf_last_error();
+  EXPECT_NE(std::string(qf_last_error()).find("this quantizer is for grouped tensors"), std::string::npos) << qf_last_error();
   qf_quantizer* single = nullptr;
   ASSERT_EQ(qf_quantizer_create_ex(ctx_, nullptr, "grouped_linear:input", QF_DTYPE_BF16, QF_USAGE_TRAINING, 0, &single), QF_OK);
   a.member_rows = reinterpret_cast<const int64_t*>(next);
   a.num_members = members;
   EXPECT_EQ(qf_quantize(single, &a, nullptr), QF_ERR_USER);
-  EXPECT_NE(std::string(qf_last_error()).find("created for single tensors"), std::string::npos) << qf_last_error();
+  EXPECT_NE(std::string(qf_last_error()).find("this quantizer is for single tensors"), std::string::npos) << qf_last_error();
   qf_quantizer_destroy(single);
   for (auto& b : bufs) {
     b.bytes -= 1;
@@ -686,6 +686,37 @@ qf_gemm_spec blockwise_spec() {
   s.n = 256;
   s.k = 512;
   return s;
+}
+
+TEST_F(CApi, GemmDequantRouteAndItsWorkspace) {
+  qf_gemm* g = nullptr;
+  qf_gemm_spec s = blockwise_spec();
+  s.scaling = "mxfp8";
+  s.scale_layout = "mn_major";
+  s.route = "dequant";
+  ASSERT_EQ(qf_gemm_create(&s, &g), QF_OK) << qf_last_error();
+  EXPECT_STREQ(qf_gemm_describe(g), "e4m3 x e4m3 mxfp8 (mn_major scales) (dequant route) N=256 K=512 -> bf16");
+  int64_t bytes = -1;
+  EXPECT_EQ(qf_gemm_workspace_bytes(g, &bytes), QF_ERR_USER);  // the copies depend on the call
+  EXPECT_NE(std::string(qf_last_error()).find("workspace_bytes(extent, num_groups)"), std::string::npos) << qf_last_error();
+  // bf16 copies of A [1000, 512] and B [4, 256, 512], then the mn_major A grid prefix [5] (256-byte parts).
+  ASSERT_EQ(qf_gemm_workspace_bytes_for(g, 1000, 4, &bytes), QF_OK) << qf_last_error();
+  EXPECT_EQ(bytes, 1000 * 512 * 2 + 4 * 256 * 512 * 2 + 256);
+  EXPECT_EQ(qf_gemm_workspace_bytes_for(g, -1, 4, &bytes), QF_ERR_USER);
+  EXPECT_NE(std::string(qf_last_error()).find("extent: expected 0 <= m_total"), std::string::npos) << qf_last_error();
+  qf_gemm_destroy(g);
+  s.route = "fast";
+  EXPECT_EQ(qf_gemm_create(&s, &g), QF_ERR_USER);
+  EXPECT_STREQ(qf_last_error(), "spec->route: expected fused or dequant, got \"fast\"");
+  s = blockwise_spec(), s.route = "dequant";
+  EXPECT_EQ(qf_gemm_create(&s, &g), QF_ERR_USER);
+  EXPECT_NE(std::string(qf_last_error()).find("spec->route: dequant: expected mxfp8 or nvfp4 scaling"), std::string::npos)
+      << qf_last_error();
+  s.route = nullptr;  // NULL: fused
+  ASSERT_EQ(qf_gemm_create(&s, &g), QF_OK) << qf_last_error();
+  ASSERT_EQ(qf_gemm_workspace_bytes_for(g, 1000, 4, &bytes), QF_OK);
+  EXPECT_EQ(bytes, 0);
+  qf_gemm_destroy(g);
 }
 
 TEST_F(CApi, GemmSpecErrorsNameTheField) {

@@ -332,6 +332,8 @@ TEST(KernelCache, MemoryHitThenDiskHitInANewCache) {
   fs::create_directories(tuning);
   std::ofstream(tuning / (key + ".json")) << "{}";
   std::ofstream(tuning / "notes.txt") << "mine";
+  EXPECT_TRUE(fresh.verify().empty());  // tuning/ is not a kernel prefix: nothing to report
+  EXPECT_EQ(fresh.list().size(), 1u);
   EXPECT_EQ(fresh.clear(), 1u);
   EXPECT_TRUE(fresh.list().empty());
   EXPECT_TRUE(fs::exists(dir.path() / "qforge-v1"));

@@ -717,8 +717,11 @@ TEST(GemmEdge, AllGroupsEmptyWritesNothing) {
 // rows any rising split fits in. Its rows read no scale and are NaN (rows 300..399, which only
 // it owns; 100..299 are group 0's too, written in either order); group 0's rows 0..99 are exact.
 // Blockwise (scales in the consumers' registers) and MXFP8 (the scale writers' slots).
-void expect_mn_major_grid_past_the_buffer_is_nan(GemmScaling scaling) {
-  const GemmSpec s = mn_major(spec_of(scaling, ElemFormat::E4M3, ElemFormat::E4M3, DType::FP32, false, false, 128, 128, 1, 128, 256));
+// The dequant route (MXFP8) gives the same: its copy of a row takes the scales of the last group
+// starting at or before it (group 0 for rows 0..299), group 2's rows none (NaN).
+void expect_mn_major_grid_past_the_buffer_is_nan(GemmScaling scaling, GemmRoute route = GemmRoute::Fused) {
+  GemmSpec s = mn_major(spec_of(scaling, ElemFormat::E4M3, ElemFormat::E4M3, DType::FP32, false, false, 128, 128, 1, 128, 256));
+  s.route = route;
   ref::GemmProblem p = ref::make_gemm_problem(s, std::vector<int64_t>{300, 0, 100}, 0, ref::GemmValues::SmallIntegers, false, 23);
   p.offsets = {0, 300, 100, 400};
   Device dev = to_device(s, p);
@@ -748,6 +751,35 @@ TEST(GemmEdge, MnMajorGridPastTheBufferIsNaN) {
 TEST(GemmEdge, MxMnMajorGridPastTheBufferIsNaN) {
   QF_SKIP_WITHOUT_GPU();
   expect_mn_major_grid_past_the_buffer_is_nan(GemmScaling::Mx32);
+}
+
+TEST(GemmEdge, DequantMxMnMajorGridPastTheBufferIsNaN) {
+  QF_SKIP_WITHOUT_GPU();
+  expect_mn_major_grid_past_the_buffer_is_nan(GemmScaling::Mx32, GemmRoute::Dequant);
+}
+
+// Offsets past the rows (-4 and 200 with m_total 128) are clamped to [0, m_total] by both routes
+// and the reference: groups of 60 and 68 rows, whose mn_major A grids (pitches 60 and 68) the
+// dequant route's prep kernel must lay out from the clamped offsets. Every row exact.
+TEST(GemmEdge, DequantClampsOffsetsAsTheFusedKernel) {
+  QF_SKIP_WITHOUT_GPU();
+  for (GemmRoute route : {GemmRoute::Fused, GemmRoute::Dequant}) {
+    GemmSpec s = mn_major(spec_of(GemmScaling::Mx32, ElemFormat::E4M3, ElemFormat::E4M3, DType::FP32, false, false, 128, 128,
+                                  1, 128, 256));
+    s.route = route;
+    ref::GemmProblem p = ref::make_gemm_problem(s, std::vector<int64_t>{60, 68}, 0, ref::GemmValues::SmallIntegers, false, 29);
+    p.offsets = {-4, 60, 200};
+    Device dev = to_device(s, p);
+    const std::vector<uint8_t> got = run(s, dev);
+    const ref::GemmRows ref = reference_of_every_row(s, p);
+    int64_t bad = 0;
+    for (int64_t r = 0; r < p.out_rows; ++r)
+      for (int64_t n = 0; n < s.n; ++n) {
+        ASSERT_GE(ref.group[size_t(r)], 0) << "row " << r << " is in a group once clamped";
+        bad += out_bits(s, got, r * s.n + n) != ref::exact_output(s, ref.value[size_t(r * s.n + n)], 0.0f);
+      }
+    EXPECT_EQ(bad, 0) << (route == GemmRoute::Dequant ? "dequant" : "fused") << " route: elements that differ";
+  }
 }
 
 // Runs a two-group K-grouped problem whose NaN scales lie in group 0's first k-block but scale
