@@ -51,6 +51,7 @@ for name, fused, g16, read in (("mxfp8", mx, bf16, 1 + 1 / 32), ("nvfp4", nv, fp
     if routes[name]:
         r = routes[name]
         print(f"{name}: route measured {r:.3f} ms = {flops / r / 1e9:.0f} TFLOP/s, {block / r * 100:.0f} % of blockwise, "
-              f"{fused / r:.2f}x the fused kernel; its dequantization at {(read + 2) * elems / ((r - g16) * 1e-3) / copy * 100:.0f} % "
-              f"of the copy bandwidth")
+              f"{fused / r:.2f}x the fused kernel; route minus the 16-bit GEMM on random values: the dequantization at "
+              f"about {(read + 2) * elems / ((r - g16) * 1e-3) / copy * 100:.0f} % of the copy bandwidth (approximate: the "
+              f"GEMM's clocks depend on its values)")
 PY
