@@ -29,12 +29,12 @@ constexpr GemmScalingTraits kScalings[] = {
     // K-grouped both operands' 32x1 grids).
     {GemmScaling::Mx32, "mxfp8", {"qf::gemm::Mx32Scaling", "qf::kGemmMx32", kGemmMx32},
      {"qf::gemm::Mx32Scaling", "qf::kGemmMx32", kGemmMx32}, true, 32, 32, "e8m0", 1, 4, 128, "[m_total, K/32]",
-     "[G, N, K/32]", false, true, true, false, false, "e4m3", "e4m3", true, true, "mx"},
+     "[G, N, K/32]", false, true, true, false, false, "e4m3", "e4m3", true, true, "mx", "bf16"},
     // Scales applied while dequantizing to fp16 (no promotion: fp16 MMAs accumulate in fp32).
     // K-grouped: both operands' 1x16 blocks along the tokens (the transposed columnwise copies).
     {GemmScaling::Nvfp4, "nvfp4", {"qf::gemm::Nvfp4Scaling", "qf::kGemmNvfp4", kGemmNvfp4},
      {"qf::gemm::Nvfp4Scaling", "qf::kGemmNvfp4", kGemmNvfp4}, false, 0, 16, "e4m3", 1, 16, 128, "[m_total, K/16]",
-     "[G, N, K/16]", true, true, true, true, false, "e2m1", "e2m1", false, false, ""},
+     "[G, N, K/16]", true, true, true, true, false, "e2m1", "e2m1", false, false, "", "fp16"},
     // bf16 / fp16 operands as they are (the identity copies): only the per-group alpha; the
     // tensor cores accumulate their exact products in fp32 over all of K.
     {GemmScaling::None, "none", {"qf::gemm::AlphaScaling", "qf::kGemmNone", kGemmNone},
@@ -164,7 +164,7 @@ bool gemm_promotes(const GemmSpec& s) {
 
 void validate(const GemmSpec& s) {
   if (s.route == GemmRoute::Dequant) {
-    if (s.scaling != GemmScaling::Mx32 && s.scaling != GemmScaling::Nvfp4)
+    if (traits(s.scaling).dequant_dtype.empty())
       throw UserError("route", "dequant: expected mxfp8 or nvfp4 scaling (the others have nothing to dequantize "
                                "before their MMAs), got " + std::string(traits(s.scaling).name));
     if (s.layout == GemmLayout::KGroupedMembers)
@@ -401,7 +401,9 @@ GemmSpec dequant_inner_spec(const GemmSpec& s) {
   in.route = GemmRoute::Fused;
   in.scaling = GemmScaling::None;
   in.a_format = in.b_format = ElemFormat::Identity;
-  in.operand_dtype = s.scaling == GemmScaling::Nvfp4 ? DType::FP16 : DType::BF16;
+  const auto dtype = parse_dtype(traits(s.scaling).dequant_dtype);
+  QF_CHECK(dtype, "dequant_inner_spec: ", traits(s.scaling).name, " scaling has no dequant route");
+  in.operand_dtype = *dtype;
   in.scale_layout = ScaleLayout::Compact;
   in.fast_accum = false;
   return in;

@@ -69,6 +69,8 @@ struct GemmScalingTraits {
   bool mn_major_b;                // ... B's too (mxfp8: per expert; blockwise B is a 2-D 128x128 grid, compact)
   std::string_view stream_scaling;  // the quantize scaling whose 1D grids (blocks of scale_k) it reads
                                     // in GemmSpec::scale_layout: "block", "mx" (else empty)
+  std::string_view dequant_dtype = {};  // GemmRoute::Dequant: the 16-bit type its operands are
+                                        // dequantized into exactly ("bf16", "fp16"; empty: no route)
 };
 const GemmScalingTraits& traits(GemmScaling s);
 std::span<const GemmScalingTraits> all_gemm_scalings();

@@ -182,7 +182,7 @@ std::shared_ptr<const Gemm::LoadedDequant> Gemm::load_dequant_for_current_device
 // D, groups and (MXFP8) alpha. The call was checked as the fused kernel takes it.
 void Gemm::run_dequant(const GemmCall& c, CUstream stream) const {
   const GemmSpec& s = spec_;
-  const bool kg = k_grouped(s.layout), fp4 = s.scaling == GemmScaling::Nvfp4;
+  const bool kg = k_grouped(s.layout);
   const bool mn = s.scale_layout == ScaleLayout::MnMajor, masked = c.m_max != 0;
   const int64_t g = c.num_groups, extent = kg ? c.k_total : c.m_total;
   const DequantWorkspace w = dequant_workspace(s, extent, g);
@@ -234,7 +234,7 @@ void Gemm::run_dequant(const GemmCall& c, CUstream stream) const {
     a.rows = rows;
     a.k = k;
     a.grid = kGridCompact;
-    if (mn && !fp4) {
+    if (mn) {  // (mn_major grids: MXFP8 only, validate)
       a.grid = kGridMnMajor;
       a.grid_rows = kg ? rows : !is_a ? s.n : masked ? c.m_max : 0;
       if (is_a && !kg && !masked) {
@@ -245,7 +245,7 @@ void Gemm::run_dequant(const GemmCall& c, CUstream stream) const {
         a.cap = prep.cap;
       }
     }
-    const int64_t nblk = (k + (fp4 ? 15 : 31)) / (fp4 ? 16 : 32);
+    const int64_t nblk = (k + traits(s.scaling).scale_k - 1) / traits(s.scaling).scale_k;  // scale blocks of a row
     // Threads: one per block; mn_major grids in warps of 8 rows x 4 blocks (dequant_kernel).
     const int64_t blocks = a.grid == kGridCompact ? rows * nblk : (rows + 7) / 8 * ((nblk + 3) / 4) * 32;
     if (blocks == 0) return;
@@ -258,12 +258,12 @@ void Gemm::run_dequant(const GemmCall& c, CUstream stream) const {
   operand(l->a, c.a, c.a_scale, w.a, rows_a, k, true);
   operand(l->b, c.b, c.b_scale, w.b, rows_b, k, false);
 
-  const DType dt = fp4 ? DType::FP16 : DType::BF16;
+  const DType dt = inner_->spec().operand_dtype;
   GemmCall in = c;
   in.a = TensorView{c.workspace.ptr + uint64_t(w.a), rows_a * k * 2, dt, {}};
   in.b = TensorView{c.workspace.ptr + uint64_t(w.b), rows_b * k * 2, dt, {}};
   in.a_scale = in.b_scale = in.a_amax = in.b_amax = TensorView{};
-  if (fp4) in.alpha = TensorView{c.workspace.ptr + uint64_t(w.alpha), g * 4, DType::FP32, {}};
+  if (w.alpha >= 0) in.alpha = TensorView{c.workspace.ptr + uint64_t(w.alpha), g * 4, DType::FP32, {}};  // NVFP4's
   in.workspace = TensorView{};
   inner_->run(in, stream);
 }

@@ -138,10 +138,15 @@ int cmd_gemm(const Argv& argv) {
     return os.str();
   };
   if (auto arch = args.get("--arch")) {
-    if (*arch != "sm_90a") throw UserError("--arch", "the GEMM kernels are wgmma code for sm_90a, got \"" + *arch + "\"");
     rt::Gemm gemm(spec);
     const auto t0 = std::chrono::steady_clock::now();
-    const rt::CacheHow how = gemm.prepare(*arch);
+    rt::CacheHow how;
+    try {
+      how = gemm.prepare(*arch);
+    } catch (const UserError& e) {  // prepare's arch rule, named as the flag
+      if (e.where() != "arch") throw;
+      throw UserError("--arch", e.message());
+    }
     const double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
     std::cout << describe(spec) << "\n" << tile_line() << "\n" << *arch << ": " << rt::name(how) << " in " << ms << " ms\n";
     return 0;
