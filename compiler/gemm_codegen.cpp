@@ -29,12 +29,12 @@ constexpr GemmScalingTraits kScalings[] = {
     // K-grouped both operands' 32x1 grids).
     {GemmScaling::Mx32, "mxfp8", {"qf::gemm::Mx32Scaling", "qf::kGemmMx32", kGemmMx32},
      {"qf::gemm::Mx32Scaling", "qf::kGemmMx32", kGemmMx32}, true, 32, 32, "e8m0", 1, 4, 128, "[m_total, K/32]",
-     "[G, N, K/32]", false, true, true, false, false, "e4m3", "e4m3", true, true, "mx", "bf16"},
+     "[G, N, K/32]", false, true, true, false, false, "e4m3", "e4m3", true, true, "mx", "bf16", 650},
     // Scales applied while dequantizing to fp16 (no promotion: fp16 MMAs accumulate in fp32).
     // K-grouped: both operands' 1x16 blocks along the tokens (the transposed columnwise copies).
     {GemmScaling::Nvfp4, "nvfp4", {"qf::gemm::Nvfp4Scaling", "qf::kGemmNvfp4", kGemmNvfp4},
      {"qf::gemm::Nvfp4Scaling", "qf::kGemmNvfp4", kGemmNvfp4}, false, 0, 16, "e4m3", 1, 16, 128, "[m_total, K/16]",
-     "[G, N, K/16]", true, true, true, true, false, "e2m1", "e2m1", false, false, "", "fp16"},
+     "[G, N, K/16]", true, true, true, true, false, "e2m1", "e2m1", false, false, "", "fp16", 750},
     // bf16 / fp16 operands as they are (the identity copies): only the per-group alpha; the
     // tensor cores accumulate their exact products in fp32 over all of K.
     {GemmScaling::None, "none", {"qf::gemm::AlphaScaling", "qf::kGemmNone", kGemmNone},
@@ -118,12 +118,59 @@ ScaleLayout parse_gemm_scale_layout(std::string_view name, const std::string& wh
   throw UserError(where, "expected compact or mn_major, got \"" + std::string(name) + "\"");
 }
 
-std::string_view name(GemmRoute r) { return r == GemmRoute::Dequant ? "dequant" : "fused"; }
+std::string_view name(GemmRoute r) {
+  return r == GemmRoute::Dequant ? "dequant" : r == GemmRoute::Auto ? "auto" : "fused";
+}
 
 GemmRoute parse_gemm_route(std::string_view name, const std::string& where) {
   if (name == "fused") return GemmRoute::Fused;
   if (name == "dequant") return GemmRoute::Dequant;
-  throw UserError(where, "expected fused or dequant, got \"" + std::string(name) + "\"");
+  if (name == "auto") return GemmRoute::Auto;
+  throw UserError(where, "expected fused, dequant or auto, got \"" + std::string(name) + "\"");
+}
+
+bool gemm_has_dequant_route(const GemmSpec& s) {
+  return !traits(s.scaling).dequant_dtype.empty() && s.layout != GemmLayout::KGroupedMembers;
+}
+
+GemmRoute choose_gemm_route(const GemmSpec& s, int64_t extent, int64_t g) {
+  if (s.route != GemmRoute::Auto) return s.route;
+  if (!gemm_has_dequant_route(s) || extent <= 0 || g <= 0) return GemmRoute::Fused;
+  // The copies cost about (rows of A + rows of B) x K bytes moved; the 16-bit GEMM saves time in
+  // proportion to rows of A x rows of B x K: the route pays where h(rows A, rows B) is large.
+  auto h = [](double x, double y) { return x * y / (x + y); };
+  const double n = double(s.n), crossover = traits(s.scaling).dequant_crossover;
+  if (!k_grouped(s.layout))  // per group: its rows against its expert's N
+    return h(double(extent) / double(g), n) >= crossover ? GemmRoute::Dequant : GemmRoute::Fused;
+  const double m = double(s.m);
+  return h(m, n) >= crossover && 2 * m * n * double(extent) >= kGemmAutoMinFlops ? GemmRoute::Dequant : GemmRoute::Fused;
+}
+
+GemmKernelSpecs gemm_kernel_specs(const GemmSpec& s) {
+  GemmKernelSpecs out;
+  std::vector<GemmRoute> routes = {s.route};
+  if (s.route == GemmRoute::Auto) {
+    routes = {GemmRoute::Fused};
+    if (gemm_has_dequant_route(s)) routes.push_back(GemmRoute::Dequant);
+  }
+  for (GemmRoute r : routes) {
+    const GemmSpec c = s.route == GemmRoute::Auto ? gemm_route_spec(s, r) : s;
+    if (r == GemmRoute::Dequant) {
+      out.dequant.push_back(c);
+      out.gemm.push_back(dequant_inner_spec(c));
+    } else {
+      out.gemm.push_back(c);
+    }
+  }
+  return out;
+}
+
+GemmSpec gemm_route_spec(const GemmSpec& s, GemmRoute r) {
+  QF_CHECK(r != GemmRoute::Auto, "gemm_route_spec: a concrete route");
+  GemmSpec out = s;
+  out.route = r;
+  if (s.route == GemmRoute::Auto && r == GemmRoute::Dequant) out.tile = {};
+  return out;
 }
 
 std::string_view default_gemm_format(GemmScaling s, bool b_side, std::string_view a_named) {
@@ -163,6 +210,11 @@ bool gemm_promotes(const GemmSpec& s) {
 }
 
 void validate(const GemmSpec& s) {
+  if (s.route == GemmRoute::Auto) {  // both routes, where it has both
+    validate(gemm_route_spec(s, GemmRoute::Fused));
+    if (gemm_has_dequant_route(s)) validate(gemm_route_spec(s, GemmRoute::Dequant));
+    return;
+  }
   if (s.route == GemmRoute::Dequant) {
     if (traits(s.scaling).dequant_dtype.empty())
       throw UserError("route", "dequant: expected mxfp8 or nvfp4 scaling (the others have nothing to dequantize "
@@ -263,6 +315,7 @@ void validate(const GemmSpec& s) {
 
 GemmTile resolve_tile(const GemmSpec& s) {
   if (s.route == GemmRoute::Dequant) return resolve_tile(dequant_inner_spec(s));
+  if (s.route == GemmRoute::Auto) return resolve_tile(gemm_route_spec(s, GemmRoute::Fused));  // the fused kernel's
   GemmTile t = s.tile;
   const bool fp4 = s.scaling == GemmScaling::Nvfp4;
   const bool promote = gemm_promotes(s);
@@ -392,7 +445,7 @@ std::string describe(const GemmSpec& s) {
   return std::string(gemm_format_name(s, s.a_format)) + " x " + std::string(gemm_format_name(s, s.b_format)) + " " +
          std::string(traits(s.scaling).name) + (s.fast_accum ? " (fast accumulation)" : "") +
          (s.scale_layout == ScaleLayout::MnMajor ? " (mn_major scales)" : "") +
-         (s.route == GemmRoute::Dequant ? " (dequant route)" : "") + shape + " -> " +
+         (s.route != GemmRoute::Fused ? " (" + std::string(name(s.route)) + " route)" : "") + shape + " -> " +
          std::string(traits(s.out_dtype).name) + (s.accumulate ? " (accumulate)" : "");
 }
 

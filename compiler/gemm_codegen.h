@@ -8,6 +8,7 @@
 #include <optional>
 #include <span>
 #include <string>
+#include <vector>
 #include <string_view>
 
 #include "compiler/formats.h"
@@ -71,6 +72,10 @@ struct GemmScalingTraits {
                                     // in GemmSpec::scale_layout: "block", "mx" (else empty)
   std::string_view dequant_dtype = {};  // GemmRoute::Dequant: the 16-bit type its operands are
                                         // dequantized into exactly ("bf16", "fp16"; empty: no route)
+  int dequant_crossover = 0;  // GemmRoute::Auto takes the dequant route where h(tokens per group, N)
+                              // (M-grouped) or h(M, N) (K-grouped) reaches this, h(x, y) = x y / (x + y):
+                              // the weights' (or both operands') copies are paid for by the 16-bit
+                              // GEMM's speed-up (choose_gemm_route; measured: docs/gemm.md, "Auto")
 };
 const GemmScalingTraits& traits(GemmScaling s);
 std::span<const GemmScalingTraits> all_gemm_scalings();
@@ -96,7 +101,9 @@ constexpr bool k_grouped(GemmLayout l) { return l != GemmLayout::MGrouped; }
 // 16-bit copy in the call's workspace (bf16 for MXFP8, fp16 for NVFP4; templates/qforge/dequant.cuh),
 // then the none GEMM runs on the copies: 1.3-1.6x faster where many tokens meet the weights, for 2
 // bytes of workspace per operand element; slower where the weights dominate (docs/gemm.md).
-enum class GemmRoute : uint8_t { Fused, Dequant };
+// Auto: per call, whichever of the two choose_gemm_route expects to be faster (the fused kernel
+// for every other scaling and for k_grouped_members); a tile, if given, is the fused kernel's.
+enum class GemmRoute : uint8_t { Fused, Dequant, Auto };
 std::string_view name(GemmRoute r);
 GemmRoute parse_gemm_route(std::string_view name, const std::string& where);
 
@@ -221,6 +228,27 @@ int64_t gemm_k_total_multiple(const GemmSpec& spec);
 // K-grouped members: tensor-map pairs per persistent CTA in the workspace (the kernel's ring, one
 // more than its TMA load slots), for a spec whose tile is resolved.
 int gemm_member_map_count(const GemmSpec& spec);
+
+// The spec can run either way: mxfp8 or nvfp4 scaling, not k_grouped_members.
+bool gemm_has_dequant_route(const GemmSpec& spec);
+// The route a call of num_groups groups over `extent` (m_total; K-grouped: k_total) takes: the
+// spec's, or for Auto the dequant route where its copies pay (GemmScalingTraits::dequant_crossover;
+// M-grouped by the mean rows per group (masked: m_max), K-grouped by M and N and, for the route's
+// fixed cost, at least kGemmAutoMinFlops), else fused.
+GemmRoute choose_gemm_route(const GemmSpec& spec, int64_t extent, int64_t num_groups);
+inline constexpr double kGemmAutoMinFlops = 0x1p35;  // ~34 GFLOP
+// The spec of one concrete route (Fused or Dequant) of an Auto spec: the fused one keeps the tile,
+// the dequant one runs its none GEMM's default tile.
+GemmSpec gemm_route_spec(const GemmSpec& spec, GemmRoute route);
+
+// Every kernel a spec may launch (what prewarm compiles, what a fuzzer emits): the GEMM kernels
+// (emit_gemm: the fused kernel, the dequant route's none GEMM) and the dequant routes' operand
+// kernels (emit_dequant), for each route the spec can take.
+struct GemmKernelSpecs {
+  std::vector<GemmSpec> gemm;     // for emit_gemm
+  std::vector<GemmSpec> dequant;  // for emit_dequant
+};
+GemmKernelSpecs gemm_kernel_specs(const GemmSpec& spec);
 
 // The dequant route (GemmRoute::Dequant): the none GEMM of the same problem on the 16-bit copies
 // (bf16 for MXFP8, fp16 for NVFP4; the spec's tile, output, accumulation and layout).

@@ -625,7 +625,8 @@ RecipeGemm parse_gemm(const Node& g) {
   if (auto f = g.find("fast_accum")) s.fast_accum = f->boolean();
   if (auto l = g.find("scale_layout"))
     s.scale_layout = l->choice<ScaleLayout>({{"compact", ScaleLayout::Compact}, {"mn_major", ScaleLayout::MnMajor}});
-  if (auto r = g.find("route")) s.route = r->choice<GemmRoute>({{"fused", GemmRoute::Fused}, {"dequant", GemmRoute::Dequant}});
+  if (auto r = g.find("route")) s.route = r->choice<GemmRoute>(
+      {{"fused", GemmRoute::Fused}, {"dequant", GemmRoute::Dequant}, {"auto", GemmRoute::Auto}});
   if (auto t = g.find("tile")) {
     t->expect_object({"block_m", "block_n", "stages", "multicast", "raster_m", "ordered"});
     auto field = [&](const char* key, int& dst, int hi) {

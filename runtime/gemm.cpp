@@ -126,28 +126,38 @@ struct Gemm::Loaded {
 
 Gemm::Gemm(GemmSpec spec, KernelCache& cache) : spec_(std::move(spec)), cache_(cache) {
   validate(spec_);
+  if (spec_.route == GemmRoute::Auto && !gemm_has_dequant_route(spec_)) spec_.route = GemmRoute::Fused;
   spec_.tile = resolve_tile(spec_);
   if (spec_.route == GemmRoute::Dequant) inner_ = std::make_unique<Gemm>(dequant_inner_spec(spec_), cache_);
+  if (spec_.route == GemmRoute::Auto)
+    for (GemmRoute r : {GemmRoute::Fused, GemmRoute::Dequant})
+      routes_[int(r)] = std::make_unique<Gemm>(gemm_route_spec(spec_, r), cache_);
 }
 
 CacheHow Gemm::prepare(const std::string& arch) const {
   if (arch != "sm_90a") throw UserError("arch", "the GEMM kernels are wgmma code for sm_90a, got \"" + arch + "\"");
+  // (MemoryHit < DiskHit < Compiled: the slower answer of two)
+  if (routes_[0]) return std::max(routes_[0]->prepare(arch), routes_[1]->prepare(arch));
   if (!inner_) return build_gemm_kernel(spec_, arch, cache_).cached.how;
-  const CacheHow a = build_dequant_kernels(spec_, arch, cache_).cached.how, b = inner_->prepare(arch);
-  return std::max(a, b);  // (MemoryHit < DiskHit < Compiled: the slower answer)
+  return std::max(build_dequant_kernels(spec_, arch, cache_).cached.how, inner_->prepare(arch));
 }
 
-int Gemm::persistent_ctas() const { return inner_ ? inner_->persistent_ctas() : load_for_current_device()->grid; }
+int Gemm::persistent_ctas() const {
+  if (routes_[0]) return routes_[0]->persistent_ctas();
+  return inner_ ? inner_->persistent_ctas() : load_for_current_device()->grid;
+}
 
 int64_t Gemm::workspace_bytes() const {
-  if (inner_)
-    throw UserError("workspace_bytes", "the dequant route's workspace holds the call's operand copies: ask with the "
-                                       "call's extent and group count (workspace_bytes(extent, num_groups))");
+  if (inner_ || routes_[0])
+    throw UserError("workspace_bytes", std::string("the ") + (inner_ ? "dequant" : "auto") +
+                                           " route's workspace holds the call's operand copies: ask with the call's "
+                                           "extent and group count (workspace_bytes(extent, num_groups))");
   if (spec_.layout != GemmLayout::KGroupedMembers) return 0;
   return workspace_bytes(*load_for_current_device());
 }
 
 int64_t Gemm::workspace_bytes(int64_t extent, int num_groups) const {
+  if (routes_[0]) return routes_[int(route_for(extent, num_groups))]->workspace_bytes(extent, num_groups);
   if (!inner_) return workspace_bytes();
   const bool kg = k_grouped(spec_.layout);
   const int64_t max_extent = kg ? (int64_t(1) << 30) - 1 : kMaxMTotal;
@@ -315,6 +325,8 @@ std::shared_ptr<const Gemm::Loaded> Gemm::load_for_current_device() const {
 }
 
 void Gemm::run(const GemmCall& c, CUstream stream) const {
+  if (routes_[0])  // (the chosen route's run checks the call)
+    return routes_[int(route_for(k_grouped(spec_.layout) ? c.k_total : c.m_total, c.num_groups))]->run(c, stream);
   if (k_grouped(spec_.layout)) return run_k_grouped(c, stream);
   const GemmSpec& s = spec_;
   const GemmTile& t = s.tile;

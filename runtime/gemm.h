@@ -76,7 +76,8 @@ struct GemmCall {
 
 class Gemm {
  public:
-  // Validates the spec (UserError naming the field) and resolves its tile.
+  // Validates the spec (UserError naming the field) and resolves its tile (GemmRoute::Auto: the
+  // fused kernel's; an Auto spec without a dequant route becomes Fused).
   explicit Gemm(GemmSpec spec, KernelCache& cache = KernelCache::global());
 
   const GemmSpec& spec() const { return spec_; }  // tile resolved
@@ -86,8 +87,12 @@ class Gemm {
   // context. The first call per device compiles or loads the kernel.
   void run(const GemmCall& call, CUstream stream) const;
 
-  // Compiles (or loads) for `arch` (only sm_90a: UserError otherwise) without a GPU; returns how the
-  // cache answered.
+  // The route a call of num_groups groups over `extent` (m_total; K-grouped: k_total) takes
+  // (choose_gemm_route): Fused or Dequant.
+  GemmRoute route_for(int64_t extent, int num_groups) const { return choose_gemm_route(spec_, extent, num_groups); }
+
+  // Compiles (or loads) for `arch` (only sm_90a: UserError otherwise) without a GPU (Auto: both
+  // routes' kernels); returns how the cache answered.
   CacheHow prepare(const std::string& arch) const;
 
   // Persistent CTAs a launch on the current device uses at most (loads the kernel).
@@ -117,6 +122,7 @@ class Gemm {
   GemmSpec spec_;
   KernelCache& cache_;
   std::unique_ptr<Gemm> inner_;  // dequant route: the none GEMM on the copies
+  std::unique_ptr<Gemm> routes_[2];  // auto route: the fused and the dequant route's, by GemmRoute
   mutable std::mutex mu_;
   mutable std::map<int, std::shared_ptr<const Loaded>> loaded_;  // by device
   mutable std::map<int, std::shared_ptr<const LoadedDequant>> loaded_dequant_;

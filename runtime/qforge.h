@@ -188,11 +188,12 @@ typedef struct qf_gemm_spec {
      mxfp8 B's one per expert; docs/gemm.md); NULL = "compact". The shipped mxfp8_hopper recipe
      writes mn_major grids: a spec for its operands needs "mn_major". */
   const char* scale_layout;
-  /* mxfp8 and nvfp4 (m_grouped and k_grouped): "fused" (one kernel dequantizes on chip) or "dequant"
+  /* mxfp8 and nvfp4 (m_grouped and k_grouped): "fused" (one kernel dequantizes on chip), "dequant"
      (both operands dequantized once into bf16 / fp16 copies in args->workspace, sized by
      qf_gemm_workspace_bytes_for, then the bf16 / fp16 GEMM with this tile: faster where many tokens
-     meet the weights, slower where few do; docs/gemm.md); NULL = "fused". Appended in 0.2.0: zero
-     the struct before filling it. */
+     meet the weights, slower where few do; docs/gemm.md) or "auto" (per call, the one expected to
+     be faster: qf_gemm_route_for; the tile is the fused kernel's); NULL = "fused". Appended in
+     0.2.0 ("auto" since 0.3.0): zero the struct before filling it. */
   const char* route;
 } qf_gemm_spec;
 
@@ -247,11 +248,17 @@ qf_status qf_gemm_scale_bytes(const qf_gemm* g, int64_t extent, int num_groups, 
    size depends on the device: it loads the kernel, so needs a GPU; 0 needs none). */
 qf_status qf_gemm_workspace_bytes(const qf_gemm* g, int64_t* bytes);
 /* The same for a call of num_groups groups over `extent` (m_total, or k_total for a K-grouped spec):
-   for the dequant route (spec->route "dequant"), 2 bytes per element of A and of B (their 16-bit
-   copies) plus a few per group, no GPU needed (qf_gemm_workspace_bytes refuses that route); for the
-   others, what qf_gemm_workspace_bytes says. */
+   for the dequant route (spec->route "dequant", or "auto" where qf_gemm_route_for says "dequant"),
+   2 bytes per element of A and of B (their 16-bit copies) plus a few per group, no GPU needed
+   (qf_gemm_workspace_bytes refuses "dequant" and "auto"); for the others, what
+   qf_gemm_workspace_bytes says. */
 qf_status qf_gemm_workspace_bytes_for(const qf_gemm* g, int64_t extent, int num_groups, int64_t* bytes);
-/* Compile (or load) the kernel for arch (only "sm_90a") into the kernel cache; no GPU needed. */
+/* The route ("fused" or "dequant", a static string) a run of num_groups groups over `extent`
+   (m_total, or k_total for a K-grouped spec) takes: the spec's, or for "auto" the dequant route
+   where the operands' copies pay for themselves (many tokens per expert; docs/gemm.md). Size the
+   workspace with qf_gemm_workspace_bytes_for, which follows the same choice. Since 0.3.0. */
+qf_status qf_gemm_route_for(const qf_gemm* g, int64_t extent, int num_groups, const char** route);
+/* Compile (or load) the kernel(s) for arch (only "sm_90a"; "auto": both routes') into the kernel cache; no GPU needed. */
 qf_status qf_gemm_prepare(qf_gemm* g, const char* arch);
 /* Validate every argument, then launch on cuda_stream in the caller's current CUDA context. */
 qf_status qf_gemm_run(qf_gemm* g, const qf_gemm_args* args, void* cuda_stream);

@@ -116,10 +116,19 @@ int cmd_gemm(const Argv& argv) {
     if (it == kFlag.end()) throw;
     throw UserError(it->second, std::string(e.what()).substr(e.where().size() + 2));
   }
-  spec.tile = resolve_tile(spec);
-  // The dequant route: its operand kernels, then the none GEMM on the 16-bit copies.
-  const bool dequant = spec.route == GemmRoute::Dequant;
-  const GemmSource src = emit_gemm(dequant ? dequant_inner_spec(spec) : spec);
+  // The auto route picks per call: --source shows one route, --arch compiles both, a run takes
+  // the problem's (below).
+  if (spec.route == GemmRoute::Auto && gemm_has_dequant_route(spec) && args.flag("--source"))
+    throw UserError("--route", "auto picks fused or dequant per call: name one of them to see its source");
+  const GemmSpec asked = spec;  // the spec as given (auto stays auto for rt::Gemm)
+  // What this invocation runs or shows; for auto, the problem's route once its groups are known.
+  auto show_route = [&](GemmRoute r) {
+    spec = gemm_route_spec(asked, r);
+    spec.tile = resolve_tile(spec);
+  };
+  show_route(asked.route == GemmRoute::Auto ? GemmRoute::Fused : asked.route);
+  bool dequant = spec.route == GemmRoute::Dequant;
+  GemmSource src = emit_gemm(dequant ? dequant_inner_spec(spec) : spec);
   if (args.flag("--source")) {
     if (dequant) {
       const DequantSource ds = emit_dequant(spec);
@@ -138,7 +147,7 @@ int cmd_gemm(const Argv& argv) {
     return os.str();
   };
   if (auto arch = args.get("--arch")) {
-    rt::Gemm gemm(spec);
+    rt::Gemm gemm(asked);
     const auto t0 = std::chrono::steady_clock::now();
     rt::CacheHow how;
     try {
@@ -148,7 +157,8 @@ int cmd_gemm(const Argv& argv) {
       throw UserError("--arch", e.message());
     }
     const double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
-    std::cout << describe(spec) << "\n" << tile_line() << "\n" << *arch << ": " << rt::name(how) << " in " << ms << " ms\n";
+    std::cout << describe(gemm.spec()) << "\n" << (gemm.spec().route == GemmRoute::Auto ? "fused route: " : "") << tile_line()
+              << "\n" << *arch << ": " << rt::name(how) << " in " << ms << " ms\n";
     return 0;
   }
 
@@ -181,7 +191,6 @@ int cmd_gemm(const Argv& argv) {
     throw UserError("gemm", "needs a CUDA device (" + (drv.available() ? std::string("none found") : drv.unavailable_reason()) +
                                 "); without one, use --source or --arch");
   rt::primary_context(0)->make_current();
-  std::cout << describe(spec) << "\n" << tile_line() << "\n";
   std::cout << "groups " << rows.size() << ":";
   for (size_t i = 0; i < rows.size() && i < 16; ++i) std::cout << " " << rows[i];
   if (rows.size() > 16) std::cout << " ...";
@@ -210,6 +219,14 @@ int cmd_gemm(const Argv& argv) {
   const int64_t m_total = p.m_total, out_rows = p.out_rows, ob = traits(spec.out_dtype).bytes;
   std::cout << "operands generated in "
             << std::chrono::duration<double>(std::chrono::steady_clock::now() - tg).count() << " s\n";
+  const int64_t extent = k_grouped ? p.k_total : m_total;
+  if (asked.route == GemmRoute::Auto) {  // this problem's route, as rt::Gemm picks it
+    show_route(choose_gemm_route(asked, extent, int64_t(rows.size())));
+    dequant = spec.route == GemmRoute::Dequant;
+    src = emit_gemm(dequant ? dequant_inner_spec(spec) : spec);
+    std::cout << "route auto: " << name(spec.route) << "\n";
+  }
+  std::cout << describe(spec) << "\n" << tile_line() << "\n";
 
   auto upload = [](const void* data, size_t bytes) {
     rt::DeviceBuffer b(std::max<size_t>(bytes, 16));
@@ -240,12 +257,12 @@ int cmd_gemm(const Argv& argv) {
   call.k_total = p.k_total;
   call.num_groups = int(rows.size());
   call.max_ctas = int(args.integer("--max-ctas", 0, 0, 1 << 20));
-  rt::Gemm gemm(spec);
+  rt::Gemm gemm(asked);
   std::cout << "persistent CTAs: " << gemm.persistent_ctas() << " (" << rt::device_sm_count(0) << " SMs)"
             << (call.max_ctas ? ", capped at " + std::to_string(call.max_ctas) : std::string()) << "\n";
   std::optional<rt::DeviceBuffer> dws;  // --members: the tensor-map workspace; --route dequant: the operands' copies
   if (members) call.workspace = view(dws.emplace(size_t(gemm.workspace_bytes())));
-  if (dequant) call.workspace = view(dws.emplace(size_t(gemm.workspace_bytes(k_grouped ? p.k_total : m_total, call.num_groups))));
+  if (dequant) call.workspace = view(dws.emplace(size_t(gemm.workspace_bytes(extent, call.num_groups))));
   rt::Stream stream;
   const auto tc = std::chrono::steady_clock::now();
   gemm.run(call, stream.get());
@@ -254,6 +271,8 @@ int cmd_gemm(const Argv& argv) {
             << std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - tc).count() << " ms\n";
 
   nlohmann::json result = {{"gemm", describe(spec)},
+                           {"route", std::string(name(spec.route))},  // the route run; as asked:
+                           {"route_asked", std::string(name(asked.route))},
                            {"tile", {{"block_m", spec.tile.block_m}, {"block_n", spec.tile.block_n},
                                      {"stages", spec.tile.stages}, {"multicast", spec.tile.multicast},
                                      {"raster_m", spec.tile.raster_m}}},

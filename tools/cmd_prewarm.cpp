@@ -128,17 +128,17 @@ int cmd_prewarm(const Argv& argv) {
     for (const auto& g : r.gemms) {
       if (!with_gemms || std::find(archs.begin(), archs.end(), kGemmArch) == archs.end()) continue;
       ++t.gemms;
-      // The dequant route: its operand kernels (a job of their own), then the none GEMM on the copies.
-      const bool dequant = g.spec.route == GemmRoute::Dequant;
-      if (dequant && seen.insert({emit_dequant(g.spec).source, kGemmArch}).second) {
-        jobs.push_back({r.name, std::nullopt, g.spec, kGemmArch, std::nullopt});
-        ++t.kernels;
-      }
-      const GemmSpec kernel = dequant ? dequant_inner_spec(g.spec) : g.spec;
-      if (seen.insert({emit_gemm(kernel).source, kGemmArch}).second) {
-        jobs.push_back({r.name, std::nullopt, kernel, kGemmArch, std::nullopt});
-        ++t.kernels;
-      }
+      // Every route's kernels (auto: both): the dequant route's operand kernels are a job of their
+      // own, its none GEMM on the copies another.
+      const GemmKernelSpecs kernels = gemm_kernel_specs(g.spec);
+      for (const auto* specs : {&kernels.dequant, &kernels.gemm})
+        for (const GemmSpec& spec : *specs) {
+          const std::string src = specs == &kernels.dequant ? emit_dequant(spec).source : emit_gemm(spec).source;
+          if (seen.insert({src, kGemmArch}).second) {
+            jobs.push_back({r.name, std::nullopt, spec, kGemmArch, std::nullopt});
+            ++t.kernels;
+          }
+        }
     }
   }
 

@@ -366,6 +366,14 @@ class Quantizer(_Handle):
               ctypes.byref(n))
         return n.value
 
+    def route_for(self, extent: int, num_groups: int) -> str:
+        """"fused" or "dequant": the route a run of num_groups groups over extent (m_total, or k_total
+        K-grouped) takes (route="auto": the one expected to be faster; needs no GPU)."""
+        r = ctypes.c_char_p()
+        _call("qf_gemm_route_for", self._handle, _int(extent, "extent"), _int(num_groups, "num_groups", 32),
+              ctypes.byref(r))
+        return r.value.decode()
+
     def prepare(self, arch: str = "sm_90a") -> None:
         """Compiles (or loads) the kernels for arch into the kernel cache; needs no GPU."""
         _call("qf_quantizer_prepare", self._handle, _str(arch, "arch"))
@@ -469,8 +477,9 @@ class Gemm(_Handle):
                  out_dtype: Optional[str] = None, accumulate: bool = False, fast_accum: bool = False, block_m: int = 0,
                  block_n: int = 0, stages: int = 0, multicast: int = 0, raster_m: int = 0, ordered: Union[bool, int] = 0,
                  scale_layout: Optional[str] = None, route: Optional[str] = None):
-        """route: "fused" (the default) or "dequant" (mxfp8 / nvfp4: both operands dequantized into
-        16-bit copies in the run's workspace, then the bf16 / fp16 GEMM; docs/gemm.md)."""
+        """route: "fused" (the default), "dequant" (mxfp8 / nvfp4: both operands dequantized into
+        16-bit copies in the run's workspace, then the bf16 / fp16 GEMM; docs/gemm.md) or "auto"
+        (per run, the one expected to be faster: route_for)."""
         # ordered: True / False (the C API's 2 on / 1 off), or 0 (chosen by qforge), 1, 2 as the C API takes them.
         ordered_c = (2 if ordered else 1) if isinstance(ordered, bool) else _int(ordered, "ordered", 32)
         spec = _capi.GemmSpecC(_str(scaling, "scaling"), _bytes(a_format), _bytes(b_format), _int(n, "n"), _int(k, "k"),
@@ -514,6 +523,14 @@ class Gemm(_Handle):
             _call("qf_gemm_workspace_bytes_for", self._handle, _int(extent, "extent"), _int(num_groups, "num_groups", 32),
                   ctypes.byref(n))
         return n.value
+
+    def route_for(self, extent: int, num_groups: int) -> str:
+        """"fused" or "dequant": the route a run of num_groups groups over extent (m_total, or k_total
+        K-grouped) takes (route="auto": the one expected to be faster; needs no GPU)."""
+        r = ctypes.c_char_p()
+        _call("qf_gemm_route_for", self._handle, _int(extent, "extent"), _int(num_groups, "num_groups", 32),
+              ctypes.byref(r))
+        return r.value.decode()
 
     def prepare(self, arch: str = "sm_90a") -> None:
         """Compiles (or loads) the kernel into the kernel cache; needs no GPU."""

@@ -85,13 +85,14 @@ SIGNATURES = {
     "qf_gemm_scale_bytes": (c_int, [_P, c_int64, c_int, POINTER(c_int64), POINTER(c_int64)]),
     "qf_gemm_workspace_bytes": (c_int, [_P, POINTER(c_int64)]),
     "qf_gemm_workspace_bytes_for": (c_int, [_P, c_int64, c_int, POINTER(c_int64)]),
+    "qf_gemm_route_for": (c_int, [_P, c_int64, c_int, POINTER(c_char_p)]),
     "qf_gemm_prepare": (c_int, [_P, c_char_p]),
     "qf_gemm_run": (c_int, [_P, POINTER(GemmArgsC), c_void_p]),
 }
 
 
-PACKAGE_VERSION = "0.2.0"  # python/pyproject.toml's; the CMake project's (tests/python checks both)
-SONAME = "libqforge.so.0.2"  # runtime/CMakeLists.txt: SOVERSION major.minor
+PACKAGE_VERSION = "0.3.0"  # python/pyproject.toml's; the CMake project's (tests/python checks both)
+SONAME = "libqforge.so.0.3"  # runtime/CMakeLists.txt: SOVERSION major.minor
 
 
 def candidate_paths():

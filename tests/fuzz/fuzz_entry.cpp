@@ -241,9 +241,13 @@ void run_recipe(std::string_view bytes) {
   }
   // Accepted "gemms" entries are valid specs: they emit a kernel whose shared memory fits.
   for (const auto& g : recipe.gemms) {
-    const GemmSource src = emit_gemm(g.spec);
-    check_source(src.source, "emitted GEMM source");
-    if (src.smem_bytes > kGemmSmemLimit) broken("GEMM " + g.pointer + " needs " + std::to_string(src.smem_bytes) + " bytes of shared memory");
+    const GemmKernelSpecs kernels = gemm_kernel_specs(g.spec);  // every route's
+    for (const GemmSpec& k : kernels.gemm) {
+      const GemmSource src = emit_gemm(k);
+      check_source(src.source, "emitted GEMM source");
+      if (src.smem_bytes > kGemmSmemLimit) broken("GEMM " + g.pointer + " needs " + std::to_string(src.smem_bytes) + " bytes of shared memory");
+    }
+    for (const GemmSpec& k : kernels.dequant) check_source(emit_dequant(k).source, "emitted dequant source");
   }
 }
 
@@ -272,8 +276,13 @@ std::vector<std::pair<std::string, std::string>> emit_all(const Recipe& recipe) 
                                emit_history_update(*m, s.format).source);
         }
   for (const auto& g : recipe.gemms) {
-    const GemmSource src = emit_gemm(g.spec);
-    out.emplace_back("gemm " + g.pointer, src.source + "// kernel: " + src.kernel + "\n");
+    const GemmKernelSpecs kernels = gemm_kernel_specs(g.spec);
+    for (size_t i = 0; i < kernels.gemm.size(); ++i) {
+      const GemmSource src = emit_gemm(kernels.gemm[i]);
+      out.emplace_back("gemm " + g.pointer + " " + std::to_string(i), src.source + "// kernel: " + src.kernel + "\n");
+    }
+    for (size_t i = 0; i < kernels.dequant.size(); ++i)
+      out.emplace_back("gemm " + g.pointer + " dequant " + std::to_string(i), emit_dequant(kernels.dequant[i]).source);
   }
   return out;
 }

@@ -238,7 +238,7 @@ def test_gemm_dequant_route():
     with pytest.raises(qforge.UserError, match="give extent and num_groups together"):
         g.workspace_bytes(1000)
     assert qforge.Gemm("blockwise", n=256, k=512).workspace_bytes(1000, 4) == 0
-    with pytest.raises(qforge.UserError, match=r'spec->route: expected fused or dequant, got "fast"'):
+    with pytest.raises(qforge.UserError, match=r'spec->route: expected fused, dequant or auto, got "fast"'):
         qforge.Gemm("mxfp8", n=256, k=512, route="fast")
     with pytest.raises(qforge.UserError, match=r"spec->route: dequant: expected mxfp8 or nvfp4 scaling"):
         qforge.Gemm("blockwise", n=256, k=512, route="dequant")
@@ -246,6 +246,25 @@ def test_gemm_dequant_route():
         "qforge_recipe": 1, "name": "r", "roles": [{"match": "*:*", "rowwise": {"format": "e4m3", "scaling": "mx"}}],
         "gemms": [{"scaling": "mxfp8", "n": 256, "k": 512, "route": "dequant", "tile": {"block_n": 256}}]}))
     assert "mxfp8 (dequant route)" in ctx.gemm(0).describe()
+
+
+def test_gemm_auto_route():
+    # Per call: the fused kernel with few tokens per expert, the dequant route (and its workspace) with many.
+    g = qforge.Gemm("mxfp8", n=4096, k=7168, route="auto")
+    assert g.describe() == "e4m3 x e4m3 mxfp8 (auto route) N=4096 K=7168 -> bf16"
+    assert g.route_for(8 * 256, 8) == "fused"
+    assert g.workspace_bytes(8 * 256, 8) == 0
+    assert g.route_for(8 * 4096, 8) == "dequant"
+    assert g.workspace_bytes(8 * 4096, 8) == 2 * (8 * 4096 * 7168 * 2)  # bf16 copies of A and B
+    with pytest.raises(qforge.UserError, match="workspace_bytes: the auto route's workspace holds the call's"):
+        g.workspace_bytes()
+    with pytest.raises(qforge.UserError, match="num_groups: expected >= 1, got 0"):
+        g.route_for(1, 0)
+    assert qforge.Gemm("tensor", n=4096, k=7168, route="auto").route_for(8 * 4096, 8) == "fused"
+    ctx = qforge.Context.from_json(json.dumps({
+        "qforge_recipe": 1, "name": "r", "roles": [{"match": "*:*", "rowwise": {"format": "e4m3", "scaling": "mx"}}],
+        "gemms": [{"scaling": "mxfp8", "layout": "k_grouped", "m": 4096, "n": 7168, "route": "auto"}]}))
+    assert ctx.gemm(0).route_for(8 * 1024, 8) == "dequant"
 
 
 # -------------------------------------------------------------------------------------------- GPU
@@ -565,7 +584,7 @@ def test_tensor_scaled_gemm_is_exact_on_small_integers():
 
 
 @gpu
-@pytest.mark.parametrize("route", ["fused", "dequant"])
+@pytest.mark.parametrize("route", ["fused", "dequant", "auto"])
 def test_mxfp8_gemm_routes_are_exact_on_small_integers(route):
     # MXFP8 with e8m0 scales 2^0 and 2^1 per 32 of K on small integers: every product and sum is
     # exact in fp32, so both routes (the dequant one allocating its workspace on the stream) give the

@@ -156,7 +156,7 @@ const BadRecipe kBadRecipes[] = {
     {"gemm_bf16_fp16_mixed.json", "/gemms/0/b_format", "a bf16 A takes a bf16 B (one MMA type), got fp16"},
     {"columnwise_e2m1_same_layout.json", "/roles/0/columnwise/layout", "a same-layout e2m1 copy packs two columns' elements in a byte"},
     {"gemm_route_blockwise.json", "/gemms/0/route", "dequant: expected mxfp8 or nvfp4 scaling"},
-    {"gemm_route_unknown.json", "/gemms/0/route", "unknown value \"fast\"; expected \"fused\" or \"dequant\""},
+    {"gemm_route_unknown.json", "/gemms/0/route", "unknown value \"fast\"; expected \"fused\", \"dequant\" or \"auto\""},
     {"gemm_channel_k_grouped.json", "/gemms/0/layout", "channel scaling (int8 weights x 16-bit activations) is an fprop / dgrad GEMM: expected m_grouped, got k_grouped"},
     {"gemm_nvfp4_four_stages.json", "/gemms/0/tile/stages", "4 stages need 232608 bytes of shared memory (limit 232448)"},
 };

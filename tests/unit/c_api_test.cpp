@@ -707,7 +707,7 @@ TEST_F(CApi, GemmDequantRouteAndItsWorkspace) {
   qf_gemm_destroy(g);
   s.route = "fast";
   EXPECT_EQ(qf_gemm_create(&s, &g), QF_ERR_USER);
-  EXPECT_STREQ(qf_last_error(), "spec->route: expected fused or dequant, got \"fast\"");
+  EXPECT_STREQ(qf_last_error(), "spec->route: expected fused, dequant or auto, got \"fast\"");
   s = blockwise_spec(), s.route = "dequant";
   EXPECT_EQ(qf_gemm_create(&s, &g), QF_ERR_USER);
   EXPECT_NE(std::string(qf_last_error()).find("spec->route: dequant: expected mxfp8 or nvfp4 scaling"), std::string::npos)
@@ -716,6 +716,42 @@ TEST_F(CApi, GemmDequantRouteAndItsWorkspace) {
   ASSERT_EQ(qf_gemm_create(&s, &g), QF_OK) << qf_last_error();
   ASSERT_EQ(qf_gemm_workspace_bytes_for(g, 1000, 4, &bytes), QF_OK);
   EXPECT_EQ(bytes, 0);
+  qf_gemm_destroy(g);
+}
+
+// "auto": the route per call (qf_gemm_route_for), the workspace following it; no GPU needed.
+TEST_F(CApi, GemmAutoRouteNamesItsChoice) {
+  qf_gemm* g = nullptr;
+  qf_gemm_spec s = blockwise_spec();
+  s.scaling = "nvfp4";
+  s.n = 4096;
+  s.k = 7168;
+  s.route = "auto";
+  ASSERT_EQ(qf_gemm_create(&s, &g), QF_OK) << qf_last_error();
+  EXPECT_STREQ(qf_gemm_describe(g), "e2m1 x e2m1 nvfp4 (auto route) N=4096 K=7168 -> bf16");
+  const char* route = nullptr;
+  int64_t bytes = -1;
+  ASSERT_EQ(qf_gemm_route_for(g, 8 * 128, 8, &route), QF_OK) << qf_last_error();  // few tokens per expert
+  EXPECT_STREQ(route, "fused");
+  ASSERT_EQ(qf_gemm_workspace_bytes_for(g, 8 * 128, 8, &bytes), QF_OK) << qf_last_error();
+  EXPECT_EQ(bytes, 0);
+  ASSERT_EQ(qf_gemm_route_for(g, 8 * 4096, 8, &route), QF_OK) << qf_last_error();
+  EXPECT_STREQ(route, "dequant");
+  ASSERT_EQ(qf_gemm_workspace_bytes_for(g, 8 * 4096, 8, &bytes), QF_OK) << qf_last_error();
+  EXPECT_EQ(bytes, 8 * 4096 * 7168 * 2 + 8 * 4096 * 7168 * int64_t(2) + 256);  // fp16 copies of A and B, alpha [8]
+  EXPECT_EQ(qf_gemm_workspace_bytes(g, &bytes), QF_ERR_USER);
+  EXPECT_NE(std::string(qf_last_error()).find("the auto route's workspace"), std::string::npos) << qf_last_error();
+  EXPECT_EQ(qf_gemm_route_for(g, -1, 8, &route), QF_ERR_USER);
+  EXPECT_STREQ(qf_last_error(), "extent: expected >= 0, got -1");
+  EXPECT_EQ(qf_gemm_route_for(g, 1, 0, &route), QF_ERR_USER);
+  EXPECT_STREQ(qf_last_error(), "num_groups: expected >= 1, got 0");
+  EXPECT_EQ(qf_gemm_route_for(g, 1, 1, nullptr), QF_ERR_USER);
+  EXPECT_STREQ(qf_last_error(), "route: must not be NULL");
+  qf_gemm_destroy(g);
+  s = blockwise_spec(), s.route = "auto";  // nothing to dequantize: the fused kernel, always
+  ASSERT_EQ(qf_gemm_create(&s, &g), QF_OK) << qf_last_error();
+  ASSERT_EQ(qf_gemm_route_for(g, 1 << 20, 1, &route), QF_OK) << qf_last_error();
+  EXPECT_STREQ(route, "fused");
   qf_gemm_destroy(g);
 }
 
@@ -843,14 +879,14 @@ TEST_F(CApi, Nvfp4GemmFromRecipe) {
   EXPECT_EQ(n, 8);  // fprop, dgrad and wgrad (one tensor's copies, and per-member copies) of both projections
   qf_gemm* g = nullptr;
   ASSERT_EQ(qf_gemm_create_from_recipe(ctx_, nullptr, 4, &g), QF_OK) << qf_last_error();
-  EXPECT_STREQ(qf_gemm_describe(g), "e2m1 x e2m1 nvfp4 k-grouped M=4096 N=7168 -> fp32 (accumulate)");
+  EXPECT_STREQ(qf_gemm_describe(g), "e2m1 x e2m1 nvfp4 (auto route) k-grouped M=4096 N=7168 -> fp32 (accumulate)");
   int64_t ka = 0, kb = 0;
   ASSERT_EQ(qf_gemm_scale_bytes(g, 1056, 8, &ka, &kb), QF_OK);  // K-grouped: the extent is k_total
   EXPECT_EQ(ka, 4096 * 66);  // [m, k_total/16] e4m3
   EXPECT_EQ(kb, 7168 * 66);  // [N, k_total/16] e4m3
   qf_gemm_destroy(g);
   ASSERT_EQ(qf_gemm_create_from_recipe(ctx_, nullptr, 0, &g), QF_OK) << qf_last_error();
-  EXPECT_STREQ(qf_gemm_describe(g), "e2m1 x e2m1 nvfp4 N=4096 K=7168 -> bf16");
+  EXPECT_STREQ(qf_gemm_describe(g), "e2m1 x e2m1 nvfp4 (auto route) N=4096 K=7168 -> bf16");
   int64_t sa = 0, sb = 0;
   ASSERT_EQ(qf_gemm_scale_bytes(g, 10, 3, &sa, &sb), QF_OK);
   EXPECT_EQ(sa, 10 * 448);         // [m_total, K/16] e4m3

@@ -1141,7 +1141,7 @@ TEST(GemmDequant, SpecErrorsNameTheRoute) {
     (void)parse_gemm_route("fast", "--route");
     FAIL();
   } catch (const UserError& e) {
-    EXPECT_EQ(std::string(e.what()), "--route: expected fused or dequant, got \"fast\"");
+    EXPECT_EQ(std::string(e.what()), "--route: expected fused, dequant or auto, got \"fast\"");
   }
 }
 
@@ -1187,6 +1187,103 @@ TEST(GemmDequant, WorkspaceHoldsBothCopiesPerCall) {
   c.workspace.ptr = 0x1000000 + 256;  // overlaps A
   expect_run_error(gemm, c, "argument workspace: buffer");
   c.workspace.ptr = 0x10000000;
+  expect_run_error(gemm, c, "");  // past the checks
+}
+
+// ------------------------------------------------------------------------- the auto route
+
+GemmSpec auto_route(GemmSpec s) {
+  s.route = GemmRoute::Auto;
+  return s;
+}
+
+// The rule behind route auto, at the points of the sweep it was set from (scripts/gemm_route_sweep.sh,
+// docs/gemm.md "Auto"): M-grouped by h(rows per group, N) = r N / (r + N) against the format's
+// crossover (mxfp8 650, nvfp4 750), K-grouped by h(M, N) and a minimum of work.
+TEST(GemmAuto, ChoosesTheDequantRouteWhereItsCopiesPay) {
+  using S = GemmScaling;
+  using R = GemmRoute;
+  const auto E4 = ElemFormat::E4M3, F4 = ElemFormat::E2M1;
+  const GemmSpec mx = auto_route(make(S::Mx32, E4, E4, DType::BF16, false, false, 0, 1, 128, 4096, 7168));
+  const GemmSpec fp4 = auto_route(make(S::Nvfp4, F4, F4, DType::BF16, false, false, 0, 1, 128, 4096, 7168));
+  EXPECT_EQ(choose_gemm_route(mx, 8 * 512, 8), R::Fused);     // 1.20x slower by the route (H100)
+  EXPECT_EQ(choose_gemm_route(mx, 8 * 768, 8), R::Fused);     // h = 647: even (0.97)
+  EXPECT_EQ(choose_gemm_route(mx, 8 * 1024, 8), R::Dequant);  // h = 819: 0.87
+  EXPECT_EQ(choose_gemm_route(mx, 8 * 4096, 8), R::Dequant);  // 0.67
+  EXPECT_EQ(choose_gemm_route(fp4, 8 * 768, 8), R::Fused);    // 1.03
+  EXPECT_EQ(choose_gemm_route(fp4, 8 * 1024, 8), R::Dequant); // 0.92
+  EXPECT_EQ(choose_gemm_route(mx, 0, 8), R::Fused);           // nothing to copy
+  GemmSpec masked = mx;  // a masked call's extent is G * m_max: m_max rows per group
+  EXPECT_EQ(choose_gemm_route(masked, 4 * 2048, 4), R::Dequant);
+  GemmSpec narrow = mx;  // few output channels: the weights are cheap, but so is the GEMM
+  narrow.n = 512;
+  EXPECT_EQ(choose_gemm_route(narrow, 8 * 65536, 8), R::Fused);  // h < 512
+  // K-grouped (wgrad): both operands are copied; the GEMM's M x N against M + N, and enough work.
+  const GemmSpec kg = auto_route(k_grouped(make(S::Mx32, E4, E4, DType::FP32, false, false, 0, 1, 128, 7168), 4096));
+  EXPECT_EQ(choose_gemm_route(kg, 8 * 256, 8), R::Dequant);  // 0.73
+  const GemmSpec small = auto_route(k_grouped(make(S::Nvfp4, F4, F4, DType::FP32, false, false, 0, 1, 128, 2048), 2048));
+  EXPECT_EQ(choose_gemm_route(small, 8 * 256, 8), R::Fused);     // 17 GFLOP: the route's fixed cost (0.93)
+  EXPECT_EQ(choose_gemm_route(small, 8 * 1024, 8), R::Dequant);  // 0.86
+  // Fixed routes are the spec's; scalings and layouts without a dequant route stay fused.
+  EXPECT_EQ(choose_gemm_route(dequant(make(S::Mx32, E4, E4, DType::BF16, false, false, 0, 1)), 8, 8), R::Dequant);
+  GemmSpec fused = mx;
+  fused.route = R::Fused;
+  EXPECT_EQ(choose_gemm_route(fused, 8 * 4096, 8), R::Fused);
+  EXPECT_EQ(choose_gemm_route(auto_route(make(S::Block128, E4, E4, DType::BF16, false, false, 0, 1)), 8 * 4096, 8), R::Fused);
+  const GemmSpec mem = auto_route(members(make(S::Mx32, E4, E4, DType::FP32, false, false, 0, 1, 128, 7168), 4096));
+  EXPECT_FALSE(gemm_has_dequant_route(mem));
+  EXPECT_EQ(choose_gemm_route(mem, 8 * 4096, 8), R::Fused);
+}
+
+TEST(GemmAuto, SpecKeepsTheFusedTileAndBothRoutesValid) {
+  using S = GemmScaling;
+  const auto E4 = ElemFormat::E4M3;
+  // A tile is the fused kernel's: the dequant route runs its none GEMM's default tile.
+  const GemmSpec mx = auto_route(make(S::Mx32, E4, E4, DType::BF16, false, false, 64, 1));
+  validate(mx);
+  EXPECT_EQ(resolve_tile(mx), resolve_tile(gemm_route_spec(mx, GemmRoute::Fused)));
+  EXPECT_EQ(resolve_tile(mx).block_n, 64);
+  EXPECT_EQ(gemm_route_spec(mx, GemmRoute::Dequant).tile, GemmTile{});
+  EXPECT_EQ(gemm_route_spec(mx, GemmRoute::Dequant).route, GemmRoute::Dequant);
+  EXPECT_NE(describe(mx).find("(auto route)"), std::string::npos) << describe(mx);
+  // The operands' own rules still name their field.
+  EXPECT_THROW(validate(auto_route(make(S::Mx32, E4, E4, DType::BF16, false, true, 0, 1))), UserError);
+  EXPECT_EQ(parse_gemm_route("auto", "route"), GemmRoute::Auto);
+  EXPECT_EQ(name(GemmRoute::Auto), "auto");
+  // Blockwise has nothing to dequantize: auto is the fused kernel, tile and all.
+  rt::Gemm block(auto_route(make(S::Block128, E4, E4, DType::BF16, false, false, 64, 1)));
+  EXPECT_EQ(block.spec().route, GemmRoute::Fused);
+  EXPECT_EQ(block.workspace_bytes(), 0);
+}
+
+TEST(GemmAuto, WorkspaceAndRunFollowTheChoice) {
+  using S = GemmScaling;
+  const auto E4 = ElemFormat::E4M3;
+  const GemmSpec mx = auto_route(make(S::Mx32, E4, E4, DType::BF16, false, false, 0, 1, 128, 2048, 512));
+  rt::Gemm gemm(mx);
+  EXPECT_EQ(gemm.route_for(4 * 64, 4), GemmRoute::Fused);
+  EXPECT_EQ(gemm.workspace_bytes(4 * 64, 4), 0);
+  EXPECT_EQ(gemm.route_for(4 * 2048, 4), GemmRoute::Dequant);
+  EXPECT_EQ(gemm.workspace_bytes(4 * 2048, 4), dequant_workspace(gemm_route_spec(mx, GemmRoute::Dequant), 4 * 2048, 4).total);
+  try {
+    (void)gemm.workspace_bytes();
+    FAIL() << "auto's workspace depends on the call";
+  } catch (const UserError& e) {
+    EXPECT_NE(std::string(e.what()).find("the auto route's workspace"), std::string::npos) << e.what();
+  }
+  // A run is checked by the route it takes: the dequant route's wants its copies.
+  auto buf = [](uint64_t addr, int64_t bytes) { return rt::TensorView{addr, bytes, std::nullopt, {}}; };
+  rt::GemmCall c;
+  c.m_total = 4 * 2048, c.num_groups = 4;
+  c.a = buf(0x10000000, c.m_total * 512);
+  c.b = buf(0x20000000, 4 * 2048 * 512);
+  c.d = buf(0x30000000, c.m_total * 2048 * 2);
+  c.a_scale = buf(0x40000000, c.m_total * 16);
+  c.b_scale = buf(0x50000000, 4 * 2048 * 16);
+  c.group_offsets = buf(0x60000000, 5 * 8);
+  expect_run_error(gemm, c, "argument workspace: null pointer");
+  c.m_total = 4 * 64;  // the fused kernel's: no workspace
+  c.a.bytes = c.m_total * 512, c.a_scale.bytes = c.m_total * 16, c.d.bytes = c.m_total * 2048 * 2;
   expect_run_error(gemm, c, "");  // past the checks
 }
 

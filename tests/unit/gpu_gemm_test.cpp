@@ -130,7 +130,7 @@ std::vector<uint8_t> run(const GemmSpec& spec, Device& dev, int max_ctas = 0) {
   rt::Stream stream;
   // Members: the kernel's tensor-map ring (poisoned: every map it uses must be one it wrote); the
   // dequant route: the operands' copies (poisoned: every element the GEMM reads must be written).
-  const bool copies = spec.route == GemmRoute::Dequant;
+  const bool copies = spec.route != GemmRoute::Fused && spec.layout != GemmLayout::KGroupedMembers;
   const int64_t ws_bytes = copies ? gemm.workspace_bytes(k_grouped(spec.layout) ? dev.call.k_total : dev.call.m_total,
                                                          dev.call.num_groups)
                                   : gemm.workspace_bytes();
@@ -779,6 +779,47 @@ TEST(GemmEdge, DequantClampsOffsetsAsTheFusedKernel) {
         bad += out_bits(s, got, r * s.n + n) != ref::exact_output(s, ref.value[size_t(r * s.n + n)], 0.0f);
       }
     EXPECT_EQ(bad, 0) << (route == GemmRoute::Dequant ? "dequant" : "fused") << " route: elements that differ";
+  }
+}
+
+// Route auto takes the route it names (route_for): with a poisoned workspace of the dequant
+// route's size, the dequant route leaves its copies there and the fused kernel leaves it alone;
+// either way every row is exact. 2 x 64 rows of N = 2048 (h = 62): fused; 2 x 2048 (h = 1024): dequant.
+TEST(GemmEdge, AutoRouteRunsTheRouteItChooses) {
+  QF_SKIP_WITHOUT_GPU();
+  for (GemmScaling scaling : {GemmScaling::Mx32, GemmScaling::Nvfp4}) {
+    const bool fp4 = scaling == GemmScaling::Nvfp4;
+    const ElemFormat f = fp4 ? ElemFormat::E2M1 : ElemFormat::E4M3;
+    GemmSpec s = spec_of(scaling, f, f, DType::FP32, false, false, 0, 0, 1, 2048, 128);
+    s.route = GemmRoute::Auto;
+    const rt::Gemm gemm(s);
+    for (int64_t rows : {64, 2048}) {
+      ref::GemmProblem p = ref::make_gemm_problem(s, std::vector<int64_t>{rows, rows}, 0, ref::GemmValues::SmallIntegers, false, 31);
+      Device dev = to_device(s, p);
+      const GemmRoute want = rows == 64 ? GemmRoute::Fused : GemmRoute::Dequant;
+      ASSERT_EQ(gemm.route_for(p.m_total, 2), want) << rows;
+      const int64_t copy_bytes =
+          dequant_workspace(gemm_route_spec(s, GemmRoute::Dequant), p.m_total, 2).total;
+      EXPECT_EQ(gemm.workspace_bytes(p.m_total, 2), want == GemmRoute::Dequant ? copy_bytes : 0);
+      DeviceBuffer ws = rt::testing::poisoned_buffer(size_t(copy_bytes));
+      dev.call.workspace = rt::testing::view_of(ws);
+      rt::Stream stream;
+      gemm.run(dev.call, stream.get());
+      stream.synchronize();
+      const std::vector<uint8_t> after = ws.download_as<uint8_t>();
+      const bool untouched = std::all_of(after.begin(), after.end(), [](uint8_t b) { return b == 0xFF; });
+      EXPECT_EQ(untouched, want == GemmRoute::Fused) << traits(scaling).name << ", " << rows << " rows per group";
+      const std::vector<uint8_t> got = dev.d.download_as<uint8_t>();
+      std::vector<int64_t> check;  // every group's first and last rows, and a stride through them
+      for (int64_t r = 0; r < p.out_rows; r += std::max<int64_t>(1, rows / 16)) check.push_back(r);
+      check.push_back(p.out_rows - 1);
+      const ref::GemmRows ref = ref::gemm_reference(s, p.operands(), check);
+      int64_t bad = 0;
+      for (size_t i = 0; i < check.size(); ++i)
+        for (int64_t n = 0; n < s.n; ++n)
+          bad += out_bits(s, got, check[i] * s.n + n) != ref::exact_output(s, ref.value[i * size_t(s.n) + size_t(n)], 0.0f);
+      EXPECT_EQ(bad, 0) << traits(scaling).name << ", " << rows << " rows per group: elements that differ";
+    }
   }
 }
 
