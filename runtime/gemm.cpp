@@ -255,11 +255,9 @@ void Gemm::run_dequant(const GemmCall& c, CUstream stream) const {
         a.cap = prep.cap;
       }
     }
-    const int64_t nblk = (k + traits(s.scaling).scale_k - 1) / traits(s.scaling).scale_k;  // scale blocks of a row
-    // Threads: one per block; mn_major grids in warps of 8 rows x 4 blocks (dequant_kernel).
-    const int64_t blocks = a.grid == kGridCompact ? rows * nblk : (rows + 7) / 8 * ((nblk + 3) / 4) * 32;
-    if (blocks == 0) return;
-    int64_t ctas = std::min<int64_t>((blocks + l->kernels.source.threads - 1) / l->kernels.source.threads, int64_t(l->sms) * 16);
+    const int64_t threads = dequant_threads(rows, k, s.scaling == GemmScaling::Nvfp4, a.grid != kGridCompact);
+    if (threads == 0) return;
+    int64_t ctas = std::min<int64_t>((threads + l->kernels.source.threads - 1) / l->kernels.source.threads, int64_t(l->sms) * 16);
     if (c.max_ctas > 0) ctas = std::min<int64_t>(ctas, c.max_ctas);  // SMs left to other streams, as the GEMM's
     void* params[] = {&a};
     launch(f, Dim3{unsigned(ctas)}, Dim3{unsigned(l->kernels.source.threads)}, 0, stream, params);

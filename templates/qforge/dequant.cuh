@@ -45,6 +45,18 @@ struct DequantArgs {
   float* alpha_out;
 };
 
+// Threads a dequant_kernel launch needs for an operand (the host sizes the grid from it). NVFP4:
+// one per 16-element block. MXFP8: one per 8 elements (a lane loads 8 bytes, stores 16: a warp's
+// loads and stores are whole 256- and 512-byte runs); mn_major grids in warps of 2 rows x 4 blocks.
+QF_HD i64 dequant_threads(i64 rows, i64 k, bool nvfp4, bool tiled) {
+  if (nvfp4) {
+    const i64 nblk = (k + 15) / 16;
+    return tiled ? (rows + 7) / 8 * ((nblk + 3) / 4) * 32 : rows * nblk;
+  }
+  const i64 nblk = (k + 31) / 32;
+  return tiled ? (rows + 1) / 2 * ((nblk + 3) / 4) * 32 : rows * ((k + 7) / 8);
+}
+
 #if defined(__CUDACC__)
 namespace dequant {
 
@@ -59,16 +71,11 @@ __device__ constexpr int block_elems() {
   return Cfg::kNvfp4 ? 16 : 32;
 }
 
-// The scale entry of block kb of row r, or -1 where the row has none (kGridGroups: outside every
-// group; -2: its group's grid passes the buffer).
-template <class Cfg>
-__device__ __forceinline__ i64 scale_index(const DequantArgs& a, i64 r, i64 kb, i64 nblk) {
-  if (a.grid == kGridCompact) return r * nblk + kb;
-  if (a.grid == kGridMnMajor) {
-    const i64 pitch = i64(mn_major_rows(u64(a.grid_rows)));
-    return (r / a.grid_rows) * nblk * pitch + kb * pitch + r % a.grid_rows;
-  }
-  // kGridGroups: the last group whose (clamped) first row is <= r (binary search over the offsets).
+// kGridGroups: the scale entry of block 0 of row r and the pitch between its blocks, or -1 where
+// the row has none (outside every group) and -2 where its group's grid passes the buffer: the last
+// group whose (clamped) first row is <= r, by a binary search over the offsets.
+__device__ __forceinline__ i64 group_row_scale(const DequantArgs& a, i64 r, i64 nblk, i64& pitch) {
+  pitch = 0;
   int lo = 0, hi = a.num_groups;  // groups [lo, hi)
   if (r < clamped_offset(a, 0) || r >= clamped_offset(a, a.num_groups)) return -1;
   while (hi - lo > 1) {
@@ -78,9 +85,23 @@ __device__ __forceinline__ i64 scale_index(const DequantArgs& a, i64 r, i64 kb, 
   }
   const i64 first = clamped_offset(a, lo), end = clamped_offset(a, lo + 1), rows_g = end > first ? end - first : 0;
   if (r >= first + rows_g) return -1;
-  const i64 pitch = i64(mn_major_rows(u64(rows_g)));
+  pitch = i64(mn_major_rows(u64(rows_g)));
   if (a.prefix[lo] + pitch > a.cap) return -2;
-  return nblk * a.prefix[lo] + kb * pitch + (r - first);
+  return nblk * a.prefix[lo] + (r - first);
+}
+
+// The scale entry of block kb of row r, or -1 where the row has none (kGridGroups: outside every
+// group; -2: its group's grid passes the buffer).
+template <class Cfg>
+__device__ __forceinline__ i64 scale_index(const DequantArgs& a, i64 r, i64 kb, i64 nblk) {
+  if (a.grid == kGridCompact) return r * nblk + kb;
+  if (a.grid == kGridMnMajor) {
+    const i64 pitch = i64(mn_major_rows(u64(a.grid_rows)));
+    return (r / a.grid_rows) * nblk * pitch + kb * pitch + r % a.grid_rows;
+  }
+  i64 pitch;
+  const i64 base = group_row_scale(a, r, nblk, pitch);
+  return base < 0 ? base : base + kb * pitch;
 }
 
 // e8m0 -> fp32 multiplier 2^(e - 127) (0xFF: NaN).
@@ -97,12 +118,13 @@ __device__ __forceinline__ u32 fp8x2_to_f16x2(u32 b) {
   return h;
 }
 
-// Sixteen fp8 bytes times the block's multiplier -> sixteen bf16 (eight words).
+// Eight fp8 bytes times the block's multiplier -> eight bf16 (four words).
 template <class F>
-__device__ __forceinline__ void mx16(uint4 in, float mul, u32 (&o)[8]) {
-  const u32 w[4] = {in.x, in.y, in.z, in.w};
+__device__ __forceinline__ uint4 mx8(uint2 in, float mul) {
+  const u32 w[2] = {in.x, in.y};
+  u32 o[4];
 #pragma unroll
-  for (int i = 0; i < 4; ++i) {
+  for (int i = 0; i < 2; ++i) {
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
       const u32 f2 = fp8x2_to_f16x2<F>(h ? w[i] >> 16 : w[i] & 0xFFFFu);
@@ -113,6 +135,7 @@ __device__ __forceinline__ void mx16(uint4 in, float mul, u32 (&o)[8]) {
       o[2 * i + h] = r;
     }
   }
+  return make_uint4(o[0], o[1], o[2], o[3]);
 }
 
 // An e2m1 nibble -> fp16 bits (exact): 0, 0.5, 1, 1.5, 2, 3, 4, 6 and their negatives.
@@ -138,13 +161,15 @@ __device__ __forceinline__ void fp4x16(uint2 in, u32 s2, u32 (&o)[8]) {
 
 }  // namespace dequant
 
-// One thread per block (32 MXFP8 or 16 NVFP4 elements of a row). Compact grids: the blocks row
-// by row (neighbouring threads read neighbouring scale bytes and data). mn_major grids, whose
-// bytes are contiguous along the rows: a warp takes 8 rows x 4 blocks (four 8-byte runs of the
-// grid, 8 runs of 128 or 64 bytes of data), the warps of a row band along K (a walk down the
-// rows, one block column at a time, measured 3x slower: every DRAM page opened for 32 bytes).
-// Interior blocks take 16-byte loads and stores; a row's last MXFP8 block may be partial
-// (k % 32 == 16, K-grouped token counts).
+// NVFP4: one thread per 16-element block (8 bytes in, 32 out). MXFP8: one thread per 8 elements
+// (8 bytes in, 16 out; four threads share a block's scale), so that a warp's loads and stores are
+// whole runs (a thread per 32-element block, 32 bytes in and 64 out, ran at about 71 % of the copy
+// bandwidth: every load and store instruction of a warp touched twice or four times the sectors it
+// wrote). Compact grids: the elements row by row. mn_major grids, whose bytes are contiguous along
+// the rows: NVFP4 warps take 8 rows x 4 blocks, MXFP8 warps 2 rows x 4 blocks (128 bytes of each
+// row), the warps of a row band along K (a walk down the rows, one block column at a time,
+// measured 3x slower: every DRAM page opened for 32 bytes). A row's last MXFP8 block may be
+// partial (k % 32 == 16, K-grouped token counts).
 template <class Cfg>
 __global__ void __launch_bounds__(Cfg::kThreads) dequant_kernel(const DequantArgs a) {
   using F = typename Cfg::Format;
@@ -152,24 +177,23 @@ __global__ void __launch_bounds__(Cfg::kThreads) dequant_kernel(const DequantArg
   const i64 nblk = i64(ceil_div(u64(a.k), u64(B)));
   const bool tiled = a.grid != kGridCompact;
   const i64 k_tiles = (nblk + 3) / 4;
-  const i64 total = tiled ? (a.rows + 7) / 8 * k_tiles * 32 : a.rows * nblk;
+  const i64 total = dequant_threads(a.rows, a.k, Cfg::kNvfp4, tiled);
   for (i64 i = i64(blockIdx.x) * Cfg::kThreads + threadIdx.x; i < total; i += i64(gridDim.x) * Cfg::kThreads) {
-    i64 r, kb;
-    if (tiled) {
-      const i64 w = i / 32;
-      const int lane = int(i % 32);
-      r = w / k_tiles * 8 + lane % 8;
-      kb = w % k_tiles * 4 + lane / 8;
-      if (r >= a.rows || kb >= nblk) continue;
-    } else {
-      r = i / nblk;
-      kb = i % nblk;
-    }
-    const i64 e0 = kb * B;
-    const int n = int(a.k - e0 < B ? a.k - e0 : B);
-    const i64 si = dequant::scale_index<Cfg>(a, r, kb, nblk);
-    u16* out = a.out + r * a.k + e0;
     if constexpr (Cfg::kNvfp4) {
+      i64 r, kb;
+      if (tiled) {
+        const i64 w = i / 32;
+        const int lane = int(i % 32);
+        r = w / k_tiles * 8 + lane % 8;
+        kb = w % k_tiles * 4 + lane / 8;
+        if (r >= a.rows || kb >= nblk) continue;
+      } else {
+        r = i / nblk;
+        kb = i % nblk;
+      }
+      const i64 e0 = kb * B;
+      const i64 si = dequant::scale_index<Cfg>(a, r, kb, nblk);
+      u16* out = a.out + r * a.k + e0;
       u32 o[8];
       if (si < 0) {  // (NVFP4 grids are compact: no row goes without a scale; kept for symmetry)
 #pragma unroll
@@ -184,16 +208,32 @@ __global__ void __launch_bounds__(Cfg::kThreads) dequant_kernel(const DequantArg
       reinterpret_cast<uint4*>(out)[0] = make_uint4(o[0], o[1], o[2], o[3]);
       reinterpret_cast<uint4*>(out)[1] = make_uint4(o[4], o[5], o[6], o[7]);
     } else {
-      const float mul = si >= 0 ? dequant::e8m0_value(a.scale[si]) : si == -1 ? 0.0f : f32_quiet_nan();
-      const u8* in = a.data + r * a.k + e0;
-#pragma unroll
-      for (int h = 0; h < 2; ++h) {
-        if (16 * h >= n) break;
-        u32 o[8];
-        dequant::mx16<F>(*reinterpret_cast<const uint4*>(in + 16 * h), mul, o);
-        reinterpret_cast<uint4*>(out + 16 * h)[0] = make_uint4(o[0], o[1], o[2], o[3]);
-        reinterpret_cast<uint4*>(out + 16 * h)[1] = make_uint4(o[4], o[5], o[6], o[7]);
+      i64 r, e0, si;  // the row and first element of this thread's 8, their block's scale entry
+      if (tiled) {
+        const i64 w = i / 32;
+        const int lane = int(i % 32);
+        r = w / k_tiles * 2 + lane / 16;
+        e0 = (w % k_tiles * 4 + (lane / 4) % 4) * B + (lane % 4) * 8;
+        if (a.grid == kGridGroups) {
+          // One group lookup per row, by the first lane of its half-warp (a warp's 32 lanes take
+          // each iteration together: total and the stride are multiples of 32).
+          i64 pitch = 0, base = -1;
+          if (lane % 16 == 0 && r < a.rows) base = dequant::group_row_scale(a, r, nblk, pitch);
+          base = __shfl_sync(0xFFFFFFFFu, base, lane & 16);
+          pitch = __shfl_sync(0xFFFFFFFFu, pitch, lane & 16);
+          si = base < 0 ? base : base + e0 / B * pitch;
+        }
+        if (r >= a.rows || e0 >= a.k) continue;
+        if (a.grid != kGridGroups) si = dequant::scale_index<Cfg>(a, r, e0 / B, nblk);
+      } else {
+        const i64 per_row = (a.k + 7) / 8;
+        r = i / per_row;
+        e0 = i % per_row * 8;
+        si = dequant::scale_index<Cfg>(a, r, e0 / B, nblk);
       }
+      const float mul = si >= 0 ? dequant::e8m0_value(a.scale[si]) : si == -1 ? 0.0f : f32_quiet_nan();
+      *reinterpret_cast<uint4*>(a.out + r * a.k + e0) =
+          dequant::mx8<F>(*reinterpret_cast<const uint2*>(a.data + r * a.k + e0), mul);
     }
   }
 }

@@ -1199,7 +1199,7 @@ GemmSpec auto_route(GemmSpec s) {
 
 // The rule behind route auto, at the points of the sweep it was set from (scripts/gemm_route_sweep.sh,
 // docs/gemm.md "Auto"): M-grouped by h(rows per group, N) = r N / (r + N) against the format's
-// crossover (mxfp8 650, nvfp4 750), K-grouped by h(M, N) and a minimum of work.
+// crossover (mxfp8 600, nvfp4 750), K-grouped by h(M, N) and a minimum of work.
 TEST(GemmAuto, ChoosesTheDequantRouteWhereItsCopiesPay) {
   using S = GemmScaling;
   using R = GemmRoute;
@@ -1207,7 +1207,7 @@ TEST(GemmAuto, ChoosesTheDequantRouteWhereItsCopiesPay) {
   const GemmSpec mx = auto_route(make(S::Mx32, E4, E4, DType::BF16, false, false, 0, 1, 128, 4096, 7168));
   const GemmSpec fp4 = auto_route(make(S::Nvfp4, F4, F4, DType::BF16, false, false, 0, 1, 128, 4096, 7168));
   EXPECT_EQ(choose_gemm_route(mx, 8 * 512, 8), R::Fused);     // 1.20x slower by the route (H100)
-  EXPECT_EQ(choose_gemm_route(mx, 8 * 768, 8), R::Fused);     // h = 647: even (0.97)
+  EXPECT_EQ(choose_gemm_route(mx, 8 * 768, 8), R::Dequant);   // h = 647: 0.97 and 0.90 in two sweeps
   EXPECT_EQ(choose_gemm_route(mx, 8 * 1024, 8), R::Dequant);  // h = 819: 0.87
   EXPECT_EQ(choose_gemm_route(mx, 8 * 4096, 8), R::Dequant);  // 0.67
   EXPECT_EQ(choose_gemm_route(fp4, 8 * 768, 8), R::Fused);    // 1.03
