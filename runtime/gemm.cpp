@@ -77,6 +77,20 @@ void check_no_scale(const GemmSpec& s, const char* arg, const TensorView& v, Ele
                              " scaling) take no scales");
 }
 
+// A per-device memo (Gemm's loaded kernels): the current device's entry, made by make(dev) on its
+// first use, outside the lock (a compile may take seconds); of two racing makers the first stored wins.
+template <class T, class Make>
+std::shared_ptr<const T> per_device(std::mutex& mu, std::map<int, std::shared_ptr<const T>>& memo, Make make) {
+  const int dev = current_device();
+  {
+    std::lock_guard<std::mutex> g(mu);
+    if (auto it = memo.find(dev); it != memo.end()) return it->second;
+  }
+  std::shared_ptr<const T> made = make(dev);
+  std::lock_guard<std::mutex> g(mu);
+  return memo.emplace(dev, std::move(made)).first->second;
+}
+
 }  // namespace
 
 GemmKernel build_gemm_kernel(const GemmSpec& spec, const std::string& arch, KernelCache& cache) {
@@ -170,21 +184,17 @@ int64_t Gemm::workspace_bytes(int64_t extent, int num_groups) const {
 }
 
 std::shared_ptr<const Gemm::LoadedDequant> Gemm::load_dequant_for_current_device() const {
-  const int dev = current_device();
-  {
-    std::lock_guard<std::mutex> g(mu_);
-    if (auto it = loaded_dequant_.find(dev); it != loaded_dequant_.end()) return it->second;
-  }
-  auto l = std::make_shared<LoadedDequant>();
-  l->kernels = build_dequant_kernels(spec_, device_arch(dev), cache_);
-  const auto& entry = *l->kernels.cached.entry;
-  l->module = module_registry().get(dev, entry.key, std::string_view(entry.image));
-  l->a = l->module->function(entry.lowered(l->kernels.source.a_kernel));
-  l->b = l->module->function(entry.lowered(l->kernels.source.b_kernel));
-  l->prep = l->module->function(entry.lowered(l->kernels.source.prep_kernel));
-  l->sms = device_sm_count(dev);
-  std::lock_guard<std::mutex> g(mu_);
-  return loaded_dequant_.emplace(dev, std::move(l)).first->second;
+  return per_device(mu_, loaded_dequant_, [&](int dev) {
+    auto l = std::make_shared<LoadedDequant>();
+    l->kernels = build_dequant_kernels(spec_, device_arch(dev), cache_);
+    const auto& entry = *l->kernels.cached.entry;
+    l->module = module_registry().get(dev, entry.key, std::string_view(entry.image));
+    l->a = l->module->function(entry.lowered(l->kernels.source.a_kernel));
+    l->b = l->module->function(entry.lowered(l->kernels.source.b_kernel));
+    l->prep = l->module->function(entry.lowered(l->kernels.source.prep_kernel));
+    l->sms = device_sm_count(dev);
+    return std::shared_ptr<const LoadedDequant>(std::move(l));
+  });
 }
 
 // The dequant route: the prep kernel (NVFP4's per-group alpha, M-grouped mn_major A's grid
@@ -282,44 +292,40 @@ int64_t Gemm::workspace_bytes(const Loaded& l) const {
 }
 
 std::shared_ptr<const Gemm::Loaded> Gemm::load_for_current_device() const {
-  const int dev = current_device();
-  {
-    std::lock_guard<std::mutex> g(mu_);
-    if (auto it = loaded_.find(dev); it != loaded_.end()) return it->second;
-  }
-  auto l = std::make_shared<Loaded>();
-  l->kernel = build_gemm_kernel(spec_, device_arch(dev), cache_);
-  const auto& entry = *l->kernel.cached.entry;
-  l->module = module_registry().get(dev, entry.key, std::string_view(entry.image));
-  l->fn = l->module->function(entry.lowered(l->kernel.source.kernel));
-  const Driver& d = require_driver();
-  const GemmSource& src = l->kernel.source;
-  allow_dynamic_smem(l->fn, src.smem_bytes);
-  const int sms = device_sm_count(dev);
-  if (src.tile.multicast == 1) {
-    l->grid = sms;
-  } else {
-    // Clusters of two need two free SMs of one GPC: ask the driver how many fit at once.
-    CUlaunchAttribute attr{};
-    attr.id = CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION;
-    attr.value.clusterDim.x = unsigned(src.tile.multicast);
-    attr.value.clusterDim.y = 1;
-    attr.value.clusterDim.z = 1;
-    CUlaunchConfig cfg{};
-    cfg.gridDimX = unsigned(sms - sms % src.tile.multicast);
-    cfg.gridDimY = cfg.gridDimZ = 1;
-    cfg.blockDimX = unsigned(src.threads);
-    cfg.blockDimY = cfg.blockDimZ = 1;
-    cfg.sharedMemBytes = src.smem_bytes;
-    cfg.attrs = &attr;
-    cfg.numAttrs = 1;
-    int clusters = 0;
-    check(d.cuOccupancyMaxActiveClusters(&clusters, l->fn, &cfg), "cuOccupancyMaxActiveClusters for the GEMM kernel");
-    if (clusters < 1) throw CudaError(CUDA_ERROR_INVALID_CLUSTER_SIZE, "the GEMM kernel's clusters do not fit on this device");
-    l->grid = clusters * src.tile.multicast;
-  }
-  std::lock_guard<std::mutex> g(mu_);
-  return loaded_.emplace(dev, std::move(l)).first->second;
+  return per_device(mu_, loaded_, [&](int dev) {
+    auto l = std::make_shared<Loaded>();
+    l->kernel = build_gemm_kernel(spec_, device_arch(dev), cache_);
+    const auto& entry = *l->kernel.cached.entry;
+    l->module = module_registry().get(dev, entry.key, std::string_view(entry.image));
+    l->fn = l->module->function(entry.lowered(l->kernel.source.kernel));
+    const Driver& d = require_driver();
+    const GemmSource& src = l->kernel.source;
+    allow_dynamic_smem(l->fn, src.smem_bytes);
+    const int sms = device_sm_count(dev);
+    if (src.tile.multicast == 1) {
+      l->grid = sms;
+    } else {
+      // Clusters of two need two free SMs of one GPC: ask the driver how many fit at once.
+      CUlaunchAttribute attr{};
+      attr.id = CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION;
+      attr.value.clusterDim.x = unsigned(src.tile.multicast);
+      attr.value.clusterDim.y = 1;
+      attr.value.clusterDim.z = 1;
+      CUlaunchConfig cfg{};
+      cfg.gridDimX = unsigned(sms - sms % src.tile.multicast);
+      cfg.gridDimY = cfg.gridDimZ = 1;
+      cfg.blockDimX = unsigned(src.threads);
+      cfg.blockDimY = cfg.blockDimZ = 1;
+      cfg.sharedMemBytes = src.smem_bytes;
+      cfg.attrs = &attr;
+      cfg.numAttrs = 1;
+      int clusters = 0;
+      check(d.cuOccupancyMaxActiveClusters(&clusters, l->fn, &cfg), "cuOccupancyMaxActiveClusters for the GEMM kernel");
+      if (clusters < 1) throw CudaError(CUDA_ERROR_INVALID_CLUSTER_SIZE, "the GEMM kernel's clusters do not fit on this device");
+      l->grid = clusters * src.tile.multicast;
+    }
+    return std::shared_ptr<const Loaded>(std::move(l));
+  });
 }
 
 void Gemm::run(const GemmCall& c, CUstream stream) const {

@@ -44,7 +44,7 @@ commands:
        [--out bf16|fp32] [--accumulate] [--alpha] [--fast-accum]
        [--block-m 64|128] [--block-n 64|128|192|256] [--stages S] [--multicast 1|2] [--raster R]
        [--ordered on|off] [--max-ctas N] [--m-max M_MAX]
-       [--k-grouped [--members]] [--scale-layout compact|mn_major] [--route fused|dequant]
+       [--k-grouped [--members]] [--scale-layout compact|mn_major] [--route fused|dequant|auto]
        [--check [--check-rows R]] [--bench [--iters N] [--warmup W]] [--seed S] [--json FILE]
        [--source | --arch sm_90a]
                                     grouped GEMM on GPU 0 with random operands (G groups of M
@@ -58,7 +58,8 @@ commands:
                                     stored [blocks, rows] (M-grouped: A's, per group, padded to
                                     4 rows; mxfp8 B's per expert), as "scale_layout": "mn_major"
                                     writes; --route dequant: mxfp8 / nvfp4 operands dequantized
-                                    once into 16-bit copies, then the bf16 / fp16 GEMM):
+                                    once into 16-bit copies, then the bf16 / fp16 GEMM; auto:
+                                    the one expected to be faster for the problem, printed):
                                     --check compares sampled rows with the
                                     float64 CPU reference, --bench prints TFLOP/s; without a GPU,
                                     --source prints the kernel's CUDA and --arch compiles it
