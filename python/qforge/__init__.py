@@ -366,14 +366,6 @@ class Quantizer(_Handle):
               ctypes.byref(n))
         return n.value
 
-    def route_for(self, extent: int, num_groups: int) -> str:
-        """"fused" or "dequant": the route a run of num_groups groups over extent (m_total, or k_total
-        K-grouped) takes (route="auto": the one expected to be faster; needs no GPU)."""
-        r = ctypes.c_char_p()
-        _call("qf_gemm_route_for", self._handle, _int(extent, "extent"), _int(num_groups, "num_groups", 32),
-              ctypes.byref(r))
-        return r.value.decode()
-
     def prepare(self, arch: str = "sm_90a") -> None:
         """Compiles (or loads) the kernels for arch into the kernel cache; needs no GPU."""
         _call("qf_quantizer_prepare", self._handle, _str(arch, "arch"))
