@@ -138,12 +138,17 @@ GemmRoute choose_gemm_route(const GemmSpec& s, int64_t extent, int64_t g) {
   if (!gemm_has_dequant_route(s) || extent <= 0 || g <= 0) return GemmRoute::Fused;
   // The copies cost about (rows of A + rows of B) x K bytes moved; the 16-bit GEMM saves time in
   // proportion to rows of A x rows of B x K: the route pays where h(rows A, rows B) is large.
+  // Both need enough work for the route's fixed cost (its three extra launches).
   auto h = [](double x, double y) { return x * y / (x + y); };
   const double n = double(s.n), crossover = traits(s.scaling).dequant_crossover;
-  if (!k_grouped(s.layout))  // per group: its rows against its expert's N
-    return h(double(extent) / double(g), n) >= crossover ? GemmRoute::Dequant : GemmRoute::Fused;
-  const double m = double(s.m);
-  return h(m, n) >= crossover && 2 * m * n * double(extent) >= kGemmAutoMinFlops ? GemmRoute::Dequant : GemmRoute::Fused;
+  const bool pays = k_grouped(s.layout) ? h(double(s.m), n) >= crossover        // A [m, tokens], B [N, tokens]
+                                        : h(double(extent) / double(g), n) >= crossover;  // a group's rows, its N
+  const double flops = 2 * n * double(extent) * double(k_grouped(s.layout) ? s.m : s.k);
+  return pays && flops >= kGemmAutoMinFlops ? GemmRoute::Dequant : GemmRoute::Fused;
+}
+
+void settle_gemm_route(GemmSpec& s) {
+  if (s.route == GemmRoute::Auto && !gemm_has_dequant_route(s)) s.route = GemmRoute::Fused;
 }
 
 GemmKernelSpecs gemm_kernel_specs(const GemmSpec& s) {
@@ -166,7 +171,8 @@ GemmKernelSpecs gemm_kernel_specs(const GemmSpec& s) {
 }
 
 GemmSpec gemm_route_spec(const GemmSpec& s, GemmRoute r) {
-  QF_CHECK(r != GemmRoute::Auto, "gemm_route_spec: a concrete route");
+  QF_CHECK(r != GemmRoute::Auto && (s.route == GemmRoute::Auto || s.route == r),
+           "gemm_route_spec: a concrete route of an auto spec (or the spec's own)");
   GemmSpec out = s;
   out.route = r;
   if (s.route == GemmRoute::Auto && r == GemmRoute::Dequant) out.tile = {};

@@ -8,8 +8,8 @@
 #include <optional>
 #include <span>
 #include <string>
-#include <vector>
 #include <string_view>
+#include <vector>
 
 #include "compiler/formats.h"
 
@@ -233,10 +233,15 @@ int gemm_member_map_count(const GemmSpec& spec);
 bool gemm_has_dequant_route(const GemmSpec& spec);
 // The route a call of num_groups groups over `extent` (m_total; K-grouped: k_total) takes: the
 // spec's, or for Auto the dequant route where its copies pay (GemmScalingTraits::dequant_crossover;
-// M-grouped by the mean rows per group (masked: m_max), K-grouped by M and N and, for the route's
-// fixed cost, at least kGemmAutoMinFlops), else fused.
+// M-grouped by the mean rows per group (masked: m_max), K-grouped by M and N; both with at least
+// kGemmAutoMinFlops for the route's fixed cost), else fused. The two routes round differently
+// (the fused kernels promote per 32 of K or dequantize on chip; the route sums 16-bit products in
+// fp32 over all of K): where the choice flips with the token count, so do the output's low bits.
 GemmRoute choose_gemm_route(const GemmSpec& spec, int64_t extent, int64_t num_groups);
 inline constexpr double kGemmAutoMinFlops = 0x1p35;  // ~34 GFLOP
+// An Auto spec without a dequant route (every scaling but mxfp8 and nvfp4, k_grouped_members) is
+// the fused kernel's: its route becomes Fused (recipes, rt::Gemm).
+void settle_gemm_route(GemmSpec& spec);
 // The spec of one concrete route (Fused or Dequant) of an Auto spec: the fused one keeps the tile,
 // the dequant one runs its none GEMM's default tile.
 GemmSpec gemm_route_spec(const GemmSpec& spec, GemmRoute route);

@@ -648,6 +648,7 @@ RecipeGemm parse_gemm(const Node& g) {
     std::replace(field.begin(), field.end(), '.', '/');
     throw UserError(g.ptr() + "/" + field, e.message());
   }
+  settle_gemm_route(s);  // auto with nothing to dequantize: the fused kernel, as rt::Gemm runs it
   return out;
 }
 

@@ -140,7 +140,7 @@ struct Gemm::Loaded {
 
 Gemm::Gemm(GemmSpec spec, KernelCache& cache) : spec_(std::move(spec)), cache_(cache) {
   validate(spec_);
-  if (spec_.route == GemmRoute::Auto && !gemm_has_dequant_route(spec_)) spec_.route = GemmRoute::Fused;
+  settle_gemm_route(spec_);
   spec_.tile = resolve_tile(spec_);
   if (spec_.route == GemmRoute::Dequant) inner_ = std::make_unique<Gemm>(dequant_inner_spec(spec_), cache_);
   if (spec_.route == GemmRoute::Auto)
@@ -150,15 +150,32 @@ Gemm::Gemm(GemmSpec spec, KernelCache& cache) : spec_(std::move(spec)), cache_(c
 
 CacheHow Gemm::prepare(const std::string& arch) const {
   if (arch != "sm_90a") throw UserError("arch", "the GEMM kernels are wgmma code for sm_90a, got \"" + arch + "\"");
-  // (MemoryHit < DiskHit < Compiled: the slower answer of two)
-  if (routes_[0]) return std::max(routes_[0]->prepare(arch), routes_[1]->prepare(arch));
-  if (!inner_) return build_gemm_kernel(spec_, arch, cache_).cached.how;
-  return std::max(build_dequant_kernels(spec_, arch, cache_).cached.how, inner_->prepare(arch));
+  // Every kernel a run may launch (as prewarm compiles them); the slowest answer (MemoryHit <
+  // DiskHit < Compiled).
+  const GemmKernelSpecs kernels = gemm_kernel_specs(spec_);
+  CacheHow how = CacheHow::MemoryHit;
+  for (const GemmSpec& k : kernels.dequant) how = std::max(how, build_dequant_kernels(k, arch, cache_).cached.how);
+  for (const GemmSpec& k : kernels.gemm) how = std::max(how, build_gemm_kernel(k, arch, cache_).cached.how);
+  return how;
 }
 
 int Gemm::persistent_ctas() const {
-  if (routes_[0]) return routes_[0]->persistent_ctas();
+  if (routes_[0]) return std::max(routes_[0]->persistent_ctas(), routes_[1]->persistent_ctas());
   return inner_ ? inner_->persistent_ctas() : load_for_current_device()->grid;
+}
+
+void Gemm::check_call_size(int64_t extent, int64_t num_groups) const {
+  const bool kg = k_grouped(spec_.layout);
+  if (extent < 0 || extent > (kg ? (int64_t(1) << 31) - 1 : kMaxMTotal))
+    throw UserError("extent", std::string("expected 0 <= ") + (kg ? "k_total < 2^31" : "m_total <= 2^31 - 257") +
+                                  ", got " + std::to_string(extent));
+  if (num_groups < 1 || num_groups > kMaxGroups)
+    throw UserError("num_groups", "expected 1.." + std::to_string(kMaxGroups) + ", got " + std::to_string(num_groups));
+}
+
+GemmRoute Gemm::route_for(int64_t extent, int num_groups) const {
+  check_call_size(extent, num_groups);
+  return choose_gemm_route(spec_, extent, num_groups);
 }
 
 int64_t Gemm::workspace_bytes() const {
@@ -171,15 +188,11 @@ int64_t Gemm::workspace_bytes() const {
 }
 
 int64_t Gemm::workspace_bytes(int64_t extent, int num_groups) const {
+  check_call_size(extent, num_groups);
   if (routes_[0]) return routes_[int(route_for(extent, num_groups))]->workspace_bytes(extent, num_groups);
   if (!inner_) return workspace_bytes();
-  const bool kg = k_grouped(spec_.layout);
-  const int64_t max_extent = kg ? (int64_t(1) << 30) - 1 : kMaxMTotal;
-  if (extent < 0 || extent > max_extent)
-    throw UserError("extent", std::string("expected 0 <= ") + (kg ? "k_total < 2^30 (the 16-bit copies' rows)" : "m_total <= 2^31 - 257") +
-                                  ", got " + std::to_string(extent));
-  if (num_groups < 1 || num_groups > kMaxGroups)
-    throw UserError("num_groups", "expected 1.." + std::to_string(kMaxGroups) + ", got " + std::to_string(num_groups));
+  if (k_grouped(spec_.layout) && extent >= (int64_t(1) << 30))
+    throw UserError("extent", "expected 0 <= k_total < 2^30 (the 16-bit copies' rows), got " + std::to_string(extent));
   return dequant_workspace(spec_, extent, num_groups).total;
 }
 
@@ -329,8 +342,18 @@ std::shared_ptr<const Gemm::Loaded> Gemm::load_for_current_device() const {
 }
 
 void Gemm::run(const GemmCall& c, CUstream stream) const {
-  if (routes_[0])  // (the chosen route's run checks the call)
-    return routes_[int(route_for(k_grouped(spec_.layout) ? c.k_total : c.m_total, c.num_groups))]->run(c, stream);
+  if (routes_[0]) {  // the chosen route's run checks the call; a missing workspace is named here
+    const int64_t extent = k_grouped(spec_.layout) ? c.k_total : c.m_total;
+    const GemmRoute r = choose_gemm_route(spec_, extent, c.num_groups);
+    if (r == GemmRoute::Dequant && c.workspace.bytes < routes_[1]->workspace_bytes(extent, c.num_groups))
+      throw UserError("workspace", "route auto takes the dequant route for " +
+                                       std::string(k_grouped(spec_.layout) ? "k_total " : "m_total ") + std::to_string(extent) +
+                                       " over " + std::to_string(c.num_groups) +
+                                       " groups (route_for): expected workspace_bytes(extent, num_groups) = " +
+                                       std::to_string(routes_[1]->workspace_bytes(extent, c.num_groups)) + " bytes, got " +
+                                       std::to_string(c.workspace.bytes) + " (size it for the largest call: it grows with the extent)");
+    return routes_[int(r)]->run(c, stream);
+  }
   if (k_grouped(spec_.layout)) return run_k_grouped(c, stream);
   const GemmSpec& s = spec_;
   const GemmTile& t = s.tile;

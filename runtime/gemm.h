@@ -69,8 +69,8 @@ struct GemmCall {
                              // 0: one per SM, or as many clusters as fit at once
   TensorView workspace;      // k_grouped_members: workspace_bytes() of device memory, 128-byte aligned,
                              // where the kernel builds each member's tensor maps (one run at a time);
-                             // dequant route: workspace_bytes(extent, num_groups), 256-byte aligned,
-                             // the operands' 16-bit copies; ignored otherwise
+                             // dequant route (and auto, where it takes that route): workspace_bytes(extent,
+                             // num_groups), 256-byte aligned, the operands' 16-bit copies; ignored otherwise
 };
 
 
@@ -89,13 +89,15 @@ class Gemm {
 
   // The route a call of num_groups groups over `extent` (m_total; K-grouped: k_total) takes
   // (choose_gemm_route): Fused or Dequant.
-  GemmRoute route_for(int64_t extent, int num_groups) const { return choose_gemm_route(spec_, extent, num_groups); }
+  // UserError naming extent or num_groups where the call could not be run.
+  GemmRoute route_for(int64_t extent, int num_groups) const;
 
   // Compiles (or loads) for `arch` (only sm_90a: UserError otherwise) without a GPU (Auto: both
   // routes' kernels); returns how the cache answered.
   CacheHow prepare(const std::string& arch) const;
 
-  // Persistent CTAs a launch on the current device uses at most (loads the kernel).
+  // Persistent CTAs a launch on the current device uses at most (loads the kernel; auto: the more of
+  // its two routes' GEMM kernels).
   int persistent_ctas() const;
 
   // Device workspace a run on the current device needs (GemmCall::workspace): k_grouped_members
@@ -112,6 +114,7 @@ class Gemm {
   struct Loaded;
   std::shared_ptr<const Loaded> load_for_current_device() const;
   int64_t workspace_bytes(const Loaded& l) const;
+  void check_call_size(int64_t extent, int64_t num_groups) const;  // route_for's and workspace_bytes' arguments
   void run_k_grouped(const GemmCall& call, CUstream stream) const;
   struct LoadedDequant;
   std::shared_ptr<const LoadedDequant> load_dequant_for_current_device() const;

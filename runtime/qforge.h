@@ -192,8 +192,10 @@ typedef struct qf_gemm_spec {
      (both operands dequantized once into bf16 / fp16 copies in args->workspace, sized by
      qf_gemm_workspace_bytes_for, then the bf16 / fp16 GEMM with this tile: faster where many tokens
      meet the weights, slower where few do; docs/gemm.md) or "auto" (per call, the one expected to
-     be faster: qf_gemm_route_for; the tile is the fused kernel's); NULL = "fused". Appended in
-     0.2.0 ("auto" since 0.3.0): zero the struct before filling it. */
+     be faster: qf_gemm_route_for; the tile is the fused kernel's; size args->workspace with
+     qf_gemm_workspace_bytes_for at the largest call; the routes round differently, so pin one where
+     outputs must not depend on the batch size); NULL = "fused". Appended in 0.2.0 ("auto" since
+     0.3.0): zero the struct before filling it. */
   const char* route;
 } qf_gemm_spec;
 
@@ -225,8 +227,9 @@ typedef struct qf_gemm_args {
   int64_t k_total;                            /* K-grouped: the token dimension; 0 otherwise */
   void* workspace; int64_t workspace_bytes;   /* k_grouped_members: qf_gemm_workspace_bytes() of device
                                                  memory, 128-byte aligned, one run at a time; the
-                                                 dequant route: qf_gemm_workspace_bytes_for() for
-                                                 this call, 256-byte aligned */
+                                                 dequant route (and "auto" where it takes it):
+                                                 qf_gemm_workspace_bytes_for() for this call,
+                                                 256-byte aligned */
 } qf_gemm_args;
 
 /* Validates the spec (errors name the field: "n", "tile.block_n", ...). */

@@ -515,8 +515,6 @@ qf_status qf_gemm_route_for(const qf_gemm* g, int64_t extent, int num_groups, co
   return guarded([&] {
     require(g, "g");
     require(route, "route");
-    if (extent < 0) throw qf::UserError("extent", "expected >= 0, got " + std::to_string(extent));
-    if (num_groups < 1) throw qf::UserError("num_groups", "expected >= 1, got " + std::to_string(num_groups));
     *route = qf::name(g->g->route_for(extent, num_groups)).data();  // (static strings)
   });
 }

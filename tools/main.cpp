@@ -13,7 +13,8 @@ namespace {
 const char* kUsage = R"(usage: qforge <command> [options]
 
 commands:
-  check <recipe.json>...            validate recipes; print how the standard roles resolve
+  check [--quiet] [--role R]... <recipe.json>...
+                                    validate recipes; print how the standard roles (or R) resolve
   inspect <recipe.json> --role R    print the kernel plan for one role
           [--dtype bf16|fp16|fp32] [--usage training|inference|memory] [--grouped]
           [--dump-after PASS|all] [--shape MxK] [--source] [--resources]

@@ -172,6 +172,7 @@ __device__ __forceinline__ void fp4x16(uint2 in, u32 s2, u32 (&o)[8]) {
 // partial (k % 32 == 16, K-grouped token counts).
 template <class Cfg>
 __global__ void __launch_bounds__(Cfg::kThreads) dequant_kernel(const DequantArgs a) {
+  static_assert(Cfg::kThreads % 32 == 0, "whole warps: the mn_major A lookup is shared by __shfl_sync");
   using F = typename Cfg::Format;
   constexpr int B = dequant::block_elems<Cfg>();
   const i64 nblk = i64(ceil_div(u64(a.k), u64(B)));

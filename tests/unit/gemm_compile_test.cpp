@@ -1213,8 +1213,10 @@ TEST(GemmAuto, ChoosesTheDequantRouteWhereItsCopiesPay) {
   EXPECT_EQ(choose_gemm_route(fp4, 8 * 768, 8), R::Fused);    // 1.03
   EXPECT_EQ(choose_gemm_route(fp4, 8 * 1024, 8), R::Dequant); // 0.92
   EXPECT_EQ(choose_gemm_route(mx, 0, 8), R::Fused);           // nothing to copy
-  GemmSpec masked = mx;  // a masked call's extent is G * m_max: m_max rows per group
-  EXPECT_EQ(choose_gemm_route(masked, 4 * 2048, 4), R::Dequant);
+  GemmSpec short_k = mx;  // h pays, but 2 x 4096 x 4096 x 512 = 17 GFLOP: the route's launches do not
+  short_k.k = 512;
+  EXPECT_EQ(choose_gemm_route(short_k, 4096, 1), R::Fused);
+  EXPECT_EQ(choose_gemm_route(short_k, 4 * 4096, 4), R::Dequant);  // 69 GFLOP
   GemmSpec narrow = mx;  // few output channels: the weights are cheap, but so is the GEMM
   narrow.n = 512;
   EXPECT_EQ(choose_gemm_route(narrow, 8 * 65536, 8), R::Fused);  // h < 512
@@ -1247,19 +1249,30 @@ TEST(GemmAuto, SpecKeepsTheFusedTileAndBothRoutesValid) {
   EXPECT_EQ(gemm_route_spec(mx, GemmRoute::Dequant).route, GemmRoute::Dequant);
   EXPECT_NE(describe(mx).find("(auto route)"), std::string::npos) << describe(mx);
   // The operands' own rules still name their field.
-  EXPECT_THROW(validate(auto_route(make(S::Mx32, E4, E4, DType::BF16, false, true, 0, 1))), UserError);
+  try {
+    validate(auto_route(make(S::Mx32, E4, E4, DType::BF16, false, true, 0, 1)));
+    FAIL() << "fast_accum with mxfp8 accepted";
+  } catch (const UserError& e) {
+    EXPECT_EQ(e.where(), "fast_accum") << e.what();
+  }
   EXPECT_EQ(parse_gemm_route("auto", "route"), GemmRoute::Auto);
   EXPECT_EQ(name(GemmRoute::Auto), "auto");
-  // Blockwise has nothing to dequantize: auto is the fused kernel, tile and all.
-  rt::Gemm block(auto_route(make(S::Block128, E4, E4, DType::BF16, false, false, 64, 1)));
+  // Blockwise has nothing to dequantize: auto is the fused kernel, tile and all (recipes too).
+  GemmSpec block_spec = auto_route(make(S::Block128, E4, E4, DType::BF16, false, false, 64, 1));
+  rt::Gemm block(block_spec);
   EXPECT_EQ(block.spec().route, GemmRoute::Fused);
   EXPECT_EQ(block.workspace_bytes(), 0);
+  settle_gemm_route(block_spec);
+  EXPECT_EQ(describe(block_spec), describe(block.spec()));
+  GemmSpec mx_settled = mx;
+  settle_gemm_route(mx_settled);
+  EXPECT_EQ(mx_settled.route, GemmRoute::Auto);
 }
 
 TEST(GemmAuto, WorkspaceAndRunFollowTheChoice) {
   using S = GemmScaling;
   const auto E4 = ElemFormat::E4M3;
-  const GemmSpec mx = auto_route(make(S::Mx32, E4, E4, DType::BF16, false, false, 0, 1, 128, 2048, 512));
+  const GemmSpec mx = auto_route(make(S::Mx32, E4, E4, DType::BF16, false, false, 0, 1, 128, 2048, 2048));
   rt::Gemm gemm(mx);
   EXPECT_EQ(gemm.route_for(4 * 64, 4), GemmRoute::Fused);
   EXPECT_EQ(gemm.workspace_bytes(4 * 64, 4), 0);
@@ -1271,19 +1284,38 @@ TEST(GemmAuto, WorkspaceAndRunFollowTheChoice) {
   } catch (const UserError& e) {
     EXPECT_NE(std::string(e.what()).find("the auto route's workspace"), std::string::npos) << e.what();
   }
+  // A call that could not run is refused by route_for and workspace_bytes alike, for every route.
+  for (auto [extent, g, where] : {std::tuple{int64_t(-1), 4, "extent"}, std::tuple{int64_t(1) << 40, 4, "extent"},
+                                  std::tuple{int64_t(4096), 0, "num_groups"}, std::tuple{int64_t(4096), 1 << 21, "num_groups"}}) {
+    try {
+      (void)gemm.route_for(extent, g);
+      FAIL() << "route_for accepted " << extent << ", " << g;
+    } catch (const UserError& e) {
+      EXPECT_EQ(e.where(), where) << e.what();
+    }
+    GemmSpec fused = mx;
+    fused.route = GemmRoute::Fused;
+    try {
+      (void)rt::Gemm(fused).workspace_bytes(extent, g);
+      FAIL() << "workspace_bytes accepted " << extent << ", " << g;
+    } catch (const UserError& e) {
+      EXPECT_EQ(e.where(), where) << e.what();
+    }
+  }
   // A run is checked by the route it takes: the dequant route's wants its copies.
   auto buf = [](uint64_t addr, int64_t bytes) { return rt::TensorView{addr, bytes, std::nullopt, {}}; };
   rt::GemmCall c;
   c.m_total = 4 * 2048, c.num_groups = 4;
-  c.a = buf(0x10000000, c.m_total * 512);
-  c.b = buf(0x20000000, 4 * 2048 * 512);
-  c.d = buf(0x30000000, c.m_total * 2048 * 2);
-  c.a_scale = buf(0x40000000, c.m_total * 16);
-  c.b_scale = buf(0x50000000, 4 * 2048 * 16);
-  c.group_offsets = buf(0x60000000, 5 * 8);
-  expect_run_error(gemm, c, "argument workspace: null pointer");
+  c.a = buf(0x100000000, c.m_total * 2048);
+  c.b = buf(0x200000000, 4 * 2048 * 2048);
+  c.d = buf(0x300000000, c.m_total * 2048 * 2);
+  c.a_scale = buf(0x400000000, c.m_total * 64);
+  c.b_scale = buf(0x500000000, 4 * 2048 * 64);
+  c.group_offsets = buf(0x600000000, 5 * 8);
+  expect_run_error(gemm, c, "workspace: route auto takes the dequant route for m_total 8192 over 4 groups (route_for): "
+                           "expected workspace_bytes(extent, num_groups) = ");
   c.m_total = 4 * 64;  // the fused kernel's: no workspace
-  c.a.bytes = c.m_total * 512, c.a_scale.bytes = c.m_total * 16, c.d.bytes = c.m_total * 2048 * 2;
+  c.a.bytes = c.m_total * 2048, c.a_scale.bytes = c.m_total * 64, c.d.bytes = c.m_total * 2048 * 2;
   expect_run_error(gemm, c, "");  // past the checks
 }
 

@@ -784,16 +784,17 @@ TEST(GemmEdge, DequantClampsOffsetsAsTheFusedKernel) {
 
 // Route auto takes the route it names (route_for): with a poisoned workspace of the dequant
 // route's size, the dequant route leaves its copies there and the fused kernel leaves it alone;
-// either way every row is exact. 2 x 64 rows of N = 2048 (h = 62): fused; 2 x 2048 (h = 1024): dequant.
+// either way the rows checked are exact. N = 2048, K = 512 (the exact tests' K: small-integer sums
+// stay exact): 2 x 64 rows (h = 62): fused; 2 x 8192 rows (h = 1638, 34.4 GFLOP): dequant.
 TEST(GemmEdge, AutoRouteRunsTheRouteItChooses) {
   QF_SKIP_WITHOUT_GPU();
   for (GemmScaling scaling : {GemmScaling::Mx32, GemmScaling::Nvfp4}) {
     const bool fp4 = scaling == GemmScaling::Nvfp4;
     const ElemFormat f = fp4 ? ElemFormat::E2M1 : ElemFormat::E4M3;
-    GemmSpec s = spec_of(scaling, f, f, DType::FP32, false, false, 0, 0, 1, 2048, 128);
+    GemmSpec s = spec_of(scaling, f, f, DType::FP32, false, false, 0, 0, 1, 2048, 512);
     s.route = GemmRoute::Auto;
     const rt::Gemm gemm(s);
-    for (int64_t rows : {64, 2048}) {
+    for (int64_t rows : {64, 8192}) {
       ref::GemmProblem p = ref::make_gemm_problem(s, std::vector<int64_t>{rows, rows}, 0, ref::GemmValues::SmallIntegers, false, 31);
       Device dev = to_device(s, p);
       const GemmRoute want = rows == 64 ? GemmRoute::Fused : GemmRoute::Dequant;
