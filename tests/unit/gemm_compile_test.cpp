@@ -1319,4 +1319,19 @@ TEST(GemmAuto, WorkspaceAndRunFollowTheChoice) {
   expect_run_error(gemm, c, "");  // past the checks
 }
 
+// What prewarm compiles for an auto spec (prepare: gemm_kernel_specs) is what each route's run
+// loads: after the auto Gemm's prepare, both concrete routes' Gemms find every kernel in the cache.
+TEST(GemmAuto, PrepareCompilesWhatEitherRouteLoads) {
+  rt::CacheOptions o;
+  o.disabled = true;  // memory only
+  rt::KernelCache cache(o);
+  const GemmSpec mx = auto_route(mn_major(make(GemmScaling::Mx32, ElemFormat::E4M3, ElemFormat::E4M3, DType::BF16, false,
+                                               false, 0, 1, 128, 256, 512)));
+  EXPECT_EQ(rt::Gemm(mx, cache).prepare("sm_90a"), rt::CacheHow::Compiled);
+  for (GemmRoute r : {GemmRoute::Fused, GemmRoute::Dequant})
+    EXPECT_EQ(rt::Gemm(gemm_route_spec(mx, r), cache).prepare("sm_90a"), rt::CacheHow::MemoryHit) << name(r);
+  EXPECT_EQ(gemm_kernel_specs(mx).gemm.size(), 2u);    // the fused kernel, the bf16 GEMM on the copies
+  EXPECT_EQ(gemm_kernel_specs(mx).dequant.size(), 1u);  // the operand kernels
+}
+
 }  // namespace
