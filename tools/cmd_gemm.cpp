@@ -116,10 +116,21 @@ int cmd_gemm(const Argv& argv) {
     if (it == kFlag.end()) throw;
     throw UserError(it->second, std::string(e.what()).substr(e.where().size() + 2));
   }
-  // The auto route picks per call: --source shows one route, --arch compiles both, a run takes
-  // the problem's (below).
-  if (spec.route == GemmRoute::Auto && gemm_has_dequant_route(spec) && args.flag("--source"))
-    throw UserError("--route", "auto picks fused or dequant per call: name one of them to see its source");
+  // --source: every kernel the spec may launch (gemm_kernel_specs, as prewarm compiles them; auto:
+  // both routes'), the dequant route's operand kernels first.
+  if (args.flag("--source")) {
+    const GemmKernelSpecs kernels = gemm_kernel_specs(spec);
+    for (const GemmSpec& k : kernels.dequant) {
+      const DequantSource ds = emit_dequant(k);
+      std::cout << ds.source << "// kernels: " << ds.a_kernel << ", " << ds.b_kernel << ", " << ds.prep_kernel << "\n";
+    }
+    for (const GemmSpec& k : kernels.gemm) {
+      const GemmSource gs = emit_gemm(k);
+      std::cout << gs.source << "// kernel: " << gs.kernel << "\n";
+    }
+    return 0;
+  }
+  // --arch compiles every route's kernels; a run takes the problem's route (auto: below).
   const GemmSpec asked = spec;  // the spec as given (auto stays auto for rt::Gemm)
   // What this invocation runs or shows; for auto, the problem's route once its groups are known.
   auto show_route = [&](GemmRoute r) {
@@ -129,14 +140,6 @@ int cmd_gemm(const Argv& argv) {
   show_route(asked.route == GemmRoute::Auto ? GemmRoute::Fused : asked.route);
   bool dequant = spec.route == GemmRoute::Dequant;
   GemmSource src = emit_gemm(dequant ? dequant_inner_spec(spec) : spec);
-  if (args.flag("--source")) {
-    if (dequant) {
-      const DequantSource ds = emit_dequant(spec);
-      std::cout << ds.source << "// kernels: " << ds.a_kernel << ", " << ds.b_kernel << ", " << ds.prep_kernel << "\n";
-    }
-    std::cout << src.source << "// kernel: " << src.kernel << "\n";
-    return 0;
-  }
   auto tile_line = [&] {
     std::ostringstream os;
     os << "tile " << spec.tile.block_m << "x" << spec.tile.block_n << "x"

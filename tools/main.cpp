@@ -63,7 +63,8 @@ commands:
                                     the one expected to be faster for the problem, printed):
                                     --check compares sampled rows with the
                                     float64 CPU reference, --bench prints TFLOP/s; without a GPU,
-                                    --source prints the kernel's CUDA and --arch compiles it
+                                    --source prints every kernel's CUDA (auto: both routes') and
+                                    --arch compiles them
   list [--json]                     list the kernel cache's entries
   verify                            check every cached kernel against its key (exit 1 on problems)
   clear                             remove every kernel of the writable cache directory
