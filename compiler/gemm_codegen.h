@@ -72,6 +72,8 @@ struct GemmScalingTraits {
                                     // in GemmSpec::scale_layout: "block", "mx" (else empty)
   std::string_view dequant_dtype = {};  // GemmRoute::Dequant: the 16-bit type its operands are
                                         // dequantized into exactly ("bf16", "fp16"; empty: no route)
+  bool per_tensor_amax = false;  // a per-tensor amax of each group's A and B too (a_amax, b_amax:
+                                 // NVFP4's global decode scales), folded into the epilogue's alpha
   int dequant_crossover = 0;  // GemmRoute::Auto takes the dequant route where h(tokens per group, N)
                               // (M-grouped) or h(M, N) (K-grouped) reaches this, h(x, y) = x y / (x + y):
                               // the weights' (or both operands') copies are paid for by the 16-bit
@@ -266,6 +268,9 @@ struct DequantSource {
   int threads = 0;
 };
 DequantSource emit_dequant(const GemmSpec& spec);
+// The operand format's dequant kernel takes packed two-per-byte elements (e2m1: one thread per
+// 16-element block) rather than bytes (fp8: one thread per 8 elements); the kernels' Cfg::kNvfp4.
+bool gemm_dequant_packed(ElemFormat f);
 // Where a dequant-route call keeps its copies in the workspace (extent: m_total, or k_total for
 // the K-grouped layout): A's copy, B's, NVFP4's alpha [G] and the mn_major A grid prefix [G + 1],
 // each 256-byte aligned; total is what the call needs.

@@ -40,7 +40,7 @@ TmaDescriptor encode_map(const char* what, CUtensorMapDataType type, uint64_t ba
 // nvfp4 takes each operand's per-tensor amax (fp32 [num_groups], the global decode scales);
 // the other scalings take none.
 void check_amaxes(const GemmSpec& s, const GemmCall& c, const std::string& a_what, const std::string& b_what) {
-  if (s.scaling == GemmScaling::Nvfp4) {
+  if (traits(s.scaling).per_tensor_amax) {
     check_buffer("a_amax", c.a_amax, int64_t(c.num_groups) * 4, 4, "fp32 [num_groups] (nvfp4: " + a_what + ")");
     check_buffer("b_amax", c.b_amax, int64_t(c.num_groups) * 4, 4, "fp32 [num_groups] (nvfp4: " + b_what + ")");
   } else if (c.a_amax.ptr || c.b_amax.ptr) {
@@ -189,7 +189,7 @@ int64_t Gemm::workspace_bytes() const {
 
 int64_t Gemm::workspace_bytes(int64_t extent, int num_groups) const {
   check_call_size(extent, num_groups);
-  if (routes_[0]) return routes_[int(route_for(extent, num_groups))]->workspace_bytes(extent, num_groups);
+  if (routes_[0]) return routes_[int(choose_gemm_route(spec_, extent, num_groups))]->workspace_bytes(extent, num_groups);
   if (!inner_) return workspace_bytes();
   if (k_grouped(spec_.layout) && extent >= (int64_t(1) << 30))
     throw UserError("extent", "expected 0 <= k_total < 2^30 (the 16-bit copies' rows), got " + std::to_string(extent));
@@ -278,7 +278,7 @@ void Gemm::run_dequant(const GemmCall& c, CUstream stream) const {
         a.cap = prep.cap;
       }
     }
-    const int64_t threads = dequant_threads(rows, k, s.scaling == GemmScaling::Nvfp4, a.grid != kGridCompact);
+    const int64_t threads = dequant_threads(rows, k, gemm_dequant_packed(is_a ? s.a_format : s.b_format), a.grid != kGridCompact);
     if (threads == 0) return;
     int64_t ctas = std::min<int64_t>((threads + l->kernels.source.threads - 1) / l->kernels.source.threads, int64_t(l->sms) * 16);
     if (c.max_ctas > 0) ctas = std::min<int64_t>(ctas, c.max_ctas);  // SMs left to other streams, as the GEMM's
@@ -345,13 +345,14 @@ void Gemm::run(const GemmCall& c, CUstream stream) const {
   if (routes_[0]) {  // the chosen route's run checks the call; a missing workspace is named here
     const int64_t extent = k_grouped(spec_.layout) ? c.k_total : c.m_total;
     const GemmRoute r = choose_gemm_route(spec_, extent, c.num_groups);
-    if (r == GemmRoute::Dequant && c.workspace.bytes < routes_[1]->workspace_bytes(extent, c.num_groups))
+    const int64_t need = r == GemmRoute::Dequant ? routes_[1]->workspace_bytes(extent, c.num_groups) : 0;
+    if (c.workspace.bytes < need)
       throw UserError("workspace", "route auto takes the dequant route for " +
                                        std::string(k_grouped(spec_.layout) ? "k_total " : "m_total ") + std::to_string(extent) +
                                        " over " + std::to_string(c.num_groups) +
                                        " groups (route_for): expected workspace_bytes(extent, num_groups) = " +
-                                       std::to_string(routes_[1]->workspace_bytes(extent, c.num_groups)) + " bytes, got " +
-                                       std::to_string(c.workspace.bytes) + " (size it for the largest call: it grows with the extent)");
+                                       std::to_string(need) + " bytes, got " + std::to_string(c.workspace.bytes) +
+                                       " (size it for the largest call: it grows with the extent)");
     return routes_[int(r)]->run(c, stream);
   }
   if (k_grouped(spec_.layout)) return run_k_grouped(c, stream);

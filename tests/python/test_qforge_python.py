@@ -559,13 +559,19 @@ def test_errors_on_tensors_name_the_argument():
                    member_rows=torch.zeros(2, dtype=torch.int64, device="cuda"))
 
 
+def _torch_on_sm90():
+    """torch, where the GPU runs the grouped GEMM kernels (sm_90a); else the test skips."""
+    import torch
+    if torch.cuda.get_device_capability() != (9, 0):
+        pytest.skip("the grouped GEMM kernels are sm_90a")
+    return torch
+
+
 @gpu
 def test_tensor_scaled_gemm_is_exact_on_small_integers():
     # Per-tensor fp8 with unit scales on small integers: every product and sum is exact in fp32, and
     # |D| <= 128 * 2 * 1 = 256 is an integer bf16 holds exactly, so D must equal the integer product.
-    import torch
-    if torch.cuda.get_device_capability() != (9, 0):
-        pytest.skip("the grouped GEMM kernels are sm_90a")
+    torch = _torch_on_sm90()
     groups, rows, n, k = 2, 128, 128, 128
     g = torch.Generator().manual_seed(3)
     a_int = torch.randint(-2, 3, (groups * rows, k), generator=g).float()
@@ -589,9 +595,7 @@ def test_mxfp8_gemm_routes_are_exact_on_small_integers(route):
     # MXFP8 with e8m0 scales 2^0 and 2^1 per 32 of K on small integers: every product and sum is
     # exact in fp32, so both routes (the dequant one allocating its workspace on the stream) give the
     # integer product.
-    import torch
-    if torch.cuda.get_device_capability() != (9, 0):
-        pytest.skip("the grouped GEMM kernels are sm_90a")
+    torch = _torch_on_sm90()
     groups, rows, n, k = 2, 96, 128, 256
     g = torch.Generator().manual_seed(5)
     a_int = torch.randint(-2, 3, (groups * rows, k), generator=g).float()

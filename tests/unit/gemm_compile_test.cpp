@@ -80,6 +80,9 @@ GemmSpec members(GemmSpec s, int64_t m) {
 // Runs `call` and expects a UserError whose message contains `what`; with `what` empty, an
 // error from past the argument checks: the driver's (no GPU), or, on a GPU machine, the device
 // pointer check, which runs after every other check and rejects the tests' fake addresses.
+// A fake device buffer for the argument checks (every size check happens before the driver is touched).
+rt::TensorView buf(uint64_t addr, int64_t bytes) { return rt::TensorView{addr, bytes, std::nullopt, {}}; }
+
 void expect_run_error(const rt::Gemm& gemm, const rt::GemmCall& call, const std::string& what) {
   try {
     gemm.run(call, nullptr);
@@ -545,7 +548,6 @@ TEST(GemmRuntime, ArgumentErrorsNameTheArgument) {
                        256, 256);
   rt::Gemm gemm(spec);
   // Fake device addresses: every size check happens before the driver is touched.
-  auto buf = [](uint64_t addr, int64_t bytes) { return rt::TensorView{addr, bytes, std::nullopt, {}}; };
   rt::GemmCall c;
   c.m_total = 100, c.num_groups = 2;
   c.a = buf(0x100000, 100 * 256);
@@ -612,7 +614,6 @@ TEST(GemmRuntime, NoneScalingTakesNoScales) {
   GemmSpec spec = make(GemmScaling::None, ElemFormat::Identity, ElemFormat::Identity, DType::BF16, false, false, 0, 0,
                        128, 256, 256);
   rt::Gemm gemm(spec);
-  auto buf = [](uint64_t addr, int64_t bytes) { return rt::TensorView{addr, bytes, std::nullopt, {}}; };
   rt::GemmCall c;
   c.m_total = 100, c.num_groups = 2;
   c.a = buf(0x100000, 100 * 256 * 2);  // bf16: two bytes per element
@@ -727,7 +728,6 @@ TEST(GemmRuntime, KGroupedArgumentErrors) {
                                  0, 0), 256);
   spec.n = 128;
   rt::Gemm gemm(spec);
-  auto buf = [](uint64_t addr, int64_t bytes) { return rt::TensorView{addr, bytes, std::nullopt, {}}; };
   rt::GemmCall c;
   c.num_groups = 3, c.k_total = 1024;
   c.a = buf(0x100000, 256 * 1024);
@@ -895,7 +895,6 @@ TEST(GemmRuntime, MxScaleBuffersAreE8m0Bytes) {
   GemmSpec spec = make(GemmScaling::Mx32, ElemFormat::E4M3, ElemFormat::E4M3, DType::BF16, false, false, 0, 0, 128,
                        256, 256);
   rt::Gemm gemm(spec);
-  auto buf = [](uint64_t addr, int64_t bytes) { return rt::TensorView{addr, bytes, std::nullopt, {}}; };
   rt::GemmCall c;
   c.m_total = 100, c.num_groups = 2;
   c.a = buf(0x100000, 100 * 256);
@@ -917,7 +916,6 @@ TEST(GemmRuntime, Nvfp4BuffersArePackedWithAmax) {
   GemmSpec spec = make(GemmScaling::Nvfp4, ElemFormat::E2M1, ElemFormat::E2M1, DType::BF16, false, false, 0, 0, 128,
                        256, 256);
   rt::Gemm gemm(spec);
-  auto buf = [](uint64_t addr, int64_t bytes) { return rt::TensorView{addr, bytes, std::nullopt, {}}; };
   rt::GemmCall c;
   c.m_total = 100, c.num_groups = 2;
   c.a = buf(0x100000, 100 * 128);  // [100, 256] e2m1: 128 bytes per row
@@ -1168,7 +1166,6 @@ TEST(GemmDequant, WorkspaceHoldsBothCopiesPerCall) {
   EXPECT_EQ(gemm.workspace_bytes(1000, 4), dequant_workspace(mx, 1000, 4).total);
   EXPECT_THROW((void)gemm.workspace_bytes(), UserError);  // the copies depend on the call
   // A call without it, or with too little, is refused before anything runs.
-  auto buf = [](uint64_t addr, int64_t bytes) { return rt::TensorView{addr, bytes, std::nullopt, {}}; };
   rt::GemmCall c;
   c.m_total = 1000, c.num_groups = 4;
   c.a = buf(0x1000000, 1000 * 512);
@@ -1303,7 +1300,6 @@ TEST(GemmAuto, WorkspaceAndRunFollowTheChoice) {
     }
   }
   // A run is checked by the route it takes: the dequant route's wants its copies.
-  auto buf = [](uint64_t addr, int64_t bytes) { return rt::TensorView{addr, bytes, std::nullopt, {}}; };
   rt::GemmCall c;
   c.m_total = 4 * 2048, c.num_groups = 4;
   c.a = buf(0x100000000, c.m_total * 2048);
