@@ -129,9 +129,7 @@ GemmRoute parse_gemm_route(std::string_view name, const std::string& where) {
   throw UserError(where, "expected fused, dequant or auto, got \"" + std::string(name) + "\"");
 }
 
-bool gemm_has_dequant_route(const GemmSpec& s) {
-  return !traits(s.scaling).dequant_dtype.empty() && s.layout != GemmLayout::KGroupedMembers;
-}
+bool gemm_has_dequant_route(const GemmSpec& s) { return !traits(s.scaling).dequant_dtype.empty(); }
 
 GemmRoute choose_gemm_route(const GemmSpec& s, int64_t extent, int64_t g) {
   if (s.route != GemmRoute::Auto) return s.route;
@@ -225,9 +223,6 @@ void validate(const GemmSpec& s) {
     if (traits(s.scaling).dequant_dtype.empty())
       throw UserError("route", "dequant: expected mxfp8 or nvfp4 scaling (the others have nothing to dequantize "
                                "before their MMAs), got " + std::string(traits(s.scaling).name));
-    if (s.layout == GemmLayout::KGroupedMembers)
-      throw UserError("route", "dequant: expected the m_grouped or k_grouped layout, got k_grouped_members (its "
-                               "per-member copies run fused)");
     GemmSpec fused = s;  // the operands and their scales as the fused kernel takes them
     fused.route = GemmRoute::Fused;
     fused.tile = {};
@@ -496,7 +491,7 @@ DequantSource emit_dequant(const GemmSpec& s) {
   return out;
 }
 
-DequantWorkspace dequant_workspace(const GemmSpec& s, int64_t extent, int64_t g) {
+DequantWorkspace dequant_workspace(const GemmSpec& s, int64_t extent, int64_t g, int64_t inner_bytes) {
   QF_CHECK(s.route == GemmRoute::Dequant, "dequant_workspace: a dequant-route spec");
   auto align = [](int64_t v) { return (v + 255) / 256 * 256; };
   const bool kg = k_grouped(s.layout);
@@ -509,9 +504,13 @@ DequantWorkspace dequant_workspace(const GemmSpec& s, int64_t extent, int64_t g)
     w.alpha = end;
     end += align(g * 4);
   }
-  if (!kg && s.scale_layout == ScaleLayout::MnMajor) {
+  if ((!kg && s.scale_layout == ScaleLayout::MnMajor) || s.layout == GemmLayout::KGroupedMembers) {
     w.prefix = end;
     end += align((g + 1) * 8);
+  }
+  if (inner_bytes > 0) {  // members: the none GEMM's tensor-map ring
+    w.inner = end;
+    end += align(inner_bytes);
   }
   w.total = end;
   return w;

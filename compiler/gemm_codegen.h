@@ -231,7 +231,7 @@ int64_t gemm_k_total_multiple(const GemmSpec& spec);
 // more than its TMA load slots), for a spec whose tile is resolved.
 int gemm_member_map_count(const GemmSpec& spec);
 
-// The spec can run either way: mxfp8 or nvfp4 scaling, not k_grouped_members.
+// The spec can run either way: mxfp8 or nvfp4 scaling (every layout).
 bool gemm_has_dequant_route(const GemmSpec& spec);
 // The route a call of num_groups groups over `extent` (m_total; K-grouped: k_total) takes: the
 // spec's, or for Auto the dequant route where its copies pay (GemmScalingTraits::dequant_crossover;
@@ -241,8 +241,8 @@ bool gemm_has_dequant_route(const GemmSpec& spec);
 // fp32 over all of K): where the choice flips with the token count, so do the output's low bits.
 GemmRoute choose_gemm_route(const GemmSpec& spec, int64_t extent, int64_t num_groups);
 inline constexpr double kGemmAutoMinFlops = 0x1p35;  // ~34 GFLOP
-// An Auto spec without a dequant route (every scaling but mxfp8 and nvfp4, k_grouped_members) is
-// the fused kernel's: its route becomes Fused (recipes, rt::Gemm).
+// An Auto spec without a dequant route (every scaling but mxfp8 and nvfp4) is the fused kernel's:
+// its route becomes Fused (recipes, rt::Gemm).
 void settle_gemm_route(GemmSpec& spec);
 // The spec of one concrete route (Fused or Dequant) of an Auto spec: the fused one keeps the tile,
 // the dequant one runs its none GEMM's default tile.
@@ -272,13 +272,15 @@ DequantSource emit_dequant(const GemmSpec& spec);
 // 16-element block) rather than bytes (fp8: one thread per 8 elements); the kernels' Cfg::kNvfp4.
 bool gemm_dequant_packed(ElemFormat f);
 // Where a dequant-route call keeps its copies in the workspace (extent: m_total, or k_total for
-// the K-grouped layout): A's copy, B's, NVFP4's alpha [G] and the mn_major A grid prefix [G + 1],
-// each 256-byte aligned; total is what the call needs.
+// the K-grouped layouts): A's copy, B's, NVFP4's alpha [G], the grid prefix [G + 1] (M-grouped
+// mn_major A; members: their token blocks) and the none GEMM's own workspace of inner_bytes
+// (members: its tensor-map ring, rt::Gemm::workspace_bytes() of the inner GEMM, which depends on
+// the device), each 256-byte aligned; total is what the call needs.
 struct DequantWorkspace {
-  int64_t a = 0, b = 0, alpha = -1, prefix = -1;  // byte offsets (-1: not used)
+  int64_t a = 0, b = 0, alpha = -1, prefix = -1, inner = -1;  // byte offsets (-1: not used)
   int64_t total = 0;
 };
-DequantWorkspace dequant_workspace(const GemmSpec& spec, int64_t extent, int64_t num_groups);
+DequantWorkspace dequant_workspace(const GemmSpec& spec, int64_t extent, int64_t num_groups, int64_t inner_bytes = 0);
 
 // "e4m3 x e4m3 blockwise N=4096 K=7168 -> bf16" (logs, cache metadata).
 std::string describe(const GemmSpec& spec);

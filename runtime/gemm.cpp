@@ -193,7 +193,11 @@ int64_t Gemm::workspace_bytes(int64_t extent, int num_groups) const {
   if (!inner_) return workspace_bytes();
   if (k_grouped(spec_.layout) && extent >= (int64_t(1) << 30))
     throw UserError("extent", "expected 0 <= k_total < 2^30 (the 16-bit copies' rows), got " + std::to_string(extent));
-  return dequant_workspace(spec_, extent, num_groups).total;
+  return dequant_workspace(spec_, extent, num_groups, inner_workspace_bytes()).total;
+}
+
+int64_t Gemm::inner_workspace_bytes() const {
+  return spec_.layout == GemmLayout::KGroupedMembers ? inner_->workspace_bytes() : 0;
 }
 
 std::shared_ptr<const Gemm::LoadedDequant> Gemm::load_dequant_for_current_device() const {
@@ -218,7 +222,8 @@ void Gemm::run_dequant(const GemmCall& c, CUstream stream) const {
   const bool kg = k_grouped(s.layout);
   const bool mn = s.scale_layout == ScaleLayout::MnMajor, masked = c.m_max != 0;
   const int64_t g = c.num_groups, extent = kg ? c.k_total : c.m_total;
-  const DequantWorkspace w = dequant_workspace(s, extent, g);
+  const bool members = s.layout == GemmLayout::KGroupedMembers;
+  const DequantWorkspace w = dequant_workspace(s, extent, g, inner_workspace_bytes());
   check_buffer("workspace", c.workspace, w.total, 256,
                "dequant route: workspace_bytes(" + std::to_string(extent) + ", " + std::to_string(g) + ") = " +
                    std::to_string(w.total) + " bytes (the operands' 16-bit copies)");
@@ -247,12 +252,20 @@ void Gemm::run_dequant(const GemmCall& c, CUstream stream) const {
     prep.b_amax = reinterpret_cast<const float*>(c.b_amax.ptr);
     prep.alpha_out = reinterpret_cast<float*>(ws + w.alpha);
   }
-  const bool grouped_grid = w.prefix >= 0 && !masked;  // M-grouped contiguous mn_major A
+  const bool grouped_grid = w.prefix >= 0 && !masked;  // M-grouped contiguous mn_major A, or members
   if (grouped_grid) {
     prep.offsets = reinterpret_cast<const i64*>(c.group_offsets.ptr);
     prep.prefix = reinterpret_cast<i64*>(ws + w.prefix);
-    prep.rows = c.m_total;  // the offsets are clamped to A's rows
-    prep.cap = mn_major_grouped_rows(c.m_total, g);
+    if (members) {  // the token offsets are clamped to k_total; token blocks per row
+      prep.grid = mn ? kGridMembersMnMajor : kGridMembers;
+      prep.k = c.k_total;
+      const int64_t b = traits(s.scaling).scale_k;
+      prep.cap = (c.k_total + b - 1) / b + g;
+    } else {
+      prep.grid = kGridGroups;
+      prep.rows = c.m_total;  // the offsets are clamped to A's rows
+      prep.cap = mn_major_grouped_rows(c.m_total, g);
+    }
   }
   if (prep.alpha_out || prep.prefix) {
     void* params[] = {&prep};
@@ -267,7 +280,13 @@ void Gemm::run_dequant(const GemmCall& c, CUstream stream) const {
     a.rows = rows;
     a.k = k;
     a.grid = kGridCompact;
-    if (mn) {  // (mn_major grids: MXFP8 only, validate)
+    if (members) {  // each member's own matrix and grid (the prep kernel's prefix)
+      a.grid = prep.grid;
+      a.num_groups = int(g);
+      a.offsets = prep.offsets;
+      a.prefix = prep.prefix;
+      a.cap = prep.cap;
+    } else if (mn) {  // (mn_major grids: MXFP8 only, validate)
       a.grid = kGridMnMajor;
       a.grid_rows = kg ? rows : !is_a ? s.n : masked ? c.m_max : 0;
       if (is_a && !kg && !masked) {
@@ -295,7 +314,8 @@ void Gemm::run_dequant(const GemmCall& c, CUstream stream) const {
   in.b = TensorView{c.workspace.ptr + uint64_t(w.b), rows_b * k * 2, dt, {}};
   in.a_scale = in.b_scale = in.a_amax = in.b_amax = TensorView{};
   if (w.alpha >= 0) in.alpha = TensorView{c.workspace.ptr + uint64_t(w.alpha), g * 4, DType::FP32, {}};  // NVFP4's
-  in.workspace = TensorView{};
+  in.workspace = w.inner >= 0 ? TensorView{c.workspace.ptr + uint64_t(w.inner), w.total - w.inner, std::nullopt, {}}
+                              : TensorView{};  // members: the none GEMM's tensor maps
   inner_->run(in, stream);
 }
 

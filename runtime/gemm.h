@@ -106,8 +106,9 @@ class Gemm {
   // depends on the call: the overload below (this one throws UserError for it).
   int64_t workspace_bytes() const;
   // The same for a call of num_groups groups over `extent` rows (m_total; K-grouped: k_total
-  // tokens): the dequant route's 16-bit copies of both operands (dequant_workspace), else as
-  // above. No GPU needed for the dequant route.
+  // tokens): the dequant route's 16-bit copies of both operands (dequant_workspace; members: and
+  // the none GEMM's tensor-map ring, sized by the device's SMs), else as above. No GPU needed for
+  // the dequant route but with k_grouped_members.
   int64_t workspace_bytes(int64_t extent, int num_groups) const;
 
  private:
@@ -115,6 +116,7 @@ class Gemm {
   std::shared_ptr<const Loaded> load_for_current_device() const;
   int64_t workspace_bytes(const Loaded& l) const;
   void check_call_size(int64_t extent, int64_t num_groups) const;  // route_for's and workspace_bytes' arguments
+  int64_t inner_workspace_bytes() const;  // dequant route: the none GEMM's own (members: its tensor maps)
   void run_k_grouped(const GemmCall& call, CUstream stream) const;
   struct LoadedDequant;
   std::shared_ptr<const LoadedDequant> load_dequant_for_current_device() const;

@@ -263,9 +263,10 @@ int cmd_gemm(const Argv& argv) {
   rt::Gemm gemm(asked);
   std::cout << "persistent CTAs: " << gemm.persistent_ctas() << " (" << rt::device_sm_count(0) << " SMs)"
             << (call.max_ctas ? ", capped at " + std::to_string(call.max_ctas) : std::string()) << "\n";
-  std::optional<rt::DeviceBuffer> dws;  // --members: the tensor-map workspace; --route dequant: the operands' copies
-  if (members) call.workspace = view(dws.emplace(size_t(gemm.workspace_bytes())));
-  if (dequant) call.workspace = view(dws.emplace(size_t(gemm.workspace_bytes(extent, call.num_groups))));
+  // --members: the tensor-map workspace; the dequant route: the operands' copies (and with --members
+  // the none GEMM's tensor maps); the fused kernels of the other layouts take none.
+  std::optional<rt::DeviceBuffer> dws;
+  if (const int64_t wsb = gemm.workspace_bytes(extent, call.num_groups); wsb > 0) call.workspace = view(dws.emplace(size_t(wsb)));
   rt::Stream stream;
   const auto tc = std::chrono::steady_clock::now();
   gemm.run(call, stream.get());

@@ -23,6 +23,16 @@ enum DequantGrid : int {
                       // scheduler does (rising offsets: the same scales; falling ones are the caller's
                       // error either way); rows outside every group become zero, the rows of a group
                       // whose grid would pass the buffer NaN
+  kGridMembers = 3,   // K-grouped members (the grouped quantizer's per-member copies): member g, tokens
+                      // [offsets[g], offsets[g+1]) clamped to [0, k] (its end to at least its start), is its
+                      // own matrix [rows, len] at element rows * offsets[g], its grid [rows, ceil(len / block)]
+                      // after rows x prefix[g] entries (prefix from dequant_prep_kernel: the token blocks of the
+                      // members before, saturated at cap + 1). A member the fused kernel cannot load (Scheduler::
+                      // get_k_grouped: a first token or length off its 16-byte alignment, a grid past the
+                      // buffer's cap, NVFP4's odd grid start) becomes NaN; elements outside every member are
+                      // left alone (no GEMM reads them)
+  kGridMembersMnMajor = 4,  // the same, each member's grid [ceil(len / block), round_up(rows, 4)] after
+                            // round_up(rows, 4) x prefix[g] entries
 };
 
 struct DequantArgs {
@@ -35,8 +45,10 @@ struct DequantArgs {
   i32 num_groups;       // kGridGroups; dequant_prep_kernel
   const i64* offsets;   // kGridGroups: row offsets [num_groups + 1]
   i64* prefix;          // kGridGroups: padded grid rows before each group [num_groups + 1] (written by
-                        // dequant_prep_kernel from the offsets clamped to [0, rows], saturated at cap + 1)
-  i64 cap;              // kGridGroups: grid rows the scale buffer holds (m_total + 3 num_groups)
+                        // dequant_prep_kernel from the offsets clamped to [0, rows], saturated at cap + 1);
+                        // members: token blocks before each member (offsets clamped to [0, k])
+  i64 cap;              // kGridGroups: grid rows the scale buffer holds (m_total + 3 num_groups); members:
+                        // its token blocks per row (ceil(k / block) + num_groups)
   // dequant_prep_kernel, NVFP4: alpha_out[g] = alpha[g] (1 when null) x decode(a_amax[g]) x
   // decode(b_amax[g]), in double, rounded once (the fused kernel's epilogue factor).
   const float* alpha;
@@ -69,6 +81,16 @@ __device__ __forceinline__ i64 clamped_offset(const DequantArgs& a, int i) {
 template <class Cfg>
 __device__ constexpr int block_elems() {
   return Cfg::kNvfp4 ? 16 : 32;
+}
+
+__device__ __forceinline__ bool members_grid(const DequantArgs& a) {
+  return a.grid == kGridMembers || a.grid == kGridMembersMnMajor;
+}
+
+// Members: token offset i clamped to [0, k] (Scheduler::clamp_tok in gemm.cuh).
+__device__ __forceinline__ i64 member_offset(const DequantArgs& a, int i) {
+  const i64 v = a.offsets[i];
+  return v < 0 ? 0 : v > a.k ? a.k : v;
 }
 
 // kGridGroups: the scale entry of block 0 of row r and the pitch between its blocks, or -1 where
@@ -159,6 +181,75 @@ __device__ __forceinline__ void fp4x16(uint2 in, u32 s2, u32 (&o)[8]) {
   }
 }
 
+// Members: one thread per run of 8 (fp8) or 16 (e2m1) elements of the operand's buffer, run i
+// at element 8i / 16i whatever member holds it, so that every element is written by one thread
+// only, whatever the offsets. The run's member is the last whose first element is at or before it:
+// the warp's first lane searches the offsets once, each lane walks on from there (a warp spans 256
+// or 512 elements, a member at least 16 rows of tokens). A run that reaches into the next member
+// (only where that member starts off its alignment) is NaN whole.
+template <class Cfg>
+__device__ __forceinline__ void dequant_members(const DequantArgs& a) {
+  using F = typename Cfg::Format;
+  constexpr int B = block_elems<Cfg>();
+  constexpr int kRun = Cfg::kNvfp4 ? 16 : 8;
+  constexpr i64 kAlign = Cfg::kNvfp4 ? 32 : 16;  // tokens: the fused kernel's kMemberAlign (16 bytes)
+  const int G = a.num_groups, lane = int(threadIdx.x % 32);
+  const bool mn = a.grid == kGridMembersMnMajor;
+  const i64 pitch = mn ? i64(mn_major_rows(u64(a.rows))) : a.rows;  // grid entries per token block
+  const i64 total = a.rows * a.k / kRun;  // (k: a multiple of the run, as k_total is of 16-byte rows)
+  const i64 stride = i64(gridDim.x) * Cfg::kThreads;
+  for (i64 warp0 = i64(blockIdx.x) * Cfg::kThreads + threadIdx.x - lane; warp0 < total; warp0 += stride) {
+    int g = -1;  // the last member whose first token is at or before the warp's first run's row
+    if (lane == 0) {
+      const i64 tok = warp0 * kRun / a.rows;
+      if (member_offset(a, 0) <= tok) {
+        int lo = 0, hi = G;
+        while (hi - lo > 1) {
+          const int mid = (lo + hi) / 2;
+          if (member_offset(a, mid) <= tok) lo = mid;
+          else hi = mid;
+        }
+        g = lo;
+      }
+    }
+    g = __shfl_sync(0xFFFFFFFFu, g, 0);
+    const i64 i = warp0 + lane;
+    if (i >= total) continue;
+    const i64 p = i * kRun;
+    while (g + 1 < G && a.rows * member_offset(a, g + 1) <= p) ++g;
+    bool nan = g + 1 < G && p + kRun > a.rows * member_offset(a, g + 1);
+    i64 si = 0;
+    if (!nan) {
+      if (g < 0) continue;  // before the first member
+      const i64 k0 = member_offset(a, g), k1 = max(k0, member_offset(a, g + 1)), len = k1 - k0;
+      if (p >= a.rows * k1) continue;  // past the member's end, before the next one's start
+      const i64 cols = (len + B - 1) / B, prefix = a.prefix[g];
+      nan = k0 % kAlign != 0 || len % kAlign != 0 || prefix + cols > a.cap ||
+            (Cfg::kNvfp4 && (prefix * a.rows) % 2 != 0);
+      if (!nan) {
+        const i64 q = p - a.rows * k0, r = q / len, t = q - r * len;
+        si = pitch * prefix + (mn ? (t / B) * pitch + r : r * cols + t / B);
+      }
+    }
+    if constexpr (Cfg::kNvfp4) {
+      u32 o[8];
+      if (nan) {
+#pragma unroll
+        for (int j = 0; j < 8; ++j) o[j] = 0x7E007E00u;  // fp16 NaN pairs
+      } else {
+        u32 h;
+        asm("cvt.rn.f16x2.e4m3x2 %0, %1;" : "=r"(h) : "h"(u16(a.scale[si])));
+        fp4x16(*reinterpret_cast<const uint2*>(a.data + p / 2), (h & 0xFFFFu) | (h << 16), o);
+      }
+      reinterpret_cast<uint4*>(a.out + p)[0] = make_uint4(o[0], o[1], o[2], o[3]);
+      reinterpret_cast<uint4*>(a.out + p)[1] = make_uint4(o[4], o[5], o[6], o[7]);
+    } else {
+      const float mul = nan ? f32_quiet_nan() : e8m0_value(a.scale[si]);
+      *reinterpret_cast<uint4*>(a.out + p) = mx8<F>(*reinterpret_cast<const uint2*>(a.data + p), mul);
+    }
+  }
+}
+
 }  // namespace dequant
 
 // NVFP4: one thread per 16-element block (8 bytes in, 32 out). MXFP8: one thread per 8 elements
@@ -172,7 +263,11 @@ __device__ __forceinline__ void fp4x16(uint2 in, u32 s2, u32 (&o)[8]) {
 // partial (k % 32 == 16, K-grouped token counts).
 template <class Cfg>
 __global__ void __launch_bounds__(Cfg::kThreads) dequant_kernel(const DequantArgs a) {
-  static_assert(Cfg::kThreads % 32 == 0, "whole warps: the mn_major A lookup is shared by __shfl_sync");
+  static_assert(Cfg::kThreads % 32 == 0, "whole warps: the mn_major A and members lookups are shared by __shfl_sync");
+  if (dequant::members_grid(a)) {
+    dequant::dequant_members<Cfg>(a);
+    return;
+  }
   using F = typename Cfg::Format;
   constexpr int B = dequant::block_elems<Cfg>();
   const i64 nblk = i64(ceil_div(u64(a.k), u64(B)));
@@ -239,8 +334,8 @@ __global__ void __launch_bounds__(Cfg::kThreads) dequant_kernel(const DequantArg
   }
 }
 
-// One block before the operands' dequantization: kGridGroups' grid prefix (each thread a run of
-// groups, then a scan of the runs' sums) and NVFP4's per-group alpha.
+// One block before the operands' dequantization: kGridGroups' grid prefix or the members' token-block
+// prefix (each thread a run of groups, then a scan of the runs' sums) and NVFP4's per-group alpha.
 template <class Cfg>
 __global__ void __launch_bounds__(1024) dequant_prep_kernel(const DequantArgs a) {
   const int G = a.num_groups, t = threadIdx.x;
@@ -252,10 +347,16 @@ __global__ void __launch_bounds__(1024) dequant_prep_kernel(const DequantArgs a)
       a.alpha_out[g] = float(double(alpha) * double(da) * double(db));
     }
   }
-  if (!a.prefix) return;  // (a.rows: the rows the offsets are clamped to)
+  if (!a.prefix) return;  // (kGridGroups: a.rows, the rows the offsets are clamped to; members: a.k)
   __shared__ i64 run_sum[1024];
   const int per = (G + 1023) / 1024, g0 = t * per, g1 = min(G, g0 + per);
-  auto pitch = [&](int g) {  // of the clamped offsets, as scale_index reads them
+  const bool members = dequant::members_grid(a);
+  auto pitch = [&](int g) -> i64 {  // of the clamped offsets, as scale_index / dequant_members read them
+    if (members) {  // a member's token blocks
+      const i64 s = dequant::member_offset(a, g), e = dequant::member_offset(a, g + 1);
+      constexpr int B = dequant::block_elems<Cfg>();
+      return e > s ? (e - s + B - 1) / B : 0;
+    }
     const i64 rows = dequant::clamped_offset(a, g + 1) - dequant::clamped_offset(a, g);
     return rows > 0 ? i64(mn_major_rows(u64(rows))) : i64(0);
   };

@@ -1132,7 +1132,8 @@ TEST(GemmDequant, SpecErrorsNameTheRoute) {
     }
   };
   expect(dequant(make(S::Block128, E4, E4, DType::BF16, false, false, 0, 1)), "route: dequant: expected mxfp8 or nvfp4 scaling");
-  expect(dequant(members(make(S::Mx32, E4, E4, DType::BF16, false, false, 0, 1), 4096)), "got k_grouped_members");
+  expect(dequant(members(make(S::Block128, E4, E4, DType::BF16, false, false, 0, 1), 4096)), "expected mxfp8 or nvfp4");
+  EXPECT_NO_THROW(validate(dequant(members(make(S::Mx32, E4, E4, DType::BF16, false, false, 0, 1), 4096))));
   expect(dequant(make(S::Mx32, E4, E4, DType::BF16, false, true, 0, 1)), "fast_accum");  // the operands' own rules
   expect(dequant(make(S::Mx32, E4, E4, DType::BF16, false, false, 96, 1)), "tile.block_n");  // the none GEMM's tile
   try {
@@ -1162,6 +1163,15 @@ TEST(GemmDequant, WorkspaceHoldsBothCopiesPerCall) {
   EXPECT_EQ(w.b, 200 * 4096 * 2);
   EXPECT_EQ(w.alpha, w.b + 136 * 4096 * 2);
   EXPECT_EQ(w.total, w.alpha + 256);
+  EXPECT_EQ(w.prefix, -1);
+  EXPECT_EQ(w.inner, -1);
+  // Members: the members' token-block prefix [G + 1], then the none GEMM's tensor maps.
+  const GemmSpec fp4m = dequant(members(make(S::Nvfp4, F4, F4, DType::FP32, false, false, 0, 1, 128, 136), 200));
+  w = dequant_workspace(fp4m, 4096, 8, 1000);
+  EXPECT_EQ(w.alpha, 200 * 4096 * 2 + 136 * 4096 * 2);
+  EXPECT_EQ(w.prefix, w.alpha + 256);
+  EXPECT_EQ(w.inner, w.prefix + 256);  // 9 x 8 bytes, 256-aligned
+  EXPECT_EQ(w.total, w.inner + 1024);
   rt::Gemm gemm(mx);
   EXPECT_EQ(gemm.workspace_bytes(1000, 4), dequant_workspace(mx, 1000, 4).total);
   EXPECT_THROW((void)gemm.workspace_bytes(), UserError);  // the copies depend on the call
@@ -1229,9 +1239,15 @@ TEST(GemmAuto, ChoosesTheDequantRouteWhereItsCopiesPay) {
   fused.route = R::Fused;
   EXPECT_EQ(choose_gemm_route(fused, 8 * 4096, 8), R::Fused);
   EXPECT_EQ(choose_gemm_route(auto_route(make(S::Block128, E4, E4, DType::BF16, false, false, 0, 1)), 8 * 4096, 8), R::Fused);
+  // Members (per-member copies) judge as one tensor's K-grouped layout: h(M, N).
   const GemmSpec mem = auto_route(members(make(S::Mx32, E4, E4, DType::FP32, false, false, 0, 1, 128, 7168), 4096));
-  EXPECT_FALSE(gemm_has_dequant_route(mem));
-  EXPECT_EQ(choose_gemm_route(mem, 8 * 4096, 8), R::Fused);
+  EXPECT_TRUE(gemm_has_dequant_route(mem));
+  EXPECT_EQ(choose_gemm_route(mem, 8 * 4096, 8), R::Dequant);
+  EXPECT_EQ(choose_gemm_route(members(make(S::Mx32, E4, E4, DType::FP32, false, false, 0, 1, 128, 256), 256), 8 * 4096, 8),
+            R::Fused);  // (a fixed route: the spec's)
+  EXPECT_EQ(choose_gemm_route(auto_route(members(make(S::Mx32, E4, E4, DType::FP32, false, false, 0, 1, 128, 256), 256)),
+                              8 * 4096, 8),
+            R::Fused);  // h(256, 256) = 128
 }
 
 TEST(GemmAuto, SpecKeepsTheFusedTileAndBothRoutesValid) {

@@ -129,8 +129,9 @@ std::vector<uint8_t> run(const GemmSpec& spec, Device& dev, int max_ctas = 0) {
   rt::Gemm gemm(spec);
   rt::Stream stream;
   // Members: the kernel's tensor-map ring (poisoned: every map it uses must be one it wrote); the
-  // dequant route: the operands' copies (poisoned: every element the GEMM reads must be written).
-  const bool copies = spec.route != GemmRoute::Fused && spec.layout != GemmLayout::KGroupedMembers;
+  // dequant route: the operands' copies (poisoned: every element the GEMM reads must be written),
+  // with members also its none GEMM's maps.
+  const bool copies = spec.route != GemmRoute::Fused;
   const int64_t ws_bytes = copies ? gemm.workspace_bytes(k_grouped(spec.layout) ? dev.call.k_total : dev.call.m_total,
                                                          dev.call.num_groups)
                                   : gemm.workspace_bytes();
@@ -369,6 +370,23 @@ std::vector<Case> exact_cases() {
           {16, 48, 128, 64, 8}, 0);
   members("members_nvfp4_odd_grid_start", spec_of(S::Nvfp4, F4, F4, DType::FP32, false, false, 128, 128, 1, 136, 129),
           {64, 8, 24, 64}, 0);
+  // The dequant route on members: each member's copy from its own matrix and grid (the prep
+  // kernel's token-block prefix), the none GEMM's members kernel on the copies; a member the fused
+  // kernel cannot load is NaN here too (24 tokens and the one after it: the 16-bit copies would
+  // be loadable), and so is NVFP4's odd grid start.
+  members("dequant_members_mxfp8_bf16", dequant(spec_of(S::Mx32, E4, E4, DType::BF16, false, false, 128, 128, 1, 200, 200)),
+          mtok, 16);
+  members("dequant_members_mxfp8_mn_major_fp32_acc",
+          mn_major(dequant(spec_of(S::Mx32, E5, E4, DType::FP32, true, false, 128, 128, 1, 136, 202))), mtok, 0);
+  members("dequant_members_mxfp8_mn_major_ring", mn_major(dequant(spec_of(S::Mx32, E4, E4, DType::FP32, false, false, 128,
+                                                                          128, 1, 136, 70))),
+          many16, 0, 3);
+  members("dequant_members_mxfp8_odd_grid_start", dequant(spec_of(S::Mx32, E4, E4, DType::FP32, false, false, 128, 128, 1, 136, 129)),
+          {16, 48, 128, 64, 8}, 0);
+  members("dequant_members_nvfp4_bf16", dequant(spec_of(S::Nvfp4, F4, F4, DType::BF16, false, false, 128, 128, 1, 200, 200)),
+          mtok4, 32);
+  members("dequant_members_nvfp4_odd_grid_start", dequant(spec_of(S::Nvfp4, F4, F4, DType::FP32, true, false, 128, 128, 1, 136, 129)),
+          {64, 8, 24, 64}, 0);
   // NVFP4: e2m1 operands dequantized to fp16 on chip (e4m3 per 16 of K, per-tensor amax).
   add("nvfp4_bf16", spec_of(S::Nvfp4, F4, F4, DType::BF16, false, false, 128, 128, 1, 200, 384));
   add("nvfp4_fp32_acc_noalpha", spec_of(S::Nvfp4, F4, F4, DType::FP32, true, false, 128, 128, 1, 256, 512), {}, 3, false);
@@ -604,6 +622,12 @@ std::vector<Case> random_cases() {
                g8, 0, true});
   kgrouped("dequant_kgrouped_mxfp8_mn_major_fp32_acc_4096_tokens", dequant(wmm), false);
   kgrouped("dequant_kgrouped_nvfp4_bf16_4096_tokens", dequant(wf), true);
+  for (GemmSpec ms : {wmm, wf}) {  // and on the members' copies
+    ms.layout = GemmLayout::KGroupedMembers;
+    const bool fp4 = ms.scaling == S::Nvfp4;
+    v.push_back({std::string("dequant_members_") + (fp4 ? "nvfp4" : "mxfp8_mn_major") + "_4096_tokens", dequant(ms),
+                 ref::random_group_rows(8, 4096, 1, fp4 ? 32 : 16, 9), 0, true});
+  }
   return v;
 }
 
