@@ -199,9 +199,14 @@ __device__ __forceinline__ void dequant_members(const DequantArgs& a) {
   const i64 total = a.rows * a.k / kRun;  // (k: a multiple of the run, as k_total is of 16-byte rows)
   const i64 stride = i64(gridDim.x) * Cfg::kThreads;
   for (i64 warp0 = i64(blockIdx.x) * Cfg::kThreads + threadIdx.x - lane; warp0 < total; warp0 += stride) {
-    int g = -1;  // the last member whose first token is at or before the warp's first run's row
+    // Lane 0: the member of the warp's first run (the last whose first token is at or before its
+    // row) and, where the run lies inside it, the run's row and token, from which the lanes of the
+    // same member step without a division.
+    const i64 p0 = warp0 * kRun;
+    int g0 = -1;
+    i64 r0 = 0, t0 = 0;
     if (lane == 0) {
-      const i64 tok = warp0 * kRun / a.rows;
+      const i64 tok = p0 / a.rows;
       if (member_offset(a, 0) <= tok) {
         int lo = 0, hi = G;
         while (hi - lo > 1) {
@@ -209,13 +214,22 @@ __device__ __forceinline__ void dequant_members(const DequantArgs& a) {
           if (member_offset(a, mid) <= tok) lo = mid;
           else hi = mid;
         }
-        g = lo;
+        g0 = lo;
+        const i64 k0 = member_offset(a, g0), len = max(k0, member_offset(a, g0 + 1)) - k0;
+        if (len > 0 && p0 < a.rows * (k0 + len)) {
+          const i64 q = p0 - a.rows * k0;
+          r0 = q / len;
+          t0 = q - r0 * len;
+        }
       }
     }
-    g = __shfl_sync(0xFFFFFFFFu, g, 0);
+    g0 = __shfl_sync(0xFFFFFFFFu, g0, 0);
+    r0 = __shfl_sync(0xFFFFFFFFu, r0, 0);
+    t0 = __shfl_sync(0xFFFFFFFFu, t0, 0);
     const i64 i = warp0 + lane;
     if (i >= total) continue;
     const i64 p = i * kRun;
+    int g = g0;
     while (g + 1 < G && a.rows * member_offset(a, g + 1) <= p) ++g;
     bool nan = g + 1 < G && p + kRun > a.rows * member_offset(a, g + 1);
     i64 si = 0;
@@ -227,7 +241,15 @@ __device__ __forceinline__ void dequant_members(const DequantArgs& a) {
       nan = k0 % kAlign != 0 || len % kAlign != 0 || prefix + cols > a.cap ||
             (Cfg::kNvfp4 && (prefix * a.rows) % 2 != 0);
       if (!nan) {
-        const i64 q = p - a.rows * k0, r = q / len, t = q - r * len;
+        i64 r, t;
+        if (g == g0) {  // lane 0's run lies in this member too, at most 31 runs before this one
+          r = r0;
+          for (t = t0 + (p - p0); t >= len; t -= len) ++r;
+        } else {
+          const i64 q = p - a.rows * k0;
+          r = q / len;
+          t = q - r * len;
+        }
         si = pitch * prefix + (mn ? (t / B) * pitch + r : r * cols + t / B);
       }
     }
