@@ -508,6 +508,10 @@ DequantWorkspace dequant_workspace(const GemmSpec& s, int64_t extent, int64_t g,
     w.prefix = end;
     end += align((g + 1) * 8);
   }
+  if (s.layout == GemmLayout::KGroupedMembers) {  // where each member's elements begin
+    w.starts = end;
+    end += align((g + 1) * 8);
+  }
   if (inner_bytes > 0) {  // members: the none GEMM's tensor-map ring
     w.inner = end;
     end += align(inner_bytes);

@@ -259,6 +259,7 @@ void Gemm::run_dequant(const GemmCall& c, CUstream stream) const {
     if (members) {  // the token offsets are clamped to k_total; token blocks per row
       prep.grid = mn ? kGridMembersMnMajor : kGridMembers;
       prep.k = c.k_total;
+      prep.starts = reinterpret_cast<i64*>(ws + w.starts);
       const int64_t b = traits(s.scaling).scale_k;
       prep.cap = (c.k_total + b - 1) / b + g;
     } else {
@@ -285,6 +286,7 @@ void Gemm::run_dequant(const GemmCall& c, CUstream stream) const {
       a.num_groups = int(g);
       a.offsets = prep.offsets;
       a.prefix = prep.prefix;
+      a.starts = prep.starts;
       a.cap = prep.cap;
     } else if (mn) {  // (mn_major grids: MXFP8 only, validate)
       a.grid = kGridMnMajor;

@@ -47,6 +47,8 @@ struct DequantArgs {
   i64* prefix;          // kGridGroups: padded grid rows before each group [num_groups + 1] (written by
                         // dequant_prep_kernel from the offsets clamped to [0, rows], saturated at cap + 1);
                         // members: token blocks before each member (offsets clamped to [0, k])
+  i64* starts;          // members: the running maximum of the clamped offsets [num_groups + 1] (written by
+                        // dequant_prep_kernel; where each member's runs begin, rising whatever the offsets)
   i64 cap;              // kGridGroups: grid rows the scale buffer holds (m_total + 3 num_groups); members:
                         // its token blocks per row (ceil(k / block) + num_groups)
   // dequant_prep_kernel, NVFP4: alpha_out[g] = alpha[g] (1 when null) x decode(a_amax[g]) x
@@ -181,93 +183,92 @@ __device__ __forceinline__ void fp4x16(uint2 in, u32 s2, u32 (&o)[8]) {
   }
 }
 
-// Members: one thread per run of 8 (fp8) or 16 (e2m1) elements of the operand's buffer, run i
-// at element 8i / 16i whatever member holds it, so that every element is written by one thread
-// only, whatever the offsets. The run's member is the last whose first element is at or before it:
-// the warp's first lane searches the offsets once, each lane walks on from there (a warp spans 256
-// or 512 elements, a member at least 16 rows of tokens). A run that reaches into the next member
-// (only where that member starts off its alignment) is NaN whole.
+// Members: one thread per run of 8 (fp8) or 16 (e2m1) elements of the operand's buffer, run i at
+// element 8i / 16i whatever member holds it, so that every element is written by one thread only,
+// whatever the offsets. The run's member is the last whose first element (in `starts`, the running
+// maximum of the clamped offsets that dequant_prep_kernel writes: a function of the run alone, the
+// same however a thread finds it) is at or before the run. A thread searches once, then walks on
+// with its runs (one grid stride apart, a member a span of rows x tokens elements: most strides stay
+// in the member) and keeps the member's constants and the run's row and token, stepped without a
+// division. The data load goes first: nothing it reads depends on the member. A run that reaches
+// into the next member (only where that one starts off its alignment) is NaN whole.
 template <class Cfg>
 __device__ __forceinline__ void dequant_members(const DequantArgs& a) {
   using F = typename Cfg::Format;
   constexpr int B = block_elems<Cfg>();
   constexpr int kRun = Cfg::kNvfp4 ? 16 : 8;
   constexpr i64 kAlign = Cfg::kNvfp4 ? 32 : 16;  // tokens: the fused kernel's kMemberAlign (16 bytes)
-  const int G = a.num_groups, lane = int(threadIdx.x % 32);
+  const int G = a.num_groups;
   const bool mn = a.grid == kGridMembersMnMajor;
-  const i64 pitch = mn ? i64(mn_major_rows(u64(a.rows))) : a.rows;  // grid entries per token block
-  const i64 total = a.rows * a.k / kRun;  // (k: a multiple of the run, as k_total is of 16-byte rows)
-  const i64 stride = i64(gridDim.x) * Cfg::kThreads;
-  for (i64 warp0 = i64(blockIdx.x) * Cfg::kThreads + threadIdx.x - lane; warp0 < total; warp0 += stride) {
-    // Lane 0: the member of the warp's first run (the last whose first token is at or before its
-    // row) and, where the run lies inside it, the run's row and token, from which the lanes of the
-    // same member step without a division.
-    const i64 p0 = warp0 * kRun;
-    int g0 = -1;
-    i64 r0 = 0, t0 = 0;
-    if (lane == 0) {
-      const i64 tok = p0 / a.rows;
-      if (member_offset(a, 0) <= tok) {
-        int lo = 0, hi = G;
+  const i64 rows = a.rows;
+  const i64 pitch = mn ? i64(mn_major_rows(u64(rows))) : rows;  // grid entries per token block
+  const i64 total = rows * a.k / kRun;  // (k: a multiple of the run, as k_total is of 16-byte rows)
+  const i64 stride = i64(gridDim.x) * Cfg::kThreads, step = stride * kRun;
+  int g = -2;  // the member of the thread's last run (-2: none searched yet)
+  i64 k0 = 0, len = 0, end = 0, next = 0, prefix = 0, cols = 0, r = 0, t = 0, dr = 0, dt = 0;
+  bool bad = false;
+  for (i64 i = i64(blockIdx.x) * Cfg::kThreads + threadIdx.x; i < total; i += stride) {
+    const i64 p = i * kRun;
+    const uint2 in = *reinterpret_cast<const uint2*>(a.data + (Cfg::kNvfp4 ? p / 2 : p));
+    int h = g;
+    if (h == -2) {
+      h = -1;
+      if (rows * a.starts[0] <= p) {
+        int lo = 0, hi = G;  // the last of [lo, hi) that starts at or before p
         while (hi - lo > 1) {
           const int mid = (lo + hi) / 2;
-          if (member_offset(a, mid) <= tok) lo = mid;
+          if (rows * a.starts[mid] <= p) lo = mid;
           else hi = mid;
         }
-        g0 = lo;
-        const i64 k0 = member_offset(a, g0), len = max(k0, member_offset(a, g0 + 1)) - k0;
-        if (len > 0 && p0 < a.rows * (k0 + len)) {
-          const i64 q = p0 - a.rows * k0;
-          r0 = q / len;
-          t0 = q - r0 * len;
-        }
+        h = lo;
       }
     }
-    g0 = __shfl_sync(0xFFFFFFFFu, g0, 0);
-    r0 = __shfl_sync(0xFFFFFFFFu, r0, 0);
-    t0 = __shfl_sync(0xFFFFFFFFu, t0, 0);
-    const i64 i = warp0 + lane;
-    if (i >= total) continue;
-    const i64 p = i * kRun;
-    int g = g0;
-    while (g + 1 < G && a.rows * member_offset(a, g + 1) <= p) ++g;
-    bool nan = g + 1 < G && p + kRun > a.rows * member_offset(a, g + 1);
-    i64 si = 0;
-    if (!nan) {
-      if (g < 0) continue;  // before the first member
-      const i64 k0 = member_offset(a, g), k1 = max(k0, member_offset(a, g + 1)), len = k1 - k0;
-      if (p >= a.rows * k1) continue;  // past the member's end, before the next one's start
-      const i64 cols = (len + B - 1) / B, prefix = a.prefix[g];
-      nan = k0 % kAlign != 0 || len % kAlign != 0 || prefix + cols > a.cap ||
-            (Cfg::kNvfp4 && (prefix * a.rows) % 2 != 0);
-      if (!nan) {
-        i64 r, t;
-        if (g == g0) {  // lane 0's run lies in this member too, at most 31 runs before this one
-          r = r0;
-          for (t = t0 + (p - p0); t >= len; t -= len) ++r;
-        } else {
-          const i64 q = p - a.rows * k0;
+    while (h + 1 < G && rows * a.starts[h + 1] <= p) ++h;
+    if (h != g) {  // a new member: its constants, and the run's place in it (one division)
+      g = h;
+      next = g + 1 < G ? rows * a.starts[g + 1] : i64(0x7FFFFFFFFFFFFFFF);
+      if (g >= 0) {
+        k0 = member_offset(a, g);
+        len = max(k0, member_offset(a, g + 1)) - k0;
+        end = rows * (k0 + len);
+        prefix = a.prefix[g];
+        cols = (len + B - 1) / B;
+        bad = k0 % kAlign != 0 || len % kAlign != 0 || prefix + cols > a.cap ||
+              (Cfg::kNvfp4 && (prefix * rows) % 2 != 0);
+        if (!bad && p < end) {
+          const i64 q = p - rows * k0;
           r = q / len;
           t = q - r * len;
+          dr = step / len;
+          dt = step - dr * len;
         }
-        si = pitch * prefix + (mn ? (t / B) * pitch + r : r * cols + t / B);
       }
+    } else if (g >= 0 && !bad && p < end) {  // the same member, one stride on
+      r += dr;
+      t += dt;
+      if (t >= len) t -= len, ++r;
     }
+    bool nan = p + kRun > next;
+    if (!nan) {
+      if (g < 0 || p >= end) continue;  // before the first member, or between two
+      nan = bad;
+    }
+    const i64 si = nan ? 0 : pitch * prefix + (mn ? (t / B) * pitch + r : r * cols + t / B);
     if constexpr (Cfg::kNvfp4) {
       u32 o[8];
       if (nan) {
 #pragma unroll
         for (int j = 0; j < 8; ++j) o[j] = 0x7E007E00u;  // fp16 NaN pairs
       } else {
-        u32 h;
-        asm("cvt.rn.f16x2.e4m3x2 %0, %1;" : "=r"(h) : "h"(u16(a.scale[si])));
-        fp4x16(*reinterpret_cast<const uint2*>(a.data + p / 2), (h & 0xFFFFu) | (h << 16), o);
+        u32 h2;
+        asm("cvt.rn.f16x2.e4m3x2 %0, %1;" : "=r"(h2) : "h"(u16(a.scale[si])));
+        fp4x16(in, (h2 & 0xFFFFu) | (h2 << 16), o);
       }
       reinterpret_cast<uint4*>(a.out + p)[0] = make_uint4(o[0], o[1], o[2], o[3]);
       reinterpret_cast<uint4*>(a.out + p)[1] = make_uint4(o[4], o[5], o[6], o[7]);
     } else {
       const float mul = nan ? f32_quiet_nan() : e8m0_value(a.scale[si]);
-      *reinterpret_cast<uint4*>(a.out + p) = mx8<F>(*reinterpret_cast<const uint2*>(a.data + p), mul);
+      *reinterpret_cast<uint4*>(a.out + p) = mx8<F>(in, mul);
     }
   }
 }
@@ -401,6 +402,25 @@ __global__ void __launch_bounds__(1024) dequant_prep_kernel(const DequantArgs a)
     p = p + pitch(g) > a.cap + 1 ? a.cap + 1 : p + pitch(g);
   }
   if (t == 1023) a.prefix[G] = p;
+  if (!members) return;
+  // Members: starts[g] = the largest clamped offset of members 0..g (dequant_members' search).
+  __shared__ i64 run_max[1024];
+  i64 m = 0;
+  for (int g = g0; g < g1; ++g) m = max(m, dequant::member_offset(a, g));
+  run_max[t] = m;
+  __syncthreads();
+  if (t == 0) {
+    i64 acc = 0;
+    for (int i = 0; i < 1024; ++i) {
+      const i64 v = run_max[i];
+      run_max[i] = acc;
+      acc = max(acc, v);
+    }
+  }
+  __syncthreads();
+  m = run_max[t];
+  for (int g = g0; g < g1; ++g) a.starts[g] = m = max(m, dequant::member_offset(a, g));
+  if (t == 1023) a.starts[G] = max(m, dequant::member_offset(a, G));
 }
 #endif
 

@@ -1165,12 +1165,14 @@ TEST(GemmDequant, WorkspaceHoldsBothCopiesPerCall) {
   EXPECT_EQ(w.total, w.alpha + 256);
   EXPECT_EQ(w.prefix, -1);
   EXPECT_EQ(w.inner, -1);
-  // Members: the members' token-block prefix [G + 1], then the none GEMM's tensor maps.
+  // Members: the members' token-block prefix [G + 1], their starts [G + 1], then the none GEMM's
+  // tensor maps.
   const GemmSpec fp4m = dequant(members(make(S::Nvfp4, F4, F4, DType::FP32, false, false, 0, 1, 128, 136), 200));
   w = dequant_workspace(fp4m, 4096, 8, 1000);
   EXPECT_EQ(w.alpha, 200 * 4096 * 2 + 136 * 4096 * 2);
   EXPECT_EQ(w.prefix, w.alpha + 256);
-  EXPECT_EQ(w.inner, w.prefix + 256);  // 9 x 8 bytes, 256-aligned
+  EXPECT_EQ(w.starts, w.prefix + 256);  // 9 x 8 bytes, 256-aligned
+  EXPECT_EQ(w.inner, w.starts + 256);
   EXPECT_EQ(w.total, w.inner + 1024);
   rt::Gemm gemm(mx);
   EXPECT_EQ(gemm.workspace_bytes(1000, 4), dequant_workspace(mx, 1000, 4).total);
