@@ -188,7 +188,7 @@ typedef struct qf_gemm_spec {
      mxfp8 B's one per expert; docs/gemm.md); NULL = "compact". The shipped mxfp8_hopper recipe
      writes mn_major grids: a spec for its operands needs "mn_major". */
   const char* scale_layout;
-  /* mxfp8 and nvfp4 (m_grouped and k_grouped): "fused" (one kernel dequantizes on chip), "dequant"
+  /* mxfp8 and nvfp4 (every layout; k_grouped_members since 0.3.1): "fused" (one kernel dequantizes on chip), "dequant"
      (both operands dequantized once into bf16 / fp16 copies in args->workspace, sized by
      qf_gemm_workspace_bytes_for, then the bf16 / fp16 GEMM with this tile: faster where many tokens
      meet the weights, slower where few do; docs/gemm.md) or "auto" (per call, the one expected to

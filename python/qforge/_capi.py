@@ -91,7 +91,7 @@ SIGNATURES = {
 }
 
 
-PACKAGE_VERSION = "0.3.0"  # python/pyproject.toml's; the CMake project's (tests/python checks both)
+PACKAGE_VERSION = "0.3.1"  # python/pyproject.toml's; the CMake project's (tests/python checks both)
 SONAME = "libqforge.so.0.3"  # runtime/CMakeLists.txt: SOVERSION major.minor
 
 

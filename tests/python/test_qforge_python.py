@@ -263,8 +263,12 @@ def test_gemm_auto_route():
     assert qforge.Gemm("tensor", n=4096, k=7168, route="auto").route_for(8 * 4096, 8) == "fused"
     ctx = qforge.Context.from_json(json.dumps({
         "qforge_recipe": 1, "name": "r", "roles": [{"match": "*:*", "rowwise": {"format": "e4m3", "scaling": "mx"}}],
-        "gemms": [{"scaling": "mxfp8", "layout": "k_grouped", "m": 4096, "n": 7168, "route": "auto"}]}))
+        "gemms": [{"scaling": "mxfp8", "layout": "k_grouped", "m": 4096, "n": 7168, "route": "auto"},
+                  {"scaling": "nvfp4", "layout": "k_grouped_members", "m": 4096, "n": 7168, "route": "auto"},
+                  {"scaling": "nvfp4", "layout": "k_grouped_members", "m": 256, "n": 256, "route": "auto"}]}))
     assert ctx.gemm(0).route_for(8 * 1024, 8) == "dequant"
+    assert ctx.gemm(1).route_for(8 * 1024, 8) == "dequant"  # per-member copies have the route too
+    assert ctx.gemm(2).route_for(8 * 1024, 8) == "fused"  # h(256, 256) = 128
 
 
 # -------------------------------------------------------------------------------------------- GPU
