@@ -505,11 +505,9 @@ DequantWorkspace dequant_workspace(const GemmSpec& s, int64_t extent, int64_t g,
     end += align(g * 4);
   }
   if ((!kg && s.scale_layout == ScaleLayout::MnMajor) || s.layout == GemmLayout::KGroupedMembers) {
-    w.prefix = end;
+    w.prefix = end;  // the groups' grids
     end += align((g + 1) * 8);
-  }
-  if (s.layout == GemmLayout::KGroupedMembers) {  // where each member's elements begin
-    w.starts = end;
+    w.starts = end;  // where each group begins (the running maximum of its offsets)
     end += align((g + 1) * 8);
   }
   if (inner_bytes > 0) {  // members: the none GEMM's tensor-map ring

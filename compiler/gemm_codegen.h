@@ -273,8 +273,8 @@ DequantSource emit_dequant(const GemmSpec& spec);
 bool gemm_dequant_packed(ElemFormat f);
 // Where a dequant-route call keeps its copies in the workspace (extent: m_total, or k_total for
 // the K-grouped layouts): A's copy, B's, NVFP4's alpha [G], the grid prefix [G + 1] (M-grouped
-// mn_major A; members: their token blocks), the members' starts [G + 1] (the running maximum of
-// their clamped offsets) and the none GEMM's own workspace of inner_bytes
+// mn_major A; members: their token blocks) and beside it the groups' starts [G + 1] (the running
+// maximum of their clamped offsets), and the none GEMM's own workspace of inner_bytes
 // (members: its tensor-map ring, rt::Gemm::workspace_bytes() of the inner GEMM, which depends on
 // the device), each 256-byte aligned; total is what the call needs.
 struct DequantWorkspace {

@@ -256,10 +256,10 @@ void Gemm::run_dequant(const GemmCall& c, CUstream stream) const {
   if (grouped_grid) {
     prep.offsets = reinterpret_cast<const i64*>(c.group_offsets.ptr);
     prep.prefix = reinterpret_cast<i64*>(ws + w.prefix);
+    prep.starts = reinterpret_cast<i64*>(ws + w.starts);
     if (members) {  // the token offsets are clamped to k_total; token blocks per row
       prep.grid = mn ? kGridMembersMnMajor : kGridMembers;
       prep.k = c.k_total;
-      prep.starts = reinterpret_cast<i64*>(ws + w.starts);
       const int64_t b = traits(s.scaling).scale_k;
       prep.cap = (c.k_total + b - 1) / b + g;
     } else {
@@ -296,6 +296,7 @@ void Gemm::run_dequant(const GemmCall& c, CUstream stream) const {
         a.num_groups = int(g);
         a.offsets = prep.offsets;
         a.prefix = prep.prefix;
+        a.starts = prep.starts;
         a.cap = prep.cap;
       }
     }

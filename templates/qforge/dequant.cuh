@@ -47,8 +47,8 @@ struct DequantArgs {
   i64* prefix;          // kGridGroups: padded grid rows before each group [num_groups + 1] (written by
                         // dequant_prep_kernel from the offsets clamped to [0, rows], saturated at cap + 1);
                         // members: token blocks before each member (offsets clamped to [0, k])
-  i64* starts;          // members: the running maximum of the clamped offsets [num_groups + 1] (written by
-                        // dequant_prep_kernel; where each member's runs begin, rising whatever the offsets)
+  i64* starts;          // kGridGroups, members: the running maximum of the clamped offsets [num_groups + 1]
+                        // (written by dequant_prep_kernel; GroupCursor's, rising whatever the offsets)
   i64 cap;              // kGridGroups: grid rows the scale buffer holds (m_total + 3 num_groups); members:
                         // its token blocks per row (ceil(k / block) + num_groups)
   // dequant_prep_kernel, NVFP4: alpha_out[g] = alpha[g] (1 when null) x decode(a_amax[g]) x
@@ -95,37 +95,44 @@ __device__ __forceinline__ i64 member_offset(const DequantArgs& a, int i) {
   return v < 0 ? 0 : v > a.k ? a.k : v;
 }
 
-// kGridGroups: the scale entry of block 0 of row r and the pitch between its blocks, or -1 where
-// the row has none (outside every group) and -2 where its group's grid passes the buffer: the last
-// group whose (clamped) first row is <= r, by a binary search over the offsets.
-__device__ __forceinline__ i64 group_row_scale(const DequantArgs& a, i64 r, i64 nblk, i64& pitch) {
-  pitch = 0;
-  int lo = 0, hi = a.num_groups;  // groups [lo, hi)
-  if (r < clamped_offset(a, 0) || r >= clamped_offset(a, a.num_groups)) return -1;
-  while (hi - lo > 1) {
-    const int mid = (lo + hi) / 2;
-    if (clamped_offset(a, mid) <= r) lo = mid;
-    else hi = mid;
+// A thread's place among the groups, kept across its grid strides (its positions only rise): the
+// last group whose first position (a.starts[g] x unit: kGridGroups rows, unit 1; members elements,
+// unit = rows) is at or before the position, or -1. a.starts is the running maximum of the clamped
+// offsets (dequant_prep_kernel), rising whatever the offsets, so the answer depends on the
+// position alone, however the thread came to it: one binary search, then a walk (a thread's
+// strides mostly stay in a group). Searching at every position (a chain of dependent loads per
+// run) made the copies of per-member operands 1.7x slower (docs/gemm.md, session 37).
+struct GroupCursor {
+  int g = -2;  // -2: not searched yet
+  // Moves to pos's group; true where it changed.
+  __device__ __forceinline__ bool seek(const DequantArgs& a, i64 pos, i64 unit) {
+    int h = g;
+    if (h == -2) {
+      h = -1;
+      if (a.starts[0] * unit <= pos) {
+        int lo = 0, hi = a.num_groups;  // the last of [lo, hi) that starts at or before pos
+        while (hi - lo > 1) {
+          const int mid = (lo + hi) / 2;
+          if (a.starts[mid] * unit <= pos) lo = mid;
+          else hi = mid;
+        }
+        h = lo;
+      }
+    }
+    while (h + 1 < a.num_groups && a.starts[h + 1] * unit <= pos) ++h;
+    const bool changed = h != g;
+    g = h;
+    return changed;
   }
-  const i64 first = clamped_offset(a, lo), end = clamped_offset(a, lo + 1), rows_g = end > first ? end - first : 0;
-  if (r >= first + rows_g) return -1;
-  pitch = i64(mn_major_rows(u64(rows_g)));
-  if (a.prefix[lo] + pitch > a.cap) return -2;
-  return nblk * a.prefix[lo] + (r - first);
-}
+};
 
-// The scale entry of block kb of row r, or -1 where the row has none (kGridGroups: outside every
-// group; -2: its group's grid passes the buffer).
+// The scale entry of block kb of row r in a compact or plain mn_major grid (kGridGroups: the
+// MXFP8 kernel's GroupCursor; members: dequant_members).
 template <class Cfg>
 __device__ __forceinline__ i64 scale_index(const DequantArgs& a, i64 r, i64 kb, i64 nblk) {
   if (a.grid == kGridCompact) return r * nblk + kb;
-  if (a.grid == kGridMnMajor) {
-    const i64 pitch = i64(mn_major_rows(u64(a.grid_rows)));
-    return (r / a.grid_rows) * nblk * pitch + kb * pitch + r % a.grid_rows;
-  }
-  i64 pitch;
-  const i64 base = group_row_scale(a, r, nblk, pitch);
-  return base < 0 ? base : base + kb * pitch;
+  const i64 pitch = i64(mn_major_rows(u64(a.grid_rows)));
+  return (r / a.grid_rows) * nblk * pitch + kb * pitch + r % a.grid_rows;
 }
 
 // e8m0 -> fp32 multiplier 2^(e - 127) (0xFF: NaN).
@@ -185,13 +192,11 @@ __device__ __forceinline__ void fp4x16(uint2 in, u32 s2, u32 (&o)[8]) {
 
 // Members: one thread per run of 8 (fp8) or 16 (e2m1) elements of the operand's buffer, run i at
 // element 8i / 16i whatever member holds it, so that every element is written by one thread only,
-// whatever the offsets. The run's member is the last whose first element (in `starts`, the running
-// maximum of the clamped offsets that dequant_prep_kernel writes: a function of the run alone, the
-// same however a thread finds it) is at or before the run. A thread searches once, then walks on
-// with its runs (one grid stride apart, a member a span of rows x tokens elements: most strides stay
-// in the member) and keeps the member's constants and the run's row and token, stepped without a
-// division. The data load goes first: nothing it reads depends on the member. A run that reaches
-// into the next member (only where that one starts off its alignment) is NaN whole.
+// whatever the offsets. The run's member is its GroupCursor's (a member spans rows x tokens
+// elements, so most of a thread's strides stay in it); the thread keeps the member's constants and
+// the run's row and token, stepped without a division. The data load goes first: nothing it reads
+// depends on the member. A run that reaches into the next member (only where that one starts off
+// its alignment) is NaN whole.
 template <class Cfg>
 __device__ __forceinline__ void dequant_members(const DequantArgs& a) {
   using F = typename Cfg::Format;
@@ -204,28 +209,15 @@ __device__ __forceinline__ void dequant_members(const DequantArgs& a) {
   const i64 pitch = mn ? i64(mn_major_rows(u64(rows))) : rows;  // grid entries per token block
   const i64 total = rows * a.k / kRun;  // (k: a multiple of the run, as k_total is of 16-byte rows)
   const i64 stride = i64(gridDim.x) * Cfg::kThreads, step = stride * kRun;
-  int g = -2;  // the member of the thread's last run (-2: none searched yet)
+  GroupCursor cur;
+  int g = -2;  // the member the constants below are of
   i64 k0 = 0, len = 0, end = 0, next = 0, prefix = 0, cols = 0, r = 0, t = 0, dr = 0, dt = 0;
   bool bad = false;
   for (i64 i = i64(blockIdx.x) * Cfg::kThreads + threadIdx.x; i < total; i += stride) {
     const i64 p = i * kRun;
     const uint2 in = *reinterpret_cast<const uint2*>(a.data + (Cfg::kNvfp4 ? p / 2 : p));
-    int h = g;
-    if (h == -2) {
-      h = -1;
-      if (rows * a.starts[0] <= p) {
-        int lo = 0, hi = G;  // the last of [lo, hi) that starts at or before p
-        while (hi - lo > 1) {
-          const int mid = (lo + hi) / 2;
-          if (rows * a.starts[mid] <= p) lo = mid;
-          else hi = mid;
-        }
-        h = lo;
-      }
-    }
-    while (h + 1 < G && rows * a.starts[h + 1] <= p) ++h;
-    if (h != g) {  // a new member: its constants, and the run's place in it (one division)
-      g = h;
+    if (cur.seek(a, p, rows)) {  // a new member: its constants, and the run's place in it (one division)
+      g = cur.g;
       next = g + 1 < G ? rows * a.starts[g + 1] : i64(0x7FFFFFFFFFFFFFFF);
       if (g >= 0) {
         k0 = member_offset(a, g);
@@ -286,7 +278,7 @@ __device__ __forceinline__ void dequant_members(const DequantArgs& a) {
 // partial (k % 32 == 16, K-grouped token counts).
 template <class Cfg>
 __global__ void __launch_bounds__(Cfg::kThreads) dequant_kernel(const DequantArgs a) {
-  static_assert(Cfg::kThreads % 32 == 0, "whole warps: the mn_major A and members lookups are shared by __shfl_sync");
+  static_assert(Cfg::kThreads % 32 == 0, "whole warps (the tiled grids' warps of rows x blocks)");
   if (dequant::members_grid(a)) {
     dequant::dequant_members<Cfg>(a);
     return;
@@ -297,6 +289,9 @@ __global__ void __launch_bounds__(Cfg::kThreads) dequant_kernel(const DequantArg
   const bool tiled = a.grid != kGridCompact;
   const i64 k_tiles = (nblk + 3) / 4;
   const i64 total = dequant_threads(a.rows, a.k, Cfg::kNvfp4, tiled);
+  dequant::GroupCursor cur;  // kGridGroups: the row's group and its grid (base + row, pitch)
+  i64 first = 0, end = 0, base = 0, pitch = 0;
+  bool bad = false;
   for (i64 i = i64(blockIdx.x) * Cfg::kThreads + threadIdx.x; i < total; i += i64(gridDim.x) * Cfg::kThreads) {
     if constexpr (Cfg::kNvfp4) {
       i64 r, kb;
@@ -333,26 +328,29 @@ __global__ void __launch_bounds__(Cfg::kThreads) dequant_kernel(const DequantArg
         const int lane = int(i % 32);
         r = w / k_tiles * 2 + lane / 16;
         e0 = (w % k_tiles * 4 + (lane / 4) % 4) * B + (lane % 4) * 8;
-        if (a.grid == kGridGroups) {
-          // One group lookup per row, by the first lane of its half-warp (a warp's 32 lanes take
-          // each iteration together: total and the stride are multiples of 32).
-          i64 pitch = 0, base = -1;
-          if (lane % 16 == 0 && r < a.rows) base = dequant::group_row_scale(a, r, nblk, pitch);
-          base = __shfl_sync(0xFFFFFFFFu, base, lane & 16);
-          pitch = __shfl_sync(0xFFFFFFFFu, pitch, lane & 16);
-          si = base < 0 ? base : base + e0 / B * pitch;
-        }
         if (r >= a.rows || e0 >= a.k) continue;
-        if (a.grid != kGridGroups) si = dequant::scale_index<Cfg>(a, r, e0 / B, nblk);
       } else {
         const i64 per_row = (a.k + 7) / 8;
         r = i / per_row;
         e0 = i % per_row * 8;
+      }
+      const uint2 in = *reinterpret_cast<const uint2*>(a.data + r * a.k + e0);  // first: it needs no lookup
+      if (a.grid == kGridGroups) {
+        // The row's group: rows outside every group have no scale (zero), a group whose grid
+        // would pass the buffer NaN (as the fused kernel's scheduler).
+        if (cur.seek(a, r, 1) && cur.g >= 0) {
+          first = dequant::clamped_offset(a, cur.g);
+          end = max(first, dequant::clamped_offset(a, cur.g + 1));
+          pitch = i64(mn_major_rows(u64(end - first)));
+          bad = a.prefix[cur.g] + pitch > a.cap;
+          base = nblk * a.prefix[cur.g] - first;
+        }
+        si = cur.g < 0 || r >= end ? -1 : bad ? -2 : base + r + e0 / B * pitch;
+      } else {
         si = dequant::scale_index<Cfg>(a, r, e0 / B, nblk);
       }
       const float mul = si >= 0 ? dequant::e8m0_value(a.scale[si]) : si == -1 ? 0.0f : f32_quiet_nan();
-      *reinterpret_cast<uint4*>(a.out + r * a.k + e0) =
-          dequant::mx8<F>(*reinterpret_cast<const uint2*>(a.data + r * a.k + e0), mul);
+      *reinterpret_cast<uint4*>(a.out + r * a.k + e0) = dequant::mx8<F>(in, mul);
     }
   }
 }
@@ -402,11 +400,11 @@ __global__ void __launch_bounds__(1024) dequant_prep_kernel(const DequantArgs a)
     p = p + pitch(g) > a.cap + 1 ? a.cap + 1 : p + pitch(g);
   }
   if (t == 1023) a.prefix[G] = p;
-  if (!members) return;
-  // Members: starts[g] = the largest clamped offset of members 0..g (dequant_members' search).
+  // starts[g] = the largest clamped offset of groups 0..g (GroupCursor).
+  auto offset = [&](int g) { return members ? dequant::member_offset(a, g) : dequant::clamped_offset(a, g); };
   __shared__ i64 run_max[1024];
   i64 m = 0;
-  for (int g = g0; g < g1; ++g) m = max(m, dequant::member_offset(a, g));
+  for (int g = g0; g < g1; ++g) m = max(m, offset(g));
   run_max[t] = m;
   __syncthreads();
   if (t == 0) {
@@ -419,8 +417,8 @@ __global__ void __launch_bounds__(1024) dequant_prep_kernel(const DequantArgs a)
   }
   __syncthreads();
   m = run_max[t];
-  for (int g = g0; g < g1; ++g) a.starts[g] = m = max(m, dequant::member_offset(a, g));
-  if (t == 1023) a.starts[G] = max(m, dequant::member_offset(a, G));
+  for (int g = g0; g < g1; ++g) a.starts[g] = m = max(m, offset(g));
+  if (t == 1023) a.starts[G] = max(m, offset(G));
 }
 #endif
 

@@ -1154,10 +1154,11 @@ TEST(GemmDequant, WorkspaceHoldsBothCopiesPerCall) {
   EXPECT_EQ(w.total, w.b + 4 * 256 * 512 * 2);
   EXPECT_EQ(w.alpha, -1);
   EXPECT_EQ(w.prefix, -1);
-  mx.scale_layout = ScaleLayout::MnMajor;  // A's per-group grid prefix
+  mx.scale_layout = ScaleLayout::MnMajor;  // A's per-group grid prefix and the groups' starts
   w = dequant_workspace(mx, 1000, 4);
   EXPECT_EQ(w.prefix, 1000 * 512 * 2 + 4 * 256 * 512 * 2);
-  EXPECT_EQ(w.total, w.prefix + 256);
+  EXPECT_EQ(w.starts, w.prefix + 256);
+  EXPECT_EQ(w.total, w.starts + 256);
   const GemmSpec fp4 = dequant(k_grouped(make(S::Nvfp4, F4, F4, DType::FP32, false, false, 0, 1, 128, 136), 200));
   w = dequant_workspace(fp4, 4096, 8);  // K-grouped: A [200, 4096], B [136, 4096], alpha [8]
   EXPECT_EQ(w.b, 200 * 4096 * 2);
