@@ -265,6 +265,26 @@ __device__ __forceinline__ void dequant_members(const DequantArgs& a) {
   }
 }
 
+// The prep kernel's scans: the block's 1024 threads each give the value of their run of groups;
+// returns the exclusive scan of them under op (0 first) at this thread, by one thread in between
+// two barriers (runs: shared memory, reused).
+template <class Op>
+__device__ __forceinline__ i64 scan_runs(i64 (&runs)[1024], i64 mine, Op op) {
+  __syncthreads();  // (the previous scan's reads are done)
+  runs[threadIdx.x] = mine;
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    i64 acc = 0;
+    for (int i = 0; i < 1024; ++i) {
+      const i64 v = runs[i];
+      runs[i] = acc;
+      acc = op(acc, v);
+    }
+  }
+  __syncthreads();
+  return runs[threadIdx.x];
+}
+
 }  // namespace dequant
 
 // NVFP4: one thread per 16-element block (8 bytes in, 32 out). MXFP8: one thread per 8 elements
@@ -368,55 +388,33 @@ __global__ void __launch_bounds__(1024) dequant_prep_kernel(const DequantArgs a)
       a.alpha_out[g] = float(double(alpha) * double(da) * double(db));
     }
   }
-  if (!a.prefix) return;  // (kGridGroups: a.rows, the rows the offsets are clamped to; members: a.k)
-  __shared__ i64 run_sum[1024];
-  const int per = (G + 1023) / 1024, g0 = t * per, g1 = min(G, g0 + per);
+  if (!a.prefix) return;
+  const int per = (G + 1023) / 1024, g0 = t * per, g1 = min(G, g0 + per);  // this thread's run of groups
   const bool members = dequant::members_grid(a);
-  auto pitch = [&](int g) -> i64 {  // of the clamped offsets, as scale_index / dequant_members read them
-    if (members) {  // a member's token blocks
-      const i64 s = dequant::member_offset(a, g), e = dequant::member_offset(a, g + 1);
-      constexpr int B = dequant::block_elems<Cfg>();
-      return e > s ? (e - s + B - 1) / B : 0;
-    }
-    const i64 rows = dequant::clamped_offset(a, g + 1) - dequant::clamped_offset(a, g);
-    return rows > 0 ? i64(mn_major_rows(u64(rows))) : i64(0);
+  // Clamped offsets (kGridGroups: to the rows a.rows; members: to the tokens a.k), and group g's
+  // grid rows (kGridGroups: its padded rows; members: its token blocks), as the kernels read them.
+  auto offset = [&](int g) { return members ? dequant::member_offset(a, g) : dequant::clamped_offset(a, g); };
+  auto pitch = [&](int g) -> i64 {
+    const i64 n = offset(g + 1) - offset(g);
+    if (n <= 0) return 0;
+    return members ? (n + dequant::block_elems<Cfg>() - 1) / dequant::block_elems<Cfg>() : i64(mn_major_rows(u64(n)));
   };
-  i64 s = 0;
-  for (int g = g0; g < g1; ++g) s += pitch(g);
-  run_sum[t] = s;
-  __syncthreads();
-  if (t == 0) {
-    i64 acc = 0;
-    for (int i = 0; i < 1024; ++i) {
-      const i64 v = run_sum[i];
-      run_sum[i] = acc;
-      acc = acc + v > a.cap + 1 ? a.cap + 1 : acc + v;
-    }
-  }
-  __syncthreads();
-  i64 p = run_sum[t];
+  __shared__ i64 runs[1024];
+  // prefix[g]: the grid rows of groups 0..g-1, saturated at cap + 1.
+  auto add = [&](i64 x, i64 y) { return x + y > a.cap + 1 ? a.cap + 1 : x + y; };
+  i64 p = 0;
+  for (int g = g0; g < g1; ++g) p += pitch(g);
+  p = dequant::scan_runs(runs, p, add);
   for (int g = g0; g < g1; ++g) {
     a.prefix[g] = p;
-    p = p + pitch(g) > a.cap + 1 ? a.cap + 1 : p + pitch(g);
+    p = add(p, pitch(g));
   }
   if (t == 1023) a.prefix[G] = p;
-  // starts[g] = the largest clamped offset of groups 0..g (GroupCursor).
-  auto offset = [&](int g) { return members ? dequant::member_offset(a, g) : dequant::clamped_offset(a, g); };
-  __shared__ i64 run_max[1024];
+  // starts[g]: the largest offset of groups 0..g (GroupCursor).
+  auto larger = [](i64 x, i64 y) { return max(x, y); };
   i64 m = 0;
   for (int g = g0; g < g1; ++g) m = max(m, offset(g));
-  run_max[t] = m;
-  __syncthreads();
-  if (t == 0) {
-    i64 acc = 0;
-    for (int i = 0; i < 1024; ++i) {
-      const i64 v = run_max[i];
-      run_max[i] = acc;
-      acc = max(acc, v);
-    }
-  }
-  __syncthreads();
-  m = run_max[t];
+  m = dequant::scan_runs(runs, m, larger);
   for (int g = g0; g < g1; ++g) a.starts[g] = m = max(m, offset(g));
   if (t == 1023) a.starts[G] = max(m, offset(G));
 }
