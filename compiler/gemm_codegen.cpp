@@ -480,6 +480,9 @@ DequantSource emit_dequant(const GemmSpec& s) {
     e.open(std::string("struct ") + cfg);
     e.alias("Format", traits(f).device_type);
     e.constant("kNvfp4", gemm_dequant_packed(f));  // packed e2m1 with e4m3 block scales
+    // Members: a member's first token and length must be multiples of this (16 bytes, as the fused
+    // kernel's TMA loads need them: gemm_k_total_multiple).
+    e.constant("kMemberAlign", int64_t(128 / gemm_operand_bits(s, f)));
     e.constant("kThreads", int64_t(out.threads));
     e.close(";");
   }
@@ -500,7 +503,9 @@ DequantWorkspace dequant_workspace(const GemmSpec& s, int64_t extent, int64_t g,
   w.a = 0;
   w.b = align(rows_a * k * 2);
   int64_t end = w.b + align(rows_b * k * 2);
-  if (traits(s.scaling).per_tensor_amax) {  // the per-tensor factors, per group, into the GEMM's alpha
+  // The GEMM's alpha per group: NVFP4's per-tensor factors, and the NaN of a member the fused kernel
+  // cannot load.
+  if (traits(s.scaling).per_tensor_amax || s.layout == GemmLayout::KGroupedMembers) {
     w.alpha = end;
     end += align(g * 4);
   }

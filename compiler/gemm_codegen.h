@@ -104,7 +104,7 @@ constexpr bool k_grouped(GemmLayout l) { return l != GemmLayout::MGrouped; }
 // then the none GEMM runs on the copies: 1.3-1.6x faster where many tokens meet the weights, for 2
 // bytes of workspace per operand element; slower where the weights dominate (docs/gemm.md).
 // Auto: per call, whichever of the two choose_gemm_route expects to be faster (the fused kernel
-// for every other scaling and for k_grouped_members); a tile, if given, is the fused kernel's.
+// for every other scaling); a tile, if given, is the fused kernel's. Every layout has both.
 enum class GemmRoute : uint8_t { Fused, Dequant, Auto };
 std::string_view name(GemmRoute r);
 GemmRoute parse_gemm_route(std::string_view name, const std::string& where);
@@ -147,7 +147,7 @@ struct GemmSpec {
   // after those of the groups before; masked: slots of m_max rows); MXFP8 B per expert [K/32, N]
   // (blockwise B's 128x128 grid is compact). Compact for every other scaling.
   ScaleLayout scale_layout = ScaleLayout::Compact;
-  GemmRoute route = GemmRoute::Fused;  // mxfp8 and nvfp4, m_grouped and k_grouped layouts
+  GemmRoute route = GemmRoute::Fused;  // mxfp8 and nvfp4, every layout
   GemmTile tile;                       // dequant route: the none GEMM's tile
 };
 
@@ -272,7 +272,8 @@ DequantSource emit_dequant(const GemmSpec& spec);
 // 16-element block) rather than bytes (fp8: one thread per 8 elements); the kernels' Cfg::kNvfp4.
 bool gemm_dequant_packed(ElemFormat f);
 // Where a dequant-route call keeps its copies in the workspace (extent: m_total, or k_total for
-// the K-grouped layouts): A's copy, B's, NVFP4's alpha [G], the grid prefix [G + 1] (M-grouped
+// the K-grouped layouts): A's copy, B's, the alpha [G] (NVFP4's per-tensor factors; members: and
+// NaN for a member the fused kernel cannot load), the grid prefix [G + 1] (M-grouped
 // mn_major A; members: their token blocks) and beside it the groups' starts [G + 1] (the running
 // maximum of their clamped offsets), and the none GEMM's own workspace of inner_bytes
 // (members: its tensor-map ring, rt::Gemm::workspace_bytes() of the inner GEMM, which depends on
@@ -281,7 +282,7 @@ struct DequantWorkspace {
   int64_t a = 0, b = 0, alpha = -1, prefix = -1, starts = -1, inner = -1;  // byte offsets (-1: not used)
   int64_t total = 0;
 };
-DequantWorkspace dequant_workspace(const GemmSpec& spec, int64_t extent, int64_t num_groups, int64_t inner_bytes = 0);
+DequantWorkspace dequant_workspace(const GemmSpec& spec, int64_t extent, int64_t num_groups, int64_t inner_bytes);
 
 // "e4m3 x e4m3 blockwise N=4096 K=7168 -> bf16" (logs, cache metadata).
 std::string describe(const GemmSpec& spec);

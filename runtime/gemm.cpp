@@ -214,9 +214,11 @@ std::shared_ptr<const Gemm::LoadedDequant> Gemm::load_dequant_for_current_device
   });
 }
 
-// The dequant route: the prep kernel (NVFP4's per-group alpha, M-grouped mn_major A's grid
-// prefix), each operand into its 16-bit copy, then the none GEMM on the copies with the caller's
-// D, groups and (MXFP8) alpha. The call was checked as the fused kernel takes it.
+// The dequant route: the prep kernel (the per-group alpha of NVFP4 and of members, the grid prefix
+// and group starts of M-grouped mn_major A and of members), each operand into its 16-bit copy,
+// then the none GEMM on the copies with the caller's D and groups, the workspace's alpha where the
+// prep kernel wrote one (else the caller's) and, for members, its tensor maps in the workspace.
+// The call was checked as the fused kernel takes it.
 void Gemm::run_dequant(const GemmCall& c, CUstream stream) const {
   const GemmSpec& s = spec_;
   const bool kg = k_grouped(s.layout);
@@ -226,7 +228,8 @@ void Gemm::run_dequant(const GemmCall& c, CUstream stream) const {
   const DequantWorkspace w = dequant_workspace(s, extent, g, inner_workspace_bytes());
   check_buffer("workspace", c.workspace, w.total, 256,
                "dequant route: workspace_bytes(" + std::to_string(extent) + ", " + std::to_string(g) + ") = " +
-                   std::to_string(w.total) + " bytes (the operands' 16-bit copies)");
+                   std::to_string(w.total) + " bytes (the operands' 16-bit copies" +
+                   (members ? ", the members GEMM's tensor maps)" : ")"));
   const std::pair<const char*, const TensorView*> others[] = {
       {"d", &c.d},         {"a", &c.a},         {"b", &c.b},           {"a_scale", &c.a_scale},
       {"b_scale", &c.b_scale}, {"alpha", &c.alpha}, {"a_amax", &c.a_amax}, {"b_amax", &c.b_amax},
@@ -260,6 +263,7 @@ void Gemm::run_dequant(const GemmCall& c, CUstream stream) const {
     if (members) {  // the token offsets are clamped to k_total; token blocks per row
       prep.grid = mn ? kGridMembersMnMajor : kGridMembers;
       prep.k = c.k_total;
+      prep.rows = s.m;  // A's (NVFP4's odd-grid rule)
       const int64_t b = traits(s.scaling).scale_k;
       prep.cap = (c.k_total + b - 1) / b + g;
     } else {
@@ -316,7 +320,7 @@ void Gemm::run_dequant(const GemmCall& c, CUstream stream) const {
   in.a = TensorView{c.workspace.ptr + uint64_t(w.a), rows_a * k * 2, dt, {}};
   in.b = TensorView{c.workspace.ptr + uint64_t(w.b), rows_b * k * 2, dt, {}};
   in.a_scale = in.b_scale = in.a_amax = in.b_amax = TensorView{};
-  if (w.alpha >= 0) in.alpha = TensorView{c.workspace.ptr + uint64_t(w.alpha), g * 4, DType::FP32, {}};  // NVFP4's
+  if (w.alpha >= 0) in.alpha = TensorView{c.workspace.ptr + uint64_t(w.alpha), g * 4, DType::FP32, {}};  // the prep kernel's
   in.workspace = w.inner >= 0 ? TensorView{c.workspace.ptr + uint64_t(w.inner), w.total - w.inner, std::nullopt, {}}
                               : TensorView{};  // members: the none GEMM's tensor maps
   inner_->run(in, stream);

@@ -252,9 +252,10 @@ qf_status qf_gemm_scale_bytes(const qf_gemm* g, int64_t extent, int num_groups, 
 qf_status qf_gemm_workspace_bytes(const qf_gemm* g, int64_t* bytes);
 /* The same for a call of num_groups groups over `extent` (m_total, or k_total for a K-grouped spec):
    for the dequant route (spec->route "dequant", or "auto" where qf_gemm_route_for says "dequant"),
-   2 bytes per element of A and of B (their 16-bit copies) plus a few per group, no GPU needed
-   (qf_gemm_workspace_bytes refuses "dequant" and "auto"); for the others, what
-   qf_gemm_workspace_bytes says. */
+   2 bytes per element of A and of B (their 16-bit copies) plus a few per group, no GPU needed but
+   for "k_grouped_members" specs (whose 16-bit GEMM builds its tensor maps in the workspace too:
+   their size depends on the device); qf_gemm_workspace_bytes refuses "dequant" and "auto"; for
+   the others, what qf_gemm_workspace_bytes says. */
 qf_status qf_gemm_workspace_bytes_for(const qf_gemm* g, int64_t extent, int num_groups, int64_t* bytes);
 /* The route ("fused" or "dequant", a static string) a run of num_groups groups over `extent`
    (m_total, or k_total for a K-grouped spec) takes: the spec's, or for "auto" the dequant route

@@ -80,10 +80,10 @@ gemm_cases+=':*GemmExact*kgrouped_rowwise_3ctas_fp32:*GemmExact*int8_block_bf16:
 # producer warpgroup, behind a named barrier; two stages: the next load waits for the MMAs before).
 gemm_cases+=':*GemmExact*bf16_bf16:*GemmExact*kgrouped_bf16:*GemmExact*members_bf16'
 gemm_cases+=':*GemmExact*channel_bf16:*GemmExact*channel_many_groups_3ctas:*GemmExact*channel_two_stages'
-# The dequant route (sessions 35-37): the MXFP8 kernel's mn_major A lookup shared by __shfl_sync on
-# 3 CTAs' worth of groups, the K-grouped copies, and the members' copies (the warp's member search,
-# runs that reach into a misaligned member written NaN whole); the *members_*_ring and
-# *members_nvfp4_bf16 patterns above take their dequant cases too.
+# The dequant route (sessions 35-37): the MXFP8 kernel's per-thread group cursor over 40 groups'
+# mn_major A grids, the K-grouped copies, and the members' copies (the cursor over members, the
+# prep kernel's prefix, starts and NaN alpha of a member the fused kernel cannot load); the
+# *members_*_ring and *members_nvfp4_bf16 patterns above take their dequant cases too.
 gemm_cases+=':*GemmExact*dequant_mxfp8_mn_major_many_groups:*GemmExact*dequant_kgrouped_nvfp4_bf16'
 gemm_cases+=':*GemmExact*dequant_members_mxfp8_odd_grid_start:*GemmExact*dequant_members_nvfp4_odd_grid_start'
 san_filter_all="$san_filter:$gemm_cases"

@@ -504,7 +504,8 @@ class Gemm(_Handle):
 
     def workspace_bytes(self, extent: Optional[int] = None, num_groups: Optional[int] = None) -> int:
         """Device workspace bytes of a run: with extent (m_total, or k_total K-grouped) and num_groups,
-        what that call needs (the dequant route's 16-bit copies; no GPU needed for them); without,
+        what that call needs (the dequant route's 16-bit copies; no GPU needed for them but with
+        k_grouped_members, whose 16-bit GEMM's tensor maps depend on the device); without,
         the call-independent size (K-grouped members' tensor maps; refused for the dequant route)."""
         n = ctypes.c_int64()
         if extent is None and num_groups is None:

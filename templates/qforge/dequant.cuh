@@ -27,10 +27,9 @@ enum DequantGrid : int {
                       // [offsets[g], offsets[g+1]) clamped to [0, k] (its end to at least its start), is its
                       // own matrix [rows, len] at element rows * offsets[g], its grid [rows, ceil(len / block)]
                       // after rows x prefix[g] entries (prefix from dequant_prep_kernel: the token blocks of the
-                      // members before, saturated at cap + 1). A member the fused kernel cannot load (Scheduler::
-                      // get_k_grouped: a first token or length off its 16-byte alignment, a grid past the
-                      // buffer's cap, NVFP4's odd grid start) becomes NaN; elements outside every member are
-                      // left alone (no GEMM reads them)
+                      // members before, saturated at cap + 1; -1 for a member the fused kernel cannot load,
+                      // whose copy is left alone: the prep kernel makes its alpha NaN, so D[g] is NaN as the
+                      // fused kernel's); elements outside every member are left alone too (no GEMM reads them)
   kGridMembersMnMajor = 4,  // the same, each member's grid [ceil(len / block), round_up(rows, 4)] after
                             // round_up(rows, 4) x prefix[g] entries
 };
@@ -39,20 +38,23 @@ struct DequantArgs {
   const u8* data;       // [rows, k] fp8, or packed e2m1 [rows, k / 2] (element 2i in the low nibble)
   const u8* scale;      // e8m0 (MXFP8) or e4m3 (NVFP4) scales, laid out by `grid`
   u16* out;             // [rows, k] bf16 (MXFP8) or fp16 (NVFP4)
-  i64 rows, k;          // k: elements per row
+  i64 rows, k;          // k: elements per row (members' prep: rows = A's, for NVFP4's odd-grid rule)
   i64 grid_rows;        // kGridMnMajor
   i32 grid;             // DequantGrid
-  i32 num_groups;       // kGridGroups; dequant_prep_kernel
-  const i64* offsets;   // kGridGroups: row offsets [num_groups + 1]
+  i32 num_groups;       // kGridGroups, members; dequant_prep_kernel
+  const i64* offsets;   // kGridGroups: row offsets [num_groups + 1]; members: token offsets
   i64* prefix;          // kGridGroups: padded grid rows before each group [num_groups + 1] (written by
                         // dequant_prep_kernel from the offsets clamped to [0, rows], saturated at cap + 1);
-                        // members: token blocks before each member (offsets clamped to [0, k])
+                        // members: token blocks before each member (offsets clamped to [0, k]), -1 for a
+                        // member the fused kernel cannot load (Scheduler::get_k_grouped: a first token or
+                        // length off Cfg::kMemberAlign, a grid past the cap, NVFP4's odd grid start of A)
   i64* starts;          // kGridGroups, members: the running maximum of the clamped offsets [num_groups + 1]
                         // (written by dequant_prep_kernel; GroupCursor's, rising whatever the offsets)
   i64 cap;              // kGridGroups: grid rows the scale buffer holds (m_total + 3 num_groups); members:
                         // its token blocks per row (ceil(k / block) + num_groups)
-  // dequant_prep_kernel, NVFP4: alpha_out[g] = alpha[g] (1 when null) x decode(a_amax[g]) x
-  // decode(b_amax[g]), in double, rounded once (the fused kernel's epilogue factor).
+  // dequant_prep_kernel, NVFP4 and members: alpha_out[g] = alpha[g] (1 when null), NVFP4 x
+  // decode(a_amax[g]) x decode(b_amax[g]) in double, rounded once (the fused kernel's epilogue
+  // factor); members: NaN for a member the fused kernel cannot load (its D[g] is NaN there).
   const float* alpha;
   const float* a_amax;
   const float* b_amax;
@@ -74,10 +76,10 @@ QF_HD i64 dequant_threads(i64 rows, i64 k, bool nvfp4, bool tiled) {
 #if defined(__CUDACC__)
 namespace dequant {
 
-// Group offset i clamped to [0, rows] (Scheduler::clamp_row in gemm.cuh).
-__device__ __forceinline__ i64 clamped_offset(const DequantArgs& a, int i) {
+// Offset i clamped to [0, hi] (gemm.cuh's Scheduler::clamp_row, hi = rows; clamp_tok, hi = k).
+__device__ __forceinline__ i64 clamped_offset(const DequantArgs& a, int i, i64 hi) {
   const i64 v = a.offsets[i];
-  return v < 0 ? 0 : v > a.rows ? a.rows : v;
+  return v < 0 ? 0 : v > hi ? hi : v;
 }
 
 template <class Cfg>
@@ -89,46 +91,40 @@ __device__ __forceinline__ bool members_grid(const DequantArgs& a) {
   return a.grid == kGridMembers || a.grid == kGridMembersMnMajor;
 }
 
-// Members: token offset i clamped to [0, k] (Scheduler::clamp_tok in gemm.cuh).
-__device__ __forceinline__ i64 member_offset(const DequantArgs& a, int i) {
-  const i64 v = a.offsets[i];
-  return v < 0 ? 0 : v > a.k ? a.k : v;
-}
-
 // A thread's place among the groups, kept across its grid strides (its positions only rise): the
 // last group whose first position (a.starts[g] x unit: kGridGroups rows, unit 1; members elements,
 // unit = rows) is at or before the position, or -1. a.starts is the running maximum of the clamped
 // offsets (dequant_prep_kernel), rising whatever the offsets, so the answer depends on the
-// position alone, however the thread came to it: one binary search, then a walk (a thread's
-// strides mostly stay in a group). Searching at every position (a chain of dependent loads per
-// run) made the copies of per-member operands 1.7x slower (docs/gemm.md, session 37).
+// position alone, however the thread came to it: a few steps on from the last group (a thread's
+// strides mostly stay in a group), else a binary search, so that many small groups cost log G per
+// position, not G per thread. Searching at every position (a chain of dependent loads per run)
+// made the copies of per-member operands 1.7x slower (docs/gemm.md, session 37).
 struct GroupCursor {
+  static constexpr int kSteps = 4;
   int g = -2;  // -2: not searched yet
   // Moves to pos's group; true where it changed.
   __device__ __forceinline__ bool seek(const DequantArgs& a, i64 pos, i64 unit) {
-    int h = g;
-    if (h == -2) {
-      h = -1;
-      if (a.starts[0] * unit <= pos) {
-        int lo = 0, hi = a.num_groups;  // the last of [lo, hi) that starts at or before pos
-        while (hi - lo > 1) {
-          const int mid = (lo + hi) / 2;
-          if (a.starts[mid] * unit <= pos) lo = mid;
-          else hi = mid;
-        }
-        h = lo;
+    const int G = a.num_groups;
+    int lo = g < 0 ? -1 : g;  // a group that starts at or before pos (-1: none known)
+    int step = g == -2 ? kSteps : 0;
+    for (; step < kSteps && lo + 1 < G && a.starts[lo + 1] * unit <= pos; ++step) ++lo;
+    if (step == kSteps && lo + 1 < G && a.starts[lo + 1] * unit <= pos) {
+      int hi = G;  // the last of [lo + 1, hi) that starts at or before pos
+      ++lo;
+      while (hi - lo > 1) {
+        const int mid = (lo + hi) / 2;
+        if (a.starts[mid] * unit <= pos) lo = mid;
+        else hi = mid;
       }
     }
-    while (h + 1 < a.num_groups && a.starts[h + 1] * unit <= pos) ++h;
-    const bool changed = h != g;
-    g = h;
+    const bool changed = lo != g;
+    g = lo;
     return changed;
   }
 };
 
 // The scale entry of block kb of row r in a compact or plain mn_major grid (kGridGroups: the
 // MXFP8 kernel's GroupCursor; members: dequant_members).
-template <class Cfg>
 __device__ __forceinline__ i64 scale_index(const DequantArgs& a, i64 r, i64 kb, i64 nblk) {
   if (a.grid == kGridCompact) return r * nblk + kb;
   const i64 pitch = i64(mn_major_rows(u64(a.grid_rows)));
@@ -190,44 +186,48 @@ __device__ __forceinline__ void fp4x16(uint2 in, u32 s2, u32 (&o)[8]) {
   }
 }
 
+// One NVFP4 block: eight packed bytes times their e4m3 scale byte -> sixteen fp16 at out.
+__device__ __forceinline__ void store_fp4x16(u16* out, uint2 in, u32 scale) {
+  u32 h, o[8];
+  asm("cvt.rn.f16x2.e4m3x2 %0, %1;" : "=r"(h) : "h"(u16(scale)));
+  fp4x16(in, (h & 0xFFFFu) | (h << 16), o);
+  reinterpret_cast<uint4*>(out)[0] = make_uint4(o[0], o[1], o[2], o[3]);
+  reinterpret_cast<uint4*>(out)[1] = make_uint4(o[4], o[5], o[6], o[7]);
+}
+
 // Members: one thread per run of 8 (fp8) or 16 (e2m1) elements of the operand's buffer, run i at
 // element 8i / 16i whatever member holds it, so that every element is written by one thread only,
 // whatever the offsets. The run's member is its GroupCursor's (a member spans rows x tokens
 // elements, so most of a thread's strides stay in it); the thread keeps the member's constants and
 // the run's row and token, stepped without a division. The data load goes first: nothing it reads
-// depends on the member. A run that reaches into the next member (only where that one starts off
-// its alignment) is NaN whole.
+// depends on the member. A member the fused kernel cannot load (prefix -1) is left alone: its
+// alpha is NaN. A loadable member's runs never pass its end (its start and length are multiples of
+// Cfg::kMemberAlign tokens, at least a run).
 template <class Cfg>
 __device__ __forceinline__ void dequant_members(const DequantArgs& a) {
   using F = typename Cfg::Format;
   constexpr int B = block_elems<Cfg>();
   constexpr int kRun = Cfg::kNvfp4 ? 16 : 8;
-  constexpr i64 kAlign = Cfg::kNvfp4 ? 32 : 16;  // tokens: the fused kernel's kMemberAlign (16 bytes)
-  const int G = a.num_groups;
+  static_assert(Cfg::kMemberAlign % kRun == 0, "a member's runs stay in its rows");
   const bool mn = a.grid == kGridMembersMnMajor;
   const i64 rows = a.rows;
   const i64 pitch = mn ? i64(mn_major_rows(u64(rows))) : rows;  // grid entries per token block
   const i64 total = rows * a.k / kRun;  // (k: a multiple of the run, as k_total is of 16-byte rows)
   const i64 stride = i64(gridDim.x) * Cfg::kThreads, step = stride * kRun;
   GroupCursor cur;
-  int g = -2;  // the member the constants below are of
-  i64 k0 = 0, len = 0, end = 0, next = 0, prefix = 0, cols = 0, r = 0, t = 0, dr = 0, dt = 0;
-  bool bad = false;
+  i64 k0 = 0, end = 0, prefix = -1, len = 0, cols = 0, r = 0, t = 0, dr = 0, dt = 0;  // of cur.g
   for (i64 i = i64(blockIdx.x) * Cfg::kThreads + threadIdx.x; i < total; i += stride) {
     const i64 p = i * kRun;
     const uint2 in = *reinterpret_cast<const uint2*>(a.data + (Cfg::kNvfp4 ? p / 2 : p));
     if (cur.seek(a, p, rows)) {  // a new member: its constants, and the run's place in it (one division)
-      g = cur.g;
-      next = g + 1 < G ? rows * a.starts[g + 1] : i64(0x7FFFFFFFFFFFFFFF);
-      if (g >= 0) {
-        k0 = member_offset(a, g);
-        len = max(k0, member_offset(a, g + 1)) - k0;
+      prefix = -1;
+      if (cur.g >= 0) {
+        k0 = clamped_offset(a, cur.g, a.k);
+        len = max(k0, clamped_offset(a, cur.g + 1, a.k)) - k0;
         end = rows * (k0 + len);
-        prefix = a.prefix[g];
+        prefix = a.prefix[cur.g];
         cols = (len + B - 1) / B;
-        bad = k0 % kAlign != 0 || len % kAlign != 0 || prefix + cols > a.cap ||
-              (Cfg::kNvfp4 && (prefix * rows) % 2 != 0);
-        if (!bad && p < end) {
+        if (prefix >= 0 && p < end) {
           const i64 q = p - rows * k0;
           r = q / len;
           t = q - r * len;
@@ -235,32 +235,20 @@ __device__ __forceinline__ void dequant_members(const DequantArgs& a) {
           dt = step - dr * len;
         }
       }
-    } else if (g >= 0 && !bad && p < end) {  // the same member, one stride on
+    } else if (prefix >= 0 && p < end) {  // the same member, one stride on
       r += dr;
       t += dt;
-      if (t >= len) t -= len, ++r;
-    }
-    bool nan = p + kRun > next;
-    if (!nan) {
-      if (g < 0 || p >= end) continue;  // before the first member, or between two
-      nan = bad;
-    }
-    const i64 si = nan ? 0 : pitch * prefix + (mn ? (t / B) * pitch + r : r * cols + t / B);
-    if constexpr (Cfg::kNvfp4) {
-      u32 o[8];
-      if (nan) {
-#pragma unroll
-        for (int j = 0; j < 8; ++j) o[j] = 0x7E007E00u;  // fp16 NaN pairs
-      } else {
-        u32 h2;
-        asm("cvt.rn.f16x2.e4m3x2 %0, %1;" : "=r"(h2) : "h"(u16(a.scale[si])));
-        fp4x16(in, (h2 & 0xFFFFu) | (h2 << 16), o);
+      if (t >= len) {
+        t -= len;
+        ++r;
       }
-      reinterpret_cast<uint4*>(a.out + p)[0] = make_uint4(o[0], o[1], o[2], o[3]);
-      reinterpret_cast<uint4*>(a.out + p)[1] = make_uint4(o[4], o[5], o[6], o[7]);
+    }
+    if (prefix < 0 || p >= end) continue;  // no member, past the last one's end, or one it cannot load
+    const i64 si = pitch * prefix + (mn ? (t / B) * pitch + r : r * cols + t / B);
+    if constexpr (Cfg::kNvfp4) {
+      store_fp4x16(a.out + p, in, a.scale[si]);
     } else {
-      const float mul = nan ? f32_quiet_nan() : e8m0_value(a.scale[si]);
-      *reinterpret_cast<uint4*>(a.out + p) = mx8<F>(in, mul);
+      *reinterpret_cast<uint4*>(a.out + p) = mx8<F>(in, e8m0_value(a.scale[si]));
     }
   }
 }
@@ -325,22 +313,8 @@ __global__ void __launch_bounds__(Cfg::kThreads) dequant_kernel(const DequantArg
         r = i / nblk;
         kb = i % nblk;
       }
-      const i64 e0 = kb * B;
-      const i64 si = dequant::scale_index<Cfg>(a, r, kb, nblk);
-      u16* out = a.out + r * a.k + e0;
-      u32 o[8];
-      if (si < 0) {  // (NVFP4 grids are compact: no row goes without a scale; kept for symmetry)
-#pragma unroll
-        for (int j = 0; j < 8; ++j) o[j] = 0u;
-      } else {
-        const u32 s = a.scale[si];
-        u32 h;
-        asm("cvt.rn.f16x2.e4m3x2 %0, %1;" : "=r"(h) : "h"(u16(s)));
-        const u32 s2 = (h & 0xFFFFu) | (h << 16);
-        dequant::fp4x16(*reinterpret_cast<const uint2*>(a.data + (r * a.k + e0) / 2), s2, o);
-      }
-      reinterpret_cast<uint4*>(out)[0] = make_uint4(o[0], o[1], o[2], o[3]);
-      reinterpret_cast<uint4*>(out)[1] = make_uint4(o[4], o[5], o[6], o[7]);
+      const i64 e = r * a.k + kb * B;
+      dequant::store_fp4x16(a.out + e, *reinterpret_cast<const uint2*>(a.data + e / 2), a.scale[dequant::scale_index(a, r, kb, nblk)]);
     } else {
       i64 r, e0, si;  // the row and first element of this thread's 8, their block's scale entry
       if (tiled) {
@@ -359,15 +333,15 @@ __global__ void __launch_bounds__(Cfg::kThreads) dequant_kernel(const DequantArg
         // The row's group: rows outside every group have no scale (zero), a group whose grid
         // would pass the buffer NaN (as the fused kernel's scheduler).
         if (cur.seek(a, r, 1) && cur.g >= 0) {
-          first = dequant::clamped_offset(a, cur.g);
-          end = max(first, dequant::clamped_offset(a, cur.g + 1));
+          first = dequant::clamped_offset(a, cur.g, a.rows);
+          end = max(first, dequant::clamped_offset(a, cur.g + 1, a.rows));
           pitch = i64(mn_major_rows(u64(end - first)));
           bad = a.prefix[cur.g] + pitch > a.cap;
           base = nblk * a.prefix[cur.g] - first;
         }
         si = cur.g < 0 || r >= end ? -1 : bad ? -2 : base + r + e0 / B * pitch;
       } else {
-        si = dequant::scale_index<Cfg>(a, r, e0 / B, nblk);
+        si = dequant::scale_index(a, r, e0 / B, nblk);
       }
       const float mul = si >= 0 ? dequant::e8m0_value(a.scale[si]) : si == -1 ? 0.0f : f32_quiet_nan();
       *reinterpret_cast<uint4*>(a.out + r * a.k + e0) = dequant::mx8<F>(in, mul);
@@ -376,37 +350,47 @@ __global__ void __launch_bounds__(Cfg::kThreads) dequant_kernel(const DequantArg
 }
 
 // One block before the operands' dequantization: kGridGroups' grid prefix or the members' token-block
-// prefix (each thread a run of groups, then a scan of the runs' sums) and NVFP4's per-group alpha.
+// prefix (each thread a run of groups, then a scan of the runs' sums), the groups' starts (a scan
+// of the runs' maxima), and the per-group alpha of NVFP4 and of members (alpha_out).
 template <class Cfg>
 __global__ void __launch_bounds__(1024) dequant_prep_kernel(const DequantArgs a) {
   const int G = a.num_groups, t = threadIdx.x;
-  if (a.alpha_out) {
-    for (int g = t; g < G; g += 1024) {
-      const float alpha = a.alpha ? a.alpha[g] : 1.0f;
-      const float da = nvfp4_global_decode_scale(nvfp4_global_encode_scale(a.a_amax[g]));
-      const float db = nvfp4_global_decode_scale(nvfp4_global_encode_scale(a.b_amax[g]));
-      a.alpha_out[g] = float(double(alpha) * double(da) * double(db));
-    }
-  }
+  const bool members = dequant::members_grid(a);
+  auto factor = [&](int g) {  // the GEMM's alpha of group g: the caller's, times NVFP4's decode scales
+    const float alpha = a.alpha ? a.alpha[g] : 1.0f;
+    if (!a.a_amax) return alpha;
+    const float da = nvfp4_global_decode_scale(nvfp4_global_encode_scale(a.a_amax[g]));
+    const float db = nvfp4_global_decode_scale(nvfp4_global_encode_scale(a.b_amax[g]));
+    return float(double(alpha) * double(da) * double(db));
+  };
+  if (a.alpha_out && !members)
+    for (int g = t; g < G; g += 1024) a.alpha_out[g] = factor(g);
   if (!a.prefix) return;
   const int per = (G + 1023) / 1024, g0 = t * per, g1 = min(G, g0 + per);  // this thread's run of groups
-  const bool members = dequant::members_grid(a);
-  // Clamped offsets (kGridGroups: to the rows a.rows; members: to the tokens a.k), and group g's
-  // grid rows (kGridGroups: its padded rows; members: its token blocks), as the kernels read them.
-  auto offset = [&](int g) { return members ? dequant::member_offset(a, g) : dequant::clamped_offset(a, g); };
+  // Clamped offsets (kGridGroups: to the rows; members: to the tokens), and group g's grid rows
+  // (kGridGroups: its padded rows; members: its token blocks), as the kernels read them.
+  auto offset = [&](int g) { return dequant::clamped_offset(a, g, members ? a.k : a.rows); };
   auto pitch = [&](int g) -> i64 {
     const i64 n = offset(g + 1) - offset(g);
     if (n <= 0) return 0;
     return members ? (n + dequant::block_elems<Cfg>() - 1) / dequant::block_elems<Cfg>() : i64(mn_major_rows(u64(n)));
   };
   __shared__ i64 runs[1024];
-  // prefix[g]: the grid rows of groups 0..g-1, saturated at cap + 1.
+  // prefix[g]: the grid rows of groups 0..g-1, saturated at cap + 1; members: -1 for one the fused
+  // kernel cannot load (Scheduler::get_k_grouped's rule), whose alpha becomes NaN.
   auto add = [&](i64 x, i64 y) { return x + y > a.cap + 1 ? a.cap + 1 : x + y; };
   i64 p = 0;
   for (int g = g0; g < g1; ++g) p += pitch(g);
   p = dequant::scan_runs(runs, p, add);
   for (int g = g0; g < g1; ++g) {
     a.prefix[g] = p;
+    if (members) {
+      const i64 k0 = offset(g), len = max(k0, offset(g + 1)) - k0;
+      const bool bad = k0 % Cfg::kMemberAlign != 0 || len % Cfg::kMemberAlign != 0 || p + pitch(g) > a.cap ||
+                       (Cfg::kNvfp4 && (p * a.rows) % 2 != 0);  // NVFP4 A's grid read two bytes at a time
+      if (bad) a.prefix[g] = -1;
+      a.alpha_out[g] = bad ? f32_quiet_nan() : factor(g);
+    }
     p = add(p, pitch(g));
   }
   if (t == 1023) a.prefix[G] = p;

@@ -1148,19 +1148,19 @@ TEST(GemmDequant, WorkspaceHoldsBothCopiesPerCall) {
   using S = GemmScaling;
   const auto E4 = ElemFormat::E4M3, F4 = ElemFormat::E2M1;
   GemmSpec mx = dequant(make(S::Mx32, E4, E4, DType::BF16, false, false, 0, 1, 128, 256, 512));
-  DequantWorkspace w = dequant_workspace(mx, 1000, 4);
+  DequantWorkspace w = dequant_workspace(mx, 1000, 4, 0);
   EXPECT_EQ(w.a, 0);
   EXPECT_EQ(w.b, 1000 * 512 * 2);  // (a multiple of 256)
   EXPECT_EQ(w.total, w.b + 4 * 256 * 512 * 2);
   EXPECT_EQ(w.alpha, -1);
   EXPECT_EQ(w.prefix, -1);
   mx.scale_layout = ScaleLayout::MnMajor;  // A's per-group grid prefix and the groups' starts
-  w = dequant_workspace(mx, 1000, 4);
+  w = dequant_workspace(mx, 1000, 4, 0);
   EXPECT_EQ(w.prefix, 1000 * 512 * 2 + 4 * 256 * 512 * 2);
   EXPECT_EQ(w.starts, w.prefix + 256);
   EXPECT_EQ(w.total, w.starts + 256);
   const GemmSpec fp4 = dequant(k_grouped(make(S::Nvfp4, F4, F4, DType::FP32, false, false, 0, 1, 128, 136), 200));
-  w = dequant_workspace(fp4, 4096, 8);  // K-grouped: A [200, 4096], B [136, 4096], alpha [8]
+  w = dequant_workspace(fp4, 4096, 8, 0);  // K-grouped: A [200, 4096], B [136, 4096], alpha [8]
   EXPECT_EQ(w.b, 200 * 4096 * 2);
   EXPECT_EQ(w.alpha, w.b + 136 * 4096 * 2);
   EXPECT_EQ(w.total, w.alpha + 256);
@@ -1175,8 +1175,15 @@ TEST(GemmDequant, WorkspaceHoldsBothCopiesPerCall) {
   EXPECT_EQ(w.starts, w.prefix + 256);  // 9 x 8 bytes, 256-aligned
   EXPECT_EQ(w.inner, w.starts + 256);
   EXPECT_EQ(w.total, w.inner + 1024);
+  // MXFP8 members have an alpha too: NaN for a member the fused kernel cannot load.
+  const GemmSpec mxm = dequant(members(make(S::Mx32, E4, E4, DType::FP32, false, false, 0, 1, 128, 136), 200));
+  w = dequant_workspace(mxm, 4096, 8, 1000);
+  EXPECT_EQ(w.alpha, 200 * 4096 * 2 + 136 * 4096 * 2);
+  EXPECT_EQ(w.prefix, w.alpha + 256);
+  EXPECT_EQ(dequant_workspace(dequant(k_grouped(make(S::Mx32, E4, E4, DType::FP32, false, false, 0, 1, 128, 136), 200)), 4096, 8, 0).alpha,
+            -1);
   rt::Gemm gemm(mx);
-  EXPECT_EQ(gemm.workspace_bytes(1000, 4), dequant_workspace(mx, 1000, 4).total);
+  EXPECT_EQ(gemm.workspace_bytes(1000, 4), dequant_workspace(mx, 1000, 4, 0).total);
   EXPECT_THROW((void)gemm.workspace_bytes(), UserError);  // the copies depend on the call
   // A call without it, or with too little, is refused before anything runs.
   rt::GemmCall c;
@@ -1293,7 +1300,7 @@ TEST(GemmAuto, WorkspaceAndRunFollowTheChoice) {
   EXPECT_EQ(gemm.route_for(4 * 64, 4), GemmRoute::Fused);
   EXPECT_EQ(gemm.workspace_bytes(4 * 64, 4), 0);
   EXPECT_EQ(gemm.route_for(4 * 2048, 4), GemmRoute::Dequant);
-  EXPECT_EQ(gemm.workspace_bytes(4 * 2048, 4), dequant_workspace(gemm_route_spec(mx, GemmRoute::Dequant), 4 * 2048, 4).total);
+  EXPECT_EQ(gemm.workspace_bytes(4 * 2048, 4), dequant_workspace(gemm_route_spec(mx, GemmRoute::Dequant), 4 * 2048, 4, 0).total);
   try {
     (void)gemm.workspace_bytes();
     FAIL() << "auto's workspace depends on the call";

@@ -125,7 +125,9 @@ Device to_device(const GemmSpec& spec, const ref::GemmProblem& p) {
   return d;
 }
 
-std::vector<uint8_t> run(const GemmSpec& spec, Device& dev, int max_ctas = 0) {
+// zero_workspace: the workspace zero-filled instead of poisoned (the dequant route on members: a
+// member the fused kernel cannot load must be NaN by its own doing, not by the poison).
+std::vector<uint8_t> run(const GemmSpec& spec, Device& dev, int max_ctas = 0, bool zero_workspace = false) {
   rt::Gemm gemm(spec);
   rt::Stream stream;
   // Members: the kernel's tensor-map ring (poisoned: every map it uses must be one it wrote); the
@@ -135,7 +137,7 @@ std::vector<uint8_t> run(const GemmSpec& spec, Device& dev, int max_ctas = 0) {
   const int64_t ws_bytes = copies ? gemm.workspace_bytes(k_grouped(spec.layout) ? dev.call.k_total : dev.call.m_total,
                                                          dev.call.num_groups)
                                   : gemm.workspace_bytes();
-  DeviceBuffer ws = rt::testing::poisoned_buffer(size_t(std::max<int64_t>(ws_bytes, 256)));
+  DeviceBuffer ws = rt::testing::poisoned_buffer(size_t(std::max<int64_t>(ws_bytes, 256)), zero_workspace ? 0x00 : 0xFF);
   if (spec.layout == GemmLayout::KGroupedMembers || copies) dev.call.workspace = rt::testing::view_of(ws);
   dev.call.max_ctas = max_ctas;
   gemm.run(dev.call, stream.get());
@@ -172,35 +174,41 @@ TEST_P(GemmExact, BitExactSmallIntegers) {
   const Case& c = GetParam();
   const GemmSpec& s = c.spec;
   const ref::GemmProblem p = problem_of(c, ref::GemmValues::SmallIntegers, 1234 + c.groups.size());
-  Device dev = to_device(s, p);
-  const std::vector<uint8_t> got = run(s, dev, c.max_ctas);
-
   const ref::GemmRows ref = reference_of_every_row(s, p);
-  int64_t bad = 0, nans = 0;
-  std::ostringstream first;
-  for (int64_t r = 0; r < p.out_rows; ++r)
-    for (int64_t n = 0; n < s.n; ++n) {
-      const int64_t idx = r * s.n + n;
-      const uint32_t g = out_bits(s, got, idx);
-      uint32_t want;
-      if (ref.group[size_t(r)] < 0) {  // no group: untouched (poison, or the previous output)
-        want = s.accumulate ? f32_bits(p.d_init[size_t(idx)]) : (s.out_dtype == DType::FP32 ? 0xFFFFFFFFu : 0xFFFFu);
-      } else if (std::isnan(ref.value[size_t(idx)])) {  // members: a member the kernel cannot load
-        ++nans;
-        if (!std::isnan(bits_value(s, g)) && bad++ < 1)
+  // The dequant route on members runs twice: over a poisoned workspace (every copy element the GEMM
+  // reads is written) and a zero-filled one (a member the fused kernel cannot load is NaN by the
+  // route's own doing).
+  const bool twice = s.route != GemmRoute::Fused && s.layout == GemmLayout::KGroupedMembers;
+  for (const bool zero_workspace : twice ? std::vector<bool>{false, true} : std::vector<bool>{false}) {
+    SCOPED_TRACE(zero_workspace ? "zero-filled workspace" : "poisoned workspace");
+    Device dev = to_device(s, p);
+    const std::vector<uint8_t> got = run(s, dev, c.max_ctas, zero_workspace);
+    int64_t bad = 0, nans = 0;
+    std::ostringstream first;
+    for (int64_t r = 0; r < p.out_rows; ++r)
+      for (int64_t n = 0; n < s.n; ++n) {
+        const int64_t idx = r * s.n + n;
+        const uint32_t g = out_bits(s, got, idx);
+        uint32_t want;
+        if (ref.group[size_t(r)] < 0) {  // no group: untouched (poison, or the previous output)
+          want = s.accumulate ? f32_bits(p.d_init[size_t(idx)]) : (s.out_dtype == DType::FP32 ? 0xFFFFFFFFu : 0xFFFFu);
+        } else if (std::isnan(ref.value[size_t(idx)])) {  // members: a member the kernel cannot load
+          ++nans;
+          if (!std::isnan(bits_value(s, g)) && bad++ < 1)
+            first << "row " << r << " (group " << ref.group[size_t(r)] << ") col " << n << ": got " << bits_value(s, g)
+                  << ", expected NaN (a misaligned member)";
+          continue;
+        } else {
+          want = ref::exact_output(s, ref.value[size_t(idx)], s.accumulate ? p.d_init[size_t(idx)] : 0.0f);
+        }
+        if (g != want && bad++ < 1)
           first << "row " << r << " (group " << ref.group[size_t(r)] << ") col " << n << ": got " << bits_value(s, g)
-                << ", expected NaN (a misaligned member)";
-        continue;
-      } else {
-        want = ref::exact_output(s, ref.value[size_t(idx)], s.accumulate ? p.d_init[size_t(idx)] : 0.0f);
+                << " (0x" << std::hex << g << "), expected " << bits_value(s, want) << " (0x" << want << std::dec << ")";
       }
-      if (g != want && bad++ < 1)
-        first << "row " << r << " (group " << ref.group[size_t(r)] << ") col " << n << ": got " << bits_value(s, g)
-              << " (0x" << std::hex << g << "), expected " << bits_value(s, want) << " (0x" << want << std::dec << ")";
+    EXPECT_EQ(bad, 0) << bad << " of " << p.out_rows * s.n << " elements differ; first: " << first.str();
+    if (s.layout == GemmLayout::KGroupedMembers) {
+      EXPECT_GT(nans, 0) << "the members cases include misaligned members";
     }
-  EXPECT_EQ(bad, 0) << bad << " of " << p.out_rows * s.n << " elements differ; first: " << first.str();
-  if (s.layout == GemmLayout::KGroupedMembers) {
-    EXPECT_GT(nans, 0) << "the members cases include misaligned members";
   }
 }
 
@@ -387,6 +395,16 @@ std::vector<Case> exact_cases() {
           mtok4, 32);
   members("dequant_members_nvfp4_odd_grid_start", dequant(spec_of(S::Nvfp4, F4, F4, DType::FP32, true, false, 128, 128, 1, 136, 129)),
           {64, 8, 24, 64}, 0);
+  // An empty member at a misaligned token (8; NVFP4 16): NaN by both routes (the 16-bit copies
+  // would take it, and it has no elements to poison).
+  for (GemmRoute route : {GemmRoute::Fused, GemmRoute::Dequant}) {
+    const std::string r = route == GemmRoute::Dequant ? "dequant_" : "";
+    GemmSpec mx = spec_of(S::Mx32, E4, E4, DType::BF16, false, false, 128, 128, 1, 136, 130);
+    GemmSpec f4 = spec_of(S::Nvfp4, F4, F4, DType::FP32, true, false, 128, 128, 1, 136, 130);
+    mx.route = f4.route = route;
+    members(r + "members_mxfp8_empty_misaligned", mx, {8, 0, 8, 16, 32}, 16);
+    members(r + "members_nvfp4_empty_misaligned", f4, {16, 0, 16, 32, 64}, 32);
+  }
   // NVFP4: e2m1 operands dequantized to fp16 on chip (e4m3 per 16 of K, per-tensor amax).
   add("nvfp4_bf16", spec_of(S::Nvfp4, F4, F4, DType::BF16, false, false, 128, 128, 1, 200, 384));
   add("nvfp4_fp32_acc_noalpha", spec_of(S::Nvfp4, F4, F4, DType::FP32, true, false, 128, 128, 1, 256, 512), {}, 3, false);
@@ -806,6 +824,30 @@ TEST(GemmEdge, DequantClampsOffsetsAsTheFusedKernel) {
   }
 }
 
+// Members' token offsets past k_total (-16 and 1000 with k_total 160) are clamped to [0, k_total]
+// by both routes and the reference: members of 64 and 96 tokens, whose grids the dequant route's
+// prep kernel lays out from the clamped offsets. Every output exact.
+TEST(GemmEdge, MembersClampOffsetsOnBothRoutes) {
+  QF_SKIP_WITHOUT_GPU();
+  for (GemmRoute route : {GemmRoute::Fused, GemmRoute::Dequant}) {
+    GemmSpec s = mn_major(spec_of(GemmScaling::Mx32, ElemFormat::E4M3, ElemFormat::E4M3, DType::FP32, false, false, 128, 128,
+                                  1, 128, 0));
+    s.layout = GemmLayout::KGroupedMembers, s.m = 136, s.route = route;
+    ref::GemmProblem p = ref::make_k_grouped_gemm_problem(s, std::vector<int64_t>{64, 96}, 0, ref::GemmValues::SmallIntegers, false, 37);
+    p.offsets = {-16, 64, 1000};
+    Device dev = to_device(s, p);
+    const std::vector<uint8_t> got = run(s, dev);
+    const ref::GemmRows ref = reference_of_every_row(s, p);
+    int64_t bad = 0;
+    for (int64_t r = 0; r < p.out_rows; ++r)
+      for (int64_t n = 0; n < s.n; ++n) {
+        ASSERT_FALSE(std::isnan(ref.value[size_t(r * s.n + n)])) << "both members load once clamped";
+        bad += out_bits(s, got, r * s.n + n) != ref::exact_output(s, ref.value[size_t(r * s.n + n)], 0.0f);
+      }
+    EXPECT_EQ(bad, 0) << (route == GemmRoute::Dequant ? "dequant" : "fused") << " route: elements that differ";
+  }
+}
+
 // Route auto takes the route it names (route_for): with a poisoned workspace of the dequant
 // route's size, the dequant route leaves its copies there and the fused kernel leaves it alone;
 // either way the rows checked are exact. N = 2048, K = 512 (the exact tests' K: small-integer sums
@@ -824,7 +866,7 @@ TEST(GemmEdge, AutoRouteRunsTheRouteItChooses) {
       const GemmRoute want = rows == 64 ? GemmRoute::Fused : GemmRoute::Dequant;
       ASSERT_EQ(gemm.route_for(p.m_total, 2), want) << rows;
       const int64_t copy_bytes =
-          dequant_workspace(gemm_route_spec(s, GemmRoute::Dequant), p.m_total, 2).total;
+          dequant_workspace(gemm_route_spec(s, GemmRoute::Dequant), p.m_total, 2, 0).total;
       EXPECT_EQ(gemm.workspace_bytes(p.m_total, 2), want == GemmRoute::Dequant ? copy_bytes : 0);
       DeviceBuffer ws = rt::testing::poisoned_buffer(size_t(copy_bytes));
       dev.call.workspace = rt::testing::view_of(ws);
