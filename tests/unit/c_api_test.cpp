@@ -699,9 +699,10 @@ TEST_F(CApi, GemmDequantRouteAndItsWorkspace) {
   int64_t bytes = -1;
   EXPECT_EQ(qf_gemm_workspace_bytes(g, &bytes), QF_ERR_USER);  // the copies depend on the call
   EXPECT_NE(std::string(qf_last_error()).find("workspace_bytes(extent, num_groups)"), std::string::npos) << qf_last_error();
-  // bf16 copies of A [1000, 512] and B [4, 256, 512], then the mn_major A grid prefix [5] (256-byte parts).
+  // bf16 copies of A [1000, 512] and B [4, 256, 512], then the mn_major A grid prefix [5] and the
+  // groups' starts [5] (256-byte parts).
   ASSERT_EQ(qf_gemm_workspace_bytes_for(g, 1000, 4, &bytes), QF_OK) << qf_last_error();
-  EXPECT_EQ(bytes, 1000 * 512 * 2 + 4 * 256 * 512 * 2 + 256);
+  EXPECT_EQ(bytes, 1000 * 512 * 2 + 4 * 256 * 512 * 2 + 2 * 256);
   EXPECT_EQ(qf_gemm_workspace_bytes_for(g, -1, 4, &bytes), QF_ERR_USER);
   EXPECT_NE(std::string(qf_last_error()).find("extent: expected 0 <= m_total"), std::string::npos) << qf_last_error();
   qf_gemm_destroy(g);
