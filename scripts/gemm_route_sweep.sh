@@ -6,10 +6,14 @@
 # choose_gemm_route) was set from, with the route auto takes and its time against the faster
 # route's; rerun it on another GPU to check the rule there.
 #   scripts/gemm_route_sweep.sh OUT_DIR [ROUNDS]
+# SCALINGS="mxfp8" sweeps one format (default "mxfp8 nvfp4"); SWEEP_ARGS adds `qforge gemm`
+# arguments to every case (e.g. "--scale-layout mn_major", the shipped mxfp8_hopper's grids).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${1:?usage: scripts/gemm_route_sweep.sh OUT_DIR [ROUNDS]}
 ROUNDS=${2:-1}
+SCALINGS=${SCALINGS:-mxfp8 nvfp4}
+read -r -a EXTRA <<<"${SWEEP_ARGS:-}"
 mkdir -p "$OUT"
 : >"$OUT/sweep.jsonl"
 . scripts/gpu_build.sh
@@ -29,14 +33,14 @@ for ((r = 1; r <= ROUNDS; ++r)); do
   for c in "${CASES[@]}"; do
     read -r layout g n k tokens <<<"$c"
     for t in $tokens; do
-      for sc in mxfp8 nvfp4; do
+      for sc in $SCALINGS; do
         for route in fused dequant auto; do
           if [ "$layout" = m ]; then
             args=(--groups "$g" --m "$t" --n "$n" --k "$k")
           else
             args=(--k-grouped --groups "$g" --m "$k" --n "$n" --k "$t")
           fi
-          $Q gemm --scaling "$sc" --route "$route" "${args[@]}" --bench --iters 30 --json "$OUT/sweep.jsonl" \
+          $Q gemm --scaling "$sc" --route "$route" "${args[@]}" "${EXTRA[@]}" --bench --iters 30 --json "$OUT/sweep.jsonl" \
             >>"$OUT/sweep.log" 2>&1 || echo "failed: $sc --route $route ${args[*]} (see $OUT/sweep.log)"
         done
       done
