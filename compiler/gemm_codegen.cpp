@@ -112,6 +112,12 @@ GemmOperandFormat parse_gemm_format(std::string_view name, const std::string& wh
   return {*f, DType::BF16};
 }
 
+GemmLayout parse_gemm_layout(std::string_view name, const std::string& where) {
+  for (GemmLayout l : {GemmLayout::MGrouped, GemmLayout::KGrouped, GemmLayout::KGroupedMembers})
+    if (name == qf::name(l)) return l;
+  throw UserError(where, "expected m_grouped, k_grouped or k_grouped_members, got \"" + std::string(name) + "\"");
+}
+
 ScaleLayout parse_gemm_scale_layout(std::string_view name, const std::string& where) {
   if (name == "compact") return ScaleLayout::Compact;
   if (name == "mn_major") return ScaleLayout::MnMajor;

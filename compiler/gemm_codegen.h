@@ -162,6 +162,8 @@ GemmOperandFormat parse_gemm_format(std::string_view name, const std::string& wh
 // A GEMM's scale layout by name: "compact" or "mn_major" (GemmSpec::scale_layout); UserError(where,
 // ...) for any other (the CLI's --scale-layout, the C API's spec->scale_layout).
 ScaleLayout parse_gemm_scale_layout(std::string_view name, const std::string& where);
+// "m_grouped", "k_grouped" or "k_grouped_members" (name(GemmLayout)); UserError at `where` otherwise.
+GemmLayout parse_gemm_layout(std::string_view name, const std::string& where);
 // The format of operand A (b_side false) or B that a scaling takes when none is named (the table's
 // a_default / b_default: e2m1 for nvfp4, bf16 for none, bf16 x int8 for channel, else e4m3); with
 // none, B's default is the format A was given as (a_named, when not empty: one type for both).

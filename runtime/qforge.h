@@ -165,7 +165,7 @@ qf_status qf_quantizer_update_amax_history(const qf_quantizer* q, const char* sc
  *   masked layout (m_max > 0): group g owns rows [g*m_max, g*m_max + group_counts[g]).
  *   D[rows] (+)= alpha[g] * dequant(A[rows]) @ dequant(B[g])^T,
  *   A [m_total, K] and B [G, N, K] fp8 or int8 K-major (nvfp4: packed e2m1, K/2 bytes per row), D [m_total, N]
- *   bf16 or fp32. K-grouped specs (wgrad) come from recipes: A [m, k_total], B [N, k_total],
+ *   bf16 or fp32. K-grouped specs (wgrad; spec->layout, or a recipe's): A [m, k_total], B [N, k_total],
  *   group_offsets split k_total, D [G, m, N]; "k_grouped_members": the grouped quantizer's
  *   per-member copies [m, M_g] and [N, M_g] back to back in the same bytes. */
 typedef struct qf_gemm qf_gemm;
@@ -188,7 +188,7 @@ typedef struct qf_gemm_spec {
      mxfp8 B's one per expert; docs/gemm.md); NULL = "compact". The shipped mxfp8_hopper recipe
      writes mn_major grids: a spec for its operands needs "mn_major". */
   const char* scale_layout;
-  /* mxfp8 and nvfp4 (every layout; k_grouped_members since 0.3.1): "fused" (one kernel dequantizes on chip), "dequant"
+  /* mxfp8 and nvfp4 (every layout; k_grouped_members since 0.4.0): "fused" (one kernel dequantizes on chip), "dequant"
      (both operands dequantized once into bf16 / fp16 copies in args->workspace, sized by
      qf_gemm_workspace_bytes_for, then the bf16 / fp16 GEMM with this tile: faster where many tokens
      meet the weights, slower where few do; docs/gemm.md) or "auto" (per call, the one expected to
@@ -197,6 +197,13 @@ typedef struct qf_gemm_spec {
      outputs must not depend on the batch size); NULL = "fused". Appended in 0.2.0 ("auto" since
      0.3.0): zero the struct before filling it. */
   const char* route;
+  /* "m_grouped" (fprop, dgrad: K fixed, each group's rows at run time), "k_grouped" (wgrad: m output
+     rows per group, k = 0, each group's tokens at run time: args->k_total split by group_offsets) or
+     "k_grouped_members" (the same on the grouped quantizer's per-member copies); NULL =
+     "m_grouped". m: a K-grouped spec's output rows (A's rows), 0 for m_grouped. Appended in 0.4.0
+     (a recipe's "layout" and "m" before): zero the struct before filling it. */
+  const char* layout;
+  int64_t m;
 } qf_gemm_spec;
 
 /* Every pointer is device memory of the current context, 16-byte aligned for a, b and d (TMA),

@@ -165,6 +165,8 @@ qf::GemmSpec to_gemm_spec(const qf_gemm_spec& c) {
   s.tile = {c.block_m, c.block_n, c.stages, c.multicast, c.raster_m, c.ordered};
   if (c.scale_layout) s.scale_layout = qf::parse_gemm_scale_layout(c.scale_layout, "spec->scale_layout");
   if (c.route) s.route = qf::parse_gemm_route(c.route, "spec->route");
+  if (c.layout) s.layout = qf::parse_gemm_layout(c.layout, "spec->layout");
+  s.m = c.m;  // (validate: k-grouped rows, or 0)
   try {  // the spec's own rules, named as the caller's fields ("spec->tile.block_n: ...")
     qf::validate(s);
   } catch (const qf::UserError& e) {

@@ -468,17 +468,21 @@ class Gemm(_Handle):
     def __init__(self, scaling: str, n: int, k: int, *, a_format: Optional[str] = None, b_format: Optional[str] = None,
                  out_dtype: Optional[str] = None, accumulate: bool = False, fast_accum: bool = False, block_m: int = 0,
                  block_n: int = 0, stages: int = 0, multicast: int = 0, raster_m: int = 0, ordered: Union[bool, int] = 0,
-                 scale_layout: Optional[str] = None, route: Optional[str] = None):
+                 scale_layout: Optional[str] = None, route: Optional[str] = None, layout: Optional[str] = None,
+                 m: int = 0):
         """route: "fused" (the default), "dequant" (mxfp8 / nvfp4: both operands dequantized into
         16-bit copies in the run's workspace, then the bf16 / fp16 GEMM; docs/gemm.md) or "auto"
-        (per run, the one expected to be faster: route_for)."""
+        (per run, the one expected to be faster: route_for). layout: "m_grouped" (the default;
+        fprop, dgrad), "k_grouped" (wgrad: m output rows per group, k=0, the tokens split at run
+        time by group_offsets over run(..., k_total=...)) or "k_grouped_members" (the same on the
+        grouped quantizer's per-member copies)."""
         # ordered: True / False (the C API's 2 on / 1 off), or 0 (chosen by qforge), 1, 2 as the C API takes them.
         ordered_c = (2 if ordered else 1) if isinstance(ordered, bool) else _int(ordered, "ordered", 32)
         spec = _capi.GemmSpecC(_str(scaling, "scaling"), _bytes(a_format), _bytes(b_format), _int(n, "n"), _int(k, "k"),
                                _bytes(out_dtype), int(bool(accumulate)), int(bool(fast_accum)),
                                _int(block_m, "block_m", 32), _int(block_n, "block_n", 32), _int(stages, "stages", 32),
                                _int(multicast, "multicast", 32), _int(raster_m, "raster_m", 32), ordered_c,
-                               _bytes(scale_layout), _bytes(route))
+                               _bytes(scale_layout), _bytes(route), _bytes(layout), _int(m, "m"))
         h = ctypes.c_void_p()
         _call("qf_gemm_create", ctypes.byref(spec), ctypes.byref(h))
         super().__init__(h)

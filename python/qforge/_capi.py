@@ -42,7 +42,8 @@ class GemmSpecC(Structure):
     _fields_ = [("scaling", c_char_p), ("a_format", c_char_p), ("b_format", c_char_p), ("n", c_int64),
                 ("k", c_int64), ("out_dtype", c_char_p), ("accumulate", c_int), ("fast_accum", c_int),
                 ("block_m", c_int), ("block_n", c_int), ("stages", c_int), ("multicast", c_int),
-                ("raster_m", c_int), ("ordered", c_int), ("scale_layout", c_char_p), ("route", c_char_p)]
+                ("raster_m", c_int), ("ordered", c_int), ("scale_layout", c_char_p), ("route", c_char_p),
+                ("layout", c_char_p), ("m", c_int64)]
 
 
 class GemmArgsC(Structure):
@@ -91,8 +92,8 @@ SIGNATURES = {
 }
 
 
-PACKAGE_VERSION = "0.3.1"  # python/pyproject.toml's; the CMake project's (tests/python checks both)
-SONAME = "libqforge.so.0.3"  # runtime/CMakeLists.txt: SOVERSION major.minor
+PACKAGE_VERSION = "0.4.0"  # python/pyproject.toml's; the CMake project's (tests/python checks both)
+SONAME = "libqforge.so.0.4"  # runtime/CMakeLists.txt: SOVERSION major.minor
 
 
 def candidate_paths():

@@ -269,6 +269,14 @@ def test_gemm_auto_route():
     assert ctx.gemm(0).route_for(8 * 1024, 8) == "dequant"
     assert ctx.gemm(1).route_for(8 * 1024, 8) == "dequant"  # per-member copies have the route too
     assert ctx.gemm(2).route_for(8 * 1024, 8) == "fused"  # h(256, 256) = 128
+    # The same spec without a recipe: layout and m (k=0).
+    g = qforge.Gemm("nvfp4", n=7168, k=0, layout="k_grouped_members", m=4096, route="auto")
+    assert g.describe() == "e2m1 x e2m1 nvfp4 (auto route) k-grouped (members) M=4096 N=7168 -> bf16"
+    assert g.route_for(8 * 1024, 8) == "dequant"
+    with pytest.raises(qforge.UserError, match=r'spec->layout: expected m_grouped, k_grouped or k_grouped_members, got "wgrad"'):
+        qforge.Gemm("nvfp4", n=7168, k=0, layout="wgrad", m=4096)
+    with pytest.raises(qforge.UserError, match=r"spec->m: m-grouped: rows are per group at run time"):
+        qforge.Gemm("nvfp4", n=7168, k=512, m=4096)
 
 
 # -------------------------------------------------------------------------------------------- GPU

@@ -721,6 +721,50 @@ TEST_F(CApi, GemmDequantRouteAndItsWorkspace) {
 }
 
 // "auto": the route per call (qf_gemm_route_for), the workspace following it; no GPU needed.
+// K-grouped specs (wgrad) straight from the struct (0.4.0): layout and m, k = 0; each field's
+// error names it.
+TEST_F(CApi, GemmKGroupedSpecWithoutARecipe) {
+  qf_gemm* g = nullptr;
+  qf_gemm_spec s = blockwise_spec();
+  s.scaling = "mxfp8";
+  s.scale_layout = "mn_major";
+  s.layout = "k_grouped_members";
+  s.m = 4096;
+  s.n = 7168;
+  s.k = 0;
+  s.out_dtype = "fp32";
+  s.accumulate = 1;
+  s.route = "auto";
+  ASSERT_EQ(qf_gemm_create(&s, &g), QF_OK) << qf_last_error();
+  EXPECT_STREQ(qf_gemm_describe(g),
+               "e4m3 x e4m3 mxfp8 (mn_major scales) (auto route) k-grouped (members) M=4096 N=7168 -> fp32 (accumulate)");
+  const char* route = nullptr;
+  ASSERT_EQ(qf_gemm_route_for(g, 8 * 1024, 8, &route), QF_OK) << qf_last_error();  // h(4096, 7168)
+  EXPECT_STREQ(route, "dequant");
+  int64_t a = 0, b = 0;  // e8m0 [4096 rows padded to 4, 8192 / 32 + 8 token blocks] each side (mn_major)
+  ASSERT_EQ(qf_gemm_scale_bytes(g, 8 * 1024, 8, &a, &b), QF_OK) << qf_last_error();
+  EXPECT_EQ(a, 4096 * (8 * 1024 / 32 + 8));
+  EXPECT_EQ(b, 7168 * (8 * 1024 / 32 + 8));
+  qf_gemm_destroy(g);
+  s.layout = "k_grouped";
+  s.route = nullptr;
+  ASSERT_EQ(qf_gemm_create(&s, &g), QF_OK) << qf_last_error();
+  EXPECT_STREQ(qf_gemm_describe(g), "e4m3 x e4m3 mxfp8 (mn_major scales) k-grouped M=4096 N=7168 -> fp32 (accumulate)");
+  qf_gemm_destroy(g);
+  auto expect_error = [&](const char* what) {
+    EXPECT_EQ(qf_gemm_create(&s, &g), QF_ERR_USER);
+    EXPECT_NE(std::string(qf_last_error()).find(what), std::string::npos) << qf_last_error();
+  };
+  s.k = 512;  // K-grouped: K is each group's tokens
+  expect_error("spec->k: k-grouped: K is each group's token count, read at run time: expected 0, got 512");
+  s.k = 0, s.m = 0;
+  expect_error("spec->m: k-grouped: expected the rows of each output in [1, 2^24], got 0");
+  s.layout = "wgrad";
+  expect_error("spec->layout: expected m_grouped, k_grouped or k_grouped_members, got \"wgrad\"");
+  s = blockwise_spec(), s.m = 128;  // m_grouped: rows at run time
+  expect_error("spec->m: m-grouped: rows are per group at run time: expected 0, got 128");
+}
+
 TEST_F(CApi, GemmAutoRouteNamesItsChoice) {
   qf_gemm* g = nullptr;
   qf_gemm_spec s = blockwise_spec();
