@@ -626,6 +626,35 @@ def test_mxfp8_gemm_routes_are_exact_on_small_integers(route):
     assert torch.equal(d.float().cpu(), want)
 
 
+@gpu
+@pytest.mark.parametrize("route", ["fused", "dequant"])
+def test_mxfp8_members_wgrad_from_the_spec_is_exact(route):
+    # A K-grouped members spec made without a recipe (layout, m; k=0): two members of 64 and 96
+    # tokens, each its own A_g [m, M_g] and B_g [N, M_g] back to back with its own e8m0 grid
+    # [rows, M_g / 32]; small integers times 2^0 or 2^1 sum exactly in fp32 on both routes.
+    torch = _torch_on_sm90()
+    m, n, tokens = 128, 128, (64, 96)
+    g = torch.Generator().manual_seed(7)
+    a_int = [torch.randint(-2, 3, (m, t), generator=g).float() for t in tokens]
+    b_int = [torch.randint(-1, 2, (n, t), generator=g).float() for t in tokens]
+    a_exp = [torch.randint(127, 129, (m, t // 32), generator=g) for t in tokens]
+    b_exp = [torch.randint(127, 129, (n, t // 32), generator=g) for t in tokens]
+    gemm = qforge.Gemm("mxfp8", n=n, k=0, layout="k_grouped_members", m=m, route=route, out_dtype="fp32")
+    def flat(parts, dtype, size=0):  # the members back to back (scale grids: in buffers of scale_bytes)
+        t = torch.cat([p.flatten() for p in parts])
+        return torch.cat([t, t.new_zeros(max(size - t.numel(), 0))]).to(dtype).cuda()
+    sa_bytes, sb_bytes = gemm.scale_bytes(sum(tokens), len(tokens))  # room for one partial block per member
+    d = torch.empty(len(tokens), m, n, dtype=torch.float32, device="cuda")
+    offsets = torch.tensor([0, tokens[0], sum(tokens)], dtype=torch.int64, device="cuda")
+    gemm.run(flat(a_int, torch.float8_e4m3fn), flat(b_int, torch.float8_e4m3fn), d,
+             a_scale=flat(a_exp, torch.uint8, sa_bytes), b_scale=flat(b_exp, torch.uint8, sb_bytes),
+             group_offsets=offsets, k_total=sum(tokens))
+    torch.cuda.synchronize()
+    val = lambda x, e: x * torch.repeat_interleave(2.0 ** (e - 127).float(), 32, dim=1)
+    want = torch.stack([val(a_int[i], a_exp[i]) @ val(b_int[i], b_exp[i]).T for i in range(len(tokens))])
+    assert torch.equal(d.cpu(), want)
+
+
 def test_integer_and_string_arguments_are_checked():
     # ctypes would truncate or wrap these; each is a UserError naming the argument instead.
     ctx = qforge.Context(RECIPES / "mxfp8.json")
