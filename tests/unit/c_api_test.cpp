@@ -720,7 +720,6 @@ TEST_F(CApi, GemmDequantRouteAndItsWorkspace) {
   qf_gemm_destroy(g);
 }
 
-// "auto": the route per call (qf_gemm_route_for), the workspace following it; no GPU needed.
 // K-grouped specs (wgrad) straight from the struct (0.4.0): layout and m, k = 0; each field's
 // error names it.
 TEST_F(CApi, GemmKGroupedSpecWithoutARecipe) {
@@ -765,6 +764,7 @@ TEST_F(CApi, GemmKGroupedSpecWithoutARecipe) {
   expect_error("spec->m: m-grouped: rows are per group at run time: expected 0, got 128");
 }
 
+// "auto": the route per call (qf_gemm_route_for), the workspace following it; no GPU needed.
 TEST_F(CApi, GemmAutoRouteNamesItsChoice) {
   qf_gemm* g = nullptr;
   qf_gemm_spec s = blockwise_spec();

@@ -800,28 +800,36 @@ TEST(GemmEdge, DequantMxMnMajorGridPastTheBufferIsNaN) {
   expect_mn_major_grid_past_the_buffer_is_nan(GemmScaling::Mx32, GemmRoute::Dequant);
 }
 
-// Offsets past the rows (-4 and 200 with m_total 128) are clamped to [0, m_total] by both routes
-// and the reference: groups of 60 and 68 rows, whose mn_major A grids (pitches 60 and 68) the
-// dequant route's prep kernel must lay out from the clamped offsets. Every row exact.
-TEST(GemmEdge, DequantClampsOffsetsAsTheFusedKernel) {
-  QF_SKIP_WITHOUT_GPU();
+// Runs s on p by both routes and expects every output exact against the reference (each row in a
+// group, none NaN: offsets out of range are clamped alike by both and by the reference).
+void expect_both_routes_exact(GemmSpec s, const ref::GemmProblem& p) {
   for (GemmRoute route : {GemmRoute::Fused, GemmRoute::Dequant}) {
-    GemmSpec s = mn_major(spec_of(GemmScaling::Mx32, ElemFormat::E4M3, ElemFormat::E4M3, DType::FP32, false, false, 128, 128,
-                                  1, 128, 256));
     s.route = route;
-    ref::GemmProblem p = ref::make_gemm_problem(s, std::vector<int64_t>{60, 68}, 0, ref::GemmValues::SmallIntegers, false, 29);
-    p.offsets = {-4, 60, 200};
     Device dev = to_device(s, p);
     const std::vector<uint8_t> got = run(s, dev);
     const ref::GemmRows ref = reference_of_every_row(s, p);
     int64_t bad = 0;
     for (int64_t r = 0; r < p.out_rows; ++r)
       for (int64_t n = 0; n < s.n; ++n) {
+        const double want = ref.value[size_t(r * s.n + n)];
         ASSERT_GE(ref.group[size_t(r)], 0) << "row " << r << " is in a group once clamped";
-        bad += out_bits(s, got, r * s.n + n) != ref::exact_output(s, ref.value[size_t(r * s.n + n)], 0.0f);
+        ASSERT_FALSE(std::isnan(want)) << "row " << r << " loads once clamped";
+        bad += out_bits(s, got, r * s.n + n) != ref::exact_output(s, want, 0.0f);
       }
     EXPECT_EQ(bad, 0) << (route == GemmRoute::Dequant ? "dequant" : "fused") << " route: elements that differ";
   }
+}
+
+// Offsets past the rows (-4 and 200 with m_total 128) are clamped to [0, m_total] by both routes
+// and the reference: groups of 60 and 68 rows, whose mn_major A grids (pitches 60 and 68) the
+// dequant route's prep kernel must lay out from the clamped offsets. Every row exact.
+TEST(GemmEdge, DequantClampsOffsetsAsTheFusedKernel) {
+  QF_SKIP_WITHOUT_GPU();
+  const GemmSpec s = mn_major(spec_of(GemmScaling::Mx32, ElemFormat::E4M3, ElemFormat::E4M3, DType::FP32, false, false, 128,
+                                      128, 1, 128, 256));
+  ref::GemmProblem p = ref::make_gemm_problem(s, std::vector<int64_t>{60, 68}, 0, ref::GemmValues::SmallIntegers, false, 29);
+  p.offsets = {-4, 60, 200};
+  expect_both_routes_exact(s, p);
 }
 
 // Members' token offsets past k_total (-16 and 1000 with k_total 160) are clamped to [0, k_total]
@@ -829,23 +837,12 @@ TEST(GemmEdge, DequantClampsOffsetsAsTheFusedKernel) {
 // prep kernel lays out from the clamped offsets. Every output exact.
 TEST(GemmEdge, MembersClampOffsetsOnBothRoutes) {
   QF_SKIP_WITHOUT_GPU();
-  for (GemmRoute route : {GemmRoute::Fused, GemmRoute::Dequant}) {
-    GemmSpec s = mn_major(spec_of(GemmScaling::Mx32, ElemFormat::E4M3, ElemFormat::E4M3, DType::FP32, false, false, 128, 128,
-                                  1, 128, 0));
-    s.layout = GemmLayout::KGroupedMembers, s.m = 136, s.route = route;
-    ref::GemmProblem p = ref::make_k_grouped_gemm_problem(s, std::vector<int64_t>{64, 96}, 0, ref::GemmValues::SmallIntegers, false, 37);
-    p.offsets = {-16, 64, 1000};
-    Device dev = to_device(s, p);
-    const std::vector<uint8_t> got = run(s, dev);
-    const ref::GemmRows ref = reference_of_every_row(s, p);
-    int64_t bad = 0;
-    for (int64_t r = 0; r < p.out_rows; ++r)
-      for (int64_t n = 0; n < s.n; ++n) {
-        ASSERT_FALSE(std::isnan(ref.value[size_t(r * s.n + n)])) << "both members load once clamped";
-        bad += out_bits(s, got, r * s.n + n) != ref::exact_output(s, ref.value[size_t(r * s.n + n)], 0.0f);
-      }
-    EXPECT_EQ(bad, 0) << (route == GemmRoute::Dequant ? "dequant" : "fused") << " route: elements that differ";
-  }
+  GemmSpec s = mn_major(spec_of(GemmScaling::Mx32, ElemFormat::E4M3, ElemFormat::E4M3, DType::FP32, false, false, 128, 128,
+                                1, 128, 0));
+  s.layout = GemmLayout::KGroupedMembers, s.m = 136;
+  ref::GemmProblem p = ref::make_k_grouped_gemm_problem(s, std::vector<int64_t>{64, 96}, 0, ref::GemmValues::SmallIntegers, false, 37);
+  p.offsets = {-16, 64, 1000};
+  expect_both_routes_exact(s, p);
 }
 
 // Route auto takes the route it names (route_for): with a poisoned workspace of the dequant
