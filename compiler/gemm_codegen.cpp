@@ -487,8 +487,8 @@ DequantSource emit_dequant(const GemmSpec& s) {
     e.alias("Format", traits(f).device_type);
     e.constant("kNvfp4", gemm_dequant_packed(f));  // packed e2m1 with e4m3 block scales
     // Members: a member's first token and length must be multiples of this (16 bytes, as the fused
-    // kernel's TMA loads need them: gemm_k_total_multiple).
-    e.constant("kMemberAlign", int64_t(128 / gemm_operand_bits(s, f)));
+    // kernel's TMA loads need them; A's and B's bits agree).
+    e.constant("kMemberAlign", gemm_k_total_multiple(s));
     e.constant("kThreads", int64_t(out.threads));
     e.close(";");
   }

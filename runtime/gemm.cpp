@@ -285,24 +285,16 @@ void Gemm::run_dequant(const GemmCall& c, CUstream stream) const {
     a.rows = rows;
     a.k = k;
     a.grid = kGridCompact;
-    if (members) {  // each member's own matrix and grid (the prep kernel's prefix)
+    if (grouped_grid && (members || is_a)) {  // grids per group (M-grouped A) or per member (both operands)
       a.grid = prep.grid;
       a.num_groups = int(g);
       a.offsets = prep.offsets;
       a.prefix = prep.prefix;
       a.starts = prep.starts;
       a.cap = prep.cap;
-    } else if (mn) {  // (mn_major grids: MXFP8 only, validate)
+    } else if (mn) {  // one mn_major grid per tensor, expert or masked slot (MXFP8 only, validate)
       a.grid = kGridMnMajor;
-      a.grid_rows = kg ? rows : !is_a ? s.n : masked ? c.m_max : 0;
-      if (is_a && !kg && !masked) {
-        a.grid = kGridGroups;
-        a.num_groups = int(g);
-        a.offsets = prep.offsets;
-        a.prefix = prep.prefix;
-        a.starts = prep.starts;
-        a.cap = prep.cap;
-      }
+      a.grid_rows = kg ? rows : !is_a ? s.n : c.m_max;
     }
     const int64_t threads = dequant_threads(rows, k, gemm_dequant_packed(is_a ? s.a_format : s.b_format), a.grid != kGridCompact);
     if (threads == 0) return;
