@@ -34,6 +34,11 @@ struct Case {
   std::vector<int64_t> splits;  // grouped when non-empty
   bool edge_values = false;     // NaN, Inf, denormals, values at / above max
   bool separate = false;        // QFORGE_ONE_LAUNCH=0: memsets + amax kernel + cast kernel
+  // 16-row RHT groups whose outputs sit where the order of the transform's 1/4 and the bf16
+  // rounding matters (docs/numerics.md: 1/4 first): 1 outputs in fp32's subnormal range beside
+  // normal ones, only such outputs, zeros, NaN; 2 the same with outputs past bf16's max before
+  // the 1/4 (and so multipliers below 2^-100 and blocks of scale zero).
+  int rht_edges = 0;
 };
 
 std::string case_label(const Case& c) {
@@ -47,10 +52,28 @@ std::string case_label(const Case& c) {
   if (!c.splits.empty()) s += "__grouped" + std::to_string(c.splits.size());
   if (c.edge_values) s += "__edge";
   if (c.separate) s += "__separate";
+  if (c.rht_edges) s += "__rht_edges" + std::to_string(c.rht_edges);
   return s;
 }
 std::string case_name(const ::testing::TestParamInfo<Case>& info) { return case_label(info.param); }
 void PrintTo(const Case& c, std::ostream* os) { *os << case_label(c); }
+
+// One element of a 16-row RHT group (rows r % 16 of column col), by the column's kind. With
+// the default sign mask rows 0 and 1 of a group enter every output with the same sign (outputs
+// 2i) or opposite ones (2i + 1), so two equal values there leave the odd outputs to the rest.
+float rht_edge_value(int edges, int64_t r, int64_t col, float normal_value, std::mt19937_64& rng) {
+  const int g = int(r % 16);
+  // Values on the bf16 subnormal grid (and zero), both signs: sums of them stay below 2^-124.
+  const float tiny = std::ldexp(float(int(rng() % 255) - 127), -133);
+  switch (col % 6) {
+    case 0: return g < 2 ? 1.5f : tiny;  // odd outputs tiny, even ones near 3
+    case 1: return tiny;                  // every output tiny
+    case 2: return g % 2 ? -0.0f : 0.0f;
+    case 3: return g == 5 ? NAN : normal_value;
+    case 4: return edges == 2 ? (g < 2 ? 1.7e38f : tiny) : normal_value * std::ldexp(1.0f, int(rng() % 41) - 20);
+    default: return edges == 2 ? std::ldexp(normal_value, 100) : normal_value;
+  }
+}
 
 ref::HostTensor make_input(const Case& c, uint64_t seed) {
   ref::HostTensor x;
@@ -68,6 +91,7 @@ ref::HostTensor make_input(const Case& c, uint64_t seed) {
     float v = normal(rng) * row_scale_base * (1.0f + float(r % 7));
     if (col < 40 && r < 40 && r >= 8 && r < 24) v = 0.0f;  // a zero region: zero blocks
     if (i == n / 3) v = 300.0f * row_scale_base;            // an outlier
+    if (c.rht_edges) v = rht_edge_value(c.rht_edges, r, col, v, rng);
     if (c.edge_values) {
       const uint64_t k = rng() % 64;
       static const float kEdges[] = {NAN, INFINITY, -INFINITY, 1e-40f, -1e-42f, 448.0f, 449.0f,
@@ -236,6 +260,14 @@ std::vector<Case> all_cases() {
       }
       // fp16 through interior and edge tiles of every tile shape (128-row tiles: 16-bit staging).
       cases.push_back({r, role, Usage::Training, DType::FP16, {300, 384}, {}, false});
+      // RHT groups at the rounding edges (both launch forms).
+      for (int edges : {1, 2})
+        if (std::string(r).find("nvfp4") != std::string::npos)
+          for (bool separate : {false, true}) {
+            Case e{r, role, Usage::Training, DType::BF16, {256, 384}, {}, false, separate};
+            e.rht_edges = edges;
+            cases.push_back(e);
+          }
       // Small single tensors take the one-launch fused kernel where the plan has one; these take
       // the separate launches instead (as large and grouped tensors do).
       for (Shape2D s : {Shape2D{31, 33}, Shape2D{200, 320}})
