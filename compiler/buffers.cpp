@@ -11,23 +11,40 @@ int64_t ScaleGrid::offset(int64_t r, int64_t c) const {
   return r * padded_cols + c;
 }
 
+void check_extent(Shape2D in, bool grouped, const std::string& arg) {
+  const std::string got = "[" + std::to_string(in.m) + ", " + std::to_string(in.k) + "]";
+  if (in.m < (grouped ? 0 : 1) || in.k < 1)
+    throw UserError(arg, grouped ? "expected a grouped tensor of 0..2^31 rows (all members) and 1..2^31 columns, got " + got
+                                 : "expected a non-empty 2-D tensor, got " + got);
+  if (in.m > kMaxDim || in.k > kMaxDim) throw UserError(arg, "dimensions above 2^31 are not supported, got " + got);
+  if (in.m * in.k > kMaxElems) throw UserError(arg, "more than 2^50 elements are not supported, got " + got);
+}
+
+namespace {
+// Packed (two per byte) data along the rows of a stream's layout needs an even row length.
+void check_packed_rows(const Stream& s, int64_t row_length) {
+  if (traits(s.format).elems_per_byte == 2 && row_length % 2 != 0)
+    throw UserError("shape", std::string(name(s.dir)) + " " + std::string(traits(s.format).name) +
+                                 " data packs two elements per byte along its rows: the row length (" +
+                                 std::to_string(row_length) + ") must be even");
+}
+}  // namespace
+
 void check_shape(const Plan& p, Shape2D in) {
-  if (in.m <= 0 || in.k <= 0)
-    throw UserError("shape", "expected a non-empty 2-D tensor, got [" + std::to_string(in.m) + ", " +
-                                 std::to_string(in.k) + "]");
-  if (in.m > (int64_t(1) << 31) || in.k > (int64_t(1) << 31))
-    throw UserError("shape", "dimensions above 2^31 are not supported");
+  check_extent(in, false);
   for (const auto& s : p.streams) {
-    const Shape2D d = data_shape(s, in);
-    if (traits(s.format).elems_per_byte == 2 && d.k % 2 != 0)
-      throw UserError("shape", std::string(name(s.dir)) + " " + std::string(traits(s.format).name) +
-                                   " data packs two elements per byte along its rows: the row length (" +
-                                   std::to_string(d.k) + ") must be even");
+    check_packed_rows(s, data_shape(s, in).k);
     if (s.rht && in.m % 16 != 0)
       throw UserError("shape", "the random Hadamard transform of the " + std::string(name(s.dir)) +
                                    " stream works on groups of 16 rows: M (" + std::to_string(in.m) +
                                    ") must be a multiple of 16");
   }
+}
+
+void check_grouped_shape(const Plan& p, Shape2D total) {
+  check_extent(total, true);
+  for (const auto& s : p.streams)
+    if (s.layout != DataLayout::Transposed) check_packed_rows(s, total.k);
 }
 
 Shape2D data_shape(const Stream& s, Shape2D in) {

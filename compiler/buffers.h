@@ -46,8 +46,18 @@ struct BufferDesc {
   std::string scale_layout;
 };
 
+// The largest call: each dimension at most 2^31, M * K at most 2^50 elements, so that every
+// byte count derived from a shape fits int64.
+inline constexpr int64_t kMaxDim = int64_t(1) << 31, kMaxElems = int64_t(1) << 50;
+
+// Throws UserError (argument `arg`, default "shape") unless 1 <= M, K <= 2^31 (grouped: M, the
+// members' total, may be 0) and M * K <= 2^50.
+void check_extent(Shape2D shape, bool grouped, const std::string& arg = "shape");
 // Throws UserError (argument "shape") if the plan cannot quantize this shape.
 void check_shape(const Plan& plan, Shape2D shape);
+// The rules of check_shape a grouped call's K must meet on the host (each member's rows are
+// device data): packed rowwise data along K needs an even K.
+void check_grouped_shape(const Plan& plan, Shape2D total);
 
 // The data elements one scale entry covers, in data-layout coordinates [rows, cols]; 0 means
 // the whole extent of that dimension (per-tensor: {0, 0}; per-channel rowwise: {1, 0}).

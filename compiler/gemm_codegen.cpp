@@ -183,11 +183,13 @@ GemmSpec gemm_route_spec(const GemmSpec& s, GemmRoute r) {
   return out;
 }
 
-std::string_view default_gemm_format(GemmScaling s, bool b_side, std::string_view a_named) {
+std::string_view default_gemm_format(GemmScaling s, bool b_side, std::string_view other_named) {
   const GemmScalingTraits& t = traits(s);
-  if (!b_side) return t.a_default;
-  if (!t.b_default.empty()) return t.b_default;
-  return a_named.empty() ? t.a_default : a_named;
+  // int8 operands pair with int8 (s8 x s8 MMAs) but for channel scaling's int8 weights; none's
+  // 16-bit operands share one type.
+  if (other_named == "int8" && t.b_default != "int8") return "int8";
+  if (t.b_default.empty() && (other_named == "bf16" || other_named == "fp16")) return other_named;
+  return b_side && !t.b_default.empty() ? t.b_default : t.a_default;
 }
 
 void set_gemm_formats(GemmSpec& s, const GemmOperandFormat& a, const GemmOperandFormat& b, const std::string& b_where) {

@@ -165,9 +165,11 @@ ScaleLayout parse_gemm_scale_layout(std::string_view name, const std::string& wh
 // "m_grouped", "k_grouped" or "k_grouped_members" (name(GemmLayout)); UserError at `where` otherwise.
 GemmLayout parse_gemm_layout(std::string_view name, const std::string& where);
 // The format of operand A (b_side false) or B that a scaling takes when none is named (the table's
-// a_default / b_default: e2m1 for nvfp4, bf16 for none, bf16 x int8 for channel, else e4m3); with
-// none, B's default is the format A was given as (a_named, when not empty: one type for both).
-std::string_view default_gemm_format(GemmScaling s, bool b_side, std::string_view a_named = {});
+// a_default / b_default: e2m1 for nvfp4, bf16 for none, bf16 x int8 for channel, else e4m3),
+// given the format the other operand was named as (other_named, when not empty): an int8 other
+// operand makes it int8 (but channel's weights), and with none a bf16 / fp16 other makes it the
+// same (one type).
+std::string_view default_gemm_format(GemmScaling s, bool b_side, std::string_view other_named = {});
 // Puts A's and B's formats into the spec (identity operands set operand_dtype: one dtype for both,
 // else UserError(b_where)).
 void set_gemm_formats(GemmSpec& s, const GemmOperandFormat& a, const GemmOperandFormat& b, const std::string& b_where);

@@ -107,8 +107,14 @@ class Node {
     int64_t v = 0;
     if (j_.is_number_integer() || j_.is_number_unsigned()) {
       if (j_.is_number_unsigned() && j_.get<uint64_t>() > uint64_t(INT64_MAX))
-        fail("expected an integer in [" + std::to_string(lo) + ", " + std::to_string(hi) + "]");
+        fail("expected an integer in [" + std::to_string(lo) + ", " + std::to_string(hi) + "], got " + j_.dump());
       v = j_.get<int64_t>();
+    } else if (j_.is_number_float()) {
+      // A number without a fractional part is an integer, as JSON Schema (and the schema) say: 4096.0.
+      const double d = j_.get<double>();
+      if (!(d == std::floor(d)) || !(std::fabs(d) < 9.0e18) || d < double(lo) || d > double(hi))
+        fail("expected an integer in [" + std::to_string(lo) + ", " + std::to_string(hi) + "], got " + j_.dump());
+      v = int64_t(d);
     } else {
       fail("expected an integer, got " + type_name(j_));
     }
@@ -252,7 +258,7 @@ Scaling parse_scaling(const Node& n, ElemFormat fmt, Direction dir) {
           if constexpr (requires { m.epsilon; }) {
             if (auto e = n.find("epsilon")) {
               double v = e->number();
-              if (!(v >= 0 && v < 1e30)) e->fail("epsilon must be finite and >= 0");
+              if (!(v >= 0 && v < 1e30)) e->fail("epsilon must be >= 0 and below 1e30, got " + e->raw().dump());
               m.epsilon = float(v);
             }
           }
@@ -426,7 +432,7 @@ RolePattern parse_pattern(const Node& n) {
     p.parts = parse_role(s, n.ptr());
   } catch (const UserError&) {
     n.fail("bad role pattern \"" + Node::printable(s) +
-           "\"; expected module_type:tensor_type[:name], each part a name ([A-Za-z0-9_.-]) or \"*\", "
+           "\"; expected module_type:tensor_type[:name], each part a name of 1-64 characters ([A-Za-z0-9_.-]) or \"*\", "
            "e.g. \"linear:weight\" or \"*:grad_output\"");
   }
   return p;
@@ -595,9 +601,8 @@ RecipeGemm parse_gemm(const Node& g) {
       return parse_gemm_format(n->str(), key);
     }
     const bool b_side = std::string_view(key) == "b_format";
-    const auto a = g.find("a_format");
-    const std::string a_named = b_side && a ? a->str() : "";
-    return parse_gemm_format(default_gemm_format(s.scaling, b_side, a_named), key);
+    const auto other = g.find(b_side ? "a_format" : "b_format");
+    return parse_gemm_format(default_gemm_format(s.scaling, b_side, other ? other->str() : ""), key);
   };
   const GemmOperandFormat a_format = format("a_format"), b_format = format("b_format");
   try {
@@ -701,12 +706,24 @@ Recipe parse_recipe(std::string_view text) {
   // silently): a K-grouped one (wgrad) the transposed copies (128x1, 32x1) of the input and
   // grad_output roles; an M-grouped one (fprop, dgrad) every role's rowwise copies (1x128, 1x32:
   // A, and MXFP8 fprop's B) and, where B's grids follow the layout too (mn_major_b: MXFP8), the
-  // weights' transposed copies (dgrad's B). Checked on the standard roles.
+  // weights' transposed copies (dgrad's B). Checked on every role a rule can serve: the standard
+  // roles and each pattern's own, its wildcards standing for a name no pattern gives (and for each
+  // standard tensor type), resolved as a call would resolve them.
+  std::set<std::string> served(standard_roles().begin(), standard_roles().end());
+  if (!r.gemms.empty())
+    for (const RoleRule& rule : r.roles)
+      for (const RolePattern& p : rule.patterns) {
+        const std::string any = "qforge-any";
+        const std::string module = p.parts[0] == "*" ? any : p.parts[0], name = p.parts[2] == "*" ? "" : ":" + p.parts[2];
+        const std::vector<std::string> tensors =
+            p.parts[1] == "*" ? std::vector<std::string>{"weight", "input", "grad_output", any} : std::vector<std::string>{p.parts[1]};
+        for (const std::string& t : tensors) served.insert(module + ":" + t + name);
+      }
   for (const RecipeGemm& g : r.gemms) {
     const GemmScalingTraits& gt = traits(g.spec.scaling);
     if (!gt.mn_major_ok) continue;  // GEMMs that read 1D block grids as given
     const bool kg = k_grouped(g.spec.layout);
-    for (const std::string_view role : standard_roles()) {
+    for (const std::string& role : served) {
       const bool weight = parse_role(role)[1] == "weight";
       const RoleRule* rule = nullptr;
       try {
@@ -753,10 +770,13 @@ Recipe load_recipe(const std::filesystem::path& path) {
     throw UserError(path.string(), "is a directory; expected a recipe file (qforge prewarm and tune take directories)");
   std::ifstream in(path, std::ios::binary);
   if (!in) throw UserError(path.string(), "cannot open recipe file");
-  std::ostringstream ss;
-  ss << in.rdbuf();
-  std::string text = ss.str();
-  if (text.size() > (1u << 20)) throw UserError(path.string(), "recipe file is larger than 1 MiB");
+  // At most 1 MiB and one byte: a huge file, a device or a pipe that never ends is refused
+  // without being read whole.
+  constexpr size_t kMaxBytes = size_t(1) << 20;
+  std::string text(kMaxBytes + 1, '\0');
+  in.read(text.data(), std::streamsize(text.size()));
+  text.resize(size_t(in.gcount()));
+  if (text.size() > kMaxBytes) throw UserError(path.string(), "recipe file is larger than 1 MiB");
   try {
     return parse_recipe(text);
   } catch (const UserError& e) {

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cstring>
 
+#include "compiler/buffers.h"
 #include "compiler/error.h"
 #include "qforge/dequant.cuh"
 #include "qforge/gemm.cuh"
@@ -164,14 +165,27 @@ int Gemm::persistent_ctas() const {
   return inner_ ? inner_->persistent_ctas() : load_for_current_device()->grid;
 }
 
-void Gemm::check_call_size(int64_t extent, int64_t num_groups) const {
-  const bool kg = k_grouped(spec_.layout);
+void check_gemm_call_size(const GemmSpec& s, int64_t extent, int64_t num_groups) {
+  const bool kg = k_grouped(s.layout);
   if (extent < 0 || extent > (kg ? (int64_t(1) << 31) - 1 : kMaxMTotal))
     throw UserError("extent", std::string("expected 0 <= ") + (kg ? "k_total < 2^31" : "m_total <= 2^31 - 257") +
                                   ", got " + std::to_string(extent));
   if (num_groups < 1 || num_groups > kMaxGroups)
     throw UserError("num_groups", "expected 1.." + std::to_string(kMaxGroups) + ", got " + std::to_string(num_groups));
+  // Every operand within 2^50 elements, so that the byte counts derived from them fit int64:
+  // M-grouped A [extent, K], D [extent, N], B [G, N, K]; K-grouped A [M, extent], B [N, extent],
+  // D [G, M, N]. (Dimensions are at most 2^24, so n * k and m * n do not overflow.)
+  const int64_t wide = kg ? std::max(s.m, s.n) : std::max(s.n, s.k), per_group = kg ? s.m * s.n : s.n * s.k;
+  if (extent > 0 && wide > kMaxElems / extent)
+    throw UserError("extent", std::string(kg ? "k_total" : "m_total") + " " + std::to_string(extent) + " x " +
+                                  std::to_string(wide) + ": an operand of more than 2^50 elements is not supported");
+  if (per_group > kMaxElems / num_groups)
+    throw UserError("num_groups", std::to_string(num_groups) + " groups of " + std::to_string(per_group) + " (" +
+                                      (kg ? "m x n" : "n x k") +
+                                      ") elements: an operand of more than 2^50 elements is not supported");
 }
+
+void Gemm::check_call_size(int64_t extent, int64_t num_groups) const { check_gemm_call_size(spec_, extent, num_groups); }
 
 GemmRoute Gemm::route_for(int64_t extent, int num_groups) const {
   check_call_size(extent, num_groups);

@@ -80,7 +80,7 @@ typedef struct qf_named_buffer {
 
 typedef struct qf_quantize_args {
   const void* input; /* device [m, k] in the quantizer's input dtype (grouped: total rows) */
-  int64_t m, k;
+  int64_t m, k;      /* 1..2^31 each, m * k <= 2^50; grouped: m (all members' rows) may be 0 */
   const qf_named_buffer* buffers; /* every output (and input, e.g. delayed "scale") buffer */
   int num_buffers;
   void* workspace; /* qf_quantizer_workspace_bytes(); may be NULL when that is 0 */

@@ -144,8 +144,10 @@ qf::GemmSpec to_gemm_spec(const qf_gemm_spec& c) {
   s.scaling = *sc;
   auto format = [&](const char* name, const char* field, bool b_side) {
     // which combinations a scaling takes: qf::validate
-    const std::string_view a_named = b_side && c.a_format ? std::string_view(c.a_format) : std::string_view();
-    return qf::parse_gemm_format(name ? std::string_view(name) : qf::default_gemm_format(s.scaling, b_side, a_named), field);
+    const char* other = b_side ? c.a_format : c.b_format;
+    return qf::parse_gemm_format(name ? std::string_view(name)
+                                      : qf::default_gemm_format(s.scaling, b_side, other ? std::string_view(other) : std::string_view()),
+                                 field);
   };
   qf::set_gemm_formats(s, format(c.a_format, "spec->a_format", false), format(c.b_format, "spec->b_format", true),
                        "spec->b_format");
@@ -326,10 +328,11 @@ qf_status qf_quantizer_workspace_bytes(const qf_quantizer* q, int64_t m, int64_t
   return guarded([&] {
     require(q, "q");
     require(out, "out");
-    if (num_members < 1)
-      throw qf::UserError("num_members", "expected >= 1, got " + std::to_string(num_members));
+    if (num_members < 1 || num_members > (1 << 20))
+      throw qf::UserError("num_members", "expected 1..2^20, got " + std::to_string(num_members));
     const qf::Shape2D shape{m, k};
-    qf::check_shape(q->q->plan(), shape);
+    if (q->q->plan().grouped) qf::check_grouped_shape(q->q->plan(), shape);
+    else qf::check_shape(q->q->plan(), shape);
     *out = q->q->workspace_bytes(shape, num_members);
   });
 }
@@ -360,10 +363,9 @@ qf_status qf_quantize(qf_quantizer* q, const qf_quantize_args* args, void* cuda_
     call.input.dtype = q->q->plan().input;
     call.input.shape = {args->m, args->k};
     // Bytes of the input: the caller states only the shape; bound it before multiplying (the
-    // per-member rules of grouped tensors are the caller's, as in rt::Quantizer).
-    if (args->m <= 0 || args->k <= 0 || args->m > (int64_t(1) << 31) || args->k > (int64_t(1) << 31))
-      throw qf::UserError("args->m, args->k", "expected 1..2^31 each, got [" + std::to_string(args->m) +
-                                                  ", " + std::to_string(args->k) + "]");
+    // per-member rules of grouped tensors are the caller's, as in rt::Quantizer; their total M
+    // may be 0).
+    qf::check_extent(call.shape, q->q->plan().grouped, "args->m, args->k");
     call.input.bytes = args->m * args->k * qf::traits(q->q->plan().input).bytes;
     for (int i = 0; i < args->num_buffers; ++i) {
       const qf_named_buffer& b = args->buffers[i];
@@ -484,11 +486,7 @@ qf_status qf_gemm_scale_bytes(const qf_gemm* g, int64_t extent, int num_groups, 
     require(b_bytes, "b_bytes");
     const qf::GemmSpec& s = g->g->spec();
     const bool kg = qf::k_grouped(s.layout);
-    if (extent < 0 || extent >= (int64_t(1) << 31))
-      throw qf::UserError("extent", std::string("expected 0 <= ") + (kg ? "k_total" : "m_total") + " < 2^31, got " +
-                                        std::to_string(extent));
-    if (num_groups < 1 || num_groups > (1 << 20))
-      throw qf::UserError("num_groups", "expected 1..2^20, got " + std::to_string(num_groups));
+    qf::rt::check_gemm_call_size(s, extent, num_groups);
     const qf::GemmScaleElems e = kg ? qf::gemm_scale_elems(s, 0, num_groups, extent)
                                     : qf::gemm_scale_elems(s, extent, num_groups);
     const int bytes = qf::traits(s.scaling).scale_bytes;

@@ -183,11 +183,9 @@ std::shared_ptr<const Quantizer::Layout> Quantizer::layout(Shape2D shape, int me
       if (l->shape.m == shape.m && l->shape.k == shape.k && l->members == members && l->grouped == grouped) return l;
   }
   // Grouped member sizes live on the device: the caller guarantees the per-member rules of
-  // check_shape (even rows for packed transposed data, 16-row groups for RHT).
+  // check_shape (even rows for packed transposed data, 16-row groups for RHT); K's are checked.
   if (!grouped) check_shape(plan_, shape);
-  else if (shape.m < 0 || shape.k <= 0 || shape.m > (int64_t(1) << 31) || shape.k > (int64_t(1) << 31))
-    throw UserError("shape", "expected a grouped tensor of 0..2^31 rows and 1..2^31 columns, got [" +
-                                 std::to_string(shape.m) + ", " + std::to_string(shape.k) + "]");
+  else check_grouped_shape(plan_, shape);
   auto l = std::make_shared<Layout>();
   l->shape = shape;
   l->members = members;
@@ -289,6 +287,12 @@ BoundCall Quantizer::bind(const QuantizeCall& call) const {
     }
   }
   auto missing = [](const std::string& n) { return UserError(n, "missing buffer argument \"" + n + "\""); };
+  // The other device pointers the kernels read: the members' row offsets and the no-op flag,
+  // aligned for their loads and outside every buffer the call writes or zeroes first.
+  const TensorView rows_view{call.member_rows, grouped ? (int64_t(members) + 1) * 8 : 0, std::nullopt, {}};
+  const TensorView noop_view{call.noop, call.noop ? 4 : 0, std::nullopt, {}};
+  if (grouped) check_buffer("member_rows", rows_view, rows_view.bytes, 8, "int64 [num_members + 1]");
+  if (call.noop) check_buffer("noop", noop_view, 4, 4, "one float");
 
   for (size_t i = 0; i < lay->outs.size(); ++i) {
     const BufferDesc& b = lay->outs[i];
@@ -299,6 +303,8 @@ BoundCall Quantizer::bind(const QuantizeCall& call) const {
     for (auto it = call.buffers.begin(); it != call.buffers.end(); ++it)
       if (it != out_it[i]) check_disjoint(b.name, v, it->first, it->second);
     check_disjoint(b.name, v, "input", call.input);
+    check_disjoint(b.name, v, "member_rows", rows_view);
+    check_disjoint(b.name, v, "noop", noop_view);
     // Amax outputs accumulate atomically from zero; swizzled padding must read as zero. (The
     // scale entries of a grouped launch's empty members are written by the kernel; bytes past
     // the members' concatenation are left as they were.)
@@ -318,6 +324,12 @@ BoundCall Quantizer::bind(const QuantizeCall& call) const {
   }
   if (lay->workspace > 0) {
     check_buffer("workspace", call.workspace, lay->workspace, 256);
+    // Zeroed before the kernels run: it must not hold anything the call reads.
+    const TensorView ws{call.workspace.ptr, lay->workspace, std::nullopt, {}};
+    check_disjoint("workspace", ws, "input", call.input);
+    for (const auto& [n, v] : call.buffers) check_disjoint("workspace", ws, n, v);
+    check_disjoint("workspace", ws, "member_rows", rows_view);
+    check_disjoint("workspace", ws, "noop", noop_view);
     bc.zero[size_t(bc.num_zero++)] = {call.workspace.ptr, lay->workspace, true};
     uint64_t p = call.workspace.ptr;
     for (size_t a = 0; a < plan_.amax.size(); ++a) {

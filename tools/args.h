@@ -66,17 +66,25 @@ class Args {
     if (!v) throw UserError(k, "is required");
     return *v;
   }
+  // A decimal integer in [lo, hi]: digits with an optional leading '-', nothing else (no
+  // spaces, no '+', no octal or hex: "0100" is one hundred).
   int64_t integer(const std::string& k, int64_t def, int64_t lo, int64_t hi) const {
     auto v = get(k);
     if (!v) return def;
-    try {
-      size_t used = 0;
-      long long x = std::stoll(*v, &used, 0);
-      if (used != v->size() || x < lo || x > hi) throw std::out_of_range("");
-      return x;
-    } catch (const std::exception&) {
+    const std::optional<int64_t> x = decimal(*v);
+    if (!x || *x < lo || *x > hi)
       throw UserError(k, "expected an integer in [" + std::to_string(lo) + ", " + std::to_string(hi) + "], got \"" + *v + "\"");
+    return *x;
+  }
+  static std::optional<int64_t> decimal(const std::string& s) {
+    const size_t first = !s.empty() && s[0] == '-' ? 1 : 0;
+    if (s.size() == first || s.size() - first > 18) return std::nullopt;  // 18 digits fit int64
+    int64_t x = 0;
+    for (size_t i = first; i < s.size(); ++i) {
+      if (s[i] < '0' || s[i] > '9') return std::nullopt;
+      x = x * 10 + (s[i] - '0');
     }
+    return first ? -x : x;
   }
 
  private:

@@ -30,36 +30,27 @@ inline std::vector<std::string> split_list(const std::string& s, char sep = ',')
   return out;
 }
 
-// "4096x7168" -> {4096, 7168}; UserError naming `flag` otherwise (M and K must be positive).
+// "4096x7168" -> {4096, 7168}; UserError naming `flag` otherwise (M and K decimal, in [1, 2^31]).
 inline Shape2D parse_shape(const std::string& flag, const std::string& text) {
   const auto x = text.find('x');
-  Shape2D s;
-  try {
-    size_t used_m = 0, used_k = 0;
-    if (x == std::string::npos) throw std::invalid_argument("");
-    s = {std::stoll(text.substr(0, x), &used_m), std::stoll(text.substr(x + 1), &used_k)};
-    if (used_m != x || used_k != text.size() - x - 1) throw std::invalid_argument("");
-  } catch (const std::exception&) {
-    throw UserError(flag, "expected MxK, e.g. 4096x4096, got \"" + text + "\"");
-  }
-  if (s.m <= 0 || s.k <= 0) throw UserError(flag, "expected positive M and K, got \"" + text + "\"");
-  return s;
+  const std::optional<int64_t> m = x == std::string::npos ? std::nullopt : Args::decimal(text.substr(0, x));
+  const std::optional<int64_t> k = x == std::string::npos ? std::nullopt : Args::decimal(text.substr(x + 1));
+  if (!m || !k) throw UserError(flag, "expected MxK, e.g. 4096x4096, got \"" + text + "\"");
+  if (*m <= 0 || *k <= 0 || *m > kMaxDim || *k > kMaxDim)
+    throw UserError(flag, "expected M and K in [1, 2^31], got \"" + text + "\"");
+  return Shape2D{*m, *k};
 }
 
 // "512,0,1024" -> {512, 0, 1024}: member (group) row counts; UserError naming `flag` unless
-// every item is an integer >= 0 and there is at least one.
+// every item is a decimal integer in [0, 2^31] and there is at least one.
 inline std::vector<int64_t> parse_row_counts(const std::string& flag, const std::string& text) {
   std::vector<int64_t> v;
   std::stringstream ss(text);
   for (std::string item; std::getline(ss, item, ',');) {
-    try {
-      size_t used = 0;
-      const long long x = std::stoll(item, &used);
-      if (used != item.size() || x < 0) throw std::invalid_argument("");
-      v.push_back(x);
-    } catch (const std::exception&) {
-      throw UserError(flag, "expected comma-separated row counts >= 0, got \"" + text + "\"");
-    }
+    const std::optional<int64_t> x = Args::decimal(item);
+    if (!x || *x < 0 || *x > kMaxDim)
+      throw UserError(flag, "expected comma-separated row counts in [0, 2^31], got \"" + text + "\"");
+    v.push_back(*x);
   }
   if (v.empty()) throw UserError(flag, "expected at least one group");
   return v;

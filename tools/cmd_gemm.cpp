@@ -33,12 +33,12 @@
 namespace qf::cli {
 namespace {
 
-// An operand format; the default is e4m3, e2m1 with nvfp4 scaling, bf16 with none (B: A's),
-// bf16 x int8 with channel.
+// An operand format; the default is e4m3, e2m1 with nvfp4 scaling, bf16 with none, bf16 x int8
+// with channel, or follows the other operand's (default_gemm_format).
 GemmOperandFormat format_arg(const Args& args, const std::string& flag, GemmScaling s) {
-  const std::string a_named = flag == "--b-format" ? args.get("--a-format").value_or("") : "";
-  return parse_gemm_format(args.get(flag).value_or(std::string(default_gemm_format(s, flag == "--b-format", a_named))),
-                           flag);
+  const bool b_side = flag == "--b-format";
+  const std::string other = args.get(b_side ? "--a-format" : "--b-format").value_or("");
+  return parse_gemm_format(args.get(flag).value_or(std::string(default_gemm_format(s, b_side, other))), flag);
 }
 
 double median(std::vector<double> v) {
@@ -179,6 +179,15 @@ int cmd_gemm(const Argv& argv) {
       rows = ref::random_group_rows(groups, m * groups, zero, m % granule == 0 ? granule : 1, seed);
     } else {
       rows.assign(size_t(groups), m);
+    }
+  }
+  {  // the run's extent and operands within what the GEMM takes (host buffers of that size follow)
+    int64_t total = 0;
+    for (int64_t r : rows) total += r;  // each at most 2^31, at most 2^20 groups
+    try {
+      rt::check_gemm_call_size(spec, total, int64_t(rows.size()));
+    } catch (const UserError& e) {
+      throw UserError(args.get("--splits") ? "--splits" : "--m, --groups", e.message());
     }
   }
   if (members) {  // a misaligned member would only give NaN: name it instead

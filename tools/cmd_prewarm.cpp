@@ -95,10 +95,17 @@ int cmd_prewarm(const Argv& argv) {
   std::map<std::string, Tally> tally;
   std::set<std::pair<std::string, std::string>> seen;
   std::vector<std::string> order;
+  std::set<std::filesystem::path> read;
   for (const auto& f : files) {
+    // One file once (listed twice, or a directory and a file in it); two files of one recipe
+    // name are two rows.
+    std::error_code ec;
+    const std::filesystem::path canon = std::filesystem::weakly_canonical(f, ec);
+    if (!read.insert(ec ? f : canon).second) continue;
     const Recipe r = load_recipe(f);
-    order.push_back(r.name);
-    Tally& t = tally[r.name];
+    const std::string label = tally.count(r.name) ? r.name + " (" + f.string() + ")" : r.name;
+    order.push_back(label);
+    Tally& t = tally[label];
     for (const auto& role : roles)
       for (Usage u : usages)
         for (DType d : dtypes) {
@@ -112,7 +119,7 @@ int cmd_prewarm(const Argv& argv) {
           const std::string src = emit_quantize(p).source;
           for (const auto& a : archs)
             if (seen.insert({src, a}).second) {
-              jobs.push_back({r.name, p, std::nullopt, a, std::nullopt});
+              jobs.push_back({label, p, std::nullopt, a, std::nullopt});
               ++t.kernels;
             }
           // Delayed scaling's history update, which the training step launches after each quantize.
@@ -120,7 +127,7 @@ int cmd_prewarm(const Argv& argv) {
             const std::string hsrc = emit_history_update(rule.first, rule.second).source;
             for (const auto& a : archs)
               if (seen.insert({hsrc, a}).second) {
-                jobs.push_back({r.name, std::nullopt, std::nullopt, a, rule});
+                jobs.push_back({label, std::nullopt, std::nullopt, a, rule});
                 ++t.kernels;
               }
           }
@@ -135,7 +142,7 @@ int cmd_prewarm(const Argv& argv) {
         for (const GemmSpec& spec : *specs) {
           const std::string src = specs == &kernels.dequant ? emit_dequant(spec).source : emit_gemm(spec).source;
           if (seen.insert({src, kGemmArch}).second) {
-            jobs.push_back({r.name, std::nullopt, spec, kGemmArch, std::nullopt});
+            jobs.push_back({label, std::nullopt, spec, kGemmArch, std::nullopt});
             ++t.kernels;
           }
         }

@@ -1,6 +1,7 @@
 // qforge quantize --recipe R --role ROLE --input x.npy --out DIR: runs one quantize on the CPU
 // reference (reference/executor.h), or with --device cuda on GPU 0 through rt::Quantizer, and
 // writes every output buffer as <name>.npy plus a manifest.json describing them.
+#include <cctype>
 #include <cerrno>
 #include <cmath>
 #include <cstdlib>
@@ -34,11 +35,16 @@ std::string shape_str(const std::vector<int64_t>& s) {
 uint64_t parse_u64(const Args& args, const std::string& flag) {
   auto v = args.get(flag);
   if (!v) return 0;
+  // Decimal digits, or 0x / 0X and hex digits: no sign, no spaces, no octal.
+  const bool hex = v->size() > 2 && (*v)[0] == '0' && ((*v)[1] == 'x' || (*v)[1] == 'X');
+  const size_t first = hex ? 2 : 0;
+  bool digits = v->size() > first;
+  for (size_t i = first; i < v->size(); ++i)
+    digits &= hex ? std::isxdigit(static_cast<unsigned char>((*v)[i])) != 0 : std::isdigit(static_cast<unsigned char>((*v)[i])) != 0;
   errno = 0;
   char* end = nullptr;
-  const bool neg = !v->empty() && (*v)[0] == '-';
-  const unsigned long long x = std::strtoull(v->c_str(), &end, 0);
-  if (v->empty() || neg || errno == ERANGE || end != v->c_str() + v->size())
+  const unsigned long long x = digits ? std::strtoull(v->c_str() + first, &end, hex ? 16 : 10) : 0;
+  if (!digits || errno == ERANGE || end != v->c_str() + v->size())
     throw UserError(flag, "expected an unsigned 64-bit integer (decimal or 0x hex), got \"" + *v + "\"");
   return uint64_t(x);
 }

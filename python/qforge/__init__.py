@@ -76,15 +76,35 @@ def _call(name: str, *args) -> None:
         raise _ERRORS.get(status, QforgeError)(status, message)
 
 
-def _bytes(s: Optional[str]) -> Optional[bytes]:
-    return None if s is None else str(s).encode()
-
-
 def _str(value, name: str) -> bytes:
-    """A required string argument of the C API; UserError naming `name` for anything else."""
+    """A required string argument of the C API; UserError naming `name` for anything else, and
+    for a NUL character (C would end the string there)."""
     if not isinstance(value, str):
         raise _user_error(f"{name}: expected a string, got {value!r}")
+    if "\0" in value:
+        raise _user_error(f"{name}: a NUL character in {value!r}")
     return value.encode()
+
+
+def _bytes(value, name: str) -> Optional[bytes]:
+    """An optional string argument (None: the C API's NULL), as _str."""
+    return None if value is None else _str(value, name)
+
+
+def _path(value, name: str) -> bytes:
+    """A file path (str, bytes or os.PathLike) for the C API; UserError for anything else or a NUL."""
+    try:
+        b = os.fsencode(value)
+    except TypeError:
+        raise _user_error(f"{name}: expected a path, got {value!r}") from None
+    if b"\0" in b:
+        raise _user_error(f"{name}: a NUL character in {value!r}")
+    return b
+
+
+def _ptr(value, name: str) -> int:
+    """A device address (0: NULL) for the C API: an unsigned 64-bit integer."""
+    return _int(value, name, signed=False)
 
 
 def _int(value, name: str, bits: int = 64, signed: bool = True) -> int:
@@ -160,8 +180,8 @@ class Context(_Handle):
     _destroy = "qf_context_destroy"
 
     def __init__(self, recipes: Union[str, os.PathLike, Sequence[Union[str, os.PathLike]]]):
-        paths = [recipes] if isinstance(recipes, (str, os.PathLike)) else list(recipes)
-        arr = (ctypes.c_char_p * len(paths))(*[os.fsencode(p) for p in paths])
+        paths = [recipes] if isinstance(recipes, (str, bytes, os.PathLike)) else list(recipes)
+        arr = (ctypes.c_char_p * len(paths))(*[_path(p, f"recipes[{i}]") for i, p in enumerate(paths)])
         h = ctypes.c_void_p()
         _call("qf_context_create", arr, len(paths), ctypes.byref(h))
         super().__init__(h)
@@ -169,7 +189,7 @@ class Context(_Handle):
     @classmethod
     def from_json(cls, text: str) -> "Context":
         h = ctypes.c_void_p()
-        _call("qf_context_create_from_json", text.encode(), ctypes.byref(h))
+        _call("qf_context_create_from_json", _str(text, "text"), ctypes.byref(h))
         self = cls.__new__(cls)
         _Handle.__init__(self, h)
         return self
@@ -195,19 +215,19 @@ class Context(_Handle):
         if usage not in _capi.USAGES:
             raise _user_error(f"usage: expected training, inference, memory or None, got {usage!r}")
         h = ctypes.c_void_p()
-        _call("qf_quantizer_create_ex", self._handle, _bytes(recipe), _str(role, "role"), _capi.DTYPES[dtype],
+        _call("qf_quantizer_create_ex", self._handle, _bytes(recipe, "recipe"), _str(role, "role"), _capi.DTYPES[dtype],
               _capi.USAGES[usage], int(bool(grouped)), ctypes.byref(h))
         return Quantizer(h, self, dtype, bool(grouped))
 
     def num_gemms(self, recipe: Optional[str] = None) -> int:
         n = ctypes.c_int()
-        _call("qf_context_num_gemms", self._handle, _bytes(recipe), ctypes.byref(n))
+        _call("qf_context_num_gemms", self._handle, _bytes(recipe, "recipe"), ctypes.byref(n))
         return n.value
 
     def gemm(self, index: int, recipe: Optional[str] = None) -> "Gemm":
         """The recipe's GEMM number `index` (its "gemms" list)."""
         h = ctypes.c_void_p()
-        _call("qf_gemm_create_from_recipe", self._handle, _bytes(recipe), _int(index, "index", 32), ctypes.byref(h))
+        _call("qf_gemm_create_from_recipe", self._handle, _bytes(recipe, "recipe"), _int(index, "index", 32), ctypes.byref(h))
         return Gemm._wrap(h)
 
 
@@ -377,12 +397,14 @@ class Quantizer(_Handle):
         named = (_capi.NamedBufferC * max(1, len(buffers)))()
         keep = []
         for i, (name, (ptr, nbytes)) in enumerate(buffers.items()):
-            keep.append(name.encode())
-            named[i] = _capi.NamedBufferC(keep[-1], ptr, nbytes)
-        args = _capi.QuantizeArgsC(input_ptr, _int(m, "m"), _int(k, "k"), named, len(buffers), workspace[0], workspace[1],
-                                   noop_ptr, _int(seed, "seed", signed=False), _int(offset, "offset", signed=False),
-                                   member_rows_ptr, _int(num_members, "num_members", 32))
-        _call("qf_quantize", self._handle, ctypes.byref(args), ctypes.c_void_p(stream))
+            keep.append(_str(name, "buffers"))
+            named[i] = _capi.NamedBufferC(keep[-1], _ptr(ptr, f"buffers[{name!r}]"), _int(nbytes, f"buffers[{name!r}] bytes"))
+        args = _capi.QuantizeArgsC(_ptr(input_ptr, "input_ptr"), _int(m, "m"), _int(k, "k"), named, len(buffers),
+                                   _ptr(workspace[0], "workspace"), _int(workspace[1], "workspace bytes"),
+                                   _ptr(noop_ptr, "noop_ptr"), _int(seed, "seed", signed=False),
+                                   _int(offset, "offset", signed=False), _ptr(member_rows_ptr, "member_rows_ptr"),
+                                   _int(num_members, "num_members", 32))
+        _call("qf_quantize", self._handle, ctypes.byref(args), ctypes.c_void_p(_ptr(stream, "stream")))
 
     def quantize(self, x, *, out: Optional[Mapping[str, object]] = None, inputs: Optional[Mapping[str, object]] = None,
                  member_rows=None, seed: int = 0, offset: int = 0, noop=None, stream=None) -> Dict[str, object]:
@@ -412,6 +434,10 @@ class Quantizer(_Handle):
         unknown = sorted(set(out) - {info.name for info in infos})
         if unknown:
             raise _user_error(f"out: no output named {unknown[0]!r}; expected {[info.name for info in infos]}")
+        input_names = [info.name for info in self.inputs()]
+        unknown = sorted(set(inputs or {}) - set(input_names))
+        if unknown:
+            raise _user_error(f"inputs: no input named {unknown[0]!r}; expected {input_names}")
         ws_bytes = self.workspace_bytes(m, k, max(members, 1))
         with _Launch(torch, x.device, stream) as launch:
             buffers = {}
@@ -432,17 +458,19 @@ class Quantizer(_Handle):
         """Delayed scaling: the amax history length of the scale input `scale_name` (None: the
         quantizer's only one), as its recipe rule says."""
         n = ctypes.c_int()
-        _call("qf_quantizer_history_length", self._handle, _bytes(scale_name), ctypes.byref(n))
+        _call("qf_quantizer_history_length", self._handle, _bytes(scale_name, "scale_name"), ctypes.byref(n))
         return n.value
 
     def update_amax_history_raw(self, history: Tuple[int, int], amax: Tuple[int, int], scale: Tuple[int, int], *,
                                 scale_inv: Tuple[int, int] = (0, 0), noop_ptr: int = 0,
                                 scale_name: Optional[str] = None, stream: int = 0) -> None:
         """qf_quantizer_update_amax_history on (device address, bytes) pairs."""
-        args = _capi.HistoryArgsC(history[0], history[1], amax[0], amax[1], scale[0], scale[1], scale_inv[0],
-                                  scale_inv[1], noop_ptr)
-        _call("qf_quantizer_update_amax_history", self._handle, _bytes(scale_name), ctypes.byref(args),
-              ctypes.c_void_p(stream))
+        args = _capi.HistoryArgsC(_ptr(history[0], "history"), _int(history[1], "history bytes"), _ptr(amax[0], "amax"),
+                                  _int(amax[1], "amax bytes"), _ptr(scale[0], "scale"), _int(scale[1], "scale bytes"),
+                                  _ptr(scale_inv[0], "scale_inv"), _int(scale_inv[1], "scale_inv bytes"),
+                                  _ptr(noop_ptr, "noop_ptr"))
+        _call("qf_quantizer_update_amax_history", self._handle, _bytes(scale_name, "scale_name"), ctypes.byref(args),
+              ctypes.c_void_p(_ptr(stream, "stream")))
 
     def update_amax_history(self, history, amax, scale, *, scale_inv=None, noop=None,
                             scale_name: Optional[str] = None, stream=None) -> None:
@@ -478,11 +506,11 @@ class Gemm(_Handle):
         grouped quantizer's per-member copies)."""
         # ordered: True / False (the C API's 2 on / 1 off), or 0 (chosen by qforge), 1, 2 as the C API takes them.
         ordered_c = (2 if ordered else 1) if isinstance(ordered, bool) else _int(ordered, "ordered", 32)
-        spec = _capi.GemmSpecC(_str(scaling, "scaling"), _bytes(a_format), _bytes(b_format), _int(n, "n"), _int(k, "k"),
-                               _bytes(out_dtype), int(bool(accumulate)), int(bool(fast_accum)),
+        spec = _capi.GemmSpecC(_str(scaling, "scaling"), _bytes(a_format, "a_format"), _bytes(b_format, "b_format"), _int(n, "n"), _int(k, "k"),
+                               _bytes(out_dtype, "out_dtype"), int(bool(accumulate)), int(bool(fast_accum)),
                                _int(block_m, "block_m", 32), _int(block_n, "block_n", 32), _int(stages, "stages", 32),
                                _int(multicast, "multicast", 32), _int(raster_m, "raster_m", 32), ordered_c,
-                               _bytes(scale_layout), _bytes(route), _bytes(layout), _int(m, "m"))
+                               _bytes(scale_layout, "scale_layout"), _bytes(route, "route"), _bytes(layout, "layout"), _int(m, "m"))
         h = ctypes.c_void_p()
         _call("qf_gemm_create", ctypes.byref(spec), ctypes.byref(h))
         super().__init__(h)
@@ -535,7 +563,7 @@ class Gemm(_Handle):
 
     def run_raw(self, args: _capi.GemmArgsC, stream: int = 0) -> None:
         """qf_gemm_run on a filled qf_gemm_args (device addresses)."""
-        _call("qf_gemm_run", self._handle, ctypes.byref(args), ctypes.c_void_p(stream))
+        _call("qf_gemm_run", self._handle, ctypes.byref(args), ctypes.c_void_p(_ptr(stream, "stream")))
 
     def run(self, a, b, d, *, a_scale=None, b_scale=None, alpha=None, group_offsets=None, group_counts=None,
             m_max: int = 0, m_total: Optional[int] = None, num_groups: Optional[int] = None, max_ctas: int = 0,

@@ -173,6 +173,35 @@ def test_quantizer_errors_name_the_argument():
         q.workspace_bytes(256, 512, members=0)
 
 
+def test_strings_paths_and_integers_are_checked_before_the_c_api(tmp_path):
+    # C strings end at a NUL: a name or text holding one is refused, not cut short.
+    recipe = RECIPES / "mxfp8.json"
+    with pytest.raises(qforge.UserError, match="text: a NUL character"):
+        qforge.Context.from_json(recipe.read_text() + "\0 trailing garbage {{{")
+    with pytest.raises(qforge.UserError, match="text: expected a string, got b"):
+        qforge.Context.from_json(recipe.read_bytes())
+    ctx = qforge.Context(os.fsencode(recipe))  # a bytes path is one path
+    assert ctx.recipes == ["mxfp8"]
+    with pytest.raises(qforge.UserError, match=r"recipes\[0\]: a NUL character"):
+        qforge.Context(str(recipe) + "\0x")
+    with pytest.raises(qforge.UserError, match=r"recipes\[1\]: expected a path, got 3"):
+        qforge.Context([recipe, 3])
+    with pytest.raises(qforge.UserError, match="role: a NUL character"):
+        ctx.quantizer("linear:input\0x")
+    with pytest.raises(qforge.UserError, match="recipe: expected a string, got 7"):
+        ctx.quantizer("linear:input", recipe=7)
+    with pytest.raises(qforge.UserError, match="scale_layout: expected a string"):
+        qforge.Gemm("mxfp8", 256, 512, scale_layout=1)
+    # The raw forms' addresses and byte counts fit their C types or are refused by name.
+    q = ctx.quantizer("linear:input")
+    with pytest.raises(qforge.UserError, match=r"buffers\['rowwise_data'\] bytes: 18446744073709551872 does not fit"):
+        q.quantize_raw(1 << 40, 256, 512, {"rowwise_data": (2 << 40, (1 << 64) + 256)})
+    with pytest.raises(qforge.UserError, match="input_ptr: -1 does not fit the C API's uint64"):
+        q.quantize_raw(-1, 256, 512, {})
+    with pytest.raises(qforge.UserError, match="stream: expected an integer"):
+        q.quantize_raw(1 << 40, 256, 512, {}, stream=None)
+
+
 def test_amax_history_queries_and_checks():
     q = qforge.Context(RECIPES / "delayed_scaling.json").quantizer("linear:input")
     assert q.history_length() == q.history_length("scale") == 1024
@@ -448,6 +477,9 @@ def test_delayed_scaling_step_passes_the_c_checks(fake_torch):
         q.update_amax_history(torch.empty(1024), None, scale)
     with pytest.raises(qforge.UserError, match=r"inputs\['scale'\]: expected a float32 tensor, got torch.int64"):
         q.quantize(torch.empty((64, 64), dtype=torch.bfloat16), inputs={"scale": torch.empty(1, dtype=torch.int64)})
+    # An output's name among the inputs would replace the output the kernels write.
+    with pytest.raises(qforge.UserError, match=r"inputs: no input named 'amax'; expected \['scale'\]"):
+        q.quantize(torch.empty((64, 64), dtype=torch.bfloat16), inputs={"scale": scale, "amax": torch.empty(1)})
 
 
 @no_gpu

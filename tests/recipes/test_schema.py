@@ -35,3 +35,36 @@ def test_schema_refuses_what_the_parser_refuses():
     bad = json.loads(json.dumps(base))
     bad["roles"][0]["rowwise"]["colour"] = "red"
     assert list(v.iter_errors(bad))
+
+
+GOOD = sorted((RECIPES.parent / "tests" / "recipes" / "good").glob("*.json"))
+
+
+@pytest.mark.parametrize("path", GOOD, ids=[p.stem for p in GOOD])
+def test_test_recipes_the_parser_takes_match_schema(path):
+    errors = list(jsonschema.Draft202012Validator(SCHEMA).iter_errors(json.loads(path.read_text())))
+    assert not errors, "; ".join(f"/{'/'.join(map(str, e.path))}: {e.message}" for e in errors)
+
+
+def test_schema_bounds_match_the_parser():
+    # Each of these the parser refuses (tests/recipes/bad, bad_recipes_test.cpp): the schema too.
+    v = jsonschema.Draft202012Validator(SCHEMA)
+    base = json.loads((RECIPES / "float8_block_scaling.json").read_text())
+    rule = next(r for r in base["roles"] if isinstance(r["rowwise"].get("scaling"), dict))
+
+    def refused(edit):
+        bad = json.loads(json.dumps(base))
+        edit(next(r for r in bad["roles"] if r["match"] == rule["match"]))
+        return bool(list(v.iter_errors(bad)))
+
+    assert refused(lambda r: r["rowwise"].pop("scaling"))  # a non-identity format needs a scaling
+    assert refused(lambda r: r.update(match="linear:" + "w" * 65))  # pattern parts of 1-64 characters
+    assert refused(lambda r: r["rowwise"]["scaling"].update(epsilon=1e30))  # epsilon below 1e30
+    # ... and takes what the parser takes: identity without a scaling, whole numbers written 128.0.
+    ok = json.loads(json.dumps(base))
+    r = next(r for r in ok["roles"] if r["match"] == rule["match"])
+    r["rowwise"]["scaling"]["block"] = [1, 128.0]
+    r["rowwise"]["scaling"]["epsilon"] = 1e29
+    r.setdefault("columnwise", {})
+    r["columnwise"] = {"format": "identity"}
+    assert not list(v.iter_errors(ok))

@@ -96,9 +96,9 @@ const BadRecipe kBadRecipes[] = {
     {"block_128x1_rowwise.json", "/roles/0/rowwise/scaling/block", "rowwise 1D blocks run along K"},
     {"block_one_element.json", "/roles/0/rowwise/scaling/block", "a block of one element is not a block"},
     {"block_three_elements.json", "/roles/0/rowwise/scaling/block", "expected [rows, cols], an array of two integers"},
-    {"block_not_integer.json", "/roles/0/rowwise/scaling/block/1", "expected an integer, got a number"},
+    {"block_not_integer.json", "/roles/0/rowwise/scaling/block/1", "expected an integer in [1, 4096], got 128.5"},
     {"block_zero.json", "/roles/0/rowwise/scaling/block/0", "expected an integer in [1, 4096], got 0"},
-    {"epsilon_negative.json", "/roles/0/rowwise/scaling/epsilon", "epsilon must be finite and >= 0"},
+    {"epsilon_negative.json", "/roles/0/rowwise/scaling/epsilon", "epsilon must be >= 0 and below 1e30, got -"},
     {"epsilon_string.json", "/roles/0/rowwise/scaling/epsilon", "expected a number, got a string"},
     {"pow2_not_bool.json", "/roles/0/rowwise/scaling/pow2", "expected true or false, got an integer"},
     {"history_length_zero.json", "/roles/0/rowwise/scaling/history_length", "expected an integer in [1, 65536], got 0"},
@@ -304,6 +304,17 @@ TEST(BadRecipes, OversizedFileIsRejected) {
   }
   EXPECT_THROW((void)qf::load_recipe(p), qf::UserError);
   fs::remove(p);
+}
+
+TEST(BadRecipes, EndlessFileIsRejectedWithoutReadingItWhole) {
+  // A device (or a pipe) that never ends: refused after 1 MiB and a byte, not read to exhaustion.
+  if (!fs::exists("/dev/zero")) GTEST_SKIP() << "no /dev/zero";
+  try {
+    (void)qf::load_recipe("/dev/zero");
+    FAIL();
+  } catch (const qf::UserError& e) {
+    EXPECT_NE(std::string(e.what()).find("recipe file is larger than 1 MiB"), std::string::npos) << e.what();
+  }
 }
 
 }  // namespace

@@ -437,6 +437,122 @@ TEST_F(CApi, GroupedOutputInfoIsWhatQuantizeChecks) {
   }
 }
 
+// Every pointer and extent of a call is checked before anything reaches the driver: shapes
+// whose byte counts would pass int64, a grouped call's K against packed rowwise data (M, the
+// members' total, may be 0), the members' row offsets and the no-op flag (aligned, outside the
+// buffers the call writes or zeroes), and the workspace (outside everything the call reads).
+TEST_F(CApi, QuantizeChecksEveryPointerAndExtent) {
+  if (qf::rt::driver().available()) GTEST_SKIP() << "a CUDA driver is present (fake pointers must not reach it)";
+  const std::string nvfp4 = recipe_path("nvfp4"), rowwise = recipe_path("fp8_rowwise");
+  const char* paths[] = {nvfp4.c_str(), rowwise.c_str()};
+  ASSERT_EQ(qf_context_create(paths, 2, &ctx_), QF_OK) << qf_last_error();
+  // Buffers of a call over [m, k] at fake, aligned, disjoint addresses; `grouped` sizes them for
+  // `members` members.
+  struct Call {
+    std::vector<qf_named_buffer> bufs;
+    qf_quantize_args a{};
+    uintptr_t next = uintptr_t(1) << 40;
+  };
+  auto make = [&](qf_quantizer* q, int64_t m, int64_t k, int members) {
+    Call c;
+    c.a.input = reinterpret_cast<const void*>(c.next);
+    c.next += uintptr_t(std::max<int64_t>(m, 1) * k * 2 + 255) & ~uintptr_t(255);
+    int n = 0;
+    EXPECT_EQ(qf_quantizer_num_outputs(q, &n), QF_OK);
+    for (int i = 0; i < n; ++i) {
+      qf_buffer_info info{};
+      const qf_status st = members ? qf_quantizer_grouped_output_info(q, m, k, members, i, &info)
+                                   : qf_quantizer_output_info(q, m, k, i, &info);
+      EXPECT_EQ(st, QF_OK) << qf_last_error();
+      c.bufs.push_back({info.name, reinterpret_cast<void*>(c.next), info.bytes});
+      c.next += (uintptr_t(info.bytes) + 255) & ~uintptr_t(255);
+    }
+    c.a.m = m, c.a.k = k;
+    c.a.buffers = c.bufs.data();
+    c.a.num_buffers = int(c.bufs.size());
+    if (members) {
+      c.a.member_rows = reinterpret_cast<const int64_t*>(c.next);
+      c.a.num_members = members;
+      c.next += 256 * ((size_t(members) * 8 + 8 + 255) / 256);
+    }
+    return c;
+  };
+  auto error = [] { return std::string(qf_last_error()); };
+
+  // A single tensor of 2^31 x 2^31 fp32-sized elements would need 2^64 bytes.
+  ASSERT_EQ(qf_quantizer_create(ctx_, "nvfp4", "linear:input", QF_DTYPE_BF16, QF_USAGE_TRAINING, &q_), QF_OK) << qf_last_error();
+  qf_quantize_args big{};
+  big.input = reinterpret_cast<const void*>(uintptr_t(1) << 40);
+  big.m = big.k = int64_t(1) << 31;
+  EXPECT_EQ(qf_quantize(q_, &big, nullptr), QF_ERR_USER);
+  EXPECT_EQ(error(), "args->m, args->k: more than 2^50 elements are not supported, got [2147483648, 2147483648]");
+  qf_buffer_info info{};
+  EXPECT_EQ(qf_quantizer_output_info(q_, int64_t(1) << 31, int64_t(1) << 31, 0, &info), QF_ERR_USER);
+  EXPECT_NE(error().find("2^50"), std::string::npos) << error();
+  qf_quantizer_destroy(q_), q_ = nullptr;
+
+  // Grouped NVFP4: the rowwise data packs two elements per byte along K, which the host knows.
+  ASSERT_EQ(qf_quantizer_create_ex(ctx_, "nvfp4", "grouped_linear:input", QF_DTYPE_BF16, QF_USAGE_TRAINING, 1, &q_), QF_OK)
+      << qf_last_error();
+  EXPECT_EQ(qf_quantizer_grouped_output_info(q_, 32, 17, 2, 0, &info), QF_ERR_USER);
+  EXPECT_NE(error().find("the row length (17) must be even"), std::string::npos) << error();
+  {
+    Call c = make(q_, 32, 18, 2);
+    c.a.k = 17;
+    EXPECT_EQ(qf_quantize(q_, &c.a, nullptr), QF_ERR_USER);
+    EXPECT_NE(error().find("the row length (17) must be even"), std::string::npos) << error();
+  }
+  // No rows at all (an expert-parallel rank that received no tokens): checked, then the driver.
+  {
+    Call c = make(q_, 0, 256, 3);
+    EXPECT_EQ(qf_quantize(q_, &c.a, nullptr), QF_ERR_CUDA) << error();
+    int64_t ws = -1;
+    EXPECT_EQ(qf_quantizer_workspace_bytes(q_, 0, 256, 3, &ws), QF_OK) << error();
+    EXPECT_EQ(qf_quantizer_workspace_bytes(q_, 0, 256, (1 << 20) + 1, &ws), QF_ERR_USER);
+    EXPECT_EQ(error(), "num_members: expected 1..2^20, got 1048577");
+  }
+  // The members' row offsets: aligned to 8 bytes, outside the outputs (zeroed or written).
+  {
+    Call c = make(q_, 512, 256, 3);
+    EXPECT_EQ(qf_quantize(q_, &c.a, nullptr), QF_ERR_CUDA) << error();
+    c.a.member_rows = reinterpret_cast<const int64_t*>(reinterpret_cast<uintptr_t>(c.a.member_rows) + 4);
+    EXPECT_EQ(qf_quantize(q_, &c.a, nullptr), QF_ERR_USER);
+    EXPECT_NE(error().find("argument member_rows:"), std::string::npos) << error();
+    c.a.member_rows = reinterpret_cast<const int64_t*>(c.bufs.back().ptr);
+    EXPECT_EQ(qf_quantize(q_, &c.a, nullptr), QF_ERR_USER);
+    EXPECT_NE(error().find("overlaps argument member_rows"), std::string::npos) << error();
+  }
+  qf_quantizer_destroy(q_), q_ = nullptr;
+
+  // fp8 per channel: a channel-amax workspace, zeroed before the kernels run.
+  ASSERT_EQ(qf_quantizer_create(ctx_, "fp8_rowwise", "linear:weight", QF_DTYPE_BF16, QF_USAGE_TRAINING, &q_), QF_OK)
+      << qf_last_error();
+  {
+    Call c = make(q_, 256, 512, 0);
+    int64_t ws = 0;
+    ASSERT_EQ(qf_quantizer_workspace_bytes(q_, 256, 512, 1, &ws), QF_OK) << error();
+    ASSERT_GT(ws, 0);
+    c.a.workspace = reinterpret_cast<void*>(c.next);
+    c.a.workspace_bytes = ws;
+    EXPECT_EQ(qf_quantize(q_, &c.a, nullptr), QF_ERR_CUDA) << error();
+    c.a.workspace = const_cast<void*>(c.a.input);  // would zero the input before reading it
+    EXPECT_EQ(qf_quantize(q_, &c.a, nullptr), QF_ERR_USER);
+    EXPECT_NE(error().find("argument workspace:"), std::string::npos) << error();
+    EXPECT_NE(error().find("overlaps argument input"), std::string::npos) << error();
+    c.a.workspace = reinterpret_cast<void*>(c.next);
+    // The no-op flag: a 4-byte aligned float outside the outputs.
+    c.a.noop = reinterpret_cast<const float*>(c.next + uintptr_t(ws) + 2);
+    EXPECT_EQ(qf_quantize(q_, &c.a, nullptr), QF_ERR_USER);
+    EXPECT_NE(error().find("argument noop:"), std::string::npos) << error();
+    c.a.noop = reinterpret_cast<const float*>(c.bufs.front().ptr);
+    EXPECT_EQ(qf_quantize(q_, &c.a, nullptr), QF_ERR_USER);
+    EXPECT_NE(error().find("overlaps argument noop"), std::string::npos) << error();
+    c.a.noop = reinterpret_cast<const float*>(c.a.workspace);
+    EXPECT_EQ(qf_quantize(q_, &c.a, nullptr), QF_ERR_USER);
+    EXPECT_NE(error().find("argument workspace:"), std::string::npos) << error();
+  }
+}
+
 // qf_quantize on a GPU: the outputs of the C entry point are bit-identical to the CPU reference
 // (stochastic rounding, RHT, a delayed-scaling scale input, per-tensor amax), and a bad buffer
 // is refused with its name before anything is launched (the poisoned outputs stay untouched).
@@ -706,6 +822,19 @@ TEST_F(CApi, GemmDequantRouteAndItsWorkspace) {
   EXPECT_EQ(qf_gemm_workspace_bytes_for(g, -1, 4, &bytes), QF_ERR_USER);
   EXPECT_NE(std::string(qf_last_error()).find("extent: expected 0 <= m_total"), std::string::npos) << qf_last_error();
   qf_gemm_destroy(g);
+  // Operands past 2^50 elements, whose byte counts would pass int64, are refused by name.
+  s.n = s.k = 1 << 24;
+  ASSERT_EQ(qf_gemm_create(&s, &g), QF_OK) << qf_last_error();
+  int64_t a_bytes = 0, b_bytes = 0;
+  EXPECT_EQ(qf_gemm_scale_bytes(g, 4096, 1 << 20, &a_bytes, &b_bytes), QF_ERR_USER);
+  EXPECT_EQ(std::string(qf_last_error()),
+            "num_groups: 1048576 groups of 281474976710656 (n x k) elements: an operand of more than 2^50 elements is not "
+            "supported");
+  EXPECT_EQ(qf_gemm_workspace_bytes_for(g, (int64_t(1) << 31) - 257, 1, &bytes), QF_ERR_USER);
+  EXPECT_NE(std::string(qf_last_error()).find("extent: m_total 2147483391 x 16777216"), std::string::npos) << qf_last_error();
+  ASSERT_EQ(qf_gemm_scale_bytes(g, 4096, 4, &a_bytes, &b_bytes), QF_OK) << qf_last_error();
+  qf_gemm_destroy(g);
+  s.n = 256, s.k = 512;
   s.route = "fast";
   EXPECT_EQ(qf_gemm_create(&s, &g), QF_ERR_USER);
   EXPECT_STREQ(qf_last_error(), "spec->route: expected fused, dequant or auto, got \"fast\"");
@@ -821,9 +950,14 @@ TEST_F(CApi, GemmSpecErrorsNameTheField) {
   s = blockwise_spec(), s.a_format = "e9m9";
   EXPECT_EQ(qf_gemm_create(&s, &g), QF_ERR_USER);
   EXPECT_STREQ(qf_last_error(), "spec->a_format: expected e4m3, e5m2, int8, e2m1 (nvfp4), bf16 or fp16, got \"e9m9\"");
-  s = blockwise_spec(), s.a_format = "int8";  // int8 takes an int8 B
+  s = blockwise_spec(), s.a_format = "int8", s.b_format = "e4m3";  // int8 takes an int8 B
   EXPECT_EQ(qf_gemm_create(&s, &g), QF_ERR_USER);
   EXPECT_STREQ(qf_last_error(), "spec->b_format: int8 a_format takes int8 here too (s8 x s8 MMAs), got e4m3");
+  s.b_format = nullptr;  // ... which is B's default then
+  ASSERT_EQ(qf_gemm_create(&s, &g), QF_OK) << qf_last_error();
+  EXPECT_EQ(std::string(qf_gemm_describe(g)).rfind("int8 x int8 blockwise", 0), 0u) << qf_gemm_describe(g);
+  qf_gemm_destroy(g);
+  g = nullptr;
   s = blockwise_spec(), s.accumulate = 2;
   EXPECT_EQ(qf_gemm_create(&s, &g), QF_ERR_USER);
   EXPECT_STREQ(qf_last_error(), "spec->accumulate: expected 0 or 1, got 2");

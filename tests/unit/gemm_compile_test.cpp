@@ -421,6 +421,12 @@ TEST(GemmCodegen, SpecErrorsNameTheField) {
   EXPECT_EQ(default_gemm_format(GemmScaling::None, true, "fp16"), "fp16");
   EXPECT_EQ(default_gemm_format(GemmScaling::None, true), "bf16");
   EXPECT_EQ(default_gemm_format(GemmScaling::Channel, true, "fp16"), "int8");
+  // ... and A to B's; an int8 operand makes the other int8 (s8 x s8), but channel's int8 weights.
+  EXPECT_EQ(default_gemm_format(GemmScaling::None, false, "fp16"), "fp16");
+  EXPECT_EQ(default_gemm_format(GemmScaling::PerTensor, true, "int8"), "int8");
+  EXPECT_EQ(default_gemm_format(GemmScaling::RowChannel, false, "int8"), "int8");
+  EXPECT_EQ(default_gemm_format(GemmScaling::PerTensor, true), "e4m3");
+  EXPECT_EQ(default_gemm_format(GemmScaling::Channel, false, "int8"), "bf16");
   EXPECT_EQ(h.a_format, ElemFormat::Identity);
   EXPECT_EQ(h.operand_dtype, DType::FP16);
   try {

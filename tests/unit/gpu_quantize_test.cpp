@@ -258,6 +258,8 @@ std::vector<Case> all_cases() {
         for (int64_t m : many) rows += m;
         cases.push_back({r, role, Usage::Training, DType::BF16, {rows, 128}, many, false});
       }
+      // No rows at all (an expert-parallel rank that received no tokens): the members' scalars only.
+      cases.push_back({r, role, Usage::Training, DType::BF16, {0, 256}, {0, 0, 0}, false});
       // fp16 through interior and edge tiles of every tile shape (128-row tiles: 16-bit staging).
       cases.push_back({r, role, Usage::Training, DType::FP16, {300, 384}, {}, false});
       // RHT groups at the rounding edges (both launch forms).

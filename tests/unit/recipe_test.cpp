@@ -154,6 +154,26 @@ TEST(RecipeGemms, ScaleLayoutIsCheckedAgainstTheCopiesEachGemmReads) {
   EXPECT_EQ(r.gemms[1].spec.scale_layout, ScaleLayout::MnMajor);
 }
 
+TEST(RecipeGemms, ScaleLayoutIsCheckedOnRolesOutsideTheStandardOnes) {
+  // A rule only a framework's own role names reach (here "experts:input") feeds the GEMM as
+  // much as a standard one: its grids must be in the GEMM's layout too.
+  const std::string rule = R"({"qforge_recipe": 1, "name": "t", "usage": "inference", "roles": [
+    {"match": "experts:input", "rowwise": {"format": "e4m3", "scaling": {"mode": "mx", "block": [1, 32]}, "scale_layout": "mn_major"}}],
+    "gemms": [{"scaling": "mxfp8", "n": 256, "k": 512)";
+  const std::string m = expect_user_error(rule + "}]}", "/gemms/0/scale_layout");
+  EXPECT_NE(m.find("/roles/0/rowwise writes mn_major ones"), std::string::npos) << m;
+  EXPECT_EQ(parse_recipe(rule + R"(, "scale_layout": "mn_major"}]})").gemms.size(), 1u);
+  // A wildcard rule is checked for the roles it can still serve: "*:*" below serves no weight
+  // ("*:weight" is more specific), so its transposed copies are not the dgrad's B.
+  const Recipe r = parse_recipe(R"({"qforge_recipe": 1, "name": "t", "roles": [
+    {"match": "*:weight", "rowwise": {"format": "e4m3", "scaling": {"mode": "mx", "block": [1, 32]}},
+     "columnwise": {"format": "e4m3", "scaling": {"mode": "mx", "block": [32, 1]}}},
+    {"match": "*:*", "rowwise": {"format": "e4m3", "scaling": {"mode": "mx", "block": [1, 32]}},
+     "columnwise": {"format": "e4m3", "scaling": {"mode": "mx", "block": [32, 1]}, "scale_layout": "mn_major"}}],
+    "gemms": [{"scaling": "mxfp8", "n": 256.0, "k": 512}]})");
+  EXPECT_EQ(r.gemms[0].spec.n, 256) << "a whole number written 256.0 is an integer, as JSON Schema says";
+}
+
 TEST(ShippedRecipes, Nvfp4) {
   const Recipe r = shipped("nvfp4");
   const auto in = resolve_role(r, "linear:input");
