@@ -442,7 +442,7 @@ std::vector<Output> quantize_grouped(const Plan& plan, const HostTensor& x, std:
   if (total != x.shape.m)
     throw UserError("m_splits", "the member sizes add up to " + std::to_string(total) +
                                     " rows, but the tensor has " + std::to_string(x.shape.m));
-  if (x.shape.k <= 0) throw UserError("shape", "expected K > 0, got " + std::to_string(x.shape.k));
+  check_grouped_shape(plan, x.shape);  // K's rules and the extent's bounds, also with no rows at all
   for (int64_t m : m_splits)
     if (m > 0) check_shape(plan, {m, x.shape.k});
 

@@ -165,10 +165,10 @@ int Gemm::persistent_ctas() const {
   return inner_ ? inner_->persistent_ctas() : load_for_current_device()->grid;
 }
 
-void check_gemm_call_size(const GemmSpec& s, int64_t extent, int64_t num_groups) {
+void check_gemm_call_size(const GemmSpec& s, int64_t extent, int64_t num_groups, const std::string& extent_arg) {
   const bool kg = k_grouped(s.layout);
   if (extent < 0 || extent > (kg ? (int64_t(1) << 31) - 1 : kMaxMTotal))
-    throw UserError("extent", std::string("expected 0 <= ") + (kg ? "k_total < 2^31" : "m_total <= 2^31 - 257") +
+    throw UserError(extent_arg, std::string("expected 0 <= ") + (kg ? "k_total < 2^31" : "m_total <= 2^31 - 257") +
                                   ", got " + std::to_string(extent));
   if (num_groups < 1 || num_groups > kMaxGroups)
     throw UserError("num_groups", "expected 1.." + std::to_string(kMaxGroups) + ", got " + std::to_string(num_groups));
@@ -177,7 +177,7 @@ void check_gemm_call_size(const GemmSpec& s, int64_t extent, int64_t num_groups)
   // D [G, M, N]. (Dimensions are at most 2^24, so n * k and m * n do not overflow.)
   const int64_t wide = kg ? std::max(s.m, s.n) : std::max(s.n, s.k), per_group = kg ? s.m * s.n : s.n * s.k;
   if (extent > 0 && wide > kMaxElems / extent)
-    throw UserError("extent", std::string(kg ? "k_total" : "m_total") + " " + std::to_string(extent) + " x " +
+    throw UserError(extent_arg, std::string(kg ? "k_total" : "m_total") + " " + std::to_string(extent) + " x " +
                                   std::to_string(wide) + ": an operand of more than 2^50 elements is not supported");
   if (per_group > kMaxElems / num_groups)
     throw UserError("num_groups", std::to_string(num_groups) + " groups of " + std::to_string(per_group) + " (" +
@@ -377,6 +377,7 @@ std::shared_ptr<const Gemm::Loaded> Gemm::load_for_current_device() const {
 void Gemm::run(const GemmCall& c, CUstream stream) const {
   if (routes_[0]) {  // the chosen route's run checks the call; a missing workspace is named here
     const int64_t extent = k_grouped(spec_.layout) ? c.k_total : c.m_total;
+    check_gemm_call_size(spec_, extent, c.num_groups, k_grouped(spec_.layout) ? "k_total" : "m_total");
     const GemmRoute r = choose_gemm_route(spec_, extent, c.num_groups);
     const int64_t need = r == GemmRoute::Dequant ? routes_[1]->workspace_bytes(extent, c.num_groups) : 0;
     if (c.workspace.bytes < need)
@@ -400,6 +401,7 @@ void Gemm::run(const GemmCall& c, CUstream stream) const {
     throw UserError("k_total", "m-grouped: K is the spec's k; k_total is the token count of the k-grouped layout: "
                                "expected 0, got " + std::to_string(c.k_total));
   const int64_t g = c.num_groups, m = c.m_total;
+  check_gemm_call_size(s, m, g, "m_total");  // every operand's bytes fit int64
   const bool masked = c.m_max != 0;
   if (masked) {
     if (c.m_max < 0) throw UserError("m_max", "expected > 0 (masked layout) or 0 (contiguous), got " + std::to_string(c.m_max));
@@ -415,7 +417,7 @@ void Gemm::run(const GemmCall& c, CUstream stream) const {
   const int64_t n_units = (s.n + t.block_n - 1) / t.block_n / t.multicast;
   const int64_t units = ((m + t.block_m - 1) / t.block_m + g) * n_units;  // upper bound over any split
   if (units >= (int64_t(1) << 31))
-    throw UserError("m_total", "too many tiles for one launch (" + std::to_string(units) + ")");
+    throw UserError("m_total, num_groups", "too many tiles for one launch (" + std::to_string(units) + ")");
   // mn_major A grids: the kernel's row prefix of the groups' grids is a 30-bit int.
   if (s.scale_layout == ScaleLayout::MnMajor && mn_major_grouped_rows(m, g) > (int64_t(1) << 30))
     throw UserError("m_total", "mn_major A scale grids: expected m_total + 3 * num_groups <= 2^30, got " +
@@ -532,6 +534,7 @@ void Gemm::run_k_grouped(const GemmCall& c, CUstream stream) const {
     throw UserError(c.m_total != 0 ? "m_total" : c.m_max != 0 ? "m_max" : "group_counts",
                     "k-grouped: rows are the spec's m and groups split K by group_offsets; expected 0 / none");
   const int64_t g = c.num_groups, kt = c.k_total;
+  check_gemm_call_size(s, kt, g, "k_total");  // every operand's bytes fit int64
   const int64_t units = g * ((s.m + t.block_m - 1) / t.block_m) * ((s.n + t.block_n - 1) / t.block_n);
   if (g * s.m >= (int64_t(1) << 31) || units >= (int64_t(1) << 31))
     throw UserError("num_groups", "too many output rows or tiles for one launch (" + std::to_string(g) + " x " +

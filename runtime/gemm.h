@@ -30,8 +30,9 @@ struct GemmArgs;  // templates/qforge/gemm_args.cuh
 namespace qf::rt {
 
 // UserError unless a call of num_groups groups over `extent` (m_total; K-grouped: k_total) is
-// one the GEMM takes: the extent and group bounds, every operand within 2^50 elements.
-void check_gemm_call_size(const GemmSpec& spec, int64_t extent, int64_t num_groups);
+// one the GEMM takes: the extent and group bounds, every operand within 2^50 elements (errors
+// name the extent extent_arg).
+void check_gemm_call_size(const GemmSpec& spec, int64_t extent, int64_t num_groups, const std::string& extent_arg = "extent");
 
 // The spec's kernel for one arch, from the cache (compiled on a miss).
 struct GemmKernel {

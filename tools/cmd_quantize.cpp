@@ -269,7 +269,15 @@ int cmd_quantize(const Argv& argv) {
   (void)resolve_role(recipe, role);
 
   // ---- the input tensor ----
-  npy::Array arr = npy::read(input_path);
+  // The shape is checked before the data is read: [M, K] within the limits of a call (a grouped
+  // input, --splits, may have M = 0).
+  const bool grouped = args.get("--splits").has_value();
+  npy::Array arr = npy::read(input_path, [&](const std::vector<int64_t>& s) {
+    if (s.size() != 2)
+      throw UserError(input_path, "expected a 2-D array [M, K], got shape " + shape_str(s) +
+                                      " (reshape 1-D data to [1, n] explicitly)");
+    check_extent(Shape2D{s[0], s[1]}, grouped, input_path);
+  });
   DType file_dtype;
   if (arr.descr == "<f4") file_dtype = DType::FP32;
   else if (arr.descr == "<f2") file_dtype = DType::FP16;
@@ -277,9 +285,6 @@ int cmd_quantize(const Argv& argv) {
   else
     throw UserError(input_path, "input dtype descr '" + arr.descr +
                                     "' is not supported: expected '<f4' (fp32), '<f2' (fp16) or '<u2' (bf16 bit patterns)");
-  if (arr.shape.size() != 2)
-    throw UserError(input_path, "expected a 2-D array [M, K], got shape " + shape_str(arr.shape) +
-                                    " (reshape 1-D data to [1, n] explicitly)");
   const Shape2D shape{arr.shape[0], arr.shape[1]};
 
   DType dtype = file_dtype;
@@ -306,12 +311,12 @@ int cmd_quantize(const Argv& argv) {
   }
 
   std::vector<int64_t> splits;
-  const bool grouped = args.get("--splits").has_value();
   if (grouped) splits = parse_splits(*args.get("--splits"), shape.m);
 
   // ---- the plan ----
   const Plan plan = compile_plan(recipe, PlanRequest{role, dtype, usage, grouped});
   if (!grouped) check_shape(plan, shape);
+  else check_grouped_shape(plan, shape);
 
   // ---- delayed-scaling scale inputs ----
   ref::QuantizeParams params;

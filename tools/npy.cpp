@@ -170,8 +170,12 @@ int itemsize(const std::string& descr) {
   return it == sizes.end() ? 0 : it->second;
 }
 
-Array read(const std::filesystem::path& path) {
+Array read(const std::filesystem::path& path, const std::function<void(const std::vector<int64_t>&)>& check_shape) {
   const std::string where = path.string();
+  // A pipe or device would block or never end: only regular files (checked before opening).
+  std::error_code rc;
+  if (std::filesystem::exists(path, rc) && !std::filesystem::is_regular_file(path, rc))
+    throw UserError(where, "not a regular file: expected a .npy file");
   std::ifstream f(path, std::ios::binary);
   if (!f) throw UserError(where, std::string("cannot open for reading: ") + std::strerror(errno));
   std::error_code ec;
@@ -195,7 +199,10 @@ Array read(const std::filesystem::path& path) {
     throw UserError(where, "truncated .npy file: the header length is missing");
   int64_t header_len = int64_t(lb[0]) | int64_t(lb[1]) << 8 | int64_t(lb[2]) << 16 | int64_t(lb[3]) << 24;
   const int64_t data_start = int64_t(kMagicLen) + 2 + len_bytes + header_len;
-  if (header_len > kMaxHeader || data_start > file_size)
+  if (header_len > kMaxHeader)
+    throw UserError(where, "the header claims " + std::to_string(header_len) + " bytes: headers above " +
+                               std::to_string(kMaxHeader) + " bytes are not supported");
+  if (data_start > file_size)
     throw UserError(where, "truncated or malformed .npy file: the header claims " + std::to_string(header_len) +
                                " bytes, the file has " + std::to_string(file_size) + " bytes in all");
   std::string header(size_t(header_len), '\0');
@@ -220,25 +227,20 @@ Array read(const std::filesystem::path& path) {
     throw UserError(where, "fortran_order True (column-major data) is not supported: expected a C-order array "
                            "(numpy.ascontiguousarray)");
 
-  // Product of the shape, checked against the file size without overflow.
+  if (check_shape) check_shape(a.shape);
+  // Bytes the shape needs (without overflow), against what the file holds.
   const int64_t avail = file_size - data_start;
-  int64_t n = 1;
+  int64_t n = 1, need = 0;
   bool too_big = false;
-  for (int64_t d : a.shape) {
-    if (d == 0) {
-      n = 0;
-      too_big = false;
-      break;
-    }
-    if (too_big || n > avail / d) too_big = true;
-    else n *= d;
-  }
+  for (int64_t d : a.shape) too_big |= __builtin_mul_overflow(n, d, &n);
+  too_big |= __builtin_mul_overflow(n, int64_t(isz), &need);
+  if (n == 0) too_big = false, need = 0;
   std::string shape_str = "(";
   for (size_t i = 0; i < a.shape.size(); ++i) shape_str += (i ? ", " : "") + std::to_string(a.shape[i]);
   shape_str += a.shape.size() == 1 ? ",)" : ")";
-  if (too_big || n > avail / isz || n * isz != avail)
+  if (too_big || need != avail)
     throw UserError(where, "the data size does not match the header: shape " + shape_str + " of " + a.descr +
-                               " needs " + (too_big ? std::string("more") : std::to_string(n * isz)) +
+                               " needs " + (too_big ? std::string("more than 2^63") : std::to_string(need)) +
                                " bytes, the file holds " + std::to_string(avail) + " after the header");
   a.data.resize(size_t(n * isz));
   if (n > 0 && !f.read(reinterpret_cast<char*>(a.data.data()), std::streamsize(a.data.size())))

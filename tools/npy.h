@@ -4,6 +4,7 @@
 #pragma once
 #include <cstdint>
 #include <filesystem>
+#include <functional>
 #include <span>
 #include <string>
 #include <vector>
@@ -21,9 +22,11 @@ struct Array {
 // Supported: |b1, |u1, |i1, <u2 <i2 <f2, <u4 <i4 <f4, <u8 <i8 <f8.
 int itemsize(const std::string& descr);
 
-// Reads a whole .npy file. Rejects fortran_order True, big-endian or unsupported descrs,
-// malformed headers and files whose size does not match the shape.
-Array read(const std::filesystem::path& path);
+// Reads a whole .npy file. Rejects anything but a regular file, fortran_order True, big-endian or
+// unsupported descrs, malformed headers and files whose size does not match the shape.
+// check_shape, when given, sees the header's shape before any data is read (and may throw): a
+// caller's limits then refuse a huge array without reading it.
+Array read(const std::filesystem::path& path, const std::function<void(const std::vector<int64_t>&)>& check_shape = {});
 
 // Writes a version 1.0 .npy file (version 2.0 if the header needs it). The data size must
 // equal product(shape) * itemsize(descr). Writes to a temporary file in the same directory,

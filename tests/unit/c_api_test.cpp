@@ -835,6 +835,24 @@ TEST_F(CApi, GemmDequantRouteAndItsWorkspace) {
   ASSERT_EQ(qf_gemm_scale_bytes(g, 4096, 4, &a_bytes, &b_bytes), QF_OK) << qf_last_error();
   qf_gemm_destroy(g);
   s.n = 256, s.k = 512;
+  // A run past those bounds is refused by its own fields before any size is computed (B's bytes
+  // would wrap to 0 here and let a null B through).
+  qf_gemm_spec none{};
+  none.scaling = "none";
+  none.n = none.k = 1 << 24;
+  ASSERT_EQ(qf_gemm_create(&none, &g), QF_OK) << qf_last_error();
+  qf_gemm_args run{};
+  run.a = reinterpret_cast<const void*>(uintptr_t(1) << 40);
+  run.a_bytes = int64_t(128) << 25;
+  run.d = reinterpret_cast<void*>(uintptr_t(1) << 44);
+  run.d_bytes = int64_t(128) << 25;
+  run.group_offsets = reinterpret_cast<const int64_t*>(uintptr_t(1) << 45);
+  run.m_total = 128;
+  run.num_groups = 32768;
+  EXPECT_EQ(qf_gemm_run(g, &run, nullptr), QF_ERR_USER);
+  EXPECT_NE(std::string(qf_last_error()).find("num_groups: 32768 groups of 281474976710656 (n x k) elements"),
+            std::string::npos) << qf_last_error();
+  qf_gemm_destroy(g);
   s.route = "fast";
   EXPECT_EQ(qf_gemm_create(&s, &g), QF_ERR_USER);
   EXPECT_STREQ(qf_last_error(), "spec->route: expected fused, dequant or auto, got \"fast\"");
