@@ -60,7 +60,7 @@ struct TileConfig {
   // shared memory). A `qforge tune` dimension.
   int min_blocks = 0;
   // Whether min_blocks CTAs of this tile's threads fit an SM's 2048 threads (0: the default).
-  bool min_blocks_fit() const { return min_blocks >= 0 && min_blocks * threads <= 2048; }
+  bool min_blocks_fit() const { return min_blocks >= 0 && int64_t(min_blocks) * threads <= 2048; }
   bool operator==(const TileConfig&) const = default;
 };
 

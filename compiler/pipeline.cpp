@@ -5,6 +5,7 @@
 #include <iostream>
 #include <sstream>
 
+#include "compiler/env.h"
 #include "compiler/error.h"
 #include "compiler/lower.h"
 #include "compiler/passes/prune_usage.h"
@@ -41,8 +42,7 @@ class Runner {
       for (std::string item; std::getline(ss, item, ',');)
         if (!item.empty()) add(item, "QFORGE_DUMP_AFTER");
     }
-    if (const char* env = std::getenv("QFORGE_TIME_PASSES")) time_ = opt_.time_passes || std::string(env) == "1";
-    else time_ = opt_.time_passes;
+    time_ = opt_.time_passes || env_flag("QFORGE_TIME_PASSES", false);
   }
 
   template <class F>

@@ -6,6 +6,8 @@
 #include <sys/types.h>
 #include <unistd.h>
 
+#include <algorithm>
+#include <cmath>
 #include <cerrno>
 #include <chrono>
 #include <cstdlib>
@@ -16,6 +18,7 @@
 #include <system_error>
 #include <thread>
 
+#include "compiler/env.h"
 #include "compiler/error.h"
 #include "runtime/sha256.h"
 
@@ -287,12 +290,16 @@ void remove_abandoned(const fs::path& tmp, const std::string& prefix, const Cach
   for (const auto& p : found) remove_if_abandoned(p, t);
 }
 
+}  // namespace
+
 void warn_once(const std::string& tag, const std::string& message) {
   static std::mutex mu;
   static std::set<std::string> warned;
   std::lock_guard lk(mu);
   if (warned.insert(tag).second) std::cerr << "qforge: warning: " << message << "\n";
 }
+
+namespace {
 
 // ------------------------------------------------------------------------------------------------
 // meta.json
@@ -421,16 +428,17 @@ CacheOptions CacheOptions::from_env() {
   if (auto s = env("QFORGE_TEST_PAUSE_SECONDS"); !s.empty()) {
     char* end = nullptr;
     o.test.pause_seconds = std::strtod(s.c_str(), &end);
-    if (end == s.c_str() || *end || !(o.test.pause_seconds >= 0))
+    if (end == s.c_str() || *end || !(o.test.pause_seconds >= 0) || !std::isfinite(o.test.pause_seconds))
       throw UserError("QFORGE_TEST_PAUSE_SECONDS", "expected a number of seconds >= 0, got \"" + s + "\"");
   }
   o.test.compile_log = env("QFORGE_TEST_COMPILE_LOG");
-  if (env("QFORGE_CACHE_DISABLE") == "1") {
+  if (env_flag("QFORGE_CACHE_DISABLE", false)) {
     o.disabled = true;
     return o;
   }
+  // Roots are absolute: a relative one would move with the process's working directory.
   if (auto d = env("QFORGE_CACHE_DIR"); !d.empty())
-    o.writable_root = fs::path(d);
+    o.writable_root = fs::absolute(fs::path(d));
   else if (auto x = env("XDG_CACHE_HOME"); !x.empty() && x[0] == '/')
     o.writable_root = fs::path(x) / "qforge";
   else if (auto h = env("HOME"); !h.empty())
@@ -439,7 +447,7 @@ CacheOptions CacheOptions::from_env() {
   for (size_t start = 0; start <= ro.size();) {
     size_t end = ro.find(':', start);
     if (end == std::string::npos) end = ro.size();
-    if (end > start) o.readonly_roots.emplace_back(ro.substr(start, end - start));
+    if (end > start) o.readonly_roots.emplace_back(fs::absolute(fs::path(ro.substr(start, end - start))));
     start = end + 1;
   }
   return o;
@@ -451,6 +459,17 @@ KernelCache::KernelCache(CacheOptions options) : opts_(std::move(options)) {
     opts_.readonly_roots.clear();
     return;
   }
+  // Read-only roots: a mistyped one is named (and kept: it may be mounted later); the writable
+  // root among them once only.
+  std::vector<fs::path> ro;
+  for (const auto& r : opts_.readonly_roots) {
+    std::error_code e;
+    if (opts_.writable_root && fs::equivalent(r, *opts_.writable_root, e)) continue;
+    if (std::find(ro.begin(), ro.end(), r) != ro.end()) continue;
+    if (!fs::is_directory(r, e)) warn_once("readonly " + r.string(), "read-only kernel cache " + r.string() + " is not a directory");
+    ro.push_back(r);
+  }
+  opts_.readonly_roots = std::move(ro);
   if (!opts_.writable_root) {
     disable_disk("no cache directory (set QFORGE_CACHE_DIR or HOME)");
     return;
@@ -624,9 +643,16 @@ void KernelCache::store_to_disk(const CacheEntry& e, const std::string& source) 
     fsync_dir(tmp);
     pause_point(t, "publish");
     const fs::path parent = base / e.key.substr(0, 2);
-    if (make_dir(parent, 0755, t) != 0 && errno != EEXIST) throw_errno("cannot create", parent);
     const fs::path final_dir = parent / e.key;
-    if (::rename(tmp.c_str(), final_dir.c_str()) != 0) {
+    // `qforge clear` in another process may remove the (empty) prefix directory between its
+    // creation and the rename: ENOENT then means "create it again", not an unusable cache.
+    int rc = -1;
+    for (int attempt = 0; attempt < 8 && rc != 0; ++attempt) {
+      if (make_dir(parent, 0755, t) != 0 && errno != EEXIST) throw_errno("cannot create", parent);
+      rc = ::rename(tmp.c_str(), final_dir.c_str());
+      if (rc != 0 && errno != ENOENT) break;
+    }
+    if (rc != 0) {
       if (errno != EEXIST && errno != ENOTEMPTY) throw_errno("cannot rename into", final_dir);
       fs::remove_all(tmp, ec);  // another process published the same key first
     } else {
@@ -659,10 +685,12 @@ std::vector<CacheListing> KernelCache::list() const {
         if (auto text = read_file(d.path() / "meta.json")) {
           json m = json::parse(*text, nullptr, false);
           if (m.is_object()) {
-            l.kind = m.value("kind", "?");
-            l.arch = m.value("arch", "?");
-            l.size = m.value("image_size", uint64_t(0));
-            l.created_unix = m.value("created_unix", int64_t(0));
+            // A field of the wrong type (a damaged entry) reads as unknown: listing must not fail.
+            auto str = [&](const char* k) { return m.contains(k) && m[k].is_string() ? m[k].get<std::string>() : "?"; };
+            l.kind = str("kind");
+            l.arch = str("arch");
+            l.size = m.contains("image_size") && m["image_size"].is_number_unsigned() ? m["image_size"].get<uint64_t>() : 0;
+            l.created_unix = m.contains("created_unix") && m["created_unix"].is_number_integer() ? m["created_unix"].get<int64_t>() : 0;
             if (auto md = m.find("metadata"); md != m.end() && md->is_object()) {
               if (md->contains("recipe") && (*md)["recipe"].is_string()) l.recipe = (*md)["recipe"];
               if (md->contains("role") && (*md)["role"].is_string()) l.role = (*md)["role"];
@@ -727,8 +755,16 @@ size_t KernelCache::clear() {
     if (prefix.path().filename() == "tuning") {  // qforge tune's tile choices (<key>.json): cleared too
       std::error_code ec2;
       std::vector<fs::path> records;
-      for (const auto& d : fs::directory_iterator(prefix.path(), ec2))
-        if (d.path().extension() == ".json" && is_key(d.path().stem().string()) && !d.is_symlink()) records.push_back(d.path());
+      for (const auto& d : fs::directory_iterator(prefix.path(), ec2)) {
+        if (d.is_symlink()) continue;
+        const std::string n = d.path().filename().string();
+        if (d.path().extension() == ".json" && is_key(d.path().stem().string())) records.push_back(d.path());
+        // A record's temporary (<key>.json.tmp.<pid>) that a killed `qforge tune` left: a live
+        // writer renames its own within moments, so only one ten minutes old goes.
+        else if (n.size() > 64 && is_key(n.substr(0, 64)) && n.compare(64, 9, ".json.tmp") == 0 &&
+                 now_unix() - mtime_unix(d.path()) > 600)
+          records.push_back(d.path());
+      }
       for (const auto& r : records) fs::remove(r, ec2);
       continue;
     }

@@ -182,4 +182,7 @@ class KernelCache {
   std::atomic<uint64_t> lock_waits_{0}, lock_timeouts_{0};
 };
 
+// "qforge: warning: <message>" on stderr, once per tag per process.
+void warn_once(const std::string& tag, const std::string& message);
+
 }  // namespace qf::rt

@@ -7,6 +7,7 @@
 #include <tuple>
 #include <string_view>
 
+#include "compiler/env.h"
 #include "compiler/error.h"
 #include "qforge/args.cuh"
 #include "qforge/history.cuh"
@@ -45,10 +46,7 @@ struct Quantizer::Loaded {
 
 namespace {
 
-bool one_launch_enabled() {
-  const char* v = std::getenv("QFORGE_ONE_LAUNCH");
-  return !(v && std::string_view(v) == "0");
-}
+bool one_launch_enabled() { return env_flag("QFORGE_ONE_LAUNCH", true); }
 
 // Plans whose calls take the separate form (memsets, amax kernel, cast kernel) when the stream is
 // capturing into a CUDA graph, though the fused form fits: those with per-column channel amaxes.

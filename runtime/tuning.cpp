@@ -8,6 +8,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "compiler/env.h"
 #include "compiler/passes/select_tiles.h"
 #include "runtime/nvrtc.h"
 #include "runtime/sha256.h"
@@ -19,10 +20,7 @@ namespace {
 
 fs::path record_path(const fs::path& root, const std::string& key) { return root / "qforge-v1" / "tuning" / (key + ".json"); }
 
-bool tuning_disabled() {
-  const char* v = std::getenv("QFORGE_TUNING");
-  return v && std::string(v) == "0";
-}
+bool tuning_disabled() { return !env_flag("QFORGE_TUNING", true); }
 
 }  // namespace
 
@@ -50,9 +48,15 @@ std::optional<TuningRecord> find_tuning(const Plan& plan, const std::string& arc
       std::ifstream in(path);
       const nlohmann::json j = nlohmann::json::parse(in);
       TuningRecord r;
-      r.tile = TileConfig{j.at("tile").at("rows").get<int>(), j.at("tile").at("cols").get<int>(),
-                          j.at("tile").at("threads").get<int>(), j.at("tile").at("vec").get<int>(),
-                          j.at("tile").value("min_blocks", 0)};
+      // Tile fields are small integers: a hand-edited 4294967360 must not wrap to 64.
+      auto small = [](const nlohmann::json& v) {
+        if (!v.is_number_integer() || v.get<int64_t>() < 0 || v.get<int64_t>() > 65536)
+          throw std::runtime_error("tile field out of range: " + v.dump());
+        return int(v.get<int64_t>());
+      };
+      const nlohmann::json& t = j.at("tile");
+      r.tile = TileConfig{small(t.at("rows")), small(t.at("cols")), small(t.at("threads")), small(t.at("vec")),
+                          t.contains("min_blocks") ? small(t.at("min_blocks")) : 0};
       r.time_us = j.value("time_us", 0.0);
       r.default_us = j.value("default_us", 0.0);
       r.m = j.value("m", int64_t(0));
@@ -62,7 +66,7 @@ std::optional<TuningRecord> find_tuning(const Plan& plan, const std::string& arc
       if (j.value("key", "") != key || !tile_fits(plan, r.tile)) throw std::runtime_error("key or tile does not fit the plan");
       return r;
     } catch (const std::exception& e) {
-      std::cerr << "qforge: warning: ignoring tuning record " << path.string() << ": " << e.what() << "\n";
+      warn_once("tuning " + path.string(), "ignoring tuning record " + path.string() + ": " + e.what());
     }
   }
   return std::nullopt;

@@ -10,6 +10,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <chrono>
 #include <csignal>
 #include <filesystem>
 #include <fstream>
@@ -334,11 +335,75 @@ TEST(KernelCache, MemoryHitThenDiskHitInANewCache) {
   std::ofstream(tuning / "notes.txt") << "mine";
   EXPECT_TRUE(fresh.verify().empty());  // tuning/ is not a kernel prefix: nothing to report
   EXPECT_EQ(fresh.list().size(), 1u);
+  // A killed `qforge tune`'s temporary record goes once it is ten minutes old; a live one stays.
+  const fs::path old_tmp = tuning / (key + ".json.tmp.4242"), new_tmp = tuning / (key + ".json.tmp.4243");
+  std::ofstream(old_tmp) << "{";
+  std::ofstream(new_tmp) << "{";
+  fs::last_write_time(old_tmp, fs::file_time_type::clock::now() - std::chrono::minutes(11));
   EXPECT_EQ(fresh.clear(), 1u);
   EXPECT_TRUE(fresh.list().empty());
   EXPECT_TRUE(fs::exists(dir.path() / "qforge-v1"));
   EXPECT_FALSE(fs::exists(tuning / (key + ".json")));
   EXPECT_TRUE(fs::exists(tuning / "notes.txt"));
+  EXPECT_FALSE(fs::exists(old_tmp));
+  EXPECT_TRUE(fs::exists(new_tmp));
+}
+
+// A damaged meta.json whose fields have the wrong types lists as unknown ("?"): list and
+// verify report it instead of failing.
+TEST(KernelCache, ListingSurvivesMetaFieldsOfTheWrongType) {
+  TempDir dir;
+  {
+    KernelCache cache(at(dir.path()));
+    ASSERT_EQ(cache.get_or_compile(tiny()).how, CacheHow::Compiled);
+  }
+  const std::string key = make_key(tiny()).hex;
+  const fs::path meta = dir.path() / "qforge-v1" / key.substr(0, 2) / key / "meta.json";
+  nlohmann::json m = nlohmann::json::parse(std::ifstream(meta));
+  m["kind"] = 5, m["arch"] = nullptr, m["image_size"] = "47296", m["created_unix"] = "yesterday";
+  std::ofstream(meta) << m.dump();
+  KernelCache cache(at(dir.path()));
+  std::vector<CacheListing> listing;
+  ASSERT_NO_THROW(listing = cache.list());
+  ASSERT_EQ(listing.size(), 1u);
+  EXPECT_EQ(listing[0].kind, "?");
+  EXPECT_EQ(listing[0].arch, "?");
+  EXPECT_EQ(listing[0].size, 0u);
+  EXPECT_NO_THROW((void)cache.verify());
+}
+
+// QFORGE_* switches take 0 or 1 (a typo is named, not read as "off"); cache roots are made
+// absolute (a relative one would follow the working directory); a read-only root that is not a
+// directory is kept (it may be mounted later) and the writable root is not listed twice.
+TEST(CacheOptions, SwitchesAndRootsFromTheEnvironment) {
+  TempDir dir;
+  ::setenv("QFORGE_CACHE_DISABLE", "true", 1);
+  try {
+    (void)CacheOptions::from_env();
+    ADD_FAILURE() << "QFORGE_CACHE_DISABLE=true was accepted";
+  } catch (const UserError& e) {
+    EXPECT_EQ(e.where(), "QFORGE_CACHE_DISABLE");
+    EXPECT_NE(std::string(e.what()).find("expected 0 or 1 (or unset), got \"true\""), std::string::npos) << e.what();
+  }
+  ::setenv("QFORGE_CACHE_DISABLE", "1", 1);
+  EXPECT_TRUE(CacheOptions::from_env().disabled);
+  ::setenv("QFORGE_CACHE_DISABLE", "", 1);
+  EXPECT_FALSE(CacheOptions::from_env().disabled);
+  ::unsetenv("QFORGE_CACHE_DISABLE");
+  ::setenv("QFORGE_CACHE_DIR", "relative/cache", 1);
+  ::setenv("QFORGE_CACHE_READONLY_DIRS", ("ro:" + dir.path().string()).c_str(), 1);
+  const CacheOptions o = CacheOptions::from_env();
+  ::unsetenv("QFORGE_CACHE_DIR");
+  ::unsetenv("QFORGE_CACHE_READONLY_DIRS");
+  ASSERT_TRUE(o.writable_root.has_value());
+  EXPECT_TRUE(o.writable_root->is_absolute()) << *o.writable_root;
+  ASSERT_EQ(o.readonly_roots.size(), 2u);
+  EXPECT_EQ(o.readonly_roots[0], fs::current_path() / "ro");
+  CacheOptions same = at(dir.path());
+  same.readonly_roots = {dir.path(), dir.path() / "missing"};
+  const KernelCache cache(same);
+  ASSERT_EQ(cache.readonly_roots().size(), 1u);
+  EXPECT_EQ(cache.readonly_roots()[0], dir.path() / "missing");
 }
 
 // Corruption: each case damages the stored entry, then a new cache must notice, report it via

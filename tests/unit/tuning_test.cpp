@@ -7,7 +7,10 @@
 #include <filesystem>
 #include <fstream>
 #include <iterator>
+#include <utility>
 #include <unistd.h>
+
+#include <nlohmann/json.hpp>
 
 #include "compiler/passes/select_tiles.h"
 #include "compiler/pipeline.h"
@@ -81,6 +84,16 @@ TEST(Tuning, RecordsThatDoNotFitThePlanAreIgnored) {
   EXPECT_FALSE(rt::find_tuning(p, "sm_90a", "gpu", c.cache).has_value());
   std::ofstream(f) << "{ not json";
   EXPECT_FALSE(rt::find_tuning(p, "sm_90a", "gpu", c.cache).has_value());
+  // Numbers past an int are refused, not truncated (4294967360 would read as 64), and a register
+  // budget whose CTAs x threads would wrap an int does not fit.
+  for (const auto& [field, value] : {std::pair{"rows", std::string("4294967360")}, std::pair{"min_blocks", std::string("16777216")}}) {
+    nlohmann::json j;
+    ASSERT_TRUE(rt::store_tuning(p, rec, c.cache));
+    j = nlohmann::json::parse(std::ifstream(f));
+    j["tile"][field] = nlohmann::json::parse(value);
+    std::ofstream(f) << j.dump();
+    EXPECT_FALSE(rt::find_tuning(p, "sm_90a", "gpu", c.cache).has_value()) << field;
+  }
 }
 
 // A register-budget choice (min_blocks) round-trips; a record written before the field existed
