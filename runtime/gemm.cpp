@@ -392,16 +392,13 @@ void Gemm::run(const GemmCall& c, CUstream stream) const {
   if (k_grouped(spec_.layout)) return run_k_grouped(c, stream);
   const GemmSpec& s = spec_;
   const GemmTile& t = s.tile;
-  if (c.num_groups < 1 || c.num_groups > kMaxGroups)
-    throw UserError("num_groups", "expected 1.." + std::to_string(kMaxGroups) + ", got " + std::to_string(c.num_groups));
-  // Tile rows are 32-bit in the kernel: the last tile's rows (m_total + block_m) must stay below 2^31.
-  if (c.m_total < 0 || c.m_total > kMaxMTotal)
-    throw UserError("m_total", "expected 0 <= m_total <= 2^31 - 257, got " + std::to_string(c.m_total));
+  // num_groups, and m_total within 2^31 - 257 (tile rows are 32-bit in the kernel: the last tile's
+  // rows, m_total + block_m, stay below 2^31), every operand's bytes within int64.
+  check_gemm_call_size(s, c.m_total, c.num_groups, "m_total");
   if (c.k_total != 0)
     throw UserError("k_total", "m-grouped: K is the spec's k; k_total is the token count of the k-grouped layout: "
                                "expected 0, got " + std::to_string(c.k_total));
   const int64_t g = c.num_groups, m = c.m_total;
-  check_gemm_call_size(s, m, g, "m_total");  // every operand's bytes fit int64
   const bool masked = c.m_max != 0;
   if (masked) {
     if (c.m_max < 0) throw UserError("m_max", "expected > 0 (masked layout) or 0 (contiguous), got " + std::to_string(c.m_max));
@@ -516,8 +513,7 @@ void Gemm::launch_persistent(const Loaded& l, GemmArgs& args, int64_t units, int
 void Gemm::run_k_grouped(const GemmCall& c, CUstream stream) const {
   const GemmSpec& s = spec_;
   const GemmTile& t = s.tile;
-  if (c.num_groups < 1 || c.num_groups > kMaxGroups)
-    throw UserError("num_groups", "expected 1.." + std::to_string(kMaxGroups) + ", got " + std::to_string(c.num_groups));
+  check_gemm_call_size(s, c.k_total, c.num_groups, "k_total");  // num_groups; every operand's bytes fit int64
   const OperandRows rows = operand_rows(s);
   const int64_t k_multiple = gemm_k_total_multiple(s);
   if (c.k_total < k_multiple || c.k_total >= (int64_t(1) << 31) || c.k_total % k_multiple != 0)
@@ -534,7 +530,6 @@ void Gemm::run_k_grouped(const GemmCall& c, CUstream stream) const {
     throw UserError(c.m_total != 0 ? "m_total" : c.m_max != 0 ? "m_max" : "group_counts",
                     "k-grouped: rows are the spec's m and groups split K by group_offsets; expected 0 / none");
   const int64_t g = c.num_groups, kt = c.k_total;
-  check_gemm_call_size(s, kt, g, "k_total");  // every operand's bytes fit int64
   const int64_t units = g * ((s.m + t.block_m - 1) / t.block_m) * ((s.n + t.block_n - 1) / t.block_n);
   if (g * s.m >= (int64_t(1) << 31) || units >= (int64_t(1) << 31))
     throw UserError("num_groups", "too many output rows or tiles for one launch (" + std::to_string(g) + " x " +

@@ -53,6 +53,7 @@ inline std::vector<int64_t> parse_row_counts(const std::string& flag, const std:
     v.push_back(*x);
   }
   if (v.empty()) throw UserError(flag, "expected at least one group");
+  if (text.back() == ',') throw UserError(flag, "expected comma-separated row counts in [0, 2^31], got \"" + text + "\"");
   return v;
 }
 

@@ -58,26 +58,11 @@ float parse_scale_value(const std::string& text, const std::string& entry) {
   return f;
 }
 
+// --splits: the members' row counts (parse_row_counts' rules), which must add up to the input's M.
 std::vector<int64_t> parse_splits(const std::string& s, int64_t m) {
-  std::vector<int64_t> out;
-  std::stringstream ss(s);
-  std::string item;
+  const std::vector<int64_t> out = parse_row_counts("--splits", s);
   int64_t sum = 0;
-  while (std::getline(ss, item, ',')) {
-    size_t used = 0;
-    long long v = -1;
-    try {
-      v = std::stoll(item, &used, 10);
-    } catch (const std::exception&) {
-      used = 0;
-    }
-    if (item.empty() || used != item.size() || v < 0 || v > (int64_t(1) << 31))
-      throw UserError("--splits", "expected comma-separated non-negative member sizes such as 3,0,5, got \"" + s + "\"");
-    out.push_back(v);
-    sum += v;
-  }
-  if (out.empty() || (!s.empty() && s.back() == ','))
-    throw UserError("--splits", "expected comma-separated non-negative member sizes such as 3,0,5, got \"" + s + "\"");
+  for (int64_t v : out) sum += v;  // at most 2^31 each, far fewer than 2^32 items on a command line
   if (sum != m)
     throw UserError("--splits", "the member sizes sum to " + std::to_string(sum) + ", but the input has M = " +
                                     std::to_string(m) + " rows");

@@ -369,6 +369,7 @@ def test_reference_selftest():
 
 @pytest.mark.parametrize("extra,needle", [
     (["--splits", "3,4"], "--splits"), (["--splits", "3,-1,30"], "--splits"), (["--splits", "a"], "--splits"),
+    (["--splits", " 32"], "--splits"), (["--splits", "32,"], "--splits"), (["--splits", "+32"], "--splits"),
     (["--dtype", "fp16"], "--dtype"), (["--seed", "-3"], "--seed"), (["--usage", "fast"], "--usage"),
     (["--scale", "2"], "--scale"), (["--bogus", "1"], "--bogus"),
 ])
