@@ -324,7 +324,9 @@ json to_meta(const CacheEntry& e, const std::string& source) {
 }
 
 // Loads and checks the entry in `dir` for `key`; on any problem returns null with `problem` set.
-std::shared_ptr<CacheEntry> load_entry(const fs::path& dir, const std::string& key, std::string& problem) {
+// With `names` (a request's name expressions) the entry must also lower exactly those.
+std::shared_ptr<CacheEntry> load_entry(const fs::path& dir, const std::string& key, std::string& problem,
+                                       const std::vector<std::string>* names = nullptr) {
   const auto meta_text = read_file(dir / "meta.json");
   if (!meta_text) return problem = "meta.json missing or unreadable", nullptr;
   json m = json::parse(*meta_text, nullptr, /*allow_exceptions=*/false);
@@ -355,10 +357,21 @@ std::shared_ptr<CacheEntry> load_entry(const fs::path& dir, const std::string& k
              nullptr;
     if (sha256_hex(*image) != m.at("image_sha256").get<std::string>())
       return problem = "image.bin SHA-256 does not match meta.json", nullptr;
+    // The lowered names pick the kernels out of the image (CUBIN symbol names, PTX .entry
+    // names): each must be there, or a load would fail or pick another kernel.
+    if (e->lowered_names.empty()) return problem = "meta.json lists no kernels (lowered_names is empty)", nullptr;
+    for (const auto& [expr, lowered] : e->lowered_names)
+      if (expr.empty() || lowered.empty() || image->find(lowered) == std::string::npos)
+        return problem = "meta.json's lowered name \"" + lowered + "\" for \"" + expr + "\" is not in image.bin", nullptr;
     std::error_code ec;
     const auto source_size = fs::file_size(dir / "source.cu", ec);
     if (ec) return problem = "source.cu missing", nullptr;
     if (source_size != m.at("source_size").get<uint64_t>()) return problem = "source.cu size does not match", nullptr;
+    if (names) {
+      bool same = e->lowered_names.size() == names->size();
+      for (const auto& n : *names) same &= e->lowered_names.count(n) == 1;
+      if (!same) return problem = "meta.json's kernels are not the ones the request names", nullptr;
+    }
     e->image = std::move(*image);
     return e;
   } catch (const json::exception& ex) {
@@ -529,7 +542,7 @@ CacheResult KernelCache::get_or_compile(const CompileRequest& req, const json& m
   try {
     CacheHow how = CacheHow::DiskHit;
     // Without a writable root there is no key lock, so the first look is the decisive one.
-    std::shared_ptr<const CacheEntry> entry = load_from_disk(key, /*settle=*/!writable_);
+    std::shared_ptr<const CacheEntry> entry = load_from_disk(key, req.name_expressions, /*settle=*/!writable_);
     KeyLock lock;  // held from here until the entry is published (or the compile failed)
     if (!entry && writable_) {
       // Another process may be compiling this key: wait for it, then look again.
@@ -546,7 +559,7 @@ CacheResult KernelCache::get_or_compile(const CompileRequest& req, const json& m
         warn_once("lock " + opts_.writable_root->string(),
                   attempt.problem + "; processes sharing this kernel cache may compile the same kernel more than once");
       }
-      entry = load_from_disk(key, /*settle=*/true);
+      entry = load_from_disk(key, req.name_expressions, /*settle=*/true);
     }
     if (entry) {
       ++disk_hits_;
@@ -591,7 +604,8 @@ CacheResult KernelCache::get_or_compile(const CompileRequest& req, const json& m
   }
 }
 
-std::shared_ptr<const CacheEntry> KernelCache::load_from_disk(const CacheKey& key, bool settle) {
+std::shared_ptr<const CacheEntry> KernelCache::load_from_disk(const CacheKey& key, const std::vector<std::string>& names,
+                                                              bool settle) {
   if (opts_.disabled) return nullptr;
   std::vector<std::pair<fs::path, bool>> roots;  // (root, writable)
   if (opts_.writable_root) roots.emplace_back(*opts_.writable_root, true);
@@ -601,7 +615,7 @@ std::shared_ptr<const CacheEntry> KernelCache::load_from_disk(const CacheKey& ke
     struct stat st;
     if (::lstat(dir.c_str(), &st) != 0) continue;  // not there: the common miss
     std::string problem;
-    if (auto e = load_entry(dir, key.hex, problem)) {
+    if (auto e = load_entry(dir, key.hex, problem, &names)) {
       if (writable && writable_) {
         // Cheap last-use stamp for eviction tools: bump the mtime of an empty file.
         const fs::path stamp = dir / "last_use";

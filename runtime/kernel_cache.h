@@ -168,7 +168,7 @@ class KernelCache {
  private:
   // `settle`: this is the decisive look (key lock held, or none to be had): count a corrupt
   // entry and move it aside. Otherwise a corrupt entry is just a miss.
-  std::shared_ptr<const CacheEntry> load_from_disk(const CacheKey& key, bool settle);
+  std::shared_ptr<const CacheEntry> load_from_disk(const CacheKey& key, const std::vector<std::string>& names, bool settle);
   void store_to_disk(const CacheEntry& e, const std::string& source);
   void disable_disk(const std::string& why);
   CacheKey key_of(const CompileRequest& req) const;

@@ -406,6 +406,12 @@ TEST(CacheOptions, SwitchesAndRootsFromTheEnvironment) {
   EXPECT_EQ(cache.readonly_roots()[0], dir.path() / "missing");
 }
 
+void edit_meta(const fs::path& entry, const std::function<void(nlohmann::json&)>& f) {
+  nlohmann::json m = nlohmann::json::parse(slurp(entry / "meta.json"));
+  f(m);
+  std::ofstream(entry / "meta.json", std::ios::trunc) << m.dump(2);
+}
+
 // Corruption: each case damages the stored entry, then a new cache must notice, report it via
 // verify(), recompile and republish a good entry.
 TEST(KernelCache, CorruptEntriesAreDetectedAndRecompiled) {
@@ -442,6 +448,9 @@ TEST(KernelCache, CorruptEntriesAreDetectedAndRecompiled) {
          m.replace(m.find(from), from.size(), "\"schema\": " + std::to_string(kCacheSchemaVersion + 1));
          std::ofstream(entry / "meta.json", std::ios::trunc) << m;
        }},
+      {"lowered_names emptied", [&] { edit_meta(entry, [](nlohmann::json& m) { m["lowered_names"] = nlohmann::json::object(); }); }},
+      {"a lowered name that is not in the image",
+       [&] { edit_meta(entry, [](nlohmann::json& m) { m["lowered_names"]["plain"] = "plain_but_not_in_the_image"; }); }},
       {"empty entry directory",
        [&] {
          for (const char* f : {"image.bin", "meta.json", "source.cu", "last_use"}) fs::remove(entry / f);
@@ -459,6 +468,20 @@ TEST(KernelCache, CorruptEntriesAreDetectedAndRecompiled) {
     EXPECT_TRUE(cache.verify().empty());
     EXPECT_EQ(slurp(entry / "image.bin"), good_image);
     EXPECT_TRUE(fs::is_empty(tmp_of(dir.path()))) << "the damaged copy was not removed";
+  }
+  // A name expression the request does not make (verify cannot tell, having no request): the
+  // decisive look sees it and recompiles.
+  edit_meta(entry, [](nlohmann::json& m) {
+    m["lowered_names"]["qf::kernels::bits<512>"] = m["lowered_names"]["qf::kernels::bits<256>"];
+    m["lowered_names"].erase("qf::kernels::bits<256>");
+  });
+  {
+    KernelCache cache(at(dir.path()));
+    EXPECT_TRUE(cache.verify().empty());
+    auto r = cache.get_or_compile(tiny());
+    EXPECT_EQ(r.how, CacheHow::Compiled);
+    EXPECT_EQ(cache.stats().corrupt, 1u);
+    EXPECT_EQ(r.entry->lowered_names.count("qf::kernels::bits<256>"), 1u);
   }
   // last_use is only a stamp: without it the entry is still a hit, and the stamp comes back.
   fs::remove(entry / "last_use");
