@@ -17,6 +17,7 @@
 #include <set>
 #include <system_error>
 #include <thread>
+#include <tuple>
 
 #include "compiler/env.h"
 #include "compiler/error.h"
@@ -304,14 +305,14 @@ namespace {
 // ------------------------------------------------------------------------------------------------
 // meta.json
 // ------------------------------------------------------------------------------------------------
-json to_meta(const CacheEntry& e, const std::string& source) {
+json to_meta(const CacheEntry& e, const std::string& source, const std::string& templates) {
   return json{{"schema", kCacheSchemaVersion},
               {"key", e.key},
               {"kind", name(e.kind)},
               {"arch", e.arch},
               {"target", e.target},
               {"nvrtc_version", e.nvrtc_version},
-              {"templates_hash", templates_hash()},
+              {"templates_hash", templates},
               {"lowered_names", e.lowered_names},
               {"image_size", e.image.size()},
               {"image_sha256", sha256_hex(e.image)},
@@ -517,7 +518,11 @@ void KernelCache::disable_disk(const std::string& why) {
 }
 
 CacheKey KernelCache::key_of(const CompileRequest& req) const {
-  return opts_.test.key_context ? make_key(req, *opts_.test.key_context) : make_key(req);
+  return make_key(req, key_context());
+}
+
+KeyContext KernelCache::key_context() const {
+  return opts_.test.key_context ? *opts_.test.key_context : KeyContext::current();
 }
 
 CacheResult KernelCache::get_or_compile(const CompileRequest& req, const json& metadata) {
@@ -577,7 +582,7 @@ CacheResult KernelCache::get_or_compile(const CompileRequest& req, const json& m
       e->image = std::move(r.image);
       e->lowered_names = std::move(r.lowered_names);
       e->metadata = metadata;
-      e->nvrtc_version = nvrtc_version();
+      e->nvrtc_version = key_context().nvrtc_version;  // (this NVRTC's, but in tests)
       e->note = std::move(r.note);
       e->log = std::move(r.log);
       e->options = std::move(r.options);
@@ -652,7 +657,7 @@ void KernelCache::store_to_disk(const CacheEntry& e, const std::string& source) 
     write_file_synced(tmp / "image.bin", e.image, t);
     pause_point(t, "write");
     write_file_synced(tmp / "source.cu", source, t);
-    write_file_synced(tmp / "meta.json", to_meta(e, source).dump(2) + "\n", t);
+    write_file_synced(tmp / "meta.json", to_meta(e, source, key_context().templates_hash).dump(2) + "\n", t);
     write_file_synced(tmp / "last_use", "", t);
     fsync_dir(tmp);
     pause_point(t, "publish");
@@ -807,6 +812,71 @@ size_t KernelCache::clear() {
       fs::remove_all(t, ec2);
   }
   return removed;
+}
+
+EvictResult KernelCache::evict(const EvictPolicy& policy, bool dry_run) {
+  EvictResult r;
+  if (opts_.disabled || !opts_.writable_root) return r;
+  const fs::path base = *opts_.writable_root / kCacheDirName, tmp = base / "tmp";
+  struct Entry {
+    fs::path dir;
+    std::string key;
+    uint64_t bytes = 0;
+    int64_t last_use = 0;
+    bool go = false;
+  };
+  const KeyContext context = key_context();
+  std::vector<Entry> entries;
+  std::error_code ec;
+  for (const auto& prefix : fs::directory_iterator(base, ec)) {
+    const std::string p = prefix.path().filename().string();
+    if (p == "tmp" || p == "tuning" || prefix.is_symlink() || !prefix.is_directory()) continue;
+    std::error_code ec2;
+    for (const auto& d : fs::directory_iterator(prefix.path(), ec2)) {
+      Entry e;
+      e.dir = d.path(), e.key = d.path().filename().string();
+      if (!is_key(e.key) || d.is_symlink()) continue;
+      std::error_code ec3;
+      for (const auto& f : fs::directory_iterator(e.dir, ec3))
+        if (f.is_regular_file(ec3)) e.bytes += f.file_size(ec3);
+      e.last_use = mtime_unix(e.dir / "last_use");
+      if (!e.last_use) e.last_use = mtime_unix(e.dir / "meta.json");
+      if (policy.unused_for_s && now_unix() - e.last_use > *policy.unused_for_s) e.go = true;
+      if (policy.stale && !e.go) {  // damaged, or built by another NVRTC or from other headers
+        std::string problem;
+        const auto text = read_file(e.dir / "meta.json");
+        const json m = text ? json::parse(*text, nullptr, false) : json();
+        e.go = !load_entry(e.dir, e.key, problem) || !m.is_object() ||
+               m.value("nvrtc_version", "") != context.nvrtc_version || m.value("templates_hash", "") != context.templates_hash;
+      }
+      entries.push_back(std::move(e));
+    }
+  }
+  if (policy.max_bytes) {  // least recently used first (then by key: a stable order)
+    std::vector<Entry*> kept;
+    uint64_t total = 0;
+    for (auto& e : entries)
+      if (!e.go) kept.push_back(&e), total += e.bytes;
+    std::sort(kept.begin(), kept.end(), [](const Entry* a, const Entry* b) {
+      return std::tie(a->last_use, a->key) < std::tie(b->last_use, b->key);
+    });
+    for (Entry* e : kept) {
+      if (total <= *policy.max_bytes) break;
+      e->go = true;
+      total -= e->bytes;
+    }
+  }
+  for (const auto& e : entries) {
+    (e.go ? r.removed : r.kept) += 1;
+    (e.go ? r.removed_bytes : r.kept_bytes) += e.bytes;
+    if (e.go && !dry_run) {
+      fs::create_directories(tmp, ec);
+      remove_dir_safely(e.dir, tmp, "cleared");
+      std::error_code ec2;
+      fs::remove(e.dir.parent_path(), ec2);  // the prefix, once empty
+    }
+  }
+  return r;
 }
 
 CacheStats KernelCache::stats() const {

@@ -136,6 +136,19 @@ struct CacheProblem {
   std::string path, what;
 };
 
+// What KernelCache::evict removes from the writable root (qforge clear's flags). An entry goes
+// when any rule picks it; with none set, nothing goes.
+struct EvictPolicy {
+  std::optional<int64_t> unused_for_s;  // last used (disk hit or compile) more than this long ago
+  std::optional<uint64_t> max_bytes;    // then the least recently used until the rest fit in this
+  bool stale = false;                   // entries this build cannot hit: another NVRTC, other device
+                                        // headers (another qforge version), or damaged (verify's problems)
+};
+struct EvictResult {
+  size_t removed = 0, kept = 0;
+  uint64_t removed_bytes = 0, kept_bytes = 0;  // the entries' files on disk
+};
+
 class KernelCache {
  public:
   explicit KernelCache(CacheOptions options = CacheOptions::from_env());
@@ -159,6 +172,10 @@ class KernelCache {
   // in tmp/ (a writer still working is left alone) and the memory layer; returns the number of
   // entries removed. The root itself is kept.
   size_t clear();
+  // Removes the writable root's entries `policy` picks (dry_run: only counts them); read-only
+  // roots and the memory layer are left as they are. Safe beside running processes, as clear is:
+  // an entry goes by one rename, and a process that wanted it compiles it again.
+  EvictResult evict(const EvictPolicy& policy, bool dry_run = false);
 
   CacheStats stats() const;
   bool disk_writable() const { return writable_.load(); }
@@ -172,6 +189,7 @@ class KernelCache {
   void store_to_disk(const CacheEntry& e, const std::string& source);
   void disable_disk(const std::string& why);
   CacheKey key_of(const CompileRequest& req) const;
+  KeyContext key_context() const;  // this build's, or the test's (CacheTestHooks::key_context)
 
   CacheOptions opts_;
   std::atomic<bool> writable_{false};

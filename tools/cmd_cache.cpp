@@ -5,6 +5,10 @@
 #include <cstdio>
 #include <ctime>
 #include <iostream>
+#include <optional>
+#include <string>
+#include <utility>
+#include <vector>
 
 #include <nlohmann/json.hpp>
 
@@ -83,14 +87,56 @@ int cmd_verify(const Argv& argv) {
   return 1;
 }
 
+namespace {
+
+// "<n><unit>": a decimal count and one unit letter (the units' factors in `units`), or with
+// `bare` (the factor of no letter) the count alone.
+uint64_t parse_quantity(const std::string& flag, const std::string& text,
+                        const std::vector<std::pair<char, uint64_t>>& units, std::optional<uint64_t> bare,
+                        const std::string& expected) {
+  const auto bad = [&] { return UserError(flag, "expected " + expected + ", got \"" + text + "\""); };
+  if (text.empty()) throw bad();
+  const auto unit = std::find_if(units.begin(), units.end(), [&](const auto& u) { return u.first == text.back(); });
+  if (unit == units.end() && !bare) throw bad();
+  const uint64_t factor = unit == units.end() ? *bare : unit->second;
+  const std::optional<int64_t> n = Args::decimal(unit == units.end() ? text : text.substr(0, text.size() - 1));
+  if (!n || *n < 0 || uint64_t(*n) > (uint64_t(1) << 62) / factor) throw bad();
+  return uint64_t(*n) * factor;
+}
+
+std::string mib(uint64_t bytes) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%.1f MiB", double(bytes) / (1024.0 * 1024.0));
+  return buf;
+}
+
+}  // namespace
+
 int cmd_clear(const Argv& argv) {
-  Args args(argv, {}, {});
+  Args args(argv, {"--unused-for", "--max-size"}, {"--stale", "--dry-run"});
   if (!args.positional().empty()) throw UserError(args.positional()[0], "clear takes no positional arguments");
+  rt::EvictPolicy policy;
+  if (auto v = args.get("--unused-for"))
+    policy.unused_for_s = int64_t(parse_quantity("--unused-for", *v, {{'s', 1}, {'m', 60}, {'h', 3600}, {'d', 86400}},
+                                                 std::nullopt, "a duration such as 30d, 12h, 90m or 3600s"));
+  if (auto v = args.get("--max-size"))
+    policy.max_bytes = parse_quantity("--max-size", *v, {{'B', 1}, {'K', 1ull << 10}, {'M', 1ull << 20}, {'G', 1ull << 30}, {'T', 1ull << 40}},
+                                      1, "a size such as 500M or 2G (bytes, or B, K, M, G, T: powers of 1024)");
+  policy.stale = args.flag("--stale");
+  const bool dry_run = args.flag("--dry-run");
+  const bool all = !policy.unused_for_s && !policy.max_bytes && !policy.stale;
+  if (all && dry_run) throw UserError("--dry-run", "takes --unused-for, --max-size or --stale (plain clear removes everything)");
   rt::KernelCache cache;
-  const size_t n = cache.clear();
-  std::cout << "removed " << n << " kernel" << (n == 1 ? "" : "s");
-  if (cache.writable_root()) std::cout << " from " << cache.writable_root()->string();
-  std::cout << "\n";
+  const std::string where = cache.writable_root() ? " from " + cache.writable_root()->string() : "";
+  if (all) {
+    const size_t n = cache.clear();
+    std::cout << "removed " << n << " kernel" << (n == 1 ? "" : "s") << where << "\n";
+    return 0;
+  }
+  const rt::EvictResult r = cache.evict(policy, dry_run);
+  std::cout << (dry_run ? "would remove " : "removed ") << r.removed << " kernel" << (r.removed == 1 ? "" : "s") << " ("
+            << mib(r.removed_bytes) << ")" << where << ", " << (dry_run ? "keep " : "kept ") << r.kept << " ("
+            << mib(r.kept_bytes) << ")\n";
   return 0;
 }
 

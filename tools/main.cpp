@@ -67,7 +67,11 @@ commands:
                                     --arch compiles them
   list [--json]                     list the kernel cache's entries
   verify                            check every cached kernel against its key (exit 1 on problems)
-  clear                             remove every kernel of the writable cache directory
+  clear [--unused-for 30d] [--max-size 2G] [--stale] [--dry-run]
+                                    remove every kernel of the writable cache directory, or
+                                    those unused for that long (s, m, h, d), the least recently
+                                    used beyond that size (B, K, M, G, T), and those no build of
+                                    this qforge and NVRTC can hit (or damaged); --dry-run counts
   version (or --version)            qforge's version, the NVRTC it compiles with, and what keys
                                     its kernel cache (cache format, device headers' hash)
   help                              this text

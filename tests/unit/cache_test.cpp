@@ -287,6 +287,75 @@ TEST(KernelCache, AnotherToolkitsOrSchemasEntryIsAMissNotAStaleHit) {
   EXPECT_TRUE(cache.verify().empty());
   KernelCache again(at(dir.path()));
   EXPECT_EQ(again.get_or_compile(tiny()).how, CacheHow::DiskHit);
+  // qforge clear --stale: the other toolkit's entry can never be hit by this build and goes; ours
+  // stays. (The other schema's is a test artifact: a real schema change moves the directory.)
+  EvictPolicy stale;
+  stale.stale = true;
+  const EvictResult r = again.evict(stale);
+  EXPECT_EQ(r.removed, 1u);
+  EXPECT_EQ(r.kept, 2u);
+  EXPECT_EQ(KernelCache(at(dir.path())).get_or_compile(tiny()).how, CacheHow::DiskHit);
+}
+
+// qforge clear's other rules: entries unused for longer than a duration, then the least
+// recently used until the rest fit a size; a dry run only counts; a damaged entry is stale.
+TEST(KernelCache, EvictsByLastUseAndSize) {
+  TempDir dir;
+  auto req = [](int i) {
+    CompileRequest r = tiny();
+    r.source += "\n// variant " + std::to_string(i) + "\n";
+    return r;
+  };
+  std::vector<fs::path> entry;
+  {
+    KernelCache cache(at(dir.path()));
+    for (int i = 0; i < 3; ++i) {
+      ASSERT_EQ(cache.get_or_compile(req(i)).how, CacheHow::Compiled);
+      const std::string key = make_key(req(i)).hex;
+      entry.push_back(dir.path() / "qforge-v1" / key.substr(0, 2) / key);
+      ASSERT_TRUE(fs::is_directory(entry.back()));
+    }
+  }
+  const int64_t now = int64_t(::time(nullptr));
+  const int64_t ago[3] = {40 * 86400, 2 * 86400, 60};  // last used 40 days, 2 days, a minute ago
+  uint64_t bytes[3] = {};
+  for (int i = 0; i < 3; ++i) {
+    const fs::path stamp = entry[size_t(i)] / "last_use";
+    std::ofstream(stamp, std::ios::app).close();
+    const timespec ts[2] = {{time_t(now - ago[i]), 0}, {time_t(now - ago[i]), 0}};
+    ASSERT_EQ(::utimensat(AT_FDCWD, stamp.c_str(), ts, 0), 0);
+    for (const auto& f : fs::directory_iterator(entry[size_t(i)])) bytes[i] += f.is_regular_file() ? f.file_size() : 0;
+  }
+  KernelCache cache(at(dir.path()));
+  EvictPolicy month;
+  month.unused_for_s = 30 * 86400;
+  EvictResult r = cache.evict(month, /*dry_run=*/true);
+  EXPECT_EQ(r.removed, 1u);
+  EXPECT_EQ(r.removed_bytes, bytes[0]);
+  EXPECT_EQ(r.kept, 2u);
+  EXPECT_EQ(r.kept_bytes, bytes[1] + bytes[2]);
+  EXPECT_TRUE(fs::exists(entry[0])) << "a dry run removed an entry";
+  EXPECT_EQ(cache.evict(month).removed, 1u);
+  EXPECT_FALSE(fs::exists(entry[0]));
+  EvictPolicy fit;  // room for the newest only: the older one goes
+  fit.max_bytes = bytes[2];
+  r = cache.evict(fit);
+  EXPECT_EQ(r.removed, 1u);
+  EXPECT_EQ(r.kept_bytes, bytes[2]);
+  EXPECT_FALSE(fs::exists(entry[1]));
+  EXPECT_TRUE(fs::exists(entry[2]));
+  EXPECT_TRUE(cache.verify().empty());
+  EXPECT_TRUE(fs::is_empty(tmp_of(dir.path()))) << "the removed entries were left in tmp/";
+  if (entry[0].parent_path() != entry[1].parent_path() && entry[0].parent_path() != entry[2].parent_path()) {
+    EXPECT_FALSE(fs::exists(entry[0].parent_path())) << "an emptied prefix directory was kept";
+  }
+  EvictPolicy stale;
+  stale.stale = true;
+  EXPECT_EQ(cache.evict(stale).removed, 0u);
+  fs::resize_file(entry[2] / "image.bin", 10);
+  EXPECT_EQ(cache.evict(stale).removed, 1u);
+  EXPECT_FALSE(fs::exists(entry[2]));
+  EXPECT_EQ(KernelCache(at(dir.path())).get_or_compile(req(2)).how, CacheHow::Compiled);
 }
 
 TEST(KernelCache, MemoryHitThenDiskHitInANewCache) {
