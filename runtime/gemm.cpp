@@ -513,7 +513,6 @@ void Gemm::launch_persistent(const Loaded& l, GemmArgs& args, int64_t units, int
 void Gemm::run_k_grouped(const GemmCall& c, CUstream stream) const {
   const GemmSpec& s = spec_;
   const GemmTile& t = s.tile;
-  check_gemm_call_size(s, c.k_total, c.num_groups, "k_total");  // num_groups; every operand's bytes fit int64
   const OperandRows rows = operand_rows(s);
   const int64_t k_multiple = gemm_k_total_multiple(s);
   if (c.k_total < k_multiple || c.k_total >= (int64_t(1) << 31) || c.k_total % k_multiple != 0)
@@ -529,6 +528,7 @@ void Gemm::run_k_grouped(const GemmCall& c, CUstream stream) const {
   if (c.m_total != 0 || c.m_max != 0 || c.group_counts.ptr)
     throw UserError(c.m_total != 0 ? "m_total" : c.m_max != 0 ? "m_max" : "group_counts",
                     "k-grouped: rows are the spec's m and groups split K by group_offsets; expected 0 / none");
+  check_gemm_call_size(s, c.k_total, c.num_groups, "k_total");  // num_groups; every operand's bytes fit int64
   const int64_t g = c.num_groups, kt = c.k_total;
   const int64_t units = g * ((s.m + t.block_m - 1) / t.block_m) * ((s.n + t.block_n - 1) / t.block_n);
   if (g * s.m >= (int64_t(1) << 31) || units >= (int64_t(1) << 31))

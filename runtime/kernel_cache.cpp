@@ -361,16 +361,19 @@ std::shared_ptr<CacheEntry> load_entry(const fs::path& dir, const std::string& k
     // The lowered names pick the kernels out of the image (CUBIN symbol names, PTX .entry
     // names): each must be there, or a load would fail or pick another kernel.
     if (e->lowered_names.empty()) return problem = "meta.json lists no kernels (lowered_names is empty)", nullptr;
-    for (const auto& [expr, lowered] : e->lowered_names)
-      if (expr.empty() || lowered.empty() || image->find(lowered) == std::string::npos)
+    for (const auto& [expr, lowered] : e->lowered_names) {
+      if (expr.empty() || lowered.empty()) return problem = "meta.json lists a kernel with an empty name", nullptr;
+      if (image->find(lowered) == std::string::npos)
         return problem = "meta.json's lowered name \"" + lowered + "\" for \"" + expr + "\" is not in image.bin", nullptr;
+    }
     std::error_code ec;
     const auto source_size = fs::file_size(dir / "source.cu", ec);
     if (ec) return problem = "source.cu missing", nullptr;
     if (source_size != m.at("source_size").get<uint64_t>()) return problem = "source.cu size does not match", nullptr;
-    if (names) {
-      bool same = e->lowered_names.size() == names->size();
-      for (const auto& n : *names) same &= e->lowered_names.count(n) == 1;
+    if (names) {  // as sets: a request naming a kernel twice compiles (and stores) it once
+      const std::set<std::string> asked(names->begin(), names->end());
+      bool same = e->lowered_names.size() == asked.size();
+      for (const auto& n : asked) same &= e->lowered_names.count(n) == 1;
       if (!same) return problem = "meta.json's kernels are not the ones the request names", nullptr;
     }
     e->image = std::move(*image);
@@ -797,10 +800,16 @@ size_t KernelCache::clear() {
     }
     fs::remove(prefix.path(), ec2);  // only succeeds when empty
   }
-  // Leftovers in tmp/: ours from above, and what killed writers left. A live writer holds an
-  // flock on its temp dir and lock file, so those are kept; where flock is not supported, only
-  // what is older than ten minutes goes.
+  sweep_tmp(tmp);
+  return removed;
+}
+
+// Leftovers in tmp/: what clear / evict moved aside, and what killed writers left. A live writer
+// holds an flock on its temp dir and lock file, so those are kept; where flock is not supported,
+// only what is older than ten minutes goes.
+void KernelCache::sweep_tmp(const fs::path& tmp) const {
   const int64_t now = now_unix();
+  std::error_code ec;
   std::vector<fs::path> leftovers;
   for (const auto& t : fs::directory_iterator(tmp, ec)) leftovers.push_back(t.path());
   for (const auto& t : leftovers) {
@@ -811,23 +820,35 @@ size_t KernelCache::clear() {
     else if ((!is_temp_name(n) || remove_if_abandoned(t, opts_.test) == Owner::Unknown) && now - mtime_unix(t) > 600)
       fs::remove_all(t, ec2);
   }
-  return removed;
 }
 
 EvictResult KernelCache::evict(const EvictPolicy& policy, bool dry_run) {
   EvictResult r;
   if (opts_.disabled || !opts_.writable_root) return r;
+  if (!writable_)
+    throw UserError("cache", "the kernel cache directory " + opts_.writable_root->string() +
+                                 " is not writable by this process: nothing can be evicted from it");
   const fs::path base = *opts_.writable_root / kCacheDirName, tmp = base / "tmp";
+  std::error_code ec;
+  if (!fs::is_directory(fs::symlink_status(base, ec))) return r;  // (a symlink: not ours, as for clear)
   struct Entry {
     fs::path dir;
     std::string key;
     uint64_t bytes = 0;
     int64_t last_use = 0;
-    bool go = false;
+    bool plain = true;  // only regular files (no links, devices or pipes)
+    bool stale = false, go = false;
+  };
+  // An entry's last use: the `last_use` stamp's mtime, else meta.json's (links not followed).
+  auto last_use_of = [](const fs::path& dir) {
+    struct stat st;
+    for (const char* f : {"last_use", "meta.json"})
+      if (::lstat((dir / f).c_str(), &st) == 0 && S_ISREG(st.st_mode)) return int64_t(st.st_mtime);
+    return int64_t(0);
   };
   const KeyContext context = key_context();
+  const int64_t now = now_unix();
   std::vector<Entry> entries;
-  std::error_code ec;
   for (const auto& prefix : fs::directory_iterator(base, ec)) {
     const std::string p = prefix.path().filename().string();
     if (p == "tmp" || p == "tuning" || prefix.is_symlink() || !prefix.is_directory()) continue;
@@ -835,19 +856,24 @@ EvictResult KernelCache::evict(const EvictPolicy& policy, bool dry_run) {
     for (const auto& d : fs::directory_iterator(prefix.path(), ec2)) {
       Entry e;
       e.dir = d.path(), e.key = d.path().filename().string();
-      if (!is_key(e.key) || d.is_symlink()) continue;
+      if (!is_key(e.key) || d.is_symlink() || !d.is_directory()) continue;
       std::error_code ec3;
-      for (const auto& f : fs::directory_iterator(e.dir, ec3))
-        if (f.is_regular_file(ec3)) e.bytes += f.file_size(ec3);
-      e.last_use = mtime_unix(e.dir / "last_use");
-      if (!e.last_use) e.last_use = mtime_unix(e.dir / "meta.json");
-      if (policy.unused_for_s && now_unix() - e.last_use > *policy.unused_for_s) e.go = true;
-      if (policy.stale && !e.go) {  // damaged, or built by another NVRTC or from other headers
+      for (const auto& f : fs::directory_iterator(e.dir, ec3)) {
+        struct stat st;
+        if (::lstat(f.path().c_str(), &st) != 0) continue;  // gone meanwhile
+        if (S_ISREG(st.st_mode)) e.bytes += uint64_t(st.st_size);
+        else e.plain = false;
+      }
+      e.last_use = last_use_of(e.dir);
+      if (policy.unused_for_s && now - e.last_use > *policy.unused_for_s) e.go = true;
+      if (policy.stale) {  // damaged, or built by another NVRTC or from other headers
         std::string problem;
-        const auto text = read_file(e.dir / "meta.json");
+        const auto text = e.plain ? read_file(e.dir / "meta.json") : std::nullopt;
         const json m = text ? json::parse(*text, nullptr, false) : json();
-        e.go = !load_entry(e.dir, e.key, problem) || !m.is_object() ||
-               m.value("nvrtc_version", "") != context.nvrtc_version || m.value("templates_hash", "") != context.templates_hash;
+        auto field = [&](const char* k) { return m.is_object() && m.contains(k) && m[k].is_string() ? m[k].get<std::string>() : ""; };
+        e.stale = !e.plain || !m.is_object() || field("nvrtc_version") != context.nvrtc_version ||
+                  field("templates_hash") != context.templates_hash || !load_entry(e.dir, e.key, problem);
+        e.go |= e.stale;
       }
       entries.push_back(std::move(e));
     }
@@ -866,16 +892,23 @@ EvictResult KernelCache::evict(const EvictPolicy& policy, bool dry_run) {
       total -= e->bytes;
     }
   }
-  for (const auto& e : entries) {
+  if (!dry_run) fs::create_directories(tmp, ec);
+  for (auto& e : entries) {
+    // Used since it was judged (a running process loaded it while the others were read): kept,
+    // unless it is stale. Otherwise one rename takes it out of every reader's way; an entry that
+    // cannot be renamed aside stays (it is not deleted in place).
+    if (e.go && !dry_run && !e.stale && last_use_of(e.dir) > e.last_use) e.go = false;
+    if (e.go && !dry_run) {
+      const fs::path aside = tmp / ("cleared." + unique_suffix());
+      std::error_code ec2;
+      fs::rename(e.dir, aside, ec2);
+      if (ec2) e.go = false;
+      else fs::remove_all(aside, ec2), fs::remove(e.dir.parent_path(), ec2);  // (the prefix, once empty)
+    }
     (e.go ? r.removed : r.kept) += 1;
     (e.go ? r.removed_bytes : r.kept_bytes) += e.bytes;
-    if (e.go && !dry_run) {
-      fs::create_directories(tmp, ec);
-      remove_dir_safely(e.dir, tmp, "cleared");
-      std::error_code ec2;
-      fs::remove(e.dir.parent_path(), ec2);  // the prefix, once empty
-    }
   }
+  if (!dry_run) sweep_tmp(tmp);
   return r;
 }
 

@@ -172,9 +172,11 @@ class KernelCache {
   // in tmp/ (a writer still working is left alone) and the memory layer; returns the number of
   // entries removed. The root itself is kept.
   size_t clear();
-  // Removes the writable root's entries `policy` picks (dry_run: only counts them); read-only
-  // roots and the memory layer are left as they are. Safe beside running processes, as clear is:
-  // an entry goes by one rename, and a process that wanted it compiles it again.
+  // Removes the writable root's entries `policy` picks (dry_run: only counts them), then what
+  // killed writers left in tmp/, as clear does; read-only roots and the memory layer are left as
+  // they are. Safe beside running processes, as clear is: an entry goes by one rename (one that
+  // cannot be renamed stays), one used since it was judged stays, and a process that wanted a
+  // removed one compiles it again. UserError when the root is not writable by this process.
   EvictResult evict(const EvictPolicy& policy, bool dry_run = false);
 
   CacheStats stats() const;
@@ -189,7 +191,8 @@ class KernelCache {
   void store_to_disk(const CacheEntry& e, const std::string& source);
   void disable_disk(const std::string& why);
   CacheKey key_of(const CompileRequest& req) const;
-  KeyContext key_context() const;  // this build's, or the test's (CacheTestHooks::key_context)
+  KeyContext key_context() const;
+  void sweep_tmp(const std::filesystem::path& tmp) const;  // clear's and evict's leftovers sweep  // this build's, or the test's (CacheTestHooks::key_context)
 
   CacheOptions opts_;
   std::atomic<bool> writable_{false};

@@ -100,7 +100,8 @@ uint64_t parse_quantity(const std::string& flag, const std::string& text,
   if (unit == units.end() && !bare) throw bad();
   const uint64_t factor = unit == units.end() ? *bare : unit->second;
   const std::optional<int64_t> n = Args::decimal(unit == units.end() ? text : text.substr(0, text.size() - 1));
-  if (!n || *n < 0 || uint64_t(*n) > (uint64_t(1) << 62) / factor) throw bad();
+  if (!n || *n < 0) throw bad();
+  if (uint64_t(*n) > (uint64_t(1) << 62) / factor) throw UserError(flag, "expected at most 2^62 (in seconds or bytes), got \"" + text + "\"");
   return uint64_t(*n) * factor;
 }
 

@@ -346,16 +346,35 @@ TEST(KernelCache, EvictsByLastUseAndSize) {
   EXPECT_TRUE(fs::exists(entry[2]));
   EXPECT_TRUE(cache.verify().empty());
   EXPECT_TRUE(fs::is_empty(tmp_of(dir.path()))) << "the removed entries were left in tmp/";
-  if (entry[0].parent_path() != entry[1].parent_path() && entry[0].parent_path() != entry[2].parent_path()) {
+  if (entry[0].parent_path() != entry[2].parent_path()) {
     EXPECT_FALSE(fs::exists(entry[0].parent_path())) << "an emptied prefix directory was kept";
   }
   EvictPolicy stale;
   stale.stale = true;
   EXPECT_EQ(cache.evict(stale).removed, 0u);
+  // Links are not followed: a key-named link in a prefix directory is not an entry (its target
+  // stays), and an entry holding a link is stale (damaged), its target untouched.
+  const fs::path outside = dir.path() / "outside";  // beside the cache's qforge-v1, not in it
+  fs::create_directories(outside / "victim");
+  std::ofstream(outside / "victim" / "keep").put('x');
+  const fs::path planted = entry[2].parent_path() / std::string(64, 'f');
+  fs::create_directory_symlink(outside / "victim", planted);
+  fs::remove(entry[2] / "last_use");
+  fs::create_symlink(outside / "victim" / "keep", entry[2] / "last_use");
+  EvictPolicy everything;
+  everything.max_bytes = 0;
+  everything.stale = true;
+  r = cache.evict(everything);
+  EXPECT_EQ(r.removed, 1u);
+  EXPECT_EQ(r.kept, 0u);
+  EXPECT_FALSE(fs::exists(entry[2]));
+  EXPECT_TRUE(fs::exists(outside / "victim" / "keep"));
+  EXPECT_TRUE(fs::is_symlink(planted));
+  fs::remove(planted);
+  EXPECT_EQ(KernelCache(at(dir.path())).get_or_compile(req(2)).how, CacheHow::Compiled);
   fs::resize_file(entry[2] / "image.bin", 10);
   EXPECT_EQ(cache.evict(stale).removed, 1u);
   EXPECT_FALSE(fs::exists(entry[2]));
-  EXPECT_EQ(KernelCache(at(dir.path())).get_or_compile(req(2)).how, CacheHow::Compiled);
 }
 
 TEST(KernelCache, MemoryHitThenDiskHitInANewCache) {
