@@ -1219,15 +1219,16 @@ __device__ __forceinline__ void store_entry(void* base, i64 off, u32 entry) {
     static_cast<u32*>(base)[off] = entry;
 }
 
-// A compact grid of fp32 scale entries gets 4 bytes per data row from each tile, so a row's
-// 32-byte sector of entries is completed by 8 CTAs, which the column-fastest tile order runs
-// together. Those partial sectors are stored at L2 priority evict_last: at normal priority the
-// input and outputs streaming through L2 evicted many before they were complete (H100, 1x128
-// blockwise row + transposed at 16384^2: 410-412 us with normal stores, 393-397 with these, 383
-// with no entries at all; docs/quantize.md, session 40). Byte entries (MX, NVFP4) keep normal
-// stores: there the hint measured 0.5 % faster (MXFP8) to 1 % slower (NVFP4, the hybrid). A line
-// keeps the priority until its next access at another priority (the GEMM's loads of the grid) or
-// until other evict_last lines evict it.
+// A compact grid of block scales (fp32 entries: `block` scaling) gets 4 bytes per data row from
+// each tile, so a row's 32-byte sector of entries is completed by 8 CTAs, which the column-fastest
+// tile order runs together. Those partial sectors are stored at L2 priority evict_last: at normal
+// priority the input and outputs streaming through L2 evicted many before they were complete
+// (H100, 1x128 blockwise row + transposed at 16384^2: 410-412 us with normal stores, 393-397 with
+// these, 383 with no entries at all; docs/quantize.md, session 40). Byte entries (MX, NVFP4) keep
+// normal stores: there the hint measured 0.5 % faster (MXFP8) to 1 % slower (NVFP4, the hybrid);
+// so do per-channel entries (whole sectors already; the asm's ordering made their kernels spill
+// more). A line keeps the priority until its next access at another priority (the GEMM's loads of
+// the grid) or until other evict_last lines evict it.
 __device__ __forceinline__ u64 l2_evict_last_policy() {
   u64 policy;
   asm("createpolicy.fractional.L2::evict_last.b64 %0, 1.0;" : "=l"(policy));
@@ -1252,10 +1253,10 @@ __device__ __forceinline__ void maybe_store_entry(const StreamArgs& out, i64 dr,
       const i64 off = S::kSwizzled  ? i64(swizzled_scale_offset(u64(er), u64(ec), u64(ctx.grid_pcols)))
                       : S::kMnMajor ? i64(mn_major_scale_offset(u64(er), u64(ec), u64(ctx.grid_prows)))
                                     : er * ctx.grid_pcols + ec;
-      if constexpr (S::kSwizzled || S::kMnMajor || kByteEntries<S>)
-        store_entry<S>(out.scale_inv, scale_base + off, entry);
-      else
+      if constexpr (S::kMode == kModeBlock && !S::kMnMajor)
         store_kept(static_cast<u32*>(out.scale_inv) + scale_base + off, entry);
+      else
+        store_entry<S>(out.scale_inv, scale_base + off, entry);
       // mn_major: the last row's writer zeroes the padding after it (up to 3 entries per column).
       // (Unrolled: a loop to grid_prows made the rowwise-only cast spill.)
       if constexpr (S::kMnMajor)
