@@ -153,6 +153,45 @@ fs::path entry_dir(const fs::path& root, const std::string& key) {
   return root / kCacheDirName / key.substr(0, 2) / key;
 }
 
+// The entry directories under a cache directory `base` (<base>/<key[0:2]>/<key>), for list, verify,
+// clear and evict: entry(dir, key) for each directory named by a key under its own prefix, and
+// other(path, why) for anything else beside them, but tmp/ and tuning/ (which hold no kernels).
+// Links are never followed: a linked prefix or entry is `other`. Each prefix is read whole before
+// its entries are visited, so `entry` may move its directory away.
+template <class Entry, class Other>
+void for_each_entry(const fs::path& base, Entry&& entry, Other&& other) {
+  std::error_code ec;
+  for (const auto& prefix : fs::directory_iterator(base, ec)) {
+    const std::string p = prefix.path().filename().string();
+    if (p == "tmp" || p == "tuning") continue;
+    if (prefix.is_symlink() || !prefix.is_directory() || p.size() != 2) {
+      other(prefix.path(), "unexpected entry in the cache directory");
+      continue;
+    }
+    std::error_code ec2;
+    std::vector<fs::directory_entry> dirs;
+    for (const auto& d : fs::directory_iterator(prefix.path(), ec2)) dirs.push_back(d);
+    for (const auto& d : dirs) {
+      const std::string key = d.path().filename().string();
+      if (!is_key(key) || key.compare(0, 2, p) != 0)
+        other(d.path(), "name is not a cache key of this prefix");
+      else if (d.is_symlink() || !d.is_directory())
+        other(d.path(), "not a directory (links are not followed)");
+      else
+        entry(d.path(), key);
+    }
+  }
+}
+
+// An entry's last use: the mtime of its `last_use` stamp, else of its meta.json (regular files
+// only: links are not followed); 0 when neither is there.
+int64_t last_use_unix(const fs::path& dir) {
+  struct stat st;
+  for (const char* f : {"last_use", "meta.json"})
+    if (::lstat((dir / f).c_str(), &st) == 0 && S_ISREG(st.st_mode)) return int64_t(st.st_mtime);
+  return 0;
+}
+
 // Moves a directory out of the way (into tmp/, so no reader sees it half-deleted), then deletes it.
 void remove_dir_safely(const fs::path& dir, const fs::path& tmp, const std::string& tag) {
   std::error_code ec;
@@ -344,6 +383,7 @@ std::shared_ptr<CacheEntry> load_entry(const fs::path& dir, const std::string& k
     e->arch = m.at("arch").get<std::string>();
     e->target = m.at("target").get<std::string>();
     e->nvrtc_version = m.at("nvrtc_version").get<std::string>();
+    e->templates_hash = m.value("templates_hash", "");
     e->lowered_names = m.at("lowered_names").get<std::map<std::string, std::string>>();
     e->metadata = m.at("metadata");
     e->note = m.value("note", "");
@@ -695,36 +735,29 @@ std::vector<CacheListing> KernelCache::list() const {
   if (opts_.writable_root) roots.emplace_back(*opts_.writable_root, false);
   for (const auto& r : opts_.readonly_roots) roots.emplace_back(r, true);
   for (const auto& [root, readonly] : roots) {
-    std::error_code ec;
-    for (const auto& prefix : fs::directory_iterator(root / kCacheDirName, ec)) {
-      if (prefix.path().filename() == "tmp" || prefix.path().filename() == "tuning" || !prefix.is_directory()) continue;
-      std::error_code ec2;
-      for (const auto& d : fs::directory_iterator(prefix.path(), ec2)) {
-        const std::string key = d.path().filename().string();
-        if (!is_key(key)) continue;
-        CacheListing l;
-        l.key = key, l.root = root.string(), l.readonly = readonly;
-        if (auto text = read_file(d.path() / "meta.json")) {
-          json m = json::parse(*text, nullptr, false);
-          if (m.is_object()) {
-            // A field of the wrong type (a damaged entry) reads as unknown: listing must not fail.
-            auto str = [&](const char* k) { return m.contains(k) && m[k].is_string() ? m[k].get<std::string>() : "?"; };
-            l.kind = str("kind");
-            l.arch = str("arch");
-            l.size = m.contains("image_size") && m["image_size"].is_number_unsigned() ? m["image_size"].get<uint64_t>() : 0;
-            l.created_unix = m.contains("created_unix") && m["created_unix"].is_number_integer() ? m["created_unix"].get<int64_t>() : 0;
-            if (auto md = m.find("metadata"); md != m.end() && md->is_object()) {
-              if (md->contains("recipe") && (*md)["recipe"].is_string()) l.recipe = (*md)["recipe"];
-              if (md->contains("role") && (*md)["role"].is_string()) l.role = (*md)["role"];
-            }
+    auto listing = [&](const fs::path& dir, const std::string& key) {
+      CacheListing l;
+      l.key = key, l.root = root.string(), l.readonly = readonly;
+      if (auto text = read_file(dir / "meta.json")) {
+        json m = json::parse(*text, nullptr, false);
+        if (m.is_object()) {
+          // A field of the wrong type (a damaged entry) reads as unknown: listing must not fail.
+          auto str = [&](const char* k) { return m.contains(k) && m[k].is_string() ? m[k].get<std::string>() : "?"; };
+          l.kind = str("kind");
+          l.arch = str("arch");
+          l.size = m.contains("image_size") && m["image_size"].is_number_unsigned() ? m["image_size"].get<uint64_t>() : 0;
+          l.created_unix = m.contains("created_unix") && m["created_unix"].is_number_integer() ? m["created_unix"].get<int64_t>() : 0;
+          if (auto md = m.find("metadata"); md != m.end() && md->is_object()) {
+            if (md->contains("recipe") && (*md)["recipe"].is_string()) l.recipe = (*md)["recipe"];
+            if (md->contains("role") && (*md)["role"].is_string()) l.role = (*md)["role"];
           }
         }
-        if (l.kind.empty()) l.kind = "?";
-        l.last_use_unix = mtime_unix(d.path() / "last_use");
-        if (!l.last_use_unix) l.last_use_unix = mtime_unix(d.path() / "meta.json");
-        out.push_back(std::move(l));
       }
-    }
+      if (l.kind.empty()) l.kind = "?";
+      l.last_use_unix = last_use_unix(dir);
+      out.push_back(std::move(l));
+    };
+    for_each_entry(root / kCacheDirName, listing, [](const fs::path&, const char*) {});
   }
   return out;
 }
@@ -734,27 +767,14 @@ std::vector<CacheProblem> KernelCache::verify() const {
   std::vector<fs::path> roots;
   if (opts_.writable_root) roots.push_back(*opts_.writable_root);
   for (const auto& r : opts_.readonly_roots) roots.push_back(r);
-  for (const auto& root : roots) {
-    std::error_code ec;
-    for (const auto& prefix : fs::directory_iterator(root / kCacheDirName, ec)) {
-      const std::string p = prefix.path().filename().string();
-      if (p == "tmp" || p == "tuning") continue;  // (tuning/: qforge tune's records, not kernels)
-      if (!prefix.is_directory() || p.size() != 2) {
-        problems.push_back({prefix.path().string(), "unexpected entry in the cache directory"});
-        continue;
-      }
-      std::error_code ec2;
-      for (const auto& d : fs::directory_iterator(prefix.path(), ec2)) {
-        const std::string key = d.path().filename().string();
-        if (!is_key(key) || key.substr(0, 2) != p) {
-          problems.push_back({d.path().string(), "name is not a cache key of this prefix"});
-          continue;
-        }
-        std::string problem;
-        if (!load_entry(d.path(), key, problem)) problems.push_back({d.path().string(), problem});
-      }
-    }
-  }
+  for (const auto& root : roots)
+    for_each_entry(
+        root / kCacheDirName,
+        [&](const fs::path& dir, const std::string& key) {
+          std::string problem;
+          if (!load_entry(dir, key, problem)) problems.push_back({dir.string(), problem});
+        },
+        [&](const fs::path& path, const char* why) { problems.push_back({path.string(), why}); });
   return problems;
 }
 
@@ -769,36 +789,31 @@ size_t KernelCache::clear() {
   if (!fs::is_directory(fs::symlink_status(base, ec))) return 0;
   fs::create_directories(tmp, ec);
   size_t removed = 0;
-  for (const auto& prefix : fs::directory_iterator(base, ec)) {
-    if (prefix.path().filename() == "tmp") continue;
-    if (!prefix.is_directory() || prefix.is_symlink()) {  // not ours: leave it
-      continue;
-    }
-    if (prefix.path().filename() == "tuning") {  // qforge tune's tile choices (<key>.json): cleared too
-      std::error_code ec2;
-      std::vector<fs::path> records;
-      for (const auto& d : fs::directory_iterator(prefix.path(), ec2)) {
-        if (d.is_symlink()) continue;
-        const std::string n = d.path().filename().string();
-        if (d.path().extension() == ".json" && is_key(d.path().stem().string())) records.push_back(d.path());
-        // A record's temporary (<key>.json.tmp.<pid>) that a killed `qforge tune` left: a live
-        // writer renames its own within moments, so only one ten minutes old goes.
-        else if (n.size() > 64 && is_key(n.substr(0, 64)) && n.compare(64, 9, ".json.tmp") == 0 &&
-                 now_unix() - mtime_unix(d.path()) > 600)
-          records.push_back(d.path());
-      }
-      for (const auto& r : records) fs::remove(r, ec2);
-      continue;
-    }
+  for_each_entry(
+      base,
+      [&](const fs::path& dir, const std::string&) {
+        remove_dir_safely(dir, tmp, "cleared");
+        ++removed;
+        std::error_code ec2;
+        fs::remove(dir.parent_path(), ec2);  // (the prefix, once empty)
+      },
+      [](const fs::path&, const char*) {});  // not ours: left as it is
+  // qforge tune's tile choices (tuning/<key>.json) go too, and a record's temporary
+  // (<key>.json.tmp.<pid>) that a killed `qforge tune` left: a live writer renames its own within
+  // moments, so only one ten minutes old goes.
+  if (const fs::path tuning = base / "tuning"; fs::is_directory(fs::symlink_status(tuning, ec))) {
     std::error_code ec2;
-    std::vector<fs::path> entries;
-    for (const auto& d : fs::directory_iterator(prefix.path(), ec2)) entries.push_back(d.path());
-    for (const auto& d : entries) {
-      if (!is_key(d.filename().string())) continue;
-      remove_dir_safely(d, tmp, "cleared");
-      ++removed;
+    std::vector<fs::path> records;
+    for (const auto& d : fs::directory_iterator(tuning, ec2)) {
+      if (d.is_symlink()) continue;
+      const std::string n = d.path().filename().string();
+      if (d.path().extension() == ".json" && is_key(d.path().stem().string()))
+        records.push_back(d.path());
+      else if (n.size() > 64 && is_key(n.substr(0, 64)) && n.compare(64, 9, ".json.tmp") == 0 &&
+               now_unix() - mtime_unix(d.path()) > 600)
+        records.push_back(d.path());
     }
-    fs::remove(prefix.path(), ec2);  // only succeeds when empty
+    for (const auto& r : records) fs::remove(r, ec2);
   }
   sweep_tmp(tmp);
   return removed;
@@ -839,45 +854,30 @@ EvictResult KernelCache::evict(const EvictPolicy& policy, bool dry_run) {
     bool plain = true;  // only regular files (no links, devices or pipes)
     bool stale = false, go = false;
   };
-  // An entry's last use: the `last_use` stamp's mtime, else meta.json's (links not followed).
-  auto last_use_of = [](const fs::path& dir) {
-    struct stat st;
-    for (const char* f : {"last_use", "meta.json"})
-      if (::lstat((dir / f).c_str(), &st) == 0 && S_ISREG(st.st_mode)) return int64_t(st.st_mtime);
-    return int64_t(0);
-  };
   const KeyContext context = key_context();
   const int64_t now = now_unix();
   std::vector<Entry> entries;
-  for (const auto& prefix : fs::directory_iterator(base, ec)) {
-    const std::string p = prefix.path().filename().string();
-    if (p == "tmp" || p == "tuning" || prefix.is_symlink() || !prefix.is_directory()) continue;
-    std::error_code ec2;
-    for (const auto& d : fs::directory_iterator(prefix.path(), ec2)) {
-      Entry e;
-      e.dir = d.path(), e.key = d.path().filename().string();
-      if (!is_key(e.key) || d.is_symlink() || !d.is_directory()) continue;
-      std::error_code ec3;
-      for (const auto& f : fs::directory_iterator(e.dir, ec3)) {
-        struct stat st;
-        if (::lstat(f.path().c_str(), &st) != 0) continue;  // gone meanwhile
-        if (S_ISREG(st.st_mode)) e.bytes += uint64_t(st.st_size);
-        else e.plain = false;
-      }
-      e.last_use = last_use_of(e.dir);
-      if (policy.unused_for_s && now - e.last_use > *policy.unused_for_s) e.go = true;
-      if (policy.stale) {  // damaged, or built by another NVRTC or from other headers
-        std::string problem;
-        const auto text = e.plain ? read_file(e.dir / "meta.json") : std::nullopt;
-        const json m = text ? json::parse(*text, nullptr, false) : json();
-        auto field = [&](const char* k) { return m.is_object() && m.contains(k) && m[k].is_string() ? m[k].get<std::string>() : ""; };
-        e.stale = !e.plain || !m.is_object() || field("nvrtc_version") != context.nvrtc_version ||
-                  field("templates_hash") != context.templates_hash || !load_entry(e.dir, e.key, problem);
-        e.go |= e.stale;
-      }
-      entries.push_back(std::move(e));
+  auto judge = [&](const fs::path& dir, const std::string& key) {
+    Entry e;
+    e.dir = dir, e.key = key;
+    std::error_code ec3;
+    for (const auto& f : fs::directory_iterator(e.dir, ec3)) {
+      struct stat st;
+      if (::lstat(f.path().c_str(), &st) != 0) continue;  // gone meanwhile
+      if (S_ISREG(st.st_mode)) e.bytes += uint64_t(st.st_size);
+      else e.plain = false;
     }
-  }
+    e.last_use = last_use_unix(e.dir);
+    if (policy.unused_for_s && now - e.last_use > *policy.unused_for_s) e.go = true;
+    if (policy.stale) {  // damaged, or built by another NVRTC or from other headers
+      std::string problem;
+      const auto loaded = e.plain ? load_entry(e.dir, e.key, problem) : nullptr;
+      e.stale = !loaded || loaded->nvrtc_version != context.nvrtc_version || loaded->templates_hash != context.templates_hash;
+      e.go |= e.stale;
+    }
+    entries.push_back(std::move(e));
+  };
+  for_each_entry(base, judge, [](const fs::path&, const char*) {});
   if (policy.max_bytes) {  // least recently used first (then by key: a stable order)
     std::vector<Entry*> kept;
     uint64_t total = 0;
@@ -897,7 +897,7 @@ EvictResult KernelCache::evict(const EvictPolicy& policy, bool dry_run) {
     // Used since it was judged (a running process loaded it while the others were read): kept,
     // unless it is stale. Otherwise one rename takes it out of every reader's way; an entry that
     // cannot be renamed aside stays (it is not deleted in place).
-    if (e.go && !dry_run && !e.stale && last_use_of(e.dir) > e.last_use) e.go = false;
+    if (e.go && !dry_run && !e.stale && last_use_unix(e.dir) > e.last_use) e.go = false;
     if (e.go && !dry_run) {
       const fs::path aside = tmp / ("cleared." + unique_suffix());
       std::error_code ec2;

@@ -274,6 +274,27 @@ qf_status qf_gemm_prepare(qf_gemm* g, const char* arch);
 /* Validate every argument, then launch on cuda_stream in the caller's current CUDA context. */
 qf_status qf_gemm_run(qf_gemm* g, const qf_gemm_args* args, void* cuda_stream);
 
+/* ---- Kernel cache: trim the writable root of the process's kernel cache (QFORGE_CACHE_DIR, else
+ * $XDG_CACHE_HOME/qforge or ~/.cache/qforge), as `qforge clear --unused-for / --max-size / --stale`
+ * does; read-only roots are never touched. An entry goes when any rule picks it. Each goes by one
+ * rename out of the readers' way (no process sees half an entry), one that another process used
+ * while the others were judged stays (unless stale), and links are never followed. Kernels this
+ * process has loaded stay usable. Zero the struct, then set the rules wanted: a policy with no rule
+ * is an error (to empty the cache, `qforge clear`). Since 0.5.0. */
+typedef struct qf_cache_evict_policy {
+  int64_t unused_for_s; /* > 0: entries last used (a disk hit or a compile) more than this many seconds ago; 0: no such rule */
+  int64_t max_bytes;    /* > 0: then the least recently used entries until the rest fit in this many bytes; 0: no such rule */
+  int stale;            /* 1: entries this build cannot hit (another NVRTC, another qforge's device headers) and damaged ones */
+  int dry_run;          /* 1: count what would go, remove nothing */
+} qf_cache_evict_policy;
+typedef struct qf_cache_evict_result {
+  int64_t removed, kept;             /* entries of the writable root */
+  int64_t removed_bytes, kept_bytes; /* their files' bytes */
+} qf_cache_evict_result;
+/* A memory-only cache (QFORGE_CACHE_DISABLE=1, or no cache directory) has nothing to evict: all zero.
+   An unwritable root is QF_ERR_USER. */
+qf_status qf_cache_evict(const qf_cache_evict_policy* policy, qf_cache_evict_result* out);
+
 #ifdef __cplusplus
 } /* extern "C" */
 #endif

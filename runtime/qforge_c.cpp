@@ -17,6 +17,7 @@
 #include "compiler/recipe.h"
 #include "runtime/driver.h"
 #include "runtime/gemm.h"
+#include "runtime/kernel_cache.h"
 #include "runtime/quantizer.h"
 
 struct qf_context {
@@ -554,6 +555,32 @@ qf_status qf_gemm_run(qf_gemm* g, const qf_gemm_args* args, void* cuda_stream) {
     c.max_ctas = args->max_ctas;
     c.workspace = view(args->workspace, args->workspace_bytes, "args->workspace_bytes");
     g->g->run(c, static_cast<CUstream>(cuda_stream));
+  });
+}
+
+qf_status qf_cache_evict(const qf_cache_evict_policy* policy, qf_cache_evict_result* out) {
+  return guarded([&] {
+    require(policy, "policy");
+    require(out, "out");
+    *out = qf_cache_evict_result{};
+    auto nonnegative = [](int64_t v, const char* field) {
+      if (v < 0) throw qf::UserError(field, "expected 0 (no such rule) or a positive count, got " + std::to_string(v));
+      return v;
+    };
+    auto flag = [](int v, const char* field) {
+      if (v != 0 && v != 1) throw qf::UserError(field, "expected 0 or 1, got " + std::to_string(v));
+      return v == 1;
+    };
+    qf::rt::EvictPolicy p;
+    if (nonnegative(policy->unused_for_s, "policy->unused_for_s") > 0) p.unused_for_s = policy->unused_for_s;
+    if (nonnegative(policy->max_bytes, "policy->max_bytes") > 0) p.max_bytes = uint64_t(policy->max_bytes);
+    p.stale = flag(policy->stale, "policy->stale");
+    const bool dry_run = flag(policy->dry_run, "policy->dry_run");
+    if (!p.unused_for_s && !p.max_bytes && !p.stale)
+      throw qf::UserError("policy", "no rule set: expected unused_for_s > 0, max_bytes > 0 or stale = 1");
+    const qf::rt::EvictResult r = qf::rt::KernelCache::global().evict(p, dry_run);
+    out->removed = int64_t(r.removed), out->kept = int64_t(r.kept);
+    out->removed_bytes = int64_t(r.removed_bytes), out->kept_bytes = int64_t(r.kept_bytes);
   });
 }
 

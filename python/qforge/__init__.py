@@ -25,7 +25,7 @@ from typing import Dict, Mapping, Optional, Sequence, Tuple, Union
 from . import _capi
 
 __all__ = ["QforgeError", "UserError", "InternalError", "CudaError", "BufferInfo", "Context", "Quantizer",
-           "Gemm", "library", "library_version", "__version__"]
+           "Gemm", "evict_cache", "library", "library_version", "__version__"]
 
 
 class QforgeError(Exception):
@@ -610,3 +610,29 @@ class Gemm(_Handle):
                                p["b_amax"][0], _int(k_total, "k_total"), p["workspace"][0],
                                p["workspace"][1])
         self.run_raw(args, stream)
+
+
+def evict_cache(unused_for: Optional[int] = None, max_bytes: Optional[int] = None, stale: bool = False,
+                dry_run: bool = False) -> Dict[str, int]:
+    """Trims the writable root of this process's kernel cache (QFORGE_CACHE_DIR, read once per
+    process), as `qforge clear --unused-for / --max-size / --stale` (qf_cache_evict): the entries
+    last used more than `unused_for` seconds ago, then the least recently used until the rest fit in
+    `max_bytes`, and with `stale` those this build cannot hit (another NVRTC or qforge) or damaged.
+    At least one rule; `dry_run` counts only. Kernels already loaded stay usable. Returns the counts
+    {"removed", "kept", "removed_bytes", "kept_bytes"}."""
+    policy = _capi.CacheEvictPolicyC()
+    if unused_for is not None:
+        policy.unused_for_s = _int(unused_for, "unused_for")
+        if policy.unused_for_s <= 0:
+            raise _user_error(f"unused_for: expected a positive number of seconds, got {unused_for!r}")
+    if max_bytes is not None:
+        policy.max_bytes = _int(max_bytes, "max_bytes")
+        if policy.max_bytes <= 0:
+            raise _user_error(f"max_bytes: expected a positive number of bytes, got {max_bytes!r}")
+    for name, value in (("stale", stale), ("dry_run", dry_run)):
+        if not isinstance(value, bool):
+            raise _user_error(f"{name}: expected True or False, got {value!r}")
+    policy.stale, policy.dry_run = int(stale), int(dry_run)
+    out = _capi.CacheEvictResultC()
+    _call("qf_cache_evict", ctypes.byref(policy), ctypes.byref(out))
+    return {f: getattr(out, f) for f, _ in out._fields_}

@@ -56,6 +56,14 @@ class GemmArgsC(Structure):
                 ("workspace_bytes", c_int64)]
 
 
+class CacheEvictPolicyC(Structure):
+    _fields_ = [("unused_for_s", c_int64), ("max_bytes", c_int64), ("stale", c_int), ("dry_run", c_int)]
+
+
+class CacheEvictResultC(Structure):
+    _fields_ = [("removed", c_int64), ("kept", c_int64), ("removed_bytes", c_int64), ("kept_bytes", c_int64)]
+
+
 _P = c_void_p  # opaque handles (qf_context*, qf_quantizer*, qf_gemm*)
 _PP = POINTER(c_void_p)
 SIGNATURES = {
@@ -89,11 +97,12 @@ SIGNATURES = {
     "qf_gemm_route_for": (c_int, [_P, c_int64, c_int, POINTER(c_char_p)]),
     "qf_gemm_prepare": (c_int, [_P, c_char_p]),
     "qf_gemm_run": (c_int, [_P, POINTER(GemmArgsC), c_void_p]),
+    "qf_cache_evict": (c_int, [POINTER(CacheEvictPolicyC), POINTER(CacheEvictResultC)]),
 }
 
 
-PACKAGE_VERSION = "0.4.0"  # python/pyproject.toml's; the CMake project's (tests/python checks both)
-SONAME = "libqforge.so.0.4"  # runtime/CMakeLists.txt: SOVERSION major.minor
+PACKAGE_VERSION = "0.5.0"  # python/pyproject.toml's; the CMake project's (tests/python checks both)
+SONAME = "libqforge.so.0.5"  # runtime/CMakeLists.txt: SOVERSION major.minor
 
 
 def candidate_paths():

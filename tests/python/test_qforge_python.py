@@ -43,7 +43,8 @@ gpu = pytest.mark.skipif(not has_gpu(), reason="needs torch with a CUDA GPU")
 
 STRUCTS = {"qf_buffer_info": _capi.BufferInfoC, "qf_named_buffer": _capi.NamedBufferC,
            "qf_quantize_args": _capi.QuantizeArgsC, "qf_history_args": _capi.HistoryArgsC,
-           "qf_gemm_spec": _capi.GemmSpecC, "qf_gemm_args": _capi.GemmArgsC}
+           "qf_gemm_spec": _capi.GemmSpecC, "qf_gemm_args": _capi.GemmArgsC,
+           "qf_cache_evict_policy": _capi.CacheEvictPolicyC, "qf_cache_evict_result": _capi.CacheEvictResultC}
 
 
 def test_struct_layouts_match_the_header(tmp_path):
@@ -225,6 +226,32 @@ def test_prepare_compiles_without_a_gpu(tmp_path):
     q = qforge.Context(RECIPES / "delayed_scaling.json").quantizer("linear:input")
     with pytest.raises(qforge.UserError, match="sm_12"):
         q.prepare("sm_12")
+
+
+def test_evict_cache_trims_the_kernel_cache(tmp_path):
+    # In a fresh process with a cache of its own (QFORGE_CACHE_DIR is read once per process): two
+    # recipes' kernels compiled, then a dry run, the stale rule (nothing: this build's entries) and
+    # a size of 1 byte (every entry goes).
+    code = ("import json, qforge\n"
+            "for r in %r:\n"
+            "    qforge.Context(r).quantizer('linear:input', usage='inference').prepare('sm_90a')\n"
+            "print(json.dumps([qforge.evict_cache(max_bytes=1, dry_run=True), qforge.evict_cache(stale=True),\n"
+            "                  qforge.evict_cache(max_bytes=1), qforge.evict_cache(unused_for=3600)]))\n"
+            % [str(RECIPES / "mxfp8.json"), str(RECIPES / "float8_block_scaling.json")])
+    cache = tmp_path / "cache"
+    env = dict(os.environ, QFORGE_CACHE_DIR=str(cache), PYTHONPATH=str(ROOT / "python"))
+    out = subprocess.run([sys.executable, "-c", code], check=True, env=env, capture_output=True, text=True).stdout
+    dry, stale, fit, unused = json.loads(out.strip().splitlines()[-1])
+    assert dry["removed"] == 2 and dry["kept"] == 0 and dry["removed_bytes"] > 0, dry
+    assert stale == {"removed": 0, "kept": 2, "removed_bytes": 0, "kept_bytes": dry["removed_bytes"]}, stale
+    assert fit == dry, fit
+    assert unused == {"removed": 0, "kept": 0, "removed_bytes": 0, "kept_bytes": 0}, unused
+    assert not [p for p in (cache / "qforge-v1").rglob("image.bin")], "an entry was left"
+    for kwargs, match in (({}, "no rule set"), ({"unused_for": 0}, "unused_for"), ({"max_bytes": -1}, "max_bytes"),
+                          ({"max_bytes": 1.5}, "max_bytes"), ({"stale": 1}, "stale"),
+                          ({"stale": True, "dry_run": "yes"}, "dry_run")):
+        with pytest.raises(qforge.UserError, match=match):
+            qforge.evict_cache(**kwargs)
 
 
 @pytest.mark.skipif(has_gpu() or os.path.exists("/dev/nvidia0"), reason="checks the no-GPU path")

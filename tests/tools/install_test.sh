@@ -20,7 +20,7 @@ work=$(cd "$work" && pwd -P) || exit 1
 prefix=$work/prefix
 "$cmake" --install "$build" --prefix "$prefix" >"$work/install.log" 2>&1 || { cat "$work/install.log"; fail "cmake --install"; }
 
-for f in bin/qforge "$libdir/libqforge.so" "$libdir/libqforge.so.0.4" include/qforge/qforge.h \
+for f in bin/qforge "$libdir/libqforge.so" "$libdir/libqforge.so.0.5" include/qforge/qforge.h \
          "$libdir/cmake/qforge/qforgeConfig.cmake" "$libdir/cmake/qforge/qforgeConfigVersion.cmake" \
          "$libdir/cmake/qforge/qforgeTargets.cmake" share/qforge/recipes/recipe.schema.json; do
   [ -e "$prefix/$f" ] || fail "the install lacks $f"
@@ -44,7 +44,7 @@ columnwise_scale_inv e8m0 [128, 7168] 917504 B"
 [ "$out" = "$expected" ] || fail "consumer output differs; expected:
 $expected"
 lib=$(ldd "$work/consumer/qforge_consumer" | awk '/libqforge/ {print $3}')
-[ "$lib" = "$prefix/$libdir/libqforge.so.0.4" ] || fail "the consumer loads libqforge from '$lib', not the prefix"
+[ "$lib" = "$prefix/$libdir/libqforge.so.0.5" ] || fail "the consumer loads libqforge from '$lib', not the prefix"
 
 # The Python package, pip-installed from a copy of python/'s sources (the build writes beside
 # them; python_pytest may be writing __pycache__ in the tree meanwhile).
@@ -66,6 +66,6 @@ PY
 ) || fail "python: $py"
 echo "$py"
 grep -qx "rowwise_data e4m3 \[4096, 7168\] 29360128" <<<"$py" || fail "python query output"
-grep -qx "library $prefix/$libdir/libqforge.so.0.4" <<<"$py" || fail "python did not load the prefix's library"
+grep -qx "library $prefix/$libdir/libqforge.so.0.5" <<<"$py" || fail "python did not load the prefix's library"
 grep -qx "package $work/py/qforge/__init__.py" <<<"$py" || fail "python imported qforge from elsewhere"
 echo "install test: ok"

@@ -332,6 +332,37 @@ TEST_F(CApi, NullArgumentsAreNamed) {
   qf_context_destroy(nullptr);
 }
 
+// qf_cache_evict: each field checked and named; a policy with no rule is refused before the cache
+// is touched. (Removal itself: tests/python's evict test, on a cache of its own; here only a dry
+// run, as the test cache is shared.)
+TEST_F(CApi, CacheEvictChecksItsPolicy) {
+  qf_cache_evict_policy p{};
+  qf_cache_evict_result r{};
+  auto fails_naming = [&](const char* what) {
+    EXPECT_EQ(qf_cache_evict(&p, &r), QF_ERR_USER) << what;
+    EXPECT_NE(std::string(qf_last_error()).find(what), std::string::npos) << qf_last_error();
+  };
+  EXPECT_EQ(qf_cache_evict(nullptr, &r), QF_ERR_USER);
+  EXPECT_NE(std::string(qf_last_error()).find("policy"), std::string::npos) << qf_last_error();
+  EXPECT_EQ(qf_cache_evict(&p, nullptr), QF_ERR_USER);
+  EXPECT_NE(std::string(qf_last_error()).find("out"), std::string::npos) << qf_last_error();
+  fails_naming("no rule set");
+  p.unused_for_s = -1;
+  fails_naming("policy->unused_for_s");
+  p.unused_for_s = 0, p.max_bytes = -5;
+  fails_naming("policy->max_bytes");
+  p.max_bytes = 0, p.stale = 2;
+  fails_naming("policy->stale");
+  p.stale = 1, p.dry_run = -1;
+  fails_naming("policy->dry_run");
+  p.dry_run = 1;
+  r.removed = -7;
+  ASSERT_EQ(qf_cache_evict(&p, &r), QF_OK) << qf_last_error();
+  EXPECT_GE(r.removed, 0);
+  EXPECT_GE(r.kept, 0);
+  EXPECT_GE(r.kept_bytes, 0);
+}
+
 TEST_F(CApi, QuantizeWithoutGpuFailsCleanly) {
   if (qf::rt::driver().available()) GTEST_SKIP() << "a CUDA driver is present (fake pointers must not reach it)";
   const std::string p = recipe_path("mxfp8");

@@ -16,6 +16,7 @@
 #include <fstream>
 #include <functional>
 #include <optional>
+#include <set>
 #include <thread>
 #include <utility>
 
@@ -375,6 +376,45 @@ TEST(KernelCache, EvictsByLastUseAndSize) {
   fs::resize_file(entry[2] / "image.bin", 10);
   EXPECT_EQ(cache.evict(stale).removed, 1u);
   EXPECT_FALSE(fs::exists(entry[2]));
+}
+
+// list, verify, clear and evict walk the entries one way (for_each_entry): a linked prefix, a
+// key-named directory under another key's prefix and a key-named link are strays, which verify
+// names, list and evict skip, and clear leaves (with whatever a link points at).
+TEST(KernelCache, EveryWalkSkipsStraysAndFollowsNoLinks) {
+  TempDir dir;
+  const fs::path base = dir.path() / "qforge-v1";
+  {
+    KernelCache cache(at(dir.path()));
+    ASSERT_EQ(cache.get_or_compile(tiny()).how, CacheHow::Compiled);
+  }
+  const std::string key = make_key(tiny()).hex;
+  const std::string other_prefix = key.substr(0, 2) == "ab" ? "cd" : "ab";
+  const std::string linked_prefix = key.substr(0, 2) == "ee" ? "dd" : "ee";
+  const fs::path outside = dir.path() / "outside";  // beside qforge-v1, not in it
+  fs::create_directories(outside / "victim");
+  std::ofstream(outside / "victim" / "keep").put('x');
+  fs::create_directory_symlink(outside, base / linked_prefix);              // a linked prefix
+  fs::create_directories(base / other_prefix / key);                        // misplaced: not its prefix
+  fs::create_directory_symlink(outside / "victim", base / key.substr(0, 2) / std::string(64, 'f'));
+  KernelCache cache(at(dir.path()));
+  const auto listing = cache.list();
+  ASSERT_EQ(listing.size(), 1u);
+  EXPECT_EQ(listing[0].key, key);
+  const auto problems = cache.verify();
+  std::set<std::string> named;
+  for (const auto& pr : problems) named.insert(pr.path);
+  const std::set<std::string> strays = {(base / linked_prefix).string(), (base / other_prefix / key).string(),
+                                        (base / key.substr(0, 2) / std::string(64, 'f')).string()};
+  EXPECT_EQ(named, strays) << "verify names the strays, and only them";
+  EvictPolicy everything;
+  everything.max_bytes = 0;
+  EXPECT_EQ(cache.evict(everything, /*dry_run=*/true).removed, 1u) << "evict judged a stray";
+  EXPECT_EQ(cache.clear(), 1u);
+  EXPECT_FALSE(fs::exists(base / key.substr(0, 2) / key));
+  EXPECT_TRUE(fs::is_symlink(base / linked_prefix));
+  EXPECT_TRUE(fs::is_directory(base / other_prefix / key));
+  EXPECT_TRUE(fs::exists(outside / "victim" / "keep")) << "a link was followed";
 }
 
 TEST(KernelCache, MemoryHitThenDiskHitInANewCache) {
