@@ -1221,10 +1221,10 @@ __device__ __forceinline__ void store_entry(void* base, i64 off, u32 entry) {
 
 // A compact grid of block scales (fp32 entries: `block` scaling) gets 4 bytes per data row from
 // each tile, so a row's 32-byte sector of entries is completed by 8 CTAs, which the column-fastest
-// tile order runs together. Those partial sectors are stored at L2 priority evict_last: at normal
-// priority the input and outputs streaming through L2 evicted many before they were complete
-// (H100, 1x128 blockwise row + transposed at 16384^2: 410-412 us with normal stores, 393-397 with
-// these, 383 with no entries at all; docs/quantize.md, session 40). Byte entries (MX, NVFP4) keep
+// tile order runs together. Those partial sectors are stored at L2 priority evict_last, so that
+// the input and outputs streaming through L2 do not evict them before they are complete (the
+// likely mechanism; H100, 1x128 blockwise row + transposed at 16384^2: 410-412 us with normal
+// stores, 393-397 with these, 383 with no entries at all; docs/quantize.md, session 40). Byte entries (MX, NVFP4) keep
 // normal stores: there the hint measured 0.5 % faster (MXFP8) to 1 % slower (NVFP4, the hybrid);
 // so do per-channel entries (whole sectors already; the asm's ordering made their kernels spill
 // more). A line keeps the priority until its next access at another priority (the GEMM's loads of
