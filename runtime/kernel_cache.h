@@ -192,8 +192,8 @@ class KernelCache {
   void store_to_disk(const CacheEntry& e, const std::string& source);
   void disable_disk(const std::string& why);
   CacheKey key_of(const CompileRequest& req) const;
-  KeyContext key_context() const;
-  void sweep_tmp(const std::filesystem::path& tmp) const;  // clear's and evict's leftovers sweep  // this build's, or the test's (CacheTestHooks::key_context)
+  KeyContext key_context() const;  // this build's, or the test's (CacheTestHooks::key_context)
+  void sweep_tmp(const std::filesystem::path& tmp) const;  // clear's and evict's sweep of tmp/'s leftovers
 
   CacheOptions opts_;
   std::atomic<bool> writable_{false};

@@ -75,6 +75,12 @@ void require(const void* p, const char* arg) {
   if (!p) throw qf::UserError(arg, "must not be NULL");
 }
 
+// An int field or argument that is a flag: 0 or 1, anything else named.
+bool flag01(int v, const char* field) {
+  if (v != 0 && v != 1) throw qf::UserError(field, "expected 0 or 1, got " + std::to_string(v));
+  return v == 1;
+}
+
 qf::DType to_dtype(qf_dtype d) {
   switch (d) {
     case QF_DTYPE_FP32: return qf::DType::FP32;
@@ -159,12 +165,8 @@ qf::GemmSpec to_gemm_spec(const qf_gemm_spec& c) {
       throw qf::UserError("spec->out_dtype", std::string("expected bf16 or fp32, got \"") + c.out_dtype + "\"");
     s.out_dtype = *d;
   }
-  auto flag = [](int v, const char* field) {
-    if (v != 0 && v != 1) throw qf::UserError(field, "expected 0 or 1, got " + std::to_string(v));
-    return v == 1;
-  };
-  s.accumulate = flag(c.accumulate, "spec->accumulate");
-  s.fast_accum = flag(c.fast_accum, "spec->fast_accum");
+  s.accumulate = flag01(c.accumulate, "spec->accumulate");
+  s.fast_accum = flag01(c.fast_accum, "spec->fast_accum");
   s.tile = {c.block_m, c.block_n, c.stages, c.multicast, c.raster_m, c.ordered};
   if (c.scale_layout) s.scale_layout = qf::parse_gemm_scale_layout(c.scale_layout, "spec->scale_layout");
   if (c.route) s.route = qf::parse_gemm_route(c.route, "spec->route");
@@ -258,9 +260,8 @@ qf_status qf_quantizer_create_ex(qf_context* ctx, const char* recipe_name, const
     require(ctx, "ctx");
     require(role, "role");
     const qf::Recipe* recipe = &find_recipe(ctx, recipe_name);
-    if (grouped != 0 && grouped != 1)
-      throw qf::UserError("grouped", "expected 0 or 1, got " + std::to_string(grouped));
-    qf::PlanRequest req{role, to_dtype(input), to_usage(usage), grouped == 1};
+    const bool is_grouped = flag01(grouped, "grouped");
+    qf::PlanRequest req{role, to_dtype(input), to_usage(usage), is_grouped};
     auto q = std::make_unique<qf_quantizer>();
     q->q = std::make_unique<qf::rt::Quantizer>(qf::compile_plan(*recipe, req));
     *out = q.release();
@@ -567,15 +568,11 @@ qf_status qf_cache_evict(const qf_cache_evict_policy* policy, qf_cache_evict_res
       if (v < 0) throw qf::UserError(field, "expected 0 (no such rule) or a positive count, got " + std::to_string(v));
       return v;
     };
-    auto flag = [](int v, const char* field) {
-      if (v != 0 && v != 1) throw qf::UserError(field, "expected 0 or 1, got " + std::to_string(v));
-      return v == 1;
-    };
     qf::rt::EvictPolicy p;
     if (nonnegative(policy->unused_for_s, "policy->unused_for_s") > 0) p.unused_for_s = policy->unused_for_s;
     if (nonnegative(policy->max_bytes, "policy->max_bytes") > 0) p.max_bytes = uint64_t(policy->max_bytes);
-    p.stale = flag(policy->stale, "policy->stale");
-    const bool dry_run = flag(policy->dry_run, "policy->dry_run");
+    p.stale = flag01(policy->stale, "policy->stale");
+    const bool dry_run = flag01(policy->dry_run, "policy->dry_run");
     if (!p.unused_for_s && !p.max_bytes && !p.stale)
       throw qf::UserError("policy", "no rule set: expected unused_for_s > 0, max_bytes > 0 or stale = 1");
     const qf::rt::EvictResult r = qf::rt::KernelCache::global().evict(p, dry_run);

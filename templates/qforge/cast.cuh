@@ -1810,7 +1810,8 @@ constexpr bool kPairDirect =
     !is_identity<typename R::Format>::value && !is_identity<typename C::Format>::value && Cfg::kInDtype != 0 &&
     Cfg::kTileRows == 128 && Cfg::kTileCols == 128 && Cfg::kThreads == 256 && R::kBlockCols == 128 && C::kEpt == 128;
 
-// Element j (0..3) of four 16-bit inputs packed in two words.
+// Element j (0..3) of four 16-bit inputs packed in two words. (Not through unpack2, which converts
+// both halves: that changed the fp16-input kernel's SASS; session 40.)
 template <int D>
 __device__ __forceinline__ float pair_elem(const uint2& w, int j) {
   const u32 x = j < 2 ? w.x : w.y;
