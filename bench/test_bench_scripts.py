@@ -316,11 +316,13 @@ def test_gemm_section_ratios(tmp_path):
     row = next(l for l in text.splitlines() if "blockwise" in l and "8 x 4096 x N 4096 x K 7168" in l)
     assert "| 900 |" in row and "0.80x" in row and "62%" in row and "100%" in row
     nv = next(l for l in text.splitlines() if "nvfp4" in l and "8 x 4096 x N 4096 x K 7168" in l)
-    assert "| 450 |" in nv and nv.rstrip().endswith("50% |")
+    assert "| 450 |" in nv and nv.rstrip().endswith("50% | - |")
     wgrad = next(l for l in text.splitlines() if l.startswith("| wgrad 8"))
     assert "8 x 32768 tokens, M 4096 N 7168" in wgrad and "| 1200 |" in wgrad
+    assert wgrad.rstrip().endswith("| - |")  # no per-tensor fprop in the records
     members = next(l for l in text.splitlines() if l.startswith("| wgrad (per-member copies)"))
     assert "| 750 |" in members and "e4m3 x e4m3 blockwise" in members
+    assert members.rstrip().endswith("| 83% |")  # of the blockwise fprop at the same FLOPs
     assert "torch _scaled_grouped_mm fp8 rowwise" in text
 
 

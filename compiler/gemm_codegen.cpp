@@ -24,7 +24,7 @@ constexpr GemmScalingTraits kScalings[] = {
     {GemmScaling::Block128, "blockwise", {"qf::gemm::Block128Scaling", "qf::kGemmBlock128", kGemmBlock128},
      {"qf::gemm::Block128KScaling", "qf::kGemmBlock128K", kGemmBlock128K}, true, 128, 128, "fp32", 4, 0, 16,
      "[m_total, ceil(K/128)]", "[G, ceil(N/128), ceil(K/128)]", false, true, true, false, false, "e4m3",
-     "e4m3", true, false, "block"},
+     "e4m3", true, false, "block", {}, false, 0, 16},
     // mn_major: every operand's grid (M-grouped A per group, B per expert [K/32, round_up(N, 4)];
     // K-grouped both operands' 32x1 grids).
     {GemmScaling::Mx32, "mxfp8", {"qf::gemm::Mx32Scaling", "qf::kGemmMx32", kGemmMx32},

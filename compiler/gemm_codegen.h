@@ -78,6 +78,8 @@ struct GemmScalingTraits {
                               // (M-grouped) or h(M, N) (K-grouped) reaches this, h(x, y) = x y / (x + y):
                               // the weights' (or both operands') copies are paid for by the 16-bit
                               // GEMM's speed-up (choose_gemm_route; measured: docs/gemm.md, "Auto")
+  int k_grouped_mn_major_align = 0;  // K-grouped mn_major grids' base alignment beyond the element's
+                                     // (blockwise: 16, the producer's bulk copies of the factors)
 };
 const GemmScalingTraits& traits(GemmScaling s);
 std::span<const GemmScalingTraits> all_gemm_scalings();

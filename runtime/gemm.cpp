@@ -565,8 +565,9 @@ void Gemm::run_k_grouped(const GemmCall& c, CUstream stream) const {
     const std::string what = std::string(st.scale_type) + " " + std::string(st.name) + " scales per row along the tokens ";
     // e8m0 rows are read four bytes at a time where they allow it (compact: the kernel checks the
     // offsets from the base; mn_major: always, words of 4 rows), so the base must be aligned as for
-    // the M-grouped layouts: the table's rule.
-    const int align = std::max(st.scale_bytes, st.scale_align);
+    // the M-grouped layouts: the table's rule; blockwise mn_major grids are copied by the tensor
+    // engine (16 bytes).
+    const int align = std::max({st.scale_bytes, st.scale_align, mn_major ? st.k_grouped_mn_major_align : 0});
     auto grid = [&](int64_t rows) {
       return mn_major ? "[" + std::to_string(cols) + ", " + std::to_string(mn_major_rows(s, rows)) + "] (mn_major)"
                       : "[" + std::to_string(rows) + ", " + std::to_string(cols) + "]";

@@ -207,8 +207,8 @@ typedef struct qf_gemm_spec {
 } qf_gemm_spec;
 
 /* Every pointer is device memory of the current context, 16-byte aligned for a, b and d (TMA),
-   4-byte for fp32 / e8m0 scales and 16-byte for nvfp4's e4m3 scales (a row's 8 bytes of a
-   k-block are read at once). Fields were appended in 0.1.0 (a_amax, b_amax, k_total, then workspace): zero the
+   4-byte for fp32 / e8m0 scales, 16-byte for nvfp4's e4m3 scales (a row's 8 bytes of a k-block
+   are read at once) and for K-grouped blockwise mn_major grids (copied by the tensor engine). Fields were appended in 0.1.0 (a_amax, b_amax, k_total, then workspace): zero the
    struct ({0} / memset) before filling it so that fields a caller does not know stay 0. */
 typedef struct qf_gemm_args {
   const void* a; int64_t a_bytes;             /* fp8 / int8 [m_total, K] (bf16 / fp16 with none and

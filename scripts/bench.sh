@@ -49,8 +49,10 @@ if [ "$(nvidia-smi --query-gpu=compute_cap --format=csv,noheader 2>/dev/null | h
     fi
   done
   # wgrad of the first shape's expert weight (K-grouped over 8 x 4096 tokens, M 4096, N 7168).
-  # The same on per-member copies (the grouped quantizer's layout, --members).
-  for sc in "tensor" "tensor --fast-accum" "blockwise" "mxfp8" "nvfp4" "mxfp8 --route dequant" "nvfp4 --route dequant"; do
+  # The same on per-member copies (the grouped quantizer's layout, --members). Blockwise and MXFP8
+  # on both scale layouts (the shipped float8_block_scaling / mxfp8_hopper recipes: mn_major).
+  for sc in "tensor" "tensor --fast-accum" "blockwise" "blockwise --scale-layout mn_major" "mxfp8" \
+            "mxfp8 --scale-layout mn_major" "nvfp4" "mxfp8 --route dequant" "nvfp4 --route dequant"; do
     for layout in "" "--members"; do
       [[ $sc == *dequant* && -n $layout ]] && continue  # the dequant route takes one tensor's copies
       timeout 120 "$BUILD/tools/qforge" gemm --scaling $sc --k-grouped $layout --groups 8 --m 4096 --n 7168 --k 4096 --bench \

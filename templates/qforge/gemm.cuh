@@ -224,6 +224,13 @@ __device__ __forceinline__ void fence_proxy_async_shared() {
   asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
 }
 
+// `bytes` (a multiple of 16) from global `src` to shared `dst` (both 16-byte aligned) by the tensor
+// engine, completing that many transaction bytes on `bar`.
+__device__ __forceinline__ void bulk_load(u32 dst, const void* src, u32 bytes, u32 bar) {
+  asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];" ::"r"(dst),
+               "l"(reinterpret_cast<u64>(src)), "r"(bytes), "r"(bar)
+               : "memory");
+}
 __device__ __forceinline__ void tma_load_2d(u32 dst, const TmaDescriptor* map, u32 bar, int c0, int c1) {
   asm volatile(
       "cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%3, %4}], [%2];" ::"r"(dst),
@@ -664,7 +671,8 @@ struct MemberMaps {
 //   kSteps         promotions per k-block: 1, or 4 (one per 32 of K);
 //   kScaleWriters  producer threads (warps 1..3 of the producer warpgroup) that write the stages'
 //                  scale slots (load_scales(), store_scales(); one warp per stage, in turn) and
-//                  arrive on its full barrier (0: none).
+//                  arrive on its full barrier (0: none), unless kBulk<Cfg>: the producer warp
+//                  fills the slots with bulk copies (bulk_runs(), bulk_load()) and no writer runs.
 // NoStepScales and NoColScales give the defaults (no per-k-block scales; no column factors).
 
 // Policies whose promotions need nothing per k-block.
@@ -920,6 +928,10 @@ template <int Steps>
 struct SlotScaling : NoColScales {
   static constexpr int kSteps = Steps, kScaleWriters = 96;  // three writer warps
   static constexpr int kWriterWarps = kScaleWriters / 32;
+  // Whether the producer warp fills the slots by bulk copies instead (no writer warps run; the
+  // policy's bulk_runs() / bulk_load(); Traits::kBulkScales).
+  template <class Cfg>
+  static constexpr bool kBulk = false;
   template <class Cfg>
   static constexpr int kWords = int(Cfg::kBlockM + Cfg::kBlockN) / 32;  // loaded words per lane
   struct Tile {
@@ -1145,6 +1157,28 @@ struct Block128KScaling : SlotScaling<1> {
 #pragma unroll
     for (int w = 0; w < kWords<Cfg>; ++w) *slot_entry<Cfg>(slot, lane + 32 * w) = __uint_as_float(words[w]);
   }
+  // mn_major grids: k-block kb's factors of the tile's rows of A (of its columns: rows of B) are
+  // one contiguous run of the grid's token-block row, so the producer warp copies each into the
+  // stage's slot with one bulk copy, counted in the stage's transaction bytes, and no writer warps
+  // run. A run stops at the grid's padded rows (a multiple of 4: 16-byte copies from 16-byte
+  // aligned bases, which the host checks); slot entries past it keep stale factors of rows that are
+  // never stored.
+  template <class Cfg>
+  static constexpr bool kBulk = Cfg::kScaleMnMajor;
+  // The runs' lengths (entries of A, of B) of the tile's k-blocks.
+  template <class Cfg>
+  __device__ static int2 bulk_runs(const TileInfo& t) {
+    constexpr int kRowsA = int(mn_major_rows(u64(Cfg::kM))), kRowsB = int(mn_major_rows(u64(Cfg::kN)));
+    return make_int2(min(int(Cfg::kBlockM), kRowsA - t.row0), min(int(Cfg::kBlockN), kRowsB - t.n0));
+  }
+  template <class Cfg>
+  __device__ static void bulk_load(const GemmArgs& a, const TileInfo& t, int kb, int2 r, u32 slot, u32 bar) {
+    constexpr i64 kRowsA = i64(mn_major_rows(u64(Cfg::kM))), kRowsB = i64(mn_major_rows(u64(Cfg::kN)));
+    const i64 j = i64(t.s_prefix) + t.k0 / 128 + kb;  // the k-block's token-block row of the grids
+    sm90::bulk_load(slot, static_cast<const float*>(a.a_scale) + kRowsA * j + t.row0, 4u * u32(r.x), bar);
+    sm90::bulk_load(slot + 4u * u32(Cfg::kBlockM), static_cast<const float*>(a.b_scale) + kRowsB * j + t.n0,
+                    4u * u32(r.y), bar);
+  }
 };
 
 // NVFP4 (E2M1 elements, an e4m3 scale per 1x16 block, a per-tensor global scale): Hopper has no
@@ -1232,9 +1266,18 @@ struct Nvfp4Scaling : NoColScales {
 
 // ------------------------------------------------------------------ the kernel
 
+// Whether the producer warp fills the stages' scale slots by bulk copies (SlotScaling::kBulk).
+template <class S, class Cfg>
+__device__ constexpr bool gemm_bulk_scales() {
+  if constexpr (S::kScaleWriters > 0) return S::template kBulk<Cfg>;
+  return false;
+}
+
 template <class Cfg>
 struct Traits {
   using Scaling = typename Cfg::Scaling;
+  static constexpr bool kBulkScales = gemm_bulk_scales<Scaling, Cfg>();
+  static constexpr int kScaleWriters = kBulkScales ? 0 : Scaling::kScaleWriters;  // writer threads that run
   static constexpr int kBM = int(Cfg::kBlockM), kBN = int(Cfg::kBlockN);
   static constexpr int kConsumers = int(Cfg::kConsumers);
   static constexpr bool kFp4 = Cfg::kScaling == kGemmNvfp4;
@@ -1272,7 +1315,7 @@ struct Traits {
   // once they have dequantized its B).
   static constexpr u32 kLoadFreeArrivals = u32(kThreads);
   static constexpr u32 kFullArrivals =
-      kFp4 || kConvertB ? 4u * kProducerGroups : 1u + (Scaling::kScaleWriters ? 32u : 0u);
+      kFp4 || kConvertB ? 4u * kProducerGroups : 1u + (kScaleWriters ? 32u : 0u);
   // Every lane of every consumer warp (of each CTA of the multicast group) releases the stage.
   static constexpr u32 kEmptyArrivals = u32(kConsumers * 4 * 32 * kMc);
   // Registers per thread after setmaxnreg (2 or 3 consumer warpgroups; one keeps its entry count).
@@ -1281,7 +1324,7 @@ struct Traits {
   // NVFP4 (512 threads, 128 each): 2 x 168 + 2 x 88. K-grouped with scale writers (their byte-wise
   // MX loads spill at 40): 2 x 224 + 56 (at 2 x 216 + 72 the consumers' three accumulators spill);
   // so do the M-grouped ones on mn_major grids (the group's grid prefix and pitch: 12-20 bytes at 40).
-  static constexpr bool kWideWriters = (Cfg::kKGrouped || Cfg::kScaleMnMajor) && Scaling::kScaleWriters > 0;
+  static constexpr bool kWideWriters = (Cfg::kKGrouped || Cfg::kScaleMnMajor) && kScaleWriters > 0;
   // Weight-only int8: the B converters (and their load issue) take 56 as well.
   static constexpr u32 kProducerRegs = kConsumers == 3 ? 24 : kFp4 ? 88 : kWideWriters || kConvertB ? 56 : 40;
   static constexpr u32 kConsumerRegs = kConsumers == 3 ? 160 : kFp4 ? 168 : kWideWriters || kConvertB ? 224 : 232;
@@ -1329,6 +1372,7 @@ struct Traits {
 template <class Cfg>
 __device__ __forceinline__ void producer(const GemmArgs& a, u8* smem, u32 base, u32 rank, int lane) {
   using T = Traits<Cfg>;
+  using S = typename T::Scaling;
   Scheduler<Cfg> sched(a);
   MemberMaps<Cfg> maps(a);
   const u32 full0 = base + T::kSmem.bar_off, empty0 = full0 + 8u * T::kStages;
@@ -1344,6 +1388,8 @@ __device__ __forceinline__ void producer(const GemmArgs& a, u8* smem, u32 base, 
     if (!sched.get(unit, rank, t)) break;
     const int k_blocks = tile_k_blocks<Cfg>(t);
     if (k_blocks > 0) maps.prepare(a, smem + T::kSmem.maps_off, base + T::kSmem.maps_off, t, lane);
+    int2 runs = make_int2(0, 0);  // bulk-copied scale entries of A and B per k-block
+    if constexpr (T::kBulkScales) runs = S::template bulk_runs<Cfg>(t);
     for (int kb = 0; kb < k_blocks; ++kb) {
       // K coordinate of the stage (NVFP4: bytes of packed e2m1)
       const int kc = int(k_bytes<Cfg>(t.k0 + kb * stage_k<Cfg>()));  // (B converted on chip: fp4_producer, i8_producer)
@@ -1351,7 +1397,12 @@ __device__ __forceinline__ void producer(const GemmArgs& a, u8* smem, u32 base, 
       const u32 empty = empty0 + 8u * stage;
       sm90::mbar_wait(empty, phase ^ 1u);
       if (lane == 0) {
-        sm90::mbar_arrive_expect_tx(full, T::kTxBytes);
+        if constexpr (T::kBulkScales) {
+          sm90::mbar_arrive_expect_tx(full, T::kTxBytes + 4u * u32(runs.x + runs.y));
+          S::template bulk_load<Cfg>(a, t, kb, runs, base + T::kSmem.sc_off + u32(stage) * T::kSmem.sc_stage, full);
+        } else {
+          sm90::mbar_arrive_expect_tx(full, T::kTxBytes);
+        }
         const u32 a_dst = base + T::kSmem.a_off + u32(stage) * T::kSmem.a_stage;
         if constexpr (T::kMc == 2) {
           constexpr int kHalf = T::kBM / 2;
@@ -1369,7 +1420,7 @@ __device__ __forceinline__ void producer(const GemmArgs& a, u8* smem, u32 base, 
   }
 }
 
-// Warps 1..3 of the producer warpgroup (policies with kScaleWriters): writer warp w fills the
+// Warps 1..3 of the producer warpgroup (Traits::kScaleWriters): writer warp w fills the
 // scale slot of every third stage (in pipeline order) once the consumers have released it, then
 // its 32 lanes arrive on the stage's full barrier (release semantics: the consumers' wait on that
 // barrier makes the slot visible). Its loads are issued before the wait.
@@ -2230,7 +2281,7 @@ __global__ void __launch_bounds__(gemm::Traits<Cfg>::kThreads, 1) gemm_kernel(co
       gemm::i8_producer<Cfg>(a, smem, base, pw, int(threadIdx.x % 32));
     } else {
       if (pw == 0) gemm::producer<Cfg>(a, smem, base, rank, int(threadIdx.x % 32));
-      else if constexpr (T::Scaling::kScaleWriters > 0) gemm::scale_writer<Cfg>(a, smem, base, rank, pw - 1, int(threadIdx.x % 32));
+      else if constexpr (T::kScaleWriters > 0) gemm::scale_writer<Cfg>(a, smem, base, rank, pw - 1, int(threadIdx.x % 32));
     }
   } else {
     if constexpr (T::kConsumers > 1) sm90::setmaxnreg_inc<T::kConsumerRegs>();

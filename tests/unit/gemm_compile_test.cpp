@@ -784,8 +784,11 @@ TEST(GemmRuntime, KGroupedArgumentErrors) {
     expect_run_error(mg, y, "");
     z = y, z.a_scale.bytes -= 1;
     expect_run_error(mg, z, "fp32 blockwise scales per row along the tokens [8, 256] (mn_major)");
-    z = y, z.b_scale = buf(0x500004, 128 * cols * eb);  // 4-byte aligned fp32 scales are enough
-    expect_run_error(mg, z, "");
+    // The producer copies a k-block's factors with the tensor engine: 16-byte aligned bases (the
+    // compact grids' gathering loads take 4-byte aligned ones).
+    z = y, z.b_scale = buf(0x500004, 128 * cols * eb);
+    expect_run_error(mg, z, "argument b_scale: pointer 0x500004 is not 16-byte aligned");
+    expect_run_error(bg, z, "");
   }
 
   // NVFP4: packed e2m1 rows of k_total / 2 bytes (k_total % 32 == 0), e4m3 per 16 tokens, amax [G].
