@@ -567,9 +567,12 @@ def gemm_section(records):
     (default accumulation), to cuBLAS dense fp8 (tensorwise) at the same FLOPs, to qforge's own
     blockwise kernel on the same shape (issue 6 states the MXFP8 and NVFP4 goals that way), and each
     wgrad (K-grouped) to the fprop of the same scaling, route and accumulation at the same FLOPs
-    (issue 6's wgrad goal)."""
-    q = [r for r in records if isinstance(r, dict) and "gemm" in r and isinstance(r.get("bench"), dict)]
-    t = [r for r in records if isinstance(r, dict) and "kernel" in r and "tflops" in r]
+    (issue 6's wgrad goal). A file of several rounds pairs each record with its own round's
+    baselines: the torch run that follows it (the scripts run torch after qforge), the qforge
+    blockwise / fprop record that precedes it (each falling back to the nearest one the other way)."""
+    recs = [(i, r) for i, r in enumerate(records) if isinstance(r, dict)]
+    q = [(i, r) for i, r in recs if "gemm" in r and isinstance(r.get("bench"), dict)]
+    t = [(i, r) for i, r in recs if "kernel" in r and "tflops" in r]
     if not q and not t:
         return []
     lines = ["## Grouped GEMM (TFLOP/s, median of CUDA-event timings)", ""]
@@ -577,10 +580,21 @@ def gemm_section(records):
     def shape_key(g, rows, n, k):
         return (int(g), int(rows), int(n), int(k))
 
-    torch_by_shape = {}
-    for r in t:
+    def nearest(cands, i, after):
+        """The value of the first candidate (index, value) after i (after=True) or the last one at
+        or before i (a record is its own round's), else the nearest one on the other side; None
+        without candidates."""
+        later = [v for j, v in cands if j > i]
+        earlier = [v for j, v in cands if j <= i]
+        first, other = (later[:1], earlier[-1:]) if after else (earlier[-1:], later[:1])
+        pick = first or other
+        return pick[0] if pick else None
+
+    torch_runs = {}  # (shape, kernel) -> [(index, TFLOP/s)]
+    for i, r in t:
         key = shape_key(r["groups"], r["groups"] * r["m"], r["n"], r["k"])
-        torch_by_shape.setdefault(key, {})[r["kernel"]] = num(r["tflops"])
+        torch_runs.setdefault((key, r["kernel"]), []).append((i, num(r["tflops"])))
+
     def scaling_of(r):
         return r.get("scaling") or r["gemm"].split(" N=")[0].split(" k-grouped")[0].split()[-1]
 
@@ -592,35 +606,33 @@ def gemm_section(records):
     def kind(r):
         return (scaling_of(r), r.get("route", "fused"), bool(r.get("fast_accum", False)), flops(r))
 
-    fprop_by_kind = {}
-    for r in q:
-        if r.get("layout") == "contiguous":
-            fprop_by_kind.setdefault(kind(r), num(r["bench"].get("tflops")))
-    blockwise_by_shape = {}
-    for r in q:
+    fprops = {}  # kind -> [(index, TFLOP/s)] of the M-grouped contiguous records
+    blockwise = {}  # shape -> [(index, TFLOP/s)]
+    for i, r in q:
         groups = r.get("groups", [])
+        if r.get("layout") == "contiguous":
+            fprops.setdefault(kind(r), []).append((i, num(r["bench"].get("tflops"))))
         if not str(r.get("layout", "")).startswith("k_grouped") and scaling_of(r) == "blockwise":
             key = shape_key(len(groups), sum(groups), r.get("n", 0), r.get("k", 0))
-            blockwise_by_shape[key] = num(r["bench"].get("tflops"))
+            blockwise.setdefault(key, []).append((i, num(r["bench"].get("tflops"))))
     rows = []
-    for r in q:
+    for i, r in q:
         b = r["bench"]
         groups = r.get("groups", [])
         if str(r.get("layout", "")).startswith("k_grouped"):  # k_grouped, k_grouped_members
             members = " (per-member copies)" if r.get("layout") == "k_grouped_members" else ""
             shape = f"wgrad{members} {len(groups)} x {sum(groups)} tokens, M {r.get('m')} N {r.get('n')}"
             key = None
-            fprop = fprop_by_kind.get(kind(r))
+            fprop = nearest(fprops.get(kind(r), []), i, after=False)
         else:
             total = sum(groups)
             shape = f"{len(groups)} x {total // max(len(groups), 1)} x N {r.get('n')} x K {r.get('k')}"
             key = shape_key(len(groups), total, r.get("n", 0), r.get("k", 0))
             fprop = None
-        base = torch_by_shape.get(key, {}) if key else {}
-        tg = base.get("_scaled_grouped_mm fp8 rowwise")
-        td = base.get("_scaled_mm fp8 tensorwise (dense)")
+        tg = nearest(torch_runs.get((key, "_scaled_grouped_mm fp8 rowwise"), []), i, after=True)
+        td = nearest(torch_runs.get((key, "_scaled_mm fp8 tensorwise (dense)"), []), i, after=True)
         tf = num(b.get("tflops"))
-        tb = blockwise_by_shape.get(key) if key else None
+        tb = nearest(blockwise.get(key, []), i, after=False) if key else None
         rows.append([shape, r["gemm"].split(" N=")[0].split(" k-grouped")[0], fmt(tf, "{:.0f}"),
                      fmt(tf / tg if tf and tg else None, "{:.2f}x"), fmt(tf / td if tf and td else None, "{:.0%}"),
                      fmt(tf / tb if tf and tb else None, "{:.0%}"),
@@ -630,13 +642,13 @@ def gemm_section(records):
                                "vs torch _scaled_grouped_mm", "of cuBLAS dense fp8", "of qforge blockwise",
                                "wgrad: of its fprop"], rows, align=["l", "l", "r", "r", "r", "r", "r"]))
         lines.append("")
-    trows = []
-    for key, kernels in sorted(torch_by_shape.items()):
+    trows = []  # every run of each torch kernel, in file order (the rounds of a multi-round file)
+    for (key, name), runs in sorted(torch_runs.items(), key=lambda kv: (kv[0][0], kv[1][0][0])):
         g, total, n, k = key
-        for name, tf in kernels.items():
-            trows.append([f"{g} x {total // g} x N {n} x K {k}", f"torch {name}", fmt(tf, "{:.0f}")])
+        trows.append([f"{g} x {total // g} x N {n} x K {k}", f"torch {name}",
+                      " / ".join(fmt(tf, "{:.0f}") for _, tf in runs)])
     if trows:
-        lines.append(md_table(["shape", "torch kernel", "TFLOP/s"], trows, align=["l", "l", "r"]))
+        lines.append(md_table(["shape", "torch kernel", "TFLOP/s (each run)"], trows, align=["l", "l", "r"]))
         lines.append("")
     return lines
 

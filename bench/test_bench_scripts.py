@@ -326,6 +326,34 @@ def test_gemm_section_ratios(tmp_path):
     assert "torch _scaled_grouped_mm fp8 rowwise" in text
 
 
+def test_gemm_section_pairs_rounds(tmp_path):
+    """A file of several rounds (qforge records, then that round's torch run): each record's ratios
+    use its own round's torch run and blockwise / fprop records, not the last round's."""
+    def q(gemm, tf, layout="contiguous", **kw):
+        r = {"gemm": gemm, "groups": [4096] * 8, "layout": layout, "n": 4096, "k": 7168, "bench": {"tflops": tf}}
+        r.update(kw)
+        return r
+
+    def torch(tf):
+        return {"kernel": "_scaled_grouped_mm fp8 rowwise", "groups": 8, "m": 4096, "n": 4096, "k": 7168, "tflops": tf}
+
+    wgrad = dict(layout="k_grouped", m=4096, n=7168, k=0, scaling="blockwise")
+    recs = []
+    for blockwise, rowwise, wg, t in [(1000.0, 1200.0, 700.0, 1000.0), (1100.0, 1210.0, 880.0, 1100.0)]:
+        recs += [q("e4m3 x e4m3 blockwise N=4096 K=7168 -> bf16", blockwise, scaling="blockwise"),
+                 q("e4m3 x e4m3 rowwise N=4096 K=7168 -> bf16", rowwise, scaling="rowwise"),
+                 q("e4m3 x e4m3 blockwise k-grouped M=4096 N=7168 -> bf16", wg, **wgrad), torch(t)]
+    (tmp_path / "gemm.jsonl").write_text("\n".join(json.dumps(r) for r in recs) + "\n")
+    assert report.main(["--in", str(tmp_path), "--out", str(tmp_path), "--no-plot"]) == 0
+    lines = (tmp_path / "report.md").read_text().splitlines()
+    rowwise = [l for l in lines if "e4m3 x e4m3 rowwise" in l]
+    assert "| 1.20x |" in rowwise[0] and "| 1.10x |" in rowwise[1]  # 1200 / 1000, 1210 / 1100
+    assert "| 120% |" in rowwise[0] and "| 110% |" in rowwise[1]  # of the round's blockwise
+    wgrads = [l for l in lines if l.startswith("| wgrad")]
+    assert wgrads[0].rstrip().endswith("| 70% |") and wgrads[1].rstrip().endswith("| 80% |")
+    assert any("torch _scaled_grouped_mm fp8 rowwise" in l and "1000 / 1100" in l for l in lines)
+
+
 # ---------------------------------------------------------------------------------------------
 # ablate.py (scripts/ablate.sh): stage-removal variants of cast.cuh
 # ---------------------------------------------------------------------------------------------
