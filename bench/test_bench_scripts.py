@@ -1,4 +1,5 @@
-"""Tests of bench/report.py and bench/torch_baselines.py that need no GPU.
+"""Tests of bench/report.py, bench/torch_baselines.py, bench/sass_hotspots.py, bench/ablate.py and
+bench/sass_diff.py that need no GPU (sass_diff's compile test needs libnvrtc, as the build does).
 
   python3 -m pytest bench/test_bench_scripts.py -q
 
@@ -20,6 +21,7 @@ REPO = HERE.parent
 sys.path.insert(0, str(HERE))
 
 import report  # noqa: E402
+import sass_diff  # noqa: E402
 import sass_hotspots  # noqa: E402
 
 SIZES = [(1024, 1024), (2048, 2048), (4096, 4096), (8192, 8192), (16384, 16384), (65536, 7168)]
@@ -555,3 +557,59 @@ def test_sass_hotspots_errors_name_the_problem(tmp_path, capsys):
     assert "no SASS rows" in capsys.readouterr().err
     assert sass_hotspots.main([str(tmp_path / "missing.csv")]) == 1
     assert sass_hotspots.main([]) == 2
+
+
+# ---------------------------------------------------------------------------------------------
+# sass_diff.py: which cached kernels a change of the device headers changes
+# ---------------------------------------------------------------------------------------------
+
+
+def test_sass_diff_strips_addresses():
+    a = "        /*0000*/                   IMAD.MOV.U32 R1, RZ, RZ, c[0x0][0x28] ;\n\n  /*0010*/  EXIT ;"
+    b = "/*0100*/ IMAD.MOV.U32 R1, RZ, RZ, c[0x0][0x28] ;\n/*0110*/      EXIT ;"
+    assert sass_diff.normalize_sass(a) == sass_diff.normalize_sass(b)
+    assert sass_diff.normalize_sass(a) != sass_diff.normalize_sass(b.replace("R1,", "R2,"))
+
+
+def _header_tree(root, body):
+    (root / "qforge").mkdir(parents=True)
+    (root / "qforge" / "k.cuh").write_text(
+        "#pragma once\ntemplate <int N> __global__ void qf_test_kernel(int* p) { " + body + " }\n")
+    return root
+
+
+def test_sass_diff_compiles_cached_sources_against_both_header_trees(tmp_path, capsys):
+    """A cache entry's source compiled by NVRTC against two header trees: a comment changes
+    nothing, a changed statement is named; errors exit 2. (Needs libnvrtc, as the build does.)"""
+    try:
+        sass_diff.load_nvrtc()
+    except sass_diff.SassDiffError as e:
+        if os.environ.get("QFORGE_NVRTC"):  # ctest names the build's libnvrtc: it must load
+            raise
+        pytest.skip(str(e))
+    base = _header_tree(tmp_path / "base", "p[threadIdx.x] = N;")
+    comment = _header_tree(tmp_path / "comment", "// the value\n  p[threadIdx.x] = N;")
+    changed = _header_tree(tmp_path / "changed", "p[threadIdx.x] = N + 1;")
+    entry = tmp_path / "cache" / "qforge-v1" / "ab" / ("ab" + "0" * 62)
+    entry.mkdir(parents=True)
+    (entry / "source.cu").write_text('#include "qforge/k.cuh"\n')
+    (entry / "meta.json").write_text(json.dumps({
+        "options": ["--std=c++17", "--gpu-architecture=sm_90a"], "target": "sm_90a",
+        "lowered_names": {"qf_test_kernel<3>": "_Z14qf_test_kernelILi3EEvPi"},
+        "metadata": {"kind": "test", "what": "store"}}))
+    (tmp_path / "cache" / "qforge-v1" / "ab" / "stray.txt").write_text("not an entry")
+    cache = str(tmp_path / "cache")
+    modes = [["--cubin"]] + ([[]] if sass_diff.find_nvdisasm() else [])
+    for mode in modes:
+        assert sass_diff.main(["--base", str(base), "--templates", str(comment), "--cache", cache] + mode) == 0
+        assert "1 kernels compared" in capsys.readouterr().out
+        assert sass_diff.main(["--base", str(base), "--templates", str(changed), "--cache", cache] + mode) == 1
+        out = capsys.readouterr().out
+        assert "differs [test] store (qf_test_kernel; sm_90a)" in out and "0 the same, 1 different" in out
+    assert sass_diff.main(["--base", str(base), "--cache", cache, "--filter", "nothing like it"]) == 2
+    assert "no cache entry with its source matching 'nothing like it'" in capsys.readouterr().err
+    assert sass_diff.main(["--base", str(tmp_path), "--cache", cache]) == 2
+    assert "expected a templates directory" in capsys.readouterr().err
+    broken = _header_tree(tmp_path / "broken", "p[threadIdx.x] = N +;")
+    assert sass_diff.main(["--base", str(base), "--templates", str(broken), "--cache", cache, "--cubin"]) == 2
+    assert "failed" in capsys.readouterr().err

@@ -1,0 +1,194 @@
+#!/usr/bin/env python3
+"""Which cached kernels a change of the device headers changes, without a GPU.
+
+  sass_diff.py --base BASE_TEMPLATES [--templates TEMPLATES] [--cache DIR] [--filter S] [-v]
+
+Every kernel in a qforge kernel cache (DIR, default $QFORGE_CACHE_DIR) keeps the generated source
+it was built from (source.cu, a thin file over the device headers) and its NVRTC options and
+kernel names (meta.json). This compiles each such source twice with NVRTC, once against
+BASE_TEMPLATES (e.g. `git archive REV templates | tar -x -C /tmp/base` then /tmp/base/templates)
+and once against TEMPLATES (default: this checkout's templates/), and compares the two: by SASS
+with addresses stripped when nvdisasm is found ($NVDISASM, PATH, the CUDA toolkit, or pip's
+nvidia-cuda-nvdisasm), else by CUBIN bytes. A kernel whose code is the same both ways needs no
+new GPU run for that change; the ones listed as different do. Fill the cache first with the
+kernels of interest (`qforge prewarm recipes`, `qforge gemm ...`).
+
+Prints one line per differing kernel and a summary; exits 0 when every compared kernel is the
+same, 1 when some differ, 2 on an error (no cache entries, a compile that fails, no NVRTC).
+"""
+import argparse
+import ctypes
+import ctypes.util
+import glob
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+class SassDiffError(Exception):
+    pass
+
+
+def load_nvrtc(path=None):
+    """libnvrtc: PATH, $QFORGE_NVRTC, the CUDA toolkit's lib64, or the loader's search."""
+    cands = [path, os.environ.get("QFORGE_NVRTC")]
+    for root in (os.environ.get("CUDA_HOME"), "/usr/local/cuda"):
+        if root:
+            cands += sorted(glob.glob(os.path.join(root, "lib64", "libnvrtc.so*")))
+    cands.append(ctypes.util.find_library("nvrtc"))
+    for c in cands:
+        if c:
+            try:
+                return ctypes.CDLL(c)
+            except OSError:
+                continue
+    raise SassDiffError("libnvrtc not found: set QFORGE_NVRTC or CUDA_HOME")
+
+
+def find_nvdisasm(path=None):
+    cands = [path, os.environ.get("NVDISASM"), shutil.which("nvdisasm")]
+    for root in (os.environ.get("CUDA_HOME"), "/usr/local/cuda"):
+        if root:
+            cands.append(os.path.join(root, "bin", "nvdisasm"))
+    try:  # pip install nvidia-cuda-nvdisasm
+        import nvidia  # noqa: PLC0415
+
+        for p in nvidia.__path__:
+            cands += sorted(glob.glob(os.path.join(p, "*", "bin", "nvdisasm")))
+    except ImportError:
+        pass
+    for c in cands:
+        if c and os.path.isfile(c) and os.access(c, os.X_OK):
+            return c
+    return None
+
+
+def compile_cubin(nvrtc, source, options, names, include_dir):
+    """CUBIN of `source` compiled with `options` and -I include_dir, the kernels `names` kept."""
+    prog = ctypes.c_void_p()
+    if nvrtc.nvrtcCreateProgram(ctypes.byref(prog), source.encode(), b"source.cu", 0, None, None) != 0:
+        raise SassDiffError("nvrtcCreateProgram failed")
+    try:
+        for n in names:
+            nvrtc.nvrtcAddNameExpression(prog, n.encode())
+        opts = [o.encode() for o in list(options) + ["-I" + str(include_dir)]]
+        arr = (ctypes.c_char_p * len(opts))(*opts)
+        if nvrtc.nvrtcCompileProgram(prog, len(opts), arr) != 0:
+            size = ctypes.c_size_t()
+            nvrtc.nvrtcGetProgramLogSize(prog, ctypes.byref(size))
+            log = ctypes.create_string_buffer(size.value)
+            nvrtc.nvrtcGetProgramLog(prog, log)
+            raise SassDiffError(f"compile against {include_dir} failed:\n{log.value.decode(errors='replace')[:2000]}")
+        size = ctypes.c_size_t()
+        if nvrtc.nvrtcGetCUBINSize(prog, ctypes.byref(size)) != 0 or size.value == 0:
+            raise SassDiffError("no CUBIN (options without a real sm_ architecture?)")
+        buf = ctypes.create_string_buffer(size.value)
+        nvrtc.nvrtcGetCUBIN(prog, buf)
+        return buf.raw
+    finally:
+        nvrtc.nvrtcDestroyProgram(ctypes.byref(prog))
+
+
+_ADDRESS = re.compile(r"/\*[0-9a-fx]+\*/")
+
+
+def normalize_sass(text):
+    """nvdisasm's listing without instruction addresses and blank lines (a change that moves code
+    but keeps every instruction and label in order compares equal)."""
+    out = []
+    for line in text.splitlines():
+        line = _ADDRESS.sub("", line).strip()
+        if line:
+            out.append(" ".join(line.split()))
+    return "\n".join(out)
+
+
+def disassemble(nvdisasm, cubin):
+    with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
+        f.write(cubin)
+        f.flush()
+        r = subprocess.run([nvdisasm, "-c", f.name], capture_output=True, text=True)
+    if r.returncode != 0:
+        raise SassDiffError(f"nvdisasm failed: {r.stderr.strip()[:500]}")
+    return normalize_sass(r.stdout)
+
+
+def cache_entries(cache_dir, text_filter=""):
+    """(label, source, options, names) of every entry that holds its source, sorted by label."""
+    out = []
+    for meta_path in glob.glob(os.path.join(cache_dir, "**", "meta.json"), recursive=True):
+        entry = os.path.dirname(meta_path)
+        src_path = os.path.join(entry, "source.cu")
+        try:
+            meta = json.load(open(meta_path))
+            source = open(src_path).read()
+        except (OSError, ValueError):
+            continue  # a stray or a damaged entry: `qforge verify` names those
+        names = list(meta.get("lowered_names", {}).keys())
+        md = meta.get("metadata", {})
+        label = " ".join(str(v) for k, v in sorted(md.items()) if k != "kind") or os.path.basename(entry)
+        kernels = ", ".join(sorted({n.split("<")[0].split("::")[-1] for n in names}))
+        label = f"[{md.get('kind', '?')}] {label} ({kernels}; {meta.get('target', meta.get('arch', '?'))})"
+        if text_filter and text_filter not in label:
+            continue
+        out.append((label, source, meta.get("options", []), names))
+    return sorted(out)
+
+
+def compare(entries, base_dir, new_dir, nvrtc, nvdisasm=None, verbose=False, log=print):
+    """(same, different labels) over `entries`, comparing SASS (nvdisasm) or CUBIN bytes."""
+    same, differ = 0, []
+    for label, source, options, names in entries:
+        a = compile_cubin(nvrtc, source, options, names, base_dir)
+        b = compile_cubin(nvrtc, source, options, names, new_dir)
+        if nvdisasm:
+            a, b = disassemble(nvdisasm, a), disassemble(nvdisasm, b)
+        if a == b:
+            same += 1
+            if verbose:
+                log(f"same    {label}")
+        else:
+            differ.append(label)
+            log(f"differs {label}")
+    return same, differ
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--base", required=True, help="the device headers to compare against (a templates/ directory)")
+    ap.add_argument("--templates", default=str(REPO / "templates"), help="default: this checkout's templates/")
+    ap.add_argument("--cache", default=os.environ.get("QFORGE_CACHE_DIR"), help="default: $QFORGE_CACHE_DIR")
+    ap.add_argument("--filter", default="", help="only entries whose label contains this text")
+    ap.add_argument("--nvdisasm", default=None)
+    ap.add_argument("--cubin", action="store_true", help="compare CUBIN bytes even where nvdisasm is found")
+    ap.add_argument("-v", "--verbose", action="store_true", help="also list the kernels that are the same")
+    args = ap.parse_args(argv)
+    try:
+        if not args.cache:
+            raise SassDiffError("no cache: --cache DIR or QFORGE_CACHE_DIR")
+        for d in (args.base, args.templates):
+            if not os.path.isdir(os.path.join(d, "qforge")):
+                raise SassDiffError(f"{d}: expected a templates directory (with qforge/ inside)")
+        entries = cache_entries(args.cache, args.filter)
+        if not entries:
+            raise SassDiffError(f"{args.cache}: no cache entry with its source" +
+                                (f" matching '{args.filter}'" if args.filter else ""))
+        nvdisasm = None if args.cubin else find_nvdisasm(args.nvdisasm)
+        how = f"SASS ({nvdisasm})" if nvdisasm else "CUBIN bytes (no nvdisasm found)"
+        same, differ = compare(entries, args.base, args.templates, load_nvrtc(), nvdisasm, args.verbose)
+    except SassDiffError as e:
+        print(f"sass_diff: {e}", file=sys.stderr)
+        return 2
+    print(f"sass_diff: {len(entries)} kernels compared by {how}: {same} the same, {len(differ)} different")
+    return 1 if differ else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
