@@ -17,6 +17,7 @@ entry has a ratio, else 100 * gbps / copy_gbps.
 import argparse
 import json
 import math
+import re
 import sys
 from collections import OrderedDict, defaultdict
 from pathlib import Path
@@ -567,8 +568,9 @@ def gemm_section(records):
     (default accumulation), to cuBLAS dense fp8 (tensorwise) at the same FLOPs, to qforge's own
     blockwise kernel on the same shape (issue 6 states the MXFP8 and NVFP4 goals that way), and each
     wgrad (K-grouped) to the fprop of the same scaling, route and accumulation at the same FLOPs
-    (issue 6's wgrad goal). A file of several rounds pairs each record with its own round's
-    baselines: the torch run that follows it (the scripts run torch after qforge), the qforge
+    (issue 6's wgrad goal; whatever the two scale layouts and outputs: the shipped recipes pair
+    mn_major wgrad grids with compact fprop ones). A file of several rounds pairs each record with
+    its own round's baselines: the torch run that follows it (the scripts run torch after qforge), the qforge
     blockwise / fprop record that precedes it (each falling back to the nearest one the other way)."""
     recs = [(i, r) for i, r in enumerate(records) if isinstance(r, dict)]
     q = [(i, r) for i, r in recs if "gemm" in r and isinstance(r.get("bench"), dict)]
@@ -584,8 +586,8 @@ def gemm_section(records):
         """The value of the first candidate (index, value) after i (after=True) or the last one at
         or before i (a record is its own round's), else the nearest one on the other side; None
         without candidates."""
-        later = [v for j, v in cands if j > i]
-        earlier = [v for j, v in cands if j <= i]
+        later = [v for j, v in cands if j > i and v]
+        earlier = [v for j, v in cands if j <= i and v]
         first, other = (later[:1], earlier[-1:]) if after else (earlier[-1:], later[:1])
         pick = first or other
         return pick[0] if pick else None
@@ -595,8 +597,11 @@ def gemm_section(records):
         key = shape_key(r["groups"], r["groups"] * r["m"], r["n"], r["k"])
         torch_runs.setdefault((key, r["kernel"]), []).append((i, num(r["tflops"])))
 
-    def scaling_of(r):
-        return r.get("scaling") or r["gemm"].split(" N=")[0].split(" k-grouped")[0].split()[-1]
+    def scaling_of(r):  # records before the "scaling" field: the word after the formats
+        if r.get("scaling"):
+            return r["scaling"]
+        words = re.sub(r"\([^)]*\)", "", r["gemm"].split(" N=")[0].split(" k-grouped")[0]).split()
+        return words[-1] if words else ""
 
     def flops(r):  # M-grouped: rows x N x K; K-grouped: tokens x M x N
         groups = r.get("groups", [])

@@ -9,12 +9,16 @@ kernel names (meta.json). This compiles each such source twice with NVRTC, once 
 BASE_TEMPLATES (e.g. `git archive REV templates | tar -x -C /tmp/base` then /tmp/base/templates)
 and once against TEMPLATES (default: this checkout's templates/), and compares the two: by SASS
 with addresses stripped when nvdisasm is found ($NVDISASM, PATH, the CUDA toolkit, or pip's
-nvidia-cuda-nvdisasm), else by CUBIN bytes. A kernel whose code is the same both ways needs no
-new GPU run for that change; the ones listed as different do. Fill the cache first with the
-kernels of interest (`qforge prewarm recipes`, `qforge gemm ...`).
+nvidia-cuda-nvdisasm), else by the bytes of the CUBIN's code sections (.text.*). Either way the
+names NVRTC gives internal-linkage symbols, which change with every compile, are normalized. A
+kernel whose code is the same both ways needs no new GPU run for that change; the ones listed as
+different do. Only code is compared: kernel attributes outside it (the register count ptxas
+records, shared-memory sizes) and constant data are not. Fill the cache first with the kernels
+of interest (`qforge prewarm recipes`, `qforge gemm ...`); entries without a CUBIN are skipped.
 
-Prints one line per differing kernel and a summary; exits 0 when every compared kernel is the
-same, 1 when some differ, 2 on an error (no cache entries, a compile that fails, no NVRTC).
+Prints one line per differing kernel (and per kernel that fails to compile) and a summary; exits
+0 when every compared kernel is the same, 1 when some differ, 2 on an error (no cache entries, a
+compile that fails, no NVRTC).
 """
 import argparse
 import ctypes
@@ -24,6 +28,7 @@ import json
 import os
 import re
 import shutil
+import struct
 import subprocess
 import sys
 import tempfile
@@ -97,17 +102,41 @@ def compile_cubin(nvrtc, source, options, names, include_dir):
 
 
 _ADDRESS = re.compile(r"/\*[0-9a-fx]+\*/")
+# NVRTC's names of internal-linkage symbols: _INTERNAL_<hex>_<n>_source_cu_<per-compile hex>_<n>...
+_INTERNAL = re.compile(r"_INTERNAL_[0-9a-f]{8}_\d+_\w*?_cu_[0-9a-f]{8}_\d+")
+
+
+def normalize_names(text):
+    return _INTERNAL.sub("_INTERNAL_", text)
 
 
 def normalize_sass(text):
-    """nvdisasm's listing without instruction addresses and blank lines (a change that moves code
-    but keeps every instruction and label in order compares equal)."""
+    """nvdisasm's listing without instruction addresses, blank lines and per-compile internal
+    names (a change that moves code but keeps every instruction and label in order compares
+    equal)."""
     out = []
     for line in text.splitlines():
-        line = _ADDRESS.sub("", line).strip()
+        line = normalize_names(_ADDRESS.sub("", line)).strip()
         if line:
             out.append(" ".join(line.split()))
     return "\n".join(out)
+
+
+def code_sections(cubin):
+    """[(section name, bytes)] of the CUBIN's code sections (ELF64 .text*), names normalized."""
+    if cubin[:4] != b"\x7fELF" or cubin[4] != 2:
+        raise SassDiffError("not an ELF64 CUBIN")
+    shoff, = struct.unpack_from("<Q", cubin, 0x28)
+    shentsize, shnum, shstrndx = struct.unpack_from("<HHH", cubin, 0x3A)
+    headers = [struct.unpack_from("<IIQQQQIIQQ", cubin, shoff + i * shentsize) for i in range(shnum)]
+    strtab = headers[shstrndx]
+    names = cubin[strtab[4]:strtab[4] + strtab[5]]
+    out = []
+    for name_off, _, _, _, off, size, *_ in headers:
+        name = names[name_off:names.index(b"\0", name_off)].decode(errors="replace")
+        if name.startswith(".text"):
+            out.append((normalize_names(name), cubin[off:off + size]))
+    return sorted(out)
 
 
 def disassemble(nvdisasm, cubin):
@@ -121,7 +150,8 @@ def disassemble(nvdisasm, cubin):
 
 
 def cache_entries(cache_dir, text_filter=""):
-    """(label, source, options, names) of every entry that holds its source, sorted by label."""
+    """(label, source, options, names) of every entry that holds its source and a CUBIN, sorted
+    by label."""
     out = []
     for meta_path in glob.glob(os.path.join(cache_dir, "**", "meta.json"), recursive=True):
         entry = os.path.dirname(meta_path)
@@ -131,6 +161,8 @@ def cache_entries(cache_dir, text_filter=""):
             source = open(src_path).read()
         except (OSError, ValueError):
             continue  # a stray or a damaged entry: `qforge verify` names those
+        if meta.get("kind", "cubin") != "cubin":
+            continue  # PTX entries (an architecture NVRTC could not target)
         names = list(meta.get("lowered_names", {}).keys())
         md = meta.get("metadata", {})
         label = " ".join(str(v) for k, v in sorted(md.items()) if k != "kind") or os.path.basename(entry)
@@ -143,13 +175,18 @@ def cache_entries(cache_dir, text_filter=""):
 
 
 def compare(entries, base_dir, new_dir, nvrtc, nvdisasm=None, verbose=False, log=print):
-    """(same, different labels) over `entries`, comparing SASS (nvdisasm) or CUBIN bytes."""
-    same, differ = 0, []
+    """(same, different labels, failed labels) over `entries`, comparing SASS (nvdisasm) or the
+    CUBINs' code sections."""
+    same, differ, failed = 0, [], []
     for label, source, options, names in entries:
-        a = compile_cubin(nvrtc, source, options, names, base_dir)
-        b = compile_cubin(nvrtc, source, options, names, new_dir)
-        if nvdisasm:
-            a, b = disassemble(nvdisasm, a), disassemble(nvdisasm, b)
+        try:
+            a = compile_cubin(nvrtc, source, options, names, base_dir)
+            b = compile_cubin(nvrtc, source, options, names, new_dir)
+            a, b = (disassemble(nvdisasm, a), disassemble(nvdisasm, b)) if nvdisasm else (code_sections(a), code_sections(b))
+        except SassDiffError as e:
+            failed.append(label)
+            log(f"error   {label}: {str(e).splitlines()[0]}")
+            continue
         if a == b:
             same += 1
             if verbose:
@@ -157,7 +194,7 @@ def compare(entries, base_dir, new_dir, nvrtc, nvdisasm=None, verbose=False, log
         else:
             differ.append(label)
             log(f"differs {label}")
-    return same, differ
+    return same, differ, failed
 
 
 def main(argv=None):
@@ -167,7 +204,7 @@ def main(argv=None):
     ap.add_argument("--cache", default=os.environ.get("QFORGE_CACHE_DIR"), help="default: $QFORGE_CACHE_DIR")
     ap.add_argument("--filter", default="", help="only entries whose label contains this text")
     ap.add_argument("--nvdisasm", default=None)
-    ap.add_argument("--cubin", action="store_true", help="compare CUBIN bytes even where nvdisasm is found")
+    ap.add_argument("--cubin", action="store_true", help="compare the CUBINs' code sections even where nvdisasm is found")
     ap.add_argument("-v", "--verbose", action="store_true", help="also list the kernels that are the same")
     args = ap.parse_args(argv)
     try:
@@ -181,13 +218,14 @@ def main(argv=None):
             raise SassDiffError(f"{args.cache}: no cache entry with its source" +
                                 (f" matching '{args.filter}'" if args.filter else ""))
         nvdisasm = None if args.cubin else find_nvdisasm(args.nvdisasm)
-        how = f"SASS ({nvdisasm})" if nvdisasm else "CUBIN bytes (no nvdisasm found)"
-        same, differ = compare(entries, args.base, args.templates, load_nvrtc(), nvdisasm, args.verbose)
+        how = f"SASS ({nvdisasm})" if nvdisasm else "CUBIN code sections (no nvdisasm found)"
+        same, differ, failed = compare(entries, args.base, args.templates, load_nvrtc(), nvdisasm, args.verbose)
     except SassDiffError as e:
         print(f"sass_diff: {e}", file=sys.stderr)
         return 2
-    print(f"sass_diff: {len(entries)} kernels compared by {how}: {same} the same, {len(differ)} different")
-    return 1 if differ else 0
+    print(f"sass_diff: {len(entries)} kernels compared by {how}: {same} the same, {len(differ)} different" +
+          (f", {len(failed)} failed to compile" if failed else ""))
+    return 2 if failed else 1 if differ else 0
 
 
 if __name__ == "__main__":

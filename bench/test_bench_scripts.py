@@ -353,6 +353,16 @@ def test_gemm_section_pairs_rounds(tmp_path):
     assert "| 120% |" in rowwise[0] and "| 110% |" in rowwise[1]  # of the round's blockwise
     wgrads = [l for l in lines if l.startswith("| wgrad")]
     assert wgrads[0].rstrip().endswith("| 70% |") and wgrads[1].rstrip().endswith("| 80% |")
+    # Records without the "scaling" field (older files): the word after the formats, suffixes
+    # in parentheses skipped.
+    old = [q("e4m3 x e4m3 blockwise (mn_major scales) N=4096 K=7168 -> bf16", 1000.0),
+           q("e4m3 x e4m3 blockwise (mn_major scales) k-grouped M=4096 N=7168 -> bf16", 750.0,
+             **dict(wgrad, scaling=None))]
+    (tmp_path / "gemm.jsonl").write_text("\n".join(json.dumps(r) for r in old) + "\n")
+    assert report.main(["--in", str(tmp_path), "--out", str(tmp_path), "--no-plot"]) == 0
+    old_lines = (tmp_path / "report.md").read_text().splitlines()
+    assert next(l for l in old_lines if l.startswith("| 8 x 4096")).rstrip().endswith("| 100% | - |")
+    assert next(l for l in old_lines if l.startswith("| wgrad")).rstrip().endswith("| 75% |")
     assert any("torch _scaled_grouped_mm fp8 rowwise" in l and "1000 / 1100" in l for l in lines)
 
 
@@ -361,6 +371,7 @@ def test_gemm_section_pairs_rounds(tmp_path):
 # ---------------------------------------------------------------------------------------------
 import shutil  # noqa: E402
 import subprocess  # noqa: E402
+import time  # noqa: E402
 
 import ablate  # noqa: E402
 
@@ -572,9 +583,12 @@ def test_sass_diff_strips_addresses():
 
 
 def _header_tree(root, body):
+    # kTable: a namespace-scope constexpr array indexed at run time, which NVRTC emits as an
+    # internal-linkage symbol whose name changes with every compile (so do the CUBIN's bytes).
     (root / "qforge").mkdir(parents=True)
     (root / "qforge" / "k.cuh").write_text(
-        "#pragma once\ntemplate <int N> __global__ void qf_test_kernel(int* p) { " + body + " }\n")
+        "#pragma once\nnamespace qf_test { constexpr int kTable[4] = {1, 2, 3, 5}; }\n"
+        "template <int N> __global__ void qf_test_kernel(int* p) { " + body + " }\n")
     return root
 
 
@@ -587,9 +601,10 @@ def test_sass_diff_compiles_cached_sources_against_both_header_trees(tmp_path, c
         if os.environ.get("QFORGE_NVRTC"):  # ctest names the build's libnvrtc: it must load
             raise
         pytest.skip(str(e))
-    base = _header_tree(tmp_path / "base", "p[threadIdx.x] = N;")
-    comment = _header_tree(tmp_path / "comment", "// the value\n  p[threadIdx.x] = N;")
-    changed = _header_tree(tmp_path / "changed", "p[threadIdx.x] = N + 1;")
+    store = "p[threadIdx.x] = N * qf_test::kTable[threadIdx.x % 4];"
+    base = _header_tree(tmp_path / "base", store)
+    comment = _header_tree(tmp_path / "comment", "// the value\n  " + store)
+    changed = _header_tree(tmp_path / "changed", store.replace("N *", "N +"))
     entry = tmp_path / "cache" / "qforge-v1" / "ab" / ("ab" + "0" * 62)
     entry.mkdir(parents=True)
     (entry / "source.cu").write_text('#include "qforge/k.cuh"\n')
@@ -599,6 +614,15 @@ def test_sass_diff_compiles_cached_sources_against_both_header_trees(tmp_path, c
         "metadata": {"kind": "test", "what": "store"}}))
     (tmp_path / "cache" / "qforge-v1" / "ab" / "stray.txt").write_text("not an entry")
     cache = str(tmp_path / "cache")
+    # Two compiles of one source a second apart differ in their bytes (the internal names carry a
+    # per-compile token) but not in their code.
+    nvrtc = sass_diff.load_nvrtc()
+    label, source, options, names = sass_diff.cache_entries(cache)[0]
+    first = sass_diff.compile_cubin(nvrtc, source, options, names, base)
+    time.sleep(1.1)
+    second = sass_diff.compile_cubin(nvrtc, source, options, names, base)
+    assert first != second and b"_INTERNAL_" in first
+    assert sass_diff.code_sections(first) == sass_diff.code_sections(second)
     modes = [["--cubin"]] + ([[]] if sass_diff.find_nvdisasm() else [])
     for mode in modes:
         assert sass_diff.main(["--base", str(base), "--templates", str(comment), "--cache", cache] + mode) == 0
@@ -612,4 +636,5 @@ def test_sass_diff_compiles_cached_sources_against_both_header_trees(tmp_path, c
     assert "expected a templates directory" in capsys.readouterr().err
     broken = _header_tree(tmp_path / "broken", "p[threadIdx.x] = N +;")
     assert sass_diff.main(["--base", str(base), "--templates", str(broken), "--cache", cache, "--cubin"]) == 2
-    assert "failed" in capsys.readouterr().err
+    out = capsys.readouterr().out
+    assert "error   [test] store (qf_test_kernel; sm_90a): compile against" in out and "1 failed to compile" in out
