@@ -41,12 +41,15 @@ class SassDiffError(Exception):
     pass
 
 
+def cuda_roots():
+    return [r for r in (os.environ.get("CUDA_HOME"), "/usr/local/cuda") if r]
+
+
 def load_nvrtc(path=None):
     """libnvrtc: PATH, $QFORGE_NVRTC, the CUDA toolkit's lib64, or the loader's search."""
     cands = [path, os.environ.get("QFORGE_NVRTC")]
-    for root in (os.environ.get("CUDA_HOME"), "/usr/local/cuda"):
-        if root:
-            cands += sorted(glob.glob(os.path.join(root, "lib64", "libnvrtc.so*")))
+    for root in cuda_roots():
+        cands += sorted(glob.glob(os.path.join(root, "lib64", "libnvrtc.so*")))
     cands.append(ctypes.util.find_library("nvrtc"))
     for c in cands:
         if c:
@@ -59,9 +62,7 @@ def load_nvrtc(path=None):
 
 def find_nvdisasm(path=None):
     cands = [path, os.environ.get("NVDISASM"), shutil.which("nvdisasm")]
-    for root in (os.environ.get("CUDA_HOME"), "/usr/local/cuda"):
-        if root:
-            cands.append(os.path.join(root, "bin", "nvdisasm"))
+    cands += [os.path.join(root, "bin", "nvdisasm") for root in cuda_roots()]
     try:  # pip install nvidia-cuda-nvdisasm
         import nvidia  # noqa: PLC0415
 

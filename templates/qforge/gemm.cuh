@@ -1388,7 +1388,9 @@ __device__ __forceinline__ void producer(const GemmArgs& a, u8* smem, u32 base, 
     if (!sched.get(unit, rank, t)) break;
     const int k_blocks = tile_k_blocks<Cfg>(t);
     if (k_blocks > 0) maps.prepare(a, smem + T::kSmem.maps_off, base + T::kSmem.maps_off, t, lane);
-    int2 runs = make_int2(0, 0);  // bulk-copied scale entries of A and B per k-block
+    // Bulk-copied scale entries of A and B per k-block. (The expect_tx below is written twice, once
+    // per branch: one expression for both changed the other kernels' register allocation.)
+    int2 runs = make_int2(0, 0);
     if constexpr (T::kBulkScales) runs = S::template bulk_runs<Cfg>(t);
     for (int kb = 0; kb < k_blocks; ++kb) {
       // K coordinate of the stage (NVFP4: bytes of packed e2m1)
