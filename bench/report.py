@@ -566,9 +566,9 @@ def gemm_section(records):
     """Markdown for the grouped-GEMM records of scripts/bench.sh (qforge gemm --json, torch
     baselines): TFLOP/s per shape, and each qforge kernel as a ratio to torch's grouped fp8 GEMM
     (default accumulation), to cuBLAS dense fp8 (tensorwise) at the same FLOPs, to qforge's own
-    blockwise kernel on the same shape (issue 6 states the MXFP8 and NVFP4 goals that way), and each
+    blockwise kernel on the same shape (the MXFP8 and NVFP4 GEMM goals are stated that way), and each
     wgrad (K-grouped) to the fprop of the same scaling, route and accumulation at the same FLOPs
-    (issue 6's wgrad goal; whatever the two scale layouts and outputs: the shipped recipes pair
+    (the wgrad goal; whatever the two scale layouts and outputs: the shipped recipes pair
     mn_major wgrad grids with compact fprop ones). A file of several rounds pairs each record with
     its own round's baselines: the torch run that follows it (the scripts run torch after qforge), the qforge
     blockwise / fprop record that precedes it (each falling back to the nearest one the other way)."""

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Torch eager and torch.compile baselines for qforge's quantize kernels (issue 4).
+"""Torch eager and torch.compile baselines for qforge's quantize kernels (docs/quantize.md).
 
 For bf16 input, for each case below, this script
   1. checks that a plain torch implementation (eager, and the same function under

@@ -380,8 +380,8 @@ GemmTile resolve_tile(const GemmSpec& s) {
   // scales moved into the consumers' registers (H100, 2026-11-24), and so do the K-grouped
   // kernels since their promotion overlaps the next step's MMAs (blockwise 741 vs 712-723
   // TFLOP/s, 707 vs 703 with fp32 accumulation; per-tensor 1048 vs 1029-1041; H100,
-  // 2026-11-25). M-grouped per-tensor and rowwise promotion (128-row tiles) were ordered until
-  // session 19; unordered they are faster with 4 stages than with the 5 that fit (below, and
+  // 2026-11-25). M-grouped per-tensor and rowwise promotion (128-row tiles) were ordered before
+  // 2f2c68d; unordered they are faster with 4 stages than with the 5 that fit (below, and
   // docs/gemm.md: rowwise 1164-1176 -> 1205-1223 TFLOP/s at 8 x 4096 x 4096 x 7168, per-tensor
   // 1079-1110 -> 1192-1200; unordered with 5 stages 1105-1115 for rowwise).
   const bool m_grouped = s.layout == GemmLayout::MGrouped;

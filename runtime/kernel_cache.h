@@ -72,7 +72,7 @@ struct CacheEntry {
   std::map<std::string, std::string> lowered_names;
   nlohmann::json metadata = nlohmann::json::object();  // caller's (recipe, role, dtype, ...)
   std::string nvrtc_version;
-  std::string templates_hash;  // of the device headers it was built from (meta.json; "" before session 39)
+  std::string templates_hash;  // of the device headers it was built from (meta.json; "" in entries of older versions)
   std::string note;  // PTX-fallback explanation, if any
   std::string log;   // NVRTC warnings, if any
   std::vector<std::string> options;  // full NVRTC option list (see compile_options())

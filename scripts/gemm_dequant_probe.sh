@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The dequant route of MXFP8 and NVFP4 (docs/gemm.md, "Left for issue 6") against its parts, on a
+# The dequant route of MXFP8 and NVFP4 (docs/gemm.md, "What is left for the grouped GEMM") against its parts, on a
 # Hopper GPU: the fused kernels, the route itself (`--route dequant`), the bf16 / fp16 `none` GEMM
 # on the same problem and the device copy bandwidth (torch), then the route's floor: the 16-bit
 # GEMM plus one pass that reads each operand's quantized bytes and writes 2 bytes per element at

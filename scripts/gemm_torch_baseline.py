@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Torch baselines for `qforge gemm` on identical problem sizes (issue 6), timed with CUDA events
+"""Torch baselines for `qforge gemm` on identical problem sizes (docs/gemm.md), timed with CUDA events
 (median of --iters after warm-up): torch._grouped_mm (bf16), torch._scaled_grouped_mm (fp8
 rowwise scales, default and fast accumulation) and torch._scaled_mm (dense fp8, tensorwise and
 rowwise) and torch._int_mm (dense int8 -> int32, cuBLAS) at the same total FLOPs. Prints one line per kernel and appends JSON lines to --json.

@@ -46,7 +46,7 @@ san_filter='*hybrid*_linear_input__training__bf16__32x64:*hybrid*_linear_input__
 san_filter+=':*float8_block*_linear_input__training__bf16__128x4224:*mxfp8__linear_input__training__bf16__200x320'
 san_filter+=':*float8_block*weight__training__fp16__300x384:*nvfp4__linear_weight__training__bf16__200x320:*delayed*input__training__bf16__128x4224:*int8_weight_sr*weight*grouped*'
 san_filter+=':*mxfp8__linear_input__inference__bf16__128x4224:*float8_block*_linear_input__inference__fp32__128x4224:*delayed*input__inference__bf16__200x320'
-# The one-launch form of per-channel plans (session 27): the workspace zeroed by the kernel, row and
+# The one-launch form of per-channel plans (25be0da): the workspace zeroed by the kernel, row and
 # column amaxes reduced from the staged tiles between the grid barriers.
 san_filter+=':*fp8_rowwise__linear_input__training__bf16__200x320:*int8_weight_sr__linear_weight__training__bf16__200x320:GpuQuantizeGraph.*'
 # Grouped GEMM: blockwise (scales in registers), MXFP8 (scale writers, per-32 promotion), NVFP4, K-grouped
@@ -63,13 +63,13 @@ gemm_cases+=':*GemmExact*nvfp4_two_stages_3ctas:*GemmExact*members_nvfp4_ring'
 gemm_cases+=':*GemmExact*kgrouped_block_bf16:*GemmExact*kgrouped_mxfp8_bf16'
 # K-grouped members: tensor maps written by the producer warp into the workspace ring, then read by TMA.
 gemm_cases+=':*GemmExact*members_block_ring:*GemmExact*members_nvfp4_bf16'
-# mn_major blockwise scale grids (sessions 30-31): the quantize side's padding zeroed by the last
+# mn_major blockwise scale grids (a27b244, f0f1cb1): the quantize side's padding zeroed by the last
 # row's writer (both directions), the K-grouped writers' coalesced loads (one tensor, members on 3
 # CTAs), the M-grouped consumers' per-group A grids on 3 CTAs and in masked slots.
 gemm_cases+=':*float8_block_scaling_mn_major__linear_input__training__bf16__200x320'
 gemm_cases+=':*GemmExact*kgrouped_block_mn_major_bf16:*GemmExact*members_block_mn_major_ring'
 gemm_cases+=':*GemmExact*block_mn_major_many_groups_3ctas:*GemmExact*masked_block_mn_major_fp32'
-# mn_major e8m0 grids (session 32, the shipped mxfp8_hopper): the cast's staged copy-out (row +
+# mn_major e8m0 grids (91a55cd, the shipped mxfp8_hopper): the cast's staged copy-out (row +
 # transposed, and the rowwise-only direct path), the MXFP8 writers' word-per-4-rows loads (M-grouped
 # per group on 3 CTAs, K-grouped members on 3 CTAs).
 gemm_cases+=':*mxfp8_hopper__linear_input__training__bf16__200x320:*mxfp8_hopper__linear_input__inference__bf16__128x4224'
@@ -80,7 +80,7 @@ gemm_cases+=':*GemmExact*kgrouped_rowwise_3ctas_fp32:*GemmExact*int8_block_bf16:
 # producer warpgroup, behind a named barrier; two stages: the next load waits for the MMAs before).
 gemm_cases+=':*GemmExact*bf16_bf16:*GemmExact*kgrouped_bf16:*GemmExact*members_bf16'
 gemm_cases+=':*GemmExact*channel_bf16:*GemmExact*channel_many_groups_3ctas:*GemmExact*channel_two_stages'
-# The dequant route (sessions 35-37): the MXFP8 kernel's per-thread group cursor over 40 groups'
+# The dequant route (92bfd71, c9235c2, a23c4b1): the MXFP8 kernel's per-thread group cursor over 40 groups'
 # mn_major A grids, the K-grouped copies, and the members' copies (the cursor over members, the
 # prep kernel's prefix, starts and NaN alpha of a member the fused kernel cannot load); the
 # *members_*_ring and *members_nvfp4_bf16 patterns above take their dequant cases too.

@@ -403,7 +403,7 @@ __device__ __forceinline__ u32 enc_sr(float x, u32 r) {
     return enc_sr_e2m1<F>(x, r << (23 - F::kSrBits));
   } else if constexpr (F::kIsInt && F::kBits == 8) {
     // Step 1: floor and fraction are exact in fp32, and "fraction > u" is grid_round_sr's
-    // integer comparison. (A conversion-free form of that comparison, e2m1's until session 21,
+    // integer comparison. (A conversion-free form of that comparison, e2m1's before b8e416d,
     // measured 2.6 % slower here: 1504 -> 1543 us for int8_weight_sr's weight at 16384^2, H100,
     // whose kernel is bound elsewhere.)
     if (f32_is_nan(x)) return F::kNanBits;
@@ -1224,7 +1224,8 @@ __device__ __forceinline__ void store_entry(void* base, i64 off, u32 entry) {
 // tile order runs together. Those partial sectors are stored at L2 priority evict_last, so that
 // the input and outputs streaming through L2 do not evict them before they are complete (the
 // likely mechanism; H100, 1x128 blockwise row + transposed at 16384^2: 410-412 us with normal
-// stores, 393-397 with these, 383 with no entries at all; docs/quantize.md, session 40). Byte entries (MX, NVFP4) keep
+// stores, 393-397 with these, 383 with no entries at all; docs/quantize.md, "Scattered rowwise scale
+// entries kept in L2"). Byte entries (MX, NVFP4) keep
 // normal stores: there the hint measured 0.5 % faster (MXFP8) to 1 % slower (NVFP4, the hybrid);
 // so do per-channel entries (whole sectors already; the asm's ordering made their kernels spill
 // more). A line keeps the priority until its next access at another priority (the GEMM's loads of
@@ -1801,7 +1802,8 @@ __device__ float cast_columnwise_transposed_full(const QuantizeArgs& a, const Me
 // reduction by halving exchanges, a column's the maximum of the warps' 16-row partials (one
 // exchange through shared memory). Only the transposed output is staged, so that it is copied
 // out in whole 128-byte output rows. Edge tiles take the staged path (whose shared memory the
-// kernel keeps). H100, 16384^2: 429 -> 411 us, 84 -> 88 % of copy (docs/quantize.md, session 39).
+// kernel keeps). H100, 16384^2: 429 -> 411 us, 84 -> 88 % of copy (docs/quantize.md, "Row +
+// transposed cast from registers").
 template <class Cfg, class R, class C>
 constexpr bool kPairDirect =
     R::kDir == 0 && C::kDir == 1 && C::kTransposed && R::kMode == kModeBlock && C::kMode == kModeBlock && !R::kBlock2d &&
@@ -1811,7 +1813,7 @@ constexpr bool kPairDirect =
     Cfg::kTileRows == 128 && Cfg::kTileCols == 128 && Cfg::kThreads == 256 && R::kBlockCols == 128 && C::kEpt == 128;
 
 // Element j (0..3) of four 16-bit inputs packed in two words. (Not through unpack2, which converts
-// both halves: that changed the fp16-input kernel's SASS; session 40.)
+// both halves: that changed the fp16-input kernel's SASS.)
 template <int D>
 __device__ __forceinline__ float pair_elem(const uint2& w, int j) {
   const u32 x = j < 2 ? w.x : w.y;

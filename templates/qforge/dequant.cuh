@@ -98,7 +98,7 @@ __device__ __forceinline__ bool members_grid(const DequantArgs& a) {
 // position alone, however the thread came to it: a few steps on from the last group (a thread's
 // strides mostly stay in a group), else a binary search, so that many small groups cost log G per
 // position, not G per thread. Searching at every position (a chain of dependent loads per run)
-// made the copies of per-member operands 1.7x slower (docs/gemm.md, session 37).
+// made the copies of per-member operands 1.7x slower (docs/gemm.md, "The dequant route on per-member copies").
 struct GroupCursor {
   static constexpr int kSteps = 4;
   int g = -2;  // -2: not searched yet

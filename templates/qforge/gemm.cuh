@@ -442,7 +442,7 @@ struct Scheduler {
   // for 16-bit operands, which carry no scales), so that a k-block covers whole scale blocks of
   // the shared token grid (1x128, 1x32, 1x16 blocks), and, for every scaling, each row's TMA box
   // is one 128-byte-aligned segment (per-tensor tiles started at the 16-aligned token below the
-  // group's first until session 20: at uneven splits the boxes straddled two segments, 866
+  // group's first before 51bf669: at uneven splits the boxes straddled two segments, 866
   // against 1050 TFLOP/s at even splits).
   static constexpr int kKAlign = stage_k<Cfg>();
   // Tokens per scale along K (the scaling traits' scale_k): 128, 32, 16; 0 per tensor.

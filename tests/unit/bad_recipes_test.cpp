@@ -259,7 +259,7 @@ TEST(BadRecipes, SyntaxErrorQuotesAreCut) {
 }
 
 // The text read may itself hold "'; expected ", the phrase that starts nlohmann's suffix: the quote
-// is still cut (a recipe fuzzer input of session 29 made a 2842-byte message of it).
+// is still cut (a recipe fuzzer input made a 2842-byte message of it).
 TEST(BadRecipes, SyntaxErrorQuoteHoldingTheSuffixPhraseIsCut) {
   const std::string text = "{\"qforge_recipe\": 1, \"name\": \"" + std::string(300, '8') + "'; expected " +
                            std::string(3000, '7') + "\\u00\"}";

@@ -18,10 +18,10 @@ namespace {
 
 using namespace qf;
 
-// Spill-store bytes allowed per "recipe role usage kernel", as measured in session 28 (NVRTC
+// Spill-store bytes allowed per "recipe role usage kernel", as measured on 2026-11-27 (NVRTC
 // 13.0). The launch bounds that cause them are measured choices (docs/quantize.md);
 // `qforge tune --search registers` times the default tile with more registers (min_blocks). The
-// 128x128 blockwise weight's training kernel (158 B at 64 registers) takes 80 since session 29.
+// 128x128 blockwise weight's training kernel (158 B at 64 registers) takes 80 since 3491edf.
 const std::map<std::string, int>& spill_budget() {
   static const std::map<std::string, int> m = [] {
     std::map<std::string, int> b;
