@@ -9,7 +9,7 @@
 #                         against qforge's outputs first (bench/torch_baselines.py; skipped
 #                         without torch)
 #   gemm.jsonl            on sm_90 GPUs: `qforge gemm --bench` for every scaling (MXFP8 and NVFP4
-#                         by both routes) on the grouped-GEMM shapes plus wgrad, and the
+#                         by both routes) on the goal table's grouped-GEMM shapes plus wgrad, and the
 #                         torch baselines on the same
 #                         shapes (scripts/gemm_torch_baseline.py; skipped without torch)
 #   report.md, bandwidth.png  tables (quantize bandwidth; grouped GEMM TFLOP/s) and the

@@ -6,7 +6,7 @@
 # every SHAPE on both builds, alternated $ROUNDS times (default 3), each with its own kernel cache.
 #   scripts/gemm_ab.sh OUT_DIR BASE [SHAPE...]
 #     BASE   rev:REV | tree:DIR
-#     SHAPE  the `qforge gemm` arguments of one case, as one word (default: the issue's blockwise
+#     SHAPE  the `qforge gemm` arguments of one case, as one word (default: the goal's blockwise
 #            shape, "--scaling blockwise --groups 8 --m 4096 --n 4096 --k 7168")
 # Writes OUT_DIR/gemm_ab.md (TFLOP/s of every round, working tree and BASE) and prints it; exits
 # 1 when a test or a benchmark fails.

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The grouped-GEMM GPU check in one go, for a Hopper machine: configure + build (only the CLI and
 # the unit tests), the GEMM GPU tests (bit-exact small-integer cases, random cases against the
-# float64 reference), then `qforge gemm --bench` on the issue's shape and torch baselines on the
+# float64 reference), then `qforge gemm --bench` on the goal shape and torch baselines on the
 # same shape, and a summary table last. Logs and JSON lines go to $1 (default ./gemm-results).
 #   scripts/gemm_check.sh OUT_DIR [quick]
 # Build: scripts/gpu_build.sh (QFORGE_BUILD_DIR, QFORGE_BUILD_TYPE, QFORGE_DEPS_PREFIX, .gpudeps/).
@@ -35,7 +35,7 @@ fail=$(echo "$results" | grep -c "^F")
 skip=$(echo "$results" | grep -c "^S")
 t2=$(date +%s)
 
-# ---- benchmarks: 8 groups x 4096 x N 4096 x K 7168 (the goal shape), bf16 out
+# ---- benchmarks: 8 groups x 4096 x N 4096 x K 7168 (the goal shape), bf16 out
 bench() {  # label, args... (default shape: 8 groups x 4096 rows, N 4096, K 7168)
   local label=$1; shift
   local line
