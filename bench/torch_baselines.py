@@ -146,7 +146,7 @@ def quantize_ref(repo=None):
 
 
 def resolve_rule(recipe, role):
-    """The most specific rule of the recipe matching role (README: most non-* parts wins)."""
+    """The most specific rule of the recipe matching role (docs/recipes.md: most non-* parts wins)."""
     return quantize_ref().resolve_rule(recipe, role)
 
 
