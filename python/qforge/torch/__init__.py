@@ -1,0 +1,480 @@
+"""qforge for PyTorch: quantize, dequantize and GEMM as torch custom ops, and a quantized tensor type.
+
+    import torch, qforge.torch as qt
+    recipes = qt.Recipes("recipes/mxfp8_hopper.json")
+    qx = recipes.quantizer("linear:input")(x)          # QuantizedTensor: one allocation, every output
+    qw = recipes.quantizer("linear:weight")(w)
+    y = qt.gemm(qx, qw)                                 # fprop: x rowwise @ w rowwise^T, bf16
+    x_hat = qx.dequantize(torch.bfloat16)               # [M, K]
+
+The compiled core (qforge._C) keeps each (quantizer, shape)'s layout and each GEMM's plan, so a
+call from eager Python is one allocation from torch's caching allocator plus one call into C++,
+launched on torch's current stream. Under torch.compile the same work runs through the custom
+ops qforge::quantize, qforge::quantize_grouped, qforge::dequantize, qforge::gemm and
+qforge::update_amax_history, whose fake implementations give the output shapes without a GPU,
+so `torch.compile(fullgraph=True)` traces them.
+
+CUDA graphs: the first call of a quantizer on a shape (and of a GEMM plan, a dequantize kind)
+compiles or loads its kernels and, for GEMMs, writes a small device buffer; make it (or call
+`prepare()`) before capture. Captured calls launch only.
+"""
+import threading
+from typing import Dict, List, Optional, Sequence, Union
+
+import torch
+
+from .. import UserError
+from .. import _ext
+
+__all__ = ["Recipes", "Quantizer", "QuantizedTensor", "gemm", "dequantize", "UserError"]
+
+_C = _ext.load()
+
+_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
+_DTYPE_NAMES = {v: k for k, v in _DTYPES.items()}
+# Element types of the raw buffers as torch views them (uint8 where torch has none).
+_VIEW_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16, "int8": torch.int8,
+                "e4m3": torch.float8_e4m3fn, "e5m2": torch.float8_e5m2}
+if hasattr(torch, "float8_e8m0fnu"):
+    _VIEW_DTYPES["e8m0"] = torch.float8_e8m0fnu
+
+_lock = threading.Lock()
+_quantizers: List["Quantizer"] = []  # by id: what the custom ops' integer argument names
+_plans: Dict[tuple, object] = {}      # GEMM plans by (a quantizer, shape, stream, b ..., out dtype, accumulate)
+
+
+def _user_error(message: str) -> UserError:
+    return UserError(1, message)
+
+
+def _raw_stream(device_index: int) -> int:
+    return torch._C._cuda_getCurrentRawStream(device_index)
+
+
+def _ptr(t: Optional[torch.Tensor]) -> int:
+    return 0 if t is None else t.data_ptr()
+
+
+def _check_input(x, want, device, name: str) -> None:
+    if not isinstance(x, torch.Tensor):
+        raise _user_error(f"{name}: expected a CUDA tensor, got {type(x).__name__}")
+    if x.dtype != want:
+        raise _user_error(f"{name}: expected {str(want).replace('torch.', '')}, got {str(x.dtype).replace('torch.', '')}")
+    if not x.is_cuda:
+        raise _user_error(f"{name}: expected a CUDA tensor, got one on {x.device}")
+    if device is not None and x.get_device() != device:
+        raise _user_error(f"{name}: on cuda:{x.get_device()}, expected cuda:{device}")
+    if not x.is_contiguous():
+        raise _user_error(f"{name}: expected a contiguous tensor")
+
+
+def _check_small(t, name: str, device: int, dtype=torch.float32, numel: int = 1) -> None:
+    if t is None:
+        return
+    _check_input(t, dtype, device, name)
+    if t.numel() != numel:
+        raise _user_error(f"{name}: expected {numel} element{'s' if numel != 1 else ''}, got {t.numel()}")
+
+
+# ---------------------------------------------------------------------------------------------- quantizers
+
+
+class Recipes:
+    """Parsed, validated recipes: a path, a list of paths, or (from_json) a recipe's text."""
+
+    def __init__(self, recipes: Union[str, Sequence[str]]):
+        paths = [recipes] if isinstance(recipes, (str, bytes)) or hasattr(recipes, "__fspath__") else list(recipes)
+        self._c = _C.Context([str(p) for p in paths])
+
+    @classmethod
+    def from_json(cls, text: str) -> "Recipes":
+        self = cls.__new__(cls)
+        self._c = _C.Context.from_json(text)
+        return self
+
+    @property
+    def names(self) -> List[str]:
+        return self._c.recipes
+
+    def quantizer(self, role: str, recipe: Optional[str] = None, dtype: Union[str, torch.dtype] = torch.bfloat16,
+                  usage: Optional[str] = None, grouped: bool = False) -> "Quantizer":
+        """The quantizer of one role ("linear:input", ...) of one recipe (None: the only one) for an
+        input dtype and usage (None: the recipe's)."""
+        name = _DTYPE_NAMES.get(dtype, dtype) if isinstance(dtype, torch.dtype) else dtype
+        if name not in _DTYPES:
+            raise _user_error(f"dtype: expected bfloat16, float16 or float32, got {dtype!r}")
+        return Quantizer(self._c.quantizer(role, recipe, name, usage, bool(grouped)))
+
+    def gemms(self, recipe: Optional[str] = None) -> list:
+        """The recipe's "gemms" entries: (JSON pointer, description)."""
+        return self._c.gemms(recipe)
+
+
+class Quantizer:
+    """One role of one recipe compiled into a kernel plan. Calling it quantizes a 2-D CUDA tensor."""
+
+    def __init__(self, c):
+        self._c = c
+        self.dtype = _DTYPES[c.dtype]
+        self.grouped = c.grouped
+        self.streams = {s.direction: s for s in c.streams}
+        self.inputs = c.inputs
+        self._layouts = {}
+        with _lock:
+            self.id = len(_quantizers)
+            _quantizers.append(self)
+
+    def __repr__(self) -> str:
+        dirs = ", ".join(f"{d}={s.format}/{s.scaling}" for d, s in self.streams.items())
+        return f"qforge.torch.Quantizer({self._c.recipe}:{self._c.role}, {self._c.dtype}, {self._c.usage}: {dirs})"
+
+    def layout(self, m: int, k: int, members: int = 0):
+        key = (m, k, members)
+        L = self._layouts.get(key)
+        if L is None:
+            L = self._c.layout(m, k, members)
+            self._layouts[key] = L
+        return L
+
+    def prepare(self, arch: str = "sm_90a") -> str:
+        """Compiles (or loads) the kernels into the kernel cache; needs no GPU."""
+        return self._c.prepare(arch)
+
+    def __call__(self, x: torch.Tensor, *, member_rows: Optional[torch.Tensor] = None,
+                 split: Optional[Sequence[int]] = None, noop: Optional[torch.Tensor] = None, seed: int = 0,
+                 offset: int = 0, scale: Optional[torch.Tensor] = None,
+                 scale1: Optional[torch.Tensor] = None) -> "QuantizedTensor":
+        """Quantizes x ([M, K], the quantizer's dtype) on torch's current stream. Grouped quantizers
+        take member_rows (a CUDA int64 tensor of row offsets [members + 1]) and, when the split is
+        known on the host, `split` (each member's rows) for per-member views. noop: a device float,
+        1.0 skips the call; seed/offset: stochastic rounding; scale(1): delayed scaling's inputs."""
+        if self.grouped:
+            if member_rows is None:
+                raise _user_error("member_rows: a grouped quantizer needs the members' row offsets")
+            members = member_rows.numel() - 1
+            if torch.compiler.is_compiling():
+                buf = torch.ops.qforge.quantize_grouped(x, member_rows, self.id, noop, seed, offset, scale, scale1)
+            else:
+                buf = _quantize_grouped(x, member_rows, self.id, noop, seed, offset, scale, scale1)
+        else:
+            if member_rows is not None or split is not None:
+                raise _user_error("member_rows: only for quantizers created with grouped=True")
+            members = 0
+            if torch.compiler.is_compiling():
+                buf = torch.ops.qforge.quantize(x, self.id, noop, seed, offset, scale, scale1)
+            else:
+                buf = _quantize(x, self.id, noop, seed, offset, scale, scale1)
+        return QuantizedTensor(buf, self, x.shape[0], x.shape[1], members, None if split is None else tuple(split))
+
+    # Delayed scaling ---------------------------------------------------------------------------
+    def history_length(self, input_index: int = 0) -> int:
+        return self._c.history_length(input_index)
+
+    def update_amax_history(self, history: torch.Tensor, amax: torch.Tensor, scale: torch.Tensor, *,
+                            scale_inv: Optional[torch.Tensor] = None, noop: Optional[torch.Tensor] = None,
+                            input_index: int = 0) -> None:
+        """Rolls `history` (fp32 [history_length]) with a quantize's amax output and recomputes
+        `scale` (and 1 / scale into scale_inv), on the device, by the recipe's rule."""
+        if torch.compiler.is_compiling():
+            torch.ops.qforge.update_amax_history(history, amax, scale, scale_inv, noop, self.id, input_index)
+        else:
+            _update_amax_history(history, amax, scale, scale_inv, noop, self.id, input_index)
+
+
+def _quantize(x, qid, noop, seed, offset, scale, scale1):
+    q = _quantizers[qid]
+    if x.dtype != q.dtype or x.dim() != 2 or not x.is_cuda or not x.is_contiguous():
+        _check_input(x, q.dtype, None, "x")
+        raise _user_error(f"x: expected a 2-D tensor, got shape {tuple(x.shape)}")
+    m, k = x.shape
+    L = q._layouts.get((m, k, 0)) or q.layout(m, k)
+    dev = x.get_device()
+    if noop is not None or scale is not None or scale1 is not None:
+        _check_small(noop, "noop", dev)
+        _check_small(scale, "scale", dev)
+        _check_small(scale1, "scale1", dev)
+    buf = torch.empty(L.nbytes, dtype=torch.uint8, device=x.device)
+    q._c.quantize(L, x.data_ptr(), buf.data_ptr(), _raw_stream(dev), dev, _ptr(noop), seed, offset, 0, _ptr(scale),
+                  _ptr(scale1))
+    return buf
+
+
+def _quantize_grouped(x, member_rows, qid, noop, seed, offset, scale, scale1):
+    q = _quantizers[qid]
+    if x.dtype != q.dtype or x.dim() != 2 or not x.is_cuda or not x.is_contiguous():
+        _check_input(x, q.dtype, None, "x")
+        raise _user_error(f"x: expected a 2-D tensor, got shape {tuple(x.shape)}")
+    dev = x.get_device()
+    _check_input(member_rows, torch.int64, dev, "member_rows")
+    members = member_rows.numel() - 1
+    if members < 1:
+        raise _user_error("member_rows: expected members + 1 >= 2 row offsets")
+    m, k = x.shape
+    L = q._layouts.get((m, k, members)) or q.layout(m, k, members)
+    _check_small(noop, "noop", dev)
+    _check_small(scale, "scale", dev)
+    _check_small(scale1, "scale1", dev)
+    buf = torch.empty(L.nbytes, dtype=torch.uint8, device=x.device)
+    q._c.quantize(L, x.data_ptr(), buf.data_ptr(), _raw_stream(dev), dev, _ptr(noop), seed, offset,
+                  member_rows.data_ptr(), _ptr(scale), _ptr(scale1))
+    return buf
+
+
+def _update_amax_history(history, amax, scale, scale_inv, noop, qid, input_index):
+    q = _quantizers[qid]
+    dev = history.get_device() if isinstance(history, torch.Tensor) and history.is_cuda else None
+    n = q._c.history_length(input_index)
+    _check_small(history, "history", dev, numel=n)
+    if history is None:
+        raise _user_error("history: expected a CUDA tensor, got None")
+    _check_small(amax, "amax", dev)
+    _check_small(scale, "scale", dev)
+    _check_small(scale_inv, "scale_inv", dev)
+    _check_small(noop, "noop", dev)
+    q._c.update_history(input_index, history.data_ptr(), amax.data_ptr(), scale.data_ptr(), _ptr(scale_inv),
+                        _ptr(noop), _raw_stream(dev), dev)
+
+
+# ---------------------------------------------------------------------------------------------- tensors
+
+
+class QuantizedTensor:
+    """What one quantize call wrote: every output of the plan in one uint8 allocation (`buffer`), its
+    quantizer (format, scaling and layout per direction: `streams`) and the input's shape."""
+    __slots__ = ("buffer", "quantizer", "m", "k", "members", "split")
+
+    def __init__(self, buffer: torch.Tensor, quantizer: Quantizer, m: int, k: int, members: int = 0,
+                 split: Optional[tuple] = None):
+        self.buffer, self.quantizer, self.m, self.k, self.members, self.split = buffer, quantizer, m, k, members, split
+
+    @property
+    def shape(self) -> torch.Size:
+        return torch.Size((self.m, self.k))
+
+    @property
+    def layout(self):
+        return self.quantizer.layout(self.m, self.k, self.members)
+
+    @property
+    def directions(self) -> List[str]:
+        return list(self.quantizer.streams)
+
+    @property
+    def streams(self) -> dict:
+        """direction -> qforge._C.Stream (format, scaling, layout, scale_layout, rht, stochastic)."""
+        return self.quantizer.streams
+
+    def __repr__(self) -> str:
+        return f"QuantizedTensor([{self.m}, {self.k}], {self.quantizer!r})"
+
+    def _view(self, name, offset, nbytes, dtype, elem, shape):
+        raw = self.buffer[offset:offset + nbytes]
+        t = _VIEW_DTYPES.get(dtype)
+        if t is None or t.itemsize != elem:
+            return raw.view(list(shape[:-1]) + [shape[-1] * elem]) if shape else raw
+        return raw.view(t).view(shape)
+
+    @property
+    def buffers(self) -> Dict[str, torch.Tensor]:
+        """Every output as a view into `buffer`: name -> tensor (fp8 / int8 / fp32 / bf16 typed where
+        torch has the type, else uint8 bytes)."""
+        return {b[0]: self._view(*b[:1], b[6], b[7], b[3], b[4], b[5]) for b in self.layout.buffers}
+
+    def __getitem__(self, name: str) -> torch.Tensor:
+        for b in self.layout.buffers:
+            if b[0] == name:
+                return self._view(b[0], b[6], b[7], b[3], b[4], b[5])
+        raise KeyError(f"{name!r}: the outputs are {[b[0] for b in self.layout.buffers]}")
+
+    def _stream_index(self, direction: Optional[str]) -> int:
+        streams = self.quantizer.streams
+        if direction is None:
+            direction = "rowwise" if "rowwise" in streams else "columnwise"
+        if direction not in streams:
+            raise _user_error(f"direction: the quantizer writes {list(streams)}, not {direction!r}")
+        return streams[direction].index
+
+    def dequantize(self, dtype: torch.dtype = torch.bfloat16, direction: Optional[str] = None) -> torch.Tensor:
+        """The direction's values (None: rowwise if written, else columnwise) as `dtype` [M, K]: a
+        transposed copy is dequantized in its own [K, M] layout and returned as its .t() view.
+        Exact: decode(q) x scale in fp32, one rounding to dtype (docs/numerics.md, "Dequantize");
+        RHT copies stay in the Hadamard domain."""
+        if self.members:
+            raise _user_error("dequantize: a grouped tensor dequantizes per member: .member(i).dequantize()")
+        index = self._stream_index(direction)
+        code = {torch.float32: 0, torch.bfloat16: 1, torch.float16: 2}.get(dtype)
+        if code is None:
+            raise _user_error(f"dtype: expected float32, bfloat16 or float16, got {dtype}")
+        if torch.compiler.is_compiling():
+            out = torch.ops.qforge.dequantize(self.buffer, self.quantizer.id, self.m, self.k, index, code)
+        else:
+            out = _dequantize(self.buffer, self.quantizer.id, self.m, self.k, index, code)
+        return out.t() if self.quantizer._c.streams[index].layout == "transposed" else out
+
+    # Members of a grouped quantize ----------------------------------------------------------------
+    def member(self, i: int) -> "QuantizedTensor":
+        return self.member_views()[i]
+
+    def member_views(self) -> List["QuantizedTensor"]:
+        """Each member's outputs as a QuantizedTensor of its own (views into this buffer). Needs the
+        split on the host (quantize(..., split=...)): the device offsets alone do not say it."""
+        if not self.members:
+            raise _user_error("member_views: only a grouped quantize has members")
+        if self.split is None:
+            raise _user_error("split: this grouped tensor's member sizes live on the device only; pass split= "
+                              "(each member's rows) to the quantize call for per-member views")
+        layouts = self.quantizer._c.member_layouts(self.layout, list(self.split))
+        return [_MemberTensor(self.buffer, self.quantizer, L) for L in layouts]
+
+    # Saving ----------------------------------------------------------------------------------------
+    def state_dict(self) -> dict:
+        """A dict torch.save can write: the outputs' bytes (one uint8 tensor each) and what they are."""
+        q = self.quantizer._c
+        return {"qforge_quantized": 1, "recipe": q.recipe, "role": q.role, "dtype": q.dtype, "usage": q.usage,
+                "grouped": q.grouped, "shape": [self.m, self.k], "members": self.members,
+                "split": None if self.split is None else list(self.split),
+                "buffers": {b[0]: self.buffer[b[6]:b[6] + b[7]].clone() for b in self.layout.buffers}}
+
+    @classmethod
+    def from_state_dict(cls, state: dict, quantizer: Quantizer, device=None) -> "QuantizedTensor":
+        """Rebuilds a QuantizedTensor saved by state_dict() for `quantizer`, which must be of the same
+        recipe, role, dtype and usage; every buffer must match the layout (UserError naming it)."""
+        if not isinstance(state, dict) or state.get("qforge_quantized") != 1:
+            raise _user_error("state: not a qforge QuantizedTensor state_dict")
+        q = quantizer._c
+        for key, have in (("recipe", q.recipe), ("role", q.role), ("dtype", q.dtype), ("usage", q.usage),
+                          ("grouped", q.grouped)):
+            if state.get(key) != have:
+                raise _user_error(f"state: saved with {key} {state.get(key)!r}, the quantizer has {have!r}")
+        m, k = state["shape"]
+        members = state.get("members", 0)
+        L = quantizer.layout(m, k, members)
+        saved = state["buffers"]
+        names = [b[0] for b in L.buffers]
+        if sorted(saved) != sorted(names):
+            raise _user_error(f"state: buffers {sorted(saved)}, the layout has {sorted(names)}")
+        first = next(iter(saved.values()))
+        buf = torch.empty(L.nbytes, dtype=torch.uint8, device=device if device is not None else first.device)
+        for b in L.buffers:
+            t = saved[b[0]]
+            if t.dtype != torch.uint8 or t.numel() != b[7]:
+                raise _user_error(f"state: buffer {b[0]!r} holds {t.numel()} {t.dtype}, expected {b[7]} uint8")
+            buf[b[6]:b[6] + b[7]].copy_(t)
+        split = state.get("split")
+        return cls(buf, quantizer, m, k, members, None if split is None else tuple(split))
+
+
+class _MemberTensor(QuantizedTensor):
+    """One member of a grouped quantize: its own layout, offsets into the grouped buffer."""
+    __slots__ = ("_layout",)
+
+    def __init__(self, buffer, quantizer, layout):
+        super().__init__(buffer, quantizer, layout.m, layout.k, 0, None)
+        self._layout = layout
+
+    @property
+    def layout(self):
+        return self._layout
+
+    def dequantize(self, dtype: torch.dtype = torch.bfloat16, direction: Optional[str] = None) -> torch.Tensor:
+        index = self._stream_index(direction)
+        code = {torch.float32: 0, torch.bfloat16: 1, torch.float16: 2}.get(dtype)
+        if code is None:
+            raise _user_error(f"dtype: expected float32, bfloat16 or float16, got {dtype}")
+        out = _dequantize_layout(self.buffer, self.quantizer, self._layout, index, code)
+        return out.t() if self.quantizer._c.streams[index].layout == "transposed" else out
+
+
+_CODES = (torch.float32, torch.bfloat16, torch.float16)
+_CODE_NAMES = ("fp32", "bf16", "fp16")
+
+
+def _stored_shape(q: Quantizer, m: int, k: int, index: int):
+    return (k, m) if q._c.streams[index].layout == "transposed" else (m, k)
+
+
+def _dequantize_layout(buf, q, L, index, code):
+    dev = buf.get_device()
+    rows, cols = _stored_shape(q, L.m, L.k, index)
+    out = torch.empty((rows, cols), dtype=_CODES[code], device=buf.device)
+    q._c.dequantize(L, index, buf.data_ptr(), out.data_ptr(), _CODE_NAMES[code], _raw_stream(dev), dev)
+    return out
+
+
+def _dequantize(buf, qid, m, k, index, code):
+    q = _quantizers[qid]
+    return _dequantize_layout(buf, q, q.layout(m, k), index, code)
+
+
+def dequantize(t: QuantizedTensor, dtype: torch.dtype = torch.bfloat16, direction: Optional[str] = None):
+    return t.dequantize(dtype, direction)
+
+
+# ---------------------------------------------------------------------------------------------- GEMM
+
+_OUT_CODES = {torch.bfloat16: 1, torch.float32: 0}
+
+
+def _plan(qa, am, ak, ai, qb, bm, bk, bi, out_code, accumulate):
+    key = (qa, am, ak, ai, qb, bm, bk, bi, out_code, accumulate)
+    p = _plans.get(key)
+    if p is None:
+        a, b = _quantizers[qa], _quantizers[qb]
+        p = _C.GemmPlan(a._c, a.layout(am, ak), ai, b._c, b.layout(bm, bk), bi, _CODE_NAMES[out_code], accumulate)
+        _plans[key] = p
+    return p
+
+
+def _gemm(a_buf, qa, am, ak, ai, b_buf, qb, bm, bk, bi, out_code, accumulate, out):
+    p = _plan(qa, am, ak, ai, qb, bm, bk, bi, out_code, accumulate)
+    dev = a_buf.get_device()
+    if b_buf.get_device() != dev:
+        raise _user_error(f"b: on cuda:{b_buf.get_device()}, a on cuda:{dev}")
+    if out is None:
+        d = torch.empty((p.m, p.n), dtype=_CODES[out_code], device=a_buf.device)
+    else:
+        _check_input(out, _CODES[out_code], dev, "out")
+        if tuple(out.shape) != (p.m, p.n):
+            raise _user_error(f"out: expected shape [{p.m}, {p.n}], got {list(out.shape)}")
+        d = out
+    ws = p.workspace_bytes()
+    w = torch.empty(ws, dtype=torch.uint8, device=a_buf.device) if ws else None
+    p.run(a_buf.data_ptr(), b_buf.data_ptr(), d.data_ptr(), _ptr(w), _raw_stream(dev), dev)
+    return d
+
+
+def gemm(a: QuantizedTensor, b: QuantizedTensor, *, a_direction: str = "rowwise", b_direction: str = "rowwise",
+         out_dtype: torch.dtype = torch.bfloat16, accumulate_into: Optional[torch.Tensor] = None) -> torch.Tensor:
+    """D = A @ B^T on the directions' stored data (A [rows_a, K], B [rows_b, K] in their layouts):
+    fprop gemm(x, w); dgrad gemm(dy, w, b_direction="columnwise"); wgrad gemm(dy, x, "columnwise",
+    "columnwise"). The fused kernel where one reads both formats (auto route for MXFP8 / NVFP4);
+    mixed formats (e.g. MXFP8 x NVFP4) through the dequant route: both operands dequantized into bf16
+    copies, then the bf16 GEMM. accumulate_into: an fp32 [rows_a, rows_b] tensor, D += A @ B^T."""
+    if not isinstance(a, QuantizedTensor) or not isinstance(b, QuantizedTensor):
+        raise _user_error("a, b: expected QuantizedTensors")
+    if a.members or b.members:
+        raise _user_error("gemm: grouped tensors take qforge.Gemm with group offsets")
+    ai, bi = a._stream_index(a_direction), b._stream_index(b_direction)
+    if accumulate_into is not None:
+        out_dtype = torch.float32
+    out_code = _OUT_CODES.get(out_dtype)
+    if out_code is None:
+        raise _user_error(f"out_dtype: expected bfloat16 or float32, got {out_dtype}")
+    acc = accumulate_into is not None
+    args = (a.buffer, a.quantizer.id, a.m, a.k, ai, b.buffer, b.quantizer.id, b.m, b.k, bi, out_code, acc)
+    if torch.compiler.is_compiling():
+        if acc:
+            torch.ops.qforge.gemm_accumulate(accumulate_into, *args[:-1])
+            return accumulate_into
+        return torch.ops.qforge.gemm(*args[:-1])
+    return _gemm(*args, accumulate_into)
+
+
+def gemm_plan(a: QuantizedTensor, b: QuantizedTensor, a_direction: str = "rowwise", b_direction: str = "rowwise",
+              out_dtype: torch.dtype = torch.bfloat16):
+    """The compiled core's plan gemm() runs for these operands (route, describe(), prepare())."""
+    return _plan(a.quantizer.id, a.m, a.k, a._stream_index(a_direction), b.quantizer.id, b.m, b.k,
+                 b._stream_index(b_direction), _OUT_CODES[out_dtype], False)
+
+
+from . import _ops  # noqa: E402,F401  (registers the custom ops)

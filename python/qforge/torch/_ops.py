@@ -1,0 +1,85 @@
+"""The torch custom ops behind qforge.torch (what torch.compile traces), with fake implementations
+that give output shapes and dtypes from the compiled core's layouts, host only.
+
+Quantizers and GEMM plans cross the op boundary as integers (a quantizer's id, the shapes and
+stream indices), which dynamo treats as constants; the eager path of qforge.torch calls the same
+implementations without the dispatcher."""
+from typing import Optional
+
+import torch
+
+from . import (_CODES, _dequantize, _gemm, _plan, _quantize, _quantize_grouped, _quantizers, _stored_shape,
+               _update_amax_history)
+
+Tensor = torch.Tensor
+
+
+@torch.library.custom_op("qforge::quantize", mutates_args=(), device_types="cuda")
+def quantize(x: Tensor, qid: int, noop: Optional[Tensor], seed: int, offset: int, scale: Optional[Tensor],
+             scale1: Optional[Tensor]) -> Tensor:
+    return _quantize(x, qid, noop, seed, offset, scale, scale1)
+
+
+@quantize.register_fake
+def _(x, qid, noop, seed, offset, scale, scale1):
+    m, k = x.shape
+    L = _quantizers[qid].layout(int(m), int(k))
+    return x.new_empty((L.nbytes,), dtype=torch.uint8)
+
+
+@torch.library.custom_op("qforge::quantize_grouped", mutates_args=(), device_types="cuda")
+def quantize_grouped(x: Tensor, member_rows: Tensor, qid: int, noop: Optional[Tensor], seed: int, offset: int,
+                     scale: Optional[Tensor], scale1: Optional[Tensor]) -> Tensor:
+    return _quantize_grouped(x, member_rows, qid, noop, seed, offset, scale, scale1)
+
+
+@quantize_grouped.register_fake
+def _(x, member_rows, qid, noop, seed, offset, scale, scale1):
+    m, k = x.shape
+    L = _quantizers[qid].layout(int(m), int(k), int(member_rows.shape[0]) - 1)
+    return x.new_empty((L.nbytes,), dtype=torch.uint8)
+
+
+@torch.library.custom_op("qforge::dequantize", mutates_args=(), device_types="cuda")
+def dequantize(buffer: Tensor, qid: int, m: int, k: int, stream_index: int, dtype_code: int) -> Tensor:
+    return _dequantize(buffer, qid, m, k, stream_index, dtype_code)
+
+
+@dequantize.register_fake
+def _(buffer, qid, m, k, stream_index, dtype_code):
+    return buffer.new_empty(_stored_shape(_quantizers[qid], m, k, stream_index), dtype=_CODES[dtype_code])
+
+
+@torch.library.custom_op("qforge::gemm", mutates_args=(), device_types="cuda")
+def gemm(a: Tensor, qa: int, am: int, ak: int, ai: int, b: Tensor, qb: int, bm: int, bk: int, bi: int,
+         out_code: int) -> Tensor:
+    return _gemm(a, qa, am, ak, ai, b, qb, bm, bk, bi, out_code, False, None)
+
+
+@gemm.register_fake
+def _(a, qa, am, ak, ai, b, qb, bm, bk, bi, out_code):
+    p = _plan(qa, am, ak, ai, qb, bm, bk, bi, out_code, False)
+    return a.new_empty((p.m, p.n), dtype=_CODES[out_code])
+
+
+@torch.library.custom_op("qforge::gemm_accumulate", mutates_args=("d",), device_types="cuda")
+def gemm_accumulate(d: Tensor, a: Tensor, qa: int, am: int, ak: int, ai: int, b: Tensor, qb: int, bm: int, bk: int,
+                    bi: int, out_code: int) -> None:
+    _gemm(a, qa, am, ak, ai, b, qb, bm, bk, bi, out_code, True, d)
+
+
+@gemm_accumulate.register_fake
+def _(d, a, qa, am, ak, ai, b, qb, bm, bk, bi, out_code):
+    return None
+
+
+@torch.library.custom_op("qforge::update_amax_history", mutates_args=("history", "scale", "scale_inv"),
+                         device_types="cuda")
+def update_amax_history(history: Tensor, amax: Tensor, scale: Tensor, scale_inv: Optional[Tensor],
+                        noop: Optional[Tensor], qid: int, input_index: int) -> None:
+    _update_amax_history(history, amax, scale, scale_inv, noop, qid, input_index)
+
+
+@update_amax_history.register_fake
+def _(history, amax, scale, scale_inv, noop, qid, input_index):
+    return None

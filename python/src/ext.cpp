@@ -1,0 +1,713 @@
+// qforge._C: the compiled core of the Python package (nanobind over the C++ API).
+//
+// Torch-independent: tensors cross as device addresses (ints), so this builds and its host-side
+// half is tested without torch or a GPU. What a call needs beyond the addresses is computed once
+// and kept: a Quantizer's Layout per (shape, members) holds every output's place in one flat
+// allocation and a prebuilt QuantizeCall whose pointers a call only rebases; a GemmPlan holds
+// the GEMM (fused, or the dequant route for mixed formats), its operands' places in their
+// layouts and a device copy of its group offsets. Error text is built only when a check fails.
+// The torch layer (python/qforge/torch) allocates with torch's caching allocator and passes
+// torch's current stream.
+#include <nanobind/nanobind.h>
+#include <nanobind/stl/optional.h>
+#include <nanobind/stl/shared_ptr.h>
+#include <nanobind/stl/string.h>
+#include <nanobind/stl/tuple.h>
+#include <nanobind/stl/vector.h>
+
+#include <algorithm>
+#include <cstring>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "compiler/buffers.h"
+#include "compiler/error.h"
+#include "compiler/gemm_codegen.h"
+#include "compiler/pipeline.h"
+#include "compiler/recipe.h"
+#include "reference/dequantize.h"
+#include "reference/executor.h"
+#include "runtime/dequantize.h"
+#include "runtime/driver.h"
+#include "runtime/gemm.h"
+#include "runtime/log.h"
+#include "runtime/quantizer.h"
+
+namespace nb = nanobind;
+using namespace nb::literals;
+
+namespace qf::py {
+
+namespace {
+
+// Buffers in one allocation start at multiples of this (TMA and vector loads want 16; a GEMM
+// scale grid 16; 256 keeps every buffer on its own cache lines).
+constexpr int64_t kAlign = 256;
+int64_t align_up(int64_t v) { return (v + kAlign - 1) / kAlign * kAlign; }
+
+DType parse_dtype_arg(const std::string& s, const char* arg) {
+  if (auto d = qf::parse_dtype(s)) return *d;
+  throw UserError(arg, "expected bf16, fp16 or fp32, got \"" + s + "\"");
+}
+
+// ------------------------------------------------------------------------------ layouts
+
+struct BufferSlot {
+  BufferDesc desc;
+  int64_t offset = 0;  // bytes from the allocation's base
+};
+
+// Where one quantize call's outputs live in one allocation, and the call prebuilt around them.
+struct Layout {
+  Shape2D shape;              // [M, K] (grouped: all members' rows)
+  int members = 0;            // 0: a single tensor; grouped: the member count (split on the device)
+  std::vector<int64_t> split; // grouped with a host-known split: each member's rows (else empty)
+  std::vector<BufferSlot> buffers;
+  int64_t workspace_offset = 0, workspace_bytes = 0;
+  int64_t nbytes = 0;
+  // The call with every buffer's ptr relative to base 0; quantize() rebases a copy under mu.
+  mutable std::mutex mu;
+  mutable rt::QuantizeCall call;
+  std::vector<std::string> input_names;  // delayed scaling's scale inputs, in Quantizer::inputs() order
+
+  int index(const std::string& name) const {
+    for (size_t i = 0; i < buffers.size(); ++i)
+      if (buffers[i].desc.name == name) return int(i);
+    return -1;
+  }
+  const BufferSlot& slot(const std::string& name) const {
+    const int i = index(name);
+    if (i < 0) throw UserError("buffer", "the layout has no buffer \"" + name + "\"");
+    return buffers[size_t(i)];
+  }
+};
+
+std::shared_ptr<Layout> make_layout(const rt::Quantizer& q, std::vector<BufferDesc> bufs, Shape2D shape, int members,
+                                    int64_t workspace) {
+  auto L = std::make_shared<Layout>();
+  L->shape = shape;
+  L->members = members;
+  int64_t at = 0;
+  for (auto& b : bufs) {
+    L->buffers.push_back(BufferSlot{std::move(b), at});
+    at = align_up(at + L->buffers.back().desc.bytes);
+  }
+  L->workspace_offset = at;
+  L->workspace_bytes = workspace;
+  L->nbytes = std::max<int64_t>(at + workspace, 1);
+  L->call.shape = shape;
+  L->call.num_members = members;
+  for (const auto& s : L->buffers) L->call.buffers[s.desc.name] = rt::TensorView{uint64_t(s.offset), s.desc.bytes, {}, {}};
+  if (workspace) L->call.workspace = rt::TensorView{uint64_t(L->workspace_offset), workspace, {}, {}};
+  for (const auto& in : q.inputs()) L->input_names.push_back(in.name);
+  return L;
+}
+
+// ------------------------------------------------------------------------------ quantizer
+
+struct StreamInfo {  // what Python sees of a plan stream
+  int index;
+  std::string direction, format, scaling, layout, scale_layout, scale_dtype;
+  bool rht, stochastic;
+  std::string data_dtype;  // identity: bf16 / fp16 / fp32; else the format
+};
+
+class QuantizerBinding {
+ public:
+  QuantizerBinding(Plan plan) : q_(std::make_shared<rt::Quantizer>(std::move(plan))) {}
+
+  const Plan& plan() const { return q_->plan(); }
+
+  std::shared_ptr<Layout> layout(int64_t m, int64_t k, int members) const {
+    {
+      std::lock_guard<std::mutex> g(mu_);
+      for (const auto& L : layouts_)
+        if (L->shape.m == m && L->shape.k == k && L->members == members && L->split.empty()) return L;
+    }
+    const Shape2D shape{m, k};
+    std::shared_ptr<Layout> L;
+    if (plan().grouped) {
+      if (members < 1) throw UserError("members", "a grouped quantizer needs members >= 1, got " + std::to_string(members));
+      L = make_layout(*q_, q_->grouped_capacity(shape, members), shape, members, q_->workspace_bytes(shape, members));
+    } else {
+      if (members != 0) throw UserError("members", "only grouped quantizers take members");
+      check_extent(shape, false, "x");
+      check_shape(plan(), shape);
+      L = make_layout(*q_, q_->outputs(shape), shape, 0, q_->workspace_bytes(shape, 1));
+    }
+    std::lock_guard<std::mutex> g(mu_);
+    if (layouts_.size() >= 64) layouts_.erase(layouts_.begin());
+    layouts_.push_back(L);
+    return L;
+  }
+
+  // Each member's own buffers, for a host-known split: Layouts whose offsets point into the
+  // grouped allocation `grouped` (members' outputs concatenated buffer by buffer).
+  std::vector<std::shared_ptr<Layout>> member_layouts(const Layout& grouped, const std::vector<int64_t>& rows) const {
+    if (!plan().grouped) throw UserError("split", "only a grouped quantize has members");
+    if (int(rows.size()) != grouped.members)
+      throw UserError("split", "expected " + std::to_string(grouped.members) + " member row counts, got " +
+                                   std::to_string(rows.size()));
+    int64_t total = 0;
+    for (size_t i = 0; i < rows.size(); ++i) {
+      if (rows[i] < 0) throw UserError("split", "member " + std::to_string(i) + " has negative rows");
+      total += rows[i];
+    }
+    if (total != grouped.shape.m)
+      throw UserError("split", "the members' rows sum to " + std::to_string(total) + ", the tensor has " +
+                                   std::to_string(grouped.shape.m));
+    Plan single = plan();
+    single.grouped = false;
+    std::vector<int64_t> cursor(grouped.buffers.size(), 0);
+    std::vector<std::shared_ptr<Layout>> out;
+    for (size_t i = 0; i < rows.size(); ++i) {
+      auto L = std::make_shared<Layout>();
+      L->shape = Shape2D{rows[i], grouped.shape.k};
+      if (rows[i] > 0) check_shape(single, L->shape);
+      const std::vector<BufferDesc> bufs = output_buffers(single, L->shape);
+      for (size_t b = 0; b < bufs.size(); ++b) {
+        const int gi = grouped.index(bufs[b].name);
+        QF_CHECK(gi >= 0, "grouped layout lacks ", bufs[b].name);
+        L->buffers.push_back(BufferSlot{bufs[b], grouped.buffers[size_t(gi)].offset + cursor[size_t(gi)]});
+        cursor[size_t(gi)] += bufs[b].bytes;
+        QF_CHECK(cursor[size_t(gi)] <= grouped.buffers[size_t(gi)].desc.bytes,
+                 "member buffers overflow the grouped capacity of ", bufs[b].name);
+      }
+      L->nbytes = grouped.nbytes;
+      out.push_back(std::move(L));
+    }
+    return out;
+  }
+
+  void quantize(const Layout& L, uint64_t x, uint64_t base, uintptr_t stream, int device, uint64_t noop, uint64_t seed,
+                uint64_t offset, uint64_t member_rows, uint64_t scale0, uint64_t scale1) const {
+    rt::ScopedContext ctx(rt::primary_context(device)->get());
+    std::lock_guard<std::mutex> g(L.mu);
+    rt::QuantizeCall& c = L.call;
+    const int64_t in_bytes = L.shape.m * L.shape.k * traits(plan().input).bytes;
+    c.input = rt::TensorView{x, in_bytes, plan().input, {}};
+    for (const auto& s : L.buffers) c.buffers[s.desc.name].ptr = base + uint64_t(s.offset);
+    if (L.workspace_bytes) c.workspace.ptr = base + uint64_t(L.workspace_offset);
+    const uint64_t scales[2] = {scale0, scale1};
+    for (size_t i = 0; i < L.input_names.size() && i < 2; ++i)
+      c.buffers[L.input_names[i]] = rt::TensorView{scales[i], scales[i] ? 4 : 0, {}, {}};
+    c.noop = noop;
+    c.seed = seed;
+    c.offset = offset;
+    c.member_rows = member_rows;
+    q_->quantize(c, reinterpret_cast<CUstream>(stream));
+  }
+
+  std::vector<StreamInfo> streams() const {
+    std::vector<StreamInfo> out;
+    for (size_t i = 0; i < plan().streams.size(); ++i) {
+      const qf::Stream& s = plan().streams[i];
+      StreamInfo p;
+      p.index = int(i);
+      p.direction = std::string(name(s.dir));
+      p.format = std::string(traits(s.format).name);
+      p.scaling = std::string(scaling_name(s.scaling));
+      p.layout = s.layout == DataLayout::Transposed ? "transposed" : "same";
+      p.scale_layout = block_of(s.scaling) ? std::string(name(s.scale_layout)) : "";
+      p.scale_dtype = std::string(name(traits(s.scaling).scale_storage));
+      p.rht = s.rht.has_value();
+      p.stochastic = s.rounding == Rounding::Stochastic;
+      p.data_dtype = s.format == ElemFormat::Identity ? std::string(traits(s.out_dtype).name) : p.format;
+      out.push_back(p);
+    }
+    return out;
+  }
+
+  // The stream of one direction's buffers in a layout: data, scale_inv (or none) and its amax
+  // (NVFP4; or none).
+  struct Operand {
+    const qf::Stream* stream = nullptr;
+    const BufferSlot* data = nullptr;
+    const BufferSlot* scale = nullptr;
+    const BufferSlot* amax = nullptr;
+  };
+  Operand operand(const Layout& L, int stream_index) const {
+    if (stream_index < 0 || size_t(stream_index) >= plan().streams.size())
+      throw UserError("direction", "the quantizer has no stream " + std::to_string(stream_index));
+    Operand o;
+    o.stream = &plan().streams[size_t(stream_index)];
+    for (const auto& s : L.buffers) {
+      if (s.desc.stream == stream_index && s.desc.kind == BufferKind::Data) o.data = &s;
+      if (s.desc.stream == stream_index && s.desc.kind == BufferKind::ScaleInv) o.scale = &s;
+    }
+    if (o.stream->tensor_amax >= 0 && needs_tensor_amax(o.stream->scaling)) {
+      const int i = L.index(amax_output_name(plan(), o.stream->tensor_amax));
+      if (i >= 0) o.amax = &L.buffers[size_t(i)];
+    }
+    QF_CHECK(o.data, "layout without the stream's data");
+    return o;
+  }
+
+  void dequantize(const Layout& L, int stream_index, uint64_t base, uint64_t out, const std::string& out_dtype,
+                  uintptr_t stream, int device) const {
+    const Operand o = operand(L, stream_index);
+    const DType od = parse_dtype_arg(out_dtype, "dtype");
+    rt::ScopedContext ctx(rt::primary_context(device)->get());
+    auto view = [&](const BufferSlot* s) {
+      return s ? rt::TensorView{base + uint64_t(s->offset), s->desc.bytes, {}, {}} : rt::TensorView{};
+    };
+    const Shape2D d = data_shape(*o.stream, L.shape);
+    rt::dequantize(*o.stream, L.shape,
+                   rt::DequantizeCall{view(o.data), view(o.scale), view(o.amax),
+                                      rt::TensorView{out, d.m * d.k * traits(od).bytes, {}, {}}},
+                   od, reinterpret_cast<CUstream>(stream));
+  }
+
+  std::string prepare(const std::string& arch) const { return std::string(name(q_->prepare(arch))); }
+  std::vector<std::string> inputs() const {
+    std::vector<std::string> out;
+    for (const auto& b : q_->inputs()) out.push_back(b.name);
+    return out;
+  }
+  int history_length(int input_index) const {
+    const auto ins = q_->inputs();
+    if (input_index < 0 || size_t(input_index) >= ins.size())
+      throw UserError("scale", "the quantizer has no scale input " + std::to_string(input_index));
+    const auto& s = plan().streams[size_t(std::max(ins[size_t(input_index)].stream, 0))];
+    const auto* d = std::get_if<PerTensorDelayed>(&s.scaling);
+    QF_CHECK(d, "a scale input of a stream without delayed scaling");
+    return d->history_length;
+  }
+  void update_history(int input_index, uint64_t history, uint64_t amax, uint64_t scale, uint64_t scale_inv, uint64_t noop,
+                      uintptr_t stream, int device) const {
+    const auto ins = q_->inputs();
+    if (input_index < 0 || size_t(input_index) >= ins.size())
+      throw UserError("scale", "the quantizer has no scale input " + std::to_string(input_index));
+    const auto& s = plan().streams[size_t(std::max(ins[size_t(input_index)].stream, 0))];
+    const auto* d = std::get_if<PerTensorDelayed>(&s.scaling);
+    QF_CHECK(d, "a scale input of a stream without delayed scaling");
+    rt::ScopedContext ctx(rt::primary_context(device)->get());
+    rt::update_amax_history(*d, s.format,
+                            rt::HistoryCall{rt::TensorView{history, int64_t(d->history_length) * 4, {}, {}},
+                                            rt::TensorView{amax, 4, {}, {}}, rt::TensorView{scale, 4, {}, {}},
+                                            rt::TensorView{scale_inv, scale_inv ? 4 : 0, {}, {}}, noop},
+                            reinterpret_cast<CUstream>(stream));
+  }
+
+  const rt::Quantizer& q() const { return *q_; }
+
+ private:
+  std::shared_ptr<rt::Quantizer> q_;
+  mutable std::mutex mu_;
+  mutable std::vector<std::shared_ptr<Layout>> layouts_;
+};
+
+// ------------------------------------------------------------------------------ context
+
+class RecipeSet {
+ public:
+  explicit RecipeSet(std::vector<Recipe> r) : recipes_(std::move(r)) {}
+  static RecipeSet from_paths(const std::vector<std::string>& paths) {
+    std::vector<Recipe> r;
+    for (const auto& p : paths) r.push_back(load_recipe(p));
+    return RecipeSet(std::move(r));
+  }
+  static RecipeSet from_json(const std::string& text) { return RecipeSet({parse_recipe(text)}); }
+
+  std::vector<std::string> names() const {
+    std::vector<std::string> out;
+    for (const auto& r : recipes_) out.push_back(r.name);
+    return out;
+  }
+  const Recipe& find(const std::optional<std::string>& name) const {
+    if (!name) {
+      if (recipes_.size() != 1)
+        throw UserError("recipe", "None needs a context of exactly one recipe; this one has " + std::to_string(recipes_.size()));
+      return recipes_[0];
+    }
+    std::string names;
+    for (const auto& r : recipes_) {
+      if (r.name == *name) return r;
+      names += (names.empty() ? "" : ", ") + r.name;
+    }
+    throw UserError("recipe", "no recipe named \"" + *name + "\" (the context has " + names + ")");
+  }
+  std::shared_ptr<QuantizerBinding> quantizer(const std::string& role, const std::optional<std::string>& recipe,
+                                         const std::string& dtype, const std::optional<std::string>& usage,
+                                         bool grouped) const {
+    PlanRequest req{role, parse_dtype_arg(dtype, "dtype"), std::nullopt, grouped};
+    if (usage) {
+      req.usage = parse_usage(*usage);
+      if (!req.usage) throw UserError("usage", "expected training, inference, memory or None, got \"" + *usage + "\"");
+    }
+    return std::make_shared<QuantizerBinding>(compile_plan(find(recipe), req));
+  }
+  // The recipe's "gemms" entries: (JSON pointer, description).
+  std::vector<std::tuple<std::string, std::string>> gemms(const std::optional<std::string>& recipe) const {
+    std::vector<std::tuple<std::string, std::string>> out;
+    for (const auto& g : find(recipe).gemms) out.emplace_back(g.pointer, describe(g.spec));
+    return out;
+  }
+
+ private:
+  std::vector<Recipe> recipes_;
+};
+
+// ------------------------------------------------------------------------------ GEMM plans
+
+// How the scale entries of an operand's data layout run: [rows, cols] data elements per entry (0:
+// the whole extent), as scale_entry_shape gives them.
+EntryShape entries(const qf::Stream& s) { return scale_entry_shape(s); }
+
+// The fused GEMM that reads these two streams' buffers as they are, if there is one:
+// D [rows of A, rows of B] = A [., K] @ B [., K]^T, one group. K-grouped (the reduction over
+// tokens) where B's blocks run along its rows as A's do (blockwise 1x128 x 1x128).
+std::optional<GemmSpec> fused_spec(const qf::Stream& a, const qf::Stream& b, int64_t m, int64_t n, int64_t k) {
+  const ScaleStorage sa = traits(a.scaling).scale_storage, sb = traits(b.scaling).scale_storage;
+  GemmSpec spec;
+  spec.a_format = a.format;
+  spec.b_format = b.format;
+  spec.n = n;
+  spec.k = k;
+  const EntryShape ea = entries(a), eb = entries(b);
+  auto per_tensor = [](const Scaling& s) {
+    return std::holds_alternative<PerTensorCurrent>(s) || std::holds_alternative<PerTensorDelayed>(s);
+  };
+  if (a.format == ElemFormat::Identity && b.format == ElemFormat::Identity) {
+    if (a.out_dtype != b.out_dtype || a.out_dtype == DType::FP32) return std::nullopt;
+    spec.scaling = GemmScaling::None;
+    spec.operand_dtype = a.out_dtype;
+  } else if (a.format == ElemFormat::Identity && b.format == ElemFormat::Int8 &&
+             std::holds_alternative<PerChannel>(b.scaling) && eb.rows == 1 && eb.cols == 0 && a.out_dtype != DType::FP32) {
+    spec.scaling = GemmScaling::Channel;
+    spec.operand_dtype = a.out_dtype;
+  } else if (per_tensor(a.scaling) && per_tensor(b.scaling)) {
+    spec.scaling = GemmScaling::PerTensor;
+  } else if (std::holds_alternative<PerChannel>(a.scaling) && std::holds_alternative<PerChannel>(b.scaling) &&
+             ea.rows == 1 && ea.cols == 0 && eb.rows == 1 && eb.cols == 0) {
+    spec.scaling = GemmScaling::RowChannel;
+  } else if (sa == ScaleStorage::F32 && sb == ScaleStorage::F32 && block_of(a.scaling) && block_of(b.scaling) &&
+             ea.rows == 1 && ea.cols == 128 && a.scale_layout != ScaleLayout::Swizzled) {
+    spec.scaling = GemmScaling::Block128;
+    spec.scale_layout = a.scale_layout;
+    if (eb.rows == 128 && eb.cols == 128 && b.scale_layout == ScaleLayout::Compact) {
+    } else if (eb.rows == 1 && eb.cols == 128 && b.scale_layout == a.scale_layout) {
+      spec.layout = GemmLayout::KGrouped;  // both 1x128 along the reduction: the wgrad form
+      spec.m = m;
+      spec.k = 0;
+    } else {
+      return std::nullopt;
+    }
+  } else if (std::holds_alternative<MxScaling>(a.scaling) && std::holds_alternative<MxScaling>(b.scaling) &&
+             ea.rows == 1 && ea.cols == 32 && eb.rows == 1 && eb.cols == 32 && a.scale_layout == b.scale_layout &&
+             a.scale_layout != ScaleLayout::Swizzled) {
+    spec.scaling = GemmScaling::Mx32;
+    spec.scale_layout = a.scale_layout;
+  } else if (std::holds_alternative<Nvfp4Scaling>(a.scaling) && std::holds_alternative<Nvfp4Scaling>(b.scaling) &&
+             ea.rows == 1 && ea.cols == 16 && eb.rows == 1 && eb.cols == 16 && a.scale_layout == ScaleLayout::Compact &&
+             b.scale_layout == ScaleLayout::Compact) {
+    spec.scaling = GemmScaling::Nvfp4;
+  } else {
+    return std::nullopt;
+  }
+  try {
+    validate(spec);
+  } catch (const UserError&) {
+    return std::nullopt;  // formats or sizes this kernel does not take: the dequant route
+  }
+  return spec;
+}
+
+// Device memory owned by a plan (group offsets), freed with it.
+struct DeviceBuffer {
+  int device = -1;
+  CUdeviceptr ptr = 0;
+  DeviceBuffer() = default;
+  DeviceBuffer(const DeviceBuffer&) = delete;
+  DeviceBuffer& operator=(const DeviceBuffer&) = delete;
+  ~DeviceBuffer() {
+    if (ptr && rt::driver_alive()) {
+      rt::ScopedContext ctx(rt::primary_context(device)->get());
+      rt::driver().cuMemFree(ptr);
+    }
+  }
+};
+
+class GemmPlan {
+ public:
+  GemmPlan(std::shared_ptr<QuantizerBinding> qa, std::shared_ptr<Layout> la, int sa, std::shared_ptr<QuantizerBinding> qb,
+           std::shared_ptr<Layout> lb, int sb, const std::string& out_dtype, bool accumulate)
+      : qa_(std::move(qa)), qb_(std::move(qb)), la_(std::move(la)), lb_(std::move(lb)) {
+    a_ = qa_->operand(*la_, sa);
+    b_ = qb_->operand(*lb_, sb);
+    const Shape2D da = data_shape(*a_.stream, la_->shape), db = data_shape(*b_.stream, lb_->shape);
+    if (da.k != db.k)
+      throw UserError("b", "the operands' reduction lengths differ: A " + format_dims(da) + ", B " + format_dims(db) +
+                               " (D = A @ B^T needs both [., K])");
+    m_ = da.m;
+    n_ = db.m;
+    k_ = da.k;
+    out_ = parse_dtype_arg(out_dtype, "out_dtype");
+    if (out_ == DType::FP16) throw UserError("out_dtype", "expected bf16 or fp32, got fp16");
+    if (accumulate && out_ != DType::FP32) throw UserError("accumulate", "needs an fp32 output");
+    auto fused = fused_spec(*a_.stream, *b_.stream, m_, n_, k_);
+    if (fused) {
+      fused->out_dtype = out_;
+      fused->accumulate = accumulate;
+      if (fused->scaling == GemmScaling::Mx32 || fused->scaling == GemmScaling::Nvfp4) fused->route = GemmRoute::Auto;
+      gemm_ = std::make_unique<rt::Gemm>(*fused);
+      route_ = fused->route == GemmRoute::Auto ? "auto" : "fused";
+    } else {
+      // Mixed formats (or layouts no fused kernel reads): both operands dequantized into bf16
+      // copies in the workspace, then the bf16 GEMM.
+      GemmSpec spec;
+      spec.a_format = spec.b_format = ElemFormat::Identity;
+      spec.operand_dtype = DType::BF16;
+      spec.scaling = GemmScaling::None;
+      spec.n = n_;
+      spec.k = k_;
+      spec.out_dtype = out_;
+      spec.accumulate = accumulate;
+      validate(spec);
+      gemm_ = std::make_unique<rt::Gemm>(spec);
+      route_ = "dequant_mixed";
+      a_copy_ = align_up(m_ * k_ * 2);
+      b_copy_ = align_up(n_ * k_ * 2);
+    }
+  }
+
+  static std::string format_dims(Shape2D d) { return "[" + std::to_string(d.m) + ", " + std::to_string(d.k) + "]"; }
+
+  int64_t workspace_bytes() const {
+    std::call_once(ws_once_, [&] {
+      const bool kg = k_grouped(gemm_->spec().layout);
+      ws_ = a_copy_ + b_copy_ + align_up(gemm_->workspace_bytes(kg ? k_ : m_, 1));
+    });
+    return ws_;
+  }
+
+  void run(uint64_t a_base, uint64_t b_base, uint64_t d, uint64_t workspace, uintptr_t stream, int device) const {
+    rt::ScopedContext ctx(rt::primary_context(device)->get());
+    const uint64_t offsets = group_offsets(device);
+    const auto at = [](uint64_t base, const BufferSlot* s) {
+      return s ? rt::TensorView{base + uint64_t(s->offset), s->desc.bytes, {}, {}} : rt::TensorView{};
+    };
+    rt::GemmCall c;
+    const bool kg = k_grouped(gemm_->spec().layout);
+    const int64_t d_bytes = m_ * n_ * traits(out_).bytes;
+    c.d = rt::TensorView{d, d_bytes, {}, {}};
+    c.num_groups = 1;
+    c.group_offsets = rt::TensorView{offsets, 16, {}, {}};
+    if (kg) c.k_total = k_;
+    else c.m_total = m_;
+    const int64_t ws_bytes = workspace_bytes();
+    if (a_copy_) {  // the mixed route: dequantize both, then the bf16 GEMM on the copies
+      rt::DequantizeCall qa{at(a_base, a_.data), at(a_base, a_.scale), at(a_base, a_.amax),
+                            rt::TensorView{workspace, m_ * k_ * 2, {}, {}}};
+      rt::DequantizeCall qb{at(b_base, b_.data), at(b_base, b_.scale), at(b_base, b_.amax),
+                            rt::TensorView{workspace + uint64_t(a_copy_), n_ * k_ * 2, {}, {}}};
+      if (ws_bytes && !workspace) throw UserError("workspace", "the mixed-format GEMM needs a workspace");
+      rt::dequantize(*a_.stream, la_->shape, qa, DType::BF16, reinterpret_cast<CUstream>(stream));
+      rt::dequantize(*b_.stream, lb_->shape, qb, DType::BF16, reinterpret_cast<CUstream>(stream));
+      c.a = qa.out;
+      c.b = qb.out;
+    } else {
+      c.a = at(a_base, a_.data);
+      c.b = at(b_base, b_.data);
+      c.a_scale = at(a_base, a_.scale);
+      c.b_scale = at(b_base, b_.scale);
+      c.a_amax = at(a_base, a_.amax);
+      c.b_amax = at(b_base, b_.amax);
+    }
+    const int64_t inner = ws_bytes - a_copy_ - b_copy_;
+    if (inner) c.workspace = rt::TensorView{workspace + uint64_t(a_copy_ + b_copy_), inner, {}, {}};
+    gemm_->run(c, reinterpret_cast<CUstream>(stream));
+  }
+
+  std::string describe_spec() const { return describe(gemm_->spec()); }
+  std::string route() const { return route_; }
+  int64_t m() const { return m_; }
+  int64_t n() const { return n_; }
+  int64_t k() const { return k_; }
+  std::string prepare(const std::string& arch) const { return std::string(name(gemm_->prepare(arch))); }
+
+ private:
+  // {0, extent} on the device, written once per device (outside any capture: the first run).
+  uint64_t group_offsets(int device) const {
+    std::lock_guard<std::mutex> g(mu_);
+    for (const auto& b : offsets_)
+      if (b->device == device) return b->ptr;
+    auto buf = std::make_shared<DeviceBuffer>();
+    buf->device = device;
+    const int64_t host[2] = {0, k_grouped(gemm_->spec().layout) ? k_ : m_};
+    rt::check(rt::driver().cuMemAlloc(&buf->ptr, sizeof(host)), "cuMemAlloc (GEMM group offsets)");
+    rt::check(rt::driver().cuMemcpyHtoD(buf->ptr, host, sizeof(host)), "cuMemcpyHtoD (GEMM group offsets)");
+    offsets_.push_back(buf);
+    return buf->ptr;
+  }
+
+  std::shared_ptr<QuantizerBinding> qa_, qb_;
+  std::shared_ptr<Layout> la_, lb_;
+  QuantizerBinding::Operand a_, b_;
+  int64_t m_ = 0, n_ = 0, k_ = 0;
+  DType out_ = DType::BF16;
+  std::unique_ptr<rt::Gemm> gemm_;
+  std::string route_;
+  int64_t a_copy_ = 0, b_copy_ = 0;
+  mutable std::once_flag ws_once_;
+  mutable int64_t ws_ = 0;
+  mutable std::mutex mu_;
+  mutable std::vector<std::shared_ptr<DeviceBuffer>> offsets_;
+};
+
+// ------------------------------------------------------------------------------ CPU reference
+
+nb::bytes to_bytes(const std::vector<uint8_t>& v) { return nb::bytes(reinterpret_cast<const char*>(v.data()), v.size()); }
+
+// Quantizes host bytes (the plan's input dtype, row-major [m, k]) on the CPU reference: name -> bytes.
+std::vector<std::tuple<std::string, nb::bytes>> reference_quantize(const QuantizerBinding& q, nb::bytes x, int64_t m, int64_t k,
+                                                                  uint64_t seed, uint64_t offset,
+                                                                  const std::vector<float>& scales,
+                                                                  const std::vector<int64_t>& split) {
+  ref::HostTensor t;
+  t.dtype = q.plan().input;
+  t.shape = Shape2D{m, k};
+  const int64_t want = m * k * traits(t.dtype).bytes;
+  if (int64_t(x.size()) != want)
+    throw UserError("x", "expected " + std::to_string(want) + " bytes for [" + std::to_string(m) + ", " +
+                             std::to_string(k) + "], got " + std::to_string(x.size()));
+  t.bytes.assign(reinterpret_cast<const uint8_t*>(x.c_str()), reinterpret_cast<const uint8_t*>(x.c_str()) + x.size());
+  ref::QuantizeParams p;
+  p.seed = seed;
+  p.offset = offset;
+  const auto ins = q.inputs();
+  for (size_t i = 0; i < ins.size() && i < scales.size(); ++i) p.scales[ins[i]] = scales[i];
+  const std::vector<ref::Output> outs =
+      q.plan().grouped ? ref::quantize_grouped(q.plan(), t, split, p) : ref::quantize(q.plan(), t, p);
+  std::vector<std::tuple<std::string, nb::bytes>> r;
+  for (const auto& o : outs) r.emplace_back(o.desc.name, to_bytes(o.bytes));
+  return r;
+}
+
+nb::bytes reference_dequantize(const QuantizerBinding& q, int stream_index, int64_t m, int64_t k, nb::bytes data,
+                               nb::bytes scale, float amax, const std::string& out) {
+  if (stream_index < 0 || size_t(stream_index) >= q.plan().streams.size())
+    throw UserError("direction", "the quantizer has no stream " + std::to_string(stream_index));
+  const auto span = [](const nb::bytes& b) {
+    return std::span<const uint8_t>(reinterpret_cast<const uint8_t*>(b.c_str()), b.size());
+  };
+  return to_bytes(ref::dequantize(q.plan().streams[size_t(stream_index)], Shape2D{m, k}, span(data), span(scale), amax,
+                                  parse_dtype_arg(out, "dtype")));
+}
+
+}  // namespace
+
+}  // namespace qf::py
+
+NB_MODULE(_C, m) {
+  using namespace qf::py;
+  m.doc() = "qforge's compiled core: recipes, quantize layouts and launches, GEMM plans (device addresses as ints)";
+  m.attr("__version__") = QFORGE_VERSION;
+
+  // Errors surface as the qforge package's own classes (qforge.UserError, ...), with the
+  // library's message and its qf_status code.
+  nb::register_exception_translator([](const std::exception_ptr& p, void*) {
+    const char* cls = "InternalError";
+    int status = 3;
+    std::string msg;
+    try {
+      std::rethrow_exception(p);
+    } catch (const qf::UserError& e) {
+      cls = "UserError", status = 1, msg = e.what();
+    } catch (const qf::rt::CudaError& e) {
+      cls = "CudaError", status = 2, msg = e.what();
+    } catch (const qf::InternalError& e) {
+      msg = e.what();
+    }  // anything else goes on to nanobind's own translators
+    nb::object mod = nb::module_::import_("qforge");
+    nb::object err = mod.attr(cls)(status, msg);
+    PyErr_SetObject(err.type().ptr(), err.ptr());
+  });
+
+  nb::class_<Layout>(m, "Layout")
+      .def_prop_ro("m", [](const Layout& l) { return l.shape.m; })
+      .def_prop_ro("k", [](const Layout& l) { return l.shape.k; })
+      .def_ro("members", &Layout::members)
+      .def_ro("nbytes", &Layout::nbytes)
+      .def_ro("workspace_offset", &Layout::workspace_offset)
+      .def_ro("workspace_bytes", &Layout::workspace_bytes)
+      .def_prop_ro("buffers",
+                   [](const Layout& l) {
+                     // (name, kind, stream, dtype, element_size, shape, offset, bytes, scale_layout)
+                     std::vector<std::tuple<std::string, std::string, int, std::string, int, std::vector<int64_t>,
+                                            int64_t, int64_t, std::string>>
+                         out;
+                     static const char* kinds[] = {"data", "scale_inv", "amax", "scale"};
+                     for (const auto& s : l.buffers)
+                       out.emplace_back(s.desc.name, kinds[int(s.desc.kind)], s.desc.stream, s.desc.dtype,
+                                        int(qf::storage_bytes(s.desc.storage)), s.desc.shape, s.offset, s.desc.bytes,
+                                        s.desc.scale_layout);
+                     return out;
+                   })
+      .def("index", &Layout::index, "name"_a);
+
+  nb::class_<StreamInfo>(m, "Stream")
+      .def_ro("index", &StreamInfo::index)
+      .def_ro("direction", &StreamInfo::direction)
+      .def_ro("format", &StreamInfo::format)
+      .def_ro("scaling", &StreamInfo::scaling)
+      .def_ro("layout", &StreamInfo::layout)
+      .def_ro("scale_layout", &StreamInfo::scale_layout)
+      .def_ro("scale_dtype", &StreamInfo::scale_dtype)
+      .def_ro("rht", &StreamInfo::rht)
+      .def_ro("stochastic", &StreamInfo::stochastic)
+      .def_ro("data_dtype", &StreamInfo::data_dtype);
+
+  nb::class_<QuantizerBinding>(m, "Quantizer")
+      .def_prop_ro("recipe", [](const QuantizerBinding& q) { return q.plan().recipe; })
+      .def_prop_ro("role", [](const QuantizerBinding& q) { return q.plan().role; })
+      .def_prop_ro("dtype", [](const QuantizerBinding& q) { return std::string(qf::traits(q.plan().input).name); })
+      .def_prop_ro("usage", [](const QuantizerBinding& q) { return std::string(qf::name(q.plan().usage)); })
+      .def_prop_ro("grouped", [](const QuantizerBinding& q) { return q.plan().grouped; })
+      .def_prop_ro("streams", &QuantizerBinding::streams)
+      .def_prop_ro("inputs", &QuantizerBinding::inputs)
+      .def("layout", &QuantizerBinding::layout, "m"_a, "k"_a, "members"_a = 0)
+      .def("member_layouts", &QuantizerBinding::member_layouts, "layout"_a, "rows"_a)
+      .def("quantize", &QuantizerBinding::quantize, "layout"_a, "x"_a, "base"_a, "stream"_a, "device"_a, "noop"_a = 0,
+           "seed"_a = 0, "offset"_a = 0, "member_rows"_a = 0, "scale0"_a = 0, "scale1"_a = 0,
+           nb::call_guard<nb::gil_scoped_release>())
+      .def("dequantize", &QuantizerBinding::dequantize, "layout"_a, "stream_index"_a, "base"_a, "out"_a, "dtype"_a,
+           "stream"_a, "device"_a, nb::call_guard<nb::gil_scoped_release>())
+      .def("history_length", &QuantizerBinding::history_length, "input_index"_a = 0)
+      .def("update_history", &QuantizerBinding::update_history, "input_index"_a, "history"_a, "amax"_a, "scale"_a,
+           "scale_inv"_a, "noop"_a, "stream"_a, "device"_a, nb::call_guard<nb::gil_scoped_release>())
+      .def("prepare", &QuantizerBinding::prepare, "arch"_a = "sm_90a", nb::call_guard<nb::gil_scoped_release>())
+      .def("describe", [](const QuantizerBinding& q) { return qf::print(q.plan()); });
+
+  nb::class_<RecipeSet>(m, "Context")
+      .def(nb::new_(&RecipeSet::from_paths), "paths"_a)
+      .def_static("from_json", &RecipeSet::from_json, "text"_a)
+      .def_prop_ro("recipes", &RecipeSet::names)
+      .def("quantizer", &RecipeSet::quantizer, "role"_a, "recipe"_a = nb::none(), "dtype"_a = "bf16",
+           "usage"_a = nb::none(), "grouped"_a = false)
+      .def("gemms", &RecipeSet::gemms, "recipe"_a = nb::none());
+
+  nb::class_<GemmPlan>(m, "GemmPlan")
+      .def(nb::init<std::shared_ptr<QuantizerBinding>, std::shared_ptr<Layout>, int, std::shared_ptr<QuantizerBinding>,
+                    std::shared_ptr<Layout>, int, const std::string&, bool>(),
+           "a_quantizer"_a, "a_layout"_a, "a_stream"_a, "b_quantizer"_a, "b_layout"_a, "b_stream"_a,
+           "out_dtype"_a = "bf16", "accumulate"_a = false)
+      .def_prop_ro("m", &GemmPlan::m)
+      .def_prop_ro("n", &GemmPlan::n)
+      .def_prop_ro("k", &GemmPlan::k)
+      .def_prop_ro("route", &GemmPlan::route)
+      .def("describe", &GemmPlan::describe_spec)
+      .def("workspace_bytes", &GemmPlan::workspace_bytes)
+      .def("prepare", &GemmPlan::prepare, "arch"_a = "sm_90a", nb::call_guard<nb::gil_scoped_release>())
+      .def("run", &GemmPlan::run, "a_base"_a, "b_base"_a, "d"_a, "workspace"_a, "stream"_a, "device"_a,
+           nb::call_guard<nb::gil_scoped_release>());
+
+  m.def("reference_quantize", &reference_quantize, "quantizer"_a, "x"_a, "m"_a, "k"_a, "seed"_a = 0, "offset"_a = 0,
+        "scales"_a = std::vector<float>{}, "split"_a = std::vector<int64_t>{});
+  m.def("reference_dequantize", &reference_dequantize, "quantizer"_a, "stream_index"_a, "m"_a, "k"_a, "data"_a,
+        "scale"_a, "amax"_a, "dtype"_a);
+}

@@ -1,0 +1,103 @@
+#include "runtime/dequantize.h"
+
+#include <algorithm>
+#include <map>
+#include <mutex>
+#include <tuple>
+
+#include "compiler/dequantize_codegen.h"
+#include "compiler/error.h"
+#include "runtime/driver.h"
+
+namespace qf::rt {
+
+DequantizeArgs dequantize_geometry(const qf::Stream& s, Shape2D in) {
+  const Shape2D d = data_shape(s, in);
+  const ScaleGrid g = scale_grid(s, in);
+  DequantizeArgs a{};
+  a.rows = d.m;
+  a.cols = d.k;
+  a.block_rows = g.block_rows;
+  a.block_cols = g.block_cols;
+  a.grid_padded_rows = g.padded_rows;
+  a.grid_padded_cols = g.padded_cols;
+  a.swizzled = g.swizzled;
+  a.mn_major = g.mn_major;
+  return a;
+}
+
+QuantizeKernels build_dequantize_kernel(const qf::Stream& s, DType out, const std::string& arch, KernelCache& cache) {
+  check_quantize_arch(arch);
+  QuantizeKernels k;
+  k.source = emit_dequantize(s, out);
+  CompileRequest req;
+  req.source = k.source.source;
+  req.source_name = "qforge_dequantize.cu";
+  req.name_expressions = {k.source.cast_kernel};
+  req.arch = arch;
+  k.cached = cache.get_or_compile(req, nlohmann::json{{"kind", "dequantize"}});
+  return k;
+}
+
+void dequantize(const qf::Stream& s, Shape2D in, const DequantizeCall& call, DType out, CUstream stream,
+                KernelCache& cache) {
+  check_extent(in, false, "shape");
+  const Shape2D d = data_shape(s, in);
+  const ScaleStorage storage = traits(s.scaling).scale_storage;
+  // The stream's own buffers as output_buffers sizes them.
+  Plan one;
+  one.streams = {s};
+  one.streams[0].tensor_amax = -1;
+  one.streams[0].local_amax = -1;
+  const std::vector<BufferDesc> bufs = output_buffers(one, in);
+  const std::string shape = format_shape(std::vector<int64_t>{in.m, in.k});
+  check_buffer("data", call.data, bufs[0].bytes, 1, "the " + std::string(name(s.dir)) + " data of input " + shape);
+  if (storage != ScaleStorage::None)
+    check_buffer("scale", call.scale, bufs[1].bytes, storage == ScaleStorage::F32 ? 4 : 1,
+                 "the " + std::string(name(s.dir)) + " scales of input " + shape);
+  if (storage == ScaleStorage::E4M3) check_buffer("amax", call.amax, 4, 4, "NVFP4's per-tensor amax");
+  const int64_t out_bytes = d.m * d.k * traits(out).bytes;
+  check_buffer("out", call.out, out_bytes, size_t(traits(out).bytes), "the dequantized " + shape);
+  check_disjoint("out", call.out, "data", call.data);
+  check_disjoint("out", call.out, "scale", call.scale);
+  check_disjoint("out", call.out, "amax", call.amax);
+
+  const int dev = current_device();
+  // Every dequantize after the first of a kind on a device finds its function here, without
+  // codegen, hashing or a cache lookup. Never destroyed, like the module registry.
+  struct Loaded {
+    std::shared_ptr<const Module> module;
+    CUfunction f = nullptr;
+    unsigned threads = 0;
+  };
+  using Key = std::tuple<int, int, int, int, int>;
+  static std::mutex& mu = *new std::mutex;
+  static std::map<Key, Loaded>& loaded = *new std::map<Key, Loaded>;
+  const Key key{dev, int(s.format), int(storage), int(s.format == ElemFormat::Identity ? s.out_dtype : DType::FP32),
+                int(out)};
+  Loaded fn;
+  {
+    std::lock_guard<std::mutex> lock(mu);
+    if (auto it = loaded.find(key); it != loaded.end()) fn = it->second;
+  }
+  if (!fn.f) {
+    const QuantizeKernels k = build_dequantize_kernel(s, out, device_arch(dev), cache);
+    fn.module = module_registry().get(dev, k.cached.entry->key, std::string_view(k.cached.entry->image));
+    fn.f = fn.module->function(k.cached.entry->lowered(k.source.cast_kernel));
+    fn.threads = unsigned(k.source.tile.threads);
+    std::lock_guard<std::mutex> lock(mu);
+    loaded.emplace(key, fn);
+  }
+  DequantizeArgs args = dequantize_geometry(s, in);
+  args.data = reinterpret_cast<const u8*>(call.data.ptr);
+  args.scale = reinterpret_cast<const u8*>(call.scale.ptr);
+  args.amax = reinterpret_cast<const float*>(call.amax.ptr);
+  args.out = reinterpret_cast<void*>(call.out.ptr);
+  const int64_t pairs = (d.m * d.k + 1) / 2;
+  const int64_t want = (pairs + fn.threads - 1) / fn.threads;
+  const int64_t cap = int64_t(device_sm_count(dev)) * 8;
+  void* params[] = {&args};
+  launch(fn.f, Dim3{unsigned(std::max<int64_t>(1, std::min(want, cap)))}, Dim3{fn.threads}, 0, stream, params);
+}
+
+}  // namespace qf::rt

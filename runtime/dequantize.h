@@ -1,0 +1,38 @@
+// Dequantize one stream of a quantize call's outputs on a GPU (templates/qforge/dequantize.cuh):
+// the stream's data times its scales, into fp32 / bf16 / fp16, in the data's own layout ([M, K],
+// or [K, M] for transposed copies). Bit-exact against reference::dequantize.
+#pragma once
+#include <cuda.h>
+
+#include "compiler/buffers.h"
+#include "compiler/ir.h"
+#include "qforge/dequantize.cuh"
+#include "runtime/kernel_cache.h"
+#include "runtime/quantizer.h"
+#include "runtime/tensor.h"
+
+namespace qf::rt {
+
+struct DequantizeCall {
+  TensorView data;   // the stream's <dir>_data buffer
+  TensorView scale;  // its <dir>_scale_inv buffer (none for identity streams)
+  TensorView amax;   // NVFP4: the stream's per-tensor amax output (fp32 [1])
+  TensorView out;    // rows x cols elements of the output dtype
+};
+
+// The kernel arguments of a stream whose quantize input was `in` ([M, K]), pointers unset: the
+// data layout's extent and the scale grid's geometry. Shared by the kernel launch and the CPU
+// reference, so both index the same entries.
+DequantizeArgs dequantize_geometry(const qf::Stream& s, Shape2D in);
+
+// The dequantize kernel of (s's format and scale storage, out) for `arch`, from the cache.
+QuantizeKernels build_dequantize_kernel(const qf::Stream& s, DType out, const std::string& arch,
+                                        KernelCache& cache = KernelCache::global());
+
+// Validates every buffer (UserError naming it: data, scale, amax, out; sizes from
+// output_buffers(plan of s, in)), then launches on `stream` in the current context. The first
+// call per (device, format, scale storage, output dtype) compiles or loads the kernel.
+void dequantize(const qf::Stream& s, Shape2D in, const DequantizeCall& call, DType out, CUstream stream,
+                KernelCache& cache = KernelCache::global());
+
+}  // namespace qf::rt

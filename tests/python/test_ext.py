@@ -1,0 +1,148 @@
+"""qforge._C, the compiled core of the Python package, without torch or a GPU.
+
+Layouts (every shipped recipe's quantizers: the same buffers as the C API reports, each in its own
+aligned, disjoint range of one allocation), grouped member layouts, GEMM plans and their routes
+(fused where a kernel reads both formats, the mixed dequant route for the hybrid's dgrad), the
+CPU reference dequantize (near the input by each format's step; exact for identity copies), and
+errors raised as the package's own classes with the argument named.
+
+Run:  QFORGE_EXTENSION=BUILD/python/qforge/_C*.so QFORGE_LIBRARY=BUILD/runtime/libqforge.so \
+      python3 -m pytest -q tests/python/test_ext.py
+"""
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT / "python"))
+import qforge  # noqa: E402
+from qforge import _ext  # noqa: E402
+
+try:
+    C = _ext.load()
+except ImportError as e:  # a build without nanobind: nothing to test here
+    pytest.skip(f"qforge._C not built: {e}", allow_module_level=True)
+
+RECIPES = sorted(p for p in (ROOT / "recipes").glob("*.json") if p.name != "recipe.schema.json")
+ROLES = ["linear:input", "linear:weight", "linear:grad_output"]
+
+
+def quantizers():
+    for path in RECIPES:
+        ctx = C.Context([str(path)])
+        for role in ROLES:
+            for usage in ("training", "inference"):
+                try:
+                    yield path.stem, role, usage, ctx.quantizer(role, None, "bf16", usage)
+                except qforge.UserError as e:
+                    assert "role" in str(e) or "no rule" in str(e), e  # a recipe without that role
+
+
+def test_layouts_match_the_c_api():
+    seen = 0
+    for name, role, usage, q in quantizers():
+        cq = qforge.Context(str(ROOT / "recipes" / f"{name}.json")).quantizer(role, usage=usage)
+        L = q.layout(256, 512)
+        want = [(b.name, b.bytes, list(b.shape)) for b in cq.outputs(256, 512)]
+        got = [(b[0], b[7], b[5]) for b in L.buffers]
+        assert got == want, (name, role, usage)
+        end = 0
+        for b in L.buffers:  # aligned, disjoint, inside the allocation
+            assert b[6] % 256 == 0 and b[6] >= end
+            end = b[6] + b[7]
+        assert L.nbytes >= end + L.workspace_bytes
+        assert q.layout(256, 512) is L  # kept per shape
+        seen += 1
+    assert seen >= 30
+
+
+def test_grouped_member_layouts_tile_the_capacity():
+    ctx = C.Context([str(ROOT / "recipes" / "mxfp8_hopper.json")])
+    q = ctx.quantizer("grouped_linear:input", None, "bf16", "training", True)
+    L = q.layout(384, 256, 3)
+    members = q.member_layouts(L, [128, 0, 256])
+    assert [m.m for m in members] == [128, 0, 256]
+    for name in ("rowwise_data", "columnwise_data"):
+        base = L.buffers[L.index(name)][6]
+        offs = [m.buffers[m.index(name)][6] for m in members]
+        sizes = [m.buffers[m.index(name)][7] for m in members]
+        assert offs[0] == base and offs[1] == base + sizes[0] and offs[2] == offs[1] + sizes[1]
+    with pytest.raises(qforge.UserError, match="split: the members' rows sum to 300"):
+        q.member_layouts(L, [100, 100, 100])
+    with pytest.raises(qforge.UserError, match="split: expected 3 member row counts"):
+        q.member_layouts(L, [384])
+
+
+def bf16_input(m, k, seed=0):
+    import ml_dtypes
+    x = np.random.default_rng(seed).standard_normal((m, k)).astype(np.float32) * 3
+    x[0, :4] = [0.0, 1e-30, 448.0, -500.0]
+    return x.astype(ml_dtypes.bfloat16)
+
+
+# Largest |dequantized - input| allowed, as a fraction of the block's (tensor's, channel's) amax: the
+# format's half step at the top of its range plus the scale's own rounding.
+STEP = {"e4m3": 2 ** -3, "e5m2": 2 ** -2, "e2m1": 0.34, "int8": 1 / 100, "bf16": 0, "fp16": 2 ** -10}
+
+
+def test_reference_dequantize_is_near_the_input():
+    m, k = 128, 256
+    xb = bf16_input(m, k)
+    x = xb.astype(np.float32)
+    checked = set()
+    for name, role, usage, q in quantizers():
+        outs = dict(C.reference_quantize(q, xb.tobytes(), m, k, scales=[448.0 / 512] * len(q.inputs)))
+        for s in q.streams:
+            if s.rht or s.stochastic and s.format == "e2m1":
+                continue  # Hadamard-domain values; covered on the GPU against the same reference
+            d = s.direction
+            amax = outs.get(f"{d}_amax", outs.get("amax", np.zeros(1, np.float32).tobytes()))
+            y = np.frombuffer(C.reference_dequantize(q, s.index, m, k, outs[f"{d}_data"],
+                                                     outs.get(f"{d}_scale_inv", b""),
+                                                     float(np.frombuffer(amax, np.float32)[0]), "fp32"),
+                              np.float32)
+            y = y.reshape((k, m)).T if s.layout == "transposed" else y.reshape((m, k))
+            bound = STEP[s.data_dtype] * np.abs(x).max()
+            assert np.abs(y - x).max() <= bound, (name, role, usage, d, np.abs(y - x).max(), bound)
+            checked.add((s.format, s.scaling))
+    assert {("e4m3", "mx"), ("e2m1", "nvfp4"), ("int8", "per_channel"), ("e4m3", "block")} <= checked
+
+
+def test_gemm_plans_pick_their_route():
+    hy = C.Context([str(ROOT / "recipes" / "hybrid_mxfp8_fwd_nvfp4_bwd.json")])
+    x, w, dy = (hy.quantizer(r) for r in ROLES)
+    M, N, K = 256, 128, 512
+    Lx, Lw, Ldy = x.layout(M, K), w.layout(N, K), dy.layout(M, N)
+    fprop = C.GemmPlan(x, Lx, 0, w, Lw, 0)
+    assert (fprop.m, fprop.n, fprop.k) == (M, N, K) and fprop.route == "auto"
+    dgrad = C.GemmPlan(dy, Ldy, 0, w, Lw, 1)  # MXFP8 rowwise x NVFP4 columnwise: mixed formats
+    assert (dgrad.m, dgrad.n, dgrad.k) == (M, K, N) and dgrad.route == "dequant_mixed"
+    wgrad = C.GemmPlan(dy, Ldy, 1, x, Lx, 1)  # NVFP4 x NVFP4, both transposed: the fused kernel
+    assert (wgrad.m, wgrad.n, wgrad.k) == (N, K, M) and wgrad.route == "auto"
+    bw = C.Context([str(ROOT / "recipes" / "float8_block_scaling.json")])
+    bx, bwt, bdy = (bw.quantizer(r) for r in ROLES)
+    wg = C.GemmPlan(bdy, bdy.layout(M, N), 1, bx, bx.layout(M, K), 1)  # 1x128 x 1x128: K-grouped, one group
+    assert wg.route == "fused" and "k-grouped" in wg.describe()
+    with pytest.raises(qforge.UserError, match="b: the operands' reduction lengths differ"):
+        C.GemmPlan(x, Lx, 0, w, Lw, 1)
+    with pytest.raises(qforge.UserError, match="out_dtype: expected bf16 or fp32, got fp16"):
+        C.GemmPlan(x, Lx, 0, w, Lw, 0, "fp16")
+
+
+def test_errors_name_the_argument():
+    with pytest.raises(qforge.UserError, match="nope.json"):
+        C.Context([str(ROOT / "recipes" / "nope.json")])
+    ctx = C.Context([str(ROOT / "recipes" / "nvfp4.json")])
+    with pytest.raises(qforge.UserError, match="dtype: expected bf16, fp16 or fp32"):
+        ctx.quantizer("linear:input", None, "int4")
+    with pytest.raises(qforge.UserError, match="usage"):
+        ctx.quantizer("linear:input", None, "bf16", "sometimes")
+    q = ctx.quantizer("linear:input")
+    with pytest.raises(qforge.UserError, match="even"):
+        q.layout(3, 7)
+    with pytest.raises(qforge.UserError, match="members: only grouped quantizers"):
+        q.layout(16, 16, 2)
+    with pytest.raises(qforge.UserError, match="x: expected 512 bytes"):
+        C.reference_quantize(q, b"\0" * 8, 16, 16)
