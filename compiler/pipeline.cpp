@@ -2,7 +2,6 @@
 
 #include <chrono>
 #include <cstdlib>
-#include <iostream>
 #include <sstream>
 
 #include "compiler/env.h"
@@ -12,6 +11,7 @@
 #include "compiler/passes/schedule_phases.h"
 #include "compiler/passes/select_tiles.h"
 #include "compiler/passes/share_amax.h"
+#include "runtime/log.h"
 
 namespace qf {
 
@@ -25,7 +25,7 @@ namespace {
 
 class Runner {
  public:
-  explicit Runner(const PipelineOptions& o) : opt_(o), log_(o.log ? *o.log : std::cerr) {
+  explicit Runner(const PipelineOptions& o) : opt_(o) {
     // Pass names from the caller (qforge inspect --dump-after) and from QFORGE_DUMP_AFTER, each
     // checked under the name the user gave it.
     std::string names;
@@ -51,12 +51,15 @@ class Runner {
     Plan after = f();
     const auto t1 = std::chrono::steady_clock::now();
     if (opt_.verify) verify(after);
-    if (time_)
-      log_ << "qforge: pass " << pass << " took "
-           << std::chrono::duration<double, std::micro>(t1 - t0).count() << " us\n";
+    if (time_) {
+      std::ostringstream os;
+      os << "pass " << pass << " took " << std::chrono::duration<double, std::micro>(t1 - t0).count() << " us";
+      emit(opt_.log ? "qforge: " + os.str() + "\n" : os.str());
+    }
     if (wants(pass)) {
-      log_ << "// ---- after " << pass << (before && *before == after ? " (unchanged)" : "") << "\n";
-      if (!(before && *before == after)) log_ << print(after);
+      std::string text = "// ---- after " + pass + (before && *before == after ? " (unchanged)" : "") + "\n";
+      if (!(before && *before == after)) text += print(after);
+      emit(text);
     }
     return after;
   }
@@ -67,8 +70,12 @@ class Runner {
       if (d == "all" || d == pass) return true;
     return false;
   }
+  // To the caller's stream, else to the library's log (asked for by a switch: whatever its level).
+  void emit(const std::string& text) {
+    if (opt_.log) *opt_.log << text;
+    else log::write_requested(log::Level::Info, std::string_view(text).substr(0, text.find_last_not_of('\n') + 1));
+  }
   const PipelineOptions& opt_;
-  std::ostream& log_;
   std::vector<std::string> dump_;
   bool time_ = false;
 };

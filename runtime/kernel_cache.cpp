@@ -21,6 +21,7 @@
 
 #include "compiler/env.h"
 #include "compiler/error.h"
+#include "runtime/log.h"
 #include "runtime/sha256.h"
 
 namespace qf::rt {
@@ -134,6 +135,29 @@ std::string unique_suffix() {
   return buf;
 }
 
+// What the log says a kernel is: its metadata's kind and other fields, then its entry names.
+std::string describe_kernels(const CompileRequest& req, const json& metadata) {
+  std::string kind = "kernel", fields;
+  for (const auto& [k, v] : metadata.items()) {
+    if (!v.is_string()) continue;
+    if (k == "kind") kind = v.get<std::string>() + " kernel";
+    else fields += (fields.empty() ? "" : ", ") + k + " " + v.get<std::string>();
+  }
+  std::string names;
+  for (const auto& n : req.name_expressions) names += (names.empty() ? "" : ", ") + n;
+  return kind + (fields.empty() ? "" : " (" + fields + ")") + " [" + (names.empty() ? req.source_name : names) + "]";
+}
+
+double ms_since(std::chrono::steady_clock::time_point t0) {
+  return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+}
+
+std::string fixed(double v, int digits) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%.*f", digits, v);
+  return buf;
+}
+
 int64_t now_unix() {
   return std::chrono::duration_cast<std::chrono::seconds>(std::chrono::system_clock::now().time_since_epoch())
       .count();
@@ -203,6 +227,8 @@ void remove_dir_safely(const fs::path& dir, const fs::path& tmp, const std::stri
 // Test seams (CacheTestHooks): a pause a test can kill the process in, and a compile log.
 void pause_point(const CacheTestHooks& t, const char* point) {
   if (t.pause_at != point) return;
+  // Straight to stderr, not through the log: test scripts wait for this line whatever the log
+  // level or callback.
   std::fprintf(stderr, "qforge: test: paused at %s (pid %d)\n", point, int(::getpid()));
   std::fflush(stderr);
   std::this_thread::sleep_for(std::chrono::duration<double>(t.pause_seconds));
@@ -213,7 +239,7 @@ void log_compile(const CacheTestHooks& t, const std::string& key) {
   const std::string line = key + " " + std::to_string(::getpid()) + "\n";  // one O_APPEND write: atomic
   Fd fd(::open(t.compile_log.c_str(), O_WRONLY | O_APPEND | O_CREAT | O_CLOEXEC, 0644));
   if (fd.get() < 0 || ::write(fd.get(), line.data(), line.size()) != ssize_t(line.size()))
-    std::cerr << "qforge: warning: cannot append to QFORGE_TEST_COMPILE_LOG " << t.compile_log.string() << "\n";
+    log::warn("cannot append to QFORGE_TEST_COMPILE_LOG " + t.compile_log.string());
 }
 
 // ------------------------------------------------------------------------------------------------
@@ -335,8 +361,11 @@ void remove_abandoned(const fs::path& tmp, const std::string& prefix, const Cach
 void warn_once(const std::string& tag, const std::string& message) {
   static std::mutex mu;
   static std::set<std::string> warned;
-  std::lock_guard lk(mu);
-  if (warned.insert(tag).second) std::cerr << "qforge: warning: " << message << "\n";
+  {
+    std::lock_guard lk(mu);
+    if (!warned.insert(tag).second) return;
+  }
+  log::warn(message);  // outside the lock: the log's callback may take its time
 }
 
 namespace {
@@ -570,25 +599,37 @@ KeyContext KernelCache::key_context() const {
 
 CacheResult KernelCache::get_or_compile(const CompileRequest& req, const json& metadata) {
   QF_CHECK(metadata.is_object(), "kernel metadata must be a JSON object");
+  const auto t0 = std::chrono::steady_clock::now();
   const CacheKey key = key_of(req);
+  // Messages are logged with no lock of ours held and no waiter left waiting on this call.
+  auto log_hit = [&](const char* where) {
+    if (log::enabled(log::Level::Debug))
+      log::debug(std::string(where) + " hit: " + describe_kernels(req, metadata) + " for " + req.arch + " in " +
+                 fixed(ms_since(t0), 3) + " ms (key " + key.hex.substr(0, 16) + ")");
+  };
   std::promise<std::shared_ptr<const CacheEntry>> promise;
   {
     std::unique_lock lk(mu_);
     if (auto it = memory_.find(key.hex); it != memory_.end()) {
       ++memory_hits_;
-      return {it->second, CacheHow::MemoryHit};
+      auto e = it->second;
+      lk.unlock();
+      log_hit("memory cache");
+      return {e, CacheHow::MemoryHit};
     }
     if (auto it = in_flight_.find(key.hex); it != in_flight_.end()) {
       auto pending = it->second;
       lk.unlock();
       auto e = pending.get();  // rethrows the compiler's exception
       ++memory_hits_;
+      log_hit("memory cache (after waiting for another thread's compile)");
       return {e, CacheHow::MemoryHit};
     }
     in_flight_.emplace(key.hex, promise.get_future().share());
   }
   try {
     CacheHow how = CacheHow::DiskHit;
+    double compile_ms = 0;
     // Without a writable root there is no key lock, so the first look is the decisive one.
     std::shared_ptr<const CacheEntry> entry = load_from_disk(key, req.name_expressions, /*settle=*/!writable_);
     KeyLock lock;  // held from here until the entry is published (or the compile failed)
@@ -614,7 +655,9 @@ CacheResult KernelCache::get_or_compile(const CompileRequest& req, const json& m
     } else {
       ++misses_;
       pause_point(opts_.test, "compile");
+      const auto c0 = std::chrono::steady_clock::now();
       CompileResult r = compile_cuda(req);
+      compile_ms = ms_since(c0);
       ++compiles_;
       log_compile(opts_.test, key.hex);
       auto e = std::make_shared<CacheEntry>();
@@ -641,6 +684,13 @@ CacheResult KernelCache::get_or_compile(const CompileRequest& req, const json& m
       in_flight_.erase(key.hex);
     }
     promise.set_value(entry);
+    if (how == CacheHow::DiskHit) {
+      log_hit("disk cache");
+    } else if (log::enabled(log::Level::Info)) {
+      log::info("compiled " + describe_kernels(req, metadata) + " for " + req.arch + " in " + fixed(compile_ms, 0) +
+                " ms (NVRTC " + entry->nvrtc_version + ", key " + key.hex.substr(0, 16) + ")" +
+                (entry->note.empty() ? "" : "; " + entry->note));
+    }
     return {entry, how};
   } catch (...) {
     {

@@ -295,6 +295,42 @@ typedef struct qf_cache_evict_result {
    An unwritable root is QF_ERR_USER. */
 qf_status qf_cache_evict(const qf_cache_evict_policy* policy, qf_cache_evict_result* out);
 
+/* ---- Logging: every message the library prints (warnings such as the kernel cache falling back
+ * to memory, one line per JIT compile at info, one per cache hit at debug) goes to stderr as
+ * "qforge: <level>: <message>", or to a callback. Since 0.6.0.
+ *
+ * Level: QFORGE_LOG_LEVEL (off, error, warn, info, debug; any case; default warn, which prints
+ * warnings and errors only), read at the first message; qf_set_log_level overrides it. A bad
+ * QFORGE_LOG_LEVEL is named in one warning and warn is used. A message is delivered when its level
+ * is at most the threshold (QF_LOG_OFF delivers none). Levels map onto Python's logging as
+ * error 40, warn 30, info 20, debug 10. */
+typedef enum qf_log_level {
+  QF_LOG_OFF = 0,
+  QF_LOG_ERROR = 1,
+  QF_LOG_WARN = 2,
+  QF_LOG_INFO = 3,
+  QF_LOG_DEBUG = 4
+} qf_log_level;
+/* level: a qf_log_level (QF_LOG_ERROR..QF_LOG_DEBUG); message: one line, UTF-8, NUL-terminated,
+ * valid only during the call (copy it to keep it); user: qf_set_log_callback's argument.
+ *
+ * Threads: the callback runs on the thread that logs, which is whichever thread compiles or loads
+ * a kernel (the caller of qf_quantizer_prepare / qf_quantize / qf_gemm_prepare / ..., or several
+ * of them at once), so it must be thread-safe. It is never called while qforge holds a lock of its
+ * own (no other thread waits on qforge for it to return), so it may block, e.g. to take an
+ * interpreter lock. It must not throw or unwind through qforge. A message the callback itself
+ * causes (it calls qforge) goes to stderr, not back into the callback. */
+typedef void (*qf_log_callback)(int level, const char* message, void* user);
+/* cb NULL: back to stderr. Returns once no call of the previous callback is in progress on another
+ * thread; from then on the previous callback is never called, so its user data may be freed. It
+ * waits for those calls: a binding must not hold a lock they need (release the interpreter lock
+ * around this call). Called from inside a callback: QF_ERR_USER, nothing changed. */
+qf_status qf_set_log_callback(qf_log_callback cb, void* user);
+/* level: QF_LOG_OFF..QF_LOG_DEBUG, else QF_ERR_USER. */
+qf_status qf_set_log_level(int level);
+/* The threshold now in force (QFORGE_LOG_LEVEL's, read now if it has not been). */
+int qf_get_log_level(void);
+
 #ifdef __cplusplus
 } /* extern "C" */
 #endif

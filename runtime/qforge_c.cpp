@@ -18,6 +18,7 @@
 #include "runtime/driver.h"
 #include "runtime/gemm.h"
 #include "runtime/kernel_cache.h"
+#include "runtime/log.h"
 #include "runtime/quantizer.h"
 
 struct qf_context {
@@ -579,6 +580,33 @@ qf_status qf_cache_evict(const qf_cache_evict_policy* policy, qf_cache_evict_res
     out->removed = int64_t(r.removed), out->kept = int64_t(r.kept);
     out->removed_bytes = int64_t(r.removed_bytes), out->kept_bytes = int64_t(r.kept_bytes);
   });
+}
+
+static_assert(QF_LOG_OFF == int(qf::log::Level::Off) && QF_LOG_ERROR == int(qf::log::Level::Error) &&
+              QF_LOG_WARN == int(qf::log::Level::Warn) && QF_LOG_INFO == int(qf::log::Level::Info) &&
+              QF_LOG_DEBUG == int(qf::log::Level::Debug));
+
+qf_status qf_set_log_callback(qf_log_callback cb, void* user) {
+  return guarded([&] {
+    if (!qf::log::set_callback(cb, user))
+      throw qf::UserError("qf_set_log_callback", "called from inside the log callback (it would wait for itself)");
+  });
+}
+
+qf_status qf_set_log_level(int level) {
+  return guarded([&] {
+    if (level < QF_LOG_OFF || level > QF_LOG_DEBUG)
+      throw qf::UserError("level", "expected QF_LOG_OFF (0) .. QF_LOG_DEBUG (4), got " + std::to_string(level));
+    qf::log::set_level(qf::log::Level(level));
+  });
+}
+
+int qf_get_log_level(void) {
+  try {
+    return int(qf::log::level());
+  } catch (...) {
+    return QF_LOG_WARN;
+  }
 }
 
 }  // extern "C"

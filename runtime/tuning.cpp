@@ -2,7 +2,6 @@
 
 #include <cstdlib>
 #include <fstream>
-#include <iostream>
 #include <sstream>
 #include <unistd.h>
 
@@ -10,6 +9,7 @@
 
 #include "compiler/env.h"
 #include "compiler/passes/select_tiles.h"
+#include "runtime/log.h"
 #include "runtime/nvrtc.h"
 #include "runtime/sha256.h"
 
@@ -74,7 +74,7 @@ std::optional<TuningRecord> find_tuning(const Plan& plan, const std::string& arc
 
 bool store_tuning(const Plan& plan, const TuningRecord& rec, const KernelCache& cache) {
   if (!cache.writable_root() || !cache.disk_writable()) {
-    std::cerr << "qforge: warning: no writable cache directory; the tuning result is not stored\n";
+    log::warn("no writable cache directory; the tuning result is not stored");
     return false;
   }
   const std::string key = tuning_key(plan, rec.arch, rec.device);
@@ -99,14 +99,14 @@ bool store_tuning(const Plan& plan, const TuningRecord& rec, const KernelCache& 
     std::ofstream out(tmp);
     out << j.dump(1) << "\n";
     if (!out) {
-      std::cerr << "qforge: warning: cannot write " << tmp.string() << "; the tuning result is not stored\n";
+      log::warn("cannot write " + tmp.string() + "; the tuning result is not stored");
       fs::remove(tmp, ec);
       return false;
     }
   }
   fs::rename(tmp, path, ec);
   if (ec) {
-    std::cerr << "qforge: warning: cannot publish " << path.string() << ": " << ec.message() << "\n";
+    log::warn("cannot publish " + path.string() + ": " + ec.message());
     fs::remove(tmp, ec);
     return false;
   }
