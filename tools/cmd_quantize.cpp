@@ -236,7 +236,7 @@ int cmd_quantize(const Argv& argv) {
              "--splits", "--device"},
             {});
   if (!args.positional().empty())
-    throw UserError(args.positional()[0], "unexpected argument; quantize takes only --options (see qforge help)");
+    throw UserError(args.positional()[0], "unexpected argument; quantize takes only --options (see qforge quantize --help)");
   const std::string recipe_path = args.require("--recipe");
   const std::string role = args.require("--role");
   const std::string input_path = args.require("--input");

@@ -1,5 +1,6 @@
 # lit configuration: golden tests of `qforge inspect` plans and of emitted CUDA source.
 import os
+import sys
 import lit.formats
 
 config.name = "qforge"
@@ -11,4 +12,6 @@ config.substitutions.append(("%qforge", os.path.join(config.qforge_bin, "tools",
 config.substitutions.append(("%recipes", os.path.join(config.qforge_src, "recipes")))
 config.substitutions.append(("%inputs", os.path.join(config.qforge_src, "tests", "lit", "Inputs")))
 config.substitutions.append(("FileCheck", config.filecheck))
+config.substitutions.append(("%python", sys.executable))
+config.substitutions.append(("%docs", os.path.join(config.qforge_src, "docs")))
 config.environment["QFORGE_CACHE_DIR"] = os.path.join(config.qforge_bin, "lit-cache")
