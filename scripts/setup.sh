@@ -8,6 +8,8 @@ need_apt=()
 [ -f /usr/include/gtest/gtest.h ] || need_apt+=(libgtest-dev)
 command -v cmake >/dev/null || need_apt+=(cmake)
 command -v g++ >/dev/null || need_apt+=(g++)
+# tests/tools/install_test.sh builds a consumer with `pkg-config --cflags --libs qforge`.
+command -v pkg-config >/dev/null || need_apt+=(pkg-config)
 if ! command -v FileCheck >/dev/null && ! ls /usr/lib/llvm-*/bin/FileCheck >/dev/null 2>&1 \
    && ! command -v FileCheck-14 >/dev/null; then
   need_apt+=(llvm)
@@ -36,7 +38,7 @@ if ! links_libfuzzer; then
 fi
 
 py_missing=()
-for mod in numpy ml_dtypes lit pytest jsonschema setuptools wheel; do
+for mod in numpy ml_dtypes lit pytest jsonschema setuptools wheel nanobind; do
   python3 -c "import $mod" 2>/dev/null || py_missing+=("$mod")
 done
 if [ ${#py_missing[@]} -gt 0 ]; then

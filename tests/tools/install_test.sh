@@ -8,19 +8,21 @@
 #   - a C program outside the tree (tests/install) finds the package with find_package(qforge),
 #     links qforge::qforge, loads an installed recipe through <qforge/qforge.h> and prints a
 #     quantizer's outputs, with libqforge.so resolved from the prefix;
+#   - the same program compiled with `pkg-config --cflags --libs qforge` (the prefix's qforge.pc)
+#     prints the same;
 #   - `pip install` of python/ into a fresh directory, whose package then finds the prefix's
 #     library through the `qforge` on PATH (no QFORGE_LIBRARY) and answers the same query.
 set -u
 build=$1 src=$2 work=$3 cmake=$4 python=$5 libdir=$6
 fail() { echo "FAIL: $*"; exit 1; }
 # Nothing from the caller's environment may redirect the install or the loader.
-unset DESTDIR LD_LIBRARY_PATH QFORGE_LIBRARY
+unset DESTDIR LD_LIBRARY_PATH QFORGE_LIBRARY PKG_CONFIG_PATH PKG_CONFIG_SYSROOT_DIR
 rm -rf "$work" && mkdir -p "$work" || exit 1
 work=$(cd "$work" && pwd -P) || exit 1
 prefix=$work/prefix
 "$cmake" --install "$build" --prefix "$prefix" >"$work/install.log" 2>&1 || { cat "$work/install.log"; fail "cmake --install"; }
 
-for f in bin/qforge "$libdir/libqforge.so" "$libdir/libqforge.so.0.5" include/qforge/qforge.h \
+for f in bin/qforge "$libdir/libqforge.so" "$libdir/libqforge.so.0.5" include/qforge/qforge.h "$libdir/pkgconfig/qforge.pc" \
          "$libdir/cmake/qforge/qforgeConfig.cmake" "$libdir/cmake/qforge/qforgeConfigVersion.cmake" \
          "$libdir/cmake/qforge/qforgeTargets.cmake" share/qforge/recipes/recipe.schema.json; do
   [ -e "$prefix/$f" ] || fail "the install lacks $f"
@@ -45,6 +47,23 @@ columnwise_scale_inv e8m0 [128, 7168] 917504 B"
 $expected"
 lib=$(ldd "$work/consumer/qforge_consumer" | awk '/libqforge/ {print $3}')
 [ "$lib" = "$prefix/$libdir/libqforge.so.0.5" ] || fail "the consumer loads libqforge from '$lib', not the prefix"
+
+# The same program built by hand with pkg-config and the prefix's qforge.pc alone
+# (PKG_CONFIG_LIBDIR replaces the default search path); the run path from its libdir.
+pc() { PKG_CONFIG_LIBDIR="$prefix/$libdir/pkgconfig" PKG_CONFIG_PATH="" pkg-config "$@"; }
+command -v pkg-config >/dev/null || fail "pkg-config is not installed (scripts/setup.sh installs it)"
+[ "$(pc --modversion qforge)" = "$(sed -n 's/^project(qforge VERSION \([0-9.]*\).*/\1/p' "$src/CMakeLists.txt")" ] ||
+  fail "qforge.pc's version '$(pc --modversion qforge)' is not the project's"
+# shellcheck disable=SC2046
+"${CC:-cc}" -o "$work/consumer_pc" "$src/tests/install/consumer.c" $(pc --cflags --libs qforge) \
+  -DQFORGE_RECIPES_DIR="\"$(pc --variable=recipesdir qforge)\"" -Wl,-rpath,"$(pc --variable=libdir qforge)" \
+  >"$work/consumer_pc.log" 2>&1 || { cat "$work/consumer_pc.log"; fail "building the consumer with pkg-config"; }
+out_pc=$("$work/consumer_pc") || fail "the pkg-config consumer exited $?: $out_pc"
+[ "$out_pc" = "$expected" ] || fail "the pkg-config consumer's output differs: $out_pc"
+lib=$(ldd "$work/consumer_pc" | awk '/libqforge/ {print $3}')
+[ "$(realpath "$lib")" = "$(realpath "$prefix/$libdir/libqforge.so.0.5")" ] ||
+  fail "the pkg-config consumer loads libqforge from '$lib', not the prefix"
+echo "pkg-config consumer: ok"
 
 # The Python package, pip-installed from a copy of python/'s sources (the build writes beside
 # them; python_pytest may be writing __pycache__ in the tree meanwhile).
