@@ -58,7 +58,9 @@ DType parse_dtype_arg(const std::string& s, const char* arg) {
 
 struct BufferSlot {
   BufferDesc desc;
-  int64_t offset = 0;  // bytes from the allocation's base
+  int64_t offset = 0;    // bytes from the allocation's base
+  int64_t reserved = 0;  // bytes kept for it (>= desc.bytes): an mn_major grid gets the 3 extra
+                         // rows per group that a GEMM's bound on grouped grids counts
 };
 
 // Where one quantize call's outputs live in one allocation, and the call prebuilt around them.
@@ -93,8 +95,10 @@ std::shared_ptr<Layout> make_layout(const rt::Quantizer& q, std::vector<BufferDe
   L->members = members;
   int64_t at = 0;
   for (auto& b : bufs) {
-    L->buffers.push_back(BufferSlot{std::move(b), at});
-    at = align_up(at + L->buffers.back().desc.bytes);
+    const int64_t extra = b.scale_layout == "mn_major" ? 3 * b.shape[0] * storage_bytes(b.storage) : 0;
+    L->buffers.push_back(BufferSlot{std::move(b), at, 0});
+    L->buffers.back().reserved = L->buffers.back().desc.bytes + extra;
+    at = align_up(at + L->buffers.back().reserved);
   }
   L->workspace_offset = at;
   L->workspace_bytes = workspace;
@@ -172,7 +176,7 @@ class QuantizerBinding {
       for (size_t b = 0; b < bufs.size(); ++b) {
         const int gi = grouped.index(bufs[b].name);
         QF_CHECK(gi >= 0, "grouped layout lacks ", bufs[b].name);
-        L->buffers.push_back(BufferSlot{bufs[b], grouped.buffers[size_t(gi)].offset + cursor[size_t(gi)]});
+        L->buffers.push_back(BufferSlot{bufs[b], grouped.buffers[size_t(gi)].offset + cursor[size_t(gi)], bufs[b].bytes});
         cursor[size_t(gi)] += bufs[b].bytes;
         QF_CHECK(cursor[size_t(gi)] <= grouped.buffers[size_t(gi)].desc.bytes,
                  "member buffers overflow the grouped capacity of ", bufs[b].name);
@@ -489,7 +493,7 @@ class GemmPlan {
     rt::ScopedContext ctx(rt::primary_context(device)->get());
     const uint64_t offsets = group_offsets(device);
     const auto at = [](uint64_t base, const BufferSlot* s) {
-      return s ? rt::TensorView{base + uint64_t(s->offset), s->desc.bytes, {}, {}} : rt::TensorView{};
+      return s ? rt::TensorView{base + uint64_t(s->offset), s->reserved, {}, {}} : rt::TensorView{};
     };
     rt::GemmCall c;
     const bool kg = k_grouped(gemm_->spec().layout);
@@ -515,8 +519,10 @@ class GemmPlan {
       c.b = at(b_base, b_.data);
       c.a_scale = at(a_base, a_.scale);
       c.b_scale = at(b_base, b_.scale);
-      c.a_amax = at(a_base, a_.amax);
-      c.b_amax = at(b_base, b_.amax);
+      if (traits(gemm_->spec().scaling).per_tensor_amax) {  // NVFP4's global decode scales
+        c.a_amax = at(a_base, a_.amax);
+        c.b_amax = at(b_base, b_.amax);
+      }
     }
     const int64_t inner = ws_bytes - a_copy_ - b_copy_;
     if (inner) c.workspace = rt::TensorView{workspace + uint64_t(a_copy_ + b_copy_), inner, {}, {}};
@@ -607,6 +613,9 @@ NB_MODULE(_C, m) {
   using namespace qf::py;
   m.doc() = "qforge's compiled core: recipes, quantize layouts and launches, GEMM plans (device addresses as ints)";
   m.attr("__version__") = QFORGE_VERSION;
+  // Quantizers and plans live in the torch layer's module-level tables until the interpreter
+  // exits, after nanobind's own teardown checks: not leaks.
+  nb::set_leak_warnings(false);
 
   // Errors surface as the qforge package's own classes (qforge.UserError, ...), with the
   // library's message and its qf_status code.

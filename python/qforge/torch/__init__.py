@@ -118,6 +118,9 @@ class Quantizer:
         self.dtype = _DTYPES[c.dtype]
         self.grouped = c.grouped
         self.streams = {s.direction: s for s in c.streams}
+        # Plain Python copies of what traced code reads (dynamo does not look into _C objects).
+        self._index = {s.direction: s.index for s in c.streams}
+        self._transposed = tuple(s.layout == "transposed" for s in c.streams)
         self.inputs = c.inputs
         self._layouts = {}
         with _lock:
@@ -287,12 +290,12 @@ class QuantizedTensor:
         raise KeyError(f"{name!r}: the outputs are {[b[0] for b in self.layout.buffers]}")
 
     def _stream_index(self, direction: Optional[str]) -> int:
-        streams = self.quantizer.streams
+        index = self.quantizer._index
         if direction is None:
-            direction = "rowwise" if "rowwise" in streams else "columnwise"
-        if direction not in streams:
-            raise _user_error(f"direction: the quantizer writes {list(streams)}, not {direction!r}")
-        return streams[direction].index
+            direction = "rowwise" if "rowwise" in index else "columnwise"
+        if direction not in index:
+            raise _user_error(f"direction: the quantizer writes {list(index)}, not {direction!r}")
+        return index[direction]
 
     def dequantize(self, dtype: torch.dtype = torch.bfloat16, direction: Optional[str] = None) -> torch.Tensor:
         """The direction's values (None: rowwise if written, else columnwise) as `dtype` [M, K]: a
@@ -309,7 +312,7 @@ class QuantizedTensor:
             out = torch.ops.qforge.dequantize(self.buffer, self.quantizer.id, self.m, self.k, index, code)
         else:
             out = _dequantize(self.buffer, self.quantizer.id, self.m, self.k, index, code)
-        return out.t() if self.quantizer._c.streams[index].layout == "transposed" else out
+        return out.t() if self.quantizer._transposed[index] else out
 
     # Members of a grouped quantize ----------------------------------------------------------------
     def member(self, i: int) -> "QuantizedTensor":
@@ -382,7 +385,7 @@ class _MemberTensor(QuantizedTensor):
         if code is None:
             raise _user_error(f"dtype: expected float32, bfloat16 or float16, got {dtype}")
         out = _dequantize_layout(self.buffer, self.quantizer, self._layout, index, code)
-        return out.t() if self.quantizer._c.streams[index].layout == "transposed" else out
+        return out.t() if self.quantizer._transposed[index] else out
 
 
 _CODES = (torch.float32, torch.bfloat16, torch.float16)
@@ -390,7 +393,7 @@ _CODE_NAMES = ("fp32", "bf16", "fp16")
 
 
 def _stored_shape(q: Quantizer, m: int, k: int, index: int):
-    return (k, m) if q._c.streams[index].layout == "transposed" else (m, k)
+    return (k, m) if q._transposed[index] else (m, k)
 
 
 def _dequantize_layout(buf, q, L, index, code):

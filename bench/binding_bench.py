@@ -1,0 +1,125 @@
+"""Host cost of the PyTorch binding (qforge.torch), against torch's own ops in the same process.
+
+Measures, on 1024 x 1024 bf16 tensors (the GPU work is a few microseconds, so the host sets the pace):
+  - host time per call (median of rounds of --calls calls, no sync inside a round) of one torch
+    elementwise op (x.mul(2): the floor), each shipped training recipe's linear:input quantize
+    (outputs allocated by the call) and its fprop GEMM;
+  - a Linear-shaped sequence (quantize input, quantize weight, fprop GEMM) at 1024^3: eager time
+    per step against the same sequence replayed from a CUDA graph (CUDA events);
+  - torch._dynamo.explain's graph breaks for a function calling quantize + GEMM + dequantize.
+Writes JSON (--json) and prints a markdown table.
+
+    python3 bench/binding_bench.py --json results.json
+"""
+import argparse
+import json
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "python"))
+import qforge.torch as qt  # noqa: E402
+
+RECIPES = ["delayed_scaling", "current_scaling", "float8_block_scaling", "fp8_rowwise", "mxfp8", "mxfp8_hopper",
+           "nvfp4", "hybrid_mxfp8_fwd_nvfp4_bwd", "int8_weight_sr"]
+
+
+def host_us(fn, calls: int, rounds: int) -> float:
+    """Median over rounds of (wall time of `calls` back-to-back calls) / calls, in microseconds."""
+    for _ in range(20):
+        fn()
+    torch.cuda.synchronize()
+    per = []
+    for _ in range(rounds):
+        t0 = time.perf_counter()
+        for _ in range(calls):
+            fn()
+        per.append((time.perf_counter() - t0) / calls * 1e6)
+        torch.cuda.synchronize()
+    return statistics.median(per)
+
+
+def gpu_us(fn, iters: int) -> float:
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    for _ in range(10):
+        fn()
+    torch.cuda.synchronize()
+    start.record()
+    for _ in range(iters):
+        fn()
+    end.record()
+    torch.cuda.synchronize()
+    return start.elapsed_time(end) * 1e3 / iters
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--calls", type=int, default=1000)
+    ap.add_argument("--rounds", type=int, default=7)
+    ap.add_argument("--json")
+    args = ap.parse_args()
+    torch.manual_seed(0)
+    x = torch.randn(1024, 1024, device="cuda", dtype=torch.bfloat16)
+    w = torch.randn(1024, 1024, device="cuda", dtype=torch.bfloat16) * 0.05
+    floor = host_us(lambda: x.mul(2), args.calls, args.rounds)
+    rows = []
+    for name in RECIPES:
+        r = qt.Recipes(str(ROOT / "recipes" / f"{name}.json"))
+        qx, qw = r.quantizer("linear:input"), r.quantizer("linear:weight")
+        scale = torch.ones(1, device="cuda") if qx.inputs else None
+        kw = {"scale": scale} if scale is not None else {}
+        tx, tw = qx(x, **kw), qw(w, **kw)
+        q_host = host_us(lambda: qx(x, **kw), args.calls, args.rounds)
+        g_host = host_us(lambda: qt.gemm(tx, tw), args.calls, args.rounds)
+
+        def step():
+            return qt.gemm(qx(x, **kw), qw(w, **kw))
+
+        eager = gpu_us(step, 200)
+        step()
+        torch.cuda.synchronize()
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            step()
+        replay = gpu_us(graph.replay, 200)
+        rows.append({"recipe": name, "quantize_host_us": q_host, "gemm_host_us": g_host, "outputs": len(tx.buffers),
+                     "route": qt.gemm_plan(tx, tw).route, "linear_eager_us": eager, "linear_graph_us": replay})
+        print(f"{name}: quantize {q_host:.1f} us, gemm {g_host:.1f} us, linear eager {eager:.1f} / graph {replay:.1f} us",
+              flush=True)
+
+    r = qt.Recipes(str(ROOT / "recipes" / "float8_block_scaling.json"))
+    qx, qw = r.quantizer("linear:input"), r.quantizer("linear:weight")
+
+    def f(x, w):
+        a, b = qx(x), qw(w)
+        return qt.gemm(a, b), a.dequantize(torch.bfloat16)
+
+    explain = torch._dynamo.explain(f)(x, w)
+    for reason in explain.break_reasons:
+        print("graph break:", reason, flush=True)
+    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True).stdout.strip()
+    result = {"date": time.strftime("%Y-%m-%d"), "gpu": torch.cuda.get_device_name(), "torch": torch.__version__,
+              "commit": commit, "torch_op_host_us": floor, "graph_breaks": explain.graph_break_count, "rows": rows}
+    if args.json:
+        Path(args.json).write_text(json.dumps(result, indent=1))
+    print(f"\n{result['date']}, {result['gpu']}, torch {result['torch']}, commit {commit}; "
+          f"`python3 bench/binding_bench.py`; torch op floor (x.mul(2)): {floor:.1f} us host per call; "
+          f"torch._dynamo.explain graph breaks (quantize + gemm + dequantize): {explain.graph_break_count}\n")
+    print("| recipe (1024^2 bf16) | outputs | quantize host us (x floor) | GEMM host us (x floor) | GEMM route | "
+          "Linear step eager / graph us (ratio) |")
+    print("|---|---|---|---|---|---|")
+    for row in rows:
+        print(f"| {row['recipe']} | {row['outputs']} | {row['quantize_host_us']:.1f} ({row['quantize_host_us'] / floor:.2f}x) | "
+              f"{row['gemm_host_us']:.1f} ({row['gemm_host_us'] / floor:.2f}x) | {row['route']} | "
+              f"{row['linear_eager_us']:.1f} / {row['linear_graph_us']:.1f} "
+              f"({row['linear_graph_us'] / row['linear_eager_us']:.2f}) |")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

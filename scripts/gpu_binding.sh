@@ -1,0 +1,23 @@
+#!/usr/bin/env bash
+# The PyTorch binding's GPU check and benchmark in one go, for a Hopper machine with torch:
+# build (libqforge, the CLI, qforge._C), the binding's host-side tests, its GPU tests (bit-exact
+# quantize and dequantize against the CPU reference, state_dict round trips, member views, GEMMs
+# incl. the mixed-format route, CUDA-graph capture, torch.compile fullgraph, bad arguments),
+# then bench/binding_bench.py (host us per call against one torch op; eager vs CUDA graph).
+#   scripts/gpu_binding.sh OUT_DIR
+set -uo pipefail
+cd "$(dirname "$0")/.."
+OUT=${1:-gpu-results}
+mkdir -p "$OUT"
+. scripts/gpu_build.sh
+gpu_build "$OUT" qforge qforge_shared qforge_ext || exit 1
+nvidia-smi --query-gpu=name,driver_version --format=csv,noheader > "$OUT/gpu.txt" 2>&1
+export QFORGE_CACHE_DIR="$PWD/$BUILD/binding-cache"
+export QFORGE_LIBRARY="$PWD/$BUILD/runtime/libqforge.so" QFORGE_BIN="$PWD/$BUILD/tools/qforge"
+export QFORGE_EXTENSION=$(ls "$PWD/$BUILD"/python/qforge/_C*.so | head -1)
+export PYTHONUNBUFFERED=1
+python3 -m pytest -q -p no:cacheprovider -x tests/python/test_ext.py tests/python/test_torch_binding.py \
+  2>&1 | tee "$OUT/pytest_binding.log" | tail -40; rc=${PIPESTATUS[0]}
+python3 bench/binding_bench.py --json "$OUT/binding_bench.json" 2>&1 | tee "$OUT/binding_bench.md" | tail -20
+echo "pytest rc=$rc"
+exit $rc
