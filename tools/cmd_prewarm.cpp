@@ -16,6 +16,7 @@
 #include <set>
 #include <sstream>
 #include <thread>
+#include <sched.h>
 #include <unistd.h>
 
 #include "compiler/codegen.h"
@@ -38,6 +39,7 @@ struct Job {
   std::optional<GemmSpec> gemm;
   std::string arch;
   std::optional<std::pair<PerTensorDelayed, ElemFormat>> history;  // delayed scaling's history update
+  double cost = 1;  // estimated compile time, relative (estimated_cost): the longest start first
   std::string what() const {
     if (history) return "amax history (" + std::string(traits(history->second).name) + ")";
     return plan ? plan->role : gemm->route == GemmRoute::Dequant ? describe(*gemm) + ": operand kernels" : describe(*gemm);
@@ -45,6 +47,29 @@ struct Job {
 };
 
 constexpr const char* kGemmArch = "sm_90a";  // wgmma: the GEMM kernels' only target
+
+// A job's compile time, relative, so the longest start first and the last ones to finish are
+// short. Fitted to the CPU times NVRTC 13.0 takes for the shipped recipes' sm_90a kernels
+// (bench/jit_time.py, docs/jit.md): a quantize kernel grows with its streams, a transposed one
+// (staged through shared memory) costing about twice as much, and with its amax sources; an fp16
+// input about 2.4x (its software fp16 -> fp32 conversion); a GEMM or the dequant route's operand
+// kernels about one bf16 stream; the history update a tenth of that.
+double estimated_cost(const Job& j) {
+  if (j.history) return 0.1;
+  if (j.gemm) return 0.9;
+  double c = 0.0;
+  for (const auto& s : j.plan->streams) c += s.layout == DataLayout::Transposed ? 2.0 : 1.0;
+  c += 0.25 * double(j.plan->amax.size());
+  return j.plan->input == DType::FP16 ? 2.4 * c : c;
+}
+
+// The CPUs this process may run on (its affinity mask: a container's or taskset's share), else
+// what the system reports.
+int usable_cpus() {
+  cpu_set_t set;
+  if (::sched_getaffinity(0, sizeof set, &set) == 0 && CPU_COUNT(&set) > 0) return CPU_COUNT(&set);
+  return int(std::max(1u, std::thread::hardware_concurrency()));
+}
 
 struct Tally {
   int plans = 0, gemms = 0, kernels = 0, compiled = 0, memory_hits = 0, disk_hits = 0, failed = 0;
@@ -87,7 +112,7 @@ int cmd_prewarm(const Argv& argv) {
   const bool with_gemms = roles.empty();  // --role asks for those roles' quantize kernels only
   if (roles.empty())
     for (auto r : standard_roles()) roles.emplace_back(r);
-  const int jobs_n = int(args.integer("-j", std::max(1u, std::thread::hardware_concurrency()), 1, 256));
+  const int jobs_n = int(args.integer("-j", usable_cpus(), 1, 256));
 
   // Plans, deduplicated by (source, arch): recipes that need the same kernel share it.
   const auto t_start = std::chrono::steady_clock::now();
@@ -149,7 +174,13 @@ int cmd_prewarm(const Argv& argv) {
     }
   }
 
+  // Longest first (stable: equal estimates keep the recipes' order).
+  for (auto& j : jobs) j.cost = estimated_cost(j);
+  std::stable_sort(jobs.begin(), jobs.end(), [](const Job& a, const Job& b) { return a.cost > b.cost; });
+
   std::atomic<size_t> next{0}, done{0};
+  double compile_seconds = 0, longest = 0;  // over the jobs that compiled
+  std::string longest_what;
   std::mutex mu;
   std::vector<std::string> failures;
   const bool tty = isatty(2) && !args.flag("--quiet");
@@ -172,6 +203,10 @@ int cmd_prewarm(const Argv& argv) {
       std::lock_guard<std::mutex> g(mu);
       Tally& t = tally[jobs[i].recipe];
       t.seconds += s;
+      if (err.empty() && how == rt::CacheHow::Compiled) {
+        compile_seconds += s;
+        if (s > longest) longest = s, longest_what = jobs[i].recipe + " " + jobs[i].what() + " " + jobs[i].arch;
+      }
       if (!err.empty()) {
         ++t.failed;
         failures.push_back(jobs[i].recipe + " " + jobs[i].what() + " " + jobs[i].arch + ": " + err);
@@ -195,6 +230,7 @@ int cmd_prewarm(const Argv& argv) {
   for (int i = 0; i < std::min<int>(jobs_n, int(std::max<size_t>(jobs.size(), 1))); ++i) pool.emplace_back(worker);
   for (auto& th : pool) th.join();
   if (tty) std::fprintf(stderr, "\n");
+  const int threads = int(pool.size());
 
   const double total = std::chrono::duration<double>(std::chrono::steady_clock::now() - t_start).count();
   std::printf("%-28s %6s %6s %8s %9s %10s %7s %10s\n", "recipe", "plans", "gemms", "kernels", "compiled", "cache hits",
@@ -211,6 +247,12 @@ int cmd_prewarm(const Argv& argv) {
   for (const auto& a : archs) arch_list += (arch_list.empty() ? "" : ",") + a;
   std::printf("%-28s %6d %6d %8d %9d %10d %7d %10.2f\n", "total", sum.plans, sum.gemms, sum.kernels, sum.compiled,
               sum.disk_hits, sum.failed, sum.seconds);
+  // Kernel-seconds over wall seconds: how busy the threads were (the rest is waiting for the
+  // last, longest compiles, or for other processes compiling the same kernels).
+  std::printf("time: %.2f kernel-s in %.2f s wall on %d thread%s (%.2f busy on average)", sum.seconds, total, threads,
+              threads == 1 ? "" : "s", total > 0 ? sum.seconds / total : 0.0);
+  if (sum.compiled) std::printf("; compiles %.2f s, longest %.2f s (%s)", compile_seconds, longest, longest_what.c_str());
+  std::printf("\n");
   const auto& cache = rt::KernelCache::global();
   std::printf("prewarm: %d kernels for %s: %d compiled, %d cache hits, %d failed in %.2f s (cache: %s)\n",
               sum.kernels, arch_list.c_str(), sum.compiled, sum.disk_hits, sum.failed, total,

@@ -1,0 +1,183 @@
+#!/usr/bin/env python3
+"""Where NVRTC spends the time of qforge's JIT compiles, without a GPU (docs/jit.md).
+
+  jit_time.py [--cache DIR] [--templates DIR] [--filter S] [--phases] [--extra "OPTS"]... [--reps N]
+
+Takes every CUBIN entry of a qforge kernel cache (DIR, default $QFORGE_CACHE_DIR; fill it first
+with `qforge prewarm`), and compiles its source.cu again with NVRTC in this process, the device
+headers given in memory as qforge gives them (TEMPLATES, default this checkout's templates/),
+with the entry's own options. Times are CPU seconds of this process (getrusage: every NVRTC
+thread counted), which other processes' load on the machine barely changes, plus wall seconds.
+
+  --phases      also the front end alone (--fdevice-syntax-only) and front end + NVVM (to PTX),
+                so the table splits a compile into front end / NVVM optimizer / ptxas
+  --extra OPTS  also compile with these options added (space separated; repeatable; CPU/wall ms) and say
+                whether the CUBIN's code sections are byte-identical to the entry's own image
+                (as bench/sass_diff.py compares them; NVRTC's per-compile internal names
+                normalized)
+  --nvrtc-time  add NVRTC's own per-phase table (--time=FILE) of the first rep, as reported
+
+Prints one row per kernel (CPU ms) and a summary: median, max and sum per kind of kernel (of
+CPU ms, and of wall ms where it says "wall").
+"""
+import argparse
+import ctypes
+import glob
+import json
+import os
+import resource
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import sass_diff  # noqa: E402  (load_nvrtc, code_sections)
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def cpu_seconds():
+    r = resource.getrusage(resource.RUSAGE_SELF)
+    return r.ru_utime + r.ru_stime
+
+
+def headers(templates):
+    """[(name, text)] of every device header, named as qforge embeds them ("qforge/cast.cuh")."""
+    out = []
+    for p in sorted(Path(templates).rglob("*.cuh")):
+        out.append((str(p.relative_to(templates)), p.read_text()))
+    return out
+
+
+def compile_once(nvrtc, source, options, names, hdrs, want="cubin"):
+    """(cpu s, wall s, image bytes or b"")."""
+    prog = ctypes.c_void_p()
+    n = len(hdrs)
+    texts = (ctypes.c_char_p * n)(*[t.encode() for _, t in hdrs])
+    hnames = (ctypes.c_char_p * n)(*[h.encode() for h, _ in hdrs])
+    if nvrtc.nvrtcCreateProgram(ctypes.byref(prog), source.encode(), b"qforge_kernel.cu", n, texts, hnames) != 0:
+        raise RuntimeError("nvrtcCreateProgram failed")
+    try:
+        for e in names:
+            nvrtc.nvrtcAddNameExpression(prog, e.encode())
+        arr = (ctypes.c_char_p * len(options))(*[o.encode() for o in options])
+        c0, w0 = cpu_seconds(), time.perf_counter()
+        r = nvrtc.nvrtcCompileProgram(prog, len(options), arr)
+        cpu, wall = cpu_seconds() - c0, time.perf_counter() - w0
+        if r != 0:
+            size = ctypes.c_size_t()
+            nvrtc.nvrtcGetProgramLogSize(prog, ctypes.byref(size))
+            log = ctypes.create_string_buffer(size.value)
+            nvrtc.nvrtcGetProgramLog(prog, log)
+            raise RuntimeError(f"compile failed ({' '.join(options)}):\n{log.value.decode(errors='replace')[:2000]}")
+        image = b""
+        if want == "cubin":
+            size = ctypes.c_size_t()
+            nvrtc.nvrtcGetCUBINSize(prog, ctypes.byref(size))
+            buf = ctypes.create_string_buffer(size.value)
+            nvrtc.nvrtcGetCUBIN(prog, buf)
+            image = buf.raw
+        return cpu, wall, image
+    finally:
+        nvrtc.nvrtcDestroyProgram(ctypes.byref(prog))
+
+
+def best(nvrtc, reps, *args, **kw):
+    runs = [compile_once(nvrtc, *args, **kw) for _ in range(reps)]
+    return min(r[0] for r in runs), min(r[1] for r in runs), runs[0][2]
+
+
+def entries(cache, text_filter=""):
+    out = []
+    for meta_path in sorted(glob.glob(os.path.join(cache, "qforge-v1", "??", "*", "meta.json"))):
+        d = os.path.dirname(meta_path)
+        try:
+            meta = json.load(open(meta_path))
+            source = open(os.path.join(d, "source.cu")).read()
+            image = open(os.path.join(d, "image.bin"), "rb").read()
+        except (OSError, ValueError):
+            continue
+        if meta.get("kind") != "cubin":
+            continue
+        md = meta.get("metadata", {})
+        kind = md.get("kind", "?")
+        label = " ".join(str(v) for k, v in sorted(md.items()) if k != "kind")
+        if text_filter and text_filter not in f"{kind} {label}":
+            continue
+        out.append(dict(kind=kind, label=label, source=source, image=image, options=meta.get("options", []),
+                        names=list(meta.get("lowered_names", {}).keys()), key=meta.get("key", "")[:12]))
+    return out
+
+
+def nvrtc_phase_table(nvrtc, e, hdrs):
+    with tempfile.NamedTemporaryFile("r", suffix=".csv") as f:
+        compile_once(nvrtc, e["source"], e["options"] + [f"--time={f.name}"], e["names"], hdrs)
+        rows = [line.split(",") for line in f.read().splitlines()[1:]]
+    return "; ".join(f"{r[1].strip()} {r[2].strip()} ms" for r in rows if len(r) >= 4)
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--cache", default=os.environ.get("QFORGE_CACHE_DIR"))
+    ap.add_argument("--templates", default=str(REPO / "templates"))
+    ap.add_argument("--filter", default="")
+    ap.add_argument("--phases", action="store_true")
+    ap.add_argument("--extra", action="append", default=[])
+    ap.add_argument("--nvrtc-time", action="store_true")
+    ap.add_argument("--reps", type=int, default=1, help="compiles per measurement; the fastest counts")
+    ap.add_argument("--limit", type=int, default=0, help="only the first N entries")
+    args = ap.parse_args(argv)
+    if not args.cache:
+        print("jit_time: no cache: --cache DIR or QFORGE_CACHE_DIR", file=sys.stderr)
+        return 2
+    es = entries(args.cache, args.filter)
+    if args.limit:
+        es = es[: args.limit]
+    if not es:
+        print(f"jit_time: {args.cache}: no CUBIN entry with its source", file=sys.stderr)
+        return 2
+    nvrtc = sass_diff.load_nvrtc()
+    hdrs = headers(args.templates)
+    cols = ["cubin"] + (["front end", "to PTX"] if args.phases else []) + [f"+{x}" for x in args.extra]
+    print(f"{'kind':<12} {'key':<12} " + " ".join(f"{c:>14}" for c in cols) + "  wall  label")
+    per_kind = {}
+    differs = 0
+    for e in es:
+        cpu, wall, image = best(nvrtc, args.reps, e["source"], e["options"], e["names"], hdrs)
+        row = [f"{cpu * 1000:14.0f}"]
+        rec = {"cubin": cpu, "cubin wall": wall}
+        if args.phases:
+            fe = best(nvrtc, args.reps, e["source"], e["options"] + ["--fdevice-syntax-only"], e["names"], hdrs, want="")[0]
+            ptx_opts = [o.replace("--gpu-architecture=sm_", "--gpu-architecture=compute_") for o in e["options"]]
+            ptx = best(nvrtc, args.reps, e["source"], ptx_opts, e["names"], hdrs, want="")[0]
+            row += [f"{fe * 1000:14.0f}", f"{ptx * 1000:14.0f}"]
+            rec.update({"front end": fe, "to PTX": ptx})
+        base_code = sass_diff.code_sections(e["image"])
+        for x in args.extra:
+            xc, xw, ximage = best(nvrtc, args.reps, e["source"], e["options"] + x.split(), e["names"], hdrs)
+            same = sass_diff.code_sections(ximage) == base_code
+            differs += not same
+            row.append(f"{xc * 1000:7.0f}/{xw * 1000:6.0f} {'=' if same else '!'}")
+            rec[f"+{x}"] = xc
+            rec[f"+{x} wall"] = xw
+        own_same = sass_diff.code_sections(image) == base_code
+        line = f"{e['kind']:<12} {e['key']:<12} " + " ".join(row) + f" {wall:5.1f}  {e['label']}" + ("" if own_same else "  (code differs from the entry's image)")
+        if args.nvrtc_time:
+            line += "\n    nvrtc --time: " + nvrtc_phase_table(nvrtc, e, hdrs)
+        print(line, flush=True)
+        for k, v in rec.items():
+            per_kind.setdefault(e["kind"], {}).setdefault(k, []).append(v)
+            per_kind.setdefault("all", {}).setdefault(k, []).append(v)
+    print("\nCPU ms per compile: median / max / sum")
+    for kind, recs in sorted(per_kind.items(), key=lambda kv: kv[0] == "all"):
+        parts = [f"{c}: {statistics.median(v) * 1000:.0f} / {max(v) * 1000:.0f} / {sum(v) * 1000:.0f}" for c, v in recs.items()]
+        print(f"  {kind:<12} n={len(next(iter(recs.values()))):<4} " + "; ".join(parts))
+    if args.extra:
+        print(f"code sections: {differs} compile(s) with extra options differ from the entries' images")
+    return 1 if differs else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
