@@ -443,6 +443,13 @@ class GemmPlan {
       : qa_(std::move(qa)), qb_(std::move(qb)), la_(std::move(la)), lb_(std::move(lb)) {
     a_ = qa_->operand(*la_, sa);
     b_ = qb_->operand(*lb_, sb);
+    // A same-layout columnwise copy ([M, K], blocks along M: the Blackwell-style MXFP8 layout) is
+    // not the transposed operand a backward GEMM reads: D = A @ B^T would silently use it untransposed.
+    for (const auto& [o, arg] : {std::pair{&a_, "a_direction"}, std::pair{&b_, "b_direction"}})
+      if (o->stream->dir == Direction::Columnwise && o->stream->layout == DataLayout::RowMajor)
+        throw UserError(arg, "the columnwise copy has the input's own [M, K] layout (\"layout\": \"same\"); the "
+                             "GEMMs read transposed copies: use a recipe whose columnwise layout is \"transposed\" "
+                             "(e.g. mxfp8_hopper.json rather than mxfp8.json)");
     const Shape2D da = data_shape(*a_.stream, la_->shape), db = data_shape(*b_.stream, lb_->shape);
     if (da.k != db.k)
       throw UserError("b", "the operands' reduction lengths differ: A " + format_dims(da) + ", B " + format_dims(db) +

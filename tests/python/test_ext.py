@@ -125,6 +125,10 @@ def test_gemm_plans_pick_their_route():
     bx, bwt, bdy = (bw.quantizer(r) for r in ROLES)
     wg = C.GemmPlan(bdy, bdy.layout(M, N), 1, bx, bx.layout(M, K), 1)  # 1x128 x 1x128: K-grouped, one group
     assert wg.route == "fused" and "k-grouped" in wg.describe()
+    mx = C.Context([str(ROOT / "recipes" / "mxfp8.json")])  # columnwise copies in the input's layout
+    mw, mg = mx.quantizer("linear:weight"), mx.quantizer("linear:grad_output")
+    with pytest.raises(qforge.UserError, match="b_direction: the columnwise copy has the input's own"):
+        C.GemmPlan(mg, mg.layout(M, N), 0, mw, mw.layout(N, K), 1)
     with pytest.raises(qforge.UserError, match="b: the operands' reduction lengths differ"):
         C.GemmPlan(x, Lx, 0, w, Lw, 1)
     with pytest.raises(qforge.UserError, match="out_dtype: expected bf16 or fp32, got fp16"):
