@@ -242,7 +242,7 @@ def _torch():
 
 def _torch_dtype(torch, info: BufferInfo):
     """The torch dtype that holds the buffer's elements (uint8 where torch has no equivalent);
-    "f32" is how libraries before 0.4 named fp32 scale grids."""
+    "f32" is how older libraries named fp32 scale grids."""
     names = {"fp32": "float32", "f32": "float32", "bf16": "bfloat16", "fp16": "float16", "int8": "int8",
              "e4m3": "float8_e4m3fn", "e5m2": "float8_e5m2", "e8m0": "float8_e8m0fnu"}
     t = getattr(torch, names.get(info.dtype, "uint8"), torch.uint8)
