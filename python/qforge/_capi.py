@@ -101,8 +101,8 @@ SIGNATURES = {
 }
 
 
-PACKAGE_VERSION = "0.5.0"  # python/pyproject.toml's; the CMake project's (tests/python checks both)
-SONAME = "libqforge.so.0.5"  # runtime/CMakeLists.txt: SOVERSION major.minor
+PACKAGE_VERSION = "0.6.0"  # python/pyproject.toml's; the CMake project's (tests/python checks both)
+SONAME = "libqforge.so.0.6"  # runtime/CMakeLists.txt: SOVERSION major.minor
 
 
 def candidate_paths():

@@ -22,7 +22,7 @@ work=$(cd "$work" && pwd -P) || exit 1
 prefix=$work/prefix
 "$cmake" --install "$build" --prefix "$prefix" >"$work/install.log" 2>&1 || { cat "$work/install.log"; fail "cmake --install"; }
 
-for f in bin/qforge "$libdir/libqforge.so" "$libdir/libqforge.so.0.5" include/qforge/qforge.h "$libdir/pkgconfig/qforge.pc" \
+for f in bin/qforge "$libdir/libqforge.so" "$libdir/libqforge.so.0.6" include/qforge/qforge.h "$libdir/pkgconfig/qforge.pc" \
          "$libdir/cmake/qforge/qforgeConfig.cmake" "$libdir/cmake/qforge/qforgeConfigVersion.cmake" \
          "$libdir/cmake/qforge/qforgeTargets.cmake" share/qforge/recipes/recipe.schema.json; do
   [ -e "$prefix/$f" ] || fail "the install lacks $f"
@@ -46,7 +46,7 @@ columnwise_scale_inv e8m0 [128, 7168] 917504 B"
 [ "$out" = "$expected" ] || fail "consumer output differs; expected:
 $expected"
 lib=$(ldd "$work/consumer/qforge_consumer" | awk '/libqforge/ {print $3}')
-[ "$lib" = "$prefix/$libdir/libqforge.so.0.5" ] || fail "the consumer loads libqforge from '$lib', not the prefix"
+[ "$lib" = "$prefix/$libdir/libqforge.so.0.6" ] || fail "the consumer loads libqforge from '$lib', not the prefix"
 
 # The same program built by hand with pkg-config and the prefix's qforge.pc alone
 # (PKG_CONFIG_LIBDIR replaces the default search path); the run path from its libdir.
@@ -61,7 +61,7 @@ command -v pkg-config >/dev/null || fail "pkg-config is not installed (scripts/s
 out_pc=$("$work/consumer_pc") || fail "the pkg-config consumer exited $?: $out_pc"
 [ "$out_pc" = "$expected" ] || fail "the pkg-config consumer's output differs: $out_pc"
 lib=$(ldd "$work/consumer_pc" | awk '/libqforge/ {print $3}')
-[ "$(realpath "$lib")" = "$(realpath "$prefix/$libdir/libqforge.so.0.5")" ] ||
+[ "$(realpath "$lib")" = "$(realpath "$prefix/$libdir/libqforge.so.0.6")" ] ||
   fail "the pkg-config consumer loads libqforge from '$lib', not the prefix"
 echo "pkg-config consumer: ok"
 
@@ -85,6 +85,6 @@ PY
 ) || fail "python: $py"
 echo "$py"
 grep -qx "rowwise_data e4m3 \[4096, 7168\] 29360128" <<<"$py" || fail "python query output"
-grep -qx "library $prefix/$libdir/libqforge.so.0.5" <<<"$py" || fail "python did not load the prefix's library"
+grep -qx "library $prefix/$libdir/libqforge.so.0.6" <<<"$py" || fail "python did not load the prefix's library"
 grep -qx "package $work/py/qforge/__init__.py" <<<"$py" || fail "python imported qforge from elsewhere"
 echo "install test: ok"
