@@ -14,6 +14,11 @@ launch on torch's current stream (the `*_raw` forms take device addresses instea
 Errors: every failing call raises UserError (bad recipe, role, shape, buffer: the message names
 the JSON path or argument), CudaError (no driver / GPU, a failed driver call) or InternalError, all
 QforgeError, with the library's message.
+
+Log: the library's messages (one INFO record per JIT compile with its kernels, arch and
+milliseconds; DEBUG per cache hit; warnings) go to the `logging` logger "qforge" (qforge/_log.py):
+QFORGE_LOG_LEVEL (default warn) or set_log_level decides what the library sends, then logging
+filters as usual.
 """
 import contextlib
 import ctypes
@@ -22,10 +27,13 @@ import os
 from dataclasses import dataclass
 from typing import Dict, Mapping, Optional, Sequence, Tuple, Union
 
-from . import _capi
+from pathlib import Path
+
+from . import _capi, _log
 
 __all__ = ["QforgeError", "UserError", "InternalError", "CudaError", "BufferInfo", "Context", "Quantizer",
-           "Gemm", "evict_cache", "library", "library_version", "__version__"]
+           "Gemm", "evict_cache", "library", "library_version", "set_log_level", "get_log_level", "recipes_dir",
+           "__version__"]
 
 
 class QforgeError(Exception):
@@ -61,11 +69,48 @@ def library_version() -> str:
 
 
 def library():
-    """The loaded libqforge.so (loaded on first use; see _capi.candidate_paths)."""
+    """The loaded libqforge.so (loaded on first use; see _capi.candidate_paths), its log messages
+    routed to the logger "qforge"."""
     global _lib
     if _lib is None:
-        _lib = _capi.load()
+        lib = _capi.load()
+        _log.install_library(lib)
+        _lib = lib
     return _lib
+
+
+def set_log_level(level) -> None:
+    """What the library sends to the logger "qforge": "off", "error", "warn" (the default, or
+    QFORGE_LOG_LEVEL), "info" (a line per JIT compile) or "debug" (and per cache hit), or a
+    logging level (logging.INFO). Applies to libqforge.so and to qforge._C (qforge.torch), loaded
+    or not yet, and also sets the "qforge" logger's level to match (but for "off"), so that the
+    records pass it; handlers still filter them. With no logging handler configured, the records
+    are written to stderr as the library writes them ("qforge: info: compiled ...")."""
+    try:
+        c_level = _log.to_c_level(level)
+    except ValueError as e:
+        raise _user_error(str(e)) from None
+    _log.set_level(c_level)
+    if c_level != _log.OFF:
+        _log.logger.setLevel(_log.to_py_level(c_level))
+
+
+def get_log_level() -> str:
+    """The library's threshold: set_log_level's, else QFORGE_LOG_LEVEL's ("warn" when unset)."""
+    level = _log.get_level()
+    if level is None:
+        library()
+        level = _log.get_level()
+    return _log.level_name(level)
+
+
+def recipes_dir() -> Path:
+    """The shipped recipes: the installed wheel's qforge/recipes, else the checkout's recipes/."""
+    here = Path(__file__).resolve().parent
+    for d in (here / "recipes", here.parents[1] / "recipes"):
+        if (d / "recipe.schema.json").exists():
+            return d
+    raise FileNotFoundError(f"qforge: no shipped recipes beside {here} (a wheel has them in qforge/recipes)")
 
 
 def _call(name: str, *args) -> None:

@@ -64,6 +64,9 @@ class CacheEvictResultC(Structure):
     _fields_ = [("removed", c_int64), ("kept", c_int64), ("removed_bytes", c_int64), ("kept_bytes", c_int64)]
 
 
+# qf_log_callback: void (*)(int level, const char* message, void* user).
+LogCallbackC = ctypes.CFUNCTYPE(None, c_int, c_char_p, c_void_p)
+
 _P = c_void_p  # opaque handles (qf_context*, qf_quantizer*, qf_gemm*)
 _PP = POINTER(c_void_p)
 SIGNATURES = {
@@ -98,6 +101,9 @@ SIGNATURES = {
     "qf_gemm_prepare": (c_int, [_P, c_char_p]),
     "qf_gemm_run": (c_int, [_P, POINTER(GemmArgsC), c_void_p]),
     "qf_cache_evict": (c_int, [POINTER(CacheEvictPolicyC), POINTER(CacheEvictResultC)]),
+    "qf_set_log_callback": (c_int, [LogCallbackC, c_void_p]),
+    "qf_set_log_level": (c_int, [c_int]),
+    "qf_get_log_level": (c_int, []),
 }
 
 

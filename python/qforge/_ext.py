@@ -2,13 +2,16 @@
 
 Looked for: $QFORGE_EXTENSION (a path to the module file) alone when set; else next to this
 package (an installed wheel); else the build trees of the checkout this package sits in
-(build*/python/qforge/_C*.so, newest first).
+(build*/python/qforge/_C*.so, newest first). Once loaded, its log messages go to Python's logging
+(qforge/_log.py): it links its own copy of the runtime, so its own log sink.
 """
 import importlib.machinery
 import importlib.util
 import os
 import sys
 from pathlib import Path
+
+from . import _log
 
 _module = None
 
@@ -46,6 +49,7 @@ def load():
             sys.modules.pop("qforge._C", None)
             tried.append(f"{path}: {e}")
             continue
+        _log.install_extension(module)
         _module = module
         return module
     raise ImportError("qforge: the compiled core qforge._C was not found (build it: cmake with nanobind installed, "

@@ -726,4 +726,40 @@ NB_MODULE(_C, m) {
         "scales"_a = std::vector<float>{}, "split"_a = std::vector<int64_t>{});
   m.def("reference_dequantize", &reference_dequantize, "quantizer"_a, "stream_index"_a, "m"_a, "k"_a, "data"_a,
         "scale"_a, "amax"_a, "dtype"_a);
+
+  // The log sink of this module's own copy of the runtime (runtime/log.h; libqforge.so has its
+  // own): fn(level, message) gets every message within the threshold, None sends them to stderr
+  // again; level (QF_LOG_OFF 0 .. QF_LOG_DEBUG 4), when given, sets the threshold. Returns the
+  // threshold in force. python/qforge/_log.py bridges this into Python's logging.
+  m.def(
+      "set_log_callback",
+      [](nb::object fn, std::optional<int> level) {
+        static std::mutex mu;                  // one replacement at a time: `current` is the one in force
+        static nb::object* current = nullptr;  // never freed at exit: a compiling thread may still log
+        if (level && (*level < int(qf::log::Level::Off) || *level > int(qf::log::Level::Debug)))
+          throw nb::value_error(("level: expected 0 (off) .. 4 (debug), got " + std::to_string(*level)).c_str());
+        qf::log::Callback forward = [](int lvl, const char* message, void* user) {
+          nb::gil_scoped_acquire gil;  // called on any compiling thread, never under a lock of the runtime
+          try {
+            (*static_cast<nb::object*>(user))(lvl, message);
+          } catch (nb::python_error& e) {
+            e.discard_as_unraisable("qforge._C log callback");
+          } catch (...) {
+          }
+        };
+        nb::object* next = fn.is_none() ? nullptr : new nb::object(fn);
+        nb::object* old = nullptr;
+        bool ok = false;
+        {
+          nb::gil_scoped_release release;  // set_callback waits for calls in progress, which take the GIL
+          std::lock_guard lk(mu);
+          ok = qf::log::set_callback(next ? forward : nullptr, next);
+          if (ok) old = std::exchange(current, next);
+          if (ok && level) qf::log::set_level(qf::log::Level(*level));
+        }
+        delete (ok ? old : next);  // no call of it is in progress any more
+        if (!ok) throw nb::value_error("set_log_callback: called from inside the log callback");
+        return int(qf::log::level());
+      },
+      "fn"_a.none(), "level"_a = nb::none());
 }
