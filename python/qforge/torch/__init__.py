@@ -26,7 +26,7 @@ import torch
 from .. import UserError
 from .. import _ext
 
-__all__ = ["Recipes", "Quantizer", "QuantizedTensor", "gemm", "dequantize", "UserError"]
+__all__ = ["Recipes", "Quantizer", "QuantizedTensor", "gemm", "gemm_plan", "dequantize", "Linear", "convert", "UserError"]
 
 _C = _ext.load()
 
@@ -481,3 +481,4 @@ def gemm_plan(a: QuantizedTensor, b: QuantizedTensor, a_direction: str = "rowwis
 
 
 from . import _ops  # noqa: E402,F401  (registers the custom ops)
+from .modules import Linear, convert  # noqa: E402,F401

@@ -1,0 +1,231 @@
+"""Torch modules driven by a recipe: `Linear` and `convert(model, recipes)`.
+
+    import qforge.torch as qt
+    model = qt.convert(model, qt.Recipes("recipes/float8_block_scaling.json"))
+    loss = model(x).sum(); loss.backward()
+
+`convert` swaps every `nn.Linear` (its parameters kept) for a `qt.Linear` whose roles follow the
+recipe language: `linear:input:<fqn>`, `linear:weight:<fqn>`, `linear:grad_output:<fqn>`, with
+the module's fully qualified name as the role's name, so a recipe can give one layer its own rule.
+A role no rule matches, or a layer size its formats cannot take, is a UserError at convert time
+naming the module and role.
+
+Forward: quantize the input and the weight, fprop GEMM (+ bias). Backward: quantize grad_output,
+dgrad (grad_output rowwise x weight columnwise) and wgrad (grad_output columnwise x input
+columnwise), each in the formats the recipe gives that direction. Under torch.no_grad() /
+inference mode the inference usage's quantizers run (only the directions inference needs). The
+weight's quantized copy is kept while the weight is unchanged (its version counter: an optimizer
+step changes it), so micro-batches of one step quantize it once. Delayed scaling keeps its amax
+history and scale as module buffers (in state_dict). Stochastic rounding takes a per-module seed
+and a call counter that is a buffer too, so a resumed run draws the same bits.
+"""
+import zlib
+from typing import Dict, Optional
+
+import torch
+from torch import nn
+
+from . import QuantizedTensor, Recipes, UserError, gemm
+
+__all__ = ["Linear", "convert"]
+
+
+def _user_error(message: str) -> UserError:
+    return UserError(1, message)
+
+
+_TENSORS = ("input", "weight", "grad_output")
+
+
+class _Roles:
+    """The quantizers of one module: per tensor type and usage ("training" / "inference")."""
+
+    def __init__(self, recipes: Recipes, recipe: Optional[str], module_type: str, name: str, dtype: torch.dtype):
+        self.q: Dict[tuple, object] = {}
+        for t in _TENSORS:
+            role = f"{module_type}:{t}:{name}" if name else f"{module_type}:{t}"
+            for usage in ("training", "inference"):
+                if t == "grad_output" and usage == "inference":
+                    continue
+                try:
+                    self.q[(t, usage)] = recipes.quantizer(role, recipe=recipe, dtype=dtype, usage=usage)
+                except UserError as e:
+                    raise _user_error(f"module {name or '<root>'}: role {role}: {e}") from None
+
+    def __getitem__(self, key):
+        return self.q[key]
+
+
+class _LinearFn(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x2d, weight, bias, module):
+        qx = module._quantize("input", x2d, "training")
+        qw = module._quantized_weight("training")
+        y = gemm(qx, qw)
+        if bias is not None:
+            y = y + bias
+        ctx.module, ctx.qx, ctx.qw, ctx.has_bias = module, qx, qw, bias is not None
+        return y
+
+    @staticmethod
+    def backward(ctx, dy):
+        module, qx, qw = ctx.module, ctx.qx, ctx.qw
+        dy = dy.contiguous()
+        qg = module._quantize("grad_output", dy, "training")
+        dx = gemm(qg, qw, b_direction="columnwise") if ctx.needs_input_grad[0] else None
+        dw = None
+        if ctx.needs_input_grad[1]:
+            main = getattr(module.weight, "main_grad", None) if module.accumulate_main_grad else None
+            if main is not None:
+                gemm(qg, qx, a_direction="columnwise", b_direction="columnwise", accumulate_into=main)
+            else:
+                dw = gemm(qg, qx, a_direction="columnwise", b_direction="columnwise").to(module.weight.dtype)
+        db = dy.sum(0).to(module.bias.dtype) if ctx.has_bias and ctx.needs_input_grad[2] else None
+        ctx.qx = ctx.qw = None
+        return dx, dw, db, None
+
+
+class Linear(nn.Module):
+    """y = x W^T + b with x, W and dy quantized by a recipe (see the module docstring). Inputs of any
+    leading shape; in_features and out_features as the recipe's formats take them.
+
+    accumulate_main_grad: wgrad adds into `weight.main_grad` (fp32, allocated here) instead of
+    producing weight.grad (Megatron / TE style main-gradient accumulation)."""
+
+    def __init__(self, in_features: int, out_features: int, bias: bool = True, *, recipes: Recipes,
+                 recipe: Optional[str] = None, name: str = "", device=None, dtype=torch.bfloat16,
+                 accumulate_main_grad: bool = False):
+        super().__init__()
+        self.in_features, self.out_features, self.name = in_features, out_features, name
+        self.weight = nn.Parameter(torch.empty(out_features, in_features, device=device, dtype=dtype))
+        self.bias = nn.Parameter(torch.zeros(out_features, device=device, dtype=dtype)) if bias else None
+        nn.init.kaiming_uniform_(self.weight, a=5 ** 0.5)
+        self._setup(recipes, recipe, name, dtype, accumulate_main_grad)
+
+    def _setup(self, recipes, recipe, name, dtype, accumulate_main_grad):
+        self.recipe_names = recipes.names if recipe is None else [recipe]
+        self.roles = _Roles(recipes, recipe, "linear", name, dtype)
+        self.accumulate_main_grad = accumulate_main_grad
+        if accumulate_main_grad:
+            self.weight.main_grad = torch.zeros_like(self.weight, dtype=torch.float32)
+        self._check_sizes()
+        # Stochastic rounding: a seed fixed by the module's name, a call counter kept in state_dict.
+        self.sr_seed = zlib.crc32(name.encode())
+        self.sr_calls = 0  # saved by get_extra_state
+        # Delayed scaling: per tensor type, the amax history and the scale (state_dict buffers).
+        self._delayed = []
+        for t in _TENSORS:
+            q = self.roles[(t, "training")]
+            if q.inputs:
+                n = q.history_length(0)
+                self.register_buffer(f"{t}_amax_history", torch.zeros(n, device=self.weight.device))
+                self.register_buffer(f"{t}_scale", torch.ones(1, device=self.weight.device))
+                self._delayed.append(t)
+        self._wcache = None  # (weight version, usage, QuantizedTensor)
+
+    def _check_sizes(self):
+        """The layer's sizes against every quantizer it will run (a probe of 128 rows)."""
+        for (t, usage), q in self.roles.q.items():
+            k = self.out_features if t == "grad_output" else self.in_features
+            rows = self.out_features if t == "weight" else 128
+            try:
+                q.layout(rows, k)
+            except UserError as e:
+                raise _user_error(f"module {self.name or '<root>'}: role linear:{t} ({usage}) cannot take "
+                                  f"[{rows}, {k}]: {e}") from None
+
+    @classmethod
+    def from_linear(cls, lin: nn.Linear, *, recipes: Recipes, recipe: Optional[str] = None, name: str = "",
+                    accumulate_main_grad: bool = False) -> "Linear":
+        self = cls.__new__(cls)
+        nn.Module.__init__(self)
+        self.in_features, self.out_features, self.name = lin.in_features, lin.out_features, name
+        self.weight = lin.weight
+        self.bias = lin.bias
+        self._setup(recipes, recipe, name, lin.weight.dtype, accumulate_main_grad)
+        return self
+
+    def get_extra_state(self):
+        return {"sr_calls": self.sr_calls, "recipes": self.recipe_names}
+
+    def set_extra_state(self, state):
+        if state.get("recipes") != self.recipe_names:
+            raise _user_error(f"module {self.name or '<root>'}: checkpoint saved under recipe(s) "
+                              f"{state.get('recipes')}, the module runs {self.recipe_names}")
+        self.sr_calls = int(state["sr_calls"])
+
+    def extra_repr(self) -> str:
+        return (f"in_features={self.in_features}, out_features={self.out_features}, bias={self.bias is not None}, "
+                f"recipe={','.join(self.recipe_names)}, name={self.name!r}")
+
+    # Quantizing ---------------------------------------------------------------------------------
+    def _quantize(self, t: str, x: torch.Tensor, usage: str) -> QuantizedTensor:
+        q = self.roles[(t, usage)]
+        kw = {}
+        if q.inputs:
+            kw["scale"] = getattr(self, f"{t}_scale")
+        if any(s.stochastic for s in q.streams.values()):
+            kw["seed"] = self.sr_seed + _TENSORS.index(t)
+            kw["offset"] = self.sr_calls
+            self.sr_calls += 1
+        out = q(x, **kw)
+        if q.inputs and usage == "training":
+            q.update_amax_history(getattr(self, f"{t}_amax_history"), out[_amax_name(out)],
+                                  getattr(self, f"{t}_scale"))
+        return out
+
+    def _quantized_weight(self, usage: str) -> QuantizedTensor:
+        key = (self.weight._version, usage, self.weight.data_ptr())
+        if self._wcache is not None and self._wcache[0] == key:
+            return self._wcache[1]
+        qw = self._quantize("weight", self.weight.detach(), usage)
+        self._wcache = (key, qw)
+        return qw
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if x.shape[-1] != self.in_features:
+            raise _user_error(f"module {self.name or '<root>'}: input's last dimension is {x.shape[-1]}, "
+                              f"expected {self.in_features}")
+        lead = x.shape[:-1]
+        x2d = x.reshape(-1, self.in_features)
+        if not x2d.is_contiguous():
+            x2d = x2d.contiguous()
+        if x2d.dtype != self.weight.dtype:
+            x2d = x2d.to(self.weight.dtype)
+        if torch.is_grad_enabled() and (x.requires_grad or self.weight.requires_grad):
+            y = _LinearFn.apply(x2d, self.weight, self.bias, self)
+        else:
+            qx = self._quantize("input", x2d, "inference")
+            y = gemm(qx, self._quantized_weight("inference"))
+            if self.bias is not None:
+                y = y + self.bias
+        return y.reshape(*lead, self.out_features)
+
+
+def _amax_name(t: QuantizedTensor) -> str:
+    names = [b[0] for b in t.layout.buffers if b[1] == "amax"]
+    if len(names) != 1:
+        raise _user_error(f"delayed scaling: expected one amax output, the quantizer writes {names}")
+    return names[0]
+
+
+def convert(model: nn.Module, recipes: Recipes, *, recipe: Optional[str] = None,
+            accumulate_main_grad: bool = False, skip=()) -> nn.Module:
+    """Replaces every nn.Linear of `model` (in place; parameters kept) by a qt.Linear whose roles are
+    linear:<tensor>:<fully qualified name>. `skip`: names (or predicates on (name, module)) left alone.
+    Returns the model."""
+    todo = []
+    for name, mod in model.named_modules():
+        if type(mod) is nn.Linear and not any(s(name, mod) if callable(s) else s == name for s in skip):
+            todo.append((name, mod))
+    for name, mod in todo:
+        new = Linear.from_linear(mod, recipes=recipes, recipe=recipe, name=name,
+                                 accumulate_main_grad=accumulate_main_grad)
+        parent = model
+        *path, leaf = name.split(".") if name else [""]
+        if not name:
+            raise _user_error("convert: the model itself is an nn.Linear; wrap it in a module")
+        for p in path:
+            parent = getattr(parent, p)
+        setattr(parent, leaf, new)
+    return model

@@ -1,0 +1,164 @@
+"""qforge.torch's modules on a GPU: Linear's forward and backward against float64 products of the
+operands quantized by the same quantizers (whose outputs the binding tests check bit for bit against
+the CPU reference), convert's role assignment and its errors, the inference path, the weight's
+quantized copy kept across micro-batches, delayed-scaling state, and a checkpoint resume whose next
+loss is bit-identical. Skips without torch or a CUDA GPU.
+"""
+import io
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+torch = pytest.importorskip("torch")
+if not torch.cuda.is_available():
+    pytest.skip("needs a CUDA GPU", allow_module_level=True)
+from torch import nn  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT / "python"))
+import qforge  # noqa: E402
+import qforge.torch as qt  # noqa: E402
+
+
+def recipes(name):
+    return qt.Recipes(str(ROOT / "recipes" / f"{name}.json"))
+
+
+def rnd(*shape, seed=0, scale=1.0):
+    g = torch.Generator(device="cpu").manual_seed(seed)
+    return (torch.randn(*shape, generator=g) * scale).to(torch.bfloat16).cuda()
+
+
+def quantize_like(lin, t, x, offset):
+    """What lin._quantize did for tensor type t, without its side effects."""
+    q = lin.roles[(t, "training")]
+    kw = {}
+    if q.inputs:
+        kw["scale"] = torch.ones(1, device="cuda")
+    if any(s.stochastic for s in q.streams.values()):
+        kw["seed"], kw["offset"] = lin.sr_seed + ("input", "weight", "grad_output").index(t), offset
+    return q(x, **kw)
+
+
+def dq(t, direction):
+    v = t.dequantize(torch.float32, direction).double()
+    return v  # [M, K] logical orientation
+
+
+@pytest.mark.parametrize("name", ["current_scaling", "float8_block_scaling", "fp8_rowwise", "mxfp8_hopper", "nvfp4",
+                                  "hybrid_mxfp8_fwd_nvfp4_bwd", "int8_weight_sr"])
+def test_linear_forward_backward(name):
+    lin = qt.Linear(512, 384, bias=True, recipes=recipes(name), name="layer", device="cuda")
+    with torch.no_grad():
+        lin.weight.copy_(rnd(384, 512, seed=1, scale=0.05))
+        lin.bias.copy_(rnd(384, seed=2))
+    x = rnd(2, 128, 512, seed=3).requires_grad_()
+    g = rnd(2, 128, 384, seed=4)
+    off0 = lin.sr_calls
+    y = lin(x)
+    off_g = lin.sr_calls
+    y.backward(g)
+    x2, g2 = x.detach().reshape(256, 512), g.reshape(256, 384)
+    qx = quantize_like(lin, "input", x2, off0)
+    qw = quantize_like(lin, "weight", lin.weight.detach(), off0 + 1 if any(
+        s.stochastic for s in lin.roles[("input", "training")].streams.values()) else off0)
+    qg = quantize_like(lin, "grad_output", g2, off_g)
+    # Each product against float64 of the dequantized operands, directions as the module uses them.
+    y_ref = dq(qx, "rowwise") @ dq(qw, "rowwise").t() + lin.bias.double()
+    dx_ref = dq(qg, "rowwise") @ dq(qw, "columnwise")
+    dw_ref = dq(qg, "columnwise").t() @ dq(qx, "columnwise")
+    for what, got, ref, tol in (("y", y.reshape(256, 384), y_ref, 1e-2), ("dx", x.grad.reshape(256, 512), dx_ref, 1.5e-2),
+                                ("dw", lin.weight.grad, dw_ref, 1.5e-2), ("db", lin.bias.grad, g2.double().sum(0), 1e-2)):
+        err = (got.double() - ref).abs().max().item()
+        assert err <= tol * ref.abs().max().item() + 1e-3, (what, err, ref.abs().max().item())
+
+
+def test_convert_assigns_roles_by_name():
+    text = json.dumps({"qforge_recipe": 1, "name": "per_layer", "usage": "training", "roles": [
+        {"match": ["*:input", "*:weight", "*:grad_output"],
+         "rowwise": {"format": "e4m3", "scaling": "per_tensor_current"},
+         "columnwise": {"format": "e4m3", "scaling": "per_tensor_current"}},
+        {"match": "linear:weight:layers.1",
+         "rowwise": {"format": "e4m3", "scaling": {"mode": "block", "block": [128, 128]}},
+         "columnwise": {"format": "e4m3", "scaling": {"mode": "block", "block": [128, 128]}}}]})
+    model = nn.Sequential()
+    model.layers = nn.ModuleList([nn.Linear(256, 256), nn.Linear(256, 256)])
+    model = model.cuda().to(torch.bfloat16)
+    w1 = model.layers[1].weight
+    qt.convert(model, qt.Recipes.from_json(text))
+    assert isinstance(model.layers[0], qt.Linear) and model.layers[1].weight is w1
+    assert model.layers[0].roles[("weight", "training")].streams["rowwise"].scaling == "per_tensor_current"
+    assert model.layers[1].roles[("weight", "training")].streams["rowwise"].scaling == "block"
+    only_inputs = json.dumps({"qforge_recipe": 1, "name": "inputs_only", "usage": "training", "roles": [
+        {"match": "*:input", "rowwise": {"format": "e4m3", "scaling": "per_tensor_current"},
+         "columnwise": {"format": "e4m3", "scaling": "per_tensor_current"}}]})
+    with pytest.raises(qforge.UserError, match=r"module 0: role linear:weight:0"):
+        qt.convert(nn.Sequential(nn.Linear(256, 256)).cuda(), qt.Recipes.from_json(only_inputs))
+    with pytest.raises(qforge.UserError, match=r"module 0: role linear:input \(training\) cannot take \[128, 255\]"):
+        qt.convert(nn.Sequential(nn.Linear(255, 256)).cuda().to(torch.bfloat16), recipes("nvfp4"))
+
+
+def test_inference_path_and_weight_cache():
+    lin = qt.Linear(256, 256, recipes=recipes("hybrid_mxfp8_fwd_nvfp4_bwd"), name="l", device="cuda")
+    x = rnd(128, 256, seed=5)
+    with torch.no_grad():
+        y = lin(x)
+    assert lin._wcache[0][1] == "inference"
+    assert list(lin._wcache[1].streams) == ["rowwise"]  # inference writes the forward copy alone
+    qx = lin.roles[("input", "inference")](x)
+    assert torch.equal(y, qt.gemm(qx, lin._wcache[1]) + lin.bias)
+    x.requires_grad_()
+    lin(x).sum().backward()
+    first = lin._wcache[1]
+    lin(x).sum().backward()  # a second micro-batch: the weight is unchanged, its copy is reused
+    assert lin._wcache[1] is first
+    torch.optim.SGD(lin.parameters(), lr=0.1).step()
+    lin(x).sum().backward()
+    assert lin._wcache[1] is not first
+
+
+def test_delayed_scaling_state():
+    lin = qt.Linear(256, 256, recipes=recipes("delayed_scaling"), name="d", device="cuda")
+    x = rnd(128, 256, seed=6, scale=3).requires_grad_()
+    lin(x).sum().backward()
+    assert lin.input_amax_history[0].item() == x.detach().abs().max().float().item()
+    assert lin.input_scale.item() != 1.0
+    sd = lin.state_dict()
+    assert {"input_amax_history", "input_scale", "weight_scale", "grad_output_amax_history"} <= set(sd)
+
+
+def small_model(name):
+    torch.manual_seed(0)
+    m = nn.Sequential(nn.Linear(256, 512), nn.GELU(), nn.Linear(512, 256)).cuda().to(torch.bfloat16)
+    return qt.convert(m, recipes(name))
+
+
+def train_step(m, opt, step):
+    x = rnd(256, 256, seed=100 + step)
+    loss = (m(x).float() ** 2).mean()
+    opt.zero_grad()
+    loss.backward()
+    opt.step()
+    return loss.item()
+
+
+def test_checkpoint_resume_is_bit_identical():
+    m = small_model("nvfp4")
+    opt = torch.optim.AdamW(m.parameters(), lr=1e-3)
+    for s in range(3):
+        train_step(m, opt, s)
+    f = io.BytesIO()
+    torch.save({"model": m.state_dict(), "opt": opt.state_dict()}, f)
+    want = [train_step(m, opt, s) for s in (3, 4)]
+    f.seek(0)
+    ck = torch.load(f, weights_only=False)
+    m2 = small_model("nvfp4")
+    m2.load_state_dict(ck["model"])
+    opt2 = torch.optim.AdamW(m2.parameters(), lr=1e-3)
+    opt2.load_state_dict(ck["opt"])
+    assert [train_step(m2, opt2, s) for s in (3, 4)] == want
+    m3 = small_model("mxfp8_hopper")
+    with pytest.raises(qforge.UserError, match="checkpoint saved under recipe"):
+        m3.load_state_dict(ck["model"])
