@@ -95,7 +95,12 @@ std::shared_ptr<Layout> make_layout(const rt::Quantizer& q, std::vector<BufferDe
   L->members = members;
   int64_t at = 0;
   for (auto& b : bufs) {
-    const int64_t extra = b.scale_layout == "mn_major" ? 3 * b.shape[0] * storage_bytes(b.storage) : 0;
+    // mn_major grids: the 3 padding rows per group a GEMM's bound counts. Grouped scale grids: the
+    // bound a grouped GEMM checks per group (a partial block and padding per member; GroupedGemmPlan
+    // verifies it against this).
+    int64_t extra = b.scale_layout == "mn_major" ? 3 * b.shape[0] * storage_bytes(b.storage) : 0;
+    if (members > 0 && b.kind == BufferKind::ScaleInv)
+      extra += 4 * int64_t(members + 1) * *std::max_element(b.shape.begin(), b.shape.end()) * storage_bytes(b.storage);
     L->buffers.push_back(BufferSlot{std::move(b), at, 0});
     L->buffers.back().reserved = L->buffers.back().desc.bytes + extra;
     at = align_up(at + L->buffers.back().reserved);
@@ -365,9 +370,14 @@ EntryShape entries(const qf::Stream& s) { return scale_entry_shape(s); }
 // The fused GEMM that reads these two streams' buffers as they are, if there is one:
 // D [rows of A, rows of B] = A [., K] @ B [., K]^T, one group. K-grouped (the reduction over
 // tokens) where B's blocks run along its rows as A's do (blockwise 1x128 x 1x128).
-std::optional<GemmSpec> fused_spec(const qf::Stream& a, const qf::Stream& b, int64_t m, int64_t n, int64_t k) {
+// `layout`: MGrouped for the dense GEMMs (blockwise 1x128 x 1x128 turns K-grouped), or the grouped
+// layout a GroupedGemmPlan runs (m: K-grouped rows of D; k: 0 there).
+std::optional<GemmSpec> fused_spec(const qf::Stream& a, const qf::Stream& b, int64_t m, int64_t n, int64_t k,
+                                   GemmLayout layout = GemmLayout::MGrouped) {
   const ScaleStorage sa = traits(a.scaling).scale_storage, sb = traits(b.scaling).scale_storage;
   GemmSpec spec;
+  spec.layout = layout;
+  if (k_grouped(layout)) spec.m = m;
   spec.a_format = a.format;
   spec.b_format = b.format;
   spec.n = n;
@@ -395,7 +405,7 @@ std::optional<GemmSpec> fused_spec(const qf::Stream& a, const qf::Stream& b, int
     spec.scale_layout = a.scale_layout;
     if (eb.rows == 128 && eb.cols == 128 && b.scale_layout == ScaleLayout::Compact) {
     } else if (eb.rows == 1 && eb.cols == 128 && b.scale_layout == a.scale_layout) {
-      spec.layout = GemmLayout::KGrouped;  // both 1x128 along the reduction: the wgrad form
+      if (!k_grouped(layout)) spec.layout = GemmLayout::KGrouped;  // both 1x128 along the reduction: the wgrad form
       spec.m = m;
       spec.k = 0;
     } else {
@@ -572,6 +582,124 @@ class GemmPlan {
   mutable std::vector<std::shared_ptr<DeviceBuffer>> offsets_;
 };
 
+// The grouped GEMMs of an MoE layer on grouped quantizes (members = experts): fprop and dgrad
+// M-grouped over the tokens' quantize (A, split by device row offsets) and the stacked weights'
+// quantize (B [G, N, K]: one member per expert); wgrad K-grouped over both token quantizes'
+// per-member transposed copies. The split lives on the device: run() takes its offsets.
+class GroupedGemmPlan {
+ public:
+  GroupedGemmPlan(std::shared_ptr<QuantizerBinding> qa, std::shared_ptr<Layout> la, int sa,
+                  std::shared_ptr<QuantizerBinding> qb, std::shared_ptr<Layout> lb, int sb, bool wgrad,
+                  const std::string& out_dtype, bool accumulate)
+      : qa_(std::move(qa)), qb_(std::move(qb)), la_(std::move(la)), lb_(std::move(lb)), wgrad_(wgrad) {
+    if (!la_->members || !lb_->members) throw UserError("a", "grouped GEMMs take grouped quantizes (members)");
+    a_ = qa_->operand(*la_, sa);
+    b_ = qb_->operand(*lb_, sb);
+    for (const auto& [o, arg] : {std::pair{&a_, "a_direction"}, std::pair{&b_, "b_direction"}})
+      if (o->stream->dir == Direction::Columnwise && o->stream->layout == DataLayout::RowMajor)
+        throw UserError(arg, "the columnwise copy has the input's own [M, K] layout; the GEMMs read transposed copies");
+    groups_ = la_->members;
+    const Shape2D da = data_shape(*a_.stream, Shape2D{la_->shape.m, la_->shape.k});
+    const Shape2D db = data_shape(*b_.stream, Shape2D{lb_->shape.m, lb_->shape.k});
+    if (wgrad_) {  // A^T [m, tokens], B^T [n, tokens]: D[g] [m, n] over each member's tokens
+      if (lb_->members != groups_ || la_->shape.m != lb_->shape.m)
+        throw UserError("b", "wgrad: both operands must be quantizes of the same tokens and members (" +
+                                 std::to_string(la_->shape.m) + " x " + std::to_string(groups_) + " vs " +
+                                 std::to_string(lb_->shape.m) + " x " + std::to_string(lb_->members) + ")");
+      m_ = da.m;
+      n_ = db.m;
+      tokens_ = la_->shape.m;
+    } else {  // A [M_total, K] by row offsets; B [G, N, K]: one member of N rows per group
+      if (lb_->members != groups_)
+        throw UserError("b", "expected " + std::to_string(groups_) + " weight members, got " + std::to_string(lb_->members));
+      if (lb_->shape.m % groups_) throw UserError("b", "the stacked weights' rows are not G equal members");
+      const int64_t per = lb_->shape.m / groups_;
+      const Shape2D one = data_shape(*b_.stream, Shape2D{per, lb_->shape.k});
+      if (da.k != one.k)
+        throw UserError("b", "the operands' reduction lengths differ: A [., " + std::to_string(da.k) + "], B[g] [" +
+                                 std::to_string(one.m) + ", " + std::to_string(one.k) + "]");
+      m_ = la_->shape.m;
+      n_ = one.m;
+      k_ = one.k;
+    }
+    const DType out = parse_dtype_arg(out_dtype, "out_dtype");
+    auto spec = fused_spec(*a_.stream, *b_.stream, wgrad_ ? m_ : 0, n_, wgrad_ ? 0 : k_,
+                           wgrad_ ? GemmLayout::KGroupedMembers : GemmLayout::MGrouped);
+    if (!spec) throw UserError("b", "no grouped GEMM reads these two formats (" + std::string(traits(a_.stream->format).name) +
+                                        " / " + std::string(scaling_name(a_.stream->scaling)) + " x " +
+                                        std::string(traits(b_.stream->format).name) + " / " +
+                                        std::string(scaling_name(b_.stream->scaling)) +
+                                        "): mixed formats take the dense qforge.torch.gemm per member");
+    spec->layout = wgrad_ ? GemmLayout::KGroupedMembers : GemmLayout::MGrouped;
+    if (wgrad_) {
+      spec->m = m_;
+      spec->n = n_;
+      spec->k = 0;
+    }
+    spec->out_dtype = out;
+    spec->accumulate = accumulate;
+    validate(*spec);
+    gemm_ = std::make_unique<rt::Gemm>(*spec);
+    // The layouts' scale slots against what the GEMM checks for this call's extent.
+    const GemmScaleElems se = wgrad_ ? gemm_scale_elems(gemm_->spec(), 0, groups_, tokens_)
+                                     : gemm_scale_elems(gemm_->spec(), m_, groups_);
+    const int sbytes = traits(gemm_->spec().scaling).scale_bytes;
+    if (a_.scale && se.a * sbytes > a_.scale->reserved)
+      throw InternalError(__FILE__, __LINE__, "A's scale slot holds " + std::to_string(a_.scale->reserved) + " bytes, the GEMM reads up to " + std::to_string(se.a * sbytes));
+    if (b_.scale && se.b * sbytes > b_.scale->reserved)
+      throw InternalError(__FILE__, __LINE__, "B's scale slot holds " + std::to_string(b_.scale->reserved) + " bytes, the GEMM reads up to " + std::to_string(se.b * sbytes));
+  }
+
+  int64_t workspace_bytes() const {
+    std::call_once(ws_once_, [&] { ws_ = gemm_->workspace_bytes(wgrad_ ? tokens_ : m_, groups_); });
+    return ws_;
+  }
+
+  // offsets: device int64 [G + 1], the members' row offsets (the same the grouped quantizes took).
+  void run(uint64_t a_base, uint64_t b_base, uint64_t d, uint64_t offsets, uint64_t workspace, uintptr_t stream,
+           int device) const {
+    rt::ScopedContext ctx(rt::primary_context(device)->get());
+    const auto at = [](uint64_t base, const BufferSlot* s) {
+      return s ? rt::TensorView{base + uint64_t(s->offset), s->reserved, {}, {}} : rt::TensorView{};
+    };
+    rt::GemmCall c;
+    c.a = at(a_base, a_.data);
+    c.b = at(b_base, b_.data);
+    c.a_scale = at(a_base, a_.scale);
+    c.b_scale = at(b_base, b_.scale);
+    if (traits(gemm_->spec().scaling).per_tensor_amax) {
+      c.a_amax = at(a_base, a_.amax);
+      c.b_amax = at(b_base, b_.amax);
+    }
+    c.num_groups = groups_;
+    c.group_offsets = rt::TensorView{offsets, int64_t(groups_ + 1) * 8, {}, {}};
+    const int64_t rows = wgrad_ ? int64_t(groups_) * m_ : m_;
+    c.d = rt::TensorView{d, rows * n_ * traits(gemm_->spec().out_dtype).bytes, {}, {}};
+    if (wgrad_) c.k_total = tokens_;
+    else c.m_total = m_;
+    const int64_t ws = workspace_bytes();
+    if (ws) c.workspace = rt::TensorView{workspace, ws, {}, {}};
+    gemm_->run(c, reinterpret_cast<CUstream>(stream));
+  }
+
+  std::vector<int64_t> out_shape() const {
+    return wgrad_ ? std::vector<int64_t>{groups_, m_, n_} : std::vector<int64_t>{m_, n_};
+  }
+  std::string describe_spec() const { return describe(gemm_->spec()); }
+  std::string prepare(const std::string& arch) const { return std::string(name(gemm_->prepare(arch))); }
+
+ private:
+  std::shared_ptr<QuantizerBinding> qa_, qb_;
+  std::shared_ptr<Layout> la_, lb_;
+  QuantizerBinding::Operand a_, b_;
+  bool wgrad_ = false;
+  int groups_ = 0;
+  int64_t m_ = 0, n_ = 0, k_ = 0, tokens_ = 0;
+  std::unique_ptr<rt::Gemm> gemm_;
+  mutable std::once_flag ws_once_;
+  mutable int64_t ws_ = 0;
+};
+
 // ------------------------------------------------------------------------------ CPU reference
 
 nb::bytes to_bytes(const std::vector<uint8_t>& v) { return nb::bytes(reinterpret_cast<const char*>(v.data()), v.size()); }
@@ -721,6 +849,18 @@ NB_MODULE(_C, m) {
       .def("prepare", &GemmPlan::prepare, "arch"_a = "sm_90a", nb::call_guard<nb::gil_scoped_release>())
       .def("run", &GemmPlan::run, "a_base"_a, "b_base"_a, "d"_a, "workspace"_a, "stream"_a, "device"_a,
            nb::call_guard<nb::gil_scoped_release>());
+
+  nb::class_<GroupedGemmPlan>(m, "GroupedGemmPlan")
+      .def(nb::init<std::shared_ptr<QuantizerBinding>, std::shared_ptr<Layout>, int, std::shared_ptr<QuantizerBinding>,
+                    std::shared_ptr<Layout>, int, bool, const std::string&, bool>(),
+           "a_quantizer"_a, "a_layout"_a, "a_stream"_a, "b_quantizer"_a, "b_layout"_a, "b_stream"_a, "wgrad"_a = false,
+           "out_dtype"_a = "bf16", "accumulate"_a = false)
+      .def_prop_ro("out_shape", &GroupedGemmPlan::out_shape)
+      .def("describe", &GroupedGemmPlan::describe_spec)
+      .def("workspace_bytes", &GroupedGemmPlan::workspace_bytes)
+      .def("prepare", &GroupedGemmPlan::prepare, "arch"_a = "sm_90a", nb::call_guard<nb::gil_scoped_release>())
+      .def("run", &GroupedGemmPlan::run, "a_base"_a, "b_base"_a, "d"_a, "offsets"_a, "workspace"_a, "stream"_a,
+           "device"_a, nb::call_guard<nb::gil_scoped_release>());
 
   m.def("reference_quantize", &reference_quantize, "quantizer"_a, "x"_a, "m"_a, "k"_a, "seed"_a = 0, "offset"_a = 0,
         "scales"_a = std::vector<float>{}, "split"_a = std::vector<int64_t>{});

@@ -162,3 +162,53 @@ def test_checkpoint_resume_is_bit_identical():
     m3 = small_model("mxfp8_hopper")
     with pytest.raises(qforge.UserError, match="checkpoint saved under recipe"):
         m3.load_state_dict(ck["model"])
+
+
+@pytest.mark.parametrize("name", ["current_scaling", "float8_block_scaling", "fp8_rowwise", "mxfp8_hopper", "nvfp4"])
+def test_grouped_linear_forward_backward(name):
+    G, K, N = 4, 256, 384
+    split = [128, 0, 256, 128]
+    offsets = torch.tensor([0, 128, 128, 384, 512], dtype=torch.int64, device="cuda")
+    lin = qt.GroupedLinear(G, K, N, recipes=recipes(name), name="experts", device="cuda")
+    with torch.no_grad():
+        lin.weight.copy_(rnd(G, N, K, seed=1, scale=0.05))
+    x = rnd(512, K, seed=3).requires_grad_()
+    g = rnd(512, N, seed=4)
+    off0 = lin.sr_calls
+    y = lin(x, offsets)
+    off_g = lin.sr_calls
+    y.backward(g)
+
+    def members(t, data, rows, member_split, offset):
+        q = lin.q[t]
+        kw = {}
+        if any(s.stochastic for s in q.streams.values()):
+            kw["seed"], kw["offset"] = lin.sr_seed + ("input", "weight", "grad_output").index(t), offset
+        return q(data, member_rows=rows, split=member_split, **kw).member_views()
+
+    w_off = lin.weight_offsets
+    sr_in = any(s.stochastic for s in lin.q["input"].streams.values())
+    mx = members("input", x.detach(), offsets, split, off0)
+    mw = members("weight", lin.weight.detach().reshape(G * N, K), w_off, [N] * G, off0 + sr_in)
+    mg = members("grad_output", g, offsets, split, off_g)
+    start = 0
+    for e, n in enumerate(split):
+        if n:
+            rows = slice(start, start + n)
+            y_ref = dq(mx[e], "rowwise") @ dq(mw[e], "rowwise").t()
+            dx_ref = dq(mg[e], "rowwise") @ dq(mw[e], "columnwise")
+            dw_ref = dq(mg[e], "columnwise").t() @ dq(mx[e], "columnwise")
+            for what, got, ref in (("y", y[rows], y_ref), ("dx", x.grad[rows], dx_ref), ("dw", lin.weight.grad[e], dw_ref)):
+                err = (got.double() - ref).abs().max().item()
+                assert err <= 1.5e-2 * ref.abs().max().item() + 1e-3, (e, what, err)
+        else:
+            assert torch.all(lin.weight.grad[e] == 0)
+        start += n
+
+
+def test_grouped_linear_refuses_what_it_cannot_run():
+    with pytest.raises(qforge.UserError, match="module moe: the recipe's grouped GEMMs"):
+        qt.GroupedLinear(4, 256, 256, recipes=recipes("hybrid_mxfp8_fwd_nvfp4_bwd"), name="moe", device="cuda")
+    lin = qt.GroupedLinear(4, 256, 256, recipes=recipes("float8_block_scaling"), name="moe", device="cuda")
+    with pytest.raises(qforge.UserError, match=r"offsets: expected 5 row offsets, got 3"):
+        lin(rnd(128, 256), torch.tensor([0, 64, 128], device="cuda"))

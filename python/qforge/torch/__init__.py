@@ -26,7 +26,7 @@ import torch
 from .. import UserError
 from .. import _ext
 
-__all__ = ["Recipes", "Quantizer", "QuantizedTensor", "gemm", "gemm_plan", "dequantize", "Linear", "convert", "UserError"]
+__all__ = ["Recipes", "Quantizer", "QuantizedTensor", "gemm", "gemm_plan", "grouped_gemm", "GroupedLinear", "dequantize", "Linear", "convert", "UserError"]
 
 _C = _ext.load()
 
@@ -480,5 +480,60 @@ def gemm_plan(a: QuantizedTensor, b: QuantizedTensor, a_direction: str = "rowwis
                  b._stream_index(b_direction), _OUT_CODES[out_dtype], False)
 
 
+_gplans: Dict[tuple, object] = {}  # grouped GEMM plans
+
+
+def _grouped_plan(qa, am, ak, amem, ai, qb, bm, bk, bmem, bi, wgrad, out_code, accumulate):
+    key = (qa, am, ak, amem, ai, qb, bm, bk, bmem, bi, wgrad, out_code, accumulate)
+    p = _gplans.get(key)
+    if p is None:
+        a, b = _quantizers[qa], _quantizers[qb]
+        p = _C.GroupedGemmPlan(a._c, a.layout(am, ak, amem), ai, b._c, b.layout(bm, bk, bmem), bi, wgrad,
+                               _CODE_NAMES[out_code], accumulate)
+        _gplans[key] = p
+    return p
+
+
+def _grouped_gemm(a_buf, qa, am, ak, amem, ai, b_buf, qb, bm, bk, bmem, bi, offsets, wgrad, out_code, out):
+    p = _grouped_plan(qa, am, ak, amem, ai, qb, bm, bk, bmem, bi, wgrad, out_code, out is not None)
+    dev = a_buf.get_device()
+    _check_input(offsets, torch.int64, dev, "offsets")
+    if offsets.numel() != amem + 1:
+        raise _user_error(f"offsets: expected {amem + 1} row offsets, got {offsets.numel()}")
+    shape = tuple(p.out_shape)
+    if out is None:
+        d = torch.empty(shape, dtype=_CODES[out_code], device=a_buf.device)
+    else:
+        _check_input(out, _CODES[out_code], dev, "out")
+        if tuple(out.shape) != shape:
+            raise _user_error(f"out: expected shape {list(shape)}, got {list(out.shape)}")
+        d = out
+    ws = p.workspace_bytes()
+    w = torch.empty(ws, dtype=torch.uint8, device=a_buf.device) if ws else None
+    p.run(a_buf.data_ptr(), b_buf.data_ptr(), d.data_ptr(), offsets.data_ptr(), _ptr(w), _raw_stream(dev), dev)
+    return d
+
+
+def grouped_gemm(a: QuantizedTensor, b: QuantizedTensor, offsets: torch.Tensor, *, a_direction: str = "rowwise",
+                 b_direction: str = "rowwise", wgrad: bool = False, out_dtype: torch.dtype = torch.bfloat16,
+                 accumulate_into: Optional[torch.Tensor] = None) -> torch.Tensor:
+    """The grouped GEMMs of an MoE layer on grouped quantizes whose members are the experts, split by
+    `offsets` (device int64 [G + 1], the tokens' row offsets the quantizes took):
+      fprop  gemm(x, w, offsets)                         -> [M, N]   (w: the stacked [G * N, K] weights,
+      dgrad  gemm(dy, w, offsets, b_direction="columnwise") -> [M, K]  quantized with G members of N rows)
+      wgrad  gemm(dy, x, offsets, "columnwise", "columnwise", wgrad=True) -> [G, N, K]
+    Each member's tokens must meet the recipe's K-grouped alignment for wgrad (16 fp8 / 32 nvfp4 tokens)."""
+    if not a.members or not b.members:
+        raise _user_error("a, b: grouped_gemm takes grouped quantizes (grouped=True quantizers)")
+    ai, bi = a._stream_index(a_direction), b._stream_index(b_direction)
+    if accumulate_into is not None:
+        out_dtype = torch.float32
+    out_code = _OUT_CODES.get(out_dtype)
+    if out_code is None:
+        raise _user_error(f"out_dtype: expected bfloat16 or float32, got {out_dtype}")
+    return _grouped_gemm(a.buffer, a.quantizer.id, a.m, a.k, a.members, ai, b.buffer, b.quantizer.id, b.m, b.k,
+                         b.members, bi, offsets, bool(wgrad), out_code, accumulate_into)
+
+
 from . import _ops  # noqa: E402,F401  (registers the custom ops)
-from .modules import Linear, convert  # noqa: E402,F401
+from .modules import GroupedLinear, Linear, convert  # noqa: E402,F401

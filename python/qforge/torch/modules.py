@@ -25,9 +25,9 @@ from typing import Dict, Optional
 import torch
 from torch import nn
 
-from . import QuantizedTensor, Recipes, UserError, gemm
+from . import QuantizedTensor, Recipes, UserError, gemm, grouped_gemm
 
-__all__ = ["Linear", "convert"]
+__all__ = ["Linear", "GroupedLinear", "convert"]
 
 
 def _user_error(message: str) -> UserError:
@@ -200,6 +200,115 @@ class Linear(nn.Module):
             if self.bias is not None:
                 y = y + self.bias
         return y.reshape(*lead, self.out_features)
+
+
+class _GroupedFn(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, offsets, weight, module):
+        qx = module._quantize_grouped("input", x, offsets)
+        qw = module._quantized_weight()
+        ctx.module, ctx.qx, ctx.qw, ctx.offsets = module, qx, qw, offsets
+        return grouped_gemm(qx, qw, offsets)
+
+    @staticmethod
+    def backward(ctx, dy):
+        module, qx, qw, offsets = ctx.module, ctx.qx, ctx.qw, ctx.offsets
+        qg = module._quantize_grouped("grad_output", dy.contiguous(), offsets)
+        dx = grouped_gemm(qg, qw, offsets, b_direction="columnwise") if ctx.needs_input_grad[0] else None
+        dw = None
+        if ctx.needs_input_grad[2]:
+            dw = grouped_gemm(qg, qx, offsets, a_direction="columnwise", b_direction="columnwise",
+                              wgrad=True).to(module.weight.dtype)
+        ctx.qx = ctx.qw = None
+        return dx, None, dw, None
+
+
+class GroupedLinear(nn.Module):
+    """MoE experts: y[rows of expert g] = x[rows of g] W[g]^T, the experts' token counts on the device.
+
+    forward(x [M, in_features], offsets): offsets is a CUDA int64 tensor [num_experts + 1] of row
+    offsets (tokens sorted by expert); no host sync. Roles: grouped_linear:<tensor>:<name>. The
+    weights are one parameter [num_experts, out_features, in_features], quantized as one grouped
+    tensor of num_experts members. Each expert's token count must meet the recipe's wgrad alignment
+    (16 tokens for fp8, 32 for NVFP4; padding experts' tokens to 128 always does): the counts live on
+    the device, so a count off that alignment gives NaN in that expert's weight gradient, as the
+    grouped GEMM documents. Recipes whose backward pairs two formats (the hybrid's dgrad) are refused
+    at construction: qforge has no grouped mixed-format GEMM yet."""
+
+    def __init__(self, num_experts: int, in_features: int, out_features: int, *, recipes: Recipes,
+                 recipe: Optional[str] = None, name: str = "", device=None, dtype=torch.bfloat16):
+        super().__init__()
+        self.num_experts, self.in_features, self.out_features, self.name = num_experts, in_features, out_features, name
+        self.weight = nn.Parameter(torch.empty(num_experts, out_features, in_features, device=device, dtype=dtype))
+        for w in self.weight.data:
+            nn.init.kaiming_uniform_(w, a=5 ** 0.5)
+        self.q = {}
+        for t in _TENSORS:
+            role = f"grouped_linear:{t}:{name}" if name else f"grouped_linear:{t}"
+            try:
+                self.q[t] = recipes.quantizer(role, recipe=recipe, dtype=dtype, usage="training", grouped=True)
+            except UserError as e:
+                raise _user_error(f"module {name or '<root>'}: role {role}: {e}") from None
+        self.recipe_names = recipes.names if recipe is None else [recipe]
+        for t in _TENSORS:
+            if self.q[t].inputs:
+                raise _user_error(f"module {name or '<root>'}: grouped_linear:{t}: delayed scaling of grouped tensors "
+                                  "is not supported by GroupedLinear yet (one scale per member)")
+        self.register_buffer("weight_offsets", torch.arange(0, (num_experts + 1) * out_features, out_features,
+                                                            dtype=torch.int64, device=device), persistent=False)
+        self.sr_seed = zlib.crc32(name.encode()) ^ 0x5A5A
+        self.sr_calls = 0
+        self._wcache = None
+        # Every GEMM the layer runs, built once here so a recipe no grouped GEMM reads fails now.
+        from . import _grouped_plan
+        probe = 128 * num_experts
+        qx, qw, qg = self.q["input"], self.q["weight"], self.q["grad_output"]
+        ix, iw, ig = qx._index, qw._index, qg._index
+        try:
+            _grouped_plan(qx.id, probe, in_features, num_experts, ix["rowwise"], qw.id, num_experts * out_features,
+                          in_features, num_experts, iw["rowwise"], False, 1, False)
+            _grouped_plan(qg.id, probe, out_features, num_experts, ig["rowwise"], qw.id, num_experts * out_features,
+                          in_features, num_experts, iw["columnwise"], False, 1, False)
+            _grouped_plan(qg.id, probe, out_features, num_experts, ig["columnwise"], qx.id, probe, in_features,
+                          num_experts, ix["columnwise"], True, 1, False)
+        except (UserError, KeyError) as e:
+            raise _user_error(f"module {name or '<root>'}: the recipe's grouped GEMMs: {e}") from None
+
+    def get_extra_state(self):
+        return {"sr_calls": self.sr_calls, "recipes": self.recipe_names}
+
+    def set_extra_state(self, state):
+        if state.get("recipes") != self.recipe_names:
+            raise _user_error(f"module {self.name or '<root>'}: checkpoint saved under recipe(s) "
+                              f"{state.get('recipes')}, the module runs {self.recipe_names}")
+        self.sr_calls = int(state["sr_calls"])
+
+    def _quantize_grouped(self, t, x, offsets):
+        q = self.q[t]
+        kw = {}
+        if any(s.stochastic for s in q.streams.values()):
+            kw["seed"], kw["offset"] = self.sr_seed + _TENSORS.index(t), self.sr_calls
+            self.sr_calls += 1
+        return q(x, member_rows=offsets, **kw)
+
+    def _quantized_weight(self):
+        key = (self.weight._version, self.weight.data_ptr())
+        if self._wcache is None or self._wcache[0] != key:
+            w = self.weight.detach().reshape(self.num_experts * self.out_features, self.in_features)
+            self._wcache = (key, self._quantize_grouped("weight", w, self.weight_offsets))
+        return self._wcache[1]
+
+    def forward(self, x: torch.Tensor, offsets: torch.Tensor) -> torch.Tensor:
+        if x.dim() != 2 or x.shape[1] != self.in_features:
+            raise _user_error(f"module {self.name or '<root>'}: expected x [M, {self.in_features}], got {list(x.shape)}")
+        if offsets.numel() != self.num_experts + 1:
+            raise _user_error(f"module {self.name or '<root>'}: offsets: expected {self.num_experts + 1} row offsets, "
+                              f"got {offsets.numel()}")
+        return _GroupedFn.apply(x.contiguous(), offsets, self.weight, self)
+
+    def extra_repr(self) -> str:
+        return (f"num_experts={self.num_experts}, in_features={self.in_features}, out_features={self.out_features}, "
+                f"recipe={','.join(self.recipe_names)}, name={self.name!r}")
 
 
 def _amax_name(t: QuantizedTensor) -> str:
