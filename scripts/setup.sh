@@ -18,6 +18,8 @@ fi
 # libclang_rt.fuzzer in libclang-rt-14-dev, which `clang` only recommends: checked below.
 command -v clang++ >/dev/null || need_apt+=(clang)
 SUDO=""; [ "$(id -u)" = 0 ] || SUDO=sudo
+# tests/tools/wheel_test.sh installs the wheel into a fresh venv (Debian's python3 needs python3-venv).
+python3 -c "import ensurepip, venv" 2>/dev/null || need_apt+=(python3-venv)
 if [ ${#need_apt[@]} -gt 0 ]; then
   echo "setup: apt-get install ${need_apt[*]}"
   $SUDO apt-get update -qq
@@ -38,17 +40,13 @@ if ! links_libfuzzer; then
 fi
 
 py_missing=()
-for mod in numpy ml_dtypes lit pytest jsonschema setuptools wheel nanobind; do
+# scikit_build_core (with nanobind): tests/tools/wheel_test.sh builds the pip wheel without build isolation.
+for mod in numpy ml_dtypes lit pytest jsonschema setuptools wheel nanobind scikit_build_core; do
   python3 -c "import $mod" 2>/dev/null || py_missing+=("$mod")
 done
 if [ ${#py_missing[@]} -gt 0 ]; then
   echo "setup: pip install ${py_missing[*]}"
   python3 -m pip install -q "${py_missing[@]}"
-fi
-# python/pyproject.toml's [project] table needs setuptools 61 or later (tests/tools/install_test.sh).
-if ! python3 -c "import setuptools, sys; sys.exit(int(setuptools.__version__.split('.')[0]) < 61)" 2>/dev/null; then
-  echo "setup: pip install -U setuptools>=61"
-  python3 -m pip install -q -U "setuptools>=61"
 fi
 
 if ! command -v nvcc >/dev/null && [ ! -f /usr/local/cuda/include/nvrtc.h ]; then

@@ -4,6 +4,7 @@ Every struct mirrors its C definition field for field; tests/python compiles the
 compiler and compares every field's offset and size, and each struct's size, with these.
 """
 import ctypes
+import importlib.util
 import os
 import shutil
 from ctypes import POINTER, Structure, c_char_p, c_int, c_int64, c_uint64, c_void_p
@@ -112,15 +113,16 @@ SONAME = "libqforge.so.0.6"  # runtime/CMakeLists.txt: SOVERSION major.minor
 
 
 def candidate_paths():
-    """Where libqforge.so is looked for: $QFORGE_LIBRARY alone when set; else the build trees of the
-    checkout this package sits in (build*/runtime/, newest first), the lib directories of the
-    installed prefix whose bin/ holds the `qforge` on PATH (`cmake --install`), then the system's
-    library path (the SONAME: LD_LIBRARY_PATH, ldconfig)."""
+    """Where libqforge.so is looked for: $QFORGE_LIBRARY alone when set; else beside this file (the
+    wheel installs it in the package), the build trees of the checkout this package sits in
+    (build*/runtime/, newest first), the lib directories of the installed prefix whose bin/ holds
+    the `qforge` on PATH (`cmake --install`), then the system's library path (the SONAME:
+    LD_LIBRARY_PATH, ldconfig)."""
     env = os.environ.get("QFORGE_LIBRARY")
     if env:
         return [Path(env)]
-    paths = []
     here = Path(__file__).resolve()
+    paths = [here.parent / SONAME] if (here.parent / SONAME).exists() else []
     root = here.parents[2]
     if here.parents[1].name == "python" and (root / "CMakeLists.txt").exists():  # a checkout (or pip install -e)
         paths += sorted(root.glob("build*/runtime/libqforge.so"), key=lambda p: p.stat().st_mtime, reverse=True)
@@ -130,6 +132,42 @@ def candidate_paths():
         dirs = [prefix / "lib", prefix / "lib64"] + sorted(prefix.glob("lib/*-linux-*"))
         paths += [d / SONAME for d in dirs if (d / SONAME).exists()]
     return paths + [Path(SONAME)]
+
+
+NVRTC_SONAME = "libnvrtc.so.13"  # what the wheel's libraries link (a CUDA 13 toolkit)
+_nvrtc_preloaded = False
+
+
+def nvrtc_dirs():
+    """The library directories of the nvidia-cuda-nvrtc wheel (nvidia/cu13/lib) on sys.path."""
+    try:
+        spec = importlib.util.find_spec("nvidia")
+    except (ImportError, ValueError):
+        return []
+    locations = (spec.submodule_search_locations or []) if spec else []
+    return [Path(p) / "cu13" / "lib" for p in locations if (Path(p) / "cu13" / "lib" / NVRTC_SONAME).exists()]
+
+
+def preload_nvrtc() -> None:
+    """For the wheel's libraries (libqforge.so, qforge._C), which link libnvrtc.so.13 and are meant to
+    run without a CUDA toolkit: the nvidia-cuda-nvrtc wheel's libnvrtc and libnvrtc-builtins loaded
+    by path, before them. Their libnvrtc.so.13 then resolves to it, and NVRTC, which opens its
+    builtins library by name at the first compile, finds that one loaded (the system's search would
+    not look beside libnvrtc, and a toolkit's could be another version). Without that wheel, nothing:
+    the system's NVRTC (LD_LIBRARY_PATH, ldconfig) is used."""
+    global _nvrtc_preloaded
+    if _nvrtc_preloaded:
+        return
+    for d in nvrtc_dirs()[:1]:
+        builtins = sorted(p for p in d.glob("libnvrtc-builtins.so.*") if ".alt." not in p.name)
+        for path in builtins + [d / NVRTC_SONAME]:
+            ctypes.CDLL(str(path), mode=ctypes.RTLD_GLOBAL)
+    _nvrtc_preloaded = True
+
+
+def bundled(path: Path) -> bool:
+    """A library of the installed wheel (in this package's directory), which preload_nvrtc serves."""
+    return path.parent == Path(__file__).resolve().parent
 
 
 def compatible(library_version: str) -> bool:
@@ -142,6 +180,8 @@ def load():
     tried = []
     for path in candidate_paths():
         try:
+            if bundled(path):
+                preload_nvrtc()
             lib = ctypes.CDLL(str(path))
         except OSError as e:
             tried.append(f"{path}: {e}")

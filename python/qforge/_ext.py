@@ -11,7 +11,7 @@ import os
 import sys
 from pathlib import Path
 
-from . import _log
+from . import _capi, _log
 
 _module = None
 
@@ -42,6 +42,8 @@ def load():
             continue
         spec = importlib.util.spec_from_file_location("qforge._C", path)
         try:
+            if _capi.bundled(path):
+                _capi.preload_nvrtc()
             module = importlib.util.module_from_spec(spec)
             sys.modules["qforge._C"] = module
             spec.loader.exec_module(module)

@@ -10,8 +10,10 @@
 #     quantizer's outputs, with libqforge.so resolved from the prefix;
 #   - the same program compiled with `pkg-config --cflags --libs qforge` (the prefix's qforge.pc)
 #     prints the same;
-#   - `pip install` of python/ into a fresh directory, whose package then finds the prefix's
-#     library through the `qforge` on PATH (no QFORGE_LIBRARY) and answers the same query.
+#   - the Python package's sources (python/qforge, as a pure-Python copy: `pip install ./python`
+#     builds the wheel, which bundles its own library; tests/tools/wheel_test.sh checks that) in a
+#     fresh directory, which then finds the prefix's library through the `qforge` on PATH (no
+#     QFORGE_LIBRARY) and answers the same query.
 set -u
 build=$1 src=$2 work=$3 cmake=$4 python=$5 libdir=$6
 fail() { echo "FAIL: $*"; exit 1; }
@@ -65,12 +67,8 @@ lib=$(ldd "$work/consumer_pc" | awk '/libqforge/ {print $3}')
   fail "the pkg-config consumer loads libqforge from '$lib', not the prefix"
 echo "pkg-config consumer: ok"
 
-# The Python package, pip-installed from a copy of python/'s sources (the build writes beside
-# them; python_pytest may be writing __pycache__ in the tree meanwhile).
-mkdir -p "$work/pysrc/qforge" && cp "$src/python/pyproject.toml" "$src/python/README.md" "$work/pysrc/" &&
-  cp "$src"/python/qforge/*.py "$work/pysrc/qforge/" || exit 1
-"$python" -m pip install -q --no-deps --no-build-isolation --target "$work/py" "$work/pysrc" >"$work/pip.log" 2>&1 ||
-  { cat "$work/pip.log"; fail "pip install python/"; }
+# The Python package's files, copied (python_pytest may be writing __pycache__ in the tree meanwhile).
+mkdir -p "$work/py/qforge" && cp "$src"/python/qforge/*.py "$work/py/qforge/" || exit 1
 cd "$work" || exit 1
 py=$(PATH="$prefix/bin:$PATH" PYTHONPATH="$work/py" "$python" - "$prefix" <<'PY'
 import sys
