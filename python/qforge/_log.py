@@ -2,7 +2,7 @@
 
 libqforge.so and the compiled core qforge._C each link their own copy of the runtime and so each
 has its own log sink (runtime/log.h); both are bridged here, each when it is loaded
-(_capi.load, _ext.load). A message crosses when its level is within the library's threshold:
+(qforge.library(), _ext.load). A message crosses when its level is within the library's threshold:
 QFORGE_LOG_LEVEL (off, error, warn, info, debug; default warn), or set_log_level. Python's logging
 then filters it as any record: by the "qforge" logger's level and its handlers'.
 
@@ -20,7 +20,6 @@ releases it; qforge._C releases it around the swap). At exit the bridges are rem
 goes back to stderr), so no compiling thread calls into a finalizing interpreter.
 """
 import atexit
-import ctypes
 import logging
 import sys
 import threading
