@@ -511,7 +511,10 @@ PointerInfo pointer_info(uint64_t address) {
 void check_device_pointer(const std::string& arg_name, uint64_t address, int device) {
   if (address == 0) return;
   PointerInfo info = pointer_info(address);
-  std::string where = "argument " + arg_name;
+  if (info.known && info.memory_type != CU_MEMORYTYPE_HOST &&
+      !(info.memory_type == CU_MEMORYTYPE_DEVICE && info.device >= 0 && info.device != device))
+    return;  // the message below is built only on failure
+  const std::string where = "argument " + arg_name;
   if (!info.known)
     throw UserError(where, "pointer " + hex(address) +
                                " is not CUDA memory (a plain host pointer?); expected device "

@@ -250,8 +250,10 @@ void Gemm::run_dequant(const GemmCall& c, CUstream stream) const {
       {"group_offsets", &c.group_offsets}, {"group_counts", &c.group_counts}};
   for (const auto& [name, v] : others) check_disjoint("workspace", c.workspace, name, *v);
   const int dev = current_device();
-  check_device_pointer("workspace", c.workspace.ptr, dev);
-  for (const auto& [name, v] : others) check_device_pointer(name, v->ptr, dev);
+  if (!c.pointers_checked) {
+    check_device_pointer("workspace", c.workspace.ptr, dev);
+    for (const auto& [name, v] : others) check_device_pointer(name, v->ptr, dev);
+  }
   if (!kg && c.m_total == 0) return;
   // The none GEMM's own limits, before anything is launched: a K-grouped row of the 16-bit copy
   // (2 bytes a token) must stay under 2^31 bytes.
@@ -422,31 +424,41 @@ void Gemm::run(const GemmCall& c, CUstream stream) const {
   const int ob = traits(s.out_dtype).bytes;
   const OperandRows rows = operand_rows(s);
   const int64_t ka = rows.a_bytes(s.k), kb = rows.b_bytes(s.k);  // bytes per row of A and of B
-  const std::string packed = rows.packed;
-  const std::string shape_a = "A [" + std::to_string(m) + ", " + std::to_string(s.k) + "] " + std::string(gemm_format_name(s, s.a_format)) + packed;
-  const std::string shape_b = "B [" + std::to_string(g) + ", " + std::to_string(s.n) + ", " + std::to_string(s.k) + "] " +
-                              std::string(gemm_format_name(s, s.b_format)) + packed;
-  const std::string shape_d = "D [" + std::to_string(m) + ", " + std::to_string(s.n) + "] " + std::string(traits(s.out_dtype).name);
-  check_buffer("a", c.a, m * ka, 16, shape_a);
-  check_buffer("b", c.b, g * s.n * kb, 16, shape_b);
-  check_buffer("d", c.d, m * s.n * ob, 16, shape_d);
+  // The texts of the messages are built only when a check fails (this runs on every call).
+  const auto fits = [](const char* arg, const TensorView& v, int64_t bytes, size_t align, const auto& what) {
+    if (!buffer_fits(v, bytes, align)) check_buffer(arg, v, bytes, align, what());
+  };
+  const std::string_view packed = rows.packed;
+  fits("a", c.a, m * ka, 16, [&] {
+    return "A [" + std::to_string(m) + ", " + std::to_string(s.k) + "] " + std::string(gemm_format_name(s, s.a_format)) +
+           std::string(packed);
+  });
+  fits("b", c.b, g * s.n * kb, 16, [&] {
+    return "B [" + std::to_string(g) + ", " + std::to_string(s.n) + ", " + std::to_string(s.k) + "] " +
+           std::string(gemm_format_name(s, s.b_format)) + std::string(packed);
+  });
+  fits("d", c.d, m * s.n * ob, 16, [&] {
+    return "D [" + std::to_string(m) + ", " + std::to_string(s.n) + "] " + std::string(traits(s.out_dtype).name);
+  });
   if (c.d.dtype && *c.d.dtype != s.out_dtype) check_dtype("d", c.d, s.out_dtype);
   const GemmScaleElems se = gemm_scale_elems(s, m, c.num_groups);
   const GemmScalingTraits& st = traits(s.scaling);
-  const std::string scales = std::string(st.scale_type) + " " + std::string(st.name) + " scales ";
   const int align = std::max(st.scale_bytes, st.scale_align);  // the scaling table's rule
   // mn_major A grids: per group (the grouped quantizer's members), each padded to 4 rows; MXFP8 B
   // grids per expert.
   const bool mn = s.scale_layout == ScaleLayout::MnMajor;
-  const std::string steps = "ceil(K/" + std::to_string(st.scale_k) + ")";
-  const std::string a_shape = mn ? "[" + steps + ", m_total + 3 * num_groups] (mn_major: each group's grid [" + steps +
-                                       ", rows rounded up to 4] after those of the groups before)"
-                                 : std::string(st.a_scale_shape);
-  const std::string b_shape = mn && st.mn_major_b ? "[G, " + steps + ", N] (mn_major: each expert's grid)"
-                                  : std::string(st.b_scale_shape);
-  if (gemm_a_scaled(s)) check_buffer("a_scale", c.a_scale, se.a * st.scale_bytes, align, scales + a_shape);
+  const auto scales = [&](bool a) {
+    const std::string steps = "ceil(K/" + std::to_string(st.scale_k) + ")";
+    const std::string shape = a ? (mn ? "[" + steps + ", m_total + 3 * num_groups] (mn_major: each group's grid [" + steps +
+                                           ", rows rounded up to 4] after those of the groups before)"
+                                      : std::string(st.a_scale_shape))
+                                : (mn && st.mn_major_b ? "[G, " + steps + ", N] (mn_major: each expert's grid)"
+                                                       : std::string(st.b_scale_shape));
+    return std::string(st.scale_type) + " " + std::string(st.name) + " scales " + shape;
+  };
+  if (gemm_a_scaled(s)) fits("a_scale", c.a_scale, se.a * st.scale_bytes, align, [&] { return scales(true); });
   else check_no_scale(s, "a_scale", c.a_scale, s.a_format);
-  if (gemm_b_scaled(s)) check_buffer("b_scale", c.b_scale, se.b * st.scale_bytes, align, scales + b_shape);
+  if (gemm_b_scaled(s)) fits("b_scale", c.b_scale, se.b * st.scale_bytes, align, [&] { return scales(false); });
   else check_no_scale(s, "b_scale", c.b_scale, s.b_format);
   check_amaxes(s, c, "per-tensor amax of each group's A", "amax of each B[g]");
   if (c.alpha.ptr) check_buffer("alpha", c.alpha, g * 4, 4, "fp32 [num_groups]");
@@ -460,8 +472,10 @@ void Gemm::run(const GemmCall& c, CUstream stream) const {
   if (m == 0) return;  // no rows: nothing to read or write
 
   const int dev = current_device();
-  check_device_pointer("d", c.d.ptr, dev);
-  for (const auto& [name, v] : inputs) check_device_pointer(name, v->ptr, dev);
+  if (!c.pointers_checked) {
+    check_device_pointer("d", c.d.ptr, dev);
+    for (const auto& [name, v] : inputs) check_device_pointer(name, v->ptr, dev);
+  }
 
   auto l = load_for_current_device();
   GemmArgs args{};
@@ -585,8 +599,10 @@ void Gemm::run_k_grouped(const GemmCall& c, CUstream stream) const {
   for (const auto& [name, v] : inputs) check_disjoint("d", c.d, name, *v);
   if (inner_) return run_dequant(c, stream);
   const int dev = current_device();
-  check_device_pointer("d", c.d.ptr, dev);
-  for (const auto& [name, v] : inputs) check_device_pointer(name, v->ptr, dev);
+  if (!c.pointers_checked) {
+    check_device_pointer("d", c.d.ptr, dev);
+    for (const auto& [name, v] : inputs) check_device_pointer(name, v->ptr, dev);
+  }
   auto l = load_for_current_device();
   const bool members = s.layout == GemmLayout::KGroupedMembers;
   if (members) {
@@ -595,7 +611,7 @@ void Gemm::run_k_grouped(const GemmCall& c, CUstream stream) const {
                  "workspace_bytes() = " + std::to_string(ws) + " bytes (the members' tensor maps)");
     check_disjoint("workspace", c.workspace, "d", c.d);
     for (const auto& [name, v] : inputs) check_disjoint("workspace", c.workspace, name, *v);
-    check_device_pointer("workspace", c.workspace.ptr, dev);
+    if (!c.pointers_checked) check_device_pointer("workspace", c.workspace.ptr, dev);
   }
 
   GemmArgs args{};

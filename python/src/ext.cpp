@@ -543,6 +543,7 @@ class GemmPlan {
     }
     const int64_t inner = ws_bytes - a_copy_ - b_copy_;
     if (inner) c.workspace = rt::TensorView{workspace + uint64_t(a_copy_ + b_copy_), inner, {}, {}};
+    c.pointers_checked = true;  // the torch layer's tensors: CUDA memory of `device`, checked there
     gemm_->run(c, reinterpret_cast<CUstream>(stream));
   }
 
@@ -679,6 +680,7 @@ class GroupedGemmPlan {
     else c.m_total = m_;
     const int64_t ws = workspace_bytes();
     if (ws) c.workspace = rt::TensorView{workspace, ws, {}, {}};
+    c.pointers_checked = true;  // the torch layer's tensors: CUDA memory of `device`, checked there
     gemm_->run(c, reinterpret_cast<CUstream>(stream));
   }
 
