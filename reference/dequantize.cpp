@@ -54,6 +54,7 @@ std::vector<uint8_t> dequantize(const Stream& s, Shape2D in, std::span<const uin
           v = (q * decode<E4M3>(scale[size_t(off)])) * s_dec;
         }
       }
+      if (v != v) v = f32_quiet_nan();  // one NaN, whatever the operands' payloads (docs/numerics.md)
       if (out == DType::FP32) {
         std::memcpy(result.data() + i * 4, &v, 4);
       } else {

@@ -21,8 +21,8 @@ struct DequantizeCall {
 };
 
 // The kernel arguments of a stream whose quantize input was `in` ([M, K]), pointers unset: the
-// data layout's extent and the scale grid's geometry. Shared by the kernel launch and the CPU
-// reference, so both index the same entries.
+// data layout's extent and the scale grid's geometry (compiler/buffers.h scale_grid, which the CPU
+// reference indexes through ScaleGrid::offset).
 DequantizeArgs dequantize_geometry(const qf::Stream& s, Shape2D in);
 
 // The dequantize kernel of (s's format and scale storage, out) for `arch`, from the cache.

@@ -67,7 +67,6 @@ struct BufferSlot {
 struct Layout {
   Shape2D shape;              // [M, K] (grouped: all members' rows)
   int members = 0;            // 0: a single tensor; grouped: the member count (split on the device)
-  std::vector<int64_t> split; // grouped with a host-known split: each member's rows (else empty)
   std::vector<BufferSlot> buffers;
   int64_t workspace_offset = 0, workspace_bytes = 0;
   int64_t nbytes = 0;
@@ -135,7 +134,7 @@ class QuantizerBinding {
     {
       std::lock_guard<std::mutex> g(mu_);
       for (const auto& L : layouts_)
-        if (L->shape.m == m && L->shape.k == k && L->members == members && L->split.empty()) return L;
+        if (L->shape.m == m && L->shape.k == k && L->members == members) return L;
     }
     const Shape2D shape{m, k};
     std::shared_ptr<Layout> L;
@@ -258,6 +257,7 @@ class QuantizerBinding {
 
   void dequantize(const Layout& L, int stream_index, uint64_t base, uint64_t out, const std::string& out_dtype,
                   uintptr_t stream, int device) const {
+    if (L.members) throw UserError("layout", "a grouped quantize dequantizes per member (member_layouts)");
     const Operand o = operand(L, stream_index);
     const DType od = parse_dtype_arg(out_dtype, "dtype");
     rt::ScopedContext ctx(rt::primary_context(device)->get());
@@ -301,8 +301,6 @@ class QuantizerBinding {
                                             rt::TensorView{scale_inv, scale_inv ? 4 : 0, {}, {}}, noop},
                             reinterpret_cast<CUstream>(stream));
   }
-
-  const rt::Quantizer& q() const { return *q_; }
 
  private:
   std::shared_ptr<rt::Quantizer> q_;
@@ -363,10 +361,6 @@ class RecipeSet {
 
 // ------------------------------------------------------------------------------ GEMM plans
 
-// How the scale entries of an operand's data layout run: [rows, cols] data elements per entry (0:
-// the whole extent), as scale_entry_shape gives them.
-EntryShape entries(const qf::Stream& s) { return scale_entry_shape(s); }
-
 // The fused GEMM that reads these two streams' buffers as they are, if there is one:
 // D [rows of A, rows of B] = A [., K] @ B [., K]^T, one group. K-grouped (the reduction over
 // tokens) where B's blocks run along its rows as A's do (blockwise 1x128 x 1x128).
@@ -382,7 +376,8 @@ std::optional<GemmSpec> fused_spec(const qf::Stream& a, const qf::Stream& b, int
   spec.b_format = b.format;
   spec.n = n;
   spec.k = k;
-  const EntryShape ea = entries(a), eb = entries(b);
+  // [rows, cols] data elements per scale entry (0: the whole extent)
+  const EntryShape ea = scale_entry_shape(a), eb = scale_entry_shape(b);
   auto per_tensor = [](const Scaling& s) {
     return std::holds_alternative<PerTensorCurrent>(s) || std::holds_alternative<PerTensorDelayed>(s);
   };
@@ -431,6 +426,25 @@ std::optional<GemmSpec> fused_spec(const qf::Stream& a, const qf::Stream& b, int
   return spec;
 }
 
+// What every GEMM plan refuses of its two operands: a same-layout columnwise copy ([M, K], blocks
+// along M: not the transposed operand a backward GEMM reads), and two operands transformed
+// differently along the reduction (RHT on one but not the other, or other sign masks: the
+// products of Hadamard-domain values equal the original ones only when both sides match).
+void check_operands(const qf::Stream& a, const qf::Stream& b) {
+  for (const auto& [st, arg] : {std::pair{&a, "a_direction"}, std::pair{&b, "b_direction"}})
+    if (st->dir == Direction::Columnwise && st->layout == DataLayout::RowMajor)
+      throw UserError(arg, "the columnwise copy has the input's own [M, K] layout (\"layout\": \"same\"); the "
+                           "GEMMs read transposed copies: use a recipe whose columnwise layout is \"transposed\" "
+                           "(e.g. mxfp8_hopper.json rather than mxfp8.json)");
+  if (a.rht != b.rht) {
+    const auto rht = [](const qf::Stream& st) {
+      return st.rht ? "RHT (sign mask " + std::to_string(st.rht->sign_mask) + ")" : std::string("no RHT");
+    };
+    throw UserError("b_direction", "the operands were transformed differently along the reduction: A has " + rht(a) +
+                                       ", B has " + rht(b) + "; their product would not be A @ B^T");
+  }
+}
+
 // Device memory owned by a plan (group offsets), freed with it.
 struct DeviceBuffer {
   int device = -1;
@@ -453,13 +467,9 @@ class GemmPlan {
       : qa_(std::move(qa)), qb_(std::move(qb)), la_(std::move(la)), lb_(std::move(lb)) {
     a_ = qa_->operand(*la_, sa);
     b_ = qb_->operand(*lb_, sb);
-    // A same-layout columnwise copy ([M, K], blocks along M: the Blackwell-style MXFP8 layout) is
-    // not the transposed operand a backward GEMM reads: D = A @ B^T would silently use it untransposed.
-    for (const auto& [o, arg] : {std::pair{&a_, "a_direction"}, std::pair{&b_, "b_direction"}})
-      if (o->stream->dir == Direction::Columnwise && o->stream->layout == DataLayout::RowMajor)
-        throw UserError(arg, "the columnwise copy has the input's own [M, K] layout (\"layout\": \"same\"); the "
-                             "GEMMs read transposed copies: use a recipe whose columnwise layout is \"transposed\" "
-                             "(e.g. mxfp8_hopper.json rather than mxfp8.json)");
+    if (la_->members || lb_->members)
+      throw UserError(la_->members ? "a" : "b", "a grouped quantize: its members take GroupedGemmPlan");
+    check_operands(*a_.stream, *b_.stream);
     const Shape2D da = data_shape(*a_.stream, la_->shape), db = data_shape(*b_.stream, lb_->shape);
     if (da.k != db.k)
       throw UserError("b", "the operands' reduction lengths differ: A " + format_dims(da) + ", B " + format_dims(db) +
@@ -506,7 +516,8 @@ class GemmPlan {
     return ws_;
   }
 
-  void run(uint64_t a_base, uint64_t b_base, uint64_t d, uint64_t workspace, uintptr_t stream, int device) const {
+  void run(uint64_t a_base, uint64_t b_base, uint64_t d, uint64_t workspace, uintptr_t stream, int device,
+           bool checked) const {
     rt::ScopedContext ctx(rt::primary_context(device)->get());
     const uint64_t offsets = group_offsets(device);
     const auto at = [](uint64_t base, const BufferSlot* s) {
@@ -543,7 +554,7 @@ class GemmPlan {
     }
     const int64_t inner = ws_bytes - a_copy_ - b_copy_;
     if (inner) c.workspace = rt::TensorView{workspace + uint64_t(a_copy_ + b_copy_), inner, {}, {}};
-    c.pointers_checked = true;  // the torch layer's tensors: CUDA memory of `device`, checked there
+    c.pointers_checked = checked;  // the caller (the torch layer) checked every tensor's device
     gemm_->run(c, reinterpret_cast<CUstream>(stream));
   }
 
@@ -596,9 +607,14 @@ class GroupedGemmPlan {
     if (!la_->members || !lb_->members) throw UserError("a", "grouped GEMMs take grouped quantizes (members)");
     a_ = qa_->operand(*la_, sa);
     b_ = qb_->operand(*lb_, sb);
-    for (const auto& [o, arg] : {std::pair{&a_, "a_direction"}, std::pair{&b_, "b_direction"}})
-      if (o->stream->dir == Direction::Columnwise && o->stream->layout == DataLayout::RowMajor)
-        throw UserError(arg, "the columnwise copy has the input's own [M, K] layout; the GEMMs read transposed copies");
+    check_operands(*a_.stream, *b_.stream);
+    // Orientation: M-grouped reads A's rows as tokens (its data untransposed); wgrad reads both
+    // operands' transposed copies, tokens along their rows.
+    if (!wgrad_ && a_.stream->layout == DataLayout::Transposed)
+      throw UserError("a_direction", "the M-grouped GEMMs read A's tokens along its rows: the rowwise copy, not the transposed one");
+    if (wgrad_ && (a_.stream->layout != DataLayout::Transposed || b_.stream->layout != DataLayout::Transposed))
+      throw UserError(a_.stream->layout != DataLayout::Transposed ? "a_direction" : "b_direction",
+                      "wgrad reads both operands' transposed (columnwise) copies");
     groups_ = la_->members;
     const Shape2D da = data_shape(*a_.stream, Shape2D{la_->shape.m, la_->shape.k});
     const Shape2D db = data_shape(*b_.stream, Shape2D{lb_->shape.m, lb_->shape.k});
@@ -624,13 +640,15 @@ class GroupedGemmPlan {
       k_ = one.k;
     }
     const DType out = parse_dtype_arg(out_dtype, "out_dtype");
+    if (out == DType::FP16) throw UserError("out_dtype", "expected bf16 or fp32, got fp16");
+    if (accumulate && out != DType::FP32) throw UserError("accumulate", "needs an fp32 output");
     auto spec = fused_spec(*a_.stream, *b_.stream, wgrad_ ? m_ : 0, n_, wgrad_ ? 0 : k_,
                            wgrad_ ? GemmLayout::KGroupedMembers : GemmLayout::MGrouped);
     if (!spec) throw UserError("b", "no grouped GEMM reads these two formats (" + std::string(traits(a_.stream->format).name) +
                                         " / " + std::string(scaling_name(a_.stream->scaling)) + " x " +
                                         std::string(traits(b_.stream->format).name) + " / " +
                                         std::string(scaling_name(b_.stream->scaling)) +
-                                        "): mixed formats take the dense qforge.torch.gemm per member");
+                                        "): no grouped mixed-format GEMM yet");
     spec->layout = wgrad_ ? GemmLayout::KGroupedMembers : GemmLayout::MGrouped;
     if (wgrad_) {
       spec->m = m_;
@@ -658,7 +676,7 @@ class GroupedGemmPlan {
 
   // offsets: device int64 [G + 1], the members' row offsets (the same the grouped quantizes took).
   void run(uint64_t a_base, uint64_t b_base, uint64_t d, uint64_t offsets, uint64_t workspace, uintptr_t stream,
-           int device) const {
+           int device, bool checked) const {
     rt::ScopedContext ctx(rt::primary_context(device)->get());
     const auto at = [](uint64_t base, const BufferSlot* s) {
       return s ? rt::TensorView{base + uint64_t(s->offset), s->reserved, {}, {}} : rt::TensorView{};
@@ -680,7 +698,7 @@ class GroupedGemmPlan {
     else c.m_total = m_;
     const int64_t ws = workspace_bytes();
     if (ws) c.workspace = rt::TensorView{workspace, ws, {}, {}};
-    c.pointers_checked = true;  // the torch layer's tensors: CUDA memory of `device`, checked there
+    c.pointers_checked = checked;  // the caller (the torch layer) checked every tensor's device
     gemm_->run(c, reinterpret_cast<CUstream>(stream));
   }
 
@@ -735,6 +753,19 @@ nb::bytes reference_dequantize(const QuantizerBinding& q, int stream_index, int6
                                nb::bytes scale, float amax, const std::string& out) {
   if (stream_index < 0 || size_t(stream_index) >= q.plan().streams.size())
     throw UserError("direction", "the quantizer has no stream " + std::to_string(stream_index));
+  const Shape2D in{m, k};
+  Plan single = q.plan();
+  single.grouped = false;
+  check_extent(in, false, "m, k");
+  check_shape(single, in);
+  for (const auto& b : output_buffers(single, in)) {
+    const bool is_data = b.kind == BufferKind::Data, is_scale = b.kind == BufferKind::ScaleInv;
+    if (b.stream != stream_index || !(is_data || is_scale)) continue;
+    const int64_t given = int64_t(is_data ? data.size() : scale.size());
+    if (given != b.bytes)
+      throw UserError(is_data ? "data" : "scale", "expected the " + b.name + " buffer of " + std::to_string(b.bytes) +
+                                                      " bytes, got " + std::to_string(given));
+  }
   const auto span = [](const nb::bytes& b) {
     return std::span<const uint8_t>(reinterpret_cast<const uint8_t*>(b.c_str()), b.size());
   };
@@ -850,7 +881,7 @@ NB_MODULE(_C, m) {
       .def("workspace_bytes", &GemmPlan::workspace_bytes)
       .def("prepare", &GemmPlan::prepare, "arch"_a = "sm_90a", nb::call_guard<nb::gil_scoped_release>())
       .def("run", &GemmPlan::run, "a_base"_a, "b_base"_a, "d"_a, "workspace"_a, "stream"_a, "device"_a,
-           nb::call_guard<nb::gil_scoped_release>());
+           "checked"_a = false, nb::call_guard<nb::gil_scoped_release>());
 
   nb::class_<GroupedGemmPlan>(m, "GroupedGemmPlan")
       .def(nb::init<std::shared_ptr<QuantizerBinding>, std::shared_ptr<Layout>, int, std::shared_ptr<QuantizerBinding>,
@@ -862,7 +893,7 @@ NB_MODULE(_C, m) {
       .def("workspace_bytes", &GroupedGemmPlan::workspace_bytes)
       .def("prepare", &GroupedGemmPlan::prepare, "arch"_a = "sm_90a", nb::call_guard<nb::gil_scoped_release>())
       .def("run", &GroupedGemmPlan::run, "a_base"_a, "b_base"_a, "d"_a, "offsets"_a, "workspace"_a, "stream"_a,
-           "device"_a, nb::call_guard<nb::gil_scoped_release>());
+           "device"_a, "checked"_a = false, nb::call_guard<nb::gil_scoped_release>());
 
   m.def("reference_quantize", &reference_quantize, "quantizer"_a, "x"_a, "m"_a, "k"_a, "seed"_a = 0, "offset"_a = 0,
         "scales"_a = std::vector<float>{}, "split"_a = std::vector<int64_t>{});

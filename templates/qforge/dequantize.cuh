@@ -40,9 +40,9 @@ QF_HD u64 dequant_scale_offset(const DequantizeArgs& a, u64 r, u64 c) {
   return gr * u64(a.grid_padded_cols) + gc;
 }
 
-// One element's value in fp32 (the CPU reference calls this too: reference/dequantize.cpp).
+// One element's value in fp32, before the NaN rule (reference/dequantize.cpp restates it).
 template <class Cfg>
-QF_HD float dequant_element(const DequantizeArgs& a, u64 r, u64 c, float s_dec) {
+QF_HD float dequant_value(const DequantizeArgs& a, u64 r, u64 c, float s_dec) {
   const u64 i = r * u64(a.cols) + c;
   if constexpr (Cfg::kScale == kDqNone) {
     if constexpr (Cfg::kIdentityIn == 0) return reinterpret_cast<const float*>(a.data)[i];
@@ -64,6 +64,14 @@ QF_HD float dequant_element(const DequantizeArgs& a, u64 r, u64 c, float s_dec) 
       return (q * decode<E4M3>(a.scale[off])) * s_dec;
     }
   }
+}
+
+// Every NaN comes out as the one quiet NaN 0x7FC00000 (a GPU multiply would give 0x7FFFFFFF, a
+// CPU the operand's payload: the rule makes both the same bits).
+template <class Cfg>
+QF_HD float dequant_element(const DequantizeArgs& a, u64 r, u64 c, float s_dec) {
+  const float v = dequant_value<Cfg>(a, r, c, s_dec);
+  return f32_is_nan(v) ? f32_quiet_nan() : v;
 }
 
 template <int kOut>

@@ -150,3 +150,32 @@ def test_errors_name_the_argument():
         q.layout(16, 16, 2)
     with pytest.raises(qforge.UserError, match="x: expected 512 bytes"):
         C.reference_quantize(q, b"\0" * 8, 16, 16)
+
+
+def test_plans_refuse_what_would_be_silently_wrong():
+    import json
+    nv = {"format": "e2m1", "scaling": {"mode": "nvfp4", "block": [16, 1]}, "layout": "transposed"}
+    row = {"format": "e2m1", "scaling": {"mode": "nvfp4", "block": [1, 16]}}
+    text = json.dumps({"qforge_recipe": 1, "name": "rht_on_inputs_only", "usage": "training", "roles": [
+        {"match": "*:input", "rowwise": row, "columnwise": dict(nv, rht=True)},
+        {"match": ["*:weight", "*:grad_output"], "rowwise": row, "columnwise": nv}]})
+    ctx = C.Context.from_json(text)
+    x, g = ctx.quantizer("linear:input"), ctx.quantizer("linear:grad_output")
+    M, N, K = 256, 128, 512
+    # wgrad of a Hadamard-transformed input against an untransformed gradient: not dY^T X.
+    with pytest.raises(qforge.UserError, match="b_direction: the operands were transformed differently"):
+        C.GemmPlan(g, g.layout(M, N), 1, x, x.layout(M, K), 1)
+    hy = C.Context([str(ROOT / "recipes" / "hybrid_mxfp8_fwd_nvfp4_bwd.json")])
+    gx = hy.quantizer("grouped_linear:input", None, "bf16", "training", True)
+    gw = hy.quantizer("grouped_linear:weight", None, "bf16", "training", True)
+    Lgx, Lgw = gx.layout(512, K, 4), gw.layout(4 * N, K, 4)
+    with pytest.raises(qforge.UserError, match="a: a grouped quantize: its members take GroupedGemmPlan"):
+        C.GemmPlan(gx, Lgx, 0, gw, Lgw, 0)
+    with pytest.raises(qforge.UserError, match="a_direction: the M-grouped GEMMs read A's tokens along its rows"):
+        C.GroupedGemmPlan(gw, Lgw, 1, gw, Lgw, 0)
+    with pytest.raises(qforge.UserError, match="layout: a grouped quantize dequantizes per member"):
+        gx.dequantize(Lgx, 0, 0x1000, 0x2000, "fp32", 0, 0)
+    with pytest.raises(qforge.UserError, match="data: expected the rowwise_data buffer of 65536 bytes, got 3"):
+        C.reference_dequantize(x, 0, M, K, b"abc", b"", 0.0, "fp32")
+    with pytest.raises(qforge.UserError, match="m, k"):
+        C.reference_dequantize(x, 0, -1, -1, b"", b"", 0.0, "fp32")

@@ -15,8 +15,9 @@ qforge::update_amax_history, whose fake implementations give the output shapes w
 so `torch.compile(fullgraph=True)` traces them.
 
 CUDA graphs: the first call of a quantizer on a shape (and of a GEMM plan, a dequantize kind)
-compiles or loads its kernels and, for GEMMs, writes a small device buffer; make it (or call
-`prepare()`) before capture. Captured calls launch only.
+compiles or loads its kernels and, for GEMMs, writes a small device buffer: make that first call
+before capture (`prepare()` only fills the kernel cache, it loads nothing on the device).
+Captured calls launch only.
 """
 import threading
 from typing import Dict, List, Optional, Sequence, Union
@@ -305,9 +306,7 @@ class QuantizedTensor:
         if self.members:
             raise _user_error("dequantize: a grouped tensor dequantizes per member: .member(i).dequantize()")
         index = self._stream_index(direction)
-        code = {torch.float32: 0, torch.bfloat16: 1, torch.float16: 2}.get(dtype)
-        if code is None:
-            raise _user_error(f"dtype: expected float32, bfloat16 or float16, got {dtype}")
+        code = _dtype_code(dtype)
         if torch.compiler.is_compiling():
             out = torch.ops.qforge.dequantize(self.buffer, self.quantizer.id, self.m, self.k, index, code)
         else:
@@ -357,7 +356,11 @@ class QuantizedTensor:
         if sorted(saved) != sorted(names):
             raise _user_error(f"state: buffers {sorted(saved)}, the layout has {sorted(names)}")
         first = next(iter(saved.values()))
-        buf = torch.empty(L.nbytes, dtype=torch.uint8, device=device if device is not None else first.device)
+        device = torch.device(device if device is not None else first.device)
+        if device.type != "cuda":
+            raise _user_error(f"device: the buffers were loaded on {device}; pass device='cuda' (or a CUDA "
+                              "device) to rebuild the tensor where the kernels run")
+        buf = torch.empty(L.nbytes, dtype=torch.uint8, device=device)
         for b in L.buffers:
             t = saved[b[0]]
             if t.dtype != torch.uint8 or t.numel() != b[7]:
@@ -381,15 +384,19 @@ class _MemberTensor(QuantizedTensor):
 
     def dequantize(self, dtype: torch.dtype = torch.bfloat16, direction: Optional[str] = None) -> torch.Tensor:
         index = self._stream_index(direction)
-        code = {torch.float32: 0, torch.bfloat16: 1, torch.float16: 2}.get(dtype)
-        if code is None:
-            raise _user_error(f"dtype: expected float32, bfloat16 or float16, got {dtype}")
+        code = _dtype_code(dtype)
         out = _dequantize_layout(self.buffer, self.quantizer, self._layout, index, code)
         return out.t() if self.quantizer._transposed[index] else out
 
 
 _CODES = (torch.float32, torch.bfloat16, torch.float16)
 _CODE_NAMES = ("fp32", "bf16", "fp16")
+
+
+def _dtype_code(dtype) -> int:
+    if dtype not in _CODES:
+        raise _user_error(f"dtype: expected float32, bfloat16 or float16, got {dtype}")
+    return _CODES.index(dtype)
 
 
 def _stored_shape(q: Quantizer, m: int, k: int, index: int):
@@ -442,7 +449,7 @@ def _gemm(a_buf, qa, am, ak, ai, b_buf, qb, bm, bk, bi, out_code, accumulate, ou
         d = out
     ws = p.workspace_bytes()
     w = torch.empty(ws, dtype=torch.uint8, device=a_buf.device) if ws else None
-    p.run(a_buf.data_ptr(), b_buf.data_ptr(), d.data_ptr(), _ptr(w), _raw_stream(dev), dev)
+    p.run(a_buf.data_ptr(), b_buf.data_ptr(), d.data_ptr(), _ptr(w), _raw_stream(dev), dev, True)
     return d
 
 
@@ -456,7 +463,10 @@ def gemm(a: QuantizedTensor, b: QuantizedTensor, *, a_direction: str = "rowwise"
     if not isinstance(a, QuantizedTensor) or not isinstance(b, QuantizedTensor):
         raise _user_error("a, b: expected QuantizedTensors")
     if a.members or b.members:
-        raise _user_error("gemm: grouped tensors take qforge.Gemm with group offsets")
+        raise _user_error("gemm: grouped tensors take qt.grouped_gemm with the members' offsets")
+    if isinstance(a, _MemberTensor) or isinstance(b, _MemberTensor):
+        raise _user_error("gemm: a member view's buffers sit inside its grouped allocation; run the grouped "
+                          "quantize's members through qt.grouped_gemm")
     ai, bi = a._stream_index(a_direction), b._stream_index(b_direction)
     if accumulate_into is not None:
         out_dtype = torch.float32
@@ -476,6 +486,8 @@ def gemm(a: QuantizedTensor, b: QuantizedTensor, *, a_direction: str = "rowwise"
 def gemm_plan(a: QuantizedTensor, b: QuantizedTensor, a_direction: str = "rowwise", b_direction: str = "rowwise",
               out_dtype: torch.dtype = torch.bfloat16):
     """The compiled core's plan gemm() runs for these operands (route, describe(), prepare())."""
+    if out_dtype not in _OUT_CODES:
+        raise _user_error(f"out_dtype: expected bfloat16 or float32, got {out_dtype}")
     return _plan(a.quantizer.id, a.m, a.k, a._stream_index(a_direction), b.quantizer.id, b.m, b.k,
                  b._stream_index(b_direction), _OUT_CODES[out_dtype], False)
 
@@ -497,6 +509,8 @@ def _grouped_plan(qa, am, ak, amem, ai, qb, bm, bk, bmem, bi, wgrad, out_code, a
 def _grouped_gemm(a_buf, qa, am, ak, amem, ai, b_buf, qb, bm, bk, bmem, bi, offsets, wgrad, out_code, out):
     p = _grouped_plan(qa, am, ak, amem, ai, qb, bm, bk, bmem, bi, wgrad, out_code, out is not None)
     dev = a_buf.get_device()
+    if b_buf.get_device() != dev:
+        raise _user_error(f"b: on cuda:{b_buf.get_device()}, a on cuda:{dev}")
     _check_input(offsets, torch.int64, dev, "offsets")
     if offsets.numel() != amem + 1:
         raise _user_error(f"offsets: expected {amem + 1} row offsets, got {offsets.numel()}")
@@ -510,7 +524,7 @@ def _grouped_gemm(a_buf, qa, am, ak, amem, ai, b_buf, qb, bm, bk, bmem, bi, offs
         d = out
     ws = p.workspace_bytes()
     w = torch.empty(ws, dtype=torch.uint8, device=a_buf.device) if ws else None
-    p.run(a_buf.data_ptr(), b_buf.data_ptr(), d.data_ptr(), offsets.data_ptr(), _ptr(w), _raw_stream(dev), dev)
+    p.run(a_buf.data_ptr(), b_buf.data_ptr(), d.data_ptr(), offsets.data_ptr(), _ptr(w), _raw_stream(dev), dev, True)
     return d
 
 

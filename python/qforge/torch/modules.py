@@ -61,7 +61,7 @@ class _LinearFn(torch.autograd.Function):
     def forward(ctx, x2d, weight, bias, module):
         qx = module._quantize("input", x2d, "training")
         qw = module._quantized_weight("training")
-        y = gemm(qx, qw)
+        y = gemm(qx, qw, out_dtype=module._gemm_dtype).to(weight.dtype)
         if bias is not None:
             y = y + bias
         ctx.module, ctx.qx, ctx.qw, ctx.has_bias = module, qx, qw, bias is not None
@@ -70,16 +70,18 @@ class _LinearFn(torch.autograd.Function):
     @staticmethod
     def backward(ctx, dy):
         module, qx, qw = ctx.module, ctx.qx, ctx.qw
-        dy = dy.contiguous()
+        dy = dy.to(module.weight.dtype).contiguous()
         qg = module._quantize("grad_output", dy, "training")
-        dx = gemm(qg, qw, b_direction="columnwise") if ctx.needs_input_grad[0] else None
+        dx = (gemm(qg, qw, b_direction="columnwise", out_dtype=module._gemm_dtype).to(module.weight.dtype)
+              if ctx.needs_input_grad[0] else None)
         dw = None
         if ctx.needs_input_grad[1]:
             main = getattr(module.weight, "main_grad", None) if module.accumulate_main_grad else None
             if main is not None:
                 gemm(qg, qx, a_direction="columnwise", b_direction="columnwise", accumulate_into=main)
             else:
-                dw = gemm(qg, qx, a_direction="columnwise", b_direction="columnwise").to(module.weight.dtype)
+                dw = gemm(qg, qx, a_direction="columnwise", b_direction="columnwise",
+                          out_dtype=module._gemm_dtype).to(module.weight.dtype)
         db = dy.sum(0).to(module.bias.dtype) if ctx.has_bias and ctx.needs_input_grad[2] else None
         ctx.qx = ctx.qw = None
         return dx, dw, db, None
@@ -106,6 +108,8 @@ class Linear(nn.Module):
         self.recipe_names = recipes.names if recipe is None else [recipe]
         self.roles = _Roles(recipes, recipe, "linear", name, dtype)
         self.accumulate_main_grad = accumulate_main_grad
+        # The GEMMs write bf16 or fp32: bf16 weights take bf16 results, fp32 / fp16 ones fp32 (then cast).
+        self._gemm_dtype = torch.bfloat16 if dtype == torch.bfloat16 else torch.float32
         if accumulate_main_grad:
             self.weight.main_grad = torch.zeros_like(self.weight, dtype=torch.float32)
         self._check_sizes()
@@ -113,14 +117,12 @@ class Linear(nn.Module):
         self.sr_seed = zlib.crc32(name.encode())
         self.sr_calls = 0  # saved by get_extra_state
         # Delayed scaling: per tensor type, the amax history and the scale (state_dict buffers).
-        self._delayed = []
         for t in _TENSORS:
             q = self.roles[(t, "training")]
             if q.inputs:
                 n = q.history_length(0)
                 self.register_buffer(f"{t}_amax_history", torch.zeros(n, device=self.weight.device))
                 self.register_buffer(f"{t}_scale", torch.ones(1, device=self.weight.device))
-                self._delayed.append(t)
         self._wcache = None  # (weight version, usage, QuantizedTensor)
 
     def _check_sizes(self):
@@ -174,6 +176,11 @@ class Linear(nn.Module):
                                   getattr(self, f"{t}_scale"))
         return out
 
+    def invalidate_weight_cache(self) -> None:
+        """Drops the weight's quantized copy: call after writing the weight in a way its version counter
+        does not see (`weight.data.copy_(...)`, another process's update of shared memory)."""
+        self._wcache = None
+
     def _quantized_weight(self, usage: str) -> QuantizedTensor:
         key = (self.weight._version, usage, self.weight.data_ptr())
         if self._wcache is not None and self._wcache[0] == key:
@@ -196,7 +203,7 @@ class Linear(nn.Module):
             y = _LinearFn.apply(x2d, self.weight, self.bias, self)
         else:
             qx = self._quantize("input", x2d, "inference")
-            y = gemm(qx, self._quantized_weight("inference"))
+            y = gemm(qx, self._quantized_weight("inference"), out_dtype=self._gemm_dtype).to(self.weight.dtype)
             if self.bias is not None:
                 y = y + self.bias
         return y.reshape(*lead, self.out_features)
@@ -208,17 +215,18 @@ class _GroupedFn(torch.autograd.Function):
         qx = module._quantize_grouped("input", x, offsets)
         qw = module._quantized_weight()
         ctx.module, ctx.qx, ctx.qw, ctx.offsets = module, qx, qw, offsets
-        return grouped_gemm(qx, qw, offsets)
+        return grouped_gemm(qx, qw, offsets, out_dtype=module._gemm_dtype).to(weight.dtype)
 
     @staticmethod
     def backward(ctx, dy):
         module, qx, qw, offsets = ctx.module, ctx.qx, ctx.qw, ctx.offsets
-        qg = module._quantize_grouped("grad_output", dy.contiguous(), offsets)
-        dx = grouped_gemm(qg, qw, offsets, b_direction="columnwise") if ctx.needs_input_grad[0] else None
+        qg = module._quantize_grouped("grad_output", dy.to(module.weight.dtype).contiguous(), offsets)
+        dx = (grouped_gemm(qg, qw, offsets, b_direction="columnwise", out_dtype=module._gemm_dtype)
+              .to(module.weight.dtype) if ctx.needs_input_grad[0] else None)
         dw = None
         if ctx.needs_input_grad[2]:
-            dw = grouped_gemm(qg, qx, offsets, a_direction="columnwise", b_direction="columnwise",
-                              wgrad=True).to(module.weight.dtype)
+            dw = grouped_gemm(qg, qx, offsets, a_direction="columnwise", b_direction="columnwise", wgrad=True,
+                              out_dtype=module._gemm_dtype).to(module.weight.dtype)
         ctx.qx = ctx.qw = None
         return dx, None, dw, None
 
@@ -259,6 +267,7 @@ class GroupedLinear(nn.Module):
         self.sr_seed = zlib.crc32(name.encode()) ^ 0x5A5A
         self.sr_calls = 0
         self._wcache = None
+        self._gemm_dtype = torch.bfloat16 if dtype == torch.bfloat16 else torch.float32
         # Every GEMM the layer runs, built once here so a recipe no grouped GEMM reads fails now.
         from . import _grouped_plan
         probe = 128 * num_experts
@@ -304,7 +313,11 @@ class GroupedLinear(nn.Module):
         if offsets.numel() != self.num_experts + 1:
             raise _user_error(f"module {self.name or '<root>'}: offsets: expected {self.num_experts + 1} row offsets, "
                               f"got {offsets.numel()}")
-        return _GroupedFn.apply(x.contiguous(), offsets, self.weight, self)
+        return _GroupedFn.apply(x.to(self.weight.dtype).contiguous(), offsets, self.weight, self)
+
+    def invalidate_weight_cache(self) -> None:
+        """As Linear.invalidate_weight_cache."""
+        self._wcache = None
 
     def extra_repr(self) -> str:
         return (f"num_experts={self.num_experts}, in_features={self.in_features}, out_features={self.out_features}, "
