@@ -49,6 +49,7 @@ def make_input(m, k, seed, dtype=torch.bfloat16):
     g = torch.Generator(device="cpu").manual_seed(seed)
     x = torch.randn(m, k, generator=g) * 2
     x[0, :6] = torch.tensor([0.0, 1e-30, 448.0, -500.0, 3e4, -1e-8])
+    x[1, 1] = float("nan")  # a NaN element: every format's NaN rule, and dequantize's one NaN
     return x.to(dtype).cuda()
 
 

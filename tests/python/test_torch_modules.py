@@ -212,3 +212,14 @@ def test_grouped_linear_refuses_what_it_cannot_run():
     lin = qt.GroupedLinear(4, 256, 256, recipes=recipes("float8_block_scaling"), name="moe", device="cuda")
     with pytest.raises(qforge.UserError, match=r"offsets: expected 5 row offsets, got 3"):
         lin(rnd(128, 256), torch.tensor([0, 64, 128], device="cuda"))
+
+
+def test_fp32_weights_run_with_fp32_results():
+    m = nn.Sequential(nn.Linear(256, 256), nn.GELU(), nn.Linear(256, 128, bias=False)).cuda()  # fp32
+    qt.convert(m, recipes("float8_block_scaling"))
+    x = torch.randn(128, 256, device="cuda", requires_grad=True)
+    y = m(x)
+    assert y.dtype == torch.float32
+    y.sum().backward()
+    assert x.grad.dtype == torch.float32 and m[0].weight.grad.dtype == torch.float32
+    assert torch.isfinite(m[2].weight.grad).all()
