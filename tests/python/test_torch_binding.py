@@ -237,4 +237,4 @@ def test_bad_arguments_are_named():
     d = torch.zeros(128, 64, device="cuda")
     qt.gemm(t, w2, accumulate_into=d)
     qt.gemm(t, w2, accumulate_into=d)
-    assert torch.equal(d, 2 * qt.gemm(t, w2, out_dtype=torch.float32))
+    torch.testing.assert_close(d, 2 * qt.gemm(t, w2, out_dtype=torch.float32), rtol=0, atol=0, equal_nan=True)
