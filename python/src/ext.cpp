@@ -27,6 +27,7 @@
 #include "compiler/buffers.h"
 #include "compiler/error.h"
 #include "compiler/gemm_codegen.h"
+#include "compiler/gemm_operands.h"
 #include "compiler/pipeline.h"
 #include "compiler/recipe.h"
 #include "reference/dequantize.h"
@@ -361,70 +362,7 @@ class RecipeSet {
 
 // ------------------------------------------------------------------------------ GEMM plans
 
-// The fused GEMM that reads these two streams' buffers as they are, if there is one:
-// D [rows of A, rows of B] = A [., K] @ B [., K]^T, one group. K-grouped (the reduction over
-// tokens) where B's blocks run along its rows as A's do (blockwise 1x128 x 1x128).
-// `layout`: MGrouped for the dense GEMMs (blockwise 1x128 x 1x128 turns K-grouped), or the grouped
-// layout a GroupedGemmPlan runs (m: K-grouped rows of D; k: 0 there).
-std::optional<GemmSpec> fused_spec(const qf::Stream& a, const qf::Stream& b, int64_t m, int64_t n, int64_t k,
-                                   GemmLayout layout = GemmLayout::MGrouped) {
-  const ScaleStorage sa = traits(a.scaling).scale_storage, sb = traits(b.scaling).scale_storage;
-  GemmSpec spec;
-  spec.layout = layout;
-  if (k_grouped(layout)) spec.m = m;
-  spec.a_format = a.format;
-  spec.b_format = b.format;
-  spec.n = n;
-  spec.k = k;
-  // [rows, cols] data elements per scale entry (0: the whole extent)
-  const EntryShape ea = scale_entry_shape(a), eb = scale_entry_shape(b);
-  auto per_tensor = [](const Scaling& s) {
-    return std::holds_alternative<PerTensorCurrent>(s) || std::holds_alternative<PerTensorDelayed>(s);
-  };
-  if (a.format == ElemFormat::Identity && b.format == ElemFormat::Identity) {
-    if (a.out_dtype != b.out_dtype || a.out_dtype == DType::FP32) return std::nullopt;
-    spec.scaling = GemmScaling::None;
-    spec.operand_dtype = a.out_dtype;
-  } else if (a.format == ElemFormat::Identity && b.format == ElemFormat::Int8 &&
-             std::holds_alternative<PerChannel>(b.scaling) && eb.rows == 1 && eb.cols == 0 && a.out_dtype != DType::FP32) {
-    spec.scaling = GemmScaling::Channel;
-    spec.operand_dtype = a.out_dtype;
-  } else if (per_tensor(a.scaling) && per_tensor(b.scaling)) {
-    spec.scaling = GemmScaling::PerTensor;
-  } else if (std::holds_alternative<PerChannel>(a.scaling) && std::holds_alternative<PerChannel>(b.scaling) &&
-             ea.rows == 1 && ea.cols == 0 && eb.rows == 1 && eb.cols == 0) {
-    spec.scaling = GemmScaling::RowChannel;
-  } else if (sa == ScaleStorage::F32 && sb == ScaleStorage::F32 && block_of(a.scaling) && block_of(b.scaling) &&
-             ea.rows == 1 && ea.cols == 128 && a.scale_layout != ScaleLayout::Swizzled) {
-    spec.scaling = GemmScaling::Block128;
-    spec.scale_layout = a.scale_layout;
-    if (eb.rows == 128 && eb.cols == 128 && b.scale_layout == ScaleLayout::Compact) {
-    } else if (eb.rows == 1 && eb.cols == 128 && b.scale_layout == a.scale_layout) {
-      if (!k_grouped(layout)) spec.layout = GemmLayout::KGrouped;  // both 1x128 along the reduction: the wgrad form
-      spec.m = m;
-      spec.k = 0;
-    } else {
-      return std::nullopt;
-    }
-  } else if (std::holds_alternative<MxScaling>(a.scaling) && std::holds_alternative<MxScaling>(b.scaling) &&
-             ea.rows == 1 && ea.cols == 32 && eb.rows == 1 && eb.cols == 32 && a.scale_layout == b.scale_layout &&
-             a.scale_layout != ScaleLayout::Swizzled) {
-    spec.scaling = GemmScaling::Mx32;
-    spec.scale_layout = a.scale_layout;
-  } else if (std::holds_alternative<Nvfp4Scaling>(a.scaling) && std::holds_alternative<Nvfp4Scaling>(b.scaling) &&
-             ea.rows == 1 && ea.cols == 16 && eb.rows == 1 && eb.cols == 16 && a.scale_layout == ScaleLayout::Compact &&
-             b.scale_layout == ScaleLayout::Compact) {
-    spec.scaling = GemmScaling::Nvfp4;
-  } else {
-    return std::nullopt;
-  }
-  try {
-    validate(spec);
-  } catch (const UserError&) {
-    return std::nullopt;  // formats or sizes this kernel does not take: the dequant route
-  }
-  return spec;
-}
+// Which kernel reads a pair of streams: compiler/gemm_operands.h (gemm_for_streams).
 
 // What every GEMM plan refuses of its two operands: a same-layout columnwise copy ([M, K], blocks
 // along M: not the transposed operand a backward GEMM reads), and two operands transformed
@@ -480,7 +418,7 @@ class GemmPlan {
     out_ = parse_dtype_arg(out_dtype, "out_dtype");
     if (out_ == DType::FP16) throw UserError("out_dtype", "expected bf16 or fp32, got fp16");
     if (accumulate && out_ != DType::FP32) throw UserError("accumulate", "needs an fp32 output");
-    auto fused = fused_spec(*a_.stream, *b_.stream, m_, n_, k_);
+    auto fused = gemm_for_streams(*a_.stream, *b_.stream, m_, n_, k_);
     if (fused) {
       fused->out_dtype = out_;
       fused->accumulate = accumulate;
@@ -642,7 +580,7 @@ class GroupedGemmPlan {
     const DType out = parse_dtype_arg(out_dtype, "out_dtype");
     if (out == DType::FP16) throw UserError("out_dtype", "expected bf16 or fp32, got fp16");
     if (accumulate && out != DType::FP32) throw UserError("accumulate", "needs an fp32 output");
-    auto spec = fused_spec(*a_.stream, *b_.stream, wgrad_ ? m_ : 0, n_, wgrad_ ? 0 : k_,
+    auto spec = gemm_for_streams(*a_.stream, *b_.stream, wgrad_ ? m_ : 0, n_, wgrad_ ? 0 : k_,
                            wgrad_ ? GemmLayout::KGroupedMembers : GemmLayout::MGrouped);
     if (!spec) throw UserError("b", "no grouped GEMM reads these two formats (" + std::string(traits(a_.stream->format).name) +
                                         " / " + std::string(scaling_name(a_.stream->scaling)) + " x " +
