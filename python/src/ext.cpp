@@ -278,23 +278,21 @@ class QuantizerBinding {
     for (const auto& b : q_->inputs()) out.push_back(b.name);
     return out;
   }
-  int history_length(int input_index) const {
+  // The delayed-scaling stream behind scale input `input_index` and its rule.
+  std::pair<const qf::Stream*, const PerTensorDelayed*> delayed(int input_index) const {
     const auto ins = q_->inputs();
     if (input_index < 0 || size_t(input_index) >= ins.size())
       throw UserError("scale", "the quantizer has no scale input " + std::to_string(input_index));
     const auto& s = plan().streams[size_t(std::max(ins[size_t(input_index)].stream, 0))];
     const auto* d = std::get_if<PerTensorDelayed>(&s.scaling);
     QF_CHECK(d, "a scale input of a stream without delayed scaling");
-    return d->history_length;
+    return {&s, d};
   }
+  int history_length(int input_index) const { return delayed(input_index).second->history_length; }
   void update_history(int input_index, uint64_t history, uint64_t amax, uint64_t scale, uint64_t scale_inv, uint64_t noop,
                       uintptr_t stream, int device) const {
-    const auto ins = q_->inputs();
-    if (input_index < 0 || size_t(input_index) >= ins.size())
-      throw UserError("scale", "the quantizer has no scale input " + std::to_string(input_index));
-    const auto& s = plan().streams[size_t(std::max(ins[size_t(input_index)].stream, 0))];
-    const auto* d = std::get_if<PerTensorDelayed>(&s.scaling);
-    QF_CHECK(d, "a scale input of a stream without delayed scaling");
+    const auto [st, d] = delayed(input_index);
+    const qf::Stream& s = *st;
     rt::ScopedContext ctx(rt::primary_context(device)->get());
     rt::update_amax_history(*d, s.format,
                             rt::HistoryCall{rt::TensorView{history, int64_t(d->history_length) * 4, {}, {}},

@@ -56,6 +56,20 @@ class _Roles:
         return self.q[key]
 
 
+class _RecipeState:
+    """What a module saves beside its tensors: the stochastic-rounding call counter (so a resumed run
+    draws the same bits) and the recipes it runs (a checkpoint of another recipe is refused)."""
+
+    def get_extra_state(self):
+        return {"sr_calls": self.sr_calls, "recipes": self.recipe_names}
+
+    def set_extra_state(self, state):
+        if state.get("recipes") != self.recipe_names:
+            raise _user_error(f"module {self.name or '<root>'}: checkpoint saved under recipe(s) "
+                              f"{state.get('recipes')}, the module runs {self.recipe_names}")
+        self.sr_calls = int(state["sr_calls"])
+
+
 class _LinearFn(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x2d, weight, bias, module):
@@ -87,7 +101,7 @@ class _LinearFn(torch.autograd.Function):
         return dx, dw, db, None
 
 
-class Linear(nn.Module):
+class Linear(_RecipeState, nn.Module):
     """y = x W^T + b with x, W and dy quantized by a recipe (see the module docstring). Inputs of any
     leading shape; in_features and out_features as the recipe's formats take them.
 
@@ -146,15 +160,6 @@ class Linear(nn.Module):
         self.bias = lin.bias
         self._setup(recipes, recipe, name, lin.weight.dtype, accumulate_main_grad)
         return self
-
-    def get_extra_state(self):
-        return {"sr_calls": self.sr_calls, "recipes": self.recipe_names}
-
-    def set_extra_state(self, state):
-        if state.get("recipes") != self.recipe_names:
-            raise _user_error(f"module {self.name or '<root>'}: checkpoint saved under recipe(s) "
-                              f"{state.get('recipes')}, the module runs {self.recipe_names}")
-        self.sr_calls = int(state["sr_calls"])
 
     def extra_repr(self) -> str:
         return (f"in_features={self.in_features}, out_features={self.out_features}, bias={self.bias is not None}, "
@@ -231,7 +236,7 @@ class _GroupedFn(torch.autograd.Function):
         return dx, None, dw, None
 
 
-class GroupedLinear(nn.Module):
+class GroupedLinear(_RecipeState, nn.Module):
     """MoE experts: y[rows of expert g] = x[rows of g] W[g]^T, the experts' token counts on the device.
 
     forward(x [M, in_features], offsets): offsets is a CUDA int64 tensor [num_experts + 1] of row
@@ -282,15 +287,6 @@ class GroupedLinear(nn.Module):
                           num_experts, ix["columnwise"], True, 1, False)
         except (UserError, KeyError) as e:
             raise _user_error(f"module {name or '<root>'}: the recipe's grouped GEMMs: {e}") from None
-
-    def get_extra_state(self):
-        return {"sr_calls": self.sr_calls, "recipes": self.recipe_names}
-
-    def set_extra_state(self, state):
-        if state.get("recipes") != self.recipe_names:
-            raise _user_error(f"module {self.name or '<root>'}: checkpoint saved under recipe(s) "
-                              f"{state.get('recipes')}, the module runs {self.recipe_names}")
-        self.sr_calls = int(state["sr_calls"])
 
     def _quantize_grouped(self, t, x, offsets):
         q = self.q[t]
