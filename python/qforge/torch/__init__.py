@@ -435,20 +435,34 @@ def _plan(qa, am, ak, ai, qb, bm, bk, bi, out_code, accumulate):
     return p
 
 
+def _out_code(out_dtype, accumulate_into=None) -> int:
+    """The GEMM output's dtype code: fp32 when accumulating, else out_dtype (bf16 or fp32)."""
+    code = _OUT_CODES.get(torch.float32 if accumulate_into is not None else out_dtype)
+    if code is None:
+        raise _user_error(f"out_dtype: expected bfloat16 or float32, got {out_dtype}")
+    return code
+
+
+def _gemm_buffers(p, shape, out_code, out, like, dev):
+    """A GEMM call's output (allocated here, or `out` checked against the plan's shape) and the
+    plan's workspace, both on `like`'s device."""
+    if out is None:
+        d = torch.empty(shape, dtype=_CODES[out_code], device=like.device)
+    else:
+        _check_input(out, _CODES[out_code], dev, "out")
+        if tuple(out.shape) != tuple(shape):
+            raise _user_error(f"out: expected shape {list(shape)}, got {list(out.shape)}")
+        d = out
+    ws = p.workspace_bytes()
+    return d, (torch.empty(ws, dtype=torch.uint8, device=like.device) if ws else None)
+
+
 def _gemm(a_buf, qa, am, ak, ai, b_buf, qb, bm, bk, bi, out_code, accumulate, out):
     p = _plan(qa, am, ak, ai, qb, bm, bk, bi, out_code, accumulate)
     dev = a_buf.get_device()
     if b_buf.get_device() != dev:
         raise _user_error(f"b: on cuda:{b_buf.get_device()}, a on cuda:{dev}")
-    if out is None:
-        d = torch.empty((p.m, p.n), dtype=_CODES[out_code], device=a_buf.device)
-    else:
-        _check_input(out, _CODES[out_code], dev, "out")
-        if tuple(out.shape) != (p.m, p.n):
-            raise _user_error(f"out: expected shape [{p.m}, {p.n}], got {list(out.shape)}")
-        d = out
-    ws = p.workspace_bytes()
-    w = torch.empty(ws, dtype=torch.uint8, device=a_buf.device) if ws else None
+    d, w = _gemm_buffers(p, (p.m, p.n), out_code, out, a_buf, dev)
     p.run(a_buf.data_ptr(), b_buf.data_ptr(), d.data_ptr(), _ptr(w), _raw_stream(dev), dev, True)
     return d
 
@@ -468,11 +482,7 @@ def gemm(a: QuantizedTensor, b: QuantizedTensor, *, a_direction: str = "rowwise"
         raise _user_error("gemm: a member view's buffers sit inside its grouped allocation; run the grouped "
                           "quantize's members through qt.grouped_gemm")
     ai, bi = a._stream_index(a_direction), b._stream_index(b_direction)
-    if accumulate_into is not None:
-        out_dtype = torch.float32
-    out_code = _OUT_CODES.get(out_dtype)
-    if out_code is None:
-        raise _user_error(f"out_dtype: expected bfloat16 or float32, got {out_dtype}")
+    out_code = _out_code(out_dtype, accumulate_into)
     acc = accumulate_into is not None
     args = (a.buffer, a.quantizer.id, a.m, a.k, ai, b.buffer, b.quantizer.id, b.m, b.k, bi, out_code, acc)
     if torch.compiler.is_compiling():
@@ -486,10 +496,8 @@ def gemm(a: QuantizedTensor, b: QuantizedTensor, *, a_direction: str = "rowwise"
 def gemm_plan(a: QuantizedTensor, b: QuantizedTensor, a_direction: str = "rowwise", b_direction: str = "rowwise",
               out_dtype: torch.dtype = torch.bfloat16):
     """The compiled core's plan gemm() runs for these operands (route, describe(), prepare())."""
-    if out_dtype not in _OUT_CODES:
-        raise _user_error(f"out_dtype: expected bfloat16 or float32, got {out_dtype}")
     return _plan(a.quantizer.id, a.m, a.k, a._stream_index(a_direction), b.quantizer.id, b.m, b.k,
-                 b._stream_index(b_direction), _OUT_CODES[out_dtype], False)
+                 b._stream_index(b_direction), _out_code(out_dtype), False)
 
 
 _gplans: Dict[tuple, object] = {}  # grouped GEMM plans
@@ -515,15 +523,7 @@ def _grouped_gemm(a_buf, qa, am, ak, amem, ai, b_buf, qb, bm, bk, bmem, bi, offs
     if offsets.numel() != amem + 1:
         raise _user_error(f"offsets: expected {amem + 1} row offsets, got {offsets.numel()}")
     shape = tuple(p.out_shape)
-    if out is None:
-        d = torch.empty(shape, dtype=_CODES[out_code], device=a_buf.device)
-    else:
-        _check_input(out, _CODES[out_code], dev, "out")
-        if tuple(out.shape) != shape:
-            raise _user_error(f"out: expected shape {list(shape)}, got {list(out.shape)}")
-        d = out
-    ws = p.workspace_bytes()
-    w = torch.empty(ws, dtype=torch.uint8, device=a_buf.device) if ws else None
+    d, w = _gemm_buffers(p, shape, out_code, out, a_buf, dev)
     p.run(a_buf.data_ptr(), b_buf.data_ptr(), d.data_ptr(), offsets.data_ptr(), _ptr(w), _raw_stream(dev), dev, True)
     return d
 
@@ -540,11 +540,7 @@ def grouped_gemm(a: QuantizedTensor, b: QuantizedTensor, offsets: torch.Tensor, 
     if not a.members or not b.members:
         raise _user_error("a, b: grouped_gemm takes grouped quantizes (grouped=True quantizers)")
     ai, bi = a._stream_index(a_direction), b._stream_index(b_direction)
-    if accumulate_into is not None:
-        out_dtype = torch.float32
-    out_code = _OUT_CODES.get(out_dtype)
-    if out_code is None:
-        raise _user_error(f"out_dtype: expected bfloat16 or float32, got {out_dtype}")
+    out_code = _out_code(out_dtype, accumulate_into)
     return _grouped_gemm(a.buffer, a.quantizer.id, a.m, a.k, a.members, ai, b.buffer, b.quantizer.id, b.m, b.k,
                          b.members, bi, offsets, bool(wgrad), out_code, accumulate_into)
 
