@@ -93,6 +93,7 @@ void dequantize(const qf::Stream& s, Shape2D in, const DequantizeCall& call, DTy
   args.scale = reinterpret_cast<const u8*>(call.scale.ptr);
   args.amax = reinterpret_cast<const float*>(call.amax.ptr);
   args.out = reinterpret_cast<void*>(call.out.ptr);
+  args.transposed_out = call.transposed_out ? 1 : 0;
   const int64_t pairs = (d.m * d.k + 1) / 2;
   const int64_t want = (pairs + fn.threads - 1) / fn.threads;
   const int64_t cap = int64_t(device_sm_count(dev)) * 8;

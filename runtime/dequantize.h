@@ -1,6 +1,7 @@
 // Dequantize one stream of a quantize call's outputs on a GPU (templates/qforge/dequantize.cuh):
 // the stream's data times its scales, into fp32 / bf16 / fp16, in the data's own layout ([M, K],
-// or [K, M] for transposed copies). Bit-exact against reference::dequantize.
+// or [K, M] for transposed copies) or, with DequantizeCall::transposed_out, that layout transposed.
+// Bit-exact against reference::dequantize.
 #pragma once
 #include <cuda.h>
 
@@ -18,6 +19,8 @@ struct DequantizeCall {
   TensorView scale;  // its <dir>_scale_inv buffer (none for identity streams)
   TensorView amax;   // NVFP4: the stream's per-tensor amax output (fp32 [1])
   TensorView out;    // rows x cols elements of the output dtype
+  bool transposed_out = false;  // out holds the data layout transposed ([cols, rows]): a copy kept in
+                                // the input's own layout, turned into the operand a GEMM reads
 };
 
 // The kernel arguments of a stream whose quantize input was `in` ([M, K]), pointers unset: the

@@ -4,8 +4,9 @@
 // half is tested without torch or a GPU. What a call needs beyond the addresses is computed once
 // and kept: a Quantizer's Layout per (shape, members) holds every output's place in one flat
 // allocation and a prebuilt QuantizeCall whose pointers a call only rebases; a GemmPlan holds
-// the GEMM (fused, or the dequant route for mixed formats), its operands' places in their
-// layouts and a device copy of its group offsets. Error text is built only when a check fails.
+// the GEMM (fused, or a dequant route for mixed formats and same-layout copies), its operands'
+// places in their layouts and a device copy of its group offsets. Error text is built only when a
+// check fails.
 // The torch layer (python/qforge/torch) allocates with torch's caching allocator and passes
 // torch's current stream.
 #include <nanobind/nanobind.h>
@@ -268,7 +269,7 @@ class QuantizerBinding {
     const Shape2D d = data_shape(*o.stream, L.shape);
     rt::dequantize(*o.stream, L.shape,
                    rt::DequantizeCall{view(o.data), view(o.scale), view(o.amax),
-                                      rt::TensorView{out, d.m * d.k * traits(od).bytes, {}, {}}},
+                                      rt::TensorView{out, d.m * d.k * traits(od).bytes, {}, {}}, false},
                    od, reinterpret_cast<CUstream>(stream));
   }
 
@@ -362,16 +363,24 @@ class RecipeSet {
 
 // Which kernel reads a pair of streams: compiler/gemm_operands.h (gemm_for_streams).
 
-// What every GEMM plan refuses of its two operands: a same-layout columnwise copy ([M, K], blocks
-// along M: not the transposed operand a backward GEMM reads), and two operands transformed
-// differently along the reduction (RHT on one but not the other, or other sign masks: the
-// products of Hadamard-domain values equal the original ones only when both sides match).
-void check_operands(const qf::Stream& a, const qf::Stream& b) {
-  for (const auto& [st, arg] : {std::pair{&a, "a_direction"}, std::pair{&b, "b_direction"}})
-    if (st->dir == Direction::Columnwise && st->layout == DataLayout::RowMajor)
-      throw UserError(arg, "the columnwise copy has the input's own [M, K] layout (\"layout\": \"same\"); the "
-                           "GEMMs read transposed copies: use a recipe whose columnwise layout is \"transposed\" "
-                           "(e.g. mxfp8_hopper.json rather than mxfp8.json)");
+// A columnwise copy kept in the input's own [M, K] layout ("layout": "same", blocks along M): the
+// backward GEMMs read its transpose, which no fused kernel does; the dense plan dequantizes it
+// transposed (the dequant_transpose route).
+bool same_layout_columnwise(const qf::Stream& s) {
+  return s.dir == Direction::Columnwise && s.layout == DataLayout::RowMajor;
+}
+
+// What every GEMM plan refuses of its two operands: two operands transformed differently along the
+// reduction (RHT on one but not the other, or other sign masks: the products of Hadamard-domain
+// values equal the original ones only when both sides match) and, where the plan has no transposing
+// route (grouped), a same-layout columnwise copy.
+void check_operands(const qf::Stream& a, const qf::Stream& b, bool transposing_route) {
+  if (!transposing_route)
+    for (const auto& [st, arg] : {std::pair{&a, "a_direction"}, std::pair{&b, "b_direction"}})
+      if (same_layout_columnwise(*st))
+        throw UserError(arg, "the columnwise copy has the input's own [M, K] layout (\"layout\": \"same\"); the "
+                             "grouped GEMMs read transposed copies: use a recipe whose columnwise layout is "
+                             "\"transposed\" (e.g. mxfp8_hopper.json rather than mxfp8.json)");
   if (a.rht != b.rht) {
     const auto rht = [](const qf::Stream& st) {
       return st.rht ? "RHT (sign mask " + std::to_string(st.rht->sign_mask) + ")" : std::string("no RHT");
@@ -405,8 +414,17 @@ class GemmPlan {
     b_ = qb_->operand(*lb_, sb);
     if (la_->members || lb_->members)
       throw UserError(la_->members ? "a" : "b", "a grouped quantize: its members take GroupedGemmPlan");
-    check_operands(*a_.stream, *b_.stream);
-    const Shape2D da = data_shape(*a_.stream, la_->shape), db = data_shape(*b_.stream, lb_->shape);
+    check_operands(*a_.stream, *b_.stream, true);
+    // The operands as the GEMM reads them, [rows, K]: the data layout, or the transpose of a
+    // same-layout columnwise copy.
+    a_flip_ = same_layout_columnwise(*a_.stream);
+    b_flip_ = same_layout_columnwise(*b_.stream);
+    const auto operand_dims = [](const qf::Stream& s, Shape2D in, bool flip) {
+      const Shape2D d = data_shape(s, in);
+      return flip ? Shape2D{d.k, d.m} : d;
+    };
+    const Shape2D da = operand_dims(*a_.stream, la_->shape, a_flip_);
+    const Shape2D db = operand_dims(*b_.stream, lb_->shape, b_flip_);
     if (da.k != db.k)
       throw UserError("b", "the operands' reduction lengths differ: A " + format_dims(da) + ", B " + format_dims(db) +
                                " (D = A @ B^T needs both [., K])");
@@ -416,7 +434,7 @@ class GemmPlan {
     out_ = parse_dtype_arg(out_dtype, "out_dtype");
     if (out_ == DType::FP16) throw UserError("out_dtype", "expected bf16 or fp32, got fp16");
     if (accumulate && out_ != DType::FP32) throw UserError("accumulate", "needs an fp32 output");
-    auto fused = gemm_for_streams(*a_.stream, *b_.stream, m_, n_, k_);
+    auto fused = a_flip_ || b_flip_ ? std::nullopt : gemm_for_streams(*a_.stream, *b_.stream, m_, n_, k_);
     if (fused) {
       fused->out_dtype = out_;
       fused->accumulate = accumulate;
@@ -424,8 +442,9 @@ class GemmPlan {
       gemm_ = std::make_unique<rt::Gemm>(*fused);
       route_ = fused->route == GemmRoute::Auto ? "auto" : "fused";
     } else {
-      // Mixed formats (or layouts no fused kernel reads): both operands dequantized into bf16
-      // copies in the workspace, then the bf16 GEMM.
+      // Mixed formats, or a same-layout columnwise copy (which no fused kernel reads transposed):
+      // both operands dequantized into bf16 copies in the workspace, [rows, K] each (a same-layout
+      // copy written transposed), then the bf16 GEMM.
       GemmSpec spec;
       spec.a_format = spec.b_format = ElemFormat::Identity;
       spec.operand_dtype = DType::BF16;
@@ -436,7 +455,7 @@ class GemmPlan {
       spec.accumulate = accumulate;
       validate(spec);
       gemm_ = std::make_unique<rt::Gemm>(spec);
-      route_ = "dequant_mixed";
+      route_ = a_flip_ || b_flip_ ? "dequant_transpose" : "dequant_mixed";
       a_copy_ = align_up(m_ * k_ * 2);
       b_copy_ = align_up(n_ * k_ * 2);
     }
@@ -470,9 +489,9 @@ class GemmPlan {
     const int64_t ws_bytes = workspace_bytes();
     if (a_copy_) {  // the mixed route: dequantize both, then the bf16 GEMM on the copies
       rt::DequantizeCall qa{at(a_base, a_.data), at(a_base, a_.scale), at(a_base, a_.amax),
-                            rt::TensorView{workspace, m_ * k_ * 2, {}, {}}};
+                            rt::TensorView{workspace, m_ * k_ * 2, {}, {}}, a_flip_};
       rt::DequantizeCall qb{at(b_base, b_.data), at(b_base, b_.scale), at(b_base, b_.amax),
-                            rt::TensorView{workspace + uint64_t(a_copy_), n_ * k_ * 2, {}, {}}};
+                            rt::TensorView{workspace + uint64_t(a_copy_), n_ * k_ * 2, {}, {}}, b_flip_};
       if (ws_bytes && !workspace) throw UserError("workspace", "the mixed-format GEMM needs a workspace");
       rt::dequantize(*a_.stream, la_->shape, qa, DType::BF16, reinterpret_cast<CUstream>(stream));
       rt::dequantize(*b_.stream, lb_->shape, qb, DType::BF16, reinterpret_cast<CUstream>(stream));
@@ -523,6 +542,7 @@ class GemmPlan {
   DType out_ = DType::BF16;
   std::unique_ptr<rt::Gemm> gemm_;
   std::string route_;
+  bool a_flip_ = false, b_flip_ = false;  // the operand is a same-layout columnwise copy, read transposed
   int64_t a_copy_ = 0, b_copy_ = 0;
   mutable std::once_flag ws_once_;
   mutable int64_t ws_ = 0;
@@ -543,7 +563,7 @@ class GroupedGemmPlan {
     if (!la_->members || !lb_->members) throw UserError("a", "grouped GEMMs take grouped quantizes (members)");
     a_ = qa_->operand(*la_, sa);
     b_ = qb_->operand(*lb_, sb);
-    check_operands(*a_.stream, *b_.stream);
+    check_operands(*a_.stream, *b_.stream, false);
     // Orientation: M-grouped reads A's rows as tokens (its data untransposed); wgrad reads both
     // operands' transposed copies, tokens along their rows.
     if (!wgrad_ && a_.stream->layout == DataLayout::Transposed)

@@ -31,6 +31,8 @@ struct DequantizeArgs {
   i64 block_rows, block_cols;       // data elements one scale entry covers (>= 1)
   i64 grid_padded_rows, grid_padded_cols;
   i32 swizzled, mn_major;           // the grid's storage order (compiler/buffers.h ScaleGrid::offset)
+  i32 transposed_out;               // 1: out is [cols, rows], element (r, c) at c * rows + r (the GEMMs'
+                                    // operand orientation of a copy kept in the input's own layout)
 };
 
 QF_HD u64 dequant_scale_offset(const DequantizeArgs& a, u64 r, u64 c) {
@@ -88,8 +90,9 @@ QF_HD float dequant_global_decode(const DequantizeArgs& a) {
 }
 
 #if defined(__CUDACC__)
-// Grid-stride over element pairs (a packed e2m1 byte; two neighbours along a row otherwise),
-// one pair per thread and step.
+// Grid-stride over element pairs of the output (a packed e2m1 byte; two neighbours along a row
+// otherwise; transposed_out: two neighbours along an output row, i.e. down a data column), one pair
+// per thread and step. The stores stay coalesced either way.
 template <class Cfg>
 __global__ void __launch_bounds__(Cfg::kThreads) dequantize_kernel(const DequantizeArgs a) {
   const float s_dec = dequant_global_decode<Cfg>(a);
@@ -99,7 +102,10 @@ __global__ void __launch_bounds__(Cfg::kThreads) dequantize_kernel(const Dequant
 #pragma unroll
     for (int j = 0; j < 2; ++j) {
       const u64 e = i + j;
-      if (e < n) dequant_store<Cfg::kOut>(a.out, e, dequant_element<Cfg>(a, e / u64(a.cols), e % u64(a.cols), s_dec));
+      if (e >= n) continue;
+      const u64 r = a.transposed_out ? e % u64(a.rows) : e / u64(a.cols);
+      const u64 c = a.transposed_out ? e / u64(a.rows) : e % u64(a.cols);
+      dequant_store<Cfg::kOut>(a.out, e, dequant_element<Cfg>(a, r, c, s_dec));
     }
   }
 }

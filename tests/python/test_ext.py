@@ -2,7 +2,8 @@
 
 Layouts (every shipped recipe's quantizers: the same buffers as the C API reports, each in its own
 aligned, disjoint range of one allocation), grouped member layouts, GEMM plans and their routes
-(fused where a kernel reads both formats, the mixed dequant route for the hybrid's dgrad), the
+(fused where a kernel reads both formats, the mixed dequant route for the hybrid's dgrad, the
+transposing dequant route for copies kept in the input's layout; docs/python.md's route table), the
 CPU reference dequantize (near the input by each format's step; exact for identity copies), and
 errors raised as the package's own classes with the argument named.
 
@@ -126,9 +127,20 @@ def test_gemm_plans_pick_their_route():
     wg = C.GemmPlan(bdy, bdy.layout(M, N), 1, bx, bx.layout(M, K), 1)  # 1x128 x 1x128: K-grouped, one group
     assert wg.route == "fused" and "k-grouped" in wg.describe()
     mx = C.Context([str(ROOT / "recipes" / "mxfp8.json")])  # columnwise copies in the input's layout
-    mw, mg = mx.quantizer("linear:weight"), mx.quantizer("linear:grad_output")
-    with pytest.raises(qforge.UserError, match="b_direction: the columnwise copy has the input's own"):
-        C.GemmPlan(mg, mg.layout(M, N), 0, mw, mw.layout(N, K), 1)
+    mx_x, mw, mg = (mx.quantizer(r) for r in ROLES)
+    # dgrad reads W's [N, K] copy as its transpose B = W^T [K, N]; wgrad both [M, .] copies as
+    # A = dY^T [N, M], B = X^T [K, M]: dequantized transposed, then the bf16 GEMM.
+    mdgrad = C.GemmPlan(mg, mg.layout(M, N), 0, mw, mw.layout(N, K), 1)
+    assert (mdgrad.m, mdgrad.n, mdgrad.k) == (M, K, N) and mdgrad.route == "dequant_transpose"
+    mwgrad = C.GemmPlan(mg, mg.layout(M, N), 1, mx_x, mx_x.layout(M, K), 1)
+    assert (mwgrad.m, mwgrad.n, mwgrad.k) == (N, K, M) and mwgrad.route == "dequant_transpose"
+    assert "bf16 x bf16" in mwgrad.describe()
+    # Both bf16 copies live in the workspace ahead of the GEMM's own: 2 bytes per element each.
+    assert mwgrad.workspace_bytes() >= 2 * (N * M + K * M)
+    mx_gx = mx.quantizer("grouped_linear:input", None, "bf16", "training", True)
+    mx_gg = mx.quantizer("grouped_linear:grad_output", None, "bf16", "training", True)
+    with pytest.raises(qforge.UserError, match="a_direction: the columnwise copy has the input's own"):
+        C.GroupedGemmPlan(mx_gg, mx_gg.layout(512, N, 4), 1, mx_gx, mx_gx.layout(512, K, 4), 1, True)
     with pytest.raises(qforge.UserError, match="b: the operands' reduction lengths differ"):
         C.GemmPlan(x, Lx, 0, w, Lw, 1)
     with pytest.raises(qforge.UserError, match="out_dtype: expected bf16 or fp32, got fp16"):
@@ -179,3 +191,37 @@ def test_plans_refuse_what_would_be_silently_wrong():
         C.reference_dequantize(x, 0, M, K, b"abc", b"", 0.0, "fp32")
     with pytest.raises(qforge.UserError, match="m, k"):
         C.reference_dequantize(x, 0, -1, -1, b"", b"", 0.0, "fp32")
+
+
+def _route_rows():
+    """(recipe, gemm, operands, route, kernel) of every shipped recipe's fprop, dgrad and wgrad at
+    M = N = K = 1024, as docs/python.md's route table lists them."""
+    M = N = K = 1024
+    gemms = (("fprop", "linear:input", 0, (M, K), "linear:weight", 0, (N, K)),
+             ("dgrad", "linear:grad_output", 0, (M, N), "linear:weight", 1, (N, K)),
+             ("wgrad", "linear:grad_output", 1, (M, N), "linear:input", 1, (M, K)))
+    for path in RECIPES:
+        ctx = C.Context([str(path)])
+        for gemm, ra, da, sa, rb, db, sb in gemms:
+            try:
+                qa, qb = ctx.quantizer(ra), ctx.quantizer(rb)
+            except qforge.UserError:
+                yield path.stem, gemm, "role missing", "-", "-"
+                continue
+            a, b = qa.streams[da], qb.streams[db]
+            plan = C.GemmPlan(qa, qa.layout(*sa), da, qb, qb.layout(*sb), db)
+            yield (path.stem, gemm, f"{a.format}/{a.scaling} x {b.format}/{b.scaling}", plan.route, plan.describe())
+
+
+def test_every_shipped_recipes_gemms_are_constructible_as_the_docs_list_them():
+    rows = list(_route_rows())
+    for recipe, gemm, operands, route, kernel in rows:
+        assert route in ("fused", "auto", "dequant_mixed", "dequant_transpose", "-"), (recipe, gemm, route)
+    mx = {g: r for rec, g, _, r, _ in rows if rec == "mxfp8"}
+    assert mx == {"fprop": "auto", "dgrad": "dequant_transpose", "wgrad": "dequant_transpose"}
+    text = (ROOT / "docs" / "python.md").read_text()
+    table = text[text.index("| recipe | GEMM | operands | route | kernel |"):].split("\n\n")[0].splitlines()[2:]
+    documented = [tuple(c.strip() for c in line.strip("|").split("|")) for line in table]
+    assert documented == rows, "docs/python.md's route table differs from the plans:\n" + "\n".join(
+        "| " + " | ".join(r) + " |" for r in rows)
+

@@ -137,15 +137,17 @@ def test_grouped_member_views():
 
 
 def gemm_reference(a, b, a_dir, b_dir):
+    # dequantize() gives the input's [M, K] orientation; a columnwise copy's GEMM operand is its
+    # transpose [K, M], whether the copy is stored transposed or in the input's own layout (mxfp8.json).
     A = a.dequantize(torch.float32, a_dir).double()
     B = b.dequantize(torch.float32, b_dir).double()
-    ta = A.t() if a.streams[a_dir].layout == "transposed" else A  # the stored operand [rows, K]
-    tb = B.t() if b.streams[b_dir].layout == "transposed" else B
+    ta = A.t() if a_dir == "columnwise" else A  # the GEMM's operand [rows, K]
+    tb = B.t() if b_dir == "columnwise" else B
     return ta @ tb.t()
 
 
 @pytest.mark.parametrize("recipe", ["current_scaling", "float8_block_scaling", "fp8_rowwise", "mxfp8_hopper",
-                                    "nvfp4", "hybrid_mxfp8_fwd_nvfp4_bwd", "int8_weight_sr"])
+                                    "mxfp8", "nvfp4", "hybrid_mxfp8_fwd_nvfp4_bwd", "int8_weight_sr"])
 def test_linear_gemms(recipe):
     r = qt.Recipes(str(ROOT / "recipes" / f"{recipe}.json"))
     M, N, K = 256, 384, 512
@@ -172,6 +174,37 @@ def test_mixed_formats_take_the_dequant_route():
     tw = r.quantizer("linear:weight")(make_input(256, 512, 2))
     tg = r.quantizer("linear:grad_output")(make_input(128, 256, 3), seed=1)
     assert qt.gemm_plan(tg, tw, "rowwise", "columnwise").route == "dequant_mixed"
+
+
+@pytest.mark.parametrize("out_dtype", [torch.bfloat16, torch.float32])
+def test_same_layout_copies_take_the_transposing_route(out_dtype):
+    # mxfp8.json keeps its columnwise copies in the input's [M, K] layout: dgrad and wgrad dequantize
+    # them transposed into bf16 (exact for MXFP8) and run the bf16 GEMM, so they equal the bf16 GEMM
+    # of the dequantized operands transposed by torch.
+    r = qt.Recipes(str(ROOT / "recipes" / "mxfp8.json"))
+    M, N, K = 256, 384, 512
+    qx, qw, qg = (r.quantizer(role) for role in ROLES)
+    tx, tw, tg = qx(make_input(M, K, 1)), qw(make_input(N, K, 2) * 0.1), qg(make_input(M, N, 3))
+    for a, b, ad, bd, shape in ((tg, tw, "rowwise", "columnwise", (M, K)), (tg, tx, "columnwise", "columnwise", (N, K))):
+        assert qt.gemm_plan(a, b, ad, bd, out_dtype).route == "dequant_transpose"
+        d = qt.gemm(a, b, a_direction=ad, b_direction=bd, out_dtype=out_dtype)
+        assert d.shape == shape and d.dtype == out_dtype
+        A, B = a.dequantize(torch.bfloat16, ad), b.dequantize(torch.bfloat16, bd)
+        assert torch.equal(A.double(), a.dequantize(torch.float32, ad).double())  # bf16 holds MXFP8 exactly
+        ta = A.t() if ad == "columnwise" else A
+        want = (ta.float() @ B.float()).to(out_dtype)  # B's operand is B.t(): D = ta @ B
+        ref = ta.double() @ B.double()
+        err, tol = (d.double() - ref).abs().max().item(), 2e-3 * ref.abs().max().item()
+        assert err <= tol, (ad, bd, err)
+        assert (d.double() - want.double()).abs().max().item() <= tol
+    acc = torch.zeros(N, K, device="cuda")
+    qt.gemm(tg, tx, a_direction="columnwise", b_direction="columnwise", accumulate_into=acc)
+    qt.gemm(tg, tx, a_direction="columnwise", b_direction="columnwise", accumulate_into=acc)
+    once = qt.gemm(tg, tx, a_direction="columnwise", b_direction="columnwise", out_dtype=torch.float32)
+    assert torch.equal(acc, once + once)
+    # The grouped GEMMs have no transposing route: GroupedLinear refuses the recipe at construction.
+    with pytest.raises(qforge.UserError, match="the columnwise copy has the input's own"):
+        qt.GroupedLinear(4, 256, 256, recipes=r, name="moe", device="cuda")
 
 
 def test_cuda_graph_capture():
