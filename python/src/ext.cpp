@@ -17,6 +17,7 @@
 #include <nanobind/stl/vector.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cstring>
 #include <map>
 #include <memory>
@@ -390,15 +391,19 @@ void check_operands(const qf::Stream& a, const qf::Stream& b, bool transposing_r
   }
 }
 
-// Device memory owned by a plan (group offsets), freed with it.
+// Device memory owned by a plan (group offsets), freed with it. `live` counts the allocations
+// held now (live_plan_buffers(): what the torch layer's bounded plan tables are tested against).
 struct DeviceBuffer {
+  static inline std::atomic<int64_t> live{0};
   int device = -1;
   CUdeviceptr ptr = 0;
   DeviceBuffer() = default;
   DeviceBuffer(const DeviceBuffer&) = delete;
   DeviceBuffer& operator=(const DeviceBuffer&) = delete;
   ~DeviceBuffer() {
-    if (ptr && rt::driver_alive()) {
+    if (!ptr) return;
+    --live;
+    if (rt::driver_alive()) {
       rt::ScopedContext ctx(rt::primary_context(device)->get());
       rt::driver().cuMemFree(ptr);
     }
@@ -530,6 +535,7 @@ class GemmPlan {
     buf->device = device;
     const int64_t host[2] = {0, k_grouped(gemm_->spec().layout) ? k_ : m_};
     rt::check(rt::driver().cuMemAlloc(&buf->ptr, sizeof(host)), "cuMemAlloc (GEMM group offsets)");
+    ++DeviceBuffer::live;
     rt::check(rt::driver().cuMemcpyHtoD(buf->ptr, host, sizeof(host)), "cuMemcpyHtoD (GEMM group offsets)");
     offsets_.push_back(buf);
     return buf->ptr;
@@ -851,6 +857,8 @@ NB_MODULE(_C, m) {
       .def("run", &GroupedGemmPlan::run, "a_base"_a, "b_base"_a, "d"_a, "offsets"_a, "workspace"_a, "stream"_a,
            "device"_a, "checked"_a = false, nb::call_guard<nb::gil_scoped_release>());
 
+  m.def("live_plan_buffers", [] { return DeviceBuffer::live.load(); },
+        "device buffers the GEMM plans alive now hold (each plan's group offsets, per device)");
   m.def("reference_quantize", &reference_quantize, "quantizer"_a, "x"_a, "m"_a, "k"_a, "seed"_a = 0, "offset"_a = 0,
         "scales"_a = std::vector<float>{}, "split"_a = std::vector<int64_t>{});
   m.def("reference_dequantize", &reference_dequantize, "quantizer"_a, "stream_index"_a, "m"_a, "k"_a, "data"_a,

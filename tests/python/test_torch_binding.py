@@ -207,6 +207,34 @@ def test_same_layout_copies_take_the_transposing_route(out_dtype):
         qt.GroupedLinear(4, 256, 256, recipes=r, name="moe", device="cuda")
 
 
+def test_plan_tables_are_bounded_and_free_device_memory():
+    import gc
+    from qforge.torch import _plans
+    r = qt.Recipes(str(ROOT / "recipes" / "current_scaling.json"))
+    qx, qw = r.quantizer("linear:input"), r.quantizer("linear:weight")
+    w = qw(make_input(128, 256, 2))
+    qt.set_plan_cache_size(1)
+    try:
+        gc.collect()
+        base = C.live_plan_buffers()  # the one plan left in the table, and any a caller still holds
+        qt.set_plan_cache_size(4)
+        for m in range(16, 16 * 11, 16):  # ten shapes: ten plans, each with its device offsets once run
+            x = make_input(m, 256, m)
+            d = qt.gemm(qx(x), w, out_dtype=torch.float32)
+            assert d.shape == (m, 128)
+        assert len(_plans) == 4 and _plans.evictions >= 6
+        gc.collect()
+        assert C.live_plan_buffers() <= base + 4
+        held = qt.gemm_plan(qx(make_input(16, 256, 1)), w, out_dtype=torch.float32)  # in the table
+        for m in range(512, 512 + 16 * 6, 16):
+            qt.gemm(qx(make_input(m, 256, m)), w)
+        assert held.m == 16  # evicted from the table, alive while held
+        with pytest.raises(qforge.UserError, match="size: plan cache size: expected a positive integer"):
+            qt.set_plan_cache_size(0)
+    finally:
+        qt.set_plan_cache_size(256)
+
+
 def test_cuda_graph_capture():
     r = qt.Recipes(str(ROOT / "recipes" / "mxfp8_hopper.json"))
     qx, qw = r.quantizer("linear:input"), r.quantizer("linear:weight")

@@ -26,8 +26,10 @@ import torch
 
 from .. import UserError
 from .. import _ext
+from .._plan_cache import PlanCache, size_from_env
 
-__all__ = ["Recipes", "Quantizer", "QuantizedTensor", "gemm", "gemm_plan", "grouped_gemm", "GroupedLinear", "dequantize", "Linear", "convert", "UserError"]
+__all__ = ["Recipes", "Quantizer", "QuantizedTensor", "gemm", "gemm_plan", "grouped_gemm", "GroupedLinear", "dequantize",
+           "Linear", "convert", "set_plan_cache_size", "UserError"]
 
 _C = _ext.load()
 
@@ -41,7 +43,22 @@ if hasattr(torch, "float8_e8m0fnu"):
 
 _lock = threading.Lock()
 _quantizers: List["Quantizer"] = []  # by id: what the custom ops' integer argument names
-_plans: Dict[tuple, object] = {}      # GEMM plans by (a quantizer, shape, stream, b ..., out dtype, accumulate)
+# GEMM plans by (a quantizer, shape, stream, b ..., out dtype, accumulate), and the grouped ones:
+# least recently used evicted beyond QFORGE_PLAN_CACHE_SIZE (default 256) each (qforge/_plan_cache.py).
+_plans = PlanCache(size_from_env())
+_gplans = PlanCache(size_from_env())
+
+
+def set_plan_cache_size(size: Optional[int]) -> None:
+    """Bounds each GEMM plan table (dense, grouped) to `size` plans (None: unbounded), evicting the
+    least recently used now. An evicted plan's device buffers are freed once nothing holds it: a
+    CUDA graph that captured a GEMM keeps launching its plan, so keep the tables larger than the
+    distinct GEMMs run between capture and the last replay (or hold the plans: `gemm_plan`)."""
+    try:
+        _plans.resize(size)
+        _gplans.resize(size)
+    except ValueError as e:
+        raise _user_error(f"size: {e}") from None
 
 
 def _user_error(message: str) -> UserError:
@@ -430,8 +447,8 @@ def _plan(qa, am, ak, ai, qb, bm, bk, bi, out_code, accumulate):
     p = _plans.get(key)
     if p is None:
         a, b = _quantizers[qa], _quantizers[qb]
-        p = _C.GemmPlan(a._c, a.layout(am, ak), ai, b._c, b.layout(bm, bk), bi, _CODE_NAMES[out_code], accumulate)
-        _plans[key] = p
+        p = _plans.get_or_create(key, lambda: _C.GemmPlan(a._c, a.layout(am, ak), ai, b._c, b.layout(bm, bk), bi,
+                                                          _CODE_NAMES[out_code], accumulate))
     return p
 
 
@@ -500,17 +517,14 @@ def gemm_plan(a: QuantizedTensor, b: QuantizedTensor, a_direction: str = "rowwis
                  b._stream_index(b_direction), _out_code(out_dtype), False)
 
 
-_gplans: Dict[tuple, object] = {}  # grouped GEMM plans
-
-
 def _grouped_plan(qa, am, ak, amem, ai, qb, bm, bk, bmem, bi, wgrad, out_code, accumulate):
     key = (qa, am, ak, amem, ai, qb, bm, bk, bmem, bi, wgrad, out_code, accumulate)
     p = _gplans.get(key)
     if p is None:
         a, b = _quantizers[qa], _quantizers[qb]
-        p = _C.GroupedGemmPlan(a._c, a.layout(am, ak, amem), ai, b._c, b.layout(bm, bk, bmem), bi, wgrad,
-                               _CODE_NAMES[out_code], accumulate)
-        _gplans[key] = p
+        p = _gplans.get_or_create(key, lambda: _C.GroupedGemmPlan(a._c, a.layout(am, ak, amem), ai, b._c,
+                                                                  b.layout(bm, bk, bmem), bi, wgrad,
+                                                                  _CODE_NAMES[out_code], accumulate))
     return p
 
 
