@@ -21,6 +21,7 @@
 namespace qf::rt {
 
 struct Dim3;
+class Module;
 
 // The plan's kernels for one arch, from the cache (compiled on a miss).
 struct QuantizeKernels {
@@ -90,7 +91,8 @@ class Quantizer {
   // delayed scaling, NVFP4, per-channel fp8 and int8) on a single tensor whose tiles all fit on
   // the GPU at once run the cooperative fused_kernel, which zeroes the amax outputs and the
   // channel workspace and reduces the amax pre-pass itself; larger or grouped calls zero them
-  // with memsets and launch the amax and cast kernels.
+  // with memsets and launch the amax and cast kernels. Plans with a row kernel (row_pass below)
+  // take it instead wherever a call's rows fit it: one launch, the input read once.
   // QFORGE_ONE_LAUNCH=0 (read at construction) always takes the second way, and so does a call
   // captured into a CUDA graph for a plan with per-column channel amaxes (fp8 per-channel and
   // int8 SR weights in training), where the extra launches cost less than the fused form's grid
@@ -101,6 +103,13 @@ class Quantizer {
   // device (false for plans without it, QFORGE_ONE_LAUNCH=0 or a grid larger than one wave);
   // loads the kernels as quantize() does. A capture may still take the separate form (above).
   bool one_launch(Shape2D shape) const;
+
+  // Whether a direct single-tensor call of this shape (16-byte aligned input) takes the one-pass
+  // form: plans with a row kernel (compiler has_row_pass: rowwise per-channel streams only) on rows
+  // of at most 16384 16-bit / 8192 fp32 elements, K a multiple of 16 bytes. It reads the input
+  // once; the amax pre-pass and the channel workspace go unused. QFORGE_ROW_PASS=0 (read at
+  // construction) turns it off.
+  bool row_pass(Shape2D shape) const;
 
   // The argument checks of quantize() and the launch arguments they yield, without a GPU:
   // UserError naming the argument on anything wrong. What a call shape needs (buffer sizes,
@@ -115,6 +124,7 @@ class Quantizer {
   struct Loaded;
   std::shared_ptr<const Loaded> load_for_current_device() const;
   bool fits_one_launch(const Loaded& l, const Dim3& grid, bool grouped) const;
+  int row_pass_warps(Shape2D shape) const;
   struct Layout;
   std::shared_ptr<const Layout> layout(Shape2D shape, int members, bool grouped) const;
 
@@ -122,6 +132,7 @@ class Quantizer {
   KernelCache& cache_;
   bool use_tuning_ = true;
   bool one_launch_ = true;  // QFORGE_ONE_LAUNCH=0 turns the fused form off (A/B, debugging)
+  bool row_pass_ = false;   // the plan has a row kernel and QFORGE_ROW_PASS is not 0
   bool separate_in_capture_ = false;  // separate_in_capture(plan_)
   mutable std::mutex mu_;
   mutable std::map<int, std::shared_ptr<const Loaded>> loaded_;  // by device
@@ -149,5 +160,59 @@ QuantizeKernels build_history_kernel(const PerTensorDelayed& mode, ElemFormat fo
                                      KernelCache& cache = KernelCache::global());
 // The distinct (rule, format) pairs of a plan's delayed-scaling streams: the history kernels it needs.
 std::vector<std::pair<PerTensorDelayed, ElemFormat>> history_rules(const Plan& plan);
+
+// Delayed scaling for a whole model, once per step: every tensor's history rolled and its scale
+// recomputed in one launch per history length (one for a model whose recipes share a length),
+// each entry by its own rule and format, bit-identical to update_amax_history on that entry.
+struct HistoryBatchItem {
+  PerTensorDelayed mode;
+  ElemFormat format = ElemFormat::E4M3;  // e4m3 or e5m2
+  TensorView history;    // fp32 [mode.history_length]
+  TensorView amax;       // fp32 [1]: the step's amax
+  TensorView scale;      // fp32 [1], in/out
+  TensorView scale_inv;  // optional fp32 [1]
+};
+// The batched kernel's source for histories of `history_length` slots (templates/qforge/history.cuh
+// amax_history_batch_kernel; the rule is per entry, at run time).
+KernelSource emit_history_batch(int history_length);
+QuantizeKernels build_history_batch_kernel(int history_length, const std::string& arch,
+                                           KernelCache& cache = KernelCache::global());
+
+// UserError naming "items[i].<buffer>" unless the items can run as one batch: each buffer as the
+// per-tensor update checks it, and the buffers one entry writes disjoint from every other entry's.
+// Needs no GPU.
+void check_history_batch(const std::vector<HistoryBatchItem>& items);
+
+// Built once for a fixed set of tensors (their buffers' addresses stay: module buffers), then run
+// every step. The constructor validates the items (check_history_batch), uploads the entry table
+// to the current context's device and loads the kernels there: run() only launches, so it can be
+// captured into a CUDA graph. The table is freed with the object.
+class HistoryBatch {
+ public:
+  explicit HistoryBatch(std::vector<HistoryBatchItem> items, KernelCache& cache = KernelCache::global());
+  ~HistoryBatch();
+  HistoryBatch(const HistoryBatch&) = delete;
+  HistoryBatch& operator=(const HistoryBatch&) = delete;
+
+  // noop: optional device float, 1.0 skips the whole update.
+  void run(uint64_t noop, CUstream stream) const;
+  size_t size() const { return size_; }
+  int launches() const { return int(groups_.size()); }
+  int device() const { return device_; }
+
+ private:
+  struct Group {
+    int length = 0;
+    int count = 0;
+    uint64_t entries = 0;  // device address of this group's first entry
+    std::shared_ptr<const Module> module;
+    CUfunction f = nullptr;
+    unsigned threads = 0;
+  };
+  int device_ = -1;
+  CUdeviceptr table_ = 0;
+  size_t size_ = 0;
+  std::vector<Group> groups_;
+};
 
 }  // namespace qf::rt

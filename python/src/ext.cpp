@@ -77,6 +77,7 @@ struct Layout {
   mutable std::mutex mu;
   mutable rt::QuantizeCall call;
   std::vector<std::string> input_names;  // delayed scaling's scale inputs, in Quantizer::inputs() order
+  int amax_slot = -1;  // the one per-tensor amax output (delayed scaling's), or -1: none or several
 
   int index(const std::string& name) const {
     for (size_t i = 0; i < buffers.size(); ++i)
@@ -115,6 +116,9 @@ std::shared_ptr<Layout> make_layout(const rt::Quantizer& q, std::vector<BufferDe
   for (const auto& s : L->buffers) L->call.buffers[s.desc.name] = rt::TensorView{uint64_t(s.offset), s.desc.bytes, {}, {}};
   if (workspace) L->call.workspace = rt::TensorView{uint64_t(L->workspace_offset), workspace, {}, {}};
   for (const auto& in : q.inputs()) L->input_names.push_back(in.name);
+  for (size_t i = 0; i < L->buffers.size(); ++i)
+    if (L->buffers[i].desc.kind == BufferKind::Amax) L->amax_slot = L->amax_slot == -1 ? int(i) : -2;
+  if (L->amax_slot < 0) L->amax_slot = -1;
   return L;
 }
 
@@ -194,8 +198,12 @@ class QuantizerBinding {
     return out;
   }
 
+  // amax_out (optional): where the tensor's amax goes instead of its slot in the allocation (a
+  // module's buffer that a batched delayed-scaling update reads; the slot is then left unwritten).
   void quantize(const Layout& L, uint64_t x, uint64_t base, uintptr_t stream, int device, uint64_t noop, uint64_t seed,
-                uint64_t offset, uint64_t member_rows, uint64_t scale0, uint64_t scale1) const {
+                uint64_t offset, uint64_t member_rows, uint64_t scale0, uint64_t scale1, uint64_t amax_out) const {
+    if (amax_out && (L.amax_slot < 0 || L.members))
+      throw UserError("amax_out", "the quantizer writes no single per-tensor amax (delayed scaling of one tensor)");
     rt::ScopedContext ctx(rt::primary_context(device)->get());
     std::lock_guard<std::mutex> g(L.mu);
     rt::QuantizeCall& c = L.call;
@@ -210,6 +218,7 @@ class QuantizerBinding {
     c.seed = seed;
     c.offset = offset;
     c.member_rows = member_rows;
+    if (amax_out) c.buffers[L.buffers[size_t(L.amax_slot)].desc.name].ptr = amax_out;  // rebased again next call
     q_->quantize(c, reinterpret_cast<CUstream>(stream));
   }
 
@@ -682,6 +691,47 @@ class GroupedGemmPlan {
   mutable int64_t ws_ = 0;
 };
 
+// ------------------------------------------------------------------------------ delayed scaling, batched
+
+// Every delayed-scaling tensor of a model updated in one launch per history length: built once
+// for the tensors' buffers (module buffers, whose addresses stay), run once per step.
+class HistoryBatchBinding {
+ public:
+  // items: (quantizer, scale input index, history, amax, scale, scale_inv or 0), device addresses.
+  using Item = std::tuple<std::shared_ptr<QuantizerBinding>, int, uint64_t, uint64_t, uint64_t, uint64_t>;
+  HistoryBatchBinding(const std::vector<Item>& items, int device) : device_(device) {
+    std::vector<rt::HistoryBatchItem> v;
+    for (const auto& [q, input, history, amax, scale, scale_inv] : items) {
+      if (!q) throw UserError("items", "expected a quantizer in every item");
+      const auto [st, d] = q->delayed(input);
+      rt::HistoryBatchItem it;
+      it.mode = *d;
+      it.format = st->format;
+      it.history = rt::TensorView{history, int64_t(d->history_length) * 4, {}, {}};
+      it.amax = rt::TensorView{amax, 4, {}, {}};
+      it.scale = rt::TensorView{scale, 4, {}, {}};
+      it.scale_inv = rt::TensorView{scale_inv, scale_inv ? 4 : 0, {}, {}};
+      v.push_back(it);
+    }
+    rt::check_history_batch(v);  // before any device work: bad items fail the same without a GPU
+    rt::ScopedContext ctx(rt::primary_context(device)->get());
+    batch_ = std::make_unique<rt::HistoryBatch>(std::move(v));
+  }
+  void run(uint64_t noop, uintptr_t stream, int device) const {
+    if (device != device_)
+      throw UserError("device", "the batch was built for cuda:" + std::to_string(device_) + ", called on cuda:" +
+                                    std::to_string(device));
+    rt::ScopedContext ctx(rt::primary_context(device)->get());
+    batch_->run(noop, reinterpret_cast<CUstream>(stream));
+  }
+  int64_t size() const { return int64_t(batch_->size()); }
+  int launches() const { return batch_->launches(); }
+
+ private:
+  int device_;
+  std::unique_ptr<rt::HistoryBatch> batch_;
+};
+
 // ------------------------------------------------------------------------------ CPU reference
 
 nb::bytes to_bytes(const std::vector<uint8_t>& v) { return nb::bytes(reinterpret_cast<const char*>(v.data()), v.size()); }
@@ -812,7 +862,7 @@ NB_MODULE(_C, m) {
       .def("layout", &QuantizerBinding::layout, "m"_a, "k"_a, "members"_a = 0)
       .def("member_layouts", &QuantizerBinding::member_layouts, "layout"_a, "rows"_a)
       .def("quantize", &QuantizerBinding::quantize, "layout"_a, "x"_a, "base"_a, "stream"_a, "device"_a, "noop"_a = 0,
-           "seed"_a = 0, "offset"_a = 0, "member_rows"_a = 0, "scale0"_a = 0, "scale1"_a = 0,
+           "seed"_a = 0, "offset"_a = 0, "member_rows"_a = 0, "scale0"_a = 0, "scale1"_a = 0, "amax_out"_a = 0,
            nb::call_guard<nb::gil_scoped_release>())
       .def("dequantize", &QuantizerBinding::dequantize, "layout"_a, "stream_index"_a, "base"_a, "out"_a, "dtype"_a,
            "stream"_a, "device"_a, nb::call_guard<nb::gil_scoped_release>())
@@ -857,6 +907,23 @@ NB_MODULE(_C, m) {
       .def("run", &GroupedGemmPlan::run, "a_base"_a, "b_base"_a, "d"_a, "offsets"_a, "workspace"_a, "stream"_a,
            "device"_a, "checked"_a = false, nb::call_guard<nb::gil_scoped_release>());
 
+  nb::class_<HistoryBatchBinding>(m, "HistoryBatch")
+      .def(nb::init<const std::vector<HistoryBatchBinding::Item>&, int>(), "items"_a, "device"_a)
+      .def_prop_ro("size", &HistoryBatchBinding::size)
+      .def_prop_ro("launches", &HistoryBatchBinding::launches)
+      .def("run", &HistoryBatchBinding::run, "noop"_a, "stream"_a, "device"_a, nb::call_guard<nb::gil_scoped_release>());
+
+  m.def("reference_update_amax_history",
+        [](const QuantizerBinding& q, int input_index, std::vector<float> history, float amax, float scale) {
+          const auto [st, d] = q.delayed(input_index);
+          if (int64_t(history.size()) != d->history_length)
+            throw qf::UserError("history", "expected " + std::to_string(d->history_length) + " slots, got " +
+                                           std::to_string(history.size()));
+          qf::ref::update_amax_history(history, amax, scale, *d, st->format);
+          return std::make_tuple(history, scale);
+        },
+        "quantizer"_a, "input_index"_a, "history"_a, "amax"_a, "scale"_a,
+        "the CPU reference of one delayed-scaling update: (history, scale) after it");
   m.def("live_plan_buffers", [] { return DeviceBuffer::live.load(); },
         "device buffers the GEMM plans alive now hold (each plan's group offsets, per device)");
   m.def("reference_quantize", &reference_quantize, "quantizer"_a, "x"_a, "m"_a, "k"_a, "seed"_a = 0, "offset"_a = 0,

@@ -225,3 +225,36 @@ def test_every_shipped_recipes_gemms_are_constructible_as_the_docs_list_them():
     assert documented == rows, "docs/python.md's route table differs from the plans:\n" + "\n".join(
         "| " + " | ".join(r) + " |" for r in rows)
 
+
+def test_history_batch_checks_its_items_without_a_gpu():
+    ctx = C.Context([str(ROOT / "recipes" / "delayed_scaling.json")])
+    x, g = ctx.quantizer("linear:input"), ctx.quantizer("linear:grad_output")
+    n = x.history_length(0)
+
+    def item(q, base):  # device addresses: (quantizer, input, history, amax, scale, scale_inv)
+        return (q, 0, base, base + 0x10000, base + 0x10100, 0)
+
+    with pytest.raises(qforge.UserError, match=r"items: expected at least one"):
+        C.HistoryBatch([], 0)
+    a, b = item(x, 0x100000), item(g, 0x200000)
+    with pytest.raises(qforge.UserError, match=r"items\[1\]\.history: overlaps items\[0\]\.history, which the same"):
+        C.HistoryBatch([a, (g, 0, a[2] + 4 * (n - 1), b[3], b[4], 0)], 0)
+    with pytest.raises(qforge.UserError, match=r"items\[1\]\.amax: overlaps items\[0\]\.scale"):
+        C.HistoryBatch([a, (g, 0, b[2], a[4], b[4], 0)], 0)
+    with pytest.raises(qforge.UserError, match=r"items\[0\]\.scale"):
+        C.HistoryBatch([(x, 0, a[2], a[3], 0x100001, 0)], 0)  # misaligned
+    with pytest.raises(qforge.UserError, match=r"scale: the quantizer has no scale input 3"):
+        C.HistoryBatch([(x, 3, a[2], a[3], a[4], 0)], 0)
+
+
+def test_reference_history_update():
+    ctx = C.Context([str(ROOT / "recipes" / "delayed_scaling.json")])
+    g = ctx.quantizer("linear:grad_output")  # e5m2, the recipe's margin and window
+    n = g.history_length(0)
+    hist, scale = C.reference_update_amax_history(g, 0, [2.0] + [0.0] * (n - 1), 8.0, 1.0)
+    assert hist[:3] == [8.0, 2.0, 0.0] and len(hist) == n
+    assert scale == 57344.0 / 8.0  # e5m2's largest finite value over the window's max, margin 0
+    hist, kept = C.reference_update_amax_history(g, 0, [0.0] * n, float("nan"), 3.0)
+    assert kept == 3.0  # a non-finite window keeps the scale
+    with pytest.raises(qforge.UserError, match="history: expected 1024 slots, got 2"):
+        C.reference_update_amax_history(g, 0, [1.0, 2.0], 1.0, 1.0)

@@ -235,6 +235,79 @@ def test_plan_tables_are_bounded_and_free_device_memory():
         qt.set_plan_cache_size(256)
 
 
+def _bits(t):
+    return t.contiguous().view(torch.int32)
+
+
+def test_history_batch_is_bit_identical_to_per_tensor_updates():
+    # Every delayed-scaling tensor in one launch: each entry by its own rule and format (e4m3 input
+    # and weight, e5m2 grad_output here), equal bit for bit to the per-tensor kernel and the CPU
+    # reference over several steps, amax 0 / Inf / NaN keeping the previous scale.
+    r = qt.Recipes(str(ROOT / "recipes" / "delayed_scaling.json"))
+    qs = [r.quantizer(role) for role in ROLES] * 2  # six tensors, two of each role
+    n = qs[0].history_length()
+    g = torch.Generator(device="cpu").manual_seed(3)
+    hist = [(torch.rand(n, generator=g) * 100).cuda() for _ in qs]
+    scale = [torch.full((1,), 1.0 + i, device="cuda") for i in range(len(qs))]
+    inv = [torch.zeros(1, device="cuda") for _ in qs]
+    amax = [torch.zeros(1, device="cuda") for _ in qs]
+    p_hist, p_scale, p_inv = [h.clone() for h in hist], [s.clone() for s in scale], [i.clone() for i in inv]
+    c_hist, c_scale = [h.cpu().tolist() for h in hist], [s.item() for s in scale]
+    batch = qt.HistoryBatch([(q, h, a, s, i) for q, h, a, s, i in zip(qs, hist, amax, scale, inv)])
+    assert batch.size == len(qs) and batch.launches == 1
+    special = [0.0, float("inf"), float("nan"), 1e-30, 3e38]
+    for step in range(5):
+        for i, q in enumerate(qs):
+            a = special[(step + i) % 5] if (step + i) % 3 == 0 else float(torch.rand(1, generator=g) * 500)
+            amax[i].fill_(a)
+            q.update_amax_history(p_hist[i], amax[i], p_scale[i], scale_inv=p_inv[i])
+            c_hist[i], c_scale[i] = C.reference_update_amax_history(q._c, 0, c_hist[i], a, c_scale[i])
+        batch.run()
+        torch.cuda.synchronize()
+        for i in range(len(qs)):
+            assert torch.equal(_bits(hist[i]), _bits(p_hist[i])), (step, i)
+            assert torch.equal(_bits(hist[i].cpu()), _bits(torch.tensor(c_hist[i], dtype=torch.float32))), (step, i)
+            assert torch.equal(_bits(scale[i]), _bits(p_scale[i])), (step, i)
+            assert torch.equal(_bits(scale[i].cpu()), _bits(torch.tensor([c_scale[i]], dtype=torch.float32))), (step, i)
+            assert torch.equal(_bits(inv[i]), _bits(p_inv[i])), (step, i)
+    before = [h.clone() for h in hist]
+    batch.run(noop=torch.ones(1, device="cuda"))  # a skipped step: nothing moves
+    assert all(torch.equal(_bits(a), _bits(b)) for a, b in zip(hist, before))
+    # Captured in a CUDA graph (built before capture: the table upload is not capturable).
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        batch.run()
+    for i, q in enumerate(qs):
+        q.update_amax_history(p_hist[i], amax[i], p_scale[i], scale_inv=p_inv[i])
+    graph.replay()
+    torch.cuda.synchronize()
+    assert all(torch.equal(_bits(a), _bits(b)) for a, b in zip(hist, p_hist))
+    with pytest.raises(qforge.UserError, match=r"items\[1\]\.history: overlaps items\[0\]\.history"):
+        qt.HistoryBatch([(qs[0], hist[0], amax[0], scale[0]), (qs[1], hist[0], amax[1], scale[1])])
+    with pytest.raises(qforge.UserError, match=r"items\[0\]\.history: expected 1024 elements"):
+        qt.HistoryBatch([(qs[0], hist[0][:10], amax[0], scale[0])])
+    mx = qt.Recipes(str(ROOT / "recipes" / "mxfp8.json")).quantizer("linear:input")
+    with pytest.raises(qforge.UserError, match=r"items\[0\]: expected a delayed-scaling quantizer"):
+        qt.HistoryBatch([(mx, hist[0], amax[0], scale[0])])
+
+
+def test_amax_out_takes_the_tensor_amax():
+    r = qt.Recipes(str(ROOT / "recipes" / "delayed_scaling.json"))
+    q = r.quantizer("linear:input")
+    x = make_input(256, 512, 4)
+    s = torch.full((1,), 0.5, device="cuda")
+    want = q(x, scale=s)
+    amax = torch.full((1,), -1.0, device="cuda")
+    got = q(x, scale=s, amax_out=amax)
+    name = [b[0] for b in want.layout.buffers if b[1] == "amax"][0]
+    assert torch.equal(amax, want[name])
+    for b in want.layout.buffers:
+        if b[1] != "amax":
+            assert torch.equal(got[b[0]].view(torch.uint8), want[b[0]].view(torch.uint8)), b[0]
+    with pytest.raises(qforge.UserError, match="amax_out: the quantizer writes no single per-tensor amax"):
+        qt.Recipes(str(ROOT / "recipes" / "mxfp8.json")).quantizer("linear:input")(x, amax_out=amax)
+
+
 def test_cuda_graph_capture():
     r = qt.Recipes(str(ROOT / "recipes" / "mxfp8_hopper.json"))
     qx, qw = r.quantizer("linear:input"), r.quantizer("linear:weight")

@@ -129,6 +129,41 @@ def test_delayed_scaling_state():
     assert {"input_amax_history", "input_scale", "weight_scale", "grad_output_amax_history"} <= set(sd)
 
 
+def test_batched_amax_update_equals_the_per_quantize_updates():
+    # Each tensor is quantized once per step, so rolling its history right after its quantize
+    # (each_quantize) or for the whole model after backward (batched, one launch) leaves the same
+    # histories and scales after every step, and the same losses.
+    def model(update):
+        torch.manual_seed(0)
+        m = nn.Sequential(nn.Linear(256, 512), nn.GELU(), nn.Linear(512, 256)).cuda().to(torch.bfloat16)
+        return qt.convert(m, recipes("delayed_scaling"), amax_update=update)
+
+    a, b = model("each_quantize"), model("batched")
+    oa, ob = torch.optim.SGD(a.parameters(), lr=0.05), torch.optim.SGD(b.parameters(), lr=0.05)
+    for step in range(4):
+        x = rnd(256, 256, seed=200 + step, scale=1.0 + step)
+        losses = []
+        for m, o in ((a, oa), (b, ob)):
+            loss = (m(x).float() ** 2).mean()
+            o.zero_grad()
+            loss.backward()
+            o.step()
+            losses.append(loss.item())
+        assert qt.update_amax_histories(a) == 0  # nothing batched there
+        assert qt.update_amax_histories(b) == 6  # two layers x input, weight, grad_output
+        assert losses[0] == losses[1], (step, losses)
+        sa, sb = a.state_dict(), b.state_dict()
+        keys = [k for k in sa if k.endswith("_amax_history") or k.endswith("_scale")]
+        assert len(keys) == 12
+        for k in keys:
+            assert torch.equal(sa[k].view(torch.int32), sb[k].view(torch.int32)), (step, k)
+    batch = b._qforge_history_batch[1]
+    assert batch.launches == 1 and batch.size == 6
+    assert "0.input_amax" in b.state_dict()
+    with pytest.raises(qforge.UserError, match="amax_update: expected one of"):
+        qt.Linear(256, 256, recipes=recipes("delayed_scaling"), name="x", device="cuda", amax_update="lazy")
+
+
 def small_model(name):
     torch.manual_seed(0)
     m = nn.Sequential(nn.Linear(256, 512), nn.GELU(), nn.Linear(512, 256)).cuda().to(torch.bfloat16)

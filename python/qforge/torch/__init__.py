@@ -29,7 +29,7 @@ from .. import _ext
 from .._plan_cache import PlanCache, size_from_env
 
 __all__ = ["Recipes", "Quantizer", "QuantizedTensor", "gemm", "gemm_plan", "grouped_gemm", "GroupedLinear", "dequantize",
-           "Linear", "convert", "set_plan_cache_size", "UserError"]
+           "Linear", "convert", "set_plan_cache_size", "update_amax_histories", "HistoryBatch", "UserError"]
 
 _C = _ext.load()
 
@@ -164,12 +164,16 @@ class Quantizer:
     def __call__(self, x: torch.Tensor, *, member_rows: Optional[torch.Tensor] = None,
                  split: Optional[Sequence[int]] = None, noop: Optional[torch.Tensor] = None, seed: int = 0,
                  offset: int = 0, scale: Optional[torch.Tensor] = None,
-                 scale1: Optional[torch.Tensor] = None) -> "QuantizedTensor":
+                 scale1: Optional[torch.Tensor] = None, amax_out: Optional[torch.Tensor] = None) -> "QuantizedTensor":
         """Quantizes x ([M, K], the quantizer's dtype) on torch's current stream. Grouped quantizers
         take member_rows (a CUDA int64 tensor of row offsets [members + 1]) and, when the split is
         known on the host, `split` (each member's rows) for per-member views. noop: a device float,
-        1.0 skips the call; seed/offset: stochastic rounding; scale(1): delayed scaling's inputs."""
+        1.0 skips the call; seed/offset: stochastic rounding; scale(1): delayed scaling's inputs;
+        amax_out: a CUDA fp32 [1] that receives the tensor's amax instead of the result's own amax
+        output (left unwritten): the buffer a batched history update (update_amax_histories) reads."""
         if self.grouped:
+            if amax_out is not None:
+                raise _user_error("amax_out: a grouped quantize writes no single per-tensor amax")
             if member_rows is None:
                 raise _user_error("member_rows: a grouped quantizer needs the members' row offsets")
             members = member_rows.numel() - 1
@@ -182,9 +186,9 @@ class Quantizer:
                 raise _user_error("member_rows: only for quantizers created with grouped=True")
             members = 0
             if torch.compiler.is_compiling():
-                buf = torch.ops.qforge.quantize(x, self.id, noop, seed, offset, scale, scale1)
+                buf = torch.ops.qforge.quantize(x, self.id, noop, seed, offset, scale, scale1, amax_out)
             else:
-                buf = _quantize(x, self.id, noop, seed, offset, scale, scale1)
+                buf = _quantize(x, self.id, noop, seed, offset, scale, scale1, amax_out)
         return QuantizedTensor(buf, self, x.shape[0], x.shape[1], members, None if split is None else tuple(split))
 
     # Delayed scaling ---------------------------------------------------------------------------
@@ -202,7 +206,7 @@ class Quantizer:
             _update_amax_history(history, amax, scale, scale_inv, noop, self.id, input_index)
 
 
-def _quantize(x, qid, noop, seed, offset, scale, scale1):
+def _quantize(x, qid, noop, seed, offset, scale, scale1, amax_out=None):
     q = _quantizers[qid]
     if x.dtype != q.dtype or x.dim() != 2 or not x.is_cuda or not x.is_contiguous():
         _check_input(x, q.dtype, None, "x")
@@ -210,13 +214,14 @@ def _quantize(x, qid, noop, seed, offset, scale, scale1):
     m, k = x.shape
     L = q._layouts.get((m, k, 0)) or q.layout(m, k)
     dev = x.get_device()
-    if noop is not None or scale is not None or scale1 is not None:
+    if noop is not None or scale is not None or scale1 is not None or amax_out is not None:
         _check_small(noop, "noop", dev)
         _check_small(scale, "scale", dev)
         _check_small(scale1, "scale1", dev)
+        _check_small(amax_out, "amax_out", dev)
     buf = torch.empty(L.nbytes, dtype=torch.uint8, device=x.device)
     q._c.quantize(L, x.data_ptr(), buf.data_ptr(), _raw_stream(dev), dev, _ptr(noop), seed, offset, 0, _ptr(scale),
-                  _ptr(scale1))
+                  _ptr(scale1), _ptr(amax_out))
     return buf
 
 
@@ -254,6 +259,71 @@ def _update_amax_history(history, amax, scale, scale_inv, noop, qid, input_index
     _check_small(noop, "noop", dev)
     q._c.update_history(input_index, history.data_ptr(), amax.data_ptr(), scale.data_ptr(), _ptr(scale_inv),
                         _ptr(noop), _raw_stream(dev), dev)
+
+
+class HistoryBatch:
+    """Every delayed-scaling tensor of a model rolled and rescaled in one launch per history length
+    (one for a model whose recipes share a length), bit-identical to update_amax_history on each.
+    items: (quantizer, history, amax, scale) or (quantizer, history, amax, scale, scale_inv), the
+    tensors fp32 CUDA buffers whose addresses stay (module buffers): built once, then run() each step.
+    Build it outside CUDA-graph capture (it uploads its table); run() only launches."""
+
+    def __init__(self, items):
+        items = list(items)
+        if not items:
+            raise _user_error("items: expected at least one delayed-scaling tensor")
+        dev = None
+        packed = []
+        for i, item in enumerate(items):
+            if len(item) not in (4, 5):
+                raise _user_error(f"items[{i}]: expected (quantizer, history, amax, scale[, scale_inv])")
+            q, history, amax, scale = item[:4]
+            scale_inv = item[4] if len(item) == 5 else None
+            if not isinstance(q, Quantizer) or not q.inputs:
+                raise _user_error(f"items[{i}]: expected a delayed-scaling quantizer, got {q!r}")
+            if dev is None:
+                if not isinstance(history, torch.Tensor) or not history.is_cuda:
+                    raise _user_error(f"items[{i}].history: expected a CUDA tensor")
+                dev = history.get_device()
+            _check_small(history, f"items[{i}].history", dev, numel=q.history_length(0))
+            _check_small(amax, f"items[{i}].amax", dev)
+            _check_small(scale, f"items[{i}].scale", dev)
+            _check_small(scale_inv, f"items[{i}].scale_inv", dev)
+            packed.append((q._c, 0, history.data_ptr(), amax.data_ptr(), scale.data_ptr(), _ptr(scale_inv)))
+        self.device = dev
+        self._c = _C.HistoryBatch(packed, dev)
+        self._tensors = items  # the buffers the table points at stay alive with it
+
+    @property
+    def size(self) -> int:
+        return self._c.size
+
+    @property
+    def launches(self) -> int:
+        return self._c.launches
+
+    def run(self, noop: Optional[torch.Tensor] = None) -> None:
+        """One step's update on torch's current stream; noop (a device float) 1.0 skips it."""
+        _check_small(noop, "noop", self.device)
+        self._c.run(_ptr(noop), _raw_stream(self.device), self.device)
+
+
+def update_amax_histories(model: torch.nn.Module, noop: Optional[torch.Tensor] = None) -> int:
+    """The batched delayed-scaling update of every qt.Linear in `model` built with
+    amax_update="batched" (convert(..., amax_update="batched")): once per step, after backward.
+    The batch is built on the first call and kept on the model while its modules' buffers stay;
+    returns the number of tensors updated (0: none to update)."""
+    from .modules import _batched_history_items
+    items = _batched_history_items(model)
+    if not items:
+        return 0
+    key = tuple((id(q), h.data_ptr(), a.data_ptr(), s.data_ptr()) for q, h, a, s in items)
+    have = getattr(model, "_qforge_history_batch", None)
+    if have is None or have[0] != key:
+        have = (key, HistoryBatch(items))
+        object.__setattr__(model, "_qforge_history_batch", have)
+    have[1].run(noop)
+    return len(items)
 
 
 # ---------------------------------------------------------------------------------------------- tensors

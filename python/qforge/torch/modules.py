@@ -16,8 +16,10 @@ columnwise), each in the formats the recipe gives that direction. Under torch.no
 inference mode the inference usage's quantizers run (only the directions inference needs). The
 weight's quantized copy is kept while the weight is unchanged (its version counter: an optimizer
 step changes it), so micro-batches of one step quantize it once. Delayed scaling keeps its amax
-history and scale as module buffers (in state_dict). Stochastic rounding takes a per-module seed
-and a call counter that is a buffer too, so a resumed run draws the same bits.
+history and scale as module buffers (in state_dict), updated after each quantize, or
+(amax_update="batched") for the whole model in one launch by update_amax_histories. Stochastic
+rounding takes a per-module seed and a call counter saved with the module, so a resumed run draws
+the same bits.
 """
 import zlib
 from typing import Dict, Optional
@@ -35,6 +37,7 @@ def _user_error(message: str) -> UserError:
 
 
 _TENSORS = ("input", "weight", "grad_output")
+_AMAX_UPDATES = ("each_quantize", "batched")
 
 
 class _Roles:
@@ -106,19 +109,29 @@ class Linear(_RecipeState, nn.Module):
     leading shape; in_features and out_features as the recipe's formats take them.
 
     accumulate_main_grad: wgrad adds into `weight.main_grad` (fp32, allocated here) instead of
-    producing weight.grad (Megatron / TE style main-gradient accumulation)."""
+    producing weight.grad (Megatron / TE style main-gradient accumulation).
+
+    amax_update (delayed scaling): "each_quantize" rolls a tensor's amax history right after each
+    of its quantizes (one small launch each); "batched" leaves the amax in an `<t>_amax` buffer and
+    `qt.update_amax_histories(model)`, called once per step after backward, updates every such
+    tensor of the model in one launch (the history's newest slot is then the step's last quantize's
+    amax, as one micro-batch per step gives)."""
 
     def __init__(self, in_features: int, out_features: int, bias: bool = True, *, recipes: Recipes,
                  recipe: Optional[str] = None, name: str = "", device=None, dtype=torch.bfloat16,
-                 accumulate_main_grad: bool = False):
+                 accumulate_main_grad: bool = False, amax_update: str = "each_quantize"):
         super().__init__()
         self.in_features, self.out_features, self.name = in_features, out_features, name
         self.weight = nn.Parameter(torch.empty(out_features, in_features, device=device, dtype=dtype))
         self.bias = nn.Parameter(torch.zeros(out_features, device=device, dtype=dtype)) if bias else None
         nn.init.kaiming_uniform_(self.weight, a=5 ** 0.5)
-        self._setup(recipes, recipe, name, dtype, accumulate_main_grad)
+        self._setup(recipes, recipe, name, dtype, accumulate_main_grad, amax_update)
 
-    def _setup(self, recipes, recipe, name, dtype, accumulate_main_grad):
+    def _setup(self, recipes, recipe, name, dtype, accumulate_main_grad, amax_update):
+        if amax_update not in _AMAX_UPDATES:
+            raise _user_error(f"module {name or '<root>'}: amax_update: expected one of {list(_AMAX_UPDATES)}, "
+                              f"got {amax_update!r}")
+        self.amax_update = amax_update
         self.recipe_names = recipes.names if recipe is None else [recipe]
         self.roles = _Roles(recipes, recipe, "linear", name, dtype)
         self.accumulate_main_grad = accumulate_main_grad
@@ -137,6 +150,8 @@ class Linear(_RecipeState, nn.Module):
                 n = q.history_length(0)
                 self.register_buffer(f"{t}_amax_history", torch.zeros(n, device=self.weight.device))
                 self.register_buffer(f"{t}_scale", torch.ones(1, device=self.weight.device))
+                if amax_update == "batched":  # the step's amax, which update_amax_histories reads
+                    self.register_buffer(f"{t}_amax", torch.zeros(1, device=self.weight.device))
         self._wcache = None  # (weight version, usage, QuantizedTensor)
 
     def _check_sizes(self):
@@ -152,13 +167,13 @@ class Linear(_RecipeState, nn.Module):
 
     @classmethod
     def from_linear(cls, lin: nn.Linear, *, recipes: Recipes, recipe: Optional[str] = None, name: str = "",
-                    accumulate_main_grad: bool = False) -> "Linear":
+                    accumulate_main_grad: bool = False, amax_update: str = "each_quantize") -> "Linear":
         self = cls.__new__(cls)
         nn.Module.__init__(self)
         self.in_features, self.out_features, self.name = lin.in_features, lin.out_features, name
         self.weight = lin.weight
         self.bias = lin.bias
-        self._setup(recipes, recipe, name, lin.weight.dtype, accumulate_main_grad)
+        self._setup(recipes, recipe, name, lin.weight.dtype, accumulate_main_grad, amax_update)
         return self
 
     def extra_repr(self) -> str:
@@ -169,17 +184,20 @@ class Linear(_RecipeState, nn.Module):
     def _quantize(self, t: str, x: torch.Tensor, usage: str) -> QuantizedTensor:
         q = self.roles[(t, usage)]
         kw = {}
+        delayed = bool(q.inputs) and usage == "training"
         if q.inputs:
             kw["scale"] = getattr(self, f"{t}_scale")
+            if delayed and self.amax_update == "batched":
+                kw["amax_out"] = getattr(self, f"{t}_amax")
         if any(s.stochastic for s in q.streams.values()):
             kw["seed"] = self.sr_seed + _TENSORS.index(t)
             kw["offset"] = self.sr_calls
             self.sr_calls += 1
-        out = q(x, **kw)
-        if q.inputs and usage == "training":
-            q.update_amax_history(getattr(self, f"{t}_amax_history"), out[_amax_name(out)],
+        res = q(x, **kw)
+        if delayed and self.amax_update == "each_quantize":
+            q.update_amax_history(getattr(self, f"{t}_amax_history"), res[_amax_name(res)],
                                   getattr(self, f"{t}_scale"))
-        return out
+        return res
 
     def invalidate_weight_cache(self) -> None:
         """Drops the weight's quantized copy: call after writing the weight in a way its version counter
@@ -327,10 +345,25 @@ def _amax_name(t: QuantizedTensor) -> str:
     return names[0]
 
 
+def _batched_history_items(model: nn.Module):
+    """(quantizer, history, amax, scale) of every delayed-scaling tensor of the model's qt.Linear
+    modules built with amax_update="batched", in module order."""
+    items = []
+    for mod in model.modules():
+        if isinstance(mod, Linear) and mod.amax_update == "batched":
+            for t in _TENSORS:
+                q = mod.roles[(t, "training")]
+                if q.inputs:
+                    items.append((q, getattr(mod, f"{t}_amax_history"), getattr(mod, f"{t}_amax"),
+                                  getattr(mod, f"{t}_scale")))
+    return items
+
+
 def convert(model: nn.Module, recipes: Recipes, *, recipe: Optional[str] = None,
-            accumulate_main_grad: bool = False, skip=()) -> nn.Module:
+            accumulate_main_grad: bool = False, amax_update: str = "each_quantize", skip=()) -> nn.Module:
     """Replaces every nn.Linear of `model` (in place; parameters kept) by a qt.Linear whose roles are
-    linear:<tensor>:<fully qualified name>. `skip`: names (or predicates on (name, module)) left alone.
+    linear:<tensor>:<fully qualified name>. `skip`: names (or predicates on (name, module)) left alone;
+    amax_update: as Linear's ("batched": qt.update_amax_histories(model) once per step).
     Returns the model."""
     todo = []
     for name, mod in model.named_modules():
@@ -338,7 +371,7 @@ def convert(model: nn.Module, recipes: Recipes, *, recipe: Optional[str] = None,
             todo.append((name, mod))
     for name, mod in todo:
         new = Linear.from_linear(mod, recipes=recipes, recipe=recipe, name=name,
-                                 accumulate_main_grad=accumulate_main_grad)
+                                 accumulate_main_grad=accumulate_main_grad, amax_update=amax_update)
         parent = model
         *path, leaf = name.split(".") if name else [""]
         if not name:
