@@ -9,7 +9,7 @@
 #include <cstring>
 #include <random>
 
-#include "compiler/recipe.h"
+#include "compiler/error.h"
 #include "qforge/numerics.cuh"
 #include "reference/executor.h"
 #include "runtime/gpu_test_util.h"
