@@ -306,6 +306,13 @@ def test_amax_out_takes_the_tensor_amax():
             assert torch.equal(got[b[0]].view(torch.uint8), want[b[0]].view(torch.uint8)), b[0]
     with pytest.raises(qforge.UserError, match="amax_out: the quantizer writes no single per-tensor amax"):
         qt.Recipes(str(ROOT / "recipes" / "mxfp8.json")).quantizer("linear:input")(x, amax_out=amax)
+    buf = torch.empty(want.buffer.numel(), dtype=torch.uint8, device="cuda")
+    into = q(x, scale=s, out=buf)
+    assert into.buffer.data_ptr() == buf.data_ptr()
+    for b in want.layout.buffers:
+        assert torch.equal(into[b[0]].view(torch.uint8), want[b[0]].view(torch.uint8)), b[0]
+    with pytest.raises(qforge.UserError, match="out: expected"):
+        q(x, scale=s, out=buf[:-1])
 
 
 def test_cuda_graph_capture():

@@ -164,6 +164,67 @@ def test_batched_amax_update_equals_the_per_quantize_updates():
         qt.Linear(256, 256, recipes=recipes("delayed_scaling"), name="x", device="cuda", amax_update="lazy")
 
 
+def test_is_first_microbatch():
+    lin = qt.Linear(256, 256, recipes=recipes("current_scaling"), name="mb", device="cuda")
+    x = rnd(128, 256, seed=8).requires_grad_()
+    lin(x, is_first_microbatch=True).sum().backward()
+    first = lin._wcache[1]
+    with torch.no_grad():
+        lin.weight.mul_(2.0)  # the version counter moves: None would quantize again
+    y_false = lin(x, is_first_microbatch=False)
+    assert lin._wcache[1] is first  # False: the kept copy, though the weight changed
+    assert torch.equal(y_false, qt.gemm(lin.roles[("input", "training")](x.detach()), first).to(torch.bfloat16)
+                       + lin.bias)
+    lin(x, is_first_microbatch=True)
+    assert lin._wcache[1] is not first
+    second = lin._wcache[1]
+    lin(x)  # None: unchanged weight, the kept copy
+    assert lin._wcache[1] is second
+    with pytest.raises(qforge.UserError, match="module mb: is_first_microbatch: expected None, a bool"):
+        lin(x, is_first_microbatch=1)
+    experts = qt.GroupedLinear(2, 256, 256, recipes=recipes("current_scaling"), name="ex", device="cuda")
+    offsets = torch.tensor([0, 128, 256], dtype=torch.int64, device="cuda")
+    xs = rnd(256, 256, seed=10)
+    with torch.no_grad():
+        experts(xs, offsets, is_first_microbatch=True)
+        kept = experts._wcache[1]
+        experts.weight.mul_(2.0)
+        experts(xs, offsets, is_first_microbatch=False)
+        assert experts._wcache[1] is kept
+        experts(xs, offsets)  # None: the version counter moved
+        assert experts._wcache[1] is not kept
+
+
+def test_is_first_microbatch_flag_in_a_cuda_graph():
+    # A device flag: one captured graph serves every micro-batch; the weight's quantize is replayed
+    # each time and skipped on the device where the flag is 0.0.
+    lin = qt.Linear(256, 256, bias=False, recipes=recipes("float8_block_scaling"), name="g", device="cuda")
+    x = rnd(128, 256, seed=9)
+    flag = torch.ones(1, device="cuda")
+    with torch.no_grad():
+        lin(x, is_first_microbatch=flag)  # before capture: compiles, allocates the kept copy
+        kept = lin._wflag[1]
+        lin(x, is_first_microbatch=flag)
+        assert lin._wflag[1] is kept
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            y = lin(x, is_first_microbatch=flag)
+        w0 = lin.weight.detach().clone()
+        lin.weight.mul_(-1.0)
+        flag.fill_(0.0)  # not the first micro-batch: the copy of the old weight stays
+        graph.replay()
+        torch.cuda.synchronize()
+        q_in = lin.roles[("input", "inference")]
+        q_w = lin.roles[("weight", "inference")]
+        assert torch.equal(y, qt.gemm(q_in(x), q_w(w0)))
+        flag.fill_(1.0)  # the first micro-batch of the next step: quantized again in place
+        graph.replay()
+        torch.cuda.synchronize()
+        assert torch.equal(y, qt.gemm(q_in(x), q_w(lin.weight.detach())))
+    with pytest.raises(qforge.UserError, match="is_first_microbatch: expected float32"):
+        lin(x, is_first_microbatch=torch.ones(1, device="cuda", dtype=torch.int64))
+
+
 def small_model(name):
     torch.manual_seed(0)
     m = nn.Sequential(nn.Linear(256, 512), nn.GELU(), nn.Linear(512, 256)).cuda().to(torch.bfloat16)

@@ -164,13 +164,19 @@ class Quantizer:
     def __call__(self, x: torch.Tensor, *, member_rows: Optional[torch.Tensor] = None,
                  split: Optional[Sequence[int]] = None, noop: Optional[torch.Tensor] = None, seed: int = 0,
                  offset: int = 0, scale: Optional[torch.Tensor] = None,
-                 scale1: Optional[torch.Tensor] = None, amax_out: Optional[torch.Tensor] = None) -> "QuantizedTensor":
+                 scale1: Optional[torch.Tensor] = None, amax_out: Optional[torch.Tensor] = None,
+                 out: Optional[torch.Tensor] = None) -> "QuantizedTensor":
         """Quantizes x ([M, K], the quantizer's dtype) on torch's current stream. Grouped quantizers
         take member_rows (a CUDA int64 tensor of row offsets [members + 1]) and, when the split is
         known on the host, `split` (each member's rows) for per-member views. noop: a device float,
         1.0 skips the call; seed/offset: stochastic rounding; scale(1): delayed scaling's inputs;
         amax_out: a CUDA fp32 [1] that receives the tensor's amax instead of the result's own amax
-        output (left unwritten): the buffer a batched history update (update_amax_histories) reads."""
+        output (left unwritten): the buffer a batched history update (update_amax_histories) reads;
+        out: an existing uint8 allocation of layout(M, K).nbytes to write into (eager only: a buffer
+        whose address stays, for a launch that a noop flag may skip inside a CUDA graph)."""
+        if out is not None and torch.compiler.is_compiling():
+            raise _user_error("out: quantizing into an existing buffer is for eager calls and CUDA graphs, "
+                              "not torch.compile")
         if self.grouped:
             if amax_out is not None:
                 raise _user_error("amax_out: a grouped quantize writes no single per-tensor amax")
@@ -180,7 +186,7 @@ class Quantizer:
             if torch.compiler.is_compiling():
                 buf = torch.ops.qforge.quantize_grouped(x, member_rows, self.id, noop, seed, offset, scale, scale1)
             else:
-                buf = _quantize_grouped(x, member_rows, self.id, noop, seed, offset, scale, scale1)
+                buf = _quantize_grouped(x, member_rows, self.id, noop, seed, offset, scale, scale1, out)
         else:
             if member_rows is not None or split is not None:
                 raise _user_error("member_rows: only for quantizers created with grouped=True")
@@ -188,7 +194,7 @@ class Quantizer:
             if torch.compiler.is_compiling():
                 buf = torch.ops.qforge.quantize(x, self.id, noop, seed, offset, scale, scale1, amax_out)
             else:
-                buf = _quantize(x, self.id, noop, seed, offset, scale, scale1, amax_out)
+                buf = _quantize(x, self.id, noop, seed, offset, scale, scale1, amax_out, out)
         return QuantizedTensor(buf, self, x.shape[0], x.shape[1], members, None if split is None else tuple(split))
 
     # Delayed scaling ---------------------------------------------------------------------------
@@ -206,7 +212,17 @@ class Quantizer:
             _update_amax_history(history, amax, scale, scale_inv, noop, self.id, input_index)
 
 
-def _quantize(x, qid, noop, seed, offset, scale, scale1, amax_out=None):
+def _out_buffer(out, L, x, dev):
+    """The call's flat allocation: a fresh one from torch's caching allocator, or `out` checked."""
+    if out is None:
+        return torch.empty(L.nbytes, dtype=torch.uint8, device=x.device)
+    _check_input(out, torch.uint8, dev, "out")
+    if out.numel() != L.nbytes:
+        raise _user_error(f"out: expected {L.nbytes} bytes (the layout of [{L.m}, {L.k}]), got {out.numel()}")
+    return out
+
+
+def _quantize(x, qid, noop, seed, offset, scale, scale1, amax_out=None, out=None):
     q = _quantizers[qid]
     if x.dtype != q.dtype or x.dim() != 2 or not x.is_cuda or not x.is_contiguous():
         _check_input(x, q.dtype, None, "x")
@@ -219,13 +235,13 @@ def _quantize(x, qid, noop, seed, offset, scale, scale1, amax_out=None):
         _check_small(scale, "scale", dev)
         _check_small(scale1, "scale1", dev)
         _check_small(amax_out, "amax_out", dev)
-    buf = torch.empty(L.nbytes, dtype=torch.uint8, device=x.device)
+    buf = _out_buffer(out, L, x, dev)
     q._c.quantize(L, x.data_ptr(), buf.data_ptr(), _raw_stream(dev), dev, _ptr(noop), seed, offset, 0, _ptr(scale),
                   _ptr(scale1), _ptr(amax_out))
     return buf
 
 
-def _quantize_grouped(x, member_rows, qid, noop, seed, offset, scale, scale1):
+def _quantize_grouped(x, member_rows, qid, noop, seed, offset, scale, scale1, out=None):
     q = _quantizers[qid]
     if x.dtype != q.dtype or x.dim() != 2 or not x.is_cuda or not x.is_contiguous():
         _check_input(x, q.dtype, None, "x")
@@ -240,7 +256,7 @@ def _quantize_grouped(x, member_rows, qid, noop, seed, offset, scale, scale1):
     _check_small(noop, "noop", dev)
     _check_small(scale, "scale", dev)
     _check_small(scale1, "scale1", dev)
-    buf = torch.empty(L.nbytes, dtype=torch.uint8, device=x.device)
+    buf = _out_buffer(out, L, x, dev)
     q._c.quantize(L, x.data_ptr(), buf.data_ptr(), _raw_stream(dev), dev, _ptr(noop), seed, offset,
                   member_rows.data_ptr(), _ptr(scale), _ptr(scale1))
     return buf

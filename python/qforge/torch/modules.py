@@ -15,11 +15,12 @@ dgrad (grad_output rowwise x weight columnwise) and wgrad (grad_output columnwis
 columnwise), each in the formats the recipe gives that direction. Under torch.no_grad() /
 inference mode the inference usage's quantizers run (only the directions inference needs). The
 weight's quantized copy is kept while the weight is unchanged (its version counter: an optimizer
-step changes it), so micro-batches of one step quantize it once. Delayed scaling keeps its amax
-history and scale as module buffers (in state_dict), updated after each quantize, or
-(amax_update="batched") for the whole model in one launch by update_amax_histories. Stochastic
-rounding takes a per-module seed and a call counter saved with the module, so a resumed run draws
-the same bits.
+step changes it), so micro-batches of one step quantize it once; forward's `is_first_microbatch`
+decides it explicitly instead (True: quantize and keep; False: reuse; a CUDA float tensor: the
+same decision on the device, for CUDA graphs). Delayed scaling keeps its amax history and scale
+as module buffers (in state_dict), updated after each quantize, or (amax_update="batched") for the
+whole model in one launch by update_amax_histories. Stochastic rounding takes a per-module seed
+and a call counter saved with the module, so a resumed run draws the same bits.
 """
 import zlib
 from typing import Dict, Optional
@@ -27,7 +28,7 @@ from typing import Dict, Optional
 import torch
 from torch import nn
 
-from . import QuantizedTensor, Recipes, UserError, gemm, grouped_gemm
+from . import QuantizedTensor, Recipes, UserError, _check_small, gemm, grouped_gemm
 
 __all__ = ["Linear", "GroupedLinear", "convert"]
 
@@ -38,6 +39,22 @@ def _user_error(message: str) -> UserError:
 
 _TENSORS = ("input", "weight", "grad_output")
 _AMAX_UPDATES = ("each_quantize", "batched")
+
+
+def _check_flag(flag, name: str, device) -> None:
+    """is_first_microbatch: None, a bool, or a CUDA float32 tensor of one element (1.0: first)."""
+    if flag is None or isinstance(flag, bool):
+        return
+    if isinstance(flag, torch.Tensor):
+        _check_small(flag, f"module {name or '<root>'}: is_first_microbatch", device)
+        return
+    raise _user_error(f"module {name or '<root>'}: is_first_microbatch: expected None, a bool or a CUDA float32 "
+                      f"tensor of one element, got {type(flag).__name__}")
+
+
+def _skip_flag(flag: torch.Tensor) -> torch.Tensor:
+    """The quantize's noop for a device flag: 1.0 (skip) where the flag is 0.0."""
+    return torch.rsub(flag, 1.0)
 
 
 class _Roles:
@@ -75,9 +92,9 @@ class _RecipeState:
 
 class _LinearFn(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, x2d, weight, bias, module):
+    def forward(ctx, x2d, weight, bias, module, is_first_microbatch):
         qx = module._quantize("input", x2d, "training")
-        qw = module._quantized_weight("training")
+        qw = module._quantized_weight("training", is_first_microbatch)
         y = gemm(qx, qw, out_dtype=module._gemm_dtype).to(weight.dtype)
         if bias is not None:
             y = y + bias
@@ -101,7 +118,7 @@ class _LinearFn(torch.autograd.Function):
                           out_dtype=module._gemm_dtype).to(module.weight.dtype)
         db = dy.sum(0).to(module.bias.dtype) if ctx.has_bias and ctx.needs_input_grad[2] else None
         ctx.qx = ctx.qw = None
-        return dx, dw, db, None
+        return dx, dw, db, None, None
 
 
 class Linear(_RecipeState, nn.Module):
@@ -152,7 +169,8 @@ class Linear(_RecipeState, nn.Module):
                 self.register_buffer(f"{t}_scale", torch.ones(1, device=self.weight.device))
                 if amax_update == "batched":  # the step's amax, which update_amax_histories reads
                     self.register_buffer(f"{t}_amax", torch.zeros(1, device=self.weight.device))
-        self._wcache = None  # (weight version, usage, QuantizedTensor)
+        self._wcache = None  # ((weight version, usage, address), QuantizedTensor)
+        self._wflag = None   # ((usage, address), QuantizedTensor): the copy a device flag rewrites in place
 
     def _check_sizes(self):
         """The layer's sizes against every quantizer it will run (a probe of 128 rows)."""
@@ -181,7 +199,8 @@ class Linear(_RecipeState, nn.Module):
                 f"recipe={','.join(self.recipe_names)}, name={self.name!r}")
 
     # Quantizing ---------------------------------------------------------------------------------
-    def _quantize(self, t: str, x: torch.Tensor, usage: str) -> QuantizedTensor:
+    def _quantize(self, t: str, x: torch.Tensor, usage: str, noop: Optional[torch.Tensor] = None,
+                  out: Optional[torch.Tensor] = None) -> QuantizedTensor:
         q = self.roles[(t, usage)]
         kw = {}
         delayed = bool(q.inputs) and usage == "training"
@@ -193,26 +212,53 @@ class Linear(_RecipeState, nn.Module):
             kw["seed"] = self.sr_seed + _TENSORS.index(t)
             kw["offset"] = self.sr_calls
             self.sr_calls += 1
+        if noop is not None:
+            kw["noop"] = noop
+        if out is not None:
+            kw["out"] = out
         res = q(x, **kw)
         if delayed and self.amax_update == "each_quantize":
             q.update_amax_history(getattr(self, f"{t}_amax_history"), res[_amax_name(res)],
-                                  getattr(self, f"{t}_scale"))
+                                  getattr(self, f"{t}_scale"), noop=noop)
         return res
 
     def invalidate_weight_cache(self) -> None:
         """Drops the weight's quantized copy: call after writing the weight in a way its version counter
         does not see (`weight.data.copy_(...)`, another process's update of shared memory)."""
         self._wcache = None
+        self._wflag = None
 
-    def _quantized_weight(self, usage: str) -> QuantizedTensor:
-        key = (self.weight._version, usage, self.weight.data_ptr())
-        if self._wcache is not None and self._wcache[0] == key:
-            return self._wcache[1]
-        qw = self._quantize("weight", self.weight.detach(), usage)
+    def _quantized_weight(self, usage: str, is_first_microbatch=None) -> QuantizedTensor:
+        """The weight's quantized copy. is_first_microbatch None: kept while the weight's version
+        counter and address stay; True: quantized now and kept; False: the kept copy (quantized now
+        if there is none for this usage); a CUDA float32 tensor: quantized on the device where it
+        holds 1.0, into one allocation kept across calls (a CUDA graph replays the decision)."""
+        flag = is_first_microbatch
+        w = self.weight.detach()
+        if isinstance(flag, torch.Tensor):
+            have = self._wflag
+            if have is not None and have[0] == (usage, w.data_ptr()):
+                qw = have[1]
+                self._quantize("weight", w, usage, noop=_skip_flag(flag), out=qw.buffer)
+                return qw
+            qw = self._quantize("weight", w, usage)  # the kept allocation's first contents: unconditional
+            self._wflag = ((usage, w.data_ptr()), qw)
+            return qw
+        key = (self.weight._version, usage, w.data_ptr())
+        cache = self._wcache
+        if cache is not None and ((flag is None and cache[0] == key) or (flag is False and cache[0][1] == usage)):
+            return cache[1]
+        qw = self._quantize("weight", w, usage)
         self._wcache = (key, qw)
         return qw
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, is_first_microbatch=None) -> torch.Tensor:
+        """y = x W^T + b. is_first_microbatch (Transformer Engine's meaning): None quantizes the weight
+        when its version counter moved; True quantizes it and keeps the copy; False reuses the kept
+        copy; a CUDA float32 tensor of one element decides on the device (1.0: quantize into the kept
+        allocation, 0.0: the launch is a no-op), so one captured CUDA graph serves every micro-batch
+        (make the first such call before capture)."""
+        _check_flag(is_first_microbatch, self.name, self.weight.get_device() if self.weight.is_cuda else None)
         if x.shape[-1] != self.in_features:
             raise _user_error(f"module {self.name or '<root>'}: input's last dimension is {x.shape[-1]}, "
                               f"expected {self.in_features}")
@@ -223,10 +269,11 @@ class Linear(_RecipeState, nn.Module):
         if x2d.dtype != self.weight.dtype:
             x2d = x2d.to(self.weight.dtype)
         if torch.is_grad_enabled() and (x.requires_grad or self.weight.requires_grad):
-            y = _LinearFn.apply(x2d, self.weight, self.bias, self)
+            y = _LinearFn.apply(x2d, self.weight, self.bias, self, is_first_microbatch)
         else:
             qx = self._quantize("input", x2d, "inference")
-            y = gemm(qx, self._quantized_weight("inference"), out_dtype=self._gemm_dtype).to(self.weight.dtype)
+            y = gemm(qx, self._quantized_weight("inference", is_first_microbatch),
+                     out_dtype=self._gemm_dtype).to(self.weight.dtype)
             if self.bias is not None:
                 y = y + self.bias
         return y.reshape(*lead, self.out_features)
@@ -234,9 +281,9 @@ class Linear(_RecipeState, nn.Module):
 
 class _GroupedFn(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, x, offsets, weight, module):
+    def forward(ctx, x, offsets, weight, module, is_first_microbatch):
         qx = module._quantize_grouped("input", x, offsets)
-        qw = module._quantized_weight()
+        qw = module._quantized_weight(is_first_microbatch)
         ctx.module, ctx.qx, ctx.qw, ctx.offsets = module, qx, qw, offsets
         return grouped_gemm(qx, qw, offsets, out_dtype=module._gemm_dtype).to(weight.dtype)
 
@@ -251,7 +298,7 @@ class _GroupedFn(torch.autograd.Function):
             dw = grouped_gemm(qg, qx, offsets, a_direction="columnwise", b_direction="columnwise", wgrad=True,
                               out_dtype=module._gemm_dtype).to(module.weight.dtype)
         ctx.qx = ctx.qw = None
-        return dx, None, dw, None
+        return dx, None, dw, None, None
 
 
 class GroupedLinear(_RecipeState, nn.Module):
@@ -290,6 +337,7 @@ class GroupedLinear(_RecipeState, nn.Module):
         self.sr_seed = zlib.crc32(name.encode()) ^ 0x5A5A
         self.sr_calls = 0
         self._wcache = None
+        self._wflag = None
         self._gemm_dtype = torch.bfloat16 if dtype == torch.bfloat16 else torch.float32
         # Every GEMM the layer runs, built once here so a recipe no grouped GEMM reads fails now.
         from . import _grouped_plan
@@ -306,32 +354,50 @@ class GroupedLinear(_RecipeState, nn.Module):
         except (UserError, KeyError) as e:
             raise _user_error(f"module {name or '<root>'}: the recipe's grouped GEMMs: {e}") from None
 
-    def _quantize_grouped(self, t, x, offsets):
+    def _quantize_grouped(self, t, x, offsets, noop=None, out=None):
         q = self.q[t]
         kw = {}
         if any(s.stochastic for s in q.streams.values()):
             kw["seed"], kw["offset"] = self.sr_seed + _TENSORS.index(t), self.sr_calls
             self.sr_calls += 1
+        if noop is not None:
+            kw["noop"] = noop
+        if out is not None:
+            kw["out"] = out
         return q(x, member_rows=offsets, **kw)
 
-    def _quantized_weight(self):
-        key = (self.weight._version, self.weight.data_ptr())
-        if self._wcache is None or self._wcache[0] != key:
-            w = self.weight.detach().reshape(self.num_experts * self.out_features, self.in_features)
-            self._wcache = (key, self._quantize_grouped("weight", w, self.weight_offsets))
+    def _quantized_weight(self, is_first_microbatch=None):
+        """As Linear._quantized_weight, for the stacked experts' weights."""
+        flag = is_first_microbatch
+        w = self.weight.detach().reshape(self.num_experts * self.out_features, self.in_features)
+        if isinstance(flag, torch.Tensor):
+            have = self._wflag
+            if have is not None and have[0] == w.data_ptr():
+                self._quantize_grouped("weight", w, self.weight_offsets, noop=_skip_flag(flag), out=have[1].buffer)
+                return have[1]
+            qw = self._quantize_grouped("weight", w, self.weight_offsets)
+            self._wflag = (w.data_ptr(), qw)
+            return qw
+        key = (self.weight._version, w.data_ptr())
+        if self._wcache is not None and (flag is False or (flag is None and self._wcache[0] == key)):
+            return self._wcache[1]
+        self._wcache = (key, self._quantize_grouped("weight", w, self.weight_offsets))
         return self._wcache[1]
 
-    def forward(self, x: torch.Tensor, offsets: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, offsets: torch.Tensor, is_first_microbatch=None) -> torch.Tensor:
+        """is_first_microbatch: as Linear.forward's."""
         if x.dim() != 2 or x.shape[1] != self.in_features:
             raise _user_error(f"module {self.name or '<root>'}: expected x [M, {self.in_features}], got {list(x.shape)}")
         if offsets.numel() != self.num_experts + 1:
             raise _user_error(f"module {self.name or '<root>'}: offsets: expected {self.num_experts + 1} row offsets, "
                               f"got {offsets.numel()}")
-        return _GroupedFn.apply(x.to(self.weight.dtype).contiguous(), offsets, self.weight, self)
+        _check_flag(is_first_microbatch, self.name, self.weight.get_device() if self.weight.is_cuda else None)
+        return _GroupedFn.apply(x.to(self.weight.dtype).contiguous(), offsets, self.weight, self, is_first_microbatch)
 
     def invalidate_weight_cache(self) -> None:
         """As Linear.invalidate_weight_cache."""
         self._wcache = None
+        self._wflag = None
 
     def extra_repr(self) -> str:
         return (f"num_experts={self.num_experts}, in_features={self.in_features}, out_features={self.out_features}, "
