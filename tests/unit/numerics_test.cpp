@@ -9,6 +9,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <cstring>
 #include <limits>
 #include <random>
 #include <vector>
@@ -139,6 +140,42 @@ TEST(Half, Fp16EdgeCases) {
     EXPECT_EQ(static_cast<double>(x), (h & 0x8000) ? -mag : mag) << h;
     EXPECT_EQ(f32_to_f16(x), h);
   }
+}
+
+// The device's fp16 -> fp32 is a hardware conversion whose result f16_nan_as_soft keeps for
+// every non-NaN input and replaces by the software NaN for NaN inputs. Whatever a converter
+// returns for NaN (its own payload, the canonical 0x7FFFFFFF, another sign), the composition is
+// bit-equal to f16_to_f32_soft for all 65536 inputs, given an exact converter for the rest: here
+// the host's IEEE conversion (_Float16), the one the device's cvt.f32.f16 must equal
+// (GPU test Fp16Widening.GpuEqualsSoftwareOnAll65536Patterns).
+TEST(Half, Fp16HardwareWideningWithNanFixupEqualsSoftware) {
+  EXPECT_EQ(B(f16_to_f32(0x7E01)), 0x7FC02000u);  // payload kept
+  EXPECT_EQ(B(f16_to_f32(0xFC01)), 0xFF802000u);  // signalling, negative: kept as it is
+  EXPECT_EQ(B(f16_nan_as_soft(0x7C01, F(0x7FFFFFFF))), 0x7F802000u);
+  EXPECT_EQ(B(f16_nan_as_soft(0x7C00, kInf)), B(kInf));  // Inf is not a NaN: the converter's
+  EXPECT_EQ(B(f16_nan_as_soft(0x0001, 1.0f)), B(1.0f));  // non-NaN: the converter's value, as given
+  int nans = 0;
+  for (u32 h = 0; h < 65536; ++h) {
+    const u16 x = static_cast<u16>(h);
+    const u32 want = B(f16_to_f32_soft(x));
+    EXPECT_EQ(B(f16_to_f32(x)), want) << std::hex << h;
+    const bool nan = ((h >> 10) & 0x1F) == 0x1F && (h & 0x3FF) != 0;
+    nans += nan;
+    // Converters that return some other NaN for a NaN input.
+    for (u32 other : {0x7FFFFFFFu, 0xFFFFFFFFu, 0x7FC00000u, want ^ 0x80000000u}) {
+      const float got = f16_nan_as_soft(x, nan ? F(other) : f16_to_f32_soft(x));
+      EXPECT_EQ(B(got), want) << std::hex << h << " " << other;
+    }
+#if defined(__FLT16_MAX__)
+    _Float16 hw;
+    static_assert(sizeof hw == 2);
+    memcpy(&hw, &x, 2);
+    const float widened = static_cast<float>(hw);
+    if (!nan) EXPECT_EQ(B(widened), want) << std::hex << h;  // the IEEE widening is exact
+    EXPECT_EQ(B(f16_nan_as_soft(x, widened)), want) << std::hex << h;
+#endif
+  }
+  EXPECT_EQ(nans, 2 * 1023);
 }
 
 // ----------------------------------------------------------------------------- element formats
