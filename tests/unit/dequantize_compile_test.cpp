@@ -1,0 +1,68 @@
+// The JIT dequantize kernels compile under NVRTC for every stream of every shipped recipe's
+// standard roles and usages and every output dtype, without a GPU: the GPU suites check their
+// values, but a template change that breaks the kernel would otherwise surface only there. Also
+// the run-time geometry the kernels take for a same-layout columnwise copy (whose transpose the
+// dequant_transpose GEMM route writes): the data layout's extent, blocks along M.
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <set>
+#include <tuple>
+
+#include "compiler/error.h"
+#include "compiler/pipeline.h"
+#include "compiler/recipe.h"
+#include "runtime/dequantize.h"
+
+namespace {
+
+using namespace qf;
+
+TEST(DequantizeKernels, CompileForEveryShippedStreamWithoutAGpu) {
+  rt::CacheOptions opts;
+  opts.disabled = true;  // memory only
+  rt::KernelCache cache(opts);
+  std::set<std::tuple<int, int, int, int>> kinds;  // (format, scale storage, identity dtype, out)
+  int compiled = 0;
+  for (const auto& entry : std::filesystem::directory_iterator(std::string(QF_SOURCE_DIR) + "/recipes")) {
+    if (entry.path().extension() != ".json" || entry.path().filename() == "recipe.schema.json") continue;
+    const Recipe r = load_recipe(entry.path().string());
+    for (const char* role : {"linear:input", "linear:weight", "linear:grad_output"})
+      for (Usage usage : {Usage::Training, Usage::Inference}) {
+        Plan plan;
+        try {
+          plan = compile_plan(r, PlanRequest{role, DType::BF16, usage, false});
+        } catch (const UserError&) {
+          continue;  // a recipe without this role
+        }
+        for (const Stream& s : plan.streams)
+          for (DType out : {DType::FP32, DType::BF16, DType::FP16}) {
+            const auto key = std::make_tuple(int(s.format), int(traits(s.scaling).scale_storage),
+                                             int(s.out_dtype), int(out));
+            if (!kinds.insert(key).second) continue;
+            const rt::QuantizeKernels k = rt::build_dequantize_kernel(s, out, "sm_90a", cache);
+            EXPECT_FALSE(k.cached.entry->image.empty()) << entry.path().filename() << " " << role;
+            ++compiled;
+          }
+      }
+  }
+  EXPECT_GE(compiled, 12);  // e4m3 / e5m2 / e2m1 / int8 / identity streams, three output dtypes
+}
+
+TEST(DequantizeKernels, SameLayoutColumnwiseGeometry) {
+  const Recipe r = load_recipe(std::string(QF_SOURCE_DIR) + "/recipes/mxfp8.json");
+  const Plan plan = compile_plan(r, PlanRequest{"linear:weight", DType::BF16, Usage::Training, false});
+  const Stream* col = nullptr;
+  for (const Stream& s : plan.streams)
+    if (s.dir == Direction::Columnwise) col = &s;
+  ASSERT_NE(col, nullptr);
+  ASSERT_EQ(col->layout, DataLayout::RowMajor);  // "layout": "same"
+  const DequantizeArgs a = rt::dequantize_geometry(*col, Shape2D{256, 512});
+  EXPECT_EQ(a.rows, 256);  // the data keeps the input's [M, K]
+  EXPECT_EQ(a.cols, 512);
+  EXPECT_EQ(a.block_rows, 32);  // one e8m0 scale per 32 elements along M
+  EXPECT_EQ(a.block_cols, 1);
+  EXPECT_EQ(a.transposed_out, 0);  // set per call (DequantizeCall::transposed_out)
+}
+
+}  // namespace
