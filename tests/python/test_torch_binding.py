@@ -190,7 +190,8 @@ def test_same_layout_copies_take_the_transposing_route(out_dtype):
     qx, qw, qg = (r.quantizer(role) for role in ROLES)
     finite = [torch.nan_to_num(make_input(m, k, seed)) for m, k, seed in ((M, K, 1), (N, K, 2), (M, N, 3))]
     tx, tw, tg = qx(finite[0]), qw(finite[1] * 0.1), qg(finite[2])
-    for a, b, ad, bd, shape in ((tg, tw, "rowwise", "columnwise", (M, K)), (tg, tx, "columnwise", "columnwise", (N, K))):
+    for a, b, ad, bd, shape in ((tg, tw, "rowwise", "columnwise", (M, K)),
+                                (tg, tx, "columnwise", "columnwise", (N, K))):
         assert qt.gemm_plan(a, b, ad, bd, out_dtype).route == "dequant_transpose"
         d = qt.gemm(a, b, a_direction=ad, b_direction=bd, out_dtype=out_dtype)
         assert d.shape == shape and d.dtype == out_dtype

@@ -157,9 +157,11 @@ def test_batched_amax_update_equals_the_per_quantize_updates():
         assert len(keys) == 12
         for k in keys:
             assert torch.equal(sa[k].view(torch.int32), sb[k].view(torch.int32)), (step, k)
-    batch = b._qforge_history_batch[1]
+    batch = qt.history_batch(b)
     assert batch.launches == 1 and batch.size == 6
-    assert "0.input_amax" in b.state_dict()
+    assert qt.history_batch(a) is None
+    assert "0.input_amax" not in b.state_dict()  # per-step state: checkpoints load under either mode
+    a.load_state_dict(b.state_dict())
     with pytest.raises(qforge.UserError, match="amax_update: expected one of"):
         qt.Linear(256, 256, recipes=recipes("delayed_scaling"), name="x", device="cuda", amax_update="lazy")
 

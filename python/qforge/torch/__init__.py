@@ -20,6 +20,7 @@ before capture (`prepare()` only fills the kernel cache, it loads nothing on the
 Captured calls launch only.
 """
 import threading
+import weakref
 from typing import Dict, List, Optional, Sequence, Union
 
 import torch
@@ -29,7 +30,8 @@ from .. import _ext
 from .._plan_cache import PlanCache, size_from_env
 
 __all__ = ["Recipes", "Quantizer", "QuantizedTensor", "gemm", "gemm_plan", "grouped_gemm", "GroupedLinear", "dequantize",
-           "Linear", "convert", "set_plan_cache_size", "update_amax_histories", "HistoryBatch", "UserError"]
+           "Linear", "convert", "set_plan_cache_size", "update_amax_histories", "history_batch", "HistoryBatch",
+           "UserError"]
 
 _C = _ext.load()
 
@@ -334,12 +336,23 @@ def update_amax_histories(model: torch.nn.Module, noop: Optional[torch.Tensor] =
     if not items:
         return 0
     key = tuple((id(q), h.data_ptr(), a.data_ptr(), s.data_ptr()) for q, h, a, s in items)
-    have = getattr(model, "_qforge_history_batch", None)
+    have = _history_batches.get(model)
     if have is None or have[0] != key:
         have = (key, HistoryBatch(items))
-        object.__setattr__(model, "_qforge_history_batch", have)
+        _history_batches[model] = have
     have[1].run(noop)
     return len(items)
+
+
+def history_batch(model: torch.nn.Module) -> Optional[HistoryBatch]:
+    """The batch update_amax_histories last built for `model` (None before its first call)."""
+    have = _history_batches.get(model)
+    return None if have is None else have[1]
+
+
+# model -> (its delayed-scaling buffers' addresses, HistoryBatch): kept beside the model, not on it,
+# so copying or pickling the model does not meet the compiled batch.
+_history_batches: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
 
 
 # ---------------------------------------------------------------------------------------------- tensors

@@ -167,8 +167,9 @@ class Linear(_RecipeState, nn.Module):
                 n = q.history_length(0)
                 self.register_buffer(f"{t}_amax_history", torch.zeros(n, device=self.weight.device))
                 self.register_buffer(f"{t}_scale", torch.ones(1, device=self.weight.device))
-                if amax_update == "batched":  # the step's amax, which update_amax_histories reads
-                    self.register_buffer(f"{t}_amax", torch.zeros(1, device=self.weight.device))
+                if amax_update == "batched":  # the step's amax, which update_amax_histories reads in
+                    # the same step: not saved, so checkpoints load under either amax_update
+                    self.register_buffer(f"{t}_amax", torch.zeros(1, device=self.weight.device), persistent=False)
         self._wcache = None  # ((weight version, usage, address), QuantizedTensor)
         self._wflag = None   # ((usage, address), QuantizedTensor): the copy a device flag rewrites in place
 
