@@ -10,10 +10,12 @@
 //              median of 5 timed batches after warm-up; small sizes rotate over enough input and
 //              output sets (>= 256 MiB) that L2 does not serve them;
 //   bytes    - the minimal traffic: the input read once per pass the plan needs (2 with a global
-//              amax phase, else 1) plus every output (data, scales, amax) written once;
+//              amax phase, else 1; 1 where the call takes the one-pass row kernel) plus every
+//              output (data, scales, amax) written once;
 //   gbps     - bytes / time; ratio = gbps / copy_gbps;
-//   form     - what a direct call runs: "one_launch" (the cooperative fused kernel: a single
-//              tensor of one wave of tiles) or "separate" (memsets, amax kernel, cast kernel);
+//   form     - what a direct call runs: "row_pass" (the one-pass row kernel of rowwise
+//              per-channel plans), "one_launch" (the cooperative fused kernel: a single tensor of
+//              one wave of tiles) or "separate" (memsets, amax kernel, cast kernel);
 //   e2e_us   - (small sizes) host wall time of one call + stream sync, launch overhead included;
 //   host_us  - (small sizes) host wall time of the call alone (argument checks, memsets and
 //              launches enqueued), against op_floor_us: one 4-byte cuMemsetD8Async + sync, the
@@ -253,7 +255,7 @@ int main(int argc, char** argv) try {
                           {"grouped", !c.members.empty()}, {"time_us", us}, {"bytes", bytes},
                           {"gbps", gbps},            {"ratio", gbps / copy_gbps}, {"kernels", kernels},
                           {"tile", {plan.tile.rows, plan.tile.cols, plan.tile.threads}},
-                          {"form", c.members.empty() && q.one_launch(c.shape) ? "one_launch" : "separate"}};
+                          {"form", !c.members.empty() ? "separate" : q.row_pass(c.shape) ? "row_pass" : q.one_launch(c.shape) ? "one_launch" : "separate"}};
       if (!c.members.empty()) j["groups"] = c.members;
       if (ht.e2e_us > 0) j["e2e_us"] = ht.e2e_us, j["host_us"] = ht.host_us;
       if (graph_us > 0) j["graph_us"] = graph_us;

@@ -97,7 +97,19 @@ std::vector<KernelSource::Kernel> KernelSource::kernels() const {
   std::vector<Kernel> out = {{"cast_kernel", &cast_kernel}};
   if (amax_kernel) out.push_back({"amax_kernel", &*amax_kernel});
   if (fused_kernel) out.push_back({"fused_kernel", &*fused_kernel});
+  if (row_kernel) out.push_back({"row_kernel", &*row_kernel});
   return out;
+}
+
+bool has_row_pass(const Plan& p) {
+  if (p.streams.empty() || p.amax.empty()) return false;
+  for (const auto& s : p.streams)
+    if (s.dir != Direction::Rowwise || s.layout != DataLayout::RowMajor || s.rht ||
+        !std::holds_alternative<PerChannel>(s.scaling))
+      return false;
+  for (const auto& a : p.amax)
+    if (a.scope != AmaxScope::Channel || a.channel_dir != Direction::Rowwise || a.rht) return false;
+  return true;
 }
 
 KernelSource emit_quantize(const Plan& p) {
@@ -193,6 +205,19 @@ KernelSource emit_quantize(const Plan& p) {
     e.constant("kMinBlocks", int64_t(default_min_blocks(ks.fused_threads)));
     e.close(";");
   }
+  // The one-pass form's CTA: 8 warps, each thread holding up to 8 16-byte chunks of its row (a
+  // bf16 row of up to 16384 elements on 8 warps), 4 CTAs per SM (64 registers; 128 KB of loads in
+  // flight per SM).
+  const bool row_pass = has_row_pass(p);
+  if (row_pass) {
+    ks.row_threads = 256;
+    ks.row_chunks = 8;
+    e.open("struct CfgRow : Cfg");
+    e.constant("kThreads", int64_t(ks.row_threads));
+    e.constant("kRowChunks", int64_t(ks.row_chunks));
+    e.constant("kMinBlocks", int64_t(4));
+    e.close(";");
+  }
   e.close("  // namespace qf_gen");
 
   std::string cast = "qf::cast_kernel<qf_gen::Cfg";
@@ -214,6 +239,11 @@ KernelSource emit_quantize(const Plan& p) {
     fused += ">";
     for (size_t i = 0; i < p.streams.size(); ++i) fused += ", qf_gen::S" + std::to_string(i);
     ks.fused_kernel = fused + ">";
+  }
+  if (row_pass) {
+    std::string row = "qf::row_kernel<qf_gen::CfgRow";
+    for (size_t i = 0; i < p.streams.size(); ++i) row += ", qf_gen::S" + std::to_string(i);
+    ks.row_kernel = row + ">";
   }
   ks.source = e.str();
   return ks;

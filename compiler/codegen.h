@@ -20,17 +20,30 @@ struct KernelSource {
   uint32_t smem_bytes = 0;                // dynamic shared memory of any of the kernels
   int fused_threads = 0;                  // threads per CTA of fused_kernel (tile.threads: the others')
   int min_blocks = 0;                     // the cast kernel's __launch_bounds__ min blocks (Cfg::kMinBlocks)
+  // The one-pass form of plans with row_pass (below), if any: its threads per CTA and the 16-byte
+  // input chunks each thread holds (a row of K elements fits 8 warps when K / chunk elements
+  // <= row_threads * row_chunks).
+  std::optional<std::string> row_kernel;
+  int row_threads = 0;
+  int row_chunks = 0;
   TileConfig tile;
 
   struct Kernel {
-    const char* kind;                 // "cast_kernel", "amax_kernel" or "fused_kernel"
+    const char* kind;                 // "cast_kernel", "amax_kernel", "fused_kernel" or "row_kernel"
     const std::string* name;          // its name expression (points into this KernelSource)
   };
-  // The kernels present: the cast kernel, then the amax and fused kernels where the plan has them.
+  // The kernels present: the cast kernel, then the amax, fused and row kernels where the plan has
+  // them.
   std::vector<Kernel> kernels() const;
 };
 
 KernelSource emit_quantize(const Plan& plan);
+
+// Whether the plan has a one-pass form (cast.cuh row_kernel): every stream rowwise, row-major,
+// one scale per row (per-channel), and every global reduction those rows' amaxes (no RHT). A
+// CTA then owns whole rows, so single tensors whose rows fit it read their input once instead
+// of twice (amax pre-pass, then cast).
+bool has_row_pass(const Plan& plan);
 
 // The tiles of `candidates` (plan's tile candidates, the default first) that give distinct
 // kernels: a register variant whose launch bounds (KernelSource::min_blocks) equal those of an

@@ -339,6 +339,14 @@ __device__ __forceinline__ u32 enc_rn(float x) {
 #endif
   if constexpr (kIsE2m1<F>) {
     return e2m1_rn_byte(x) & 0xFu;
+  } else if constexpr (F::kIsInt && F::kBits == 8) {
+    // encode_rn's clamp, then rint in one fp32 addition: c + 1.5 * 2^23 lies in [2^23, 2^24),
+    // whose ulp is 1, so the sum is rounded to the nearest integer, ties to even (the constant
+    // is even); its mantissa is 2^22 + rint(c), whose low byte is rint(c)'s two's complement
+    // byte (2^22 is a multiple of 256). fminf / fmaxf clamp +-Inf; NaN is selected apart.
+    if (f32_is_nan(x)) return F::kNanBits;
+    const float c = fminf(fmaxf(x, F::kMinFinite), F::kMaxFinite);
+    return f32_bits(c + 12582912.0f) & 0xFFu;
   } else {
     return encode_rn<F>(x);
   }
@@ -2229,6 +2237,75 @@ template <class Cfg, class Pre, class... S>
 __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocks)
     fused_kernel(const QuantizeArgs a) {
   detail::cast_tile<Cfg, Pre, true, S...>(a);
+}
+
+namespace detail {
+
+// Warps that own one row in row_kernel: the fewest (1, 2, 4 or 8) whose threads hold the row's
+// 16-byte chunks in Cfg::kRowChunks registers each. The host's row_pass_warps is the same rule.
+template <class Cfg>
+__device__ __forceinline__ int row_warps(i64 k) {
+  const i64 chunks = k / kElemsPer16<Cfg::kInDtype>;
+  int w = 1;
+  while (w < Cfg::kThreads / 32 && i64(32 * w) * Cfg::kRowChunks < chunks) w *= 2;
+  return w;
+}
+
+}  // namespace detail
+
+// The one-pass form of plans whose every stream is rowwise with one scale per row (per-channel
+// int8 / fp8 of tokens or output channels) and whose only global reductions are those rows'
+// amaxes: a group of warps owns a whole row, holds it in registers (16-byte loads, every load of
+// a thread in flight at once), reduces its amax, and writes the row's scale entries and data,
+// so the input is read once where the two-pass form (amax_kernel, then cast_kernel) reads it
+// twice. Single tensors whose K is a multiple of the 16-byte chunk and fits the group's
+// registers (the host checks: Quantizer::row_pass); Cfg is the plan's with kThreads and
+// kRowChunks of this kernel. One CTA takes kThreads / 32 / row_warps rows.
+template <class Cfg, class... S>
+__global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocks) row_kernel(const QuantizeArgs a) {
+  if (a.noop && *a.noop == 1.0f) return;
+  constexpr int D = Cfg::kInDtype, E = detail::kElemsPer16<D>, C = Cfg::kRowChunks, W = Cfg::kThreads / 32;
+  static_assert(((S::kMode == kModeChannel && S::kDir == 0 && !S::kTransposed) && ...), "rowwise per-channel streams");
+  __shared__ float warp_amax[W];
+  const int warps = detail::row_warps<Cfg>(a.k), warp = int(threadIdx.x / 32), lane = int(threadIdx.x % 32);
+  const int group = warp / warps, t = (warp % warps) * 32 + lane, group_threads = 32 * warps;
+  const i64 row = i64(blockIdx.x) * (W / warps) + group;
+  const bool live = row < a.m;
+  const i64 chunks = a.k / E;
+  const char* src = static_cast<const char*>(a.x) + (live ? row : 0) * a.k * detail::kInBytes<D>;
+  uint4 raw[C];
+#pragma unroll
+  for (int j = 0; j < C; ++j)
+    if (live && t + i64(j) * group_threads < chunks)
+      raw[j] = __ldg(reinterpret_cast<const uint4*>(src) + t + i64(j) * group_threads);
+  float m = 0.0f;
+#pragma unroll
+  for (int j = 0; j < C; ++j)
+    if (live && t + i64(j) * group_threads < chunks) m = detail::chunk_amax<D>(raw[j], m);
+  m = detail::warp_max(m);
+  if (lane == 0) warp_amax[warp] = m;
+  __syncthreads();
+  if (!live) return;
+  for (int w = 1; w < warps; ++w) m = fmaxf(m, warp_amax[group * warps + (warp % warps + w) % warps]);
+  const detail::Member mem{0, 0, a.m, 0};
+  (
+      [&] {
+        const StreamArgs& out = a.streams[S::kIndex];
+        const detail::StreamCtx<S> ctx = detail::stream_ctx<Cfg, S>(a, mem);
+        float mul;
+        u32 entry;
+        detail::block_scale<Cfg, S>(m, ctx, mul, entry);
+        if (t == 0) detail::maybe_store_entry<S>(out, row, 0, ctx, 0, entry);
+#pragma unroll
+        for (int j = 0; j < C; ++j) {
+          const i64 c = t + i64(j) * group_threads;
+          if (c >= chunks) break;
+          float v[E];
+          detail::unpack16<D>(raw[j], v);
+          detail::encode_store<S, E, true>(a, out.data, row * a.k + c * E, v, mul, E);
+        }
+      }(),
+      ...);
 }
 
 // Global reductions before the cast: the tensor amax (raw: straight from global memory with

@@ -1,5 +1,5 @@
 // The kernels' fast element encoders (cast.cuh enc_rn: hardware cvt for fp8 on sm_89+, the
-// one-addition e2m1 encoder; enc_sr for e2m1 (without int <-> float conversions) and int8)
+// one-addition e2m1 and int8 encoders; enc_sr for e2m1 (without int <-> float conversions) and int8)
 // against the one software definition (numerics.cuh encode_rn / encode_sr), and the packed fp8
 // encoder of the vector paths (pack4), over every one of the 2^32 fp32 bit patterns, on the GPU.
 // The compile test runs everywhere.
@@ -134,6 +134,8 @@ extern "C" __global__ void exhaustive(unsigned int* out) {
     check_pack<qf::E5M2>(b, out + 12, out + 13);
     check_pack<qf::E2M1>(b, out + 20, out + 21);
     if ((b & 15u) == 0) check_pack_sr(b >> 4, out + 22, out + 23);  // 2^28 runs (Philox-heavy)
+    check_one<qf::Int8>(b, out + 24, out + 25);
+    check_pack<qf::Int8>(b, out + 26, out + 27);
     // RHT outputs rounded to bf16 / fp16 by the hardware: the software value, or NaN for NaN.
     for (int d = 1; d <= 2; ++d) {
       const float x = qf::f32_from_bits(b), got = qf::detail::round_to_dtype(x, d);
@@ -176,7 +178,7 @@ TEST(FastEncoders, GpuEqualSoftwareOnAllFp32Patterns) {
   Module m(r.image);
   CUfunction f = m.function(r.lowered_names.at("exhaustive"));
   std::vector<uint32_t> init;
-  for (int i = 0; i < 12; ++i) init.insert(init.end(), {0u, 0xFFFFFFFFu});
+  for (int i = 0; i < 14; ++i) init.insert(init.end(), {0u, 0xFFFFFFFFu});
   DeviceBuffer out(init.size() * 4);
   out.upload(init.data(), init.size() * 4);
   uint64_t p = out.address();
@@ -186,8 +188,8 @@ TEST(FastEncoders, GpuEqualSoftwareOnAllFp32Patterns) {
   s.synchronize();
   const auto got = out.download_as<uint32_t>();
   const char* names[] = {"e4m3 rn", "e5m2 rn", "e2m1 rn", "e2m1 sr", "int8 sr", "e4m3 rn x4", "e5m2 rn x4", "e4m3 decode",
-                         "bf16 round", "fp16 round", "e2m1 rn packed", "e2m1 sr packed"};
-  for (int i = 0; i < 12; ++i)
+                         "bf16 round", "fp16 round", "e2m1 rn packed", "e2m1 sr packed", "int8 rn", "int8 rn x4"};
+  for (int i = 0; i < 14; ++i)
     EXPECT_EQ(got[2 * i], 0u) << names[i] << ": " << got[2 * i] << " patterns differ, first 0x" << std::hex
                               << got[2 * i + 1];
 }

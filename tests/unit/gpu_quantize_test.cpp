@@ -242,6 +242,10 @@ std::vector<Case> all_cases() {
         for (DType d : {DType::BF16, DType::FP32})
           for (Shape2D s : small) cases.push_back({r, role, u, d, s, {}, false});
       for (Shape2D s : large) cases.push_back({r, role, Usage::Training, DType::BF16, s, {}, false});
+      // The one-pass row kernel (rowwise per-channel plans) at the widest rows it takes: 16384
+      // bf16 / 8192 fp32 elements on 8 warps, every thread's 8 chunks live.
+      cases.push_back({r, role, Usage::Inference, DType::BF16, {520, 16384}, {}, false});
+      cases.push_back({r, role, Usage::Inference, DType::FP32, {264, 8192}, {}, false});
       cases.push_back({r, role, Usage::Training, DType::BF16, {1072, 256}, {128, 0, 48, 256, 16, 80, 512, 32}, false});
       // Rowwise-only plans on members: the direct path's interior tiles at each member's scale base.
       cases.push_back({r, role, Usage::Inference, DType::BF16, {1072, 256}, {128, 0, 48, 256, 16, 80, 512, 32}, false});
