@@ -1,6 +1,6 @@
 """qforge/_plan_cache.py, the bounded table of qforge.torch's GEMM plans, without torch or a GPU:
 least recently used evicted first, a hit refreshes, resizing evicts at once, the size from
-QFORGE_PLAN_CACHE_SIZE, bad sizes refused, and (with the compiled core) evicted plans freed.
+QFORGE_PLAN_CACHE_SIZE, bad sizes refused, and the compiled core's plans in a bounded table.
 """
 import gc
 import sys
@@ -84,7 +84,7 @@ def test_size_from_the_environment(monkeypatch):
         _plan_cache.size_from_env()
 
 
-def test_compiled_plans_are_freed_on_eviction():
+def test_compiled_plans_in_a_bounded_table():
     from qforge import _ext
     try:
         C = _ext.load()
