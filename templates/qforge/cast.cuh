@@ -410,17 +410,16 @@ __device__ __forceinline__ u32 enc_sr(float x, u32 r) {
   if constexpr (kIsE2m1<F>) {
     return enc_sr_e2m1<F>(x, r << (23 - F::kSrBits));
   } else if constexpr (F::kIsInt && F::kBits == 8) {
-    // Step 1: floor and fraction are exact in fp32, and "fraction > u" is grid_round_sr's
-    // integer comparison. (A conversion-free form of that comparison, e2m1's before b8e416d,
-    // measured 2.6 % slower here: 1504 -> 1543 us for int8_weight_sr's weight at 16384^2, H100,
-    // whose kernel is bound elsewhere.)
-    if (f32_is_nan(x)) return F::kNanBits;
-    if (x >= 127.0f) return 127u;
-    if (x <= -128.0f) return 0x80u;
-    const float a = fabsf(x), lo = floorf(a), u = float(r >> 8) * 0x1p-24f;
-    u32 q = u32(lo) + ((a - lo) > u ? 1u : 0u);
-    if (x < 0.0f) return (0u - q) & 0xFFu;
-    return q > 127u ? 127u : q;
+    // Floor and fraction are exact in fp32, and "fraction > u" is grid_round_sr's integer
+    // comparison. Without branches (the branching form's BRA / BSSY / BSYNC were 11 % of the
+    // instructions of int8_weight_sr's weight cast; ncu, H200, 16384^2): |x| clamped to 128 rounds to 128 (-128 for x <= -128; 127 after the positive clamp for
+    // x >= 127), the signed integer's byte comes from one fp32 addition (enc_rn's), and NaN
+    // (clamped to 128 on the way) is selected apart.
+    const float a = fminf(fabsf(x), 128.0f), lo = floorf(a), u = float(r >> 8) * 0x1p-24f;
+    const float q = lo + ((a - lo) > u ? 1.0f : 0.0f);
+    const float s = x < 0.0f ? -q : fminf(q, 127.0f);
+    const u32 b = f32_bits(s + 12582912.0f) & 0xFFu;
+    return f32_is_nan(x) ? u32(F::kNanBits) : b;
   } else {
     return encode_sr<F>(x, r);
   }
@@ -1103,6 +1102,66 @@ __device__ __forceinline__ float tile_amax_full(const QuantizeArgs& a, const Mem
     }
     const u16 lo = u16(m2), hi = u16(m2 >> 16);
     return Cfg::kInDtype == 1 ? fmaxf(bf16_to_f32(lo), bf16_to_f32(hi)) : fmaxf(f16_to_f32(lo), f16_to_f32(hi));
+  }
+}
+
+// Per-row and per-column amaxes of an interior tile straight from global memory, without staging
+// (the pre-pass of per-channel plans with a transposed copy: fp8_rowwise, int8_weight_sr
+// training). Warp w takes rows w, w + W, ... (W = T / 32 warps), each lane the same 16-byte
+// chunks of every row it reads, so a thread keeps its columns' maxima in registers over the
+// rows; a row's maximum is a warp reduction, one atomic per row; the columns' maxima meet in
+// shared memory (`scratch`, W * TC floats), one atomic per column. Every load of a thread is in
+// flight before the first maximum. row_amax / col_amax: the slots' bases for this member (null:
+// that reduction is not wanted).
+template <class Cfg>
+__device__ __forceinline__ void tile_row_col_amaxes_full(const QuantizeArgs& a, const Member& mem, i64 col0, float* row_amax,
+                                                         float* col_amax, float* scratch) {
+  constexpr int D = Cfg::kInDtype, E = kElemsPer16<D>, TR = Cfg::kTileRows, TC = Cfg::kTileCols, T = Cfg::kThreads;
+  constexpr int W = T / 32, CH = TC / E, J = CH / 32, R = TR / W;
+  static_assert(CH % 32 == 0 && TR % W == 0, "whole warps of 16-byte chunks across the tile, whole rows per warp");
+  const int warp = int(threadIdx.x / 32), lane = int(threadIdx.x % 32);
+  const i64 row0 = mem.tile_row * TR;
+  const char* base = static_cast<const char*>(a.x) + ((mem.row_base + row0) * a.k + col0) * kInBytes<D>;
+  uint4 raw[R][J];
+#pragma unroll
+  for (int i = 0; i < R; ++i)
+#pragma unroll
+    for (int j = 0; j < J; ++j)
+      raw[i][j] = __ldg(reinterpret_cast<const uint4*>(base + (i64(warp + i * W) * a.k + (lane + 32 * j) * E) * kInBytes<D>));
+  float col[J][E];
+#pragma unroll
+  for (int j = 0; j < J; ++j)
+#pragma unroll
+    for (int e = 0; e < E; ++e) col[j][e] = 0.0f;
+#pragma unroll
+  for (int i = 0; i < R; ++i) {
+    float m = 0.0f;
+#pragma unroll
+    for (int j = 0; j < J; ++j) {
+      float v[E];
+      unpack16<D>(raw[i][j], v);
+#pragma unroll
+      for (int e = 0; e < E; ++e) {
+        col[j][e] = amax_step(col[j][e], v[e]);
+        m = amax_step(m, v[e]);
+      }
+    }
+    if (row_amax) {
+      m = warp_max(m);
+      if (lane == 0) atomic_max_nonneg(row_amax + row0 + warp + i * W, m);
+    }
+  }
+  if (!col_amax) return;
+#pragma unroll
+  for (int j = 0; j < J; ++j)
+#pragma unroll
+    for (int e = 0; e < E; ++e) scratch[warp * TC + (lane + 32 * j) * E + e] = col[j][e];
+  __syncthreads();
+  for (int c = int(threadIdx.x); c < TC; c += T) {
+    float m = scratch[c];
+#pragma unroll
+    for (int w = 1; w < W; ++w) m = fmaxf(m, scratch[w * TC + c]);
+    atomic_max_nonneg(col_amax + col0 + c, m);
   }
 }
 
@@ -2326,6 +2385,25 @@ __global__ void __launch_bounds__(Cfg::kThreads) amax_kernel(const QuantizeArgs 
   detail::TileElem<Cfg>* tile = reinterpret_cast<detail::TileElem<Cfg>*>(smem4);
   detail::TileElem<Cfg>* rtile = Cfg::kRht ? tile + TR * TC : tile;
   const bool full = row0 + TR <= mem.rows && col0 + TC <= a.k && a.k % 16 == 0;
+  // Per-row and per-column amaxes only (no RHT): interior tiles straight from global memory, one
+  // read (H200, 16384^2 bf16, fp8_rowwise training: the staged form's pre-pass took 329 us,
+  // 1.64 TB/s).
+  constexpr bool kRowsCols = ((!A::kRht && A::kScope != kScopeTensor) && ...) && ((A::kScope == kScopeChannelCols) || ...) &&
+                             (Cfg::kTileCols / detail::kElemsPer16<Cfg::kInDtype>) % 32 == 0 &&
+                             Cfg::kTileRows % (Cfg::kThreads / 32) == 0 &&
+                             Cfg::kTileRows / (Cfg::kThreads / 32) * (Cfg::kTileCols / detail::kElemsPer16<Cfg::kInDtype>) / 32 <= 8 &&
+                             u32(Cfg::kThreads / 32 * Cfg::kTileCols * 4) <= Cfg::kSmemBytes;
+  if constexpr (kRowsCols) {
+    if (full) {
+      float* rows = nullptr;
+      float* cols = nullptr;
+      ((A::kScope == kScopeChannelRows ? rows = a.amax[A::kSlot] + mem.row_base
+                                       : cols = a.amax[A::kSlot] + i64(mem.index) * a.k),
+       ...);
+      detail::tile_row_col_amaxes_full<Cfg>(a, mem, col0, rows, cols, reinterpret_cast<float*>(smem4));
+      return;
+    }
+  }
   // Only tensor amaxes, some after the RHT: interior tiles rotate from global memory in
   // registers (no staging: the pass stays at the memory floor).
   if constexpr (kNeedsTile && ((A::kScope == kScopeTensor) && ...)) {
