@@ -255,7 +255,7 @@ int main(int argc, char** argv) try {
                           {"grouped", !c.members.empty()}, {"time_us", us}, {"bytes", bytes},
                           {"gbps", gbps},            {"ratio", gbps / copy_gbps}, {"kernels", kernels},
                           {"tile", {plan.tile.rows, plan.tile.cols, plan.tile.threads}},
-                          {"form", !c.members.empty() ? "separate" : q.row_pass(c.shape) ? "row_pass" : q.one_launch(c.shape) ? "one_launch" : "separate"}};
+                          {"form", q.row_pass(c.shape) ? "row_pass" : c.members.empty() && q.one_launch(c.shape) ? "one_launch" : "separate"}};
       if (!c.members.empty()) j["groups"] = c.members;
       if (ht.e2e_us > 0) j["e2e_us"] = ht.e2e_us, j["host_us"] = ht.host_us;
       if (graph_us > 0) j["graph_us"] = graph_us;

@@ -406,8 +406,10 @@ void Quantizer::quantize(const QuantizeCall& call, CUstream stream) const {
               "zeroing amax / padded scales");
   };
   zero_buffers(false);
-  // Rows that fit a CTA: the one-pass row kernel (no amax pre-pass, no channel workspace).
-  if (const int warps = grouped || call.input.ptr % 16 != 0 ? 0 : row_pass_warps(call.shape); warps > 0 && l->row) {
+  // Rows that fit a CTA: the one-pass row kernel (no amax pre-pass, no channel workspace). A
+  // grouped call's rowwise per-channel outputs are its members' concatenated (one scale entry per
+  // row, no padding; the members' offsets end at M), so the kernel takes them as one tensor.
+  if (const int warps = call.input.ptr % 16 != 0 ? 0 : row_pass_warps(call.shape); warps > 0 && l->row) {
     QF_CHECK(l->kernels.source.row_threads == 256 && l->kernels.source.row_chunks == 8, "row kernel's CTA as row_pass_warps assumes");
     const uint64_t rows_per_cta = uint64_t(256 / 32 / warps);
     launch(l->row, Dim3{unsigned(ceil_div(uint64_t(call.shape.m), rows_per_cta))}, Dim3{256}, 0, stream, params, {},

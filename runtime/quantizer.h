@@ -104,11 +104,11 @@ class Quantizer {
   // loads the kernels as quantize() does. A capture may still take the separate form (above).
   bool one_launch(Shape2D shape) const;
 
-  // Whether a direct single-tensor call of this shape (16-byte aligned input) takes the one-pass
-  // form: plans with a row kernel (compiler has_row_pass: rowwise per-channel streams only) on rows
-  // of at most 16384 16-bit / 8192 fp32 elements, K a multiple of 16 bytes. It reads the input
-  // once; the amax pre-pass and the channel workspace go unused. QFORGE_ROW_PASS=0 (read at
-  // construction) turns it off.
+  // Whether a direct call of this shape (16-byte aligned input; a single tensor or a grouped
+  // call of M rows in all) takes the one-pass form: plans with a row kernel (compiler
+  // has_row_pass: rowwise per-channel streams only) on rows of at most 16384 16-bit / 8192 fp32
+  // elements, K a multiple of 16 bytes. It reads the input once; the amax pre-pass and the
+  // channel workspace go unused. QFORGE_ROW_PASS=0 (read at construction) turns it off.
   bool row_pass(Shape2D shape) const;
 
   // The argument checks of quantize() and the launch arguments they yield, without a GPU:

@@ -102,7 +102,7 @@ inline int64_t minimal_bytes(const rt::Quantizer& q, const Plan& plan, const Cas
   int passes = 1;
   for (const auto& ph : plan.phases)
     if (ph.kind == PhaseKind::AmaxReduce) passes = 2;
-  if (c.members.empty() && q.row_pass(c.shape)) passes = 1;  // the one-pass row kernel
+  if (q.row_pass(c.shape)) passes = 1;  // the one-pass row kernel
   int64_t out = 0;
   const auto descs = c.members.empty() ? q.outputs(c.shape) : q.grouped_outputs(c.members, c.shape.k);
   for (const auto& b : descs) out += b.bytes;

@@ -414,7 +414,9 @@ __device__ __forceinline__ u32 enc_sr(float x, u32 r) {
     // comparison. Without branches (the branching form's BRA / BSSY / BSYNC were 11 % of the
     // instructions of int8_weight_sr's weight cast; ncu, H200, 16384^2): |x| clamped to 128 rounds to 128 (-128 for x <= -128; 127 after the positive clamp for
     // x >= 127), the signed integer's byte comes from one fp32 addition (enc_rn's), and NaN
-    // (clamped to 128 on the way) is selected apart.
+    // (clamped to 128 on the way) is selected apart. (A conversion-free form of the comparison,
+    // e2m1's before b8e416d, measured 2.6 % slower: 1504 -> 1543 us for int8_weight_sr's weight
+    // at 16384^2, H100.)
     const float a = fminf(fabsf(x), 128.0f), lo = floorf(a), u = float(r >> 8) * 0x1p-24f;
     const float q = lo + ((a - lo) > u ? 1.0f : 0.0f);
     const float s = x < 0.0f ? -q : fminf(q, 127.0f);
