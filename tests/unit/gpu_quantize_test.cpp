@@ -33,7 +33,7 @@ struct Case {
   Shape2D shape;
   std::vector<int64_t> splits;  // grouped when non-empty
   bool edge_values = false;     // NaN, Inf, denormals, values at / above max
-  bool separate = false;        // QFORGE_ONE_LAUNCH=0: memsets + amax kernel + cast kernel
+  bool separate = false;        // QFORGE_ONE_LAUNCH=0 QFORGE_ROW_PASS=0: memsets + amax kernel + cast kernel
   // 16-row RHT groups whose outputs sit where the order of the transform's 1/4 and the bf16
   // rounding matters (docs/numerics.md: 1/4 first): 1 outputs in fp32's subnormal range beside
   // normal ones, only such outputs, zeros, NaN; 2 the same with outputs past bf16's max before
@@ -153,9 +153,9 @@ TEST_P(GpuQuantize, BitExactAgainstCpuReference) {
       c.splits.empty() ? ref::quantize(plan, x, params) : ref::quantize_grouped(plan, x, c.splits, params);
 
   using namespace qf::rt;
-  if (c.separate) ::setenv("QFORGE_ONE_LAUNCH", "0", 1);
+  if (c.separate) ::setenv("QFORGE_ONE_LAUNCH", "0", 1), ::setenv("QFORGE_ROW_PASS", "0", 1);
   Quantizer q(plan);
-  if (c.separate) ::unsetenv("QFORGE_ONE_LAUNCH");
+  if (c.separate) ::unsetenv("QFORGE_ONE_LAUNCH"), ::unsetenv("QFORGE_ROW_PASS");
   DeviceBuffer dx(x.bytes.size());
   dx.upload(x.bytes.data(), x.bytes.size());
   QuantizeCall call;
@@ -246,6 +246,8 @@ std::vector<Case> all_cases() {
       // bf16 / 8192 fp32 elements on 8 warps, every thread's 8 chunks live.
       cases.push_back({r, role, Usage::Inference, DType::BF16, {520, 16384}, {}, false});
       cases.push_back({r, role, Usage::Inference, DType::FP32, {264, 8192}, {}, false});
+      // The two-pass form of the same plans (amax kernel, then cast kernel) on interior tiles.
+      cases.push_back({r, role, Usage::Inference, DType::BF16, {128, 4224}, {}, false, true});
       cases.push_back({r, role, Usage::Training, DType::BF16, {1072, 256}, {128, 0, 48, 256, 16, 80, 512, 32}, false});
       // Rowwise-only plans on members: the direct path's interior tiles at each member's scale base.
       cases.push_back({r, role, Usage::Inference, DType::BF16, {1072, 256}, {128, 0, 48, 256, 16, 80, 512, 32}, false});
