@@ -2,6 +2,7 @@
 """Where NVRTC spends the time of qforge's JIT compiles, without a GPU (docs/jit.md).
 
   jit_time.py [--cache DIR] [--templates DIR] [--filter S] [--phases] [--extra "OPTS"]... [--reps N]
+              [--base-templates DIR] [--per-kernel]
 
 Takes every CUBIN entry of a qforge kernel cache (DIR, default $QFORGE_CACHE_DIR; fill it first
 with `qforge prewarm`), and compiles its source.cu again with NVRTC in this process, the device
@@ -16,6 +17,14 @@ thread counted), which other processes' load on the machine barely changes, plus
                 (as bench/sass_diff.py compares them; NVRTC's per-compile internal names
                 normalized)
   --nvrtc-time  add NVRTC's own per-phase table (--time=FILE) of the first rep, as reported
+  --base-templates DIR
+                an A/B of a header change: each entry is also compiled against the device headers
+                of DIR (e.g. `git archive REV templates | tar -x -C /tmp/base`, then
+                /tmp/base/templates), alternating base and new compile by compile so that the
+                machine's load falls on both alike; the "base" column and summary are those, and
+                each row says whether the code sections are the same both ways ("=") or not ("!")
+  --per-kernel  also compile each of an entry's kernels (name expressions) as a program of its
+                own: a column per kernel kind (cast_kernel, amax_kernel, fused_kernel, ...)
 
 Prints one row per kernel (CPU ms) and a summary: median, max and sum per kind of kernel (of
 CPU ms, and of wall ms where it says "wall").
@@ -106,8 +115,11 @@ def entries(cache, text_filter=""):
         label = " ".join(str(v) for k, v in sorted(md.items()) if k != "kind")
         if text_filter and text_filter not in f"{kind} {label}":
             continue
+        names = list(meta.get("lowered_names", {}).keys())
+        # A name expression's kind: the template's name ("qf::cast_kernel<...>" -> cast_kernel).
+        kinds = [x.split("<", 1)[0].split("::")[-1] for x in names]
         out.append(dict(kind=kind, label=label, source=source, image=image, options=meta.get("options", []),
-                        names=list(meta.get("lowered_names", {}).keys()), key=meta.get("key", "")[:12]))
+                        names=names, kinds=kinds, key=meta.get("key", "")[:12]))
     return out
 
 
@@ -128,6 +140,8 @@ def main(argv=None):
     ap.add_argument("--nvrtc-time", action="store_true")
     ap.add_argument("--reps", type=int, default=1, help="compiles per measurement; the fastest counts")
     ap.add_argument("--limit", type=int, default=0, help="only the first N entries")
+    ap.add_argument("--base-templates", default="")
+    ap.add_argument("--per-kernel", action="store_true")
     args = ap.parse_args(argv)
     if not args.cache:
         print("jit_time: no cache: --cache DIR or QFORGE_CACHE_DIR", file=sys.stderr)
@@ -140,14 +154,34 @@ def main(argv=None):
         return 2
     nvrtc = sass_diff.load_nvrtc()
     hdrs = headers(args.templates)
-    cols = ["cubin"] + (["front end", "to PTX"] if args.phases else []) + [f"+{x}" for x in args.extra]
+    base_hdrs = headers(args.base_templates) if args.base_templates else None
+    if base_hdrs is not None and not base_hdrs:
+        print(f"jit_time: {args.base_templates}: no device headers (*.cuh)", file=sys.stderr)
+        return 2
+    cols = ["cubin"] + (["base"] if base_hdrs else []) + (["front end", "to PTX"] if args.phases else [])
+    cols += [f"+{x}" for x in args.extra]
     print(f"{'kind':<12} {'key':<12} " + " ".join(f"{c:>14}" for c in cols) + "  wall  label")
     per_kind = {}
     differs = 0
-    for e in es:
-        cpu, wall, image = best(nvrtc, args.reps, e["source"], e["options"], e["names"], hdrs)
-        row = [f"{cpu * 1000:14.0f}"]
-        rec = {"cubin": cpu, "cubin wall": wall}
+    ab_differ = []
+    for n, e in enumerate(es):
+        if base_hdrs:
+            # Alternate which side goes first, so a drift in the machine's load favours neither.
+            first_base = n % 2 == 1
+            if first_base:
+                bcpu, bwall, bimage = best(nvrtc, args.reps, e["source"], e["options"], e["names"], base_hdrs)
+            cpu, wall, image = best(nvrtc, args.reps, e["source"], e["options"], e["names"], hdrs)
+            if not first_base:
+                bcpu, bwall, bimage = best(nvrtc, args.reps, e["source"], e["options"], e["names"], base_hdrs)
+            same_ab = sass_diff.code_sections(bimage) == sass_diff.code_sections(image)
+            if not same_ab:
+                ab_differ.append(e)
+            row = [f"{cpu * 1000:14.0f}", f"{bcpu * 1000:12.0f} {'=' if same_ab else '!'}"]
+            rec = {"cubin": cpu, "cubin wall": wall, "base": bcpu, "base wall": bwall}
+        else:
+            cpu, wall, image = best(nvrtc, args.reps, e["source"], e["options"], e["names"], hdrs)
+            row = [f"{cpu * 1000:14.0f}"]
+            rec = {"cubin": cpu, "cubin wall": wall}
         if args.phases:
             fe = best(nvrtc, args.reps, e["source"], e["options"] + ["--fdevice-syntax-only"], e["names"], hdrs, want="")[0]
             ptx_opts = [o.replace("--gpu-architecture=sm_", "--gpu-architecture=compute_") for o in e["options"]]
@@ -162,8 +196,14 @@ def main(argv=None):
             row.append(f"{xc * 1000:7.0f}/{xw * 1000:6.0f} {'=' if same else '!'}")
             rec[f"+{x}"] = xc
             rec[f"+{x} wall"] = xw
+        if args.per_kernel:
+            for kname, kexpr in zip(e["kinds"], e["names"]):
+                kc = best(nvrtc, args.reps, e["source"], e["options"], [kexpr], hdrs)[0]
+                row.append(f"{kname}={kc * 1000:.0f}")
+                rec[kname] = kc
         own_same = sass_diff.code_sections(image) == base_code
-        line = f"{e['kind']:<12} {e['key']:<12} " + " ".join(row) + f" {wall:5.1f}  {e['label']}" + ("" if own_same else "  (code differs from the entry's image)")
+        own_note = "" if own_same or base_hdrs else "  (code differs from the entry's image)"
+        line = f"{e['kind']:<12} {e['key']:<12} " + " ".join(row) + f" {wall:5.1f}  {e['label']}" + own_note
         if args.nvrtc_time:
             line += "\n    nvrtc --time: " + nvrtc_phase_table(nvrtc, e, hdrs)
         print(line, flush=True)
@@ -176,6 +216,10 @@ def main(argv=None):
         print(f"  {kind:<12} n={len(next(iter(recs.values()))):<4} " + "; ".join(parts))
     if args.extra:
         print(f"code sections: {differs} compile(s) with extra options differ from the entries' images")
+    if base_hdrs:
+        print(f"code sections: {len(ab_differ)} of {len(es)} kernel(s) differ between the base and the new headers")
+        for e in ab_differ:
+            print(f"  ! {e['kind']} {e['key']} {e['label']}")
     return 1 if differs else 0
 
 
