@@ -10,6 +10,7 @@
 #include <cmath>
 #include <cerrno>
 #include <chrono>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <iostream>
@@ -529,13 +530,17 @@ CacheOptions CacheOptions::from_env() {
     o.writable_root = fs::path(x) / "qforge";
   else if (auto h = env("HOME"); !h.empty())
     o.writable_root = fs::path(h) / ".cache" / "qforge";
-  const std::string ro = env("QFORGE_CACHE_READONLY_DIRS");
-  for (size_t start = 0; start <= ro.size();) {
-    size_t end = ro.find(':', start);
-    if (end == std::string::npos) end = ro.size();
-    if (end > start) o.readonly_roots.emplace_back(fs::absolute(fs::path(ro.substr(start, end - start))));
-    start = end + 1;
-  }
+  auto roots = [&](const char* var, std::vector<fs::path>& out) {
+    const std::string ro = env(var);
+    for (size_t start = 0; start <= ro.size();) {
+      size_t end = ro.find(':', start);
+      if (end == std::string::npos) end = ro.size();
+      if (end > start) out.emplace_back(fs::absolute(fs::path(ro.substr(start, end - start))));
+      start = end + 1;
+    }
+  };
+  roots("QFORGE_CACHE_READONLY_DIRS", o.readonly_roots);
+  roots("QFORGE_CACHE_SHIPPED_DIRS", o.shipped_roots);
   return o;
 }
 
@@ -543,8 +548,11 @@ KernelCache::KernelCache(CacheOptions options) : opts_(std::move(options)) {
   if (opts_.disabled) {
     opts_.writable_root.reset();
     opts_.readonly_roots.clear();
+    opts_.shipped_roots.clear();
     return;
   }
+  // Shipped roots are read-only roots too (looked up, listed and verified as those are).
+  for (const auto& r : opts_.shipped_roots) opts_.readonly_roots.push_back(r);
   // Read-only roots: a mistyped one is named (and kept: it may be mounted later); the writable
   // root among them once only.
   std::vector<fs::path> ro;
@@ -632,6 +640,8 @@ CacheResult KernelCache::get_or_compile(const CompileRequest& req, const json& m
     double compile_ms = 0;
     // Without a writable root there is no key lock, so the first look is the decisive one.
     std::shared_ptr<const CacheEntry> entry = load_from_disk(key, req.name_expressions, /*settle=*/!writable_);
+    // Before the key lock: shipped roots are read-only, so this look needs none.
+    if (!entry && !opts_.shipped_roots.empty()) entry = load_shipped(req);
     KeyLock lock;  // held from here until the entry is published (or the compile failed)
     if (!entry && writable_) {
       // Another process may be compiling this key: wait for it, then look again.
@@ -685,7 +695,7 @@ CacheResult KernelCache::get_or_compile(const CompileRequest& req, const json& m
     }
     promise.set_value(entry);
     if (how == CacheHow::DiskHit) {
-      log_hit("disk cache");
+      log_hit(entry->key == key.hex ? "disk cache" : ("shipped kernel (built by NVRTC " + entry->nvrtc_version + ")").c_str());
     } else if (log::enabled(log::Level::Info)) {
       log::info("compiled " + describe_kernels(req, metadata) + " for " + req.arch + " in " + fixed(compile_ms, 0) +
                 " ms (NVRTC " + entry->nvrtc_version + ", key " + key.hex.substr(0, 16) + ")" +
@@ -700,6 +710,64 @@ CacheResult KernelCache::get_or_compile(const CompileRequest& req, const json& m
     promise.set_exception(std::current_exception());
     throw;
   }
+}
+
+namespace {
+
+// "13.2" -> {13, 2}; {-1, -1} when it is not that shape.
+std::pair<int, int> major_minor(const std::string& v) {
+  int major = -1, minor = -1;
+  char dot = 0, rest = 0;
+  if (std::sscanf(v.c_str(), "%d%c%d%c", &major, &dot, &minor, &rest) != 3 || dot != '.' || major < 0 || minor < 0)
+    return {-1, -1};
+  return {major, minor};
+}
+
+}  // namespace
+
+const std::vector<std::string>& KernelCache::shipped_versions() {
+  std::call_once(shipped_scan_, [&] {
+    std::set<std::string> found;
+    for (const auto& root : opts_.shipped_roots)
+      for_each_entry(
+          root / kCacheDirName,
+          [&](const fs::path& dir, const std::string&) {
+            const auto text = read_file(dir / "meta.json");
+            if (!text) return;
+            const json m = json::parse(*text, nullptr, /*allow_exceptions=*/false);
+            if (m.is_object() && m.contains("nvrtc_version") && m["nvrtc_version"].is_string())
+              found.insert(m["nvrtc_version"].get<std::string>());
+          },
+          [](const fs::path&, const char*) {});
+    shipped_versions_.assign(found.begin(), found.end());
+  });
+  return shipped_versions_;
+}
+
+std::shared_ptr<const CacheEntry> KernelCache::load_shipped(const CompileRequest& req) {
+  const KeyContext here = key_context();
+  const auto [major, minor] = major_minor(here.nvrtc_version);
+  if (major < 0) return nullptr;
+  for (const std::string& v : shipped_versions()) {
+    const auto [vmajor, vminor] = major_minor(v);
+    // An older NVRTC of this major: its CUBINs load wherever this NVRTC's own would. A newer one
+    // may have built an image this process's driver cannot load.
+    if (vmajor != major || vminor >= minor) continue;
+    KeyContext then = here;
+    then.nvrtc_version = v;
+    const CacheKey key = make_key(req, then);
+    for (const auto& root : opts_.shipped_roots) {
+      const fs::path dir = entry_dir(root, key.hex);
+      struct stat st;
+      if (::lstat(dir.c_str(), &st) != 0) continue;
+      std::string problem;
+      auto e = load_entry(dir, key.hex, problem, &req.name_expressions);
+      if (!e || e->kind != ImageKind::Cubin || e->arch != req.arch || e->nvrtc_version != v) continue;
+      ++shipped_hits_;
+      return e;
+    }
+  }
+  return nullptr;
 }
 
 std::shared_ptr<const CacheEntry> KernelCache::load_from_disk(const CacheKey& key, const std::vector<std::string>& names,
@@ -966,7 +1034,7 @@ CacheStats KernelCache::stats() const {
   CacheStats s;
   s.memory_hits = memory_hits_, s.disk_hits = disk_hits_, s.misses = misses_, s.compiles = compiles_;
   s.corrupt = corrupt_, s.store_failures = store_failures_;
-  s.lock_waits = lock_waits_, s.lock_timeouts = lock_timeouts_;
+  s.lock_waits = lock_waits_, s.lock_timeouts = lock_timeouts_, s.shipped_hits = shipped_hits_;
   return s;
 }
 

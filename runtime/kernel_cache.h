@@ -24,6 +24,13 @@
 // after the writable one. An unusable writable root (read-only, not a directory, full) degrades
 // to memory only, with one warning per process and directory; QFORGE_CACHE_DISABLE=1 means
 // memory only, silently.
+//
+// Shipped roots ($QFORGE_CACHE_SHIPPED_DIRS): read-only roots prewarmed when a release was built
+// (a wheel's bundled kernels), looked up as read-only roots and then, on a miss, by the key the
+// request would have had under the NVRTC that built their entries, where that NVRTC has this
+// one's major version and is not newer: the one relaxation of "another NVRTC is a miss", for
+// CUBIN images of the exact arch, built from the same source, headers, options and schema
+// (docs/jit.md, "First calls").
 #pragma once
 #include <atomic>
 #include <chrono>
@@ -93,6 +100,7 @@ struct CacheStats {
   uint64_t memory_hits = 0, disk_hits = 0, misses = 0, compiles = 0, corrupt = 0, store_failures = 0;
   uint64_t lock_waits = 0;     // keys another process was compiling when we wanted them
   uint64_t lock_timeouts = 0;  // ... for longer than lock_timeout (we compiled it too)
+  uint64_t shipped_hits = 0;   // disk hits (counted there too) on a shipped root's entry built by another NVRTC
 };
 
 // Test seams, set from QFORGE_TEST_* by CacheOptions::from_env() (or directly by unit tests).
@@ -118,6 +126,9 @@ struct CacheTestHooks {
 struct CacheOptions {
   std::optional<std::filesystem::path> writable_root;  // none: memory only (plus read-only roots)
   std::vector<std::filesystem::path> readonly_roots;
+  // Also read-only roots (the cache adds them to readonly_roots), whose CUBIN entries built by an
+  // older NVRTC of the same major version serve this one (see the top of this file).
+  std::vector<std::filesystem::path> shipped_roots;
   bool disabled = false;  // memory only, no disk at all, no warning
   // How long to wait for another process compiling the same key before compiling it here too.
   std::chrono::milliseconds lock_timeout{std::chrono::minutes(2)};
@@ -184,12 +195,18 @@ class KernelCache {
   bool disk_writable() const { return writable_.load(); }
   const std::optional<std::filesystem::path>& writable_root() const { return opts_.writable_root; }
   const std::vector<std::filesystem::path>& readonly_roots() const { return opts_.readonly_roots; }
+  const std::vector<std::filesystem::path>& shipped_roots() const { return opts_.shipped_roots; }
 
  private:
   // `settle`: this is the decisive look (key lock held, or none to be had): count a corrupt
   // entry and move it aside. Otherwise a corrupt entry is just a miss.
   std::shared_ptr<const CacheEntry> load_from_disk(const CacheKey& key, const std::vector<std::string>& names, bool settle);
   void store_to_disk(const CacheEntry& e, const std::string& source);
+  // A shipped root's entry for `req` built by another NVRTC this one may use (top of this file),
+  // or null. A damaged one is a miss (read-only roots are never repaired).
+  std::shared_ptr<const CacheEntry> load_shipped(const CompileRequest& req);
+  // The NVRTC versions that built the shipped roots' entries, read from their meta.json once.
+  const std::vector<std::string>& shipped_versions();
   void disable_disk(const std::string& why);
   CacheKey key_of(const CompileRequest& req) const;
   KeyContext key_context() const;  // this build's, or the test's (CacheTestHooks::key_context)
@@ -201,7 +218,9 @@ class KernelCache {
   std::unordered_map<std::string, std::shared_ptr<const CacheEntry>> memory_;
   std::unordered_map<std::string, std::shared_future<std::shared_ptr<const CacheEntry>>> in_flight_;
   std::atomic<uint64_t> memory_hits_{0}, disk_hits_{0}, misses_{0}, compiles_{0}, corrupt_{0}, store_failures_{0};
-  std::atomic<uint64_t> lock_waits_{0}, lock_timeouts_{0};
+  std::atomic<uint64_t> lock_waits_{0}, lock_timeouts_{0}, shipped_hits_{0};
+  std::once_flag shipped_scan_;
+  std::vector<std::string> shipped_versions_;
 };
 
 // "qforge: warning: <message>" on stderr, once per tag per process.

@@ -913,6 +913,73 @@ TEST(KernelCache, ReadOnlyRootIsLookedUpAfterTheWritableOne) {
   EXPECT_EQ(cache.list().size(), 1u);
 }
 
+// A shipped root (a release's prewarmed kernels) serves a process whose NVRTC is a newer minor
+// version of the one that built it, and only that: as a plain read-only root it is a miss
+// (guarantee 1), and an NVRTC older than the builder's or of another major, other headers or a
+// damaged image compile instead.
+TEST(KernelCache, ShippedRootServesAnOlderMinorNvrtcsCubins) {
+  TempDir dir;
+  const fs::path shipped = dir.path() / "shipped";
+  KeyContext builder = KeyContext::current();
+  builder.nvrtc_version = "13.1";
+  std::string image;
+  {
+    CacheOptions o = at(shipped);
+    o.test.key_context = builder;
+    KernelCache prewarm(o);
+    auto r = prewarm.get_or_compile(tiny(), {{"recipe", "mxfp8"}});
+    ASSERT_EQ(r.how, CacheHow::Compiled);
+    image = r.entry->image;
+  }
+  auto reader = [&](const std::string& nvrtc, bool as_shipped, const std::string& templates_hash = "") {
+    CacheOptions o = at(dir.path() / ("mine-" + nvrtc));
+    (as_shipped ? o.shipped_roots : o.readonly_roots) = {shipped};
+    KeyContext ctx = KeyContext::current();
+    ctx.nvrtc_version = nvrtc;
+    if (!templates_hash.empty()) ctx.templates_hash = templates_hash;
+    o.test.key_context = ctx;
+    return std::make_unique<KernelCache>(o);
+  };
+  {
+    auto cache = reader("13.3", true);
+    const auto r = cache->get_or_compile(tiny());
+    EXPECT_EQ(r.how, CacheHow::DiskHit);
+    EXPECT_EQ(r.entry->image, image);
+    EXPECT_EQ(r.entry->nvrtc_version, "13.1");
+    EXPECT_EQ(cache->stats().compiles, 0u);
+    EXPECT_EQ(cache->stats().shipped_hits, 1u);
+    EXPECT_EQ(cache->get_or_compile(tiny()).how, CacheHow::MemoryHit);
+    ASSERT_EQ(cache->list().size(), 1u);  // listed (and verified) as a read-only root
+    EXPECT_TRUE(cache->list()[0].readonly);
+    EXPECT_TRUE(cache->verify().empty());
+    // The other kernel of the source is not in the entry: a miss, compiled into the writable root.
+    CompileRequest other = tiny();
+    other.name_expressions = {"plain"};
+    EXPECT_EQ(cache->get_or_compile(other).how, CacheHow::Compiled);
+  }
+  EXPECT_EQ(reader("13.1", false)->get_or_compile(tiny()).how, CacheHow::DiskHit);  // its own NVRTC: a plain hit
+  EXPECT_EQ(reader("13.3", false)->get_or_compile(tiny()).how, CacheHow::Compiled);  // read-only, not shipped
+  EXPECT_EQ(reader("13.0", true)->get_or_compile(tiny()).how, CacheHow::Compiled);   // built by a newer NVRTC
+  EXPECT_EQ(reader("14.2", true)->get_or_compile(tiny()).how, CacheHow::Compiled);   // another major
+  EXPECT_EQ(reader("13.3", true, "other headers")->get_or_compile(tiny()).how, CacheHow::Compiled);
+  EXPECT_EQ(reader("13.3", true)->get_or_compile(tiny("sm_100a")).how, CacheHow::Compiled);  // another arch
+  // A damaged image is a miss and stays where it is (shipped roots are read-only).
+  fs::path image_path;
+  for (const auto& f : fs::recursive_directory_iterator(shipped / "qforge-v1"))
+    if (f.path().filename() == "image.bin") image_path = f.path();
+  ASSERT_FALSE(image_path.empty());
+  {
+    std::fstream f(image_path, std::ios::in | std::ios::out | std::ios::binary);
+    f.seekp(100);
+    f.put(char(image[100] ^ 0x01));
+  }
+  auto damaged = reader("13.4", true);
+  EXPECT_EQ(damaged->get_or_compile(tiny()).how, CacheHow::Compiled);
+  EXPECT_EQ(damaged->stats().shipped_hits, 0u);
+  EXPECT_EQ(damaged->verify().size(), 1u);
+  EXPECT_TRUE(fs::exists(image_path));
+}
+
 TEST(KernelCache, DisabledIsMemoryOnlyAndSilent) {
   const CacheOptions o = [] {
     ScopedEnv env({{"QFORGE_CACHE_DISABLE", "1"}});
@@ -928,10 +995,12 @@ TEST(KernelCache, DisabledIsMemoryOnlyAndSilent) {
 
 TEST(KernelCache, RootsFromEnvironment) {
   {
-    ScopedEnv env({{"QFORGE_CACHE_DIR", "/some/where"}, {"QFORGE_CACHE_READONLY_DIRS", "/a::/b"}});
+    ScopedEnv env({{"QFORGE_CACHE_DIR", "/some/where"}, {"QFORGE_CACHE_READONLY_DIRS", "/a::/b"},
+                   {"QFORGE_CACHE_SHIPPED_DIRS", "/s:"}});
     const CacheOptions o = CacheOptions::from_env();
     EXPECT_EQ(o.writable_root, fs::path("/some/where"));
     EXPECT_EQ(o.readonly_roots, (std::vector<fs::path>{"/a", "/b"}));
+    EXPECT_EQ(o.shipped_roots, (std::vector<fs::path>{"/s"}));
   }
   {
     ScopedEnv env({{"QFORGE_CACHE_DIR", nullptr}, {"XDG_CACHE_HOME", "/xdg"}, {"HOME", "/home/u"}});
