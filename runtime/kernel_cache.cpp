@@ -725,34 +725,15 @@ std::pair<int, int> major_minor(const std::string& v) {
 
 }  // namespace
 
-const std::vector<std::string>& KernelCache::shipped_versions() {
-  std::call_once(shipped_scan_, [&] {
-    std::set<std::string> found;
-    for (const auto& root : opts_.shipped_roots)
-      for_each_entry(
-          root / kCacheDirName,
-          [&](const fs::path& dir, const std::string&) {
-            const auto text = read_file(dir / "meta.json");
-            if (!text) return;
-            const json m = json::parse(*text, nullptr, /*allow_exceptions=*/false);
-            if (m.is_object() && m.contains("nvrtc_version") && m["nvrtc_version"].is_string())
-              found.insert(m["nvrtc_version"].get<std::string>());
-          },
-          [](const fs::path&, const char*) {});
-    shipped_versions_.assign(found.begin(), found.end());
-  });
-  return shipped_versions_;
-}
-
 std::shared_ptr<const CacheEntry> KernelCache::load_shipped(const CompileRequest& req) {
   const KeyContext here = key_context();
   const auto [major, minor] = major_minor(here.nvrtc_version);
   if (major < 0) return nullptr;
-  for (const std::string& v : shipped_versions()) {
-    const auto [vmajor, vminor] = major_minor(v);
-    // An older NVRTC of this major: its CUBINs load wherever this NVRTC's own would. A newer one
-    // may have built an image this process's driver cannot load.
-    if (vmajor != major || vminor >= minor) continue;
+  // Each older NVRTC of this major, the nearest first: its CUBINs load wherever this NVRTC's own
+  // would (a newer one may have built an image this process's driver cannot load). A key is a
+  // hash and a look one lstat per root, so the versions are tried, not read from the entries.
+  for (int m = minor - 1; m >= 0; --m) {
+    const std::string v = std::to_string(major) + "." + std::to_string(m);
     KeyContext then = here;
     then.nvrtc_version = v;
     const CacheKey key = make_key(req, then);

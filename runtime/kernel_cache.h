@@ -205,8 +205,6 @@ class KernelCache {
   // A shipped root's entry for `req` built by another NVRTC this one may use (top of this file),
   // or null. A damaged one is a miss (read-only roots are never repaired).
   std::shared_ptr<const CacheEntry> load_shipped(const CompileRequest& req);
-  // The NVRTC versions that built the shipped roots' entries, read from their meta.json once.
-  const std::vector<std::string>& shipped_versions();
   void disable_disk(const std::string& why);
   CacheKey key_of(const CompileRequest& req) const;
   KeyContext key_context() const;  // this build's, or the test's (CacheTestHooks::key_context)
@@ -219,8 +217,6 @@ class KernelCache {
   std::unordered_map<std::string, std::shared_future<std::shared_ptr<const CacheEntry>>> in_flight_;
   std::atomic<uint64_t> memory_hits_{0}, disk_hits_{0}, misses_{0}, compiles_{0}, corrupt_{0}, store_failures_{0};
   std::atomic<uint64_t> lock_waits_{0}, lock_timeouts_{0}, shipped_hits_{0};
-  std::once_flag shipped_scan_;
-  std::vector<std::string> shipped_versions_;
 };
 
 // "qforge: warning: <message>" on stderr, once per tag per process.
