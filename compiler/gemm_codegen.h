@@ -32,9 +32,9 @@ enum class GemmScaling : uint8_t {
                // (per output channel, [G, N]): weight-only int8 (W8A16), B converted on chip; M-grouped
 };
 
-// The device side of a scaling kind in one layout: the policy struct in gemm.cuh, its
-// GemmScalingCode constant and that constant's value (an empty policy: the layout does not take
-// this scaling).
+// The device side of a scaling kind in one layout: the policy struct (gemm_scaling*.cuh,
+// gemm_nvfp4.cuh), its GemmScalingCode constant and that constant's value (an empty policy: the
+// layout does not take this scaling).
 struct GemmDevicePolicy {
   std::string_view policy;
   std::string_view code;

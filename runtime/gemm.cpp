@@ -627,7 +627,7 @@ void Gemm::run_k_grouped(const GemmCall& c, CUstream stream) const {
                           {rows.b_box, cuuint32_t(t.block_n)}, rows.b_swizzle);
   args.a_amax = reinterpret_cast<const float*>(c.a_amax.ptr);  // null unless nvfp4 (checked above)
   args.b_amax = reinterpret_cast<const float*>(c.b_amax.ptr);
-  // D [G][m][N] for the epilogue's tensor stores: boxes of 64 rows x 128 bytes (gemm.cuh, epilogue_tma).
+  // D [G][m][N] for the epilogue's tensor stores: boxes of 64 rows x 128 bytes (gemm_epilogue.cuh, epilogue_tma).
   const cuuint64_t d_row = cuuint64_t(s.n * ob);
   args.d_map = encode_map("d", s.out_dtype == DType::FP32 ? CU_TENSOR_MAP_DATA_TYPE_FLOAT32 : CU_TENSOR_MAP_DATA_TYPE_BFLOAT16,
                           c.d.ptr, {cuuint64_t(s.n), cuuint64_t(s.m), cuuint64_t(g)}, {d_row, d_row * cuuint64_t(s.m)},

@@ -76,7 +76,7 @@ QF_HD i64 dequant_threads(i64 rows, i64 k, bool nvfp4, bool tiled) {
 #if defined(__CUDACC__)
 namespace dequant {
 
-// Offset i clamped to [0, hi] (gemm.cuh's Scheduler::clamp_row, hi = rows; clamp_tok, hi = k).
+// Offset i clamped to [0, hi] (gemm_schedule.cuh's Scheduler::clamp_row, hi = rows; clamp_tok, hi = k).
 __device__ __forceinline__ i64 clamped_offset(const DequantArgs& a, int i, i64 hi) {
   const i64 v = a.offsets[i];
   return v < 0 ? 0 : v > hi ? hi : v;
