@@ -92,11 +92,12 @@ def test_compiled_plans_in_a_bounded_table():
         pytest.skip(f"qforge._C not built: {e}")
     ctx = C.Context([str(ROOT / "recipes" / "current_scaling.json")])
     qx, qw = ctx.quantizer("linear:input"), ctx.quantizer("linear:weight")
+    live = C.live_plan_buffers()  # plans of earlier tests in this process may still hold theirs
     c = PlanCache(2)
     for m in (128, 256, 384, 512):
         p = c.get_or_create(m, lambda m=m: C.GemmPlan(qx, qx.layout(m, 256), 0, qw, qw.layout(128, 256), 0))
         assert (p.m, p.n, p.k) == (m, 128, 256)
     assert c.keys() == [384, 512]
-    # No plan ran, so none holds device memory; the GPU test (test_torch_binding.py) counts
+    # No plan ran, so none allocated device memory; the GPU test (test_torch_binding.py) counts
     # live_plan_buffers() across evictions of plans that ran.
-    assert C.live_plan_buffers() == 0
+    assert C.live_plan_buffers() == live

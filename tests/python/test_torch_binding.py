@@ -53,6 +53,14 @@ def make_input(m, k, seed, dtype=torch.bfloat16):
     return x.to(dtype).cuda()
 
 
+def same(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """Bit for bit, NaNs included (torch.equal is False wherever either side holds a NaN, and every
+    input of make_input holds one)."""
+    ints = {torch.float32: torch.int32, torch.bfloat16: torch.int16, torch.float16: torch.int16}
+    return a.dtype == b.dtype and a.shape == b.shape and torch.equal(a.contiguous().view(ints[a.dtype]),
+                                                                     b.contiguous().view(ints[b.dtype]))
+
+
 def host_bytes(t: torch.Tensor) -> bytes:
     return t.detach().contiguous().cpu().view(torch.uint8).numpy().tobytes()
 
@@ -129,7 +137,7 @@ def test_grouped_member_views():
             alone = single(x[start:start + n].contiguous())
             for name, buf in alone.buffers.items():
                 assert torch.equal(buf.view(torch.uint8), members[i][name].view(torch.uint8)), (i, name)
-            assert torch.equal(members[i].dequantize(torch.float32), alone.dequantize(torch.float32))
+            assert same(members[i].dequantize(torch.float32), alone.dequantize(torch.float32))
         start += n
     nosplit = q(x, member_rows=rows)
     with pytest.raises(qforge.UserError, match="split: this grouped tensor's member sizes live on the device"):
@@ -200,7 +208,8 @@ def test_same_layout_copies_take_the_transposing_route(out_dtype):
         ta = A.t() if ad == "columnwise" else A
         want = (ta.float() @ B.float()).to(out_dtype)  # B's operand is B.t(): D = ta @ B
         ref = ta.double() @ B.double()
-        err, tol = (d.double() - ref).abs().max().item(), 2e-3 * ref.abs().max().item()
+        # bf16 out: its own rounding is up to 2^-9 of a value (about 2e-3), on top of the sums'.
+        err, tol = (d.double() - ref).abs().max().item(), 4e-3 * ref.abs().max().item()
         assert err <= tol, (ad, bd, err)
         assert (d.double() - want.double()).abs().max().item() <= tol
     acc = torch.zeros(N, K, device="cuda")
@@ -337,8 +346,8 @@ def test_cuda_graph_capture():
     x.copy_(make_input(1024, 1024, 9))
     g.replay()
     torch.cuda.synchronize()
-    assert torch.equal(y, step())
-    assert not torch.equal(y, want)
+    assert same(y, step())
+    assert not same(y, want)
 
 
 def test_torch_compile_fullgraph():
@@ -355,7 +364,7 @@ def test_torch_compile_fullgraph():
     assert explain.graph_break_count == 0, explain.break_reasons
     compiled = torch.compile(f, fullgraph=True)(x, w)
     for e, c in zip(eager, compiled):
-        assert torch.equal(e, c)
+        assert same(e, c)
 
 
 def test_bad_arguments_are_named():

@@ -194,7 +194,8 @@ class Quantizer:
                 raise _user_error("member_rows: only for quantizers created with grouped=True")
             members = 0
             if torch.compiler.is_compiling():
-                buf = torch.ops.qforge.quantize(x, self.id, noop, seed, offset, scale, scale1, amax_out)
+                buf = (torch.ops.qforge.quantize(x, self.id, noop, seed, offset, scale, scale1) if amax_out is None else
+                       torch.ops.qforge.quantize_amax_out(x, self.id, noop, seed, offset, scale, scale1, amax_out))
             else:
                 buf = _quantize(x, self.id, noop, seed, offset, scale, scale1, amax_out, out)
         return QuantizedTensor(buf, self, x.shape[0], x.shape[1], members, None if split is None else tuple(split))

@@ -14,13 +14,29 @@ from . import (_CODES, _dequantize, _gemm, _plan, _quantize, _quantize_grouped, 
 Tensor = torch.Tensor
 
 
-@torch.library.custom_op("qforge::quantize", mutates_args=("amax_out",), device_types="cuda")
+@torch.library.custom_op("qforge::quantize", mutates_args=(), device_types="cuda")
 def quantize(x: Tensor, qid: int, noop: Optional[Tensor], seed: int, offset: int, scale: Optional[Tensor],
-             scale1: Optional[Tensor], amax_out: Optional[Tensor]) -> Tensor:
-    return _quantize(x, qid, noop, seed, offset, scale, scale1, amax_out)
+             scale1: Optional[Tensor]) -> Tensor:
+    return _quantize(x, qid, noop, seed, offset, scale, scale1)
 
 
 @quantize.register_fake
+def _(x, qid, noop, seed, offset, scale, scale1):
+    m, k = x.shape
+    L = _quantizers[qid].layout(int(m), int(k))
+    return x.new_empty((L.nbytes,), dtype=torch.uint8)
+
+
+# The same with the tensor amax also sent to amax_out: an op of its own with a required mutated
+# argument, because Inductor cannot lower an optional mutated argument passed None (torch 2.11:
+# "getitem is not an OpOverload").
+@torch.library.custom_op("qforge::quantize_amax_out", mutates_args=("amax_out",), device_types="cuda")
+def quantize_amax_out(x: Tensor, qid: int, noop: Optional[Tensor], seed: int, offset: int, scale: Optional[Tensor],
+                      scale1: Optional[Tensor], amax_out: Tensor) -> Tensor:
+    return _quantize(x, qid, noop, seed, offset, scale, scale1, amax_out)
+
+
+@quantize_amax_out.register_fake
 def _(x, qid, noop, seed, offset, scale, scale1, amax_out):
     m, k = x.shape
     L = _quantizers[qid].layout(int(m), int(k))
