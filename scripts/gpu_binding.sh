@@ -17,6 +17,7 @@ export QFORGE_LIBRARY="$PWD/$BUILD/runtime/libqforge.so" QFORGE_BIN="$PWD/$BUILD
 export QFORGE_EXTENSION=$(ls "$PWD/$BUILD"/python/qforge/_C*.so | head -1)
 export PYTHONUNBUFFERED=1
 python3 -m pytest -q -p no:cacheprovider tests/python/test_ext.py tests/python/test_torch_binding.py tests/python/test_torch_modules.py \
+  tests/python/test_plan_cache.py \
   2>&1 | tee "$OUT/pytest_binding.log" | tail -40; rc=${PIPESTATUS[0]}
 python3 bench/binding_bench.py --json "$OUT/binding_bench.json" 2>&1 | tee "$OUT/binding_bench.md" | tail -20
 echo "pytest rc=$rc"

@@ -49,6 +49,10 @@ san_filter+=':*mxfp8__linear_input__inference__bf16__128x4224:*float8_block*_lin
 # The one-launch form of per-channel plans (25be0da): the workspace zeroed by the kernel, row and
 # column amaxes reduced from the staged tiles between the grid barriers.
 san_filter+=':*fp8_rowwise__linear_input__training__bf16__200x320:*int8_weight_sr__linear_weight__training__bf16__200x320:GpuQuantizeGraph.*'
+# The one-pass row kernel of rowwise per-channel plans (single, grouped, fp32 rows of 8 warps) and
+# the per-channel row + column pre-pass straight from global memory (interior tiles).
+san_filter+=':*w8a8_int8_inference__linear_input__inference__bf16__128x4224:*w8a8_int8_inference__linear_input__inference__bf16__1072x256__grouped*'
+san_filter+=':*int8_weight_sr__linear_weight__inference__fp32__200x320:*fp8_rowwise__linear_input__training__bf16__128x4224'
 # Grouped GEMM: blockwise (scales in registers), MXFP8 (scale writers, per-32 promotion), NVFP4, K-grouped
 # (shared-memory zeroing), masked, multicast, several tiles per CTA; all three tools take every
 # kind (every consumer lane releases a stage: docs/gemm.md; NVFP4 raced clean 2026-11-24).
