@@ -2,8 +2,10 @@
 """Timing-only variants of the cast kernel with one stage taken out (for "what limits it").
 
   ablate.py list
-  ablate.py check HEADER            every ablation still applies to HEADER (exit 1 naming the one that does not)
-  ablate.py apply NAME HEADER OUT   writes HEADER with stage NAME taken out to OUT
+  ablate.py check DIR [NAME...]     every ablation (or those named) still applies to the headers in DIR
+                                    (templates/qforge; exit 1 naming the one that does not)
+  ablate.py apply NAME DIR OUT      writes the headers of DIR that stage NAME edits, with it taken
+                                    out, to directory OUT
   ablate.py report DIR [METRIC]     the markdown table of DIR's qforge_bench results, named
                                     VARIANT__ROUND__N.json (VARIANT: shipped, an ablation, or
                                     rev:REV, the whole tracked tree at git revision REV, or
@@ -11,9 +13,10 @@
 
 The variants compute wrong outputs on purpose: they exist to be timed beside the shipped kernel
 (scripts/ablate.sh builds one tree per variant and runs qforge_bench on each). Each ablation is a
-list of (anchor, replacement) edits of templates/qforge/cast.cuh; an anchor must occur exactly
-once, so an edit of the header that moves one makes `check` fail (bench/test_bench_scripts.py)
-instead of silently timing the shipped kernel twice.
+list of (header, anchor, replacement) edits of the cast kernel's headers (templates/qforge/cast*.cuh,
+the header named by its file name); an anchor must occur exactly once in its header, so an edit
+of the headers that moves one makes `check` fail (bench/test_bench_scripts.py) instead of
+silently timing the shipped kernel twice.
 """
 import json
 import sys
@@ -30,9 +33,13 @@ _GRID_WAIT = "__device__ __forceinline__ void grid_wait(u32 ticket) {\n"
 _CHANNEL_SCALE = "    if constexpr (F::kIsInt) {  // torchao's int8 rule\n"
 
 
+# The headers that hold the anchors.
+_SCALE, _TILE, _REDUCE, _SCHEDULE = "cast_scale.cuh", "cast_tile.cuh", "cast_reduce.cuh", "cast_schedule.cuh"
+
+
 def _skip_entries(condition):
-    return [(_STORE_ENTRY, _STORE_ENTRY + "  if (%s) return;\n" % condition),
-            (_COPY_ENTRIES, _COPY_ENTRIES + "  if (%s) return;\n" % condition)]
+    return [(_SCALE, _STORE_ENTRY, _STORE_ENTRY + "  if (%s) return;\n" % condition),
+            (_SCALE, _COPY_ENTRIES, _COPY_ENTRIES + "  if (%s) return;\n" % condition)]
 
 
 # name -> (what it takes out, edits)
@@ -42,21 +49,21 @@ ABLATIONS = {
     "entries-quarter": ("the same, skipped at run time in 3 of every 4 CTAs (the code unchanged)",
                         _skip_entries("((blockIdx.x + blockIdx.y) & 3) != 0")),
     "no-partials": ("the column-partials pass of transposed blocks longer than 16 rows",
-                    [("        column_partials<Cfg>(src, part);\n        __syncthreads();\n", "")]),
+                    [(_TILE, "        column_partials<Cfg>(src, part);\n        __syncthreads();\n", "")]),
     "no-rowwise": ("every rowwise stream",
-                   [(_CAST_STREAM, "        if constexpr (S::kDir != 0) " + _CAST_STREAM.lstrip())]),
+                   [(_TILE, _CAST_STREAM, "        if constexpr (S::kDir != 0) " + _CAST_STREAM.lstrip())]),
     "no-columnwise": ("every columnwise stream",
-                      [(_CAST_STREAM, "        if constexpr (S::kDir == 0) " + _CAST_STREAM.lstrip())]),
+                      [(_TILE, _CAST_STREAM, "        if constexpr (S::kDir == 0) " + _CAST_STREAM.lstrip())]),
     "no-prepass": ("the one-launch form's pre-pass: each CTA's part of the tensor amaxes from its staged tile "
                    "(with the RHT for an RHT'd amax), replaced by zero",
-                   [(_PREPASS, "    float part[sizeof...(A)] = {};\n")]),
+                   [(_REDUCE, _PREPASS, "    float part[sizeof...(A)] = {};\n")]),
     "no-grid-barriers": ("the one-launch form's grid barriers: the arrivals' atomics and the polling (each "
                          "becomes a CTA barrier)",
-                         [(_GRID_ARRIVE, _GRID_ARRIVE + "  if (true) return old;\n"),
-                          (_GRID_WAIT, _GRID_WAIT + "  if (true) {\n    __syncthreads();\n    return;\n  }\n")]),
+                         [(_SCHEDULE, _GRID_ARRIVE, _GRID_ARRIVE + "  if (true) return old;\n"),
+                          (_SCHEDULE, _GRID_WAIT, _GRID_WAIT + "  if (true) {\n    __syncthreads();\n    return;\n  }\n")]),
     "no-channel-scale": ("per-channel scales: the channel's amax load and its scale (a division and a reciprocal) "
                          "per piece / run, replaced by a constant",
-                         [(_CHANNEL_SCALE, "    if constexpr (true) {\n      mul = 1.0f, entry = 0u;\n    } else " + _CHANNEL_SCALE.lstrip())]),
+                         [(_SCALE, _CHANNEL_SCALE, "    if constexpr (true) {\n      mul = 1.0f, entry = 0u;\n    } else " + _CHANNEL_SCALE.lstrip())]),
 }
 
 
@@ -82,18 +89,31 @@ def is_whole_tree(variant):
     return is_revision(variant) or is_tree(variant)
 
 
-def apply(name, text):
-    """Returns `text` (cast.cuh) with ablation `name` applied."""
+def edited_headers():
+    """The file names of the headers some ablation edits."""
+    return sorted({header for _, edits in ABLATIONS.values() for header, _, _ in edits})
+
+
+def read_headers(directory):
+    """{file name: text} of the headers the ablations edit, read from `directory` (templates/qforge)."""
+    return {h: (Path(directory) / h).read_text() for h in edited_headers()}
+
+
+def apply(name, headers):
+    """Returns `headers` ({file name: text}, read_headers) with ablation `name` applied: the same
+    dict, the headers it edits replaced."""
     if name not in ABLATIONS:
         raise AblationError("unknown ablation %r; expected one of %s" % (name, ", ".join(ABLATIONS)))
-    for anchor, replacement in ABLATIONS[name][1]:
+    out = dict(headers)
+    for header, anchor, replacement in ABLATIONS[name][1]:
+        text = out.get(header, "")
         n = text.count(anchor)
         if n != 1:
             first = anchor.strip().splitlines()[0]
-            raise AblationError("ablation %r: its anchor %r occurs %d times in the header, expected once"
-                                % (name, first, n))
-        text = text.replace(anchor, replacement)
-    return text
+            raise AblationError("ablation %r: its anchor %r occurs %d times in %s, expected once"
+                                % (name, first, n, header))
+        out[header] = text.replace(anchor, replacement)
+    return out
 
 
 def report(directory, metric="time_us"):
@@ -137,22 +157,26 @@ def main(argv):
             print("%-16s %s" % (name, what))
         return 0
     try:
-        if len(argv) == 2 and argv[0] == "check":
-            text = Path(argv[1]).read_text()
-            for name in ABLATIONS:
-                apply(name, text)
-            print("ablate: all %d ablations apply to %s" % (len(ABLATIONS), argv[1]))
+        if len(argv) >= 2 and argv[0] == "check":
+            headers = read_headers(argv[1])
+            names = argv[2:] or list(ABLATIONS)
+            for name in names:
+                apply(name, headers)
+            print("ablate: %d ablations apply to %s" % (len(names), argv[1]))
             return 0
         if len(argv) in (2, 3) and argv[0] == "report":
             sys.stdout.write(report(*argv[1:]))
             return 0
         if len(argv) == 4 and argv[0] == "apply":
-            Path(argv[3]).write_text(apply(argv[1], Path(argv[2]).read_text()))
+            headers = read_headers(argv[2])
+            for header, text in apply(argv[1], headers).items():
+                if text != headers[header]:
+                    (Path(argv[3]) / header).write_text(text)
             return 0
     except (AblationError, OSError, ValueError, KeyError) as e:
         print("ablate: error: %s" % e, file=sys.stderr)
         return 1
-    print("usage: ablate.py list | check HEADER | apply NAME HEADER OUT | report DIR [METRIC]", file=sys.stderr)
+    print("usage: ablate.py list | check DIR [NAME...] | apply NAME DIR OUT | report DIR [METRIC]", file=sys.stderr)
     return 2
 
 

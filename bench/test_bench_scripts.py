@@ -367,7 +367,7 @@ def test_gemm_section_pairs_rounds(tmp_path):
 
 
 # ---------------------------------------------------------------------------------------------
-# ablate.py (scripts/ablate.sh): stage-removal variants of cast.cuh
+# ablate.py (scripts/ablate.sh): stage-removal variants of the cast kernel's headers
 # ---------------------------------------------------------------------------------------------
 import shutil  # noqa: E402
 import subprocess  # noqa: E402
@@ -375,33 +375,39 @@ import time  # noqa: E402
 
 import ablate  # noqa: E402
 
-CAST = REPO / "templates" / "qforge" / "cast.cuh"
+QF_HEADERS = REPO / "templates" / "qforge"
 
 
-def test_every_ablation_applies_to_the_shipped_header():
-    text = CAST.read_text()
+def test_every_ablation_applies_to_the_shipped_headers(tmp_path):
+    headers = ablate.read_headers(QF_HEADERS)
     outs = {}
     for name in ablate.ABLATIONS:
-        out = ablate.apply(name, text)
-        assert out != text, name
-        for _, replacement in ablate.ABLATIONS[name][1]:
-            assert replacement in out, name
-        outs[name] = out
+        out = ablate.apply(name, headers)
+        assert out != headers, name
+        for header, _, replacement in ablate.ABLATIONS[name][1]:
+            assert replacement in out[header], name
+        outs[name] = tuple(sorted(out.items()))
     assert len(set(outs.values())) == len(outs)  # every variant is its own kernel
-    assert ablate.main(["check", str(CAST)]) == 0
+    assert ablate.main(["check", str(QF_HEADERS)]) == 0
+    # apply writes the headers the ablation edits, and only those.
+    assert ablate.main(["apply", "no-partials", str(QF_HEADERS), str(tmp_path)]) == 0
+    assert [f.name for f in tmp_path.iterdir()] == ["cast_tile.cuh"]
+    assert (tmp_path / "cast_tile.cuh").read_text() == ablate.apply("no-partials", headers)["cast_tile.cuh"]
 
 
 def test_ablation_errors_name_what_is_wrong(tmp_path, capsys):
+    headers = ablate.read_headers(QF_HEADERS)
     with pytest.raises(ablate.AblationError, match="unknown ablation 'no-such'"):
-        ablate.apply("no-such", CAST.read_text())
+        ablate.apply("no-such", headers)
     # A header edited so that an anchor moved: the ablation is named, not silently a no-op.
-    with pytest.raises(ablate.AblationError, match=r"ablation 'no-partials'.*occurs 0 times"):
-        ablate.apply("no-partials", CAST.read_text().replace("column_partials<Cfg>(src, part);", "x();"))
-    bad = tmp_path / "cast.cuh"
-    bad.write_text("// no anchors\n")
-    assert ablate.main(["check", str(bad)]) == 1
+    moved = dict(headers, **{"cast_tile.cuh": headers["cast_tile.cuh"].replace("column_partials<Cfg>(src, part);", "x();")})
+    with pytest.raises(ablate.AblationError, match=r"ablation 'no-partials'.*occurs 0 times in cast_tile.cuh"):
+        ablate.apply("no-partials", moved)
+    for h in ablate.edited_headers():
+        (tmp_path / h).write_text("// no anchors\n")
+    assert ablate.main(["check", str(tmp_path)]) == 1
     assert "ablate: error: ablation 'no-entries'" in capsys.readouterr().err
-    assert ablate.main(["apply", "no-entries", str(tmp_path / "missing.cuh"), str(tmp_path / "o")]) == 1
+    assert ablate.main(["apply", "no-entries", str(tmp_path / "missing"), str(tmp_path / "o")]) == 1
     assert ablate.main(["frobnicate"]) == 2
 
 
@@ -513,7 +519,8 @@ def test_ablated_kernels_compile_for_sm90a(tmp_path):
     for name in ablate.ABLATIONS:
         inc = tmp_path / name
         shutil.copytree(REPO / "templates", inc)
-        (inc / "qforge" / "cast.cuh").write_text(ablate.apply(name, CAST.read_text()))
+        for header, text in ablate.apply(name, ablate.read_headers(QF_HEADERS)).items():
+            (inc / "qforge" / header).write_text(text)
         for unit in units:
             r = subprocess.run([NVCC, "-arch=sm_90a", "-cubin", "-std=c++17", "-I", str(inc), str(unit),
                                 "-o", str(tmp_path / (name + unit.stem + ".cubin"))], capture_output=True, text=True)

@@ -70,7 +70,7 @@ EntryShape scale_entry_shape(const Stream& s);
 // Data-layout shape of a stream's output: [M, K] or [K, M] (elements, not bytes).
 Shape2D data_shape(const Stream& s, Shape2D in);
 // Bits one element of a stream's data takes in its buffer: the dtype's width for identity
-// streams, 4 for packed fp4, else 8 (fp6 and int8 take a byte). templates/qforge/cast.cuh
+// streams, 4 for packed fp4, else 8 (fp6 and int8 take a byte). templates/qforge/cast_encode.cuh
 // StoreBits is the device-side twin.
 int data_bits(const Stream& s);
 // Whether the plan writes a transposed copy of 16 or 32 bits per element (the identity

@@ -188,7 +188,7 @@ KernelSource emit_quantize(const Plan& p) {
   e.constant("kRht", rht.has_value());
   e.constant_u32("kRhtMask", rht ? rht->sign_mask : 0u);
   e.constant("kStage16", stage16);
-  // CTA order over the tiles (cast.cuh, tile_pos): column-fastest, except for plans with a
+  // CTA order over the tiles (cast_schedule.cuh, tile_pos): column-fastest, except for plans with a
   // transposed copy of 16-bit or wider elements (bf16 passthrough + transpose, measured 592 us
   // row-fastest against 872 us column-fastest at 16384^2 on an H100).
   e.constant("kRowFastest", transposes_wide(p));

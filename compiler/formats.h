@@ -122,7 +122,7 @@ struct ScalingTraits {
   bool swizzle_ok;                         // GEMM-swizzled 128x4 scale layout allowed
   bool mn_major_ok;                        // mn_major scale layout allowed (with 1D blocks)
   std::string_view allowed_blocks;         // for messages: "[1,32], [32,1] or [32,32]"
-  std::string_view device_mode;            // its constant in templates/qforge/cast.cuh
+  std::string_view device_mode;            // its constant in templates/qforge/cast_smem.cuh
 };
 
 const ScalingTraits& traits(const Scaling& s);

@@ -28,14 +28,14 @@ FILTERS=("$@")
 ROUNDS=${ROUNDS:-2}
 mkdir -p "$OUT/json"
 OUT=$(cd "$OUT" && pwd)
-python3 bench/ablate.py check templates/qforge/cast.cuh || exit 1
+python3 bench/ablate.py check templates/qforge || exit 1
 . scripts/tree_variants.sh
 read -r -a NAMES <<<"${ABLATIONS:-$(python3 bench/ablate.py list | awk '{print $1}' | tr '\n' ' ')}"
 for v in "${NAMES[@]}"; do  # every variant checked before the first build (ablate.py names a bad one)
   if is_tree_variant "$v"; then
     check_tree_variant ablate "$v" || exit 1
   else
-    python3 bench/ablate.py apply "$v" templates/qforge/cast.cuh /dev/null || exit 1
+    python3 bench/ablate.py check templates/qforge "$v" >/dev/null || exit 1
   fi
 done
 . scripts/gpu_build.sh
@@ -48,7 +48,7 @@ for v in "${NAMES[@]}"; do
     copy_tree_variant ablate "$v" "$tree" || exit 1
   else
     git ls-files -z | tar --null -cf - -T - | tar -C "$tree" -xf - || { echo "ablate: copying the tree failed"; exit 1; }
-    python3 bench/ablate.py apply "$v" templates/qforge/cast.cuh "$tree/templates/qforge/cast.cuh" || exit 1
+    python3 bench/ablate.py apply "$v" templates/qforge "$tree/templates/qforge" || exit 1
   fi
   gpu_build_in "$tree" "$OUT" qforge_bench ||
     { echo "ablate: building $v failed (log: $OUT/build.log)"; exit 1; }

@@ -7,7 +7,7 @@ namespace qf {
 
 // What every cast-kernel tile of a plan must be a multiple of: every block the plan computes
 // an amax over, the RHT's 16-row groups, the 16-row column runs of columnwise streams, and 32
-// columns (the shared-memory swizzle of cast.cuh).
+// columns (the shared-memory swizzle of cast_load.cuh).
 struct TileConstraints {
   int row_multiple = 1;
   int col_multiple = 32;

@@ -28,7 +28,7 @@ QF_HD constexpr i64 mn_major_grouped_rows(i64 rows, i64 groups) { return rows + 
 // The tile a CTA takes in a launch grid of gx tile rows x gy tile columns, from its dispatch index
 // lin = blockIdx.y * gx + blockIdx.x (the order in which the hardware starts CTAs). Column-fastest:
 // consecutive CTAs take consecutive tile columns of one tile row; row-fastest: consecutive tile
-// rows. `reversed` walks the same tiles last to first (the amax pre-pass: cast.cuh tile_pos).
+// rows. `reversed` walks the same tiles last to first (the amax pre-pass: cast_schedule.cuh tile_pos).
 struct TileRc {
   u64 row, col;
 };

@@ -1,4 +1,4 @@
-// The kernels' fast element encoders (cast.cuh enc_rn: hardware cvt for fp8 on sm_89+, the
+// The kernels' fast element encoders (cast_encode.cuh enc_rn: hardware cvt for fp8 on sm_89+, the
 // one-addition e2m1 and int8 encoders; enc_sr for e2m1 (without int <-> float conversions) and int8)
 // against the one software definition (numerics.cuh encode_rn / encode_sr), and the packed fp8
 // encoder of the vector paths (pack4), over every one of the 2^32 fp32 bit patterns, on the GPU.

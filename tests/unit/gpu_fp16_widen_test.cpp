@@ -1,7 +1,7 @@
 // The device's fp16 -> fp32 (numerics.cuh f16_to_f32: the hardware cvt.f32.f16, NaN fixed up by
 // a select) against the software definition (f16_to_f32_soft, which the CPU reference runs),
 // bit for bit over all 65536 fp16 patterns, on the GPU; also through the input loads of the
-// quantize kernels (cast.cuh unpack2 / load4 / load1 for fp16), which is how the kernels use it.
+// quantize kernels (cast_load.cuh unpack2 / load4 / load1 for fp16), which is how the kernels use it.
 // The compile test runs everywhere.
 #include <gtest/gtest.h>
 

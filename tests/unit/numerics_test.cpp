@@ -711,7 +711,7 @@ TEST(Sr, Unbiased) {
 }  // namespace qf
 
 
-// The CTA -> tile mapping of the cast and amax kernels (cast.cuh tile_pos): every order visits
+// The CTA -> tile mapping of the cast and amax kernels (cast_schedule.cuh tile_pos): every order visits
 // each tile of the grid exactly once; column-fastest CTAs sweep a tile row, row-fastest ones a
 // tile column; the reversed walk (the amax pre-pass) is the forward one backwards, so the cast
 // kernel's first CTAs take the tiles the pre-pass took last.

@@ -1,0 +1,143 @@
+// A plan of a rowwise stream with 1x128 blocks and its transposed copy with 128x1 blocks cast
+// from registers on interior 128 x 128 tiles, without staging the input (cast_pair_direct).
+#pragma once
+#include "qforge/args.cuh"
+#include "qforge/cast_encode.cuh"
+#include "qforge/cast_scale.cuh"
+#include "qforge/cast_schedule.cuh"
+#include "qforge/cast_smem.cuh"
+#include "qforge/numerics.cuh"
+
+namespace qf {
+namespace detail {
+
+// A plan of a rowwise stream with 1x128 blocks and its transposed copy with 128x1 blocks (1x128
+// blockwise row + transposed; 8-bit formats, round to nearest, no RHT, 16-bit input) casts
+// interior 128 x 128 tiles from registers: no staged input. Warp w holds rows [16w, 16w + 16) of
+// the tile, lane l columns [4l, 4l + 4) (one 8-byte load per row); a row's amax is a warp
+// reduction by halving exchanges, a column's the maximum of the warps' 16-row partials (one
+// exchange through shared memory). Only the transposed output is staged, so that it is copied
+// out in whole 128-byte output rows. Edge tiles take the staged path (whose shared memory the
+// kernel keeps). H100, 16384^2: 429 -> 411 us, 84 -> 88 % of copy (docs/quantize.md, "Row +
+// transposed cast from registers").
+template <class Cfg, class R, class C>
+constexpr bool kPairDirect =
+    R::kDir == 0 && C::kDir == 1 && C::kTransposed && R::kMode == kModeBlock && C::kMode == kModeBlock && !R::kBlock2d &&
+    !C::kBlock2d && !R::kRht && !C::kRht && !R::kStochastic && !C::kStochastic && !Cfg::kRht &&
+    StoreBits<typename R::Format>::value == 8 && StoreBits<typename C::Format>::value == 8 &&
+    !is_identity<typename R::Format>::value && !is_identity<typename C::Format>::value && Cfg::kInDtype != 0 &&
+    Cfg::kTileRows == 128 && Cfg::kTileCols == 128 && Cfg::kThreads == 256 && R::kBlockCols == 128 && C::kEpt == 128;
+
+// Element j (0..3) of four 16-bit inputs packed in two words. (Not through unpack2, which converts
+// both halves: that changed the fp16-input kernel's SASS.)
+template <int D>
+__device__ __forceinline__ float pair_elem(const uint2& w, int j) {
+  const u32 x = j < 2 ? w.x : w.y;
+  if constexpr (D == 1) return f32_from_bits(j % 2 == 0 ? x << 16 : x & 0xFFFF0000u);
+  else return f16_to_f32(u16(j % 2 == 0 ? x : x >> 16));
+}
+
+// One halving of cast_pair_direct's row reduction: lanes whose bit 2 * span is clear keep rows
+// [0, span) of their m and take their partner's, the others keep (and move down) rows
+// [span, 2 span); both reduce with the partner's copy.
+template <int span>
+__device__ __forceinline__ void halve_rows(float (&m)[16], int l) {
+  constexpr int bit = 2 * span;
+  const bool up = (l & bit) != 0;
+#pragma unroll
+  for (int i = 0; i < span; ++i) {
+    const float send = up ? m[i] : m[i + span], keep = up ? m[i + span] : m[i];
+    m[i] = fmaxf(keep, __shfl_xor_sync(0xFFFFFFFFu, send, bit));
+  }
+}
+
+template <class Cfg, class R, class C>
+__device__ void cast_pair_direct(const QuantizeArgs& a, const Member& mem, i64 col0, i64 base_r, i64 base_c) {
+  constexpr int D = Cfg::kInDtype, TR = 128;
+  static_assert(8 * 32 * 16 + 128 * TR <= int(Cfg::kSmemBytes), "the staged path's shared memory holds this path's");
+  extern __shared__ float4 smem4[];
+  float4* part = smem4;                                   // [8 warps][32 lanes]: 16-row column amaxes
+  u8* stage = reinterpret_cast<u8*>(smem4 + 8 * 32);     // [128 columns][128 rows] of output bytes
+  const int w = int(threadIdx.x) / 32, l = int(threadIdx.x) % 32;
+  const i64 row0 = mem.tile_row * TR;
+  const i64 lin_r = (mem.row_base + row0 + w * 16) * a.k + col0 + 4 * l;  // rowwise: row 16w, column 4l
+  uint2 v[16];
+#pragma unroll
+  for (int e = 0; e < 16; ++e)
+    v[e] = __ldg(reinterpret_cast<const uint2*>(static_cast<const u16*>(a.x) + lin_r + i64(e) * a.k));
+
+  // Rowwise: the 16 rows' amaxes, reduced across the warp by halving exchanges (16 shuffles);
+  // lane l ends with row l / 2's. (Written as one loop over the halvings, ptxas kept the array in
+  // local memory: 488 us instead of 411.)
+  float m[16];
+#pragma unroll
+  for (int e = 0; e < 16; ++e) {
+    m[e] = 0.0f;
+#pragma unroll
+    for (int j = 0; j < 4; ++j) m[e] = amax_step(m[e], pair_elem<D>(v[e], j));
+  }
+  halve_rows<8>(m, l);
+  halve_rows<4>(m, l);
+  halve_rows<2>(m, l);
+  halve_rows<1>(m, l);
+  m[0] = fmaxf(m[0], __shfl_xor_sync(0xFFFFFFFFu, m[0], 1));
+  {
+    const StreamArgs& out = a.streams[R::kIndex];
+    const StreamCtx<R> ctx = stream_ctx<Cfg, R>(a, mem);
+    float mul;
+    u32 entry;
+    block_scale<Cfg, R>(m[0], ctx, mul, entry);
+    if (l % 2 == 0) maybe_store_entry<R>(out, row0 + w * 16 + l / 2, col0, ctx, base_r, entry);
+#pragma unroll
+    for (int e = 0; e < 16; ++e) {
+      const float me = __shfl_sync(0xFFFFFFFFu, mul, 2 * e);
+      float x[4];
+#pragma unroll
+      for (int j = 0; j < 4; ++j) x[j] = pair_elem<D>(v[e], j);
+      encode_store<R, 4, true>(a, out.data, lin_r + i64(e) * a.k, x, me, 4);
+    }
+  }
+
+  // Columnwise: this warp's 16-row amax of each of the lane's 4 columns, then all 8 warps'.
+  float p[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+#pragma unroll
+  for (int e = 0; e < 16; ++e)
+#pragma unroll
+    for (int j = 0; j < 4; ++j) p[j] = amax_step(p[j], pair_elem<D>(v[e], j));
+  part[w * 32 + l] = make_float4(p[0], p[1], p[2], p[3]);
+  __syncthreads();
+#pragma unroll
+  for (int o = 0; o < 8; ++o) {
+    const float4 q = part[o * 32 + l];
+    p[0] = fmaxf(p[0], q.x), p[1] = fmaxf(p[1], q.y), p[2] = fmaxf(p[2], q.z), p[3] = fmaxf(p[3], q.w);
+  }
+  const StreamArgs& out = a.streams[C::kIndex];
+  const StreamCtx<C> ctx = stream_ctx<Cfg, C>(a, mem);
+  const i64 tile_c = mem.row_base * a.k + col0 * mem.rows + row0;  // transposed: output row col0, element row0
+#pragma unroll
+  for (int j = 0; j < 4; ++j) {
+    const int c = 4 * l + j;
+    float mul;
+    u32 entry;
+    block_scale<Cfg, C>(p[j], ctx, mul, entry);
+    if (w == 0) maybe_store_entry<C>(out, col0 + c, row0, ctx, base_c, entry);
+    float x[16];
+#pragma unroll
+    for (int e = 0; e < 16; ++e) x[e] = pair_elem<D>(v[e], j) * mul;
+    const RunWords<C, 16> rw = pack_run<C, 16>(a, tile_c + i64(c) * mem.rows + w * 16, x);
+    // Output row c, bytes [16w, 16w + 16): 16-byte chunk w of the staged row, its position
+    // swizzled by the lane (l % 8), so that a quarter warp's stores hit 8 distinct chunks.
+    store_words<16>(stage + c * TR + ((w ^ (l & 7)) * 16), rw.w);
+  }
+  __syncthreads();
+  u8* dst = static_cast<u8*>(out.data) + tile_c;
+#pragma unroll
+  for (int it = 0; it < 4; ++it) {
+    const int u = it * 256 + int(threadIdx.x), c = u / 8, k = u % 8;
+    *reinterpret_cast<uint4*>(dst + i64(c) * mem.rows + k * 16) =
+        *reinterpret_cast<const uint4*>(stage + c * TR + ((k ^ ((c >> 2) & 7)) * 16));
+  }
+}
+
+}  // namespace detail
+}  // namespace qf

@@ -1,0 +1,348 @@
+// The amax reductions of the quantize kernels: maxima over a warp, a lane group and a CTA (then
+// one atomic), tensor and per-channel amaxes of a staged tile or straight from global memory
+// (amax_kernel, the pre-pass of two-pass plans, and row_kernel's chunks), block amaxes of a
+// stream's 2D blocks over the staged tile, and the pre-pass sources fused_kernel reduces
+// inside its cooperative launch (PrePass).
+#pragma once
+#include "qforge/args.cuh"
+#include "qforge/cast_load.cuh"
+#include "qforge/cast_schedule.cuh"
+#include "qforge/cast_smem.cuh"
+#include "qforge/numerics.cuh"
+
+namespace qf {
+namespace detail {
+
+// Max of non-negative floats through their bit patterns (NaN never reaches here: amax_step
+// ignores it).
+__device__ __forceinline__ void atomic_max_nonneg(float* p, float v) {
+  atomicMax(reinterpret_cast<u32*>(p), f32_bits(v));
+}
+
+template <int G>
+__device__ __forceinline__ float group_max(float v) {
+#pragma unroll
+  for (int d = 1; d < G; d <<= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, d));
+  return v;
+}
+
+__device__ __forceinline__ float warp_max(float v) { return group_max<32>(v); }
+
+// Max over the CTA, then one atomic (every thread of the CTA must call it).
+template <int T>
+__device__ __forceinline__ void block_max_atomic(float* dst, float v) {
+  __shared__ float part[T / 32];
+  v = warp_max(v);
+  if ((threadIdx.x & 31) == 0) part[threadIdx.x / 32] = v;
+  __syncthreads();
+  if (threadIdx.x < 32) {
+    float m = threadIdx.x < T / 32 ? part[threadIdx.x] : 0.0f;
+    m = warp_max(m);
+    if (threadIdx.x == 0) atomic_max_nonneg(dst, m);
+  }
+  __syncthreads();
+}
+
+// This thread's part of the max of |x| over a staged tile (zero outside the tensor), for
+// block_max_atomic: the raw input, or after the 16-point RHT, each 16-row group of a column
+// rotated in registers (M % 16 == 0) without the transform's 1/4 (rht16_unscaled). The 1/4 and
+// the rounding to the input dtype are monotone in |x| and keep NaN a NaN, so they apply to the
+// max: the same value as the max of the rounded outputs.
+template <class Cfg, bool kRht>
+__device__ __forceinline__ float staged_tensor_amax(const TileElem<Cfg>* tile) {
+  constexpr int TR = Cfg::kTileRows, TC = Cfg::kTileCols, T = Cfg::kThreads;
+  float m = 0.0f;
+  if constexpr (kRht) {
+    for (int i = threadIdx.x; i < (TR / 16) * TC; i += T) {
+      const int r = (i / TC) * 16, c = i % TC;
+      float v[16];
+#pragma unroll
+      for (int j = 0; j < 16; ++j) v[j] = tld(tile, tile_off<TC>(r + j, c));
+      rht16_unscaled(v, Cfg::kRhtMask);
+#pragma unroll
+      for (int j = 0; j < 16; ++j) m = amax_step(m, v[j]);
+    }
+    return round_to_dtype(m * 0.25f, Cfg::kInDtype);
+  } else {
+    for (int i = threadIdx.x; i < TR * TC / 4; i += T) {
+      const int r = i / (TC / 4), c = (i % (TC / 4)) * 4;
+      const float4 f = tld4(tile, tile_off<TC>(r, c));
+      m = amax_step(amax_step(amax_step(amax_step(m, f.x), f.y), f.z), f.w);
+    }
+    return m;
+  }
+}
+
+// Per-row amaxes of a staged tile (one warp per row, lanes on consecutive columns), each into
+// amax[row0 + r] for the rows below `rows`; the staged tile is zero outside the tensor.
+template <class Cfg>
+__device__ __forceinline__ void staged_row_amaxes(const TileElem<Cfg>* src, float* amax, i64 row0, i64 rows) {
+  constexpr int TR = Cfg::kTileRows, TC = Cfg::kTileCols, T = Cfg::kThreads;
+  for (int r = threadIdx.x / 32; r < TR; r += T / 32) {
+    float m = 0.0f;
+    for (int c = threadIdx.x % 32; c < TC; c += 32) m = amax_step(m, tld(src, tile_off<TC>(r, c)));
+    m = warp_max(m);
+    if ((threadIdx.x & 31) == 0 && row0 + r < rows) atomic_max_nonneg(amax + row0 + r, m);
+  }
+}
+
+// Per-column amaxes of a staged tile (one thread per column), each into amax[col0 + c] for the
+// columns below k.
+template <class Cfg>
+__device__ __forceinline__ void staged_col_amaxes(const TileElem<Cfg>* src, float* amax, i64 col0, i64 k) {
+  constexpr int TR = Cfg::kTileRows, TC = Cfg::kTileCols, T = Cfg::kThreads;
+  for (int c = threadIdx.x; c < TC; c += T) {
+    if (col0 + c >= k) continue;
+    float m = 0.0f;
+    for (int r = 0; r < TR; ++r) m = amax_step(m, tld(src, tile_off<TC>(r, c)));
+    atomic_max_nonneg(amax + col0 + c, m);
+  }
+}
+
+// max |x| over the elements of one 16-byte chunk of the input (4 fp32 or 8 16-bit values; for
+// 16-bit inputs packed abs/max on pairs, whose max ignores a NaN operand as amax_step does).
+template <int D>
+__device__ __forceinline__ float chunk_amax(const uint4& raw, float m) {
+  if constexpr (D == 0) {
+    return amax_step(amax_step(amax_step(amax_step(m, f32_from_bits(raw.x)), f32_from_bits(raw.y)), f32_from_bits(raw.z)),
+                     f32_from_bits(raw.w));
+  } else {
+    u32 m2 = 0;
+    const u32 w[4] = {raw.x, raw.y, raw.z, raw.w};
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      if constexpr (D == 1) asm("{\n\t.reg .b32 t;\n\tabs.bf16x2 t, %1;\n\tmax.bf16x2 %0, %0, t;\n\t}" : "+r"(m2) : "r"(w[e]));
+      else asm("{\n\t.reg .b32 t;\n\tabs.f16x2 t, %1;\n\tmax.f16x2 %0, %0, t;\n\t}" : "+r"(m2) : "r"(w[e]));
+    }
+    const u16 lo = u16(m2), hi = u16(m2 >> 16);
+    return fmaxf(m, D == 1 ? fmaxf(bf16_to_f32(lo), bf16_to_f32(hi)) : fmaxf(h2f(lo), h2f(hi)));
+  }
+}
+
+// max |x| over an interior tile, straight from global memory: 16-byte loads, and for 16-bit
+// inputs packed max/abs on pairs (max ignores a NaN operand, as amax_step does).
+template <class Cfg>
+__device__ __forceinline__ float tile_amax_full(const QuantizeArgs& a, const Member& mem, i64 col0) {
+  constexpr int kIters = TileChunks<Cfg>::kIters;
+  uint4 raw[kIters];  // zero past the end
+  load_chunks_full<Cfg>(a, mem, col0, raw);
+  if constexpr (Cfg::kInDtype == 0) {
+    float m = 0.0f;
+#pragma unroll
+    for (int it = 0; it < kIters; ++it) {
+      m = amax_step(m, f32_from_bits(raw[it].x));
+      m = amax_step(m, f32_from_bits(raw[it].y));
+      m = amax_step(m, f32_from_bits(raw[it].z));
+      m = amax_step(m, f32_from_bits(raw[it].w));
+    }
+    return m;
+  } else {
+    u32 m2 = 0;
+#pragma unroll
+    for (int it = 0; it < kIters; ++it) {
+      const u32 w[4] = {raw[it].x, raw[it].y, raw[it].z, raw[it].w};
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        if constexpr (Cfg::kInDtype == 1)
+          asm("{\n\t.reg .b32 t;\n\tabs.bf16x2 t, %1;\n\tmax.bf16x2 %0, %0, t;\n\t}" : "+r"(m2) : "r"(w[e]));
+        else
+          asm("{\n\t.reg .b32 t;\n\tabs.f16x2 t, %1;\n\tmax.f16x2 %0, %0, t;\n\t}" : "+r"(m2) : "r"(w[e]));
+      }
+    }
+    const u16 lo = u16(m2), hi = u16(m2 >> 16);
+    return Cfg::kInDtype == 1 ? fmaxf(bf16_to_f32(lo), bf16_to_f32(hi)) : fmaxf(f16_to_f32(lo), f16_to_f32(hi));
+  }
+}
+
+// Per-row and per-column amaxes of an interior tile straight from global memory, without staging
+// (the pre-pass of per-channel plans with a transposed copy: fp8_rowwise, int8_weight_sr
+// training). Warp w takes rows w, w + W, ... (W = T / 32 warps), each lane the same 16-byte
+// chunks of every row it reads, so a thread keeps its columns' maxima in registers over the
+// rows; a row's maximum is a warp reduction, one atomic per row; the columns' maxima meet in
+// shared memory (`scratch`, W * TC floats), one atomic per column. Every load of a thread is in
+// flight before the first maximum. row_amax / col_amax: the slots' bases for this member (null:
+// that reduction is not wanted).
+template <class Cfg>
+__device__ __forceinline__ void tile_row_col_amaxes_full(const QuantizeArgs& a, const Member& mem, i64 col0, float* row_amax,
+                                                         float* col_amax, float* scratch) {
+  constexpr int D = Cfg::kInDtype, E = kElemsPer16<D>, TR = Cfg::kTileRows, TC = Cfg::kTileCols, T = Cfg::kThreads;
+  constexpr int W = T / 32, CH = TC / E, J = CH / 32, R = TR / W;
+  static_assert(CH % 32 == 0 && TR % W == 0, "whole warps of 16-byte chunks across the tile, whole rows per warp");
+  const int warp = int(threadIdx.x / 32), lane = int(threadIdx.x % 32);
+  const i64 row0 = mem.tile_row * TR;
+  const char* base = static_cast<const char*>(a.x) + ((mem.row_base + row0) * a.k + col0) * kInBytes<D>;
+  uint4 raw[R][J];
+#pragma unroll
+  for (int i = 0; i < R; ++i)
+#pragma unroll
+    for (int j = 0; j < J; ++j)
+      raw[i][j] = __ldg(reinterpret_cast<const uint4*>(base + (i64(warp + i * W) * a.k + (lane + 32 * j) * E) * kInBytes<D>));
+  float col[J][E];
+#pragma unroll
+  for (int j = 0; j < J; ++j)
+#pragma unroll
+    for (int e = 0; e < E; ++e) col[j][e] = 0.0f;
+#pragma unroll
+  for (int i = 0; i < R; ++i) {
+    float m = 0.0f;
+#pragma unroll
+    for (int j = 0; j < J; ++j) {
+      float v[E];
+      unpack16<D>(raw[i][j], v);
+#pragma unroll
+      for (int e = 0; e < E; ++e) {
+        col[j][e] = amax_step(col[j][e], v[e]);
+        m = amax_step(m, v[e]);
+      }
+    }
+    if (row_amax) {
+      m = warp_max(m);
+      if (lane == 0) atomic_max_nonneg(row_amax + row0 + warp + i * W, m);
+    }
+  }
+  if (!col_amax) return;
+#pragma unroll
+  for (int j = 0; j < J; ++j)
+#pragma unroll
+    for (int e = 0; e < E; ++e) scratch[warp * TC + (lane + 32 * j) * E + e] = col[j][e];
+  __syncthreads();
+  for (int c = int(threadIdx.x); c < TC; c += T) {
+    float m = scratch[c];
+#pragma unroll
+    for (int w = 1; w < W; ++w) m = fmaxf(m, scratch[w * TC + c]);
+    atomic_max_nonneg(col_amax + col0 + c, m);
+  }
+}
+
+// The tensor amaxes of an interior tile straight from global memory, without staging: raw (max
+// |x|) and the unscaled RHT max (max |rht16_unscaled| over the tile's 16-row groups of each
+// column; staged_tensor_amax's value before its 1/4 and rounding). One item is 16 rows of 8
+// bytes (4 16-bit or 2 fp32 elements), lanes on consecutive items of the same rows: every load
+// of a thread is in flight before the first butterfly.
+template <class Cfg>
+__device__ __forceinline__ void tile_tensor_amaxes_full(const QuantizeArgs& a, const Member& mem, i64 col0, float& raw,
+                                                        float& rot) {
+  constexpr int TR = Cfg::kTileRows, TC = Cfg::kTileCols, T = Cfg::kThreads;
+  constexpr int B = kInBytes<Cfg::kInDtype>, E = 8 / B, CW = TC / E, N = CW * (TR / 16), kIters = (N + T - 1) / T;
+  static_assert(TR % 16 == 0 && TC % E == 0, "16-row groups of whole 8-byte words");
+  const char* base = static_cast<const char*>(a.x) + ((mem.row_base + mem.tile_row * TR) * a.k + col0) * B;
+  raw = 0.0f, rot = 0.0f;
+#pragma unroll 1
+  for (int it = 0; it < kIters; ++it) {
+    if (item_past_end<N, T>(it)) break;
+    int g, w;
+    item_rc<CW, T>(it, g, w);
+    const char* group = base + (i64(g) * 16 * a.k + w * E) * B;
+    uint2 word[16];
+#pragma unroll
+    for (int j = 0; j < 16; ++j) word[j] = __ldg(reinterpret_cast<const uint2*>(group + i64(j) * a.k * B));
+#pragma unroll
+    for (int e = 0; e < E; ++e) {
+      float v[16];
+#pragma unroll
+      for (int j = 0; j < 16; ++j) {
+        const u32 h = e < E / 2 ? word[j].x : word[j].y;
+        if constexpr (Cfg::kInDtype == 0) {
+          v[j] = f32_from_bits(h);
+        } else {
+          float lo, hi;
+          unpack2<Cfg::kInDtype>(h, lo, hi);
+          v[j] = e % 2 == 0 ? lo : hi;
+        }
+        raw = amax_step(raw, v[j]);
+      }
+      rht16_unscaled(v, Cfg::kRhtMask);
+#pragma unroll
+      for (int j = 0; j < 16; ++j) rot = amax_step(rot, v[j]);
+    }
+  }
+}
+
+// max |x| over tile row r, columns [c0, c0 + B) (c0 % B == 0, B % 4 == 0), by 16-byte reads.
+// The swizzle permutes chunks only inside aligned groups of 8 (tile_off), so a run of whole
+// groups (B >= 32) is read slot by slot: one swizzled offset per slot, its chunk in each group
+// at a constant distance (immediate offsets; max ignores the order). Four running maxima.
+template <int TC, int B, class Elem>
+__device__ __forceinline__ float row_run_amax(const Elem* src, int r, int c0) {
+  float m[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+  auto step = [&](int off) {
+    const float4 f = tld4(src, off);
+    m[0] = amax_step(m[0], f.x), m[1] = amax_step(m[1], f.y), m[2] = amax_step(m[2], f.z), m[3] = amax_step(m[3], f.w);
+  };
+  if constexpr (B % 32 == 0) {
+#pragma unroll
+    for (int p = 0; p < 8; ++p) {
+      const int off = tile_off<TC>(r, c0 + 4 * p);
+#pragma unroll
+      for (int g = 0; g < B / 32; ++g) step(off + 32 * g);
+    }
+  } else {
+#pragma unroll
+    for (int q = 0; q < B; q += 4) step(tile_off<TC>(r, c0 + q));
+  }
+  return fmaxf(fmaxf(m[0], m[1]), fmaxf(m[2], m[3]));
+}
+
+// 2D block amaxes of a stream over the tile (also 1D rowwise blocks wider than 128), into
+// shared memory (u32 float bits): one thread per row of a block (its BC / 4 chunks; lanes on
+// consecutive rows, which the swizzle keeps apart), G lanes per block reduced with shuffles,
+// then one shared atomic per group.
+template <class Cfg, class S>
+__device__ void block2d_amax(const TileElem<Cfg>* src, u32* out) {
+  constexpr int TR = Cfg::kTileRows, TC = Cfg::kTileCols, BR = S::kBlockRows, BC = S::kBlockCols, T = Cfg::kThreads;
+  constexpr int NBC = TC / BC, NB = (TR / BR) * NBC, N = NB * BR;
+  constexpr int G = BR % 32 == 0 ? 32 : 32 % BR == 0 ? BR : 1;  // lanes of one block in a warp
+  static_assert(BC % 4 == 0, "2D blocks span whole chunks");
+  for (int i = threadIdx.x; i < NB; i += T) out[i] = 0;
+  __syncthreads();
+  for (int it = 0; it < (N + T - 1) / T; ++it) {  // every lane of a warp runs each iteration (shuffles)
+    const int j = it * T + int(threadIdx.x), blk = j / BR, r = (blk / NBC) * BR + j % BR, c0 = (blk % NBC) * BC;
+    float m = j < N ? row_run_amax<TC, BC>(src, r, c0) : 0.0f;
+    m = group_max<G>(m);
+    if (j < N && j % G == 0) atomicMax(&out[blk], f32_bits(m));
+  }
+}
+
+}  // namespace detail
+
+// The pre-pass amax sources a fused_kernel reduces from its staged tile, a single tensor's: the
+// tensor amax (of the raw input or after RHT) into its output, per-row and per-column amaxes
+// (raw input) into the workspace.
+template <class... A>
+struct PrePass {
+  static constexpr int kSources = int(sizeof...(A));
+  static_assert(((A::kScope == kScopeTensor || !A::kRht) && ...), "per-channel amaxes of the raw input");
+  // Before the first grid barrier: the channel amaxes of this tile's rows (the CTAs of tile
+  // column 0) and columns (tile row 0) set to zero, the separate form's workspace memset.
+  template <class Cfg>
+  __device__ static void zero_channels(const QuantizeArgs& a, i64 row0, i64 col0) {
+    (
+        [&] {
+          if constexpr (A::kScope == kScopeChannelRows) {
+            if (col0 == 0)
+              for (int r = threadIdx.x; r < Cfg::kTileRows && row0 + r < a.m; r += Cfg::kThreads) a.amax[A::kSlot][row0 + r] = 0.0f;
+          } else if constexpr (A::kScope == kScopeChannelCols) {
+            if (row0 == 0)
+              for (int c = threadIdx.x; c < Cfg::kTileCols && col0 + c < a.k; c += Cfg::kThreads) a.amax[A::kSlot][col0 + c] = 0.0f;
+          }
+        }(),
+        ...);
+  }
+  // Every tensor source's part of this tile first, then (after the zeroing barrier) the atomics.
+  template <class Cfg>
+  __device__ static void reduce(const QuantizeArgs& a, const detail::TileElem<Cfg>* tile, i64 row0, i64 col0, u32 ticket) {
+    float part[sizeof...(A)] = {(A::kScope == kScopeTensor ? detail::staged_tensor_amax<Cfg, A::kRht>(tile) : 0.0f)...};
+    detail::grid_wait(ticket);
+    int i = 0;
+    (
+        [&] {
+          if constexpr (A::kScope == kScopeTensor) detail::block_max_atomic<Cfg::kThreads>(a.amax[A::kSlot], part[i]);
+          else if constexpr (A::kScope == kScopeChannelRows) detail::staged_row_amaxes<Cfg>(tile, a.amax[A::kSlot], row0, a.m);
+          else detail::staged_col_amaxes<Cfg>(tile, a.amax[A::kSlot], col0, a.k);
+          ++i;
+        }(),
+        ...);
+  }
+};
+
+}  // namespace qf
