@@ -10,6 +10,14 @@ import shutil
 from ctypes import POINTER, Structure, c_char_p, c_int, c_int64, c_uint64, c_void_p
 from pathlib import Path
 
+# The wheel's prewarmed kernels (qforge/kernels: the shipped recipes' sm_90a kernels, built with the
+# wheel) are a shipped cache root for every library this process loads (libqforge, qforge._C) and
+# for the CLI it starts (qforge._cli), unless QFORGE_CACHE_SHIPPED_DIRS is set (empty: none). The
+# first call of a shipped plan then loads its kernel instead of compiling it (docs/jit.md).
+SHIPPED_KERNELS = Path(__file__).resolve().parent / "kernels"
+if SHIPPED_KERNELS.is_dir() and "QFORGE_CACHE_SHIPPED_DIRS" not in os.environ:
+    os.environ["QFORGE_CACHE_SHIPPED_DIRS"] = str(SHIPPED_KERNELS)
+
 QF_OK, QF_ERR_USER, QF_ERR_INTERNAL, QF_ERR_CUDA = 0, 2, 3, 4
 DTYPES = {"fp32": 0, "bf16": 1, "fp16": 2}
 USAGES = {None: -1, "training": 0, "inference": 1, "memory": 2}

@@ -9,9 +9,13 @@
 #   - a fresh venv installs it (nvidia-cuda-nvrtc from PyPI: needs the network);
 #   - with no CUDA toolkit on PATH or LD_LIBRARY_PATH (and, where this runs as root and may make a
 #     mount namespace, with /usr/local/cuda* hidden by empty mounts), the installed package
-#     compiles one quantizer per shipped recipe for sm_90a into an empty kernel cache, through
-#     both libqforge.so and qforge._C, with each compile logged by the "qforge" logger; NVRTC and
-#     its builtins must come from the venv. The installed `qforge` command checks the recipes.
+#     finds every shipped recipe's sm_90a kernels in the wheel's prewarmed kernels (qforge/kernels,
+#     a shipped cache root: no compile, nothing written to the empty kernel cache, though the
+#     venv's NVRTC may be a newer minor version than the build's); with those turned off
+#     (QFORGE_CACHE_SHIPPED_DIRS=), it compiles one quantizer per shipped recipe for sm_90a into
+#     the empty cache, through both libqforge.so and qforge._C, with each compile logged by the
+#     "qforge" logger; NVRTC and its builtins must come from the venv. The installed `qforge`
+#     command checks the recipes.
 # Prints a summary table. ~40 s on 2 cores once the wheel is built (its first build: minutes).
 set -u
 src=$1 work=$2 python=$3
@@ -45,6 +49,8 @@ for need in ("qforge/__init__.py", "qforge/_capi.py", "qforge/_log.py", "qforge/
              "qforge/libqforge.so.0.6", "qforge/bin/qforge"):
     assert need in names, f"the wheel lacks {need}"
 assert [n for n in names if n.startswith("qforge/_C.") and n.endswith(".so")], "the wheel lacks qforge._C"
+images = [n for n in names if n.startswith("qforge/kernels/qforge-v1/") and n.endswith("/image.bin")]
+assert len(images) >= 100, f"the wheel's prewarmed kernels: {len(images)} images"
 shipped = sorted(p.name for p in (src / "recipes").glob("*.json"))
 packed = sorted(n.split("/")[-1] for n in names if n.startswith("qforge/recipes/"))
 assert packed == shipped, f"recipes: {packed} != {shipped}"
@@ -95,7 +101,40 @@ in_ns env -i HOME="$work" PATH="$work/venv/bin:$clean_path" QFORGE_CACHE_DIR="$w
   "$work/venv/bin/qforge" check --quiet $recipes >"$work/check.log" 2>&1 ||
   { cat "$work/check.log"; fail "installed qforge check"; }
 
+# The wheel's prewarmed kernels serve every shipped recipe's plans: nothing compiled, nothing written.
 in_ns env -i HOME="$work" PATH="$work/venv/bin:$clean_path" QFORGE_CACHE_DIR="$work/cache" \
+  "$work/venv/bin/python" - <<'PY' || fail "the wheel's prewarmed kernels"
+import logging
+import qforge
+from qforge import _ext
+
+records = []
+class Collect(logging.Handler):
+    def emit(self, r):
+        records.append(r.getMessage())
+logging.getLogger("qforge").addHandler(Collect())
+qforge.set_log_level("debug")
+plans = 0
+for path in sorted(p for p in qforge.recipes_dir().glob("*.json") if p.name != "recipe.schema.json"):
+    ctx = qforge.Context(path)
+    for role in ("linear:input", "linear:weight", "linear:grad_output"):
+        try:
+            q = ctx.quantizer(role)
+        except qforge.UserError:
+            continue
+        q.prepare("sm_90a")
+        plans += 1
+_ext.load().Context([str(qforge.recipes_dir() / "nvfp4.json")]).quantizer("linear:input").prepare("sm_90a")
+compiled = [m for m in records if m.startswith("compiled ")]
+shipped = [m for m in records if "shipped kernel" in m or "disk cache" in m]
+assert not compiled, f"compiled although the wheel ships the kernel: {compiled[:2]}"
+assert shipped, "no hit of the wheel's prewarmed kernels was logged"
+print(f"prewarmed kernels: {plans + 1} shipped plans served without a compile ({len(shipped)} hits logged; "
+      f"{shipped[0].split(':')[0] if shipped else ''})")
+PY
+[ -z "$(find "$work/cache" -name image.bin 2>/dev/null)" ] || fail "a shipped plan's kernel was compiled into the cache"
+
+in_ns env -i HOME="$work" PATH="$work/venv/bin:$clean_path" QFORGE_CACHE_DIR="$work/cache" QFORGE_CACHE_SHIPPED_DIRS= \
   "$work/venv/bin/python" - "$work/venv" <<'PY' || fail "compiling the shipped recipes from the installed wheel"
 import logging, re, sys, time
 from pathlib import Path
