@@ -101,10 +101,14 @@ in_ns env -i HOME="$work" PATH="$work/venv/bin:$clean_path" QFORGE_CACHE_DIR="$w
   "$work/venv/bin/qforge" check --quiet $recipes >"$work/check.log" 2>&1 ||
   { cat "$work/check.log"; fail "installed qforge check"; }
 
-# The wheel's prewarmed kernels serve every shipped recipe's plans: nothing compiled, nothing written.
-in_ns env -i HOME="$work" PATH="$work/venv/bin:$clean_path" QFORGE_CACHE_DIR="$work/cache" \
-  "$work/venv/bin/python" - <<'PY' || fail "the wheel's prewarmed kernels"
-import logging
+# One check, run twice: "shipped" - the wheel's prewarmed kernels serve every shipped recipe's plans
+# (nothing compiled, nothing written to the cache); "compile" - with the shipped root turned off,
+# one quantizer per recipe (and one of qforge._C) compiles with the venv's NVRTC, each compile
+# logged.
+cat >"$work/kernels.py" <<'PY'
+import logging, sys, time
+from pathlib import Path
+venv, mode = Path(sys.argv[1]).resolve(), sys.argv[2]
 import qforge
 from qforge import _ext
 
@@ -114,40 +118,6 @@ class Collect(logging.Handler):
         records.append(r.getMessage())
 logging.getLogger("qforge").addHandler(Collect())
 qforge.set_log_level("debug")
-plans = 0
-for path in sorted(p for p in qforge.recipes_dir().glob("*.json") if p.name != "recipe.schema.json"):
-    ctx = qforge.Context(path)
-    for role in ("linear:input", "linear:weight", "linear:grad_output"):
-        try:
-            q = ctx.quantizer(role)
-        except qforge.UserError:
-            continue
-        q.prepare("sm_90a")
-        plans += 1
-_ext.load().Context([str(qforge.recipes_dir() / "nvfp4.json")]).quantizer("linear:input").prepare("sm_90a")
-compiled = [m for m in records if m.startswith("compiled ")]
-shipped = [m for m in records if "shipped kernel" in m or "disk cache" in m]
-assert not compiled, f"compiled although the wheel ships the kernel: {compiled[:2]}"
-assert shipped, "no hit of the wheel's prewarmed kernels was logged"
-print(f"prewarmed kernels: {plans + 1} shipped plans served without a compile ({len(shipped)} hits logged; "
-      f"{shipped[0].split(':')[0] if shipped else ''})")
-PY
-[ -z "$(find "$work/cache" -name image.bin 2>/dev/null)" ] || fail "a shipped plan's kernel was compiled into the cache"
-
-in_ns env -i HOME="$work" PATH="$work/venv/bin:$clean_path" QFORGE_CACHE_DIR="$work/cache" QFORGE_CACHE_SHIPPED_DIRS= \
-  "$work/venv/bin/python" - "$work/venv" <<'PY' || fail "compiling the shipped recipes from the installed wheel"
-import logging, re, sys, time
-from pathlib import Path
-venv = Path(sys.argv[1]).resolve()
-import qforge
-from qforge import _ext
-
-records = []
-class Collect(logging.Handler):
-    def emit(self, r):
-        records.append(r.getMessage())
-logging.getLogger("qforge").addHandler(Collect())
-qforge.set_log_level("info")
 
 pkg = Path(qforge.__file__).resolve().parent
 assert venv in pkg.parents, f"qforge imported from {pkg}"
@@ -156,7 +126,10 @@ assert lib.parent == pkg, f"libqforge from {lib}"
 C = _ext.load()
 assert Path(C.__file__).parent == pkg, f"qforge._C from {C.__file__}"
 
-rows = []
+def compiled(since):
+    return [m for m in records[since:] if m.startswith("compiled ")]
+
+rows = []  # recipe, role, kernels compiled, ms: every role ("shipped"), the first linear one ("compile")
 for path in sorted(p for p in qforge.recipes_dir().glob("*.json") if p.name != "recipe.schema.json"):
     ctx = qforge.Context(path)
     for role in ("linear:input", "linear:weight", "linear:grad_output"):
@@ -167,16 +140,24 @@ for path in sorted(p for p in qforge.recipes_dir().glob("*.json") if p.name != "
         before, t0 = len(records), time.perf_counter()
         q.prepare("sm_90a")
         ms = (time.perf_counter() - t0) * 1e3
-        kernels = sum(m.count("_kernel<") for m in records[before:] if m.startswith("compiled "))
-        rows.append((path.stem, role, kernels, ms))
-        break
+        rows.append((path.stem, role, sum(m.count("_kernel<") for m in compiled(before)), ms))
+        if mode == "compile":
+            break
     else:
-        raise AssertionError(f"{path.name}: no linear role")
+        if mode == "compile":
+            raise AssertionError(f"{path.name}: no linear role")
 # The compiled core: its own runtime copy and log sink.
 before = len(records)
-core = C.Context([str(qforge.recipes_dir() / "hybrid_mxfp8_fwd_nvfp4_bwd.json")]).quantizer("linear:grad_output")
-core.prepare("sm_90a")
-core_logged = [m for m in records[before:] if m.startswith("compiled ")]
+C.Context([str(qforge.recipes_dir() / "hybrid_mxfp8_fwd_nvfp4_bwd.json")]).quantizer("linear:grad_output").prepare("sm_90a")
+core_logged = compiled(before)
+
+if mode == "shipped":
+    hits = [m for m in records if "shipped kernel" in m or "disk cache" in m]
+    assert not compiled(0), f"compiled although the wheel ships the kernel: {compiled(0)[:2]}"
+    assert hits, "no hit of the wheel's prewarmed kernels was logged"
+    print(f"prewarmed kernels: {len(rows) + 1} shipped plans served without a compile ({len(hits)} hits logged; "
+          f"{hits[0].split(':')[0]})")
+    sys.exit(0)
 
 nvrtc = sorted({line.split()[-1] for line in open("/proc/self/maps") if "nvrtc" in line})
 outside = [p for p in nvrtc if venv not in Path(p).resolve().parents]
@@ -192,6 +173,11 @@ print(f"{len(rows)} recipes compiled for sm_90a, {len(records)} log records; NVR
       + ", ".join(Path(p).name for p in nvrtc))
 print(f"qforge {qforge.__version__} (library {qforge.library_version()}) from {pkg}")
 PY
+in_ns env -i HOME="$work" PATH="$work/venv/bin:$clean_path" QFORGE_CACHE_DIR="$work/cache" \
+  "$work/venv/bin/python" "$work/kernels.py" "$work/venv" shipped || fail "the wheel's prewarmed kernels"
+[ -z "$(find "$work/cache" -name image.bin 2>/dev/null)" ] || fail "a shipped plan's kernel was compiled into the cache"
+in_ns env -i HOME="$work" PATH="$work/venv/bin:$clean_path" QFORGE_CACHE_DIR="$work/cache" QFORGE_CACHE_SHIPPED_DIRS= \
+  "$work/venv/bin/python" "$work/kernels.py" "$work/venv" compile || fail "compiling the shipped recipes from the installed wheel"
 entries=$(find "$work/cache" -name image.bin | wc -l)
 [ "$entries" -gt 0 ] || fail "nothing went into the kernel cache"
 echo "kernel cache: $entries entries"
