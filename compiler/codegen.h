@@ -2,24 +2,48 @@
 // reduction, instantiating the templates of templates/qforge/cast.cuh. The source depends on
 // the plan's structure only (never on recipe or role names), so identical kernels of different
 // recipes share one cache entry.
+//
+// A plan compiles to one program per form (QuantizeForm), each a cache entry of its own, so a
+// first call compiles only the form it launches (docs/jit.md, "Kernels per program"): the
+// separate form (cast kernel, amax pre-pass kernel, row kernel) and, for plans with a global
+// amax, the one-launch form (the cooperative fused kernel). The two sources differ (each names
+// its form and defines only the configs its kernels use), so their keys differ.
 #pragma once
 #include <cstdint>
 #include <optional>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "compiler/ir.h"
 
 namespace qf {
 
+// The programs a quantize plan compiles to.
+enum class QuantizeForm {
+  Separate,   // cast_kernel, the amax pre-pass (amax_kernel) and the one-pass row_kernel, where the plan has them
+  OneLaunch,  // fused_kernel alone: single tensors whose tiles fit on the GPU at once
+};
+std::string_view name(QuantizeForm f);  // "separate", "one-launch"
+
 struct KernelSource {
   std::string source;                     // the translation unit given to NVRTC
+  // Name expressions of the kernels the source's program holds. A quantize plan's separate form
+  // has the cast kernel and, where the plan has them, the amax and row kernels; its one-launch
+  // form only the fused kernel (cast_kernel empty). Sources of other kernels (history update,
+  // dequantize) name their one kernel cast_kernel.
   std::string cast_kernel;                // name expression of the cast kernel
   std::optional<std::string> amax_kernel; // name expression of the phase-0 reduction, if any
   std::optional<std::string> fused_kernel;  // the one-launch form for small single tensors, if any
   uint32_t smem_bytes = 0;                // dynamic shared memory of any of the kernels
+  // The plan's launch geometry, the same in both forms' sources (a runtime choosing a form before
+  // compiling it needs it): smem_bytes above, the threads and launch-bound min blocks below.
   int fused_threads = 0;                  // threads per CTA of fused_kernel (tile.threads: the others')
   int min_blocks = 0;                     // the cast kernel's __launch_bounds__ min blocks (Cfg::kMinBlocks)
+  // The fused kernel's __launch_bounds__ min blocks (CfgFused::kMinBlocks, else Cfg's), 0 for a
+  // plan without it: ptxas keeps its registers within what that many CTAs per SM allow, so that
+  // many times the SM count is a lower bound of its occupancy known before compiling it.
+  int fused_min_blocks = 0;
   // The one-pass form of plans with row_pass (below), if any: its threads per CTA and the 16-byte
   // input chunks each thread holds (a row of K elements fits 8 warps when K / chunk elements
   // <= row_threads * row_chunks).
@@ -32,12 +56,18 @@ struct KernelSource {
     const char* kind;                 // "cast_kernel", "amax_kernel", "fused_kernel" or "row_kernel"
     const std::string* name;          // its name expression (points into this KernelSource)
   };
-  // The kernels present: the cast kernel, then the amax, fused and row kernels where the plan has
-  // them.
+  // The kernels the source holds, in this order: the cast kernel, then the amax, fused and row
+  // kernels where it has them.
   std::vector<Kernel> kernels() const;
 };
 
-KernelSource emit_quantize(const Plan& plan);
+// Whether the plan has a one-launch form (a tensor or per-channel amax reduced over the whole
+// tensor): its forms are then Separate and OneLaunch, else Separate alone.
+bool has_one_launch(const Plan& plan);
+std::vector<QuantizeForm> quantize_forms(const Plan& plan);
+
+// The source of one form of the plan (InternalError for OneLaunch where has_one_launch is false).
+KernelSource emit_quantize(const Plan& plan, QuantizeForm form);
 
 // Whether the plan has a one-pass form (cast.cuh row_kernel): every stream rowwise, row-major,
 // one scale per row (per-channel), and every global reduction those rows' amaxes (no RHT). A

@@ -849,6 +849,7 @@ std::vector<CacheListing> KernelCache::list() const {
           if (auto md = m.find("metadata"); md != m.end() && md->is_object()) {
             if (md->contains("recipe") && (*md)["recipe"].is_string()) l.recipe = (*md)["recipe"];
             if (md->contains("role") && (*md)["role"].is_string()) l.role = (*md)["role"];
+            if (md->contains("form") && (*md)["form"].is_string()) l.form = (*md)["form"];
           }
         }
       }

@@ -138,6 +138,7 @@ struct CacheOptions {
 
 struct CacheListing {
   std::string key, kind, arch, recipe, role;  // recipe/role from metadata, "" if absent
+  std::string form;                           // a quantize plan's program: "separate" / "one-launch" (metadata), else ""
   uint64_t size = 0;                          // image bytes
   int64_t created_unix = 0, last_use_unix = 0;
   std::string root;

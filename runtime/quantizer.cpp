@@ -18,10 +18,10 @@
 
 namespace qf::rt {
 
-QuantizeKernels build_quantize_kernels(const Plan& plan, const std::string& arch, KernelCache& cache) {
+QuantizeKernels build_quantize_kernels(const Plan& plan, QuantizeForm form, const std::string& arch, KernelCache& cache) {
   check_quantize_arch(arch);
   QuantizeKernels k;
-  k.source = emit_quantize(plan);
+  k.source = emit_quantize(plan, form);
   CompileRequest req;
   req.source = k.source.source;
   req.source_name = "qforge_quantize.cu";
@@ -31,19 +31,29 @@ QuantizeKernels build_quantize_kernels(const Plan& plan, const std::string& arch
                          {"recipe", plan.recipe},
                          {"role", plan.role},
                          {"input", std::string(traits(plan.input).name)},
-                         {"usage", std::string(name(plan.usage))}};
+                         {"usage", std::string(name(plan.usage))},
+                         {"form", std::string(name(form))}};
   k.cached = cache.get_or_compile(req, meta);
   return k;
 }
 
-struct Quantizer::Loaded {
+struct Quantizer::Form {
   QuantizeKernels kernels;
   std::shared_ptr<const Module> module;
-  CUfunction cast = nullptr;
+  CUfunction cast = nullptr;  // the separate form's
   CUfunction amax = nullptr;
-  CUfunction fused = nullptr;
-  int64_t fused_ctas = 0;  // how many CTAs of `fused` fit on the device at once
   CUfunction row = nullptr;
+  CUfunction fused = nullptr;  // the one-launch form's
+  int64_t fused_ctas = 0;      // how many CTAs of `fused` fit on the device at once
+};
+
+struct Quantizer::Loaded {
+  int device = -1;
+  std::string arch;
+  Plan plan;              // plan_ with the device's tile
+  KernelSource geometry;  // the separate form's source: tile, shared memory, threads (the same in both forms)
+  int64_t fused_guaranteed = 0;  // fused_min_blocks x SMs: CTAs of the fused kernel certain to fit (0: no such form)
+  std::shared_ptr<const Form> separate, one_launch;  // guarded by Quantizer::mu_
 };
 
 namespace {
@@ -77,7 +87,8 @@ bool stream_capturing(CUstream stream) {
 
 Quantizer::Quantizer(Plan plan, KernelCache& cache, bool use_tuning)
     : plan_(std::move(plan)), cache_(cache), use_tuning_(use_tuning), one_launch_(one_launch_enabled()),
-      row_pass_(row_pass_enabled() && has_row_pass(plan_)) {
+      row_pass_(row_pass_enabled() && has_row_pass(plan_)),
+      refuse_cooperative_(env_flag("QFORGE_TEST_COOPERATIVE_TOO_LARGE", false)) {
   verify(plan_);
   separate_in_capture_ = separate_in_capture(plan_);
   inputs_ = input_buffers(plan_);
@@ -92,42 +103,65 @@ Quantizer::Quantizer(Plan plan, KernelCache& cache, bool use_tuning)
 }
 
 CacheHow Quantizer::prepare(const std::string& arch) const {
-  const CacheHow how = build_quantize_kernels(plan_, arch, cache_).cached.how;
+  CacheHow how = CacheHow::MemoryHit;
+  for (QuantizeForm f : quantize_forms(plan_)) {
+    const CacheHow h = build_quantize_kernels(plan_, f, arch, cache_).cached.how;
+    if (h == CacheHow::Compiled || (h == CacheHow::DiskHit && how == CacheHow::MemoryHit)) how = h;
+  }
   for (const auto& [mode, format] : history_rules(plan_)) (void)build_history_kernel(mode, format, arch, cache_);
   return how;
 }
 
-std::shared_ptr<const Quantizer::Loaded> Quantizer::load_for_current_device() const {
+Quantizer::View Quantizer::load_for_current_device() const {
   const int dev = current_device();
   {
     std::lock_guard<std::mutex> g(mu_);
-    if (auto it = loaded_.find(dev); it != loaded_.end()) return it->second;
+    if (auto it = loaded_.find(dev); it != loaded_.end()) return {it->second, it->second->separate, it->second->one_launch};
   }
-  // Compile / load outside the lock; a racing thread may do the same, the cache dedupes.
+  // The device's first call: its tile and geometry, no compile (each form's entry is loaded when
+  // a call first needs it). A racing thread may do the same; the first one kept wins.
   auto l = std::make_shared<Loaded>();
-  Plan plan = plan_;
-  const std::string arch = device_arch(dev);
+  l->device = dev;
+  l->arch = device_arch(dev);
+  l->plan = plan_;
   if (use_tuning_)
-    if (auto t = find_tuning(plan, arch, device_name(dev), cache_)) plan.tile = t->tile;
-  l->kernels = build_quantize_kernels(plan, arch, cache_);
-  const auto& entry = *l->kernels.cached.entry;
-  l->module = module_registry().get(dev, entry.key, std::string_view(entry.image));
-  l->cast = l->module->function(entry.lowered(l->kernels.source.cast_kernel));
-  if (l->kernels.source.amax_kernel) l->amax = l->module->function(entry.lowered(*l->kernels.source.amax_kernel));
-  allow_dynamic_smem(l->cast, l->kernels.source.smem_bytes);
-  if (l->amax) allow_dynamic_smem(l->amax, l->kernels.source.smem_bytes);
-  if (l->kernels.source.fused_kernel) {
-    l->fused = l->module->function(entry.lowered(*l->kernels.source.fused_kernel));
-    allow_dynamic_smem(l->fused, l->kernels.source.smem_bytes);
-    int per_sm = 0;
-    check(driver().cuOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, l->fused, l->kernels.source.fused_threads,
-                                                               l->kernels.source.smem_bytes),
-          "cuOccupancyMaxActiveBlocksPerMultiprocessor (fused quantize kernel)");
-    l->fused_ctas = int64_t(per_sm) * device_sm_count(dev);
-  }
-  if (l->kernels.source.row_kernel) l->row = l->module->function(entry.lowered(*l->kernels.source.row_kernel));
+    if (auto t = find_tuning(l->plan, l->arch, device_name(dev), cache_)) l->plan.tile = t->tile;
+  l->geometry = emit_quantize(l->plan, QuantizeForm::Separate);
+  l->fused_guaranteed = int64_t(l->geometry.fused_min_blocks) * device_sm_count(dev);
   std::lock_guard<std::mutex> g(mu_);
-  return loaded_.emplace(dev, std::move(l)).first->second;
+  const std::shared_ptr<Loaded>& kept = loaded_.emplace(dev, std::move(l)).first->second;
+  return {kept, kept->separate, kept->one_launch};
+}
+
+std::shared_ptr<const Quantizer::Form> Quantizer::load_form(Loaded& l, QuantizeForm f,
+                                                            std::shared_ptr<const Form> have) const {
+  if (have) return have;
+  auto fm = std::make_shared<Form>();
+  fm->kernels = build_quantize_kernels(l.plan, f, l.arch, cache_);
+  const CacheEntry& entry = *fm->kernels.cached.entry;
+  const KernelSource& ks = fm->kernels.source;
+  fm->module = module_registry().get(l.device, entry.key, std::string_view(entry.image));
+  if (!ks.cast_kernel.empty()) {
+    fm->cast = fm->module->function(entry.lowered(ks.cast_kernel));
+    allow_dynamic_smem(fm->cast, ks.smem_bytes);
+  }
+  if (ks.amax_kernel) {
+    fm->amax = fm->module->function(entry.lowered(*ks.amax_kernel));
+    allow_dynamic_smem(fm->amax, ks.smem_bytes);
+  }
+  if (ks.row_kernel) fm->row = fm->module->function(entry.lowered(*ks.row_kernel));
+  if (ks.fused_kernel) {
+    fm->fused = fm->module->function(entry.lowered(*ks.fused_kernel));
+    allow_dynamic_smem(fm->fused, ks.smem_bytes);
+    int per_sm = 0;
+    check(driver().cuOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, fm->fused, ks.fused_threads, ks.smem_bytes),
+          "cuOccupancyMaxActiveBlocksPerMultiprocessor (fused quantize kernel)");
+    fm->fused_ctas = int64_t(per_sm) * device_sm_count(l.device);
+  }
+  std::lock_guard<std::mutex> g(mu_);
+  std::shared_ptr<const Form>& slot = f == QuantizeForm::Separate ? l.separate : l.one_launch;
+  if (!slot) slot = std::move(fm);
+  return slot;
 }
 
 std::vector<BufferDesc> Quantizer::grouped_outputs(std::span<const int64_t> counts, int64_t k) const {
@@ -362,9 +396,11 @@ Dim3 cast_grid(const TileConfig& t, Shape2D shape, int grouped_members) {
 // A single tensor whose tiles all fit on the GPU at once: one cooperative launch of the fused
 // kernel, which zeroes the amax outputs and the channel workspace and folds the amax pre-pass
 // in. Every stream operation costs microseconds of host and GPU time, which is most of a small
-// call.
-bool Quantizer::fits_one_launch(const Loaded& l, const Dim3& grid, bool grouped) const {
-  return l.fused && one_launch_ && !grouped && int64_t(grid.x) * grid.y <= l.fused_ctas;
+// call. Before the fused kernel is loaded its occupancy is not known, only the lower bound its
+// launch bounds give; once loaded, its occupancy decides.
+bool Quantizer::fits_one_launch(const Loaded& l, const Form* one_launch, int64_t ctas, bool grouped) const {
+  if (!one_launch_ || grouped || l.fused_guaranteed == 0) return false;
+  return ctas <= (one_launch ? one_launch->fused_ctas : l.fused_guaranteed);
 }
 
 // The warps of row_kernel that own one row of K elements (cast.cuh row_warps, the same rule),
@@ -383,22 +419,60 @@ int Quantizer::row_pass_warps(Shape2D shape) const {
 bool Quantizer::row_pass(Shape2D shape) const { return row_pass_warps(shape) > 0; }
 
 bool Quantizer::one_launch(Shape2D shape) const {
-  auto l = load_for_current_device();
-  return fits_one_launch(*l, cast_grid(l->kernels.source.tile, shape, 0), false);
+  const View v = load_for_current_device();
+  const Dim3 grid = cast_grid(v.device->geometry.tile, shape, 0);
+  const int64_t ctas = int64_t(grid.x) * grid.y;
+  if (!fits_one_launch(*v.device, v.one_launch.get(), ctas, false)) return false;
+  // Loaded, as a call would load it: its occupancy decides.
+  const auto one = load_form(*v.device, QuantizeForm::OneLaunch, v.one_launch);
+  return fits_one_launch(*v.device, one.get(), ctas, false);
 }
 
 void Quantizer::quantize(const QuantizeCall& call, CUstream stream) const {
   const BoundCall bc = bind(call);
   const bool grouped = call.member_rows != 0;
-  auto l = load_for_current_device();
+  const View v = load_for_current_device();
+  Loaded& l = *v.device;
   const Driver& d = driver();
-  const TileConfig& t = l->kernels.source.tile;
+  const KernelSource& geo = l.geometry;
+  const TileConfig& t = geo.tile;
   const Dim3 grid = cast_grid(t, call.shape, grouped ? bc.args.num_members : 0);
+  const int64_t ctas = int64_t(grid.x) * grid.y;
   QuantizeArgs args = bc.args;
   void* params[] = {&args};
-  const size_t smem = l->kernels.source.smem_bytes;
+  const size_t smem = geo.smem_bytes;
   const Dim3 block{unsigned(t.threads)};
-  const bool fused = fits_one_launch(*l, grid, grouped) && !(separate_in_capture_ && stream_capturing(stream));
+
+  // Which form serves the call, decided before anything is enqueued: the row kernel (separate
+  // entry) where the rows fit it, else the fused kernel where the grid fits it, else the separate
+  // launches. Its entry is loaded (compiled on a miss) if this is the device's first call of it.
+  // Rows that fit a CTA take the one-pass row kernel (no amax pre-pass, no channel workspace). A
+  // grouped call's rowwise per-channel outputs are its members' concatenated (one scale entry per
+  // row, no padding; the members' offsets end at M), so the kernel takes them as one tensor.
+  const int warps = call.input.ptr % 16 != 0 || !geo.row_kernel ? 0 : row_pass_warps(call.shape);
+  enum class Take { Row, Fused, Separate } take = Take::Separate;
+  bool capturing = false, capture_known = false;
+  auto is_capturing = [&] {
+    if (!capture_known) capturing = stream_capturing(stream), capture_known = true;
+    return capturing;
+  };
+  if (warps > 0) take = Take::Row;
+  else if (fits_one_launch(l, v.one_launch.get(), ctas, grouped) && !(separate_in_capture_ && is_capturing()))
+    take = Take::Fused;
+  // A capture loads nothing where a loaded form can serve the call (both forms write the same bits).
+  if (take == Take::Fused && !v.one_launch && v.separate && is_capturing()) take = Take::Separate;
+  else if (take != Take::Fused && !v.separate && v.one_launch && fits_one_launch(l, v.one_launch.get(), ctas, grouped) &&
+           is_capturing())
+    take = Take::Fused;
+  std::shared_ptr<const Form> f;
+  if (take == Take::Fused) {
+    f = load_form(l, QuantizeForm::OneLaunch, v.one_launch);
+    if (!fits_one_launch(l, f.get(), ctas, grouped)) take = Take::Separate;  // occupancy below its launch bounds' promise
+    // A capture of this shape takes the separate form for these plans: load it now, not then.
+    else if (separate_in_capture_ && !v.separate && !is_capturing()) (void)load_form(l, QuantizeForm::Separate, nullptr);
+  }
+  if (take != Take::Fused) f = load_form(l, QuantizeForm::Separate, v.separate);
+
   auto zero_buffers = [&](bool fused_zeroes) {
     for (int i = 0; i < bc.num_zero; ++i)
       if (bc.zero[size_t(i)].fused_zeroes == fused_zeroes)
@@ -406,32 +480,32 @@ void Quantizer::quantize(const QuantizeCall& call, CUstream stream) const {
               "zeroing amax / padded scales");
   };
   zero_buffers(false);
-  // Rows that fit a CTA: the one-pass row kernel (no amax pre-pass, no channel workspace). A
-  // grouped call's rowwise per-channel outputs are its members' concatenated (one scale entry per
-  // row, no padding; the members' offsets end at M), so the kernel takes them as one tensor.
-  if (const int warps = call.input.ptr % 16 != 0 ? 0 : row_pass_warps(call.shape); warps > 0 && l->row) {
-    QF_CHECK(l->kernels.source.row_threads == 256 && l->kernels.source.row_chunks == 8, "row kernel's CTA as row_pass_warps assumes");
+  if (take == Take::Row) {
+    QF_CHECK(geo.row_threads == 256 && geo.row_chunks == 8 && f->row, "row kernel's CTA as row_pass_warps assumes");
     const uint64_t rows_per_cta = uint64_t(256 / 32 / warps);
-    launch(l->row, Dim3{unsigned(ceil_div(uint64_t(call.shape.m), rows_per_cta))}, Dim3{256}, 0, stream, params, {},
+    launch(f->row, Dim3{unsigned(ceil_div(uint64_t(call.shape.m), rows_per_cta))}, Dim3{256}, 0, stream, params, {},
            SmemLimit::kPrepared);
     return;
   }
-  if (fused) {
+  if (take == Take::Fused) {
     CUlaunchAttribute coop{};
     coop.id = CU_LAUNCH_ATTRIBUTE_COOPERATIVE;
     coop.value.cooperative = 1;
     try {
-      launch(l->fused, grid, Dim3{unsigned(l->kernels.source.fused_threads)}, smem, stream, params, {&coop, 1},
-             SmemLimit::kPrepared);
+      if (refuse_cooperative_)
+        throw CudaError(CUDA_ERROR_COOPERATIVE_LAUNCH_TOO_LARGE, "cooperative launch refused (QFORGE_TEST_COOPERATIVE_TOO_LARGE=1)");
+      launch(f->fused, grid, Dim3{unsigned(geo.fused_threads)}, smem, stream, params, {&coop, 1}, SmemLimit::kPrepared);
       return;
     } catch (const CudaError& e) {
-      // Fewer SMs than the device has (MPS, green contexts): the separate launches.
+      // Fewer SMs than the device has (MPS, green contexts): the separate launches, whose entry
+      // is loaded (compiled on a miss) if no call has needed it yet.
       if (e.code() != CUDA_ERROR_COOPERATIVE_LAUNCH_TOO_LARGE) throw;
     }
+    f = load_form(l, QuantizeForm::Separate, v.separate);
   }
   zero_buffers(true);
-  if (l->amax) launch(l->amax, grid, block, smem, stream, params, {}, SmemLimit::kPrepared);
-  launch(l->cast, grid, block, smem, stream, params, {}, SmemLimit::kPrepared);
+  if (f->amax) launch(f->amax, grid, block, smem, stream, params, {}, SmemLimit::kPrepared);
+  launch(f->cast, grid, block, smem, stream, params, {}, SmemLimit::kPrepared);
 }
 
 void check_quantize_arch(const std::string& arch) {

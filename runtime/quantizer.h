@@ -23,7 +23,7 @@ namespace qf::rt {
 struct Dim3;
 class Module;
 
-// The plan's kernels for one arch, from the cache (compiled on a miss).
+// One program's kernels for one arch, from the cache (compiled on a miss).
 struct QuantizeKernels {
   KernelSource source;
   CacheResult cached;
@@ -31,7 +31,9 @@ struct QuantizeKernels {
 // UserError("arch", ...) unless the quantize kernels can be built for `arch`: sm_<number>[a|f]
 // that NVRTC knows (or newer, as PTX), sm_80 or newer.
 void check_quantize_arch(const std::string& arch);
-QuantizeKernels build_quantize_kernels(const Plan& plan, const std::string& arch, KernelCache& cache);
+// One form of the plan (codegen.h QuantizeForm: a cache entry of its own), compiled or loaded.
+// The entry's metadata names the form ("form": "separate" / "one-launch").
+QuantizeKernels build_quantize_kernels(const Plan& plan, QuantizeForm form, const std::string& arch, KernelCache& cache);
 
 struct QuantizeCall {
   TensorView input;                           // [M, K], the plan's input dtype
@@ -86,7 +88,11 @@ class Quantizer {
   int64_t workspace_bytes(Shape2D shape, int num_members = 1) const;
 
   // Validates every argument (UserError naming it), then launches on `stream` in the current
-  // context. The first call per device compiles or loads the kernels. A call is one launch
+  // context. The plan's two forms (codegen.h QuantizeForm) are two cache entries, each compiled
+  // or loaded on a device when a call first needs it: a call that takes the one-launch form
+  // loads only its entry (the fused kernel), any other call the separate entry (cast, amax and
+  // row kernels), so a first call compiles one of them, not both (prepare() compiles both). A
+  // call is one launch
   // (memsets included) where it can be: plans with tensor or per-channel amaxes (current /
   // delayed scaling, NVFP4, per-channel fp8 and int8) on a single tensor whose tiles all fit on
   // the GPU at once run the cooperative fused_kernel, which zeroes the amax outputs and the
@@ -97,11 +103,24 @@ class Quantizer {
   // captured into a CUDA graph for a plan with per-column channel amaxes (fp8 per-channel and
   // int8 SR weights in training), where the extra launches cost less than the fused form's grid
   // barriers (separate_in_capture).
+  //
+  // Which grids take the fused kernel: before its entry is loaded on the device, those of at most
+  // its guaranteed capacity (KernelSource::fused_min_blocks x the SM count: what its launch
+  // bounds guarantee, known before compiling it), which load it; once loaded, those of at most
+  // its occupancy (cuOccupancyMaxActiveBlocksPerMultiprocessor x the SM count), recorded then.
+  // A cooperative launch the device refuses as too large (fewer SMs for this context: MPS, green
+  // contexts) falls back to the separate form, loading its entry if needed. Both forms write the
+  // same bits, so which one serves a call changes no result. So that a capture of a shape made
+  // after a direct call of it loads nothing: a direct call of a plan that captures the separate
+  // form (separate_in_capture) loads it too when it takes the fused form; and a call being
+  // captured takes a form already loaded where it can serve the call rather than loading the
+  // other one.
   void quantize(const QuantizeCall& call, CUstream stream) const;
 
   // Whether a direct call of this single-tensor shape takes the one-launch form on the current
   // device (false for plans without it, QFORGE_ONE_LAUNCH=0 or a grid larger than one wave);
-  // loads the kernels as quantize() does. A capture may still take the separate form (above).
+  // loads the form it answers for as quantize() does. A capture may still take the separate form
+  // (above).
   bool one_launch(Shape2D shape) const;
 
   // Whether a direct call of this shape (16-byte aligned input; a single tensor or a grouped
@@ -117,13 +136,28 @@ class Quantizer {
   // last, so a repeated call checks pointers and sizes against it without recomputing it.
   BoundCall bind(const QuantizeCall& call) const;
 
-  // Compiles (or loads) for `arch` without a GPU; returns how the cache answered.
+  // Compiles (or finds in the cache) both forms of the plan and the history kernels of its
+  // delayed-scaling streams for `arch`, without a GPU, so that no later call compiles (a CUDA-graph
+  // capture included; the first call of a shape on a device still loads its form's module):
+  // Compiled if any of them was compiled, else DiskHit if any came from disk, else MemoryHit.
   CacheHow prepare(const std::string& arch) const;
 
  private:
-  struct Loaded;
-  std::shared_ptr<const Loaded> load_for_current_device() const;
-  bool fits_one_launch(const Loaded& l, const Dim3& grid, bool grouped) const;
+  struct Form;    // one form's cache entry loaded on a device: its module and functions
+  struct Loaded;  // a device's state: the plan with its tile, the launch geometry, the forms loaded
+  // The current device's state (created on its first call: the tile `qforge tune` stored, the
+  // geometry from codegen, no compile) and the forms loaded there so far, read under one lock.
+  struct View {
+    std::shared_ptr<Loaded> device;
+    std::shared_ptr<const Form> separate, one_launch;  // null until loaded
+  };
+  View load_for_current_device() const;
+  // The form's entry on the device: `have` if loaded, else compiled or loaded now, outside every
+  // lock (racing threads may both do it; the cache compiles once and the first one kept wins).
+  std::shared_ptr<const Form> load_form(Loaded& l, QuantizeForm f, std::shared_ptr<const Form> have) const;
+  // Whether a grid of `ctas` CTAs takes the one-launch form by what is known: its occupancy once
+  // loaded, else its guaranteed capacity.
+  bool fits_one_launch(const Loaded& l, const Form* one_launch, int64_t ctas, bool grouped) const;
   int row_pass_warps(Shape2D shape) const;
   struct Layout;
   std::shared_ptr<const Layout> layout(Shape2D shape, int members, bool grouped) const;
@@ -134,8 +168,12 @@ class Quantizer {
   bool one_launch_ = true;  // QFORGE_ONE_LAUNCH=0 turns the fused form off (A/B, debugging)
   bool row_pass_ = false;   // the plan has a row kernel and QFORGE_ROW_PASS is not 0
   bool separate_in_capture_ = false;  // separate_in_capture(plan_)
-  mutable std::mutex mu_;
-  mutable std::map<int, std::shared_ptr<const Loaded>> loaded_;  // by device
+  // QFORGE_TEST_COOPERATIVE_TOO_LARGE=1 (read at construction; tests only): every cooperative
+  // launch of the fused kernel is refused, before launching, as CUDA_ERROR_COOPERATIVE_LAUNCH_TOO_LARGE
+  // (what a context with fewer SMs than the device returns), so the fallback runs on any GPU.
+  bool refuse_cooperative_ = false;
+  mutable std::mutex mu_;  // guards loaded_ and each Loaded's forms
+  mutable std::map<int, std::shared_ptr<Loaded>> loaded_;  // by device
   std::vector<BufferDesc> inputs_;  // input_buffers(plan_)
   std::array<int, kMaxStreams> scale_input_{};  // per stream: index into inputs_ of its delayed scale, or -1
   mutable std::mutex layouts_mu_;

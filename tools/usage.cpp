@@ -33,8 +33,9 @@ const Command kCommands[] = {
      "print the kernel plan for one role",
      "Prints the plan the recipe's rule for role R lowers to (after each named pass with\n"
      "--dump-after), its buffers for a shape (--shape, default 256x512), with --source the emitted\n"
-     "CUDA, and with --resources what ptxas gives each kernel for sm_90a: registers, stack, spill\n"
-     "bytes, threads, the cast kernel's launch-bound min blocks (NVRTC; no GPU needed).\n"
+     "CUDA of each form (the separate program; the one-launch program of plans with a global amax),\n"
+     "and with --resources what ptxas gives each kernel of each form for sm_90a: registers, stack,\n"
+     "spill bytes, threads, the cast kernel's launch-bound min blocks (NVRTC; no GPU needed).\n"
      "--dtype: the input dtype (default bf16); --usage: default the recipe's; --grouped: the\n"
      "grouped (MoE) call's plan."},
     {"quantize", cmd_quantize,
@@ -61,7 +62,9 @@ const Command kCommands[] = {
      "amax-history update (one per rule and format), and the recipes' \"gemms\" for sm_90a unless\n"
      "--role is given, into the kernel cache. A directory stands for its *.json recipes.\n"
      "-j: parallel compiles (default: the CPUs this process may run on). Prints a progress bar\n"
-     "(not with --quiet, or when stderr is not a terminal) and a summary table."},
+     "(not with --quiet, or when stderr is not a terminal) and a summary table. A kernel there is\n"
+     "one cache entry: a quantize plan with a global amax counts two (its separate and one-launch\n"
+     "programs), one line breaks the count down."},
     {"tune", cmd_tune,
      "<recipes...|dir> [--role R]... [--usage training,inference] [--dtype bf16]\n"
      "[--shape MxK] [--ms MS] [--search all|tiles|registers] [--dry-run] [--verbose]",
@@ -103,8 +106,9 @@ const Command kCommands[] = {
     {"list", cmd_list,
      "[--json]",
      "list the kernel cache's entries",
-     "One line per cached kernel (key, kind, arch, size, recipe, role, created, last use; read-only\n"
-     "roots' entries marked), then the totals; --json: the same as JSON."},
+     "One line per cached kernel (key, kind, arch, size, recipe, role, form: a quantize plan's\n"
+     "separate or one-launch program, created, last use; read-only roots' entries marked), then the\n"
+     "totals; --json: the same as JSON."},
     {"verify", cmd_verify,
      "",
      "check every cached kernel against its key (exit 1 on problems)",

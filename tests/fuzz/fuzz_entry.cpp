@@ -147,19 +147,26 @@ void check_buffers(const Plan& p) {
 // Everything after the pipeline, for one compiled plan.
 void check_plan(const Plan& p, bool run_ref) {
   if (print(p).empty()) broken("empty plan printout");
-  const KernelSource ks = emit_quantize(p);
-  check_source(ks.source, "emitted source");
-  check_source(ks.cast_kernel, "cast kernel name expression");
-  if (ks.amax_kernel) check_source(*ks.amax_kernel, "amax kernel name expression");
-  if (ks.fused_kernel) check_source(*ks.fused_kernel, "fused kernel name expression");
-  // The source depends on the plan's structure only: not on recipe text or the role's name.
-  Plan anon = p;
-  anon.recipe = "r";
-  anon.role = "m:t";
-  const KernelSource ka = emit_quantize(anon);
-  if (ka.source != ks.source || ka.cast_kernel != ks.cast_kernel || ka.amax_kernel != ks.amax_kernel ||
-      ka.fused_kernel != ks.fused_kernel)
-    broken("emitted source depends on the recipe name or role name");
+  std::string previous;  // the forms' sources differ (each is a cache entry of its own)
+  for (QuantizeForm f : quantize_forms(p)) {
+    const KernelSource ks = emit_quantize(p, f);
+    check_source(ks.source, "emitted source");
+    if (ks.source == previous) broken("two forms of a plan with the same source");
+    previous = ks.source;
+    if ((f == QuantizeForm::Separate) == ks.cast_kernel.empty()) broken("a cast kernel outside the separate form");
+    if (!ks.cast_kernel.empty()) check_source(ks.cast_kernel, "cast kernel name expression");
+    if (ks.amax_kernel) check_source(*ks.amax_kernel, "amax kernel name expression");
+    if (ks.fused_kernel) check_source(*ks.fused_kernel, "fused kernel name expression");
+    if (ks.row_kernel) check_source(*ks.row_kernel, "row kernel name expression");
+    // The source depends on the plan's structure only: not on recipe text or the role's name.
+    Plan anon = p;
+    anon.recipe = "r";
+    anon.role = "m:t";
+    const KernelSource ka = emit_quantize(anon, f);
+    if (ka.source != ks.source || ka.cast_kernel != ks.cast_kernel || ka.amax_kernel != ks.amax_kernel ||
+        ka.fused_kernel != ks.fused_kernel || ka.row_kernel != ks.row_kernel)
+      broken("emitted source depends on the recipe name or role name");
+  }
   for (const auto& s : p.streams)
     if (const auto* d = std::get_if<PerTensorDelayed>(&s.scaling))
       check_source(emit_history_update(*d, s.format).source, "history kernel source");
@@ -266,10 +273,14 @@ std::vector<std::pair<std::string, std::string>> emit_all(const Recipe& recipe) 
             out.emplace_back(key, "<rejected>");
             continue;
           }
-          const KernelSource ks = emit_quantize(p);
-          // The name expressions reach NVRTC too.
-          out.emplace_back(key, ks.source + "// cast_kernel: " + ks.cast_kernel + "\n// amax_kernel: " +
-                                    ks.amax_kernel.value_or("-") + "\n// fused_kernel: " + ks.fused_kernel.value_or("-") + "\n");
+          for (QuantizeForm f : quantize_forms(p)) {
+            const KernelSource ks = emit_quantize(p, f);
+            // The name expressions reach NVRTC too.
+            out.emplace_back(key + " " + std::string(name(f)),
+                             ks.source + "// cast_kernel: " + ks.cast_kernel + "\n// amax_kernel: " +
+                                 ks.amax_kernel.value_or("-") + "\n// fused_kernel: " + ks.fused_kernel.value_or("-") +
+                                 "\n// row_kernel: " + ks.row_kernel.value_or("-") + "\n");
+          }
           for (const auto& s : p.streams)
             if (const auto* m = std::get_if<PerTensorDelayed>(&s.scaling))
               out.emplace_back(key + " history/" + std::string(name(s.dir)),

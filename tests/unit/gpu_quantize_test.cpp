@@ -459,4 +459,169 @@ TEST(GpuQuantizeForm, OneLaunchForOneWaveOfTiles) {
   EXPECT_FALSE(off.one_launch({1024, 1024}));
 }
 
+// The two forms are two cache entries, each compiled when a call first needs it (docs/jit.md,
+// "Kernels per program"). The tests below count compiles in a cache of their own (memory only,
+// so nothing on disk or in another test's cache answers for them) and tell the entries apart by
+// asking the cache for each form afterwards: a memory hit is the form a call compiled.
+Plan form_plan(const char* recipe, const char* role, Usage usage = Usage::Training) {
+  return compile_plan(load_recipe(std::string(QF_SOURCE_DIR) + "/recipes/" + recipe + ".json"),
+                      PlanRequest{role, DType::BF16, usage, false});
+}
+
+qf::rt::CacheOptions memory_only() {
+  qf::rt::CacheOptions o;
+  o.disabled = true;
+  return o;
+}
+
+// Quantizes a bf16 input of `shape` (make_input's values) with q on the current device and
+// returns every output's bytes, in q.outputs(shape)'s order.
+std::vector<std::vector<uint8_t>> run_quantizer(const qf::rt::Quantizer& q, const char* recipe, const char* role,
+                                                Shape2D shape) {
+  using namespace qf::rt;
+  const ref::HostTensor x = make_input(Case{recipe, role, q.plan().usage, DType::BF16, shape, {}}, 5);
+  DeviceBuffer dx(x.bytes.size());
+  dx.upload(x.bytes.data(), x.bytes.size());
+  QuantizeCall call;
+  call.input = TensorView{dx.address(), int64_t(dx.size()), DType::BF16, {shape.m, shape.k}};
+  call.shape = shape;
+  std::vector<DeviceBuffer> keep;
+  const std::vector<BufferDesc> outs = q.outputs(shape);
+  for (const auto& b : outs) {
+    keep.push_back(qf::rt::testing::poisoned_buffer(size_t(std::max<int64_t>(b.bytes, 16))));
+    call.buffers[b.name] = qf::rt::testing::view_of(keep.back());
+  }
+  const float scale = 2.0f;
+  for (const auto& b : q.inputs()) {
+    keep.emplace_back(4);
+    keep.back().upload(&scale, 4);
+    call.buffers[b.name] = qf::rt::testing::view_of(keep.back());
+  }
+  DeviceBuffer work;
+  if (const int64_t ws = q.workspace_bytes(shape); ws > 0) {
+    work = DeviceBuffer(size_t(ws));
+    call.workspace = qf::rt::testing::view_of(work);
+  }
+  qf::rt::Stream stream;
+  q.quantize(call, stream.get());
+  stream.synchronize();
+  std::vector<std::vector<uint8_t>> got;
+  for (size_t i = 0; i < outs.size(); ++i) {
+    got.emplace_back(size_t(outs[i].bytes));
+    keep[i].download(got.back().data(), got.back().size());
+  }
+  return got;
+}
+
+// A shape of more tiles than the fused kernel's guaranteed capacity (its launch bounds' min
+// blocks x the SMs): a first call of it takes the separate form without compiling the other.
+Shape2D beyond_guaranteed_capacity(const Plan& p) {
+  const KernelSource geo = emit_quantize(p, QuantizeForm::Separate);
+  const int64_t cap = int64_t(geo.fused_min_blocks) * qf::rt::device_sm_count(qf::rt::current_device());
+  const int64_t k = 4096, col_tiles = (k + geo.tile.cols - 1) / geo.tile.cols;
+  return Shape2D{geo.tile.rows * (cap / col_tiles + 1), k};
+}
+
+// A large tensor's first call compiles the separate entry only; a small one's later call then
+// compiles the one-launch entry, and both forms' answers agree with one_launch().
+TEST(GpuQuantizeForm, LargeFirstCallCompilesOnlyTheSeparateEntry) {
+  QF_SKIP_WITHOUT_GPU();
+  using namespace qf::rt;
+  const std::string arch = device_arch(current_device());
+  for (const char* recipe : {"current_scaling", "nvfp4"}) {
+    SCOPED_TRACE(recipe);
+    const Plan p = form_plan(recipe, "linear:input");
+    KernelCache cache(memory_only());
+    const Quantizer q(p, cache, /*use_tuning=*/false);
+    const Shape2D large = beyond_guaranteed_capacity(p);
+    EXPECT_FALSE(q.one_launch(large));
+    EXPECT_EQ(cache.stats().compiles, 0u) << "one_launch() of a grid past the guaranteed capacity loads nothing";
+    (void)run_quantizer(q, recipe, "linear:input", large);
+    EXPECT_EQ(cache.stats().compiles, 1u);
+    EXPECT_EQ(build_quantize_kernels(p, QuantizeForm::Separate, arch, cache).cached.how, CacheHow::MemoryHit)
+        << "the call compiled the separate entry";
+    EXPECT_EQ(cache.stats().compiles, 1u);
+    EXPECT_TRUE(q.one_launch({256, 512}));
+    EXPECT_EQ(cache.stats().compiles, 2u) << "the one-launch entry, compiled on its first need";
+    (void)run_quantizer(q, recipe, "linear:input", {256, 512});
+    EXPECT_EQ(cache.stats().compiles, 2u);
+  }
+}
+
+// A small tensor's first call compiles the one-launch entry only (the fused kernel), except for
+// plans that capture the separate form (per-column channel amaxes: it is loaded with it, so a
+// capture after the call loads nothing) and for calls the row kernel serves (separate entry).
+TEST(GpuQuantizeForm, SmallFirstCallCompilesOnlyTheOneLaunchEntry) {
+  QF_SKIP_WITHOUT_GPU();
+  using namespace qf::rt;
+  const std::string arch = device_arch(current_device());
+  struct F {
+    const char* recipe;
+    const char* role;
+    Usage usage;
+    uint64_t compiles;
+    QuantizeForm compiled;  // the form the first call compiled (with compiles == 1)
+  };
+  const F cases[] = {{"current_scaling", "linear:input", Usage::Training, 1, QuantizeForm::OneLaunch},
+                     {"delayed_scaling", "linear:weight", Usage::Training, 1, QuantizeForm::OneLaunch},
+                     {"nvfp4", "linear:grad_output", Usage::Training, 1, QuantizeForm::OneLaunch},
+                     {"fp8_rowwise", "linear:input", Usage::Training, 2, QuantizeForm::OneLaunch},
+                     {"w8a8_int8_inference", "linear:input", Usage::Inference, 1, QuantizeForm::Separate}};
+  for (const F& c : cases) {
+    SCOPED_TRACE(std::string(c.recipe) + " " + c.role);
+    const Plan p = form_plan(c.recipe, c.role, c.usage);
+    KernelCache cache(memory_only());
+    const Quantizer q(p, cache, /*use_tuning=*/false);
+    (void)run_quantizer(q, c.recipe, c.role, {256, 512});
+    EXPECT_EQ(cache.stats().compiles, c.compiles);
+    EXPECT_EQ(build_quantize_kernels(p, c.compiled, arch, cache).cached.how, CacheHow::MemoryHit);
+    EXPECT_EQ(cache.stats().compiles, c.compiles) << "the call compiled the " << name(c.compiled) << " entry";
+  }
+}
+
+// prepare() compiles both entries, so no call compiles afterwards (a CUDA-graph capture
+// included), whatever its shape.
+TEST(GpuQuantizeForm, PreparedQuantizerCompilesNothingOnCalls) {
+  QF_SKIP_WITHOUT_GPU();
+  using namespace qf::rt;
+  const Plan p = form_plan("current_scaling", "linear:input");
+  KernelCache cache(memory_only());
+  const Quantizer q(p, cache, /*use_tuning=*/false);
+  EXPECT_EQ(q.prepare(device_arch(current_device())), CacheHow::Compiled);
+  EXPECT_EQ(cache.stats().compiles, 2u);
+  (void)run_quantizer(q, "current_scaling", "linear:input", {256, 512});
+  (void)run_quantizer(q, "current_scaling", "linear:input", beyond_guaranteed_capacity(p));
+  EXPECT_EQ(cache.stats().compiles, 2u);
+}
+
+// The cooperative launch refused as too large (a context with fewer SMs: MPS, green contexts;
+// simulated by QFORGE_TEST_COOPERATIVE_TOO_LARGE): the call falls back to the separate form,
+// compiling its entry then, and writes exactly what the one-launch form writes.
+TEST(GpuQuantizeForm, CooperativeFallbackCompilesTheSeparateEntry) {
+  QF_SKIP_WITHOUT_GPU();
+  using namespace qf::rt;
+  const std::string arch = device_arch(current_device());
+  for (const char* recipe : {"current_scaling", "nvfp4"}) {
+    SCOPED_TRACE(recipe);
+    const Plan p = form_plan(recipe, "linear:input");
+    KernelCache fused_cache(memory_only()), refused_cache(memory_only());
+    const Quantizer fused(p, fused_cache, false);
+    ::setenv("QFORGE_TEST_COOPERATIVE_TOO_LARGE", "1", 1);
+    const Quantizer refused(p, refused_cache, false);
+    ::unsetenv("QFORGE_TEST_COOPERATIVE_TOO_LARGE");
+    const Shape2D shape{256, 512};
+    ASSERT_TRUE(fused.one_launch(shape));
+    const auto want = run_quantizer(fused, recipe, "linear:input", shape);
+    EXPECT_EQ(fused_cache.stats().compiles, 1u);
+    const auto got = run_quantizer(refused, recipe, "linear:input", shape);
+    EXPECT_EQ(refused_cache.stats().compiles, 2u) << "the one-launch entry, then the separate one for the fallback";
+    EXPECT_EQ(build_quantize_kernels(p, QuantizeForm::Separate, arch, refused_cache).cached.how, CacheHow::MemoryHit);
+    ASSERT_EQ(got.size(), want.size());
+    const std::vector<BufferDesc> outs = fused.outputs(shape);
+    for (size_t i = 0; i < got.size(); ++i) EXPECT_TRUE(got[i] == want[i]) << outs[i].name;
+    (void)run_quantizer(refused, recipe, "linear:input", shape);
+    EXPECT_EQ(refused_cache.stats().compiles, 2u) << "a later fallback loads nothing new";
+  }
+}
+
 }  // namespace

@@ -312,13 +312,15 @@ TEST(SelectTiles, FusedFormTakesAtLeast256Threads) {
   EXPECT_EQ(fused_threads(TileConfig{16, 64, 128, 4}), 256);
   const Plan nv = plan_for("nvfp4", "linear:input");  // 64 x 128, 128 threads
   ASSERT_EQ(nv.tile.threads, 128);
-  const KernelSource ks = emit_quantize(nv);
+  const KernelSource ks = emit_quantize(nv, QuantizeForm::OneLaunch);
   EXPECT_EQ(ks.fused_threads, 256);
   ASSERT_TRUE(ks.fused_kernel.has_value());
   EXPECT_NE(ks.fused_kernel->find("qf_gen::CfgFused"), std::string::npos) << *ks.fused_kernel;
   EXPECT_NE(ks.source.find("struct CfgFused : Cfg"), std::string::npos);
+  EXPECT_EQ(emit_quantize(nv, QuantizeForm::Separate).source.find("CfgFused"), std::string::npos)
+      << "the separate form's source defines only what its kernels use";
   const Plan cur = plan_for("current_scaling", "linear:input");  // 256 threads already
-  const KernelSource kc = emit_quantize(cur);
+  const KernelSource kc = emit_quantize(cur, QuantizeForm::OneLaunch);
   EXPECT_EQ(kc.fused_threads, cur.tile.threads);
   EXPECT_EQ(kc.source.find("CfgFused"), std::string::npos);
 }
@@ -363,7 +365,7 @@ TEST(SelectTiles, RegisterBudgetCandidatesAndLaunchBounds) {
   for (const TileConfig& t : pt) {
     Plan q2 = p;
     q2.tile = t;
-    eff.push_back(emit_quantize(q2).min_blocks);
+    eff.push_back(emit_quantize(q2, QuantizeForm::Separate).min_blocks);
   }
   std::vector<int> uniq = eff;
   std::sort(uniq.begin(), uniq.end());
@@ -374,11 +376,11 @@ TEST(SelectTiles, RegisterBudgetCandidatesAndLaunchBounds) {
   for (const TileConfig& t : tile_candidates(plan_for("nvfp4", "linear:weight"), TileSearch::Registers))
     if (t.min_blocks) fp4.push_back(t.min_blocks);
   EXPECT_EQ(fp4, (std::vector<int>{8, 6, 5, 4, 3, 2}));
-  const KernelSource def = emit_quantize(p);
+  const KernelSource def = emit_quantize(p, QuantizeForm::Separate);
   EXPECT_GE(def.min_blocks, 1);
   Plan q = p;
   q.tile.min_blocks = 3;
-  const KernelSource ks = emit_quantize(q);
+  const KernelSource ks = emit_quantize(q, QuantizeForm::Separate);
   EXPECT_EQ(ks.min_blocks, 3);
   EXPECT_NE(ks.source.find("static constexpr long long kMinBlocks = 3;"), std::string::npos);
   EXPECT_NE(print(q).find("min_blocks=3"), std::string::npos);
@@ -409,7 +411,7 @@ TEST(SelectTiles, EveryCandidateFitsSharedMemory) {
           for (const TileConfig& t : tile_candidates(p)) {
             Plan c = p;
             c.tile = t;
-            EXPECT_LE(emit_quantize(c).smem_bytes, 227u * 1024u)
+            EXPECT_LE(emit_quantize(c, QuantizeForm::Separate).smem_bytes, 227u * 1024u)
                 << recipe << " " << role << " " << t.rows << "x" << t.cols << "/" << t.threads;
             ++checked;
           }

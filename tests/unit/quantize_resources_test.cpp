@@ -58,7 +58,8 @@ TEST_P(QuantizeResources, SpillsWithinTheListedBudget) {
         continue;  // a role or usage the recipe does not define
       }
       if (p.streams.empty()) continue;
-      const KernelSource ks = emit_quantize(p);
+      for (QuantizeForm form : quantize_forms(p)) {  // each form as the runtime compiles it: a program of its own
+      const KernelSource ks = emit_quantize(p, form);
       std::vector<std::string> names;
       for (const auto& kernel : ks.kernels()) names.push_back(*kernel.name);
       const rt::CompileResult c =
@@ -76,6 +77,7 @@ TEST_P(QuantizeResources, SpillsWithinTheListedBudget) {
         EXPECT_LE(k.spill_store_bytes, it == spill_budget().end() ? 0 : it->second)
             << key << ": " << k.registers << " registers, " << k.spill_store_bytes << " B spill stores";
         ++kernels;
+      }
       }
     }
   EXPECT_GT(kernels, 0);
