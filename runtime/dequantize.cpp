@@ -61,6 +61,18 @@ void dequantize(const qf::Stream& s, Shape2D in, const DequantizeCall& call, DTy
   check_disjoint("out", call.out, "data", call.data);
   check_disjoint("out", call.out, "scale", call.scale);
   check_disjoint("out", call.out, "amax", call.amax);
+  if (call.s_dec_out.ptr) {
+    if (storage != ScaleStorage::E4M3)
+      throw UserError("s_dec_out", "only NVFP4 (e4m3 block scales under a per-tensor decode scale) leaves a decode "
+                                   "scale out of its values");
+    check_buffer("s_dec_out", call.s_dec_out, 4, 4, "fp32 [1] (the global decode scale, for a GEMM's alpha)");
+    check_disjoint("s_dec_out", call.s_dec_out, "out", call.out);
+    check_disjoint("s_dec_out", call.s_dec_out, "data", call.data);
+    check_disjoint("s_dec_out", call.s_dec_out, "scale", call.scale);
+    check_disjoint("s_dec_out", call.s_dec_out, "amax", call.amax);
+  } else if (call.s_dec_multiply) {
+    throw UserError("s_dec_out", "s_dec_multiply needs s_dec_out");
+  }
 
   const int dev = current_device();
   // Every dequantize after the first of a kind on a device finds its function here, without
@@ -94,6 +106,8 @@ void dequantize(const qf::Stream& s, Shape2D in, const DequantizeCall& call, DTy
   args.amax = reinterpret_cast<const float*>(call.amax.ptr);
   args.out = reinterpret_cast<void*>(call.out.ptr);
   args.transposed_out = call.transposed_out ? 1 : 0;
+  args.s_dec_out = reinterpret_cast<float*>(call.s_dec_out.ptr);
+  args.s_dec_in = call.s_dec_multiply ? args.s_dec_out : nullptr;
   const int64_t pairs = (d.m * d.k + 1) / 2;
   const int64_t want = (pairs + fn.threads - 1) / fn.threads;
   const int64_t cap = int64_t(device_sm_count(dev)) * 8;

@@ -21,6 +21,12 @@ struct DequantizeCall {
   TensorView out;    // rows x cols elements of the output dtype
   bool transposed_out = false;  // out holds the data layout transposed ([cols, rows]): a copy kept in
                                 // the input's own layout, turned into the operand a GEMM reads
+  // NVFP4 only, optional (fp32 [1]): the values leave the global decode scale S_dec out (each is
+  // decode(q) * decode(s), exact in bf16) and S_dec is written here instead, for a GEMM on the copy
+  // to take as its alpha; with s_dec_multiply, times the value already there (a launch before this
+  // one on the stream wrote it: two NVFP4 operands give one alpha, rounded once).
+  TensorView s_dec_out;
+  bool s_dec_multiply = false;
 };
 
 // The kernel arguments of a stream whose quantize input was `in` ([M, K]), pointers unset: the

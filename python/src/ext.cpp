@@ -472,6 +472,12 @@ class GemmPlan {
       route_ = a_flip_ || b_flip_ ? "dequant_transpose" : "dequant_mixed";
       a_copy_ = align_up(m_ * k_ * 2);
       b_copy_ = align_up(n_ * k_ * 2);
+      // An NVFP4 operand's copy keeps decode(q) * decode(s), exact in bf16; its per-tensor decode
+      // scale S_dec becomes the bf16 GEMM's alpha (one fp32 in the workspace, written by the
+      // dequantize), so the GEMM's fp32 sums are the only rounding before the output's.
+      a_sdec_ = traits(a_.stream->scaling).scale_storage == ScaleStorage::E4M3;
+      b_sdec_ = traits(b_.stream->scaling).scale_storage == ScaleStorage::E4M3;
+      if (a_sdec_ || b_sdec_) alpha_ = kAlign;
     }
   }
 
@@ -480,7 +486,7 @@ class GemmPlan {
   int64_t workspace_bytes() const {
     std::call_once(ws_once_, [&] {
       const bool kg = k_grouped(gemm_->spec().layout);
-      ws_ = a_copy_ + b_copy_ + align_up(gemm_->workspace_bytes(kg ? k_ : m_, 1));
+      ws_ = a_copy_ + b_copy_ + alpha_ + align_up(gemm_->workspace_bytes(kg ? k_ : m_, 1));
     });
     return ws_;
   }
@@ -507,10 +513,15 @@ class GemmPlan {
       rt::DequantizeCall qb{at(b_base, b_.data), at(b_base, b_.scale), at(b_base, b_.amax),
                             rt::TensorView{workspace + uint64_t(a_copy_), n_ * k_ * 2, {}, {}}, b_flip_};
       if (ws_bytes && !workspace) throw UserError("workspace", "the mixed-format GEMM needs a workspace");
+      // NVFP4's S_dec into the alpha slot: A's written, B's multiplied in (or written, A not NVFP4).
+      const rt::TensorView alpha{workspace + uint64_t(a_copy_ + b_copy_), 4, {}, {}};
+      if (a_sdec_) qa.s_dec_out = alpha;
+      if (b_sdec_) qb.s_dec_out = alpha, qb.s_dec_multiply = a_sdec_;
       rt::dequantize(*a_.stream, la_->shape, qa, DType::BF16, reinterpret_cast<CUstream>(stream));
       rt::dequantize(*b_.stream, lb_->shape, qb, DType::BF16, reinterpret_cast<CUstream>(stream));
       c.a = qa.out;
       c.b = qb.out;
+      if (alpha_) c.alpha = alpha;
     } else {
       c.a = at(a_base, a_.data);
       c.b = at(b_base, b_.data);
@@ -521,8 +532,8 @@ class GemmPlan {
         c.b_amax = at(b_base, b_.amax);
       }
     }
-    const int64_t inner = ws_bytes - a_copy_ - b_copy_;
-    if (inner) c.workspace = rt::TensorView{workspace + uint64_t(a_copy_ + b_copy_), inner, {}, {}};
+    const int64_t inner = ws_bytes - a_copy_ - b_copy_ - alpha_;
+    if (inner) c.workspace = rt::TensorView{workspace + uint64_t(a_copy_ + b_copy_ + alpha_), inner, {}, {}};
     c.pointers_checked = checked;  // the caller (the torch layer) checked every tensor's device
     gemm_->run(c, reinterpret_cast<CUstream>(stream));
   }
@@ -559,6 +570,8 @@ class GemmPlan {
   std::string route_;
   bool a_flip_ = false, b_flip_ = false;  // the operand is a same-layout columnwise copy, read transposed
   int64_t a_copy_ = 0, b_copy_ = 0;
+  bool a_sdec_ = false, b_sdec_ = false;  // the operand is NVFP4: its S_dec goes to the alpha slot
+  int64_t alpha_ = 0;                     // the alpha slot's bytes in the workspace, after the copies
   mutable std::once_flag ws_once_;
   mutable int64_t ws_ = 0;
   mutable std::mutex mu_;

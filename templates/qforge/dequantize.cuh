@@ -33,6 +33,11 @@ struct DequantizeArgs {
   i32 swizzled, mn_major;           // the grid's storage order (compiler/buffers.h ScaleGrid::offset)
   i32 transposed_out;               // 1: out is [cols, rows], element (r, c) at c * rows + r (the GEMMs'
                                     // operand orientation of a copy kept in the input's own layout)
+  // NVFP4, optional: the values leave S_dec out, decode(q) * decode(s) (exact: at most 6 significant
+  // bits, 2^-10 .. 2688, which bf16 holds), and one thread writes S_dec to s_dec_out instead, times
+  // *s_dec_in where given (in double, rounded once): the factor a GEMM on the copy takes as its alpha.
+  float* s_dec_out;
+  const float* s_dec_in;
 };
 
 QF_HD u64 dequant_scale_offset(const DequantizeArgs& a, u64 r, u64 c) {
@@ -95,7 +100,14 @@ QF_HD float dequant_global_decode(const DequantizeArgs& a) {
 // per thread and step. The stores stay coalesced either way.
 template <class Cfg>
 __global__ void __launch_bounds__(Cfg::kThreads) dequantize_kernel(const DequantizeArgs a) {
-  const float s_dec = dequant_global_decode<Cfg>(a);
+  float s_dec = dequant_global_decode<Cfg>(a);
+  if constexpr (Cfg::kScale == kDqE4M3) {
+    if (a.s_dec_out) {  // S_dec goes to the GEMM's alpha; the values keep decode(q) * decode(s)
+      if (blockIdx.x == 0 && threadIdx.x == 0)
+        *a.s_dec_out = a.s_dec_in ? float(double(*a.s_dec_in) * double(s_dec)) : s_dec;
+      s_dec = 1.0f;
+    }
+  }
   const u64 n = u64(a.rows) * u64(a.cols);
   const u64 stride = u64(gridDim.x) * Cfg::kThreads * 2;
   for (u64 i = (u64(blockIdx.x) * Cfg::kThreads + threadIdx.x) * 2; i < n; i += stride) {
