@@ -4,8 +4,11 @@ Measures, on 1024 x 1024 bf16 tensors (the GPU work is a few microseconds, so th
   - host time per call (median of rounds of --calls calls, no sync inside a round) of one torch
     elementwise op (x.mul(2): the floor), each shipped training recipe's linear:input quantize
     (outputs allocated by the call) and its fprop GEMM;
-  - a Linear-shaped sequence (quantize input, quantize weight, fprop GEMM) at 1024^3: eager time
-    per step against the same sequence replayed from a CUDA graph (CUDA events);
+  - a Linear-shaped step at 1024^3, eager time per step against the same step replayed from a
+    CUDA graph (CUDA events), three ways: the three separate calls (quantize input, quantize
+    weight, fprop GEMM); the fused call qt.linear_forward (the same three in one call into the
+    compiled core); and qt.Linear's forward (no bias, weight requiring grad: the autograd path,
+    the weight's copy kept, so an input quantize and the GEMM in one fused call);
   - torch._dynamo.explain's graph breaks for a function calling quantize + GEMM + dequantize.
 Writes JSON (--json) and prints a markdown table.
 
@@ -44,6 +47,17 @@ def host_us(fn, calls: int, rounds: int) -> float:
     return statistics.median(per)
 
 
+def eager_and_graph(step, iters: int = 200):
+    """(eager us per step, CUDA-graph replay us per step): the first call before capture."""
+    eager = gpu_us(step, iters)
+    step()
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        step()
+    return eager, gpu_us(graph.replay, iters)
+
+
 def gpu_us(fn, iters: int) -> float:
     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
     for _ in range(10):
@@ -80,16 +94,28 @@ def main() -> int:
         def step():
             return qt.gemm(qx(x, **kw), qw(w, **kw))
 
-        eager = gpu_us(step, 200)
-        step()
-        torch.cuda.synchronize()
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph):
-            step()
-        replay = gpu_us(graph.replay, 200)
+        fkw = {f"{t}_scale": scale for t in ("x", "w")} if scale is not None else {}
+
+        def fused():
+            return qt.linear_forward(x, w, qx, qw, **fkw)
+
+        lin = qt.Linear(1024, 1024, bias=False, recipes=r, name="bench", device="cuda")
+        with torch.no_grad():
+            lin.weight.copy_(w)
+
+        def module():
+            return lin(x)
+
+        eager, replay = eager_and_graph(step)
+        f_eager, f_replay = eager_and_graph(fused)
+        m_eager, m_replay = eager_and_graph(module)
+        f_host = host_us(fused, args.calls, args.rounds)
         rows.append({"recipe": name, "quantize_host_us": q_host, "gemm_host_us": g_host, "outputs": len(tx.buffers),
-                     "route": qt.gemm_plan(tx, tw).route, "linear_eager_us": eager, "linear_graph_us": replay})
-        print(f"{name}: quantize {q_host:.1f} us, gemm {g_host:.1f} us, linear eager {eager:.1f} / graph {replay:.1f} us",
+                     "route": qt.gemm_plan(tx, tw).route, "linear_eager_us": eager, "linear_graph_us": replay,
+                     "fused_host_us": f_host, "fused_eager_us": f_eager, "fused_graph_us": f_replay,
+                     "module_eager_us": m_eager, "module_graph_us": m_replay})
+        print(f"{name}: quantize {q_host:.1f} us, gemm {g_host:.1f} us, linear eager {eager:.1f} / graph {replay:.1f} us, "
+              f"fused {f_host:.1f} us host, {f_eager:.1f} / {f_replay:.1f} us, qt.Linear {m_eager:.1f} / {m_replay:.1f} us",
               flush=True)
 
     r = qt.Recipes(str(ROOT / "recipes" / "float8_block_scaling.json"))
@@ -111,13 +137,18 @@ def main() -> int:
           f"`python3 bench/binding_bench.py`; torch op floor (x.mul(2)): {floor:.1f} us host per call; "
           f"torch._dynamo.explain graph breaks (quantize + gemm + dequantize): {explain.graph_break_count}\n")
     print("| recipe (1024^2 bf16) | outputs | quantize host us (x floor) | GEMM host us (x floor) | GEMM route | "
-          "Linear step eager / graph us (ratio) |")
-    print("|---|---|---|---|---|---|")
+          "Linear step eager / graph us (ratio) | fused op eager / graph us (ratio) | "
+          "qt.Linear forward eager / graph us (ratio) |")
+    print("|---|---|---|---|---|---|---|---|")
+
+    def ratio(row, what):
+        e, g = row[f"{what}_eager_us"], row[f"{what}_graph_us"]
+        return f"{e:.1f} / {g:.1f} ({g / e:.2f})"
+
     for row in rows:
         print(f"| {row['recipe']} | {row['outputs']} | {row['quantize_host_us']:.1f} ({row['quantize_host_us'] / floor:.2f}x) | "
               f"{row['gemm_host_us']:.1f} ({row['gemm_host_us'] / floor:.2f}x) | {row['route']} | "
-              f"{row['linear_eager_us']:.1f} / {row['linear_graph_us']:.1f} "
-              f"({row['linear_graph_us'] / row['linear_eager_us']:.2f}) |")
+              f"{ratio(row, 'linear')} | {ratio(row, 'fused')} | {ratio(row, 'module')} |")
     return 0
 
 

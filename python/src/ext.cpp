@@ -318,6 +318,23 @@ class QuantizerBinding {
   mutable std::vector<std::shared_ptr<Layout>> layouts_;
 };
 
+// One quantize of a fused linear-layer call: what QuantizerBinding::quantize takes (x, the
+// allocation's base, noop, SR seed and offset, delayed scaling's scale, amax_out) and, with
+// `history`, the delayed-scaling update the modules run right after it (the amax of that quantize,
+// scale input 0, the same noop). 0 means none, as in the separate calls.
+struct QuantizeStep {
+  uint64_t x = 0, base = 0, noop = 0, seed = 0, offset = 0, scale = 0, amax_out = 0, history = 0;
+};
+
+void quantize_step(const QuantizerBinding& q, const Layout& L, const QuantizeStep& s, uintptr_t stream, int device) {
+  if (s.history && !s.amax_out && L.amax_slot < 0)
+    throw UserError("history", "the quantizer writes no single per-tensor amax to roll into a history");
+  q.quantize(L, s.x, s.base, stream, device, s.noop, s.seed, s.offset, 0, s.scale, 0, s.amax_out);
+  if (!s.history) return;
+  const uint64_t amax = s.amax_out ? s.amax_out : s.base + uint64_t(L.buffers[size_t(L.amax_slot)].offset);
+  q.update_history(0, s.history, amax, s.scale, 0, s.noop, stream, device);
+}
+
 // ------------------------------------------------------------------------------ context
 
 class RecipeSet {
@@ -538,6 +555,23 @@ class GemmPlan {
     gemm_->run(c, reinterpret_cast<CUstream>(stream));
   }
 
+  // A linear layer's forward in one call (fprop: A the input's quantize, B the weight's): the
+  // input's quantize into its layout at x.base, the weight's into w.base unless w.x is 0 (the kept
+  // copy at w.base is current), then this GEMM into d. The same launches in the same order as the
+  // separate calls, so the same bits.
+  void linear_forward(const QuantizeStep& x, const QuantizeStep& w, uint64_t d, uint64_t workspace, uintptr_t stream,
+                      int device) const {
+    quantize_step(*qa_, *la_, x, stream, device);
+    if (w.x) quantize_step(*qb_, *lb_, w, stream, device);
+    run(x.base, w.base, d, workspace, stream, device, true);
+  }
+
+  // Whether this plan's A is the quantize of (q, L): the backward's check that a dgrad / wgrad plan
+  // reads the grad_output quantize it is run after.
+  bool a_is(const QuantizerBinding& q, const Layout& L) const {
+    return qa_.get() == &q && la_->shape.m == L.shape.m && la_->shape.k == L.shape.k && la_->members == L.members;
+  }
+
   std::string describe_spec() const { return describe(gemm_->spec()); }
   std::string route() const { return route_; }
   int64_t m() const { return m_; }
@@ -577,6 +611,20 @@ class GemmPlan {
   mutable std::mutex mu_;
   mutable std::vector<std::shared_ptr<DeviceBuffer>> offsets_;
 };
+
+// A linear layer's backward in one call: grad_output's quantize (q, L) into g.base, then dgrad
+// (A: that quantize, B: the weight's copy at w_base) into dx and wgrad (B: the input's copy at
+// x_base) into dw, each where its plan is given (dw: an fp32 main gradient when the plan
+// accumulates). The same launches in the same order as the separate calls.
+void linear_backward(const QuantizerBinding& q, const Layout& L, const GemmPlan* dgrad, const GemmPlan* wgrad,
+                     const QuantizeStep& g, uint64_t w_base, uint64_t x_base, uint64_t dx, uint64_t dx_workspace,
+                     uint64_t dw, uint64_t dw_workspace, uintptr_t stream, int device) {
+  if (dgrad && !dgrad->a_is(q, L)) throw UserError("dgrad", "the plan's A is not this grad_output quantize");
+  if (wgrad && !wgrad->a_is(q, L)) throw UserError("wgrad", "the plan's A is not this grad_output quantize");
+  quantize_step(q, L, g, stream, device);
+  if (dgrad) dgrad->run(g.base, w_base, dx, dx_workspace, stream, device, true);
+  if (wgrad) wgrad->run(g.base, x_base, dw, dw_workspace, stream, device, true);
+}
 
 // The grouped GEMMs of an MoE layer on grouped quantizes (members = experts): fprop and dgrad
 // M-grouped over the tokens' quantize (A, split by device row offsets) and the stacked weights'
@@ -906,7 +954,34 @@ NB_MODULE(_C, m) {
       .def("workspace_bytes", &GemmPlan::workspace_bytes)
       .def("prepare", &GemmPlan::prepare, "arch"_a = "sm_90a", nb::call_guard<nb::gil_scoped_release>())
       .def("run", &GemmPlan::run, "a_base"_a, "b_base"_a, "d"_a, "workspace"_a, "stream"_a, "device"_a,
-           "checked"_a = false, nb::call_guard<nb::gil_scoped_release>());
+           "checked"_a = false, nb::call_guard<nb::gil_scoped_release>())
+      // The input's quantize (x .. x_history: QuantizeStep's fields), the weight's (w = 0: the
+      // copy at w_base is kept, not quantized), then this GEMM: one call per forward, positional
+      // ints only (the torch layer's eager path; its checks are the caller's).
+      .def("linear_forward",
+           [](const GemmPlan& p, uint64_t x, uint64_t x_base, uint64_t x_noop, uint64_t x_seed, uint64_t x_offset,
+              uint64_t x_scale, uint64_t x_amax_out, uint64_t x_history, uint64_t w, uint64_t w_base, uint64_t w_noop,
+              uint64_t w_seed, uint64_t w_offset, uint64_t w_scale, uint64_t w_amax_out, uint64_t w_history, uint64_t d,
+              uint64_t workspace, uintptr_t stream, int device) {
+             p.linear_forward(QuantizeStep{x, x_base, x_noop, x_seed, x_offset, x_scale, x_amax_out, x_history},
+                              QuantizeStep{w, w_base, w_noop, w_seed, w_offset, w_scale, w_amax_out, w_history}, d,
+                              workspace, stream, device);
+           },
+           nb::call_guard<nb::gil_scoped_release>());
+
+  // grad_output's quantize (g .. g_history: QuantizeStep's fields), then dgrad and wgrad where
+  // their plans are given (None: skipped): one call per backward, positional arguments.
+  m.def("linear_backward",
+        [](const QuantizerBinding& q, const Layout& L, const GemmPlan* dgrad, const GemmPlan* wgrad, uint64_t g,
+           uint64_t g_base, uint64_t g_noop, uint64_t g_seed, uint64_t g_offset, uint64_t g_scale, uint64_t g_amax_out,
+           uint64_t g_history, uint64_t w_base, uint64_t x_base, uint64_t dx, uint64_t dx_workspace, uint64_t dw,
+           uint64_t dw_workspace, uintptr_t stream, int device) {
+          linear_backward(q, L, dgrad, wgrad, QuantizeStep{g, g_base, g_noop, g_seed, g_offset, g_scale, g_amax_out, g_history},
+                          w_base, x_base, dx, dx_workspace, dw, dw_workspace, stream, device);
+        },
+        "quantizer"_a, "layout"_a, "dgrad"_a.none(), "wgrad"_a.none(), "g"_a, "g_base"_a, "g_noop"_a, "g_seed"_a,
+        "g_offset"_a, "g_scale"_a, "g_amax_out"_a, "g_history"_a, "w_base"_a, "x_base"_a, "dx"_a, "dx_workspace"_a,
+        "dw"_a, "dw_workspace"_a, "stream"_a, "device"_a, nb::call_guard<nb::gil_scoped_release>());
 
   nb::class_<GroupedGemmPlan>(m, "GroupedGemmPlan")
       .def(nb::init<std::shared_ptr<QuantizerBinding>, std::shared_ptr<Layout>, int, std::shared_ptr<QuantizerBinding>,

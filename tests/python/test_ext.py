@@ -147,6 +147,35 @@ def test_gemm_plans_pick_their_route():
         C.GemmPlan(x, Lx, 0, w, Lw, 0, "fp16")
 
 
+def test_mixed_route_keeps_an_alpha_slot_and_fused_linear_calls_check_first():
+    # The hybrid's dgrad (MXFP8 x NVFP4): both bf16 copies, then one aligned slot for NVFP4's decode
+    # scale S_dec, which the dequantize writes and the bf16 GEMM takes as its alpha (the copies stay
+    # exact). mxfp8.json's transposing route has no NVFP4 operand and no slot.
+    M, N, K = 256, 128, 512
+    hy = C.Context([str(ROOT / "recipes" / "hybrid_mxfp8_fwd_nvfp4_bwd.json")])
+    x, w, dy = (hy.quantizer(r) for r in ROLES)
+    Lx, Lw, Ldy = x.layout(M, K), w.layout(N, K), dy.layout(M, N)
+    dgrad = C.GemmPlan(dy, Ldy, 0, w, Lw, 1)
+    copies = 2 * M * N + 2 * K * N
+    assert dgrad.route == "dequant_mixed" and dgrad.workspace_bytes() == copies + 256
+    mx = C.Context([str(ROOT / "recipes" / "mxfp8.json")])
+    mg, mw = mx.quantizer("linear:grad_output"), mx.quantizer("linear:weight")
+    mdgrad = C.GemmPlan(mg, mg.layout(M, N), 0, mw, mw.layout(N, K), 1)
+    assert mdgrad.route == "dequant_transpose" and mdgrad.workspace_bytes() == copies
+    # linear_backward refuses a plan whose A is not the grad_output quantize it runs, before any launch.
+    zeros = [0] * 14
+    with pytest.raises(qforge.UserError, match="dgrad: the plan's A is not this grad_output quantize"):
+        C.linear_backward(x, Lx, dgrad, None, *zeros, 0, 0)
+    with pytest.raises(qforge.UserError, match="wgrad: the plan's A is not this grad_output quantize"):
+        C.linear_backward(dy, dy.layout(128, N), None, dgrad, *zeros, 0, 0)
+    # A history update needs the quantize's one per-tensor amax: refused before the quantize.
+    bs = C.Context([str(ROOT / "recipes" / "float8_block_scaling.json")])
+    bx, bw = bs.quantizer("linear:input"), bs.quantizer("linear:weight")
+    fprop = C.GemmPlan(bx, bx.layout(M, K), 0, bw, bw.layout(N, K), 0)
+    with pytest.raises(qforge.UserError, match="history: the quantizer writes no single per-tensor amax"):
+        fprop.linear_forward(1 << 32, 1 << 33, 0, 0, 0, 0, 0, 1 << 34, 0, 1 << 35, 0, 0, 0, 0, 0, 0, 1 << 36, 0, 0, 0)
+
+
 def test_errors_name_the_argument():
     with pytest.raises(qforge.UserError, match="nope.json"):
         C.Context([str(ROOT / "recipes" / "nope.json")])

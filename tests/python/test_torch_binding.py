@@ -194,6 +194,78 @@ def test_linear_gemms(recipe):
             assert (elem <= (k + 4) * 2.0 ** -22 * bound + 1e-30).all(), (what, (elem / bound).max().item())
 
 
+def same_outputs(a, b) -> bool:
+    """Every output of two quantizes of one layout, byte for byte (the allocation's bytes between the
+    outputs are never written)."""
+    return all(torch.equal(a[n[0]].view(torch.uint8), b[n[0]].view(torch.uint8)) for n in a.layout.buffers)
+
+
+LINEAR_RECIPES = ["delayed_scaling", "current_scaling", "float8_block_scaling", "fp8_rowwise", "mxfp8", "mxfp8_hopper",
+                  "nvfp4", "hybrid_mxfp8_fwd_nvfp4_bwd", "int8_weight_sr"]
+
+
+@pytest.mark.parametrize("recipe", LINEAR_RECIPES)
+def test_fused_linear_forward_equals_the_separate_ops(recipe):
+    # qt.linear_forward (one call into the compiled core) against qx(x), qw(w) and gemm: the same
+    # launches in the same order, so the same bits, with the weight quantized or its copy kept.
+    r = qt.Recipes(str(ROOT / "recipes" / f"{recipe}.json"))
+    qx, qw = r.quantizer("linear:input"), r.quantizer("linear:weight")
+    x, w = make_input(256, 512, 1), make_input(384, 512, 2) * 0.1
+    kx, kw = {"seed": 11, "offset": 4}, {"seed": 12, "offset": 5}
+    if qx.inputs:
+        kx["scale"] = torch.full((1,), 0.75, device="cuda")
+    if qw.inputs:
+        kw["scale"] = torch.full((1,), 0.5, device="cuda")
+    fx = {f"x_{k}": v for k, v in kx.items()}
+    fw = {f"w_{k}": v for k, v in kw.items()}
+    for out_dtype in (torch.bfloat16, torch.float32):
+        tx, tw = qx(x, **kx), qw(w, **kw)
+        want = qt.gemm(tx, tw, out_dtype=out_dtype)
+        y, ux, uw = qt.linear_forward(x, w, qx, qw, out_dtype=out_dtype, **fx, **fw)
+        assert same(y, want), (recipe, out_dtype)
+        assert same_outputs(ux, tx) and same_outputs(uw, tw)
+        assert (ux.m, ux.k, uw.m, uw.k) == (256, 512, 384, 512)
+        y2, ux2, uw2 = qt.linear_forward(x, None, qx, qw, w_copy=tw, out_dtype=out_dtype, **fx)
+        assert uw2 is tw and same(y2, want) and same_outputs(ux2, tx)
+    with pytest.raises(qforge.UserError, match="w: pass either the weight or its kept copy"):
+        qt.linear_forward(x, w, qx, qw, w_copy=tw)
+    with pytest.raises(qforge.UserError, match=r"w: expected shape \[384, 256\], got \[384, 512\]"):
+        qt.linear_forward(x[:, :256].contiguous(), w, qx, qw)
+
+
+def test_fused_linear_forward_in_a_cuda_graph_and_under_compile():
+    r = qt.Recipes(str(ROOT / "recipes" / "nvfp4.json"))
+    qx, qw = r.quantizer("linear:input"), r.quantizer("linear:weight")
+    x, w = make_input(1024, 1024, 1), make_input(1024, 1024, 2) * 0.1
+    want = qt.linear_forward(x, w, qx, qw)[0]  # the first call compiles / loads: before capture
+    torch.cuda.synchronize()
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        y = qt.linear_forward(x, w, qx, qw)[0]
+    x.copy_(make_input(1024, 1024, 9))
+    g.replay()
+    torch.cuda.synchronize()
+    assert same(y, qt.gemm(qx(x), qw(w)))
+    assert not same(y, want)
+
+    r = qt.Recipes(str(ROOT / "recipes" / "float8_block_scaling.json"))
+    qx, qw = r.quantizer("linear:input"), r.quantizer("linear:weight")
+    x, w = make_input(256, 512, 1), make_input(384, 512, 2)
+
+    def f(x, w):
+        y, a, b = qt.linear_forward(x, w, qx, qw)
+        y2 = qt.linear_forward(x, None, qx, qw, w_copy=b, out_dtype=torch.float32)[0]
+        return y, y2, a.dequantize(torch.bfloat16), b.dequantize(torch.float32, "columnwise")
+
+    eager = f(x, w)
+    explain = torch._dynamo.explain(f)(x, w)
+    assert explain.graph_break_count == 0, explain.break_reasons
+    compiled = torch.compile(f, fullgraph=True)(x, w)
+    for e, c in zip(eager, compiled):
+        assert same(e, c)
+    assert same(eager[0], qt.gemm(qx(x), qw(w)))
+
+
 def test_mixed_formats_take_the_dequant_route():
     r = qt.Recipes(str(ROOT / "recipes" / "hybrid_mxfp8_fwd_nvfp4_bwd.json"))
     tw = r.quantizer("linear:weight")(make_input(256, 512, 2))

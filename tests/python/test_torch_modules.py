@@ -75,6 +75,79 @@ def test_linear_forward_backward(name):
         assert err <= tol * ref.abs().max().item() + 1e-3, (what, err, ref.abs().max().item())
 
 
+def same(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """Bit for bit."""
+    ints = {torch.float32: torch.int32, torch.bfloat16: torch.int16, torch.float16: torch.int16}
+    return a.dtype == b.dtype and a.shape == b.shape and torch.equal(a.contiguous().view(ints[a.dtype]),
+                                                                     b.contiguous().view(ints[b.dtype]))
+
+
+STEP_RECIPES = ["delayed_scaling", "current_scaling", "float8_block_scaling", "fp8_rowwise", "mxfp8_hopper", "mxfp8",
+                "nvfp4", "hybrid_mxfp8_fwd_nvfp4_bwd", "int8_weight_sr"]
+
+
+@pytest.mark.parametrize("name", STEP_RECIPES)
+def test_linear_step_equals_the_separate_ops(name):
+    # Forward and backward each run as one call into the compiled core: the same launches as the
+    # separate quantize and gemm calls, so the same bits, and the same delayed-scaling state.
+    lin = qt.Linear(512, 384, bias=True, recipes=recipes(name), name="layer", device="cuda")
+    with torch.no_grad():
+        lin.weight.copy_(rnd(384, 512, seed=1, scale=0.05))
+        lin.bias.copy_(rnd(384, seed=2))
+    x = rnd(256, 512, seed=3).requires_grad_()
+    g = rnd(256, 384, seed=4)
+    off0 = lin.sr_calls
+    y = lin(x)
+    off_g = lin.sr_calls
+    y.backward(g)
+    sr_in = any(s.stochastic for s in lin.roles[("input", "training")].streams.values())
+    qx = quantize_like(lin, "input", x.detach(), off0)
+    qw = quantize_like(lin, "weight", lin.weight.detach(), off0 + 1 if sr_in else off0)
+    qg = quantize_like(lin, "grad_output", g, off_g)
+    dt = lin._gemm_dtype
+    assert same(y, qt.gemm(qx, qw, out_dtype=dt) + lin.bias)
+    assert same(x.grad, qt.gemm(qg, qw, b_direction="columnwise", out_dtype=dt))
+    assert same(lin.weight.grad, qt.gemm(qg, qx, a_direction="columnwise", b_direction="columnwise", out_dtype=dt))
+    assert same(lin.bias.grad, g.sum(0))
+    for t, qt_ in (("input", qx), ("weight", qw), ("grad_output", qg)):
+        q = lin.roles[(t, "training")]
+        if not q.inputs:
+            continue
+        hist, scale = torch.zeros(q.history_length(0), device="cuda"), torch.ones(1, device="cuda")
+        q.update_amax_history(hist, qt_[qt.modules._amax_name(qt_)], scale)
+        assert torch.equal(hist, getattr(lin, f"{t}_amax_history")) and torch.equal(scale, getattr(lin, f"{t}_scale")), t
+    if lin.roles[("input", "training")].inputs:
+        return  # the next input quantize takes the updated scale
+    # A second micro-batch: the weight's kept copy, the input quantized again.
+    off1 = lin.sr_calls
+    x2 = rnd(256, 512, seed=5).requires_grad_()
+    y2 = lin(x2, is_first_microbatch=False)
+    assert same(y2, qt.gemm(quantize_like(lin, "input", x2.detach(), off1), lin._wcache[1], out_dtype=dt) + lin.bias)
+    off3 = lin.sr_calls
+    with torch.no_grad():  # the inference quantizers, the same rule
+        y3 = lin(x2)
+    q_inf = lin.roles[("input", "inference")]
+    kw = {"seed": lin.sr_seed, "offset": off3} if any(s.stochastic for s in q_inf.streams.values()) else {}
+    assert lin._wcache[0][1] == "inference"
+    assert same(y3, qt.gemm(q_inf(x2.detach(), **kw), lin._wcache[1], out_dtype=dt) + lin.bias)
+
+
+def test_main_grad_accumulates_the_fused_wgrad():
+    lin = qt.Linear(256, 128, bias=False, recipes=recipes("float8_block_scaling"), name="m", device="cuda",
+                    accumulate_main_grad=True)
+    x = rnd(128, 256, seed=1).requires_grad_()
+    g = rnd(128, 128, seed=2)
+    lin(x).backward(g)
+    lin(x).backward(g)
+    qx = quantize_like(lin, "input", x.detach(), 0)
+    qg = quantize_like(lin, "grad_output", g, 0)
+    want = torch.zeros(128, 256, device="cuda")
+    for _ in range(2):
+        qt.gemm(qg, qx, a_direction="columnwise", b_direction="columnwise", accumulate_into=want)
+    assert lin.weight.grad is None
+    assert torch.equal(lin.weight.main_grad, want)
+
+
 def test_convert_assigns_roles_by_name():
     text = json.dumps({"qforge_recipe": 1, "name": "per_layer", "usage": "training", "roles": [
         {"match": ["*:input", "*:weight", "*:grad_output"],

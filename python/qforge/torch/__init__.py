@@ -30,8 +30,8 @@ from .. import _ext
 from .._plan_cache import PlanCache, size_from_env
 
 __all__ = ["Recipes", "Quantizer", "QuantizedTensor", "gemm", "gemm_plan", "grouped_gemm", "GroupedLinear", "dequantize",
-           "Linear", "convert", "set_plan_cache_size", "update_amax_histories", "history_batch", "HistoryBatch",
-           "UserError"]
+           "Linear", "convert", "linear_forward", "set_plan_cache_size", "update_amax_histories", "history_batch",
+           "HistoryBatch", "UserError"]
 
 _C = _ext.load()
 
@@ -49,6 +49,9 @@ _quantizers: List["Quantizer"] = []  # by id: what the custom ops' integer argum
 # least recently used evicted beyond QFORGE_PLAN_CACHE_SIZE (default 256) each (qforge/_plan_cache.py).
 _plans = PlanCache(size_from_env())
 _gplans = PlanCache(size_from_env())
+# The fused linear-layer calls' plans (linear_forward, qt.Linear's backward): each entry holds its
+# GEMM plans and layouts, bounded the same way.
+_lplans = PlanCache(size_from_env())
 
 
 def set_plan_cache_size(size: Optional[int]) -> None:
@@ -59,6 +62,7 @@ def set_plan_cache_size(size: Optional[int]) -> None:
     try:
         _plans.resize(size)
         _gplans.resize(size)
+        _lplans.resize(size)
     except ValueError as e:
         raise _user_error(f"size: {e}") from None
 
@@ -408,12 +412,7 @@ class QuantizedTensor:
         raise KeyError(f"{name!r}: the outputs are {[b[0] for b in self.layout.buffers]}")
 
     def _stream_index(self, direction: Optional[str]) -> int:
-        index = self.quantizer._index
-        if direction is None:
-            direction = "rowwise" if "rowwise" in index else "columnwise"
-        if direction not in index:
-            raise _user_error(f"direction: the quantizer writes {list(index)}, not {direction!r}")
-        return index[direction]
+        return _direction_index(self.quantizer, direction)
 
     def dequantize(self, dtype: torch.dtype = torch.bfloat16, direction: Optional[str] = None) -> torch.Tensor:
         """The direction's values (None: rowwise if written, else columnwise) as `dtype` [M, K]: a
@@ -485,6 +484,16 @@ class QuantizedTensor:
             buf[b[6]:b[6] + b[7]].copy_(t)
         split = state.get("split")
         return cls(buf, quantizer, m, k, members, None if split is None else tuple(split))
+
+
+def _direction_index(q: Quantizer, direction: Optional[str]) -> int:
+    """The stream index of q's direction (None: rowwise if written, else columnwise)."""
+    index = q._index
+    if direction is None:
+        direction = "rowwise" if "rowwise" in index else "columnwise"
+    if direction not in index:
+        raise _user_error(f"direction: the quantizer writes {list(index)}, not {direction!r}")
+    return index[direction]
 
 
 class _MemberTensor(QuantizedTensor):
@@ -657,6 +666,162 @@ def grouped_gemm(a: QuantizedTensor, b: QuantizedTensor, offsets: torch.Tensor, 
     out_code = _out_code(out_dtype, accumulate_into)
     return _grouped_gemm(a.buffer, a.quantizer.id, a.m, a.k, a.members, ai, b.buffer, b.quantizer.id, b.m, b.k,
                          b.members, bi, offsets, bool(wgrad), out_code, accumulate_into)
+
+
+# ---------------------------------------------------------------------------------------------- linear layers
+
+# A linear layer's quantizes and GEMMs in one call into the compiled core per direction: a step's
+# host cost is one Python call and its allocations, not one per quantize and GEMM. The launches
+# are the separate calls' own, in the same order, so the results are the same bits.
+
+
+def _fprop_plan(qx: Quantizer, m: int, k: int, qw: Quantizer, n: int, out_code: int):
+    """(fprop GemmPlan, input layout, weight layout, workspace bytes, D's shape, D's dtype) of x [m, k]
+    by w [n, k], both rowwise."""
+    key = ("fprop", qx.id, m, k, qw.id, n, out_code)
+    e = _lplans.get(key)
+    if e is None:
+        def make():
+            p = _plan(qx.id, m, k, _direction_index(qx, "rowwise"), qw.id, n, k, _direction_index(qw, "rowwise"),
+                      out_code, False)
+            return (p, qx.layout(m, k), qw.layout(n, k), p.workspace_bytes(), (p.m, p.n), _CODES[out_code])
+        e = _lplans.get_or_create(key, make)
+    return e
+
+
+def _check_operand(t, q: Quantizer, name: str) -> int:
+    """t: a 2-D contiguous CUDA tensor of q's dtype; returns its device index."""
+    if t.dtype != q.dtype or t.dim() != 2 or not t.is_cuda or not t.is_contiguous():
+        _check_input(t, q.dtype, None, name)
+        raise _user_error(f"{name}: expected a 2-D tensor, got shape {tuple(t.shape)}")
+    return t.get_device()
+
+
+def _linear_forward(x, qx: Quantizer, xa, w, qw: Quantizer, wa, n: int, w_buf, out_code: int):
+    """Eager: the input's quantize, the weight's (w given: into w_buf, or a fresh allocation when
+    w_buf is None; w None: w_buf is the weight's kept copy, [n, K] in qw's layout), then fprop, in
+    one call. xa, wa: (noop, seed, offset, scale, amax_out, history) of each quantize (history: the
+    delayed-scaling update after it, as the modules run it). Returns (D, x's buffer, w's buffer)."""
+    if x.dtype != qx.dtype or x.dim() != 2 or not x.is_cuda or not x.is_contiguous():
+        _check_operand(x, qx, "x")
+    dev = x.get_device()
+    m, k = x.shape
+    p, Lx, Lw, ws, shape, dtype = _fprop_plan(qx, m, k, qw, n, out_code)
+    device = x.device
+    if w is not None:
+        if _check_operand(w, qw, "w") != dev:
+            raise _user_error(f"w: on cuda:{w.get_device()}, x on cuda:{dev}")
+        if w.shape[0] != n or w.shape[1] != k:
+            raise _user_error(f"w: expected shape [{n}, {k}], got {list(w.shape)}")
+    if w_buf is None:
+        w_buf = torch.empty(Lw.nbytes, dtype=torch.uint8, device=device)
+    elif w_buf.get_device() != dev or w_buf.numel() != Lw.nbytes or w_buf.dtype != torch.uint8:
+        _check_input(w_buf, torch.uint8, dev, "w_copy")
+        raise _user_error(f"w_copy: expected {Lw.nbytes} bytes (the layout of [{n}, {k}]), got {w_buf.numel()}")
+    x_buf = torch.empty(Lx.nbytes, dtype=torch.uint8, device=device)
+    d = torch.empty(shape, dtype=dtype, device=device)
+    wsp = torch.empty(ws, dtype=torch.uint8, device=device) if ws else None  # alive until the launches are queued
+    xn, xs, xo, xsc, xam, xh = xa
+    wn, ws_, wo, wsc, wam, wh = wa
+    p.linear_forward(x.data_ptr(), x_buf.data_ptr(), 0 if xn is None else xn.data_ptr(), xs, xo,
+                     0 if xsc is None else xsc.data_ptr(), 0 if xam is None else xam.data_ptr(),
+                     0 if xh is None else xh.data_ptr(), 0 if w is None else w.data_ptr(), w_buf.data_ptr(),
+                     0 if wn is None else wn.data_ptr(), ws_, wo, 0 if wsc is None else wsc.data_ptr(),
+                     0 if wam is None else wam.data_ptr(), 0 if wh is None else wh.data_ptr(), d.data_ptr(),
+                     0 if wsp is None else wsp.data_ptr(), _raw_stream(dev), dev)
+    return d, x_buf, w_buf
+
+
+def linear_forward(x: torch.Tensor, w: Optional[torch.Tensor], qx: Quantizer, qw: Quantizer, *, x_seed: int = 0,
+                   x_offset: int = 0, x_scale: Optional[torch.Tensor] = None, w_seed: int = 0, w_offset: int = 0,
+                   w_scale: Optional[torch.Tensor] = None, w_copy: Optional[QuantizedTensor] = None,
+                   out_dtype: torch.dtype = torch.bfloat16):
+    """A linear layer's forward in one call: `gemm(qx(x, seed=x_seed, offset=x_offset, scale=x_scale),
+    qw(w, ...), out_dtype=out_dtype)`, bit for bit, with one call into the compiled core (eager) or
+    one custom op (qforge::linear_forward under torch.compile). w_copy: the weight's kept
+    QuantizedTensor (of qw), used as it is instead of quantizing w (pass w=None).
+    Returns (D, the input's QuantizedTensor, the weight's)."""
+    out_code = _out_code(out_dtype)
+    if w_copy is not None:
+        if w is not None:
+            raise _user_error("w: pass either the weight or its kept copy (w_copy), not both")
+        if not isinstance(w_copy, QuantizedTensor) or w_copy.quantizer is not qw or w_copy.members \
+                or isinstance(w_copy, _MemberTensor):
+            raise _user_error("w_copy: expected a QuantizedTensor of qw (a single tensor)")
+        n = w_copy.m
+        if x.dim() == 2 and w_copy.k != x.shape[1]:
+            raise _user_error(f"w_copy: holds [{w_copy.m}, {w_copy.k}], x has K = {x.shape[1]}")
+    elif w is None:
+        raise _user_error("w: expected the weight (or its kept copy as w_copy)")
+    else:
+        n = w.shape[0]
+    if torch.compiler.is_compiling():
+        if w_copy is not None:
+            d, xb = torch.ops.qforge.linear_forward_cached(x, qx.id, x_seed, x_offset, x_scale, w_copy.buffer, qw.id,
+                                                           n, out_code)
+            wb = w_copy.buffer
+        else:
+            d, xb, wb = torch.ops.qforge.linear_forward(x, qx.id, x_seed, x_offset, x_scale, w, qw.id, w_seed,
+                                                        w_offset, w_scale, out_code)
+    else:
+        dev = x.get_device() if isinstance(x, torch.Tensor) and x.is_cuda else None
+        for name, t in (("x_scale", x_scale), ("w_scale", w_scale)):
+            _check_small(t, name, dev)
+        d, xb, wb = _linear_forward(x, qx, (None, x_seed, x_offset, x_scale, None, None),
+                                    w, qw, (None, w_seed, w_offset, w_scale, None, None), n,
+                                    None if w_copy is None else w_copy.buffer, out_code)
+    tw = w_copy if w_copy is not None else QuantizedTensor(wb, qw, n, x.shape[1])
+    return d, QuantizedTensor(xb, qx, x.shape[0], x.shape[1]), tw
+
+
+def _backward_plans(qg: Quantizer, m: int, n: int, tw, tx, need_dx: bool, need_dw: bool, out_code: int,
+                    accumulate: bool):
+    """(grad_output's layout, dgrad plan, its workspace bytes, wgrad plan, its workspace bytes); a plan
+    not needed is None."""
+    key = ("bprop", qg.id, m, n, tw.quantizer.id, tw.m, tw.k, tx.quantizer.id, tx.m, tx.k, need_dx, need_dw, out_code,
+           accumulate)
+    e = _lplans.get(key)
+    if e is None:
+        def make():
+            dp = wp = None
+            if need_dx:
+                dp = _plan(qg.id, m, n, _direction_index(qg, "rowwise"), tw.quantizer.id, tw.m, tw.k,
+                           tw._stream_index("columnwise"), out_code, False)
+            if need_dw:
+                wp = _plan(qg.id, m, n, _direction_index(qg, "columnwise"), tx.quantizer.id, tx.m, tx.k,
+                           tx._stream_index("columnwise"), 0 if accumulate else out_code, accumulate)
+            return (qg.layout(m, n), dp, dp.workspace_bytes() if dp else 0, wp, wp.workspace_bytes() if wp else 0)
+        e = _lplans.get_or_create(key, make)
+    return e
+
+
+def _linear_backward(dy, qg: Quantizer, ga, tw, tx, need_dx: bool, need_dw: bool, out_code: int, main_grad=None):
+    """Eager: grad_output's quantize (ga: as _linear_forward's xa), dgrad (dy rowwise x the weight's
+    columnwise copy tw) and wgrad (dy columnwise x the input's columnwise copy tx; into main_grad,
+    fp32, when given) in one call. Returns (dx or None, dw or None, grad_output's buffer)."""
+    dev = _check_operand(dy, qg, "grad_output")
+    m, n = dy.shape
+    Lg, dp, dws, wp, wws = _backward_plans(qg, m, n, tw, tx, need_dx, need_dw, out_code, main_grad is not None)
+    if tw.buffer.get_device() != dev or tx.buffer.get_device() != dev:
+        raise _user_error(f"the saved copies are not on grad_output's device cuda:{dev}")
+    g_buf = torch.empty(Lg.nbytes, dtype=torch.uint8, device=dy.device)
+    dx = dw = dxw = dww = None
+    if dp is not None:
+        dx = torch.empty((dp.m, dp.n), dtype=_CODES[out_code], device=dy.device)
+        dxw = torch.empty(dws, dtype=torch.uint8, device=dy.device) if dws else None
+    if wp is not None:
+        if main_grad is not None:
+            _check_input(main_grad, torch.float32, dev, "main_grad")
+            if tuple(main_grad.shape) != (wp.m, wp.n):
+                raise _user_error(f"main_grad: expected shape {[wp.m, wp.n]}, got {list(main_grad.shape)}")
+            dw = main_grad
+        else:
+            dw = torch.empty((wp.m, wp.n), dtype=_CODES[out_code], device=dy.device)
+        dww = torch.empty(wws, dtype=torch.uint8, device=dy.device) if wws else None
+    _C.linear_backward(qg._c, Lg, dp, wp, dy.data_ptr(), g_buf.data_ptr(), _ptr(ga[0]), ga[1], ga[2], _ptr(ga[3]),
+                       _ptr(ga[4]), _ptr(ga[5]), tw.buffer.data_ptr(), tx.buffer.data_ptr(), _ptr(dx), _ptr(dxw),
+                       _ptr(dw), _ptr(dww), _raw_stream(dev), dev)
+    return dx, (None if main_grad is not None else dw), g_buf
 
 
 from . import _ops  # noqa: E402,F401  (registers the custom ops)

@@ -4,12 +4,12 @@ that give output shapes and dtypes from the compiled core's layouts, host only.
 Quantizers and GEMM plans cross the op boundary as integers (a quantizer's id, the shapes and
 stream indices), which dynamo treats as constants; the eager path of qforge.torch calls the same
 implementations without the dispatcher."""
-from typing import Optional
+from typing import Optional, Tuple
 
 import torch
 
-from . import (_CODES, _dequantize, _gemm, _plan, _quantize, _quantize_grouped, _quantizers, _stored_shape,
-               _update_amax_history)
+from . import (_CODES, _dequantize, _fprop_plan, _gemm, _linear_forward, _plan, _quantize, _quantize_grouped,
+               _quantizers, _stored_shape, _update_amax_history)
 
 Tensor = torch.Tensor
 
@@ -99,3 +99,37 @@ def update_amax_history(history: Tensor, amax: Tensor, scale: Tensor, scale_inv:
 @update_amax_history.register_fake
 def _(history, amax, scale, scale_inv, noop, qid, input_index):
     return None
+
+
+# A linear layer's forward in one op: the input's quantize, the weight's, then fprop (qt.linear_forward,
+# qt.Linear): returns (D, the input's buffer, the weight's buffer).
+@torch.library.custom_op("qforge::linear_forward", mutates_args=(), device_types="cuda")
+def linear_forward(x: Tensor, qx: int, x_seed: int, x_offset: int, x_scale: Optional[Tensor], w: Tensor, qw: int,
+                   w_seed: int, w_offset: int, w_scale: Optional[Tensor], out_code: int) -> Tuple[Tensor, Tensor, Tensor]:
+    return _linear_forward(x, _quantizers[qx], (None, x_seed, x_offset, x_scale, None, None), w, _quantizers[qw],
+                           (None, w_seed, w_offset, w_scale, None, None), int(w.shape[0]), None, out_code)
+
+
+@linear_forward.register_fake
+def _(x, qx, x_seed, x_offset, x_scale, w, qw, w_seed, w_offset, w_scale, out_code):
+    m, k = x.shape
+    _, Lx, Lw, _, shape, dtype = _fprop_plan(_quantizers[qx], int(m), int(k), _quantizers[qw], int(w.shape[0]), out_code)
+    return (x.new_empty(shape, dtype=dtype), x.new_empty((Lx.nbytes,), dtype=torch.uint8),
+            x.new_empty((Lw.nbytes,), dtype=torch.uint8))
+
+
+# The same with the weight's kept copy (w_buffer, [n, K] in qw's layout) instead of its quantize:
+# returns (D, the input's buffer).
+@torch.library.custom_op("qforge::linear_forward_cached", mutates_args=(), device_types="cuda")
+def linear_forward_cached(x: Tensor, qx: int, x_seed: int, x_offset: int, x_scale: Optional[Tensor], w_buffer: Tensor,
+                          qw: int, n: int, out_code: int) -> Tuple[Tensor, Tensor]:
+    d, xb, _ = _linear_forward(x, _quantizers[qx], (None, x_seed, x_offset, x_scale, None, None), None,
+                               _quantizers[qw], (None, 0, 0, None, None, None), n, w_buffer, out_code)
+    return d, xb
+
+
+@linear_forward_cached.register_fake
+def _(x, qx, x_seed, x_offset, x_scale, w_buffer, qw, n, out_code):
+    m, k = x.shape
+    _, Lx, _, _, shape, dtype = _fprop_plan(_quantizers[qx], int(m), int(k), _quantizers[qw], int(n), out_code)
+    return x.new_empty(shape, dtype=dtype), x.new_empty((Lx.nbytes,), dtype=torch.uint8)

@@ -28,7 +28,8 @@ from typing import Dict, Optional
 import torch
 from torch import nn
 
-from . import QuantizedTensor, Recipes, UserError, _check_small, gemm, grouped_gemm
+from . import (QuantizedTensor, Recipes, UserError, _check_small, _linear_backward, _linear_forward, _out_code, gemm,
+               grouped_gemm)
 
 __all__ = ["Linear", "GroupedLinear", "convert"]
 
@@ -93,29 +94,40 @@ class _RecipeState:
 class _LinearFn(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x2d, weight, bias, module, is_first_microbatch):
-        qx = module._quantize("input", x2d, "training")
-        qw = module._quantized_weight("training", is_first_microbatch)
-        y = gemm(qx, qw, out_dtype=module._gemm_dtype).to(weight.dtype)
+        y, qx, qw = module._fprop(x2d, weight, "training", is_first_microbatch)
+        if y.dtype != weight.dtype:
+            y = y.to(weight.dtype)
         if bias is not None:
-            y = y + bias
+            y = y.add_(bias)  # y is this call's own fresh result: the same add as y + bias, no allocation
         ctx.module, ctx.qx, ctx.qw, ctx.has_bias = module, qx, qw, bias is not None
         return y
 
     @staticmethod
     def backward(ctx, dy):
         module, qx, qw = ctx.module, ctx.qx, ctx.qw
-        dy = dy.to(module.weight.dtype).contiguous()
-        qg = module._quantize("grad_output", dy, "training")
-        dx = (gemm(qg, qw, b_direction="columnwise", out_dtype=module._gemm_dtype).to(module.weight.dtype)
-              if ctx.needs_input_grad[0] else None)
-        dw = None
-        if ctx.needs_input_grad[1]:
-            main = getattr(module.weight, "main_grad", None) if module.accumulate_main_grad else None
-            if main is not None:
-                gemm(qg, qx, a_direction="columnwise", b_direction="columnwise", accumulate_into=main)
-            else:
-                dw = gemm(qg, qx, a_direction="columnwise", b_direction="columnwise",
-                          out_dtype=module._gemm_dtype).to(module.weight.dtype)
+        weight = module._parameters["weight"]
+        if dy.dtype != weight.dtype:
+            dy = dy.to(weight.dtype)
+        if not dy.is_contiguous():
+            dy = dy.contiguous()
+        need_dx, need_dw = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
+        main = getattr(weight, "main_grad", None) if need_dw and module.accumulate_main_grad else None
+        if torch.compiler.is_compiling():  # the separate ops (custom ops under tracing)
+            qg = module._quantize("grad_output", dy, "training")
+            dx = gemm(qg, qw, b_direction="columnwise", out_dtype=module._gemm_dtype) if need_dx else None
+            dw = None
+            if need_dw:
+                if main is not None:
+                    gemm(qg, qx, a_direction="columnwise", b_direction="columnwise", accumulate_into=main)
+                else:
+                    dw = gemm(qg, qx, a_direction="columnwise", b_direction="columnwise", out_dtype=module._gemm_dtype)
+        else:  # grad_output's quantize, dgrad and wgrad in one call into the compiled core
+            qgq, ga = module._qargs("grad_output", "training")
+            dx, dw, _ = _linear_backward(dy, qgq, ga, qw, qx, need_dx, need_dw, _out_code(module._gemm_dtype), main)
+        if dx is not None and dx.dtype != weight.dtype:
+            dx = dx.to(weight.dtype)
+        if dw is not None and dw.dtype != weight.dtype:
+            dw = dw.to(weight.dtype)
         db = dy.sum(0).to(module.bias.dtype) if ctx.has_bias and ctx.needs_input_grad[2] else None
         ctx.qx = ctx.qw = None
         return dx, dw, db, None, None
@@ -160,6 +172,16 @@ class Linear(_RecipeState, nn.Module):
         # Stochastic rounding: a seed fixed by the module's name, a call counter kept in state_dict.
         self.sr_seed = zlib.crc32(name.encode())
         self.sr_calls = 0  # saved by get_extra_state
+        # What each quantize of (tensor type, usage) passes, resolved once (_qargs): the quantizer,
+        # whether it rounds stochastically, its SR seed, and the names of its scale, amax_out and
+        # history buffers (None where it takes none).
+        self._qspec = {}
+        for (t, usage), q in self.roles.q.items():
+            delayed = bool(q.inputs) and usage == "training"
+            self._qspec[(t, usage)] = (q, any(s.stochastic for s in q.streams.values()), self.sr_seed + _TENSORS.index(t),
+                                       f"{t}_scale" if q.inputs else None,
+                                       f"{t}_amax" if delayed and amax_update == "batched" else None,
+                                       f"{t}_amax_history" if delayed and amax_update == "each_quantize" else None)
         # Delayed scaling: per tensor type, the amax history and the scale (state_dict buffers).
         for t in _TENSORS:
             q = self.roles[(t, "training")]
@@ -223,6 +245,83 @@ class Linear(_RecipeState, nn.Module):
                                   getattr(self, f"{t}_scale"), noop=noop)
         return res
 
+    def _qargs(self, t: str, usage: str, noop: Optional[torch.Tensor] = None):
+        """(quantizer, (noop, seed, offset, scale, amax_out, history)): what _quantize passes for tensor
+        type t (the history: the update it runs right after the quantize), advancing the SR counter
+        where the quantizer rounds stochastically."""
+        q, sr, seed, scale, amax_out, history = self._qspec[(t, usage)]
+        offset = 0
+        if sr:
+            offset = self.sr_calls
+            self.sr_calls += 1
+        else:
+            seed = 0
+        b = self._buffers
+        return q, (noop, seed, offset, b[scale] if scale else None, b[amax_out] if amax_out else None,
+                   b[history] if history else None)
+
+    def _fprop(self, x2d: torch.Tensor, weight: torch.Tensor, usage: str, flag):
+        """The forward GEMM's result (the GEMM's dtype) and the input's and the weight's QuantizedTensors:
+        what _quantize("input"), _quantized_weight(usage, flag) and gemm() give, the weight's copy kept
+        or reused by the same rule, in one call into the compiled core (eager) or one custom op
+        (torch.compile; a device flag or batched amax there takes the separate ops)."""
+        compiling = torch.compiler.is_compiling()
+        if compiling and (isinstance(flag, torch.Tensor) or self._qspec[("input", usage)][4] is not None
+                          or self._qspec[("weight", usage)][4] is not None):
+            qx = self._quantize("input", x2d, usage)
+            qw = self._quantized_weight(usage, flag)
+            return gemm(qx, qw, out_dtype=self._gemm_dtype), qx, qw
+        q_in, xa = self._qargs("input", usage)
+        q_w = self._qspec[("weight", usage)][0]
+        n = self.out_features
+        kept = into = None  # the weight's copy used as it is / quantized into
+        wa = None
+        key = None
+        if isinstance(flag, torch.Tensor):
+            have = self._wflag
+            if have is not None and have[0] == (usage, weight.data_ptr()):
+                into = have[1]
+                wa = self._qargs("weight", usage, noop=_skip_flag(flag))[1]
+            else:  # the kept allocation's first contents: unconditional
+                wa = self._qargs("weight", usage)[1]
+        else:
+            key = (weight._version, usage, weight.data_ptr())
+            cache = self._wcache
+            if cache is not None and ((flag is None and cache[0] == key) or (flag is False and cache[0][1] == usage)):
+                kept = cache[1]
+            else:
+                wa = self._qargs("weight", usage)[1]
+        code = _OUT_CODE[self._gemm_dtype]
+        if compiling:
+            if kept is not None:
+                d, xb = torch.ops.qforge.linear_forward_cached(x2d, q_in.id, xa[1], xa[2], xa[3], kept.buffer, q_w.id, n,
+                                                               code)
+                wb = kept.buffer
+            else:
+                d, xb, wb = torch.ops.qforge.linear_forward(x2d, q_in.id, xa[1], xa[2], xa[3], weight.detach(), q_w.id,
+                                                            wa[1], wa[2], wa[3], code)
+        else:
+            d, xb, wb = _linear_forward(x2d, q_in, xa, None if kept is not None else weight, q_w,
+                                        wa if wa is not None else _NO_QUANTIZE, n,
+                                        kept.buffer if kept is not None else into.buffer if into is not None else None,
+                                        code)
+        qx = QuantizedTensor(xb, q_in, x2d.shape[0], x2d.shape[1])
+        if kept is not None:
+            qw = kept
+        elif into is not None:
+            qw = into
+        else:
+            qw = QuantizedTensor(wb, q_w, n, self.in_features)
+            if key is None:
+                self._wflag = ((usage, weight.data_ptr()), qw)
+            else:
+                self._wcache = (key, qw)
+        if compiling:  # the delayed-scaling updates the eager call ran after each quantize
+            for t, a, res in (("input", xa, qx), ("weight", wa, qw if kept is None else None)):
+                if res is not None and a[5] is not None:
+                    self.roles[(t, usage)].update_amax_history(a[5], res[_amax_name(res)], a[3])
+        return d, qx, qw
+
     def invalidate_weight_cache(self) -> None:
         """Drops the weight's quantized copy: call after writing the weight in a way its version counter
         does not see (`weight.data.copy_(...)`, another process's update of shared memory)."""
@@ -259,25 +358,29 @@ class Linear(_RecipeState, nn.Module):
         copy; a CUDA float32 tensor of one element decides on the device (1.0: quantize into the kept
         allocation, 0.0: the launch is a no-op), so one captured CUDA graph serves every micro-batch
         (make the first such call before capture)."""
-        _check_flag(is_first_microbatch, self.name, self.weight.get_device() if self.weight.is_cuda else None)
+        params = self._parameters
+        weight = params["weight"]
+        bias = params["bias"] if "bias" in params else self.bias  # bias=False: a plain None attribute
+        if is_first_microbatch is not None and not isinstance(is_first_microbatch, bool):
+            _check_flag(is_first_microbatch, self.name, weight.get_device() if weight.is_cuda else None)
         if x.shape[-1] != self.in_features:
             raise _user_error(f"module {self.name or '<root>'}: input's last dimension is {x.shape[-1]}, "
                               f"expected {self.in_features}")
-        lead = x.shape[:-1]
-        x2d = x.reshape(-1, self.in_features)
+        flat = x.dim() == 2
+        x2d = x if flat else x.reshape(-1, self.in_features)
         if not x2d.is_contiguous():
             x2d = x2d.contiguous()
-        if x2d.dtype != self.weight.dtype:
-            x2d = x2d.to(self.weight.dtype)
-        if torch.is_grad_enabled() and (x.requires_grad or self.weight.requires_grad):
-            y = _LinearFn.apply(x2d, self.weight, self.bias, self, is_first_microbatch)
+        if x2d.dtype != weight.dtype:
+            x2d = x2d.to(weight.dtype)
+        if torch.is_grad_enabled() and (x.requires_grad or weight.requires_grad):
+            y = _LinearFn.apply(x2d, weight, bias, self, is_first_microbatch)
         else:
-            qx = self._quantize("input", x2d, "inference")
-            y = gemm(qx, self._quantized_weight("inference", is_first_microbatch),
-                     out_dtype=self._gemm_dtype).to(self.weight.dtype)
-            if self.bias is not None:
-                y = y + self.bias
-        return y.reshape(*lead, self.out_features)
+            y = self._fprop(x2d, weight, "inference", is_first_microbatch)[0]
+            if y.dtype != weight.dtype:
+                y = y.to(weight.dtype)
+            if bias is not None:
+                y = y.add_(bias)
+        return y if flat else y.reshape(*x.shape[:-1], self.out_features)
 
 
 class _GroupedFn(torch.autograd.Function):
@@ -403,6 +506,10 @@ class GroupedLinear(_RecipeState, nn.Module):
     def extra_repr(self) -> str:
         return (f"num_experts={self.num_experts}, in_features={self.in_features}, out_features={self.out_features}, "
                 f"recipe={','.join(self.recipe_names)}, name={self.name!r}")
+
+
+_OUT_CODE = {torch.bfloat16: 1, torch.float32: 0}
+_NO_QUANTIZE = (None, 0, 0, None, None, None)  # the weight's arguments when its kept copy is used as it is
 
 
 def _amax_name(t: QuantizedTensor) -> str:
