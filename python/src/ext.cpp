@@ -850,10 +850,12 @@ nb::bytes reference_dequantize(const QuantizerBinding& q, int stream_index, int6
 
 }  // namespace qf::py
 
+namespace qf::py { void register_optim(nb::module_& m); }  // python/src/ext_optim.cpp
 NB_MODULE(_C, m) {
   using namespace qf::py;
   m.doc() = "qforge's compiled core: recipes, quantize layouts and launches, GEMM plans (device addresses as ints)";
   m.attr("__version__") = QFORGE_VERSION;
+  register_optim(m);  // the INT8 parameter's fused optimizer step
   // Quantizers and plans live in the torch layer's module-level tables until the interpreter
   // exits, after nanobind's own teardown checks: not leaks.
   nb::set_leak_warnings(false);
