@@ -78,8 +78,9 @@ Int8OptimKernelSpec int8_optim_spec(Int8Optimizer o, int64_t cols, bool vec4, DT
   s.grad = grad;
   s.scale_dtype = scale_dtype;
   const int64_t vectors = (cols + s.vec - 1) / s.vec;
-  // About four vectors per thread, 32 to 512 threads; the iterations a power of two (few kernels).
-  s.threads = int(std::clamp<unsigned>(next_pow2((vectors + 3) / 4), 32u, 512u));
+  // About four vectors per thread, 32 to 1024 threads (long rows: more warps per SM, fewer of the
+  // row's values per thread); the iterations a power of two (few kernels).
+  s.threads = int(std::clamp<unsigned>(next_pow2((vectors + 3) / 4), 32u, 1024u));
   s.iters = int(next_pow2((vectors + s.threads - 1) / s.threads));
   return s;
 }

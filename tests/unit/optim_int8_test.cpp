@@ -350,12 +350,12 @@ TEST(OptimInt8Runtime, KernelShapeHoldsTheRow) {
       const rt::Int8OptimKernelSpec s = rt::int8_optim_spec(rt::Int8Optimizer::AdamW, cols, vec4, DType::FP32, DType::BF16);
       EXPECT_EQ(s.vec, vec4 && cols % 4 == 0 ? 4 : 1);
       EXPECT_GE(int64_t(s.threads) * s.iters * s.vec, cols) << cols;
-      EXPECT_LE(s.iters * s.vec, 64) << cols;  // at most 64 values of the row per thread
-      EXPECT_LE(s.threads, 512);
+      EXPECT_LE(s.iters * s.vec, 32) << cols;  // at most 32 values of the row per thread
+      EXPECT_LE(s.threads, 1024);
     }
   const auto s = rt::int8_optim_spec(rt::Int8Optimizer::Sgd, 16384, true, DType::BF16, DType::BF16);
-  EXPECT_EQ(s.threads, 512);
-  EXPECT_EQ(s.iters, 8);
+  EXPECT_EQ(s.threads, 1024);
+  EXPECT_EQ(s.iters, 4);
 }
 
 // The kernels compile under NVRTC without a GPU (the GPU suite checks their values).
