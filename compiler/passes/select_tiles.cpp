@@ -91,28 +91,30 @@ bool packs_fp4(const Plan& p) {
   return false;
 }
 
-bool stochastic(const Plan& p) {
+bool has_columnwise(const Plan& p) {
   for (const auto& s : p.streams)
-    if (s.rounding == Rounding::Stochastic) return true;
+    if (s.dir == Direction::Columnwise) return true;
   return false;
 }
 
 }  // namespace
 
-// Defaults from `qforge tune --verbose` on an H100 at 16384^2, bf16 (docs/quantize.md); a
-// tuned tile stored by `qforge tune` replaces them per GPU model.
+// Defaults from `qforge tune --verbose` at 16384^2, bf16, on an H100, retuned where the H200
+// differs (docs/quantize.md); a tuned tile stored by `qforge tune` replaces them per GPU model.
 Plan select_tiles(Plan p) {
   const TileConstraints c = tile_constraints(p);
   TileConfig t;
   t.threads = 256;
   if (transposes(p) && packs_fp4(p)) {
     // fp4 plans (NVFP4, the hybrid's NVFP4 copy) are instruction bound (e2m1 encoding, RHT,
-    // Philox): 64 x 128 tiles; 128 threads (more registers and CTAs), 256 with stochastic
-    // rounding. nvfp4 input 1117 -> 976 us, weight 1038 -> 937, grad 1720 -> 1611, hybrid
-    // input 865 -> 755, grad 1144 -> 1057 against 64 x 64 / 256.
+    // Philox): 64 x 128 tiles of 128 threads (more registers and CTAs). H100: nvfp4 input 1117
+    // -> 976 us, weight 1038 -> 937, hybrid input 865 -> 755 against 64 x 64 / 256. With
+    // stochastic rounding the H100 preferred 256 threads (grad 1720 -> 1611), the H200 128:
+    // nvfp4 grad_output 849 -> 787 us (`qforge tune --shape 16384x16384 --dry-run --verbose`,
+    // H200, 2026-11-29).
     t.rows = std::lcm(c.row_multiple, 64);
     t.cols = std::lcm(c.col_multiple, 128);
-    t.threads = stochastic(p) ? 256 : 128;
+    t.threads = 128;
   } else if (transposes_wide(p)) {
     // The 16-bit transposed copy (bf16 passthrough): 128 x 128 tiles, whose transposed rows go
     // out 256 bytes at a time. 593 -> 578 us against 32 x 256 (`qforge tune --verbose`, H100,
@@ -126,12 +128,16 @@ Plan select_tiles(Plan p) {
     t.rows = 64;
     t.cols = std::lcm(c.col_multiple, 128);
   } else if (transposes(p)) {
-    // 32 x 256: long rows for the tile load and the rowwise copy; the transposed copy goes out
+    // 32 x 512: long rows for the tile load and the rowwise copy; the transposed copy goes out
     // through the staged output in whole sectors. 128-row blocks keep 128 columns (shared
-    // memory). fp8 current 601 -> 571 us, delayed 416 -> 386, bf16 passthrough 630 -> 593
-    // against 64 x 64.
+    // memory). H100, 32 x 256 against 64 x 64: fp8 current 601 -> 571 us, delayed 416 -> 386,
+    // bf16 passthrough 630 -> 593. H200, 32 x 512 against 32 x 256 (`qforge tune --shape
+    // 16384x16384 --dry-run --verbose`, 2026-11-29): fp8_rowwise input 588 -> 479 us,
+    // int8_weight_sr weight 1183 -> 1076, current 424 -> 415, delayed 299 -> 300 (even).
     t.rows = std::lcm(c.row_multiple, 32);
-    t.cols = std::lcm(c.col_multiple, t.rows >= 128 ? 128 : 256);
+    t.cols = std::lcm(c.col_multiple, t.rows >= 128 ? 128 : 512);
+    t.vec = 4;
+    if (!tile_fits(p, t)) t.cols = std::lcm(c.col_multiple, t.rows >= 128 ? 128 : 256);
     // 2-D blocks of 128 rows (the 128x128 weights, row + transposed): registers for 3 CTAs per SM
     // (80 per thread, no spills) instead of the 4 its shared memory allows, where 64 spilled 158
     // bytes. float8_block_scaling linear:weight training at 16384^2 (2026-11-27, docs/quantize.md):
@@ -144,6 +150,21 @@ Plan select_tiles(Plan p) {
     // 256 columns of 16 rows; blocks of 128 rows (128x128) keep 128 columns: a 128 x 256 tile
     // would hold a whole SM's shared memory (one CTA per SM, measured 58 % of copy bandwidth).
     t.cols = std::lcm(c.col_multiple, t.rows >= 128 ? 128 : 256);
+    if (t.rows < 128 && (packs_fp4(p) || has_columnwise(p))) {
+      // More elements per thread where a tile of 16 x 256 / 256 threads leaves the H200 short of
+      // bytes in flight (`qforge tune --shape 16384x16384 --dry-run --verbose`, 2026-11-29):
+      // NVFP4 rowwise (e2m1 encoding) 32 x 512 / 256, 423 -> 333 us; MXFP8's same-layout
+      // columnwise copy (32 x 1 blocks) 32 x 256 / 128, 331 -> 296 us. The fp8 rowwise-only
+      // plans keep 16 x 256 / 256 (86-89 % of the floor).
+      TileConfig wide = t;
+      wide.rows = std::lcm(c.row_multiple, 32);
+      if (packs_fp4(p))
+        wide.cols = std::lcm(c.col_multiple, 512);
+      else
+        wide.threads = 128;
+      wide.vec = 4;
+      if (tile_fits(p, wide)) t = wide;
+    }
   }
   t.vec = 4;
   p.tile = t;

@@ -268,21 +268,24 @@ TEST(SchedulePhases, IsIdempotent) {
 }
 
 TEST(SelectTiles, ShapesFollowLayoutsAndBlocks) {
-  const Plan mx = plan_for("mxfp8", "linear:input");  // same-layout columnwise: 32 rows per block
-  EXPECT_EQ(mx.tile.rows % 32, 0);
+  // same-layout columnwise (32 rows per block): 32 x 256 on 128 threads
+  const Plan mx = plan_for("mxfp8", "linear:input");
+  EXPECT_EQ(mx.tile, (TileConfig{32, 256, 128, 4}));
   const Plan w8 = plan_for("w8a8_int8_inference", "linear:input");  // no transpose: a wide row tile
   EXPECT_EQ(w8.tile, (TileConfig{16, 256, 256, 4}));
   const Plan cs = plan_for("current_scaling", "linear:input", std::nullopt, DType::FP32);
-  EXPECT_EQ(cs.tile, (TileConfig{32, 256, 256, 4})) << "transposing: 32 rows of 256 columns";
+  EXPECT_EQ(cs.tile, (TileConfig{32, 512, 256, 4})) << "transposing: 32 rows of 512 columns";
   const Plan bw = plan_for("float8_block_scaling", "linear:input");  // 128x1 blocks: 128 rows
   EXPECT_EQ(bw.tile, (TileConfig{128, 128, 256, 4}));
   const Plan nv = plan_for("nvfp4", "linear:input");  // fp4: 64 x 128, 128 threads
   EXPECT_EQ(nv.tile, (TileConfig{64, 128, 128, 4}));
-  const Plan sr = plan_for("nvfp4", "linear:grad_output");  // fp4 with stochastic rounding: 256 threads
-  EXPECT_EQ(sr.tile, (TileConfig{64, 128, 256, 4}));
+  const Plan sr = plan_for("nvfp4", "linear:grad_output");  // fp4 with stochastic rounding: the same
+  EXPECT_EQ(sr.tile, (TileConfig{64, 128, 128, 4}));
+  const Plan nvi = plan_for("nvfp4", "linear:input", Usage::Inference);  // fp4 rowwise only: 32 x 512
+  EXPECT_EQ(nvi.tile, (TileConfig{32, 512, 256, 4}));
   const Plan id = plan_for("int8_weight_sr", "linear:input");  // bf16 passthrough + transpose: 128 x 128
   EXPECT_EQ(id.tile, (TileConfig{128, 128, 256, 4}));
-  for (const Plan& p : {mx, w8, cs, bw, nv, sr, id}) EXPECT_TRUE(tile_fits(p, p.tile));
+  for (const Plan& p : {mx, w8, cs, bw, nv, sr, nvi, id}) EXPECT_TRUE(tile_fits(p, p.tile));
 }
 
 TEST(SelectTiles, CandidatesAreValidAndStartWithTheDefault) {
