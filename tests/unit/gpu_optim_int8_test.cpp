@@ -16,21 +16,14 @@
 #include "runtime/driver.h"
 #include "runtime/gpu_test_util.h"
 #include "runtime/optim_int8.h"
+#include "pseudo_random.h"
 
 namespace {
 
 using namespace qf;
 using rt::DeviceBuffer;
 
-std::vector<float> pseudo_random(int64_t n, float r, uint32_t seed) {
-  std::vector<float> v(static_cast<size_t>(n));
-  uint32_t s = seed * 2654435761u + 12345u;
-  for (auto& x : v) {
-    s = s * 1664525u + 1013904223u;
-    x = (float(s >> 8) / float(1u << 24) * 2.0f - 1.0f) * r;
-  }
-  return v;
-}
+using qf::testing::pseudo_random;
 
 struct OptimCase {
   rt::Int8Optimizer optimizer;

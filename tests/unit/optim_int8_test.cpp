@@ -17,19 +17,12 @@
 #include "reference/executor.h"
 #include "reference/optim_int8.h"
 #include "runtime/optim_int8.h"
+#include "pseudo_random.h"
 
 namespace qf {
 namespace {
 
-std::vector<float> pseudo_random(int64_t n, float r, uint32_t seed) {
-  std::vector<float> v(static_cast<size_t>(n));
-  uint32_t s = seed * 2654435761u + 12345u;
-  for (auto& x : v) {
-    s = s * 1664525u + 1013904223u;
-    x = (float(s >> 8) / float(1u << 24) * 2.0f - 1.0f) * r;
-  }
-  return v;
-}
+using qf::testing::pseudo_random;
 
 u32 bits(float x) { return f32_bits(x); }
 
