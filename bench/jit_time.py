@@ -2,7 +2,7 @@
 """Where NVRTC spends the time of qforge's JIT compiles, without a GPU (docs/jit.md).
 
   jit_time.py [--cache DIR] [--templates DIR] [--filter S] [--phases] [--extra "OPTS"]... [--reps N]
-              [--base-templates DIR] [--per-kernel]
+              [--base-templates DIR] [--per-kernel] [--whole BASE_CACHE]
 
 Takes every CUBIN entry of a qforge kernel cache (DIR, default $QFORGE_CACHE_DIR; fill it first
 with `qforge prewarm`), and compiles its source.cu again with NVRTC in this process, the device
@@ -25,6 +25,17 @@ thread counted), which other processes' load on the machine barely changes, plus
                 each row says whether the code sections are the same both ways ("=") or not ("!")
   --per-kernel  also compile each of an entry's kernels (name expressions) as a program of its
                 own: a column per kernel kind (cast_kernel, amax_kernel, fused_kernel, ...)
+  --whole BASE_CACHE
+                a quantize plan's forms against the one program an older build compiled for it:
+                each quantize entry of BASE_CACHE (cast, amax and fused kernels in one program)
+                compiled alternately with the entries of this cache that hold its kernels (the
+                separate and one-launch forms; kernels matched as bench/sass_diff.py matches
+                them: arch, options, name expression and the configs it names); per plan the
+                CPU ms of each and each form's share of the whole program, then per form the
+                median / max / sum and the shares' median and range
+
+A quantize entry's kind is "quantize/<form>" (separate, one-launch) where its metadata names the
+form, else "quantize".
 
 Prints one row per kernel (CPU ms) and a summary: median, max and sum per kind of kernel (of
 CPU ms, and of wall ms where it says "wall").
@@ -111,15 +122,16 @@ def entries(cache, text_filter=""):
         if meta.get("kind") != "cubin":
             continue
         md = meta.get("metadata", {})
-        kind = md.get("kind", "?")
-        label = " ".join(str(v) for k, v in sorted(md.items()) if k != "kind")
+        kind = md.get("kind", "?") + (f"/{md['form']}" if md.get("form") else "")
+        label = " ".join(str(v) for k, v in sorted(md.items()) if k not in ("kind", "form"))
         if text_filter and text_filter not in f"{kind} {label}":
             continue
         names = list(meta.get("lowered_names", {}).keys())
         # A name expression's kind: the template's name ("qf::cast_kernel<...>" -> cast_kernel).
         kinds = [x.split("<", 1)[0].split("::")[-1] for x in names]
         out.append(dict(kind=kind, label=label, source=source, image=image, options=meta.get("options", []),
-                        names=names, kinds=kinds, key=meta.get("key", "")[:12]))
+                        names=names, kinds=kinds, key=meta.get("key", "")[:12],
+                        target=meta.get("target", meta.get("arch", "?"))))
     return out
 
 
@@ -128,6 +140,55 @@ def nvrtc_phase_table(nvrtc, e, hdrs):
         compile_once(nvrtc, e["source"], e["options"] + [f"--time={f.name}"], e["names"], hdrs)
         rows = [line.split(",") for line in f.read().splitlines()[1:]]
     return "; ".join(f"{r[1].strip()} {r[2].strip()} ms" for r in rows if len(r) >= 4)
+
+
+def identities(e):
+    """The kernels of an entry, as bench/sass_diff.py identifies them."""
+    structs = sass_diff.gen_structs(e["source"])
+    return {sass_diff.kernel_identity(e["target"], e["options"], n, structs) for n in e["names"]}
+
+
+def whole_vs_forms(nvrtc, hdrs, base_es, es, reps):
+    """--whole: each base program against the forms that hold its kernels, alternately."""
+    forms = [(e, identities(e)) for e in es if e["kind"].startswith("quantize")]
+    per_form, shares, wholes = {}, {}, []
+    unmatched = 0
+    print(f"{'key':<12} {'whole':>7}  forms (CPU ms, share of the whole)  label")
+    for n, b in enumerate(b for b in base_es if b["kind"] == "quantize"):
+        bid = identities(b)
+        parts = sorted((e for e, ids in forms if ids and ids <= bid), key=lambda e: e["kind"])
+        if not parts or set().union(*(identities(e) for e in parts)) != bid:
+            unmatched += 1
+            print(f"{b['key']:<12} (no forms in this cache hold exactly its kernels)  {b['label']}")
+            continue
+        times = {}
+        order = [None] + parts if n % 2 == 0 else parts + [None]  # alternate who goes first
+        for e in order:
+            if e is None:
+                whole = best(nvrtc, reps, b["source"], b["options"], b["names"], hdrs)[0]
+            else:
+                times[e["kind"]] = best(nvrtc, reps, e["source"], e["options"], e["names"], hdrs)[0]
+        wholes.append(whole)
+        cells = []
+        for kind, t in sorted(times.items()):
+            per_form.setdefault(kind, []).append(t)
+            shares.setdefault(kind, []).append(t / whole)
+            cells.append(f"{kind.split('/')[-1]} {t * 1000:.0f} ({t / whole:.2f})")
+        if len(times) > 1:
+            both = sum(times.values())
+            per_form.setdefault("both forms", []).append(both)
+            shares.setdefault("both forms", []).append(both / whole)
+        print(f"{b['key']:<12} {whole * 1000:7.0f}  {'; '.join(cells)}  {b['label']}", flush=True)
+    print("\nCPU ms per compile: median / max / sum; share of the whole program: median (min-max)")
+    print(f"  {'whole program':<26} n={len(wholes):<4} {statistics.median(wholes) * 1000:.0f} / "
+          f"{max(wholes) * 1000:.0f} / {sum(wholes) * 1000:.0f}" if wholes else "  no plan matched")
+    for kind, v in sorted(per_form.items()):
+        sh = shares[kind]
+        print(f"  {kind:<26} n={len(v):<4} {statistics.median(v) * 1000:.0f} / {max(v) * 1000:.0f} / "
+              f"{sum(v) * 1000:.0f}; share {statistics.median(sh):.2f} ({min(sh):.2f}-{max(sh):.2f})")
+    if unmatched:
+        print(f"{unmatched} program(s) of the base cache without their forms here")
+    return 1 if unmatched or not wholes else 0
 
 
 def main(argv=None):
@@ -142,6 +203,7 @@ def main(argv=None):
     ap.add_argument("--limit", type=int, default=0, help="only the first N entries")
     ap.add_argument("--base-templates", default="")
     ap.add_argument("--per-kernel", action="store_true")
+    ap.add_argument("--whole", default="", help="a cache of an older build's one-program quantize entries")
     args = ap.parse_args(argv)
     if not args.cache:
         print("jit_time: no cache: --cache DIR or QFORGE_CACHE_DIR", file=sys.stderr)
@@ -158,6 +220,11 @@ def main(argv=None):
     if base_hdrs is not None and not base_hdrs:
         print(f"jit_time: {args.base_templates}: no device headers (*.cuh)", file=sys.stderr)
         return 2
+    if args.whole:
+        base_es = entries(args.whole, args.filter)
+        if args.limit:
+            base_es = base_es[: args.limit]
+        return whole_vs_forms(nvrtc, hdrs, base_es, es, args.reps)
     cols = ["cubin"] + (["base"] if base_hdrs else []) + (["front end", "to PTX"] if args.phases else [])
     cols += [f"+{x}" for x in args.extra]
     print(f"{'kind':<12} {'key':<12} " + " ".join(f"{c:>14}" for c in cols) + "  wall  label")

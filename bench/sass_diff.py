@@ -19,6 +19,18 @@ of interest (`qforge prewarm recipes`, `qforge gemm ...`); entries without a CUB
 Prints one line per differing kernel (and per kernel that fails to compile) and a summary; exits
 0 when every compared kernel is the same, 1 when some differ, 2 on an error (no cache entries, a
 compile that fails, no NVRTC).
+
+  sass_diff.py --base-cache BASE_CACHE [--cache DIR] [--filter S] [-v]
+
+compares two caches instead, without compiling: every quantize kernel of DIR's entries with the
+same kernel in BASE_CACHE's, e.g. a cache prewarmed by this build against one prewarmed by an
+older build whose entries grouped the kernels into other programs. A kernel is "the same" when
+its arch, NVRTC options, name expression and the generated configs that expression uses
+(qf_gen's structs, with their bases) are equal, whatever else its program holds. Compared: its
+code section (.text.<kernel>) byte for byte and its attributes (.nv.info.<kernel>: launch
+bounds, registers, frame and parameter sizes, ...; the parameter bank's symbol index, which
+numbers the program's symbols, left out), plus code sections of functions that are not kernels,
+listed if any. Exits 0 when every kernel of DIR was found and is the same, 1 otherwise.
 """
 import argparse
 import ctypes
@@ -198,9 +210,137 @@ def compare(entries, base_dir, new_dir, nvrtc, nvdisasm=None, verbose=False, log
     return same, differ, failed
 
 
+_STRUCT = re.compile(r"^\s*struct (\w+)(?: : (\w+))? \{$")
+
+
+def gen_structs(source):
+    """{name: (base or None, text)} of the generated source's structs (namespace qf_gen)."""
+    out, cur, base, lines = {}, None, None, []
+    for line in source.splitlines():
+        m = _STRUCT.match(line)
+        if cur is None and m:
+            cur, base, lines = m.group(1), m.group(2), [line.strip()]
+        elif cur is not None:
+            lines.append(line.strip())
+            if line.strip() == "};":
+                out[cur] = (base, "\n".join(lines))
+                cur = None
+    return out
+
+
+def kernel_identity(target, options, expr, structs):
+    """What determines a kernel's machine code given the headers: arch, options, its name
+    expression and the definitions of the configs it names (bases included)."""
+    todo, seen = list(re.findall(r"qf_gen::(\w+)", expr)), {}
+    while todo:
+        n = todo.pop()
+        if n in seen or n not in structs:
+            continue
+        base, text = structs[n]
+        seen[n] = text
+        if base:
+            todo.append(base)
+    return (target, tuple(options), expr, tuple(sorted(seen.items())))
+
+
+def elf_sections(cubin):
+    """{section name: bytes} of an ELF64 CUBIN, names as they are."""
+    if cubin[:4] != b"\x7fELF" or cubin[4] != 2:
+        raise SassDiffError("not an ELF64 CUBIN")
+    shoff, = struct.unpack_from("<Q", cubin, 0x28)
+    shentsize, shnum, shstrndx = struct.unpack_from("<HHH", cubin, 0x3A)
+    headers = [struct.unpack_from("<IIQQQQIIQQ", cubin, shoff + i * shentsize) for i in range(shnum)]
+    strtab = headers[shstrndx]
+    names = cubin[strtab[4]:strtab[4] + strtab[5]]
+    out = {}
+    for name_off, sh_type, _, _, off, size, *_ in headers:
+        name = names[name_off:names.index(b"\0", name_off)].decode(errors="replace")
+        out[name] = b"" if sh_type == 8 else cubin[off:off + size]  # SHT_NOBITS: no bytes
+    return out
+
+
+_EIATTR_PARAM_CBANK = 0x0A  # (symbol index of the parameter bank, offset, size)
+
+
+def nv_info(data):
+    """[(attribute, value bytes)] of an .nv.info.<kernel> section, the parameter bank's symbol
+    index dropped (it numbers the program's symbols, not the kernel)."""
+    out, i = [], 0
+    while i + 2 <= len(data):
+        fmt, attr = data[i], data[i + 1]
+        if fmt == 0x04:  # EIFMT_SVAL: u16 size, then the value
+            size, = struct.unpack_from("<H", data, i + 2)
+            val = data[i + 4:i + 4 + size]
+            i += 4 + size
+        elif fmt in (0x02, 0x03):  # EIFMT_BVAL / EIFMT_HVAL: the value in the next 2 bytes
+            val = data[i + 2:i + 4]
+            i += 4
+        else:  # EIFMT_NVAL
+            val = b""
+            i += 2
+        if attr == _EIATTR_PARAM_CBANK:
+            val = val[4:]
+        out.append((attr, val))
+    return out
+
+
+def cache_kernels(cache_dir, text_filter=""):
+    """{identity: (label, code bytes, attributes)} of every quantize kernel in a cache, and the
+    names of code sections that belong to no kernel."""
+    out, loose = {}, []
+    for meta_path in glob.glob(os.path.join(cache_dir, "**", "meta.json"), recursive=True):
+        entry = os.path.dirname(meta_path)
+        try:
+            meta = json.load(open(meta_path))
+            source = open(os.path.join(entry, "source.cu")).read()
+            image = open(os.path.join(entry, "image.bin"), "rb").read()
+        except (OSError, ValueError):
+            continue
+        md = meta.get("metadata", {})
+        if meta.get("kind", "cubin") != "cubin" or md.get("kind") != "quantize":
+            continue
+        label = " ".join(str(v) for k, v in sorted(md.items()) if k != "kind")
+        if text_filter and text_filter not in label:
+            continue
+        secs = elf_sections(image)
+        structs = gen_structs(source)
+        lowered = meta.get("lowered_names", {})
+        for expr, sym in lowered.items():
+            ident = kernel_identity(meta.get("target", meta.get("arch")), meta.get("options", []), expr, structs)
+            kind = expr.split("<")[0].split("::")[-1]
+            out[ident] = (f"{label} {kind}", secs.get(".text." + sym), nv_info(secs.get(".nv.info." + sym, b"")))
+        kernels = {".text." + sym for sym in lowered.values()}
+        loose += [f"{label}: {n}" for n in secs if n.startswith(".text") and n not in kernels]
+    return out, loose
+
+
+def compare_caches(base_cache, cache, text_filter="", verbose=False, log=print):
+    base, base_loose = cache_kernels(base_cache)  # the filter picks the kernels to compare, not their matches
+    new, new_loose = cache_kernels(cache, text_filter)
+    same, differ, missing = 0, [], []
+    for ident, (label, code, info) in sorted(new.items(), key=lambda kv: kv[1][0]):
+        if ident not in base:
+            missing.append(label)
+            log(f"missing {label}: no such kernel in {base_cache}")
+            continue
+        _, bcode, binfo = base[ident]
+        what = [w for w, a, b in (("code", code, bcode), ("attributes", info, binfo)) if a != b or a is None]
+        if what:
+            differ.append(label)
+            log(f"differs {label}: {', '.join(what)}")
+        else:
+            same += 1
+            if verbose:
+                log(f"same    {label}")
+    for n in base_loose + new_loose:
+        log(f"note: a code section of no kernel: {n}")
+    return same, differ, missing, len(base)
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--base", required=True, help="the device headers to compare against (a templates/ directory)")
+    ap.add_argument("--base", help="the device headers to compare against (a templates/ directory)")
+    ap.add_argument("--base-cache", help="a cache to compare the kernels of --cache with, compiling nothing")
     ap.add_argument("--templates", default=str(REPO / "templates"), help="default: this checkout's templates/")
     ap.add_argument("--cache", default=os.environ.get("QFORGE_CACHE_DIR"), help="default: $QFORGE_CACHE_DIR")
     ap.add_argument("--filter", default="", help="only entries whose label contains this text")
@@ -208,6 +348,20 @@ def main(argv=None):
     ap.add_argument("--cubin", action="store_true", help="compare the CUBINs' code sections even where nvdisasm is found")
     ap.add_argument("-v", "--verbose", action="store_true", help="also list the kernels that are the same")
     args = ap.parse_args(argv)
+    if bool(args.base) == bool(args.base_cache):
+        ap.error("give --base (headers) or --base-cache (a cache), one of them")
+    if args.base_cache:
+        try:
+            if not args.cache:
+                raise SassDiffError("no cache: --cache DIR or QFORGE_CACHE_DIR")
+            same, differ, missing, nbase = compare_caches(args.base_cache, args.cache, args.filter, args.verbose)
+        except SassDiffError as e:
+            print(f"sass_diff: {e}", file=sys.stderr)
+            return 2
+        print(f"sass_diff: {same + len(differ) + len(missing)} quantize kernels of {args.cache} against {nbase} of "
+              f"{args.base_cache} by code section and attributes: {same} the same, {len(differ)} different, "
+              f"{len(missing)} not found")
+        return 1 if differ or missing or same == 0 else 0
     try:
         if not args.cache:
             raise SassDiffError("no cache: --cache DIR or QFORGE_CACHE_DIR")

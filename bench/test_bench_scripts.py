@@ -589,6 +589,39 @@ def test_sass_diff_strips_addresses():
     assert sass_diff.normalize_sass(a) != sass_diff.normalize_sass(b.replace("R1,", "R2,"))
 
 
+def test_sass_diff_kernel_identity_is_the_configs_a_kernel_names():
+    # A generated source of one program: the fused kernel's identity takes CfgFused and its base
+    # Cfg, S0 and A1, not the other structs the program defines.
+    src = ("// Generated\n#include \"qforge/cast.cuh\"\n\nnamespace qf_gen {\n"
+           "struct S0 {\n  static constexpr long long kIndex = 0;\n};\n"
+           "struct A1 {\n  static constexpr long long kSlot = 1;\n};\n"
+           "struct Cfg {\n  static constexpr long long kThreads = 128;\n};\n"
+           "struct CfgFused : Cfg {\n  static constexpr long long kThreads = 256;\n};\n"
+           "struct CfgRow : Cfg {\n  static constexpr long long kThreads = 256;\n};\n}  // namespace qf_gen\n")
+    structs = sass_diff.gen_structs(src)
+    assert set(structs) == {"S0", "A1", "Cfg", "CfgFused", "CfgRow"}
+    assert structs["CfgFused"][0] == "Cfg"
+    fused = "qf::fused_kernel<qf_gen::CfgFused, qf::PrePass<qf_gen::A1>, qf_gen::S0>"
+    ident = sass_diff.kernel_identity("sm_90a", ["-O3"], fused, structs)
+    assert [n for n, _ in ident[3]] == ["A1", "Cfg", "CfgFused", "S0"]
+    # The same kernel in a program without CfgRow: the same identity; another Cfg: another one.
+    alone = {k: v for k, v in structs.items() if k != "CfgRow"}
+    assert sass_diff.kernel_identity("sm_90a", ["-O3"], fused, alone) == ident
+    other = dict(alone, Cfg=(None, "struct Cfg {\nstatic constexpr long long kThreads = 64;\n};"))
+    assert sass_diff.kernel_identity("sm_90a", ["-O3"], fused, other) != ident
+    assert sass_diff.kernel_identity("sm_100a", ["-O3"], fused, alone) != ident
+
+
+def test_sass_diff_nv_info_drops_the_parameter_banks_symbol_index():
+    # EIFMT_SVAL PARAM_CBANK (symbol 7, offset 0x210, size 0x60), EIFMT_HVAL attr 0x1b, EIFMT_NVAL 0x1c
+    a = bytes([0x04, 0x0A, 8, 0, 7, 0, 0, 0, 0x10, 0x02, 0x60, 0, 0x03, 0x1B, 0xFF, 0, 0x01, 0x1C])
+    b = bytes([0x04, 0x0A, 8, 0, 2, 0, 0, 0, 0x10, 0x02, 0x60, 0, 0x03, 0x1B, 0xFF, 0, 0x01, 0x1C])
+    assert sass_diff.nv_info(a) == sass_diff.nv_info(b)
+    assert sass_diff.nv_info(a) == [(0x0A, bytes([0x10, 0x02, 0x60, 0])), (0x1B, bytes([0xFF, 0])), (0x1C, b"")]
+    c = bytes(b[:14]) + bytes([0x7F, 0]) + bytes(b[16:])
+    assert sass_diff.nv_info(c) != sass_diff.nv_info(b)
+
+
 def _header_tree(root, body):
     # kTable: a namespace-scope constexpr array indexed at run time, which NVRTC emits as an
     # internal-linkage symbol whose name changes with every compile (so do the CUBIN's bytes).

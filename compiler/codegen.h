@@ -3,11 +3,14 @@
 // the plan's structure only (never on recipe or role names), so identical kernels of different
 // recipes share one cache entry.
 //
-// A plan compiles to one program per form (QuantizeForm), each a cache entry of its own, so a
-// first call compiles only the form it launches (docs/jit.md, "Kernels per program"): the
-// separate form (cast kernel, amax pre-pass kernel, row kernel) and, for plans with a global
-// amax, the one-launch form (the cooperative fused kernel). The two sources differ (each names
-// its form and defines only the configs its kernels use), so their keys differ.
+// A plan with a fused kernel has two programs (QuantizeForm), each a cache entry of its own: its
+// complete program (every kernel: cast, amax, row and the cooperative fused kernel; the source it
+// always had) and its separate form (the same without the fused kernel), which a call that does
+// not launch the fused kernel compiles instead, at about 0.57 of the time (docs/jit.md, step 5).
+// The fused kernel is not given a program of its own: compiled without the cast kernel, ptxas
+// lays out its static shared memory otherwise and its code changes. Each kernel's code is the
+// same in either program. The two sources differ (the separate form's first line names it), so
+// their keys differ.
 #pragma once
 #include <cstdint>
 #include <optional>
@@ -21,17 +24,16 @@ namespace qf {
 
 // The programs a quantize plan compiles to.
 enum class QuantizeForm {
-  Separate,   // cast_kernel, the amax pre-pass (amax_kernel) and the one-pass row_kernel, where the plan has them
-  OneLaunch,  // fused_kernel alone: single tensors whose tiles fit on the GPU at once
+  Separate,  // cast_kernel, the amax pre-pass (amax_kernel) and the one-pass row_kernel, where the plan has them
+  All,       // those and the one-launch fused_kernel (single tensors whose tiles fit on the GPU at once)
 };
-std::string_view name(QuantizeForm f);  // "separate", "one-launch"
+std::string_view name(QuantizeForm f);  // "separate", "all"
 
 struct KernelSource {
   std::string source;                     // the translation unit given to NVRTC
-  // Name expressions of the kernels the source's program holds. A quantize plan's separate form
-  // has the cast kernel and, where the plan has them, the amax and row kernels; its one-launch
-  // form only the fused kernel (cast_kernel empty). Sources of other kernels (history update,
-  // dequantize) name their one kernel cast_kernel.
+  // Name expressions of the kernels the source's program holds: the cast kernel and, where the
+  // plan has them, the amax and row kernels, and in the All form the fused kernel. Sources of
+  // other kernels (history update, dequantize) name their one kernel cast_kernel.
   std::string cast_kernel;                // name expression of the cast kernel
   std::optional<std::string> amax_kernel; // name expression of the phase-0 reduction, if any
   std::optional<std::string> fused_kernel;  // the one-launch form for small single tensors, if any
@@ -62,11 +64,14 @@ struct KernelSource {
 };
 
 // Whether the plan has a one-launch form (a tensor or per-channel amax reduced over the whole
-// tensor): its forms are then Separate and OneLaunch, else Separate alone.
+// tensor): its programs are then Separate and All, else Separate alone.
 bool has_one_launch(const Plan& plan);
 std::vector<QuantizeForm> quantize_forms(const Plan& plan);
+// The program holding every kernel of the plan (All, else Separate): what prepare and `qforge
+// prewarm` compile. Its source is the one the plan had before the separate form existed.
+QuantizeForm complete_form(const Plan& plan);
 
-// The source of one form of the plan (InternalError for OneLaunch where has_one_launch is false).
+// The source of one form of the plan (InternalError for All where has_one_launch is false).
 KernelSource emit_quantize(const Plan& plan, QuantizeForm form);
 
 // Whether the plan has a one-pass form (cast.cuh row_kernel): every stream rowwise, row-major,

@@ -712,6 +712,37 @@ CacheResult KernelCache::get_or_compile(const CompileRequest& req, const json& m
   }
 }
 
+std::optional<CacheResult> KernelCache::find(const CompileRequest& req, const json& metadata) {
+  const auto t0 = std::chrono::steady_clock::now();
+  const CacheKey key = key_of(req);
+  std::shared_future<std::shared_ptr<const CacheEntry>> pending;
+  {
+    std::unique_lock lk(mu_);
+    if (auto it = memory_.find(key.hex); it != memory_.end()) {
+      ++memory_hits_;
+      return CacheResult{it->second, CacheHow::MemoryHit};
+    }
+    if (auto it = in_flight_.find(key.hex); it != in_flight_.end()) pending = it->second;
+  }
+  if (pending.valid()) {
+    ++memory_hits_;
+    return CacheResult{pending.get(), CacheHow::MemoryHit};  // rethrows the compiler's exception
+  }
+  std::shared_ptr<const CacheEntry> entry = load_from_disk(key, req.name_expressions, /*settle=*/false);
+  if (!entry && !opts_.shipped_roots.empty()) entry = load_shipped(req);
+  if (!entry) return std::nullopt;
+  ++disk_hits_;
+  {
+    std::lock_guard lk(mu_);
+    entry = memory_.emplace(key.hex, entry).first->second;  // another thread's copy, if it was first
+  }
+  if (log::enabled(log::Level::Debug))
+    log::debug(std::string(entry->key == key.hex ? "disk cache" : "shipped kernel (built by NVRTC " + entry->nvrtc_version + ")") +
+               " hit: " + describe_kernels(req, metadata) + " for " + req.arch + " in " + fixed(ms_since(t0), 3) +
+               " ms (key " + key.hex.substr(0, 16) + ")");
+  return CacheResult{entry, CacheHow::DiskHit};
+}
+
 namespace {
 
 // "13.2" -> {13, 2}; {-1, -1} when it is not that shape.

@@ -177,6 +177,12 @@ class KernelCache {
   // others wait for it (see the top of this file). CompileError propagates (to every waiter).
   CacheResult get_or_compile(const CompileRequest& req,
                              const nlohmann::json& metadata = nlohmann::json::object());
+  // The entry for `req` if it can be had without compiling: from memory (waiting for a compile
+  // of it under way in this process), else from a root on disk (a shipped root's older-NVRTC
+  // entry included), counted and kept in memory as get_or_compile would; nullopt otherwise. No
+  // key lock is taken and nothing is written, repaired or compiled (a damaged entry is a miss).
+  std::optional<CacheResult> find(const CompileRequest& req,
+                                  const nlohmann::json& metadata = nlohmann::json::object());
 
   // Maintenance (the CLI's list / verify / clear). Entries of every root.
   std::vector<CacheListing> list() const;

@@ -18,32 +18,54 @@
 
 namespace qf::rt {
 
+namespace {
+
+CompileRequest quantize_request(const KernelSource& source, const std::string& arch) {
+  CompileRequest req;
+  req.source = source.source;
+  req.source_name = "qforge_quantize.cu";
+  for (const auto& kernel : source.kernels()) req.name_expressions.push_back(*kernel.name);
+  req.arch = arch;
+  return req;
+}
+
+nlohmann::json quantize_metadata(const Plan& plan, QuantizeForm form) {
+  return {{"kind", "quantize"},
+          {"recipe", plan.recipe},
+          {"role", plan.role},
+          {"input", std::string(traits(plan.input).name)},
+          {"usage", std::string(name(plan.usage))},
+          {"form", std::string(name(form))}};
+}
+
+}  // namespace
+
 QuantizeKernels build_quantize_kernels(const Plan& plan, QuantizeForm form, const std::string& arch, KernelCache& cache) {
   check_quantize_arch(arch);
   QuantizeKernels k;
   k.source = emit_quantize(plan, form);
-  CompileRequest req;
-  req.source = k.source.source;
-  req.source_name = "qforge_quantize.cu";
-  for (const auto& kernel : k.source.kernels()) req.name_expressions.push_back(*kernel.name);
-  req.arch = arch;
-  nlohmann::json meta = {{"kind", "quantize"},
-                         {"recipe", plan.recipe},
-                         {"role", plan.role},
-                         {"input", std::string(traits(plan.input).name)},
-                         {"usage", std::string(name(plan.usage))},
-                         {"form", std::string(name(form))}};
-  k.cached = cache.get_or_compile(req, meta);
+  k.cached = cache.get_or_compile(quantize_request(k.source, arch), quantize_metadata(plan, form));
+  return k;
+}
+
+std::optional<QuantizeKernels> find_quantize_kernels(const Plan& plan, QuantizeForm form, const std::string& arch,
+                                                     KernelCache& cache) {
+  check_quantize_arch(arch);
+  QuantizeKernels k;
+  k.source = emit_quantize(plan, form);
+  auto hit = cache.find(quantize_request(k.source, arch), quantize_metadata(plan, form));
+  if (!hit) return std::nullopt;
+  k.cached = std::move(*hit);
   return k;
 }
 
 struct Quantizer::Form {
   QuantizeKernels kernels;
   std::shared_ptr<const Module> module;
-  CUfunction cast = nullptr;  // the separate form's
+  CUfunction cast = nullptr;
   CUfunction amax = nullptr;
   CUfunction row = nullptr;
-  CUfunction fused = nullptr;  // the one-launch form's
+  CUfunction fused = nullptr;  // the All form's
   int64_t fused_ctas = 0;      // how many CTAs of `fused` fit on the device at once
 };
 
@@ -53,7 +75,7 @@ struct Quantizer::Loaded {
   Plan plan;              // plan_ with the device's tile
   KernelSource geometry;  // the separate form's source: tile, shared memory, threads (the same in both forms)
   int64_t fused_guaranteed = 0;  // fused_min_blocks x SMs: CTAs of the fused kernel certain to fit (0: no such form)
-  std::shared_ptr<const Form> separate, one_launch;  // guarded by Quantizer::mu_
+  std::shared_ptr<const Form> separate, all;  // guarded by Quantizer::mu_
 };
 
 namespace {
@@ -103,11 +125,8 @@ Quantizer::Quantizer(Plan plan, KernelCache& cache, bool use_tuning)
 }
 
 CacheHow Quantizer::prepare(const std::string& arch) const {
-  CacheHow how = CacheHow::MemoryHit;
-  for (QuantizeForm f : quantize_forms(plan_)) {
-    const CacheHow h = build_quantize_kernels(plan_, f, arch, cache_).cached.how;
-    if (h == CacheHow::Compiled || (h == CacheHow::DiskHit && how == CacheHow::MemoryHit)) how = h;
-  }
+  // The complete program: every kernel a call may launch (the separate form's are in it too).
+  const CacheHow how = build_quantize_kernels(plan_, complete_form(plan_), arch, cache_).cached.how;
   for (const auto& [mode, format] : history_rules(plan_)) (void)build_history_kernel(mode, format, arch, cache_);
   return how;
 }
@@ -116,7 +135,7 @@ Quantizer::View Quantizer::load_for_current_device() const {
   const int dev = current_device();
   {
     std::lock_guard<std::mutex> g(mu_);
-    if (auto it = loaded_.find(dev); it != loaded_.end()) return {it->second, it->second->separate, it->second->one_launch};
+    if (auto it = loaded_.find(dev); it != loaded_.end()) return view(it->second);
   }
   // The device's first call: its tile and geometry, no compile (each form's entry is loaded when
   // a call first needs it). A racing thread may do the same; the first one kept wins.
@@ -129,15 +148,26 @@ Quantizer::View Quantizer::load_for_current_device() const {
   l->geometry = emit_quantize(l->plan, QuantizeForm::Separate);
   l->fused_guaranteed = int64_t(l->geometry.fused_min_blocks) * device_sm_count(dev);
   std::lock_guard<std::mutex> g(mu_);
-  const std::shared_ptr<Loaded>& kept = loaded_.emplace(dev, std::move(l)).first->second;
-  return {kept, kept->separate, kept->one_launch};
+  return view(loaded_.emplace(dev, std::move(l)).first->second);
 }
+
+// The All form serves the separate launches too (its cast, amax and row kernels are the separate
+// form's, with the same code).
+Quantizer::View Quantizer::view(const std::shared_ptr<Loaded>& l) { return {l, l->separate ? l->separate : l->all, l->all}; }
 
 std::shared_ptr<const Quantizer::Form> Quantizer::load_form(Loaded& l, QuantizeForm f,
                                                             std::shared_ptr<const Form> have) const {
   if (have) return have;
   auto fm = std::make_shared<Form>();
-  fm->kernels = build_quantize_kernels(l.plan, f, l.arch, cache_);
+  // The separate launches of a plan with a fused kernel: its complete program where the cache has
+  // it (prepare, `qforge prewarm`, a shipped root, another process), else the separate form,
+  // compiled in about 0.57 of the time.
+  if (f == QuantizeForm::Separate && has_one_launch(l.plan))
+    if (auto hit = find_quantize_kernels(l.plan, QuantizeForm::All, l.arch, cache_)) {
+      fm->kernels = std::move(*hit);
+      f = QuantizeForm::All;
+    }
+  if (!fm->kernels.cached.entry) fm->kernels = build_quantize_kernels(l.plan, f, l.arch, cache_);
   const CacheEntry& entry = *fm->kernels.cached.entry;
   const KernelSource& ks = fm->kernels.source;
   fm->module = module_registry().get(l.device, entry.key, std::string_view(entry.image));
@@ -159,7 +189,7 @@ std::shared_ptr<const Quantizer::Form> Quantizer::load_form(Loaded& l, QuantizeF
     fm->fused_ctas = int64_t(per_sm) * device_sm_count(l.device);
   }
   std::lock_guard<std::mutex> g(mu_);
-  std::shared_ptr<const Form>& slot = f == QuantizeForm::Separate ? l.separate : l.one_launch;
+  std::shared_ptr<const Form>& slot = f == QuantizeForm::Separate ? l.separate : l.all;
   if (!slot) slot = std::move(fm);
   return slot;
 }
@@ -398,9 +428,9 @@ Dim3 cast_grid(const TileConfig& t, Shape2D shape, int grouped_members) {
 // in. Every stream operation costs microseconds of host and GPU time, which is most of a small
 // call. Before the fused kernel is loaded its occupancy is not known, only the lower bound its
 // launch bounds give; once loaded, its occupancy decides.
-bool Quantizer::fits_one_launch(const Loaded& l, const Form* one_launch, int64_t ctas, bool grouped) const {
+bool Quantizer::fits_one_launch(const Loaded& l, const Form* all, int64_t ctas, bool grouped) const {
   if (!one_launch_ || grouped || l.fused_guaranteed == 0) return false;
-  return ctas <= (one_launch ? one_launch->fused_ctas : l.fused_guaranteed);
+  return ctas <= (all ? all->fused_ctas : l.fused_guaranteed);
 }
 
 // The warps of row_kernel that own one row of K elements (cast.cuh row_warps, the same rule),
@@ -422,10 +452,10 @@ bool Quantizer::one_launch(Shape2D shape) const {
   const View v = load_for_current_device();
   const Dim3 grid = cast_grid(v.device->geometry.tile, shape, 0);
   const int64_t ctas = int64_t(grid.x) * grid.y;
-  if (!fits_one_launch(*v.device, v.one_launch.get(), ctas, false)) return false;
+  if (!fits_one_launch(*v.device, v.all.get(), ctas, false)) return false;
   // Loaded, as a call would load it: its occupancy decides.
-  const auto one = load_form(*v.device, QuantizeForm::OneLaunch, v.one_launch);
-  return fits_one_launch(*v.device, one.get(), ctas, false);
+  const auto all = load_form(*v.device, QuantizeForm::All, v.all);
+  return fits_one_launch(*v.device, all.get(), ctas, false);
 }
 
 void Quantizer::quantize(const QuantizeCall& call, CUstream stream) const {
@@ -443,35 +473,28 @@ void Quantizer::quantize(const QuantizeCall& call, CUstream stream) const {
   const size_t smem = geo.smem_bytes;
   const Dim3 block{unsigned(t.threads)};
 
-  // Which form serves the call, decided before anything is enqueued: the row kernel (separate
-  // entry) where the rows fit it, else the fused kernel where the grid fits it, else the separate
-  // launches. Its entry is loaded (compiled on a miss) if this is the device's first call of it.
-  // Rows that fit a CTA take the one-pass row kernel (no amax pre-pass, no channel workspace). A
-  // grouped call's rowwise per-channel outputs are its members' concatenated (one scale entry per
-  // row, no padding; the members' offsets end at M), so the kernel takes them as one tensor.
+  // Which kernels serve the call, decided before anything is enqueued: the row kernel where the
+  // rows fit it, else the fused kernel where the grid fits it, else the separate launches. The
+  // fused kernel is in the All form's entry, the others in both: the separate form's entry is
+  // loaded (compiled on a miss, unless the cache has the All form's) only where the All form is
+  // not loaded. Rows that fit a CTA take the one-pass row kernel (no amax pre-pass, no channel
+  // workspace). A grouped call's rowwise per-channel outputs are its members' concatenated (one
+  // scale entry per row, no padding; the members' offsets end at M), so the kernel takes them as
+  // one tensor.
   const int warps = call.input.ptr % 16 != 0 || !geo.row_kernel ? 0 : row_pass_warps(call.shape);
   enum class Take { Row, Fused, Separate } take = Take::Separate;
-  bool capturing = false, capture_known = false;
-  auto is_capturing = [&] {
-    if (!capture_known) capturing = stream_capturing(stream), capture_known = true;
-    return capturing;
-  };
   if (warps > 0) take = Take::Row;
-  else if (fits_one_launch(l, v.one_launch.get(), ctas, grouped) && !(separate_in_capture_ && is_capturing()))
+  else if (fits_one_launch(l, v.all.get(), ctas, grouped) && !(separate_in_capture_ && stream_capturing(stream)))
     take = Take::Fused;
-  // A capture loads nothing where a loaded form can serve the call (both forms write the same bits).
-  if (take == Take::Fused && !v.one_launch && v.separate && is_capturing()) take = Take::Separate;
-  else if (take != Take::Fused && !v.separate && v.one_launch && fits_one_launch(l, v.one_launch.get(), ctas, grouped) &&
-           is_capturing())
-    take = Take::Fused;
+  // A capture loads nothing where a loaded entry can serve the call (both forms write the same bits).
+  if (take == Take::Fused && !v.all && v.separate && stream_capturing(stream)) take = Take::Separate;
   std::shared_ptr<const Form> f;
   if (take == Take::Fused) {
-    f = load_form(l, QuantizeForm::OneLaunch, v.one_launch);
+    f = load_form(l, QuantizeForm::All, v.all);
     if (!fits_one_launch(l, f.get(), ctas, grouped)) take = Take::Separate;  // occupancy below its launch bounds' promise
-    // A capture of this shape takes the separate form for these plans: load it now, not then.
-    else if (separate_in_capture_ && !v.separate && !is_capturing()) (void)load_form(l, QuantizeForm::Separate, nullptr);
+  } else {
+    f = load_form(l, QuantizeForm::Separate, v.separate);
   }
-  if (take != Take::Fused) f = load_form(l, QuantizeForm::Separate, v.separate);
 
   auto zero_buffers = [&](bool fused_zeroes) {
     for (int i = 0; i < bc.num_zero; ++i)
@@ -497,11 +520,10 @@ void Quantizer::quantize(const QuantizeCall& call, CUstream stream) const {
       launch(f->fused, grid, Dim3{unsigned(geo.fused_threads)}, smem, stream, params, {&coop, 1}, SmemLimit::kPrepared);
       return;
     } catch (const CudaError& e) {
-      // Fewer SMs than the device has (MPS, green contexts): the separate launches, whose entry
-      // is loaded (compiled on a miss) if no call has needed it yet.
+      // Fewer SMs than the device has (MPS, green contexts): the separate launches, whose kernels
+      // are in the All form's entry too.
       if (e.code() != CUDA_ERROR_COOPERATIVE_LAUNCH_TOO_LARGE) throw;
     }
-    f = load_form(l, QuantizeForm::Separate, v.separate);
   }
   zero_buffers(true);
   if (f->amax) launch(f->amax, grid, block, smem, stream, params, {}, SmemLimit::kPrepared);

@@ -6,6 +6,7 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -32,8 +33,11 @@ struct QuantizeKernels {
 // that NVRTC knows (or newer, as PTX), sm_80 or newer.
 void check_quantize_arch(const std::string& arch);
 // One form of the plan (codegen.h QuantizeForm: a cache entry of its own), compiled or loaded.
-// The entry's metadata names the form ("form": "separate" / "one-launch").
+// The entry's metadata names the form ("form": "separate" / "all").
 QuantizeKernels build_quantize_kernels(const Plan& plan, QuantizeForm form, const std::string& arch, KernelCache& cache);
+// The same where the cache has it without compiling (KernelCache::find), else nullopt.
+std::optional<QuantizeKernels> find_quantize_kernels(const Plan& plan, QuantizeForm form, const std::string& arch,
+                                                     KernelCache& cache);
 
 struct QuantizeCall {
   TensorView input;                           // [M, K], the plan's input dtype
@@ -88,11 +92,13 @@ class Quantizer {
   int64_t workspace_bytes(Shape2D shape, int num_members = 1) const;
 
   // Validates every argument (UserError naming it), then launches on `stream` in the current
-  // context. The plan's two forms (codegen.h QuantizeForm) are two cache entries, each compiled
-  // or loaded on a device when a call first needs it: a call that takes the one-launch form
-  // loads only its entry (the fused kernel), any other call the separate entry (cast, amax and
-  // row kernels), so a first call compiles one of them, not both (prepare() compiles both). A
-  // call is one launch
+  // context. A plan with a fused kernel has two programs (codegen.h QuantizeForm), two cache
+  // entries: its complete program (All: every kernel) and its separate form (the same without
+  // the fused kernel). A call that launches the fused kernel loads the All entry (compiled on a
+  // miss); any other call loads the All entry where it is loaded or the cache has it, else the
+  // separate one, compiled on a miss in about 0.57 of the complete program's time (docs/jit.md,
+  // step 5). prepare() compiles the All entry, so a prepared quantizer never compiles. A call is
+  // one launch
   // (memsets included) where it can be: plans with tensor or per-channel amaxes (current /
   // delayed scaling, NVFP4, per-channel fp8 and int8) on a single tensor whose tiles all fit on
   // the GPU at once run the cooperative fused_kernel, which zeroes the amax outputs and the
@@ -104,23 +110,21 @@ class Quantizer {
   // int8 SR weights in training), where the extra launches cost less than the fused form's grid
   // barriers (separate_in_capture).
   //
-  // Which grids take the fused kernel: before its entry is loaded on the device, those of at most
-  // its guaranteed capacity (KernelSource::fused_min_blocks x the SM count: what its launch
+  // Which grids take the fused kernel: before the All entry is loaded on the device, those of at
+  // most its guaranteed capacity (KernelSource::fused_min_blocks x the SM count: what its launch
   // bounds guarantee, known before compiling it), which load it; once loaded, those of at most
   // its occupancy (cuOccupancyMaxActiveBlocksPerMultiprocessor x the SM count), recorded then.
   // A cooperative launch the device refuses as too large (fewer SMs for this context: MPS, green
-  // contexts) falls back to the separate form, loading its entry if needed. Both forms write the
-  // same bits, so which one serves a call changes no result. So that a capture of a shape made
-  // after a direct call of it loads nothing: a direct call of a plan that captures the separate
-  // form (separate_in_capture) loads it too when it takes the fused form; and a call being
-  // captured takes a form already loaded where it can serve the call rather than loading the
-  // other one.
+  // contexts) falls back to the separate launches of the same entry. Both ways write the same
+  // bits, so which one serves a call changes no result. A call being captured into a CUDA graph
+  // takes the separate launches where the All entry is not loaded but the separate one is,
+  // rather than loading it.
   void quantize(const QuantizeCall& call, CUstream stream) const;
 
   // Whether a direct call of this single-tensor shape takes the one-launch form on the current
   // device (false for plans without it, QFORGE_ONE_LAUNCH=0 or a grid larger than one wave);
-  // loads the form it answers for as quantize() does. A capture may still take the separate form
-  // (above).
+  // loads the All entry where a call would (a grid within the fused kernel's guaranteed
+  // capacity). A capture may still take the separate form (above).
   bool one_launch(Shape2D shape) const;
 
   // Whether a direct call of this shape (16-byte aligned input; a single tensor or a grouped
@@ -136,28 +140,30 @@ class Quantizer {
   // last, so a repeated call checks pointers and sizes against it without recomputing it.
   BoundCall bind(const QuantizeCall& call) const;
 
-  // Compiles (or finds in the cache) both forms of the plan and the history kernels of its
-  // delayed-scaling streams for `arch`, without a GPU, so that no later call compiles (a CUDA-graph
-  // capture included; the first call of a shape on a device still loads its form's module):
-  // Compiled if any of them was compiled, else DiskHit if any came from disk, else MemoryHit.
+  // Compiles (or finds in the cache) the plan's complete program (codegen.h complete_form: every
+  // kernel, both forms) and the history kernels of its delayed-scaling streams for `arch`,
+  // without a GPU, so that no later call compiles (a CUDA-graph capture included; a device's first
+  // call still loads the module); returns how the cache answered for the complete program.
   CacheHow prepare(const std::string& arch) const;
 
  private:
   struct Form;    // one form's cache entry loaded on a device: its module and functions
   struct Loaded;  // a device's state: the plan with its tile, the launch geometry, the forms loaded
   // The current device's state (created on its first call: the tile `qforge tune` stored, the
-  // geometry from codegen, no compile) and the forms loaded there so far, read under one lock.
+  // geometry from codegen, no compile) and the entries loaded there so far, read under one lock.
   struct View {
     std::shared_ptr<Loaded> device;
-    std::shared_ptr<const Form> separate, one_launch;  // null until loaded
+    std::shared_ptr<const Form> separate;  // what serves the separate launches: the separate or the All entry, or null
+    std::shared_ptr<const Form> all;       // the All entry (the fused kernel's), or null
   };
   View load_for_current_device() const;
+  static View view(const std::shared_ptr<Loaded>& l);  // with mu_ held
   // The form's entry on the device: `have` if loaded, else compiled or loaded now, outside every
   // lock (racing threads may both do it; the cache compiles once and the first one kept wins).
   std::shared_ptr<const Form> load_form(Loaded& l, QuantizeForm f, std::shared_ptr<const Form> have) const;
-  // Whether a grid of `ctas` CTAs takes the one-launch form by what is known: its occupancy once
-  // loaded, else its guaranteed capacity.
-  bool fits_one_launch(const Loaded& l, const Form* one_launch, int64_t ctas, bool grouped) const;
+  // Whether a grid of `ctas` CTAs takes the one-launch form by what is known: the fused kernel's
+  // occupancy once the All entry is loaded (`all`), else its guaranteed capacity.
+  bool fits_one_launch(const Loaded& l, const Form* all, int64_t ctas, bool grouped) const;
   int row_pass_warps(Shape2D shape) const;
   struct Layout;
   std::shared_ptr<const Layout> layout(Shape2D shape, int members, bool grouped) const;

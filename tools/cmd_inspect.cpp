@@ -1,9 +1,9 @@
 // qforge inspect <recipe> --role R: print the plan (after all passes, or after chosen passes
 // with --dump-after) and the buffers it writes for an example shape; with --source, also the
-// emitted CUDA source of each of its forms (the separate program, and the one-launch program of
-// plans with a global amax: what the runtime compiles as two cache entries) with their kernels'
-// name expressions; with --resources, what ptxas gives each kernel of each form for sm_90a
-// (registers, stack, spills), no GPU needed.
+// emitted CUDA source of its kernels and their name expressions (the complete program, then, for
+// plans with the one-launch fused kernel, the separate form's program: codegen.h QuantizeForm);
+// with --resources, what ptxas gives each kernel for sm_90a (registers, stack, spills), no GPU
+// needed.
 #include <iostream>
 #include <string_view>
 
@@ -34,7 +34,7 @@ std::optional<Usage> parse_usage_arg(const Args& args) {
 
 namespace {
 
-// Compiles one form's program for sm_90a with `ptxas -v` and prints, per kernel, its registers,
+// Compiles the plan's kernels for sm_90a with `ptxas -v` and prints, per kernel, its registers,
 // stack frame, spill stores / loads, threads and the cast kernel's launch-bound min blocks.
 void print_resources(const KernelSource& ks) {
   std::vector<std::string> names;
@@ -42,11 +42,12 @@ void print_resources(const KernelSource& ks) {
   const rt::CompileResult r =
       rt::compile_cuda(rt::CompileRequest{ks.source, "qforge_kernel.cu", names, "sm_90a", {"--ptxas-options=-v"}});
   const std::vector<rt::KernelResources> res = rt::ptxas_resources(r.log);
+  std::cout << "  resources (sm_90a, ptxas):\n";
   for (const auto& k : ks.kernels())
     for (const rt::KernelResources& kr : res) {
       if (kr.entry != r.lowered_names.at(*k.name)) continue;
       const bool fused = std::string_view(k.kind) == "fused_kernel", cast = std::string_view(k.kind) == "cast_kernel";
-      std::cout << "      " << k.kind << ": " << kr.registers << " registers, " << kr.stack_bytes << " B stack, spills "
+      std::cout << "    " << k.kind << ": " << kr.registers << " registers, " << kr.stack_bytes << " B stack, spills "
                 << kr.spill_store_bytes << " B stored / " << kr.spill_load_bytes << " B loaded; "
                 << (fused ? ks.fused_threads : ks.tile.threads) << " threads"
                 << (cast ? ", min blocks " + std::to_string(ks.min_blocks) : "") << "\n";
@@ -78,29 +79,29 @@ int cmd_inspect(const Argv& argv) {
     for (size_t i = 0; i < b.shape.size(); ++i) std::cout << (i ? ", " : "") << b.shape[i];
     std::cout << "] " << b.bytes << " B" << (b.zero_padding ? " (zero-padded)" : "") << "\n";
   }
-  if (args.flag("--resources")) {
-    std::cout << "  resources (sm_90a, ptxas):\n";
-    for (QuantizeForm f : quantize_forms(p)) {
-      std::cout << "    " << name(f) << " form:\n";
-      print_resources(emit_quantize(p, f));
-    }
-  }
+  if (args.flag("--resources")) print_resources(emit_quantize(p, complete_form(p)));
   if (args.flag("--source")) {
     // Everything after this marker comes from emit_quantize alone (no recipe text).
+    const KernelSource ks = emit_quantize(p, complete_form(p));
     std::cout << "// ---- source\n";
-    for (QuantizeForm f : quantize_forms(p)) {
-      const KernelSource ks = emit_quantize(p, f);
-      // One cache entry each. The separate form: the phase-0 reduction (if any), then the cast, or
-      // the row kernel where the rows fit it; the one-launch form instead of them, for a single
-      // tensor whose grid fits on the GPU at once (runtime/quantizer.h).
-      std::cout << "// ---- " << name(f) << " form\n";
-      if (ks.amax_kernel) std::cout << "// amax_kernel: " << *ks.amax_kernel << "\n";
-      if (!ks.cast_kernel.empty()) std::cout << "// cast_kernel: " << ks.cast_kernel << "\n";
-      if (ks.row_kernel) std::cout << "// row_kernel: " << *ks.row_kernel << "\n";
-      if (ks.fused_kernel) std::cout << "// fused_kernel: " << *ks.fused_kernel << "\n";
-      std::cout << "// smem_bytes: " << ks.smem_bytes << "\n";
-      std::cout << ks.source;
-      if (!ks.source.empty() && ks.source.back() != '\n') std::cout << "\n";
+    // Name expressions in launch order: the phase-0 reduction (if any), then the cast.
+    if (ks.amax_kernel) std::cout << "// amax_kernel: " << *ks.amax_kernel << "\n";
+    std::cout << "// cast_kernel: " << ks.cast_kernel << "\n";
+    // Instead of both, for a single tensor whose grid fits on the GPU at once (runtime/quantizer.h).
+    if (ks.fused_kernel) std::cout << "// fused_kernel: " << *ks.fused_kernel << "\n";
+    std::cout << "// smem_bytes: " << ks.smem_bytes << "\n";
+    std::cout << ks.source;
+    if (!ks.source.empty() && ks.source.back() != '\n') std::cout << "\n";
+    if (complete_form(p) != QuantizeForm::Separate) {
+      // The same without the fused kernel: a cache entry of its own, which a first call that does
+      // not launch the fused kernel compiles where the complete program is not in the cache.
+      const KernelSource sep = emit_quantize(p, QuantizeForm::Separate);
+      std::cout << "// ---- separate form\n";
+      if (sep.amax_kernel) std::cout << "// amax_kernel: " << *sep.amax_kernel << "\n";
+      std::cout << "// cast_kernel: " << sep.cast_kernel << "\n";
+      std::cout << "// smem_bytes: " << sep.smem_bytes << "\n";
+      std::cout << sep.source;
+      if (!sep.source.empty() && sep.source.back() != '\n') std::cout << "\n";
     }
   }
   return 0;

@@ -1,9 +1,10 @@
 // qforge prewarm <recipes...|dir> [--arch sm_90a,sm_100a] [-j N] [--dtype ...] [--usage ...]
 // Compiles every quantize kernel the recipes can need into the kernel cache: each standard
-// role x usage (direction set) x input dtype, for each arch, in both of a plan's forms (its
-// separate program, and its one-launch program where the plan has a global amax: two cache
-// entries, each counted as a kernel in the summary). Grouped and single-tensor calls share one
-// kernel (member sizes are read on the device), so "grouped" adds no kernels. The
+// role x usage (direction set) x input dtype, for each arch, as each plan's complete program
+// (codegen.h complete_form: every kernel, so no call compiles; a plan's separate form, which a
+// first call without the fused kernel compiles where this is missing, is not needed then).
+// Grouped and single-tensor calls
+// share one kernel (member sizes are read on the device), so "grouped" adds no kernels. The
 // recipes' "gemms" entries are compiled too, for sm_90a (the GEMM kernels are wgmma code),
 // unless --role restricts the run to some roles' quantize kernels.
 #include <algorithm>
@@ -38,14 +39,13 @@ namespace {
 struct Job {
   std::string recipe;  // for the summary
   std::optional<Plan> plan;
-  QuantizeForm form = QuantizeForm::Separate;  // the plan's program this job compiles
   std::optional<GemmSpec> gemm;
   std::string arch;
   std::optional<std::pair<PerTensorDelayed, ElemFormat>> history;  // delayed scaling's history update
   double cost = 1;  // estimated compile time, relative (estimated_cost): the longest start first
   std::string what() const {
     if (history) return "amax history (" + std::string(traits(history->second).name) + ")";
-    return plan ? plan->role + " (" + std::string(name(form)) + ")" : gemm->route == GemmRoute::Dequant ? describe(*gemm) + ": operand kernels" : describe(*gemm);
+    return plan ? plan->role : gemm->route == GemmRoute::Dequant ? describe(*gemm) + ": operand kernels" : describe(*gemm);
   }
 };
 
@@ -56,15 +56,14 @@ constexpr const char* kGemmArch = "sm_90a";  // wgmma: the GEMM kernels' only ta
 // (bench/jit_time.py, docs/jit.md): a quantize kernel grows with its streams, a transposed one
 // (staged through shared memory) costing about twice as much, and with its amax sources; an fp16
 // input about 2.4x (its software fp16 -> fp32 conversion); a GEMM or the dequant route's operand
-// kernels about one bf16 stream; the history update a tenth of that. A plan's separate and
-// one-launch programs cost about 0.55 of the two in one (0.57 and 0.52 measured).
+// kernels about one bf16 stream; the history update a tenth of that.
 double estimated_cost(const Job& j) {
   if (j.history) return 0.1;
   if (j.gemm) return 0.9;
   double c = 0.0;
   for (const auto& s : j.plan->streams) c += s.layout == DataLayout::Transposed ? 2.0 : 1.0;
   c += 0.25 * double(j.plan->amax.size());
-  return 0.55 * (j.plan->input == DType::FP16 ? 2.4 * c : c);
+  return j.plan->input == DType::FP16 ? 2.4 * c : c;
 }
 
 // The CPUs this process may run on (its affinity mask: a container's or taskset's share), else
@@ -77,7 +76,6 @@ int usable_cpus() {
 
 struct Tally {
   int plans = 0, gemms = 0, kernels = 0, compiled = 0, memory_hits = 0, disk_hits = 0, failed = 0;
-  int separate = 0, one_launch = 0, histories = 0, gemm_kernels = 0;  // kernels (cache entries) by kind
   double seconds = 0;
 };
 
@@ -146,23 +144,19 @@ int cmd_prewarm(const Argv& argv) {
             continue;  // role not covered, or a usage its rule cannot serve
           }
           ++t.plans;
-          for (QuantizeForm form : quantize_forms(p)) {
-            const std::string src = emit_quantize(p, form).source;
-            for (const auto& a : archs)
-              if (seen.insert({src, a}).second) {
-                jobs.push_back({label, p, form, std::nullopt, a, std::nullopt});
-                ++t.kernels;
-                ++(form == QuantizeForm::Separate ? t.separate : t.one_launch);
-              }
-          }
+          const std::string src = emit_quantize(p, complete_form(p)).source;
+          for (const auto& a : archs)
+            if (seen.insert({src, a}).second) {
+              jobs.push_back({label, p, std::nullopt, a, std::nullopt});
+              ++t.kernels;
+            }
           // Delayed scaling's history update, which the training step launches after each quantize.
           for (const auto& rule : rt::history_rules(p)) {
             const std::string hsrc = emit_history_update(rule.first, rule.second).source;
             for (const auto& a : archs)
               if (seen.insert({hsrc, a}).second) {
-                jobs.push_back({label, std::nullopt, QuantizeForm::Separate, std::nullopt, a, rule});
+                jobs.push_back({label, std::nullopt, std::nullopt, a, rule});
                 ++t.kernels;
-                ++t.histories;
               }
           }
         }
@@ -176,9 +170,8 @@ int cmd_prewarm(const Argv& argv) {
         for (const GemmSpec& spec : *specs) {
           const std::string src = specs == &kernels.dequant ? emit_dequant(spec).source : emit_gemm(spec).source;
           if (seen.insert({src, kGemmArch}).second) {
-            jobs.push_back({label, std::nullopt, QuantizeForm::Separate, spec, kGemmArch, std::nullopt});
+            jobs.push_back({label, std::nullopt, spec, kGemmArch, std::nullopt});
             ++t.kernels;
-            ++t.gemm_kernels;
           }
         }
     }
@@ -202,7 +195,7 @@ int cmd_prewarm(const Argv& argv) {
       try {
         const Job& j = jobs[i];
         how = j.history ? rt::build_history_kernel(j.history->first, j.history->second, j.arch).cached.how
-              : j.plan  ? rt::build_quantize_kernels(*j.plan, j.form, j.arch, rt::KernelCache::global()).cached.how
+              : j.plan  ? rt::build_quantize_kernels(*j.plan, complete_form(*j.plan), j.arch, rt::KernelCache::global()).cached.how
               : j.gemm->route == GemmRoute::Dequant
                   ? rt::build_dequant_kernels(*j.gemm, j.arch, rt::KernelCache::global()).cached.how
                   : rt::build_gemm_kernel(*j.gemm, j.arch, rt::KernelCache::global()).cached.how;
@@ -252,8 +245,6 @@ int cmd_prewarm(const Argv& argv) {
                 t.disk_hits + t.memory_hits, t.failed, t.seconds);
     sum.plans += t.plans, sum.gemms += t.gemms, sum.kernels += t.kernels, sum.compiled += t.compiled;
     sum.disk_hits += t.disk_hits + t.memory_hits, sum.failed += t.failed, sum.seconds += t.seconds;
-    sum.separate += t.separate, sum.one_launch += t.one_launch, sum.histories += t.histories;
-    sum.gemm_kernels += t.gemm_kernels;
   }
   std::string arch_list;
   for (const auto& a : archs) arch_list += (arch_list.empty() ? "" : ",") + a;
@@ -265,9 +256,6 @@ int cmd_prewarm(const Argv& argv) {
               threads == 1 ? "" : "s", total > 0 ? sum.seconds / total : 0.0);
   if (sum.compiled) std::printf("; compiles %.2f s, longest %.2f s (%s)", compile_seconds, longest, longest_what.c_str());
   std::printf("\n");
-  // What a "kernel" of this summary is: one cache entry (one NVRTC program).
-  std::printf("kernels: %d quantize programs (%d separate, %d one-launch), %d amax history, %d gemm\n",
-              sum.separate + sum.one_launch, sum.separate, sum.one_launch, sum.histories, sum.gemm_kernels);
   const auto& cache = rt::KernelCache::global();
   std::printf("prewarm: %d kernels for %s: %d compiled, %d cache hits, %d failed in %.2f s (cache: %s)\n",
               sum.kernels, arch_list.c_str(), sum.compiled, sum.disk_hits, sum.failed, total,

@@ -33,9 +33,10 @@ const Command kCommands[] = {
      "print the kernel plan for one role",
      "Prints the plan the recipe's rule for role R lowers to (after each named pass with\n"
      "--dump-after), its buffers for a shape (--shape, default 256x512), with --source the emitted\n"
-     "CUDA of each form (the separate program; the one-launch program of plans with a global amax),\n"
-     "and with --resources what ptxas gives each kernel of each form for sm_90a: registers, stack,\n"
-     "spill bytes, threads, the cast kernel's launch-bound min blocks (NVRTC; no GPU needed).\n"
+     "CUDA (the complete program; for plans with the one-launch fused kernel also the separate\n"
+     "form's, which first calls without it compile), and with --resources what ptxas gives each\n"
+     "kernel for sm_90a: registers, stack, spill bytes, threads, the cast kernel's launch-bound min\n"
+     "blocks (NVRTC; no GPU needed).\n"
      "--dtype: the input dtype (default bf16); --usage: default the recipe's; --grouped: the\n"
      "grouped (MoE) call's plan."},
     {"quantize", cmd_quantize,
@@ -62,9 +63,7 @@ const Command kCommands[] = {
      "amax-history update (one per rule and format), and the recipes' \"gemms\" for sm_90a unless\n"
      "--role is given, into the kernel cache. A directory stands for its *.json recipes.\n"
      "-j: parallel compiles (default: the CPUs this process may run on). Prints a progress bar\n"
-     "(not with --quiet, or when stderr is not a terminal) and a summary table. A kernel there is\n"
-     "one cache entry: a quantize plan with a global amax counts two (its separate and one-launch\n"
-     "programs), one line breaks the count down."},
+     "(not with --quiet, or when stderr is not a terminal) and a summary table."},
     {"tune", cmd_tune,
      "<recipes...|dir> [--role R]... [--usage training,inference] [--dtype bf16]\n"
      "[--shape MxK] [--ms MS] [--search all|tiles|registers] [--dry-run] [--verbose]",
@@ -106,9 +105,9 @@ const Command kCommands[] = {
     {"list", cmd_list,
      "[--json]",
      "list the kernel cache's entries",
-     "One line per cached kernel (key, kind, arch, size, recipe, role, form: a quantize plan's\n"
-     "separate or one-launch program, created, last use; read-only roots' entries marked), then the\n"
-     "totals; --json: the same as JSON."},
+     "One line per cached kernel (key, kind, arch, size, recipe, role, form: a quantize program's,\n"
+     "all or separate, created, last use; read-only roots' entries marked), then the totals;\n"
+     "--json: the same as JSON."},
     {"verify", cmd_verify,
      "",
      "check every cached kernel against its key (exit 1 on problems)",

@@ -1,8 +1,7 @@
 #!/usr/bin/env bash
 # concurrent_prewarm_test.sh QFORGE RECIPES_DIR WORK_DIR
 # Eight `qforge prewarm` processes start at once on the same empty cache (one recipe, one role,
-# one arch: 3 plans, each a separate and a one-launch program: 6 kernels, so the test stays a few
-# seconds on 2 cores). Every process must succeed,
+# one arch: 3 kernels, so the test stays a few seconds on 2 cores). Every process must succeed,
 # `qforge verify` must pass, no temp dir or lock file may be left behind, and every kernel must
 # be compiled exactly once across the eight processes: the per-key lock makes the others wait
 # and then hit. Compiles are counted twice, independently: the sum of the "N compiled" of each

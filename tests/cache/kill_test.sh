@@ -9,10 +9,8 @@
 #     kill -9 there, check, then prewarm again.
 #  2. A second process waits on the lock of a process paused at "compile"; the holder is killed;
 #     the waiter compiles the kernel and succeeds.
-#  3. Kill -9 at random times during a 6-kernel prewarm, 4 times over; verify after each kill;
+#  3. Kill -9 at random times during a 3-kernel prewarm, 4 times over; verify after each kill;
 #     then prewarm and `qforge clear` leave tmp/ empty.
-# "one" is one plan: 2 kernels (its separate and one-launch programs, compiled one after the
-# other with -j 1; the pause is in the first); "three" is three plans, 6 kernels.
 set -u
 qforge=$1 recipes=$2 work=$3
 rm -rf "$work" && mkdir -p "$work" || exit 1
@@ -52,10 +50,10 @@ for point in compile write publish; do
   left=$(ls -A "$tmpdir")
   verify_ok 0
   [ "$("$qforge" list --json | grep -c '"key"')" = 0 ] || fail "$point: list shows an entry"
-  prewarm_ok "$work/b.out" 2 "${one[@]}"
-  verify_ok 2
+  prewarm_ok "$work/b.out" 1 "${one[@]}"
+  verify_ok 1
   [ -z "$(ls -A "$tmpdir")" ] || fail "$point: tmp/ not cleaned: $(ls -A "$tmpdir")"
-  echo "killed at $point: verify ok, left in tmp/: [$(tr '\n' ' ' <<<"$left")] -> removed by the next prewarm, which compiled both kernels"
+  echo "killed at $point: verify ok, left in tmp/: [$(tr '\n' ' ' <<<"$left")] -> removed by the next prewarm, which compiled 1 kernel"
 done
 
 # 2. the lock holder dies; its waiter takes over
@@ -75,8 +73,8 @@ rc=$?
 t1=$(date +%s.%N)
 cat "$work/w.out"
 [ $rc = 0 ] || fail "waiter exited $rc"
-[ "$(field "$work/w.out" compiled)" = 2 ] || fail "waiter did not compile the kernels"
-verify_ok 2
+[ "$(field "$work/w.out" compiled)" = 1 ] || fail "waiter did not compile the kernel"
+verify_ok 1
 echo "waiter finished $(awk -v a="$t0" -v b="$t1" 'BEGIN { printf "%.2f", b - a }') s after its lock holder was killed"
 
 # 3. kill at random times
@@ -93,7 +91,7 @@ for i in 1 2 3 4; do
 done
 "$qforge" prewarm "${three[@]}" >"$work/r.out" 2>&1 || { cat "$work/r.out"; fail "prewarm after the kills"; }
 grep '^prewarm:' "$work/r.out"
-verify_ok 6
+verify_ok 3
 "$qforge" clear >/dev/null || fail "qforge clear"
 [ -z "$(ls -A "$tmpdir")" ] || fail "tmp/ not empty after clear: $(ls -A "$tmpdir")"
 echo "PASS"

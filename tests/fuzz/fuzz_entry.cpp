@@ -153,8 +153,8 @@ void check_plan(const Plan& p, bool run_ref) {
     check_source(ks.source, "emitted source");
     if (ks.source == previous) broken("two forms of a plan with the same source");
     previous = ks.source;
-    if ((f == QuantizeForm::Separate) == ks.cast_kernel.empty()) broken("a cast kernel outside the separate form");
-    if (!ks.cast_kernel.empty()) check_source(ks.cast_kernel, "cast kernel name expression");
+    if ((f == QuantizeForm::All) != ks.fused_kernel.has_value()) broken("a fused kernel outside the all form");
+    check_source(ks.cast_kernel, "cast kernel name expression");
     if (ks.amax_kernel) check_source(*ks.amax_kernel, "amax kernel name expression");
     if (ks.fused_kernel) check_source(*ks.fused_kernel, "fused kernel name expression");
     if (ks.row_kernel) check_source(*ks.row_kernel, "row kernel name expression");

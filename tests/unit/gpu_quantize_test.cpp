@@ -459,10 +459,12 @@ TEST(GpuQuantizeForm, OneLaunchForOneWaveOfTiles) {
   EXPECT_FALSE(off.one_launch({1024, 1024}));
 }
 
-// The two forms are two cache entries, each compiled when a call first needs it (docs/jit.md,
-// "Kernels per program"). The tests below count compiles in a cache of their own (memory only,
-// so nothing on disk or in another test's cache answers for them) and tell the entries apart by
-// asking the cache for each form afterwards: a memory hit is the form a call compiled.
+// A plan with the fused kernel has two programs, two cache entries (docs/jit.md, step 5): the
+// complete one (All: every kernel) and the separate form (without the fused kernel), which a call
+// that does not launch the fused kernel compiles where the complete one is neither loaded nor in
+// the cache. The tests below count compiles in a cache of their own (memory only, so nothing on
+// disk or in another test's cache answers for them) and tell the entries apart by asking the
+// cache for each afterwards without compiling (find_quantize_kernels).
 Plan form_plan(const char* recipe, const char* role, Usage usage = Usage::Training) {
   return compile_plan(load_recipe(std::string(QF_SOURCE_DIR) + "/recipes/" + recipe + ".json"),
                       PlanRequest{role, DType::BF16, usage, false});
@@ -522,9 +524,9 @@ Shape2D beyond_guaranteed_capacity(const Plan& p) {
   return Shape2D{geo.tile.rows * (cap / col_tiles + 1), k};
 }
 
-// A large tensor's first call compiles the separate entry only; a small one's later call then
-// compiles the one-launch entry, and both forms' answers agree with one_launch().
-TEST(GpuQuantizeForm, LargeFirstCallCompilesOnlyTheSeparateEntry) {
+// A large tensor's first call compiles the separate form only; a small one's later call then
+// compiles the complete program, which serves the large calls from then on too.
+TEST(GpuQuantizeForm, LargeFirstCallCompilesOnlyTheSeparateForm) {
   QF_SKIP_WITHOUT_GPU();
   using namespace qf::rt;
   const std::string arch = device_arch(current_device());
@@ -538,20 +540,19 @@ TEST(GpuQuantizeForm, LargeFirstCallCompilesOnlyTheSeparateEntry) {
     EXPECT_EQ(cache.stats().compiles, 0u) << "one_launch() of a grid past the guaranteed capacity loads nothing";
     (void)run_quantizer(q, recipe, "linear:input", large);
     EXPECT_EQ(cache.stats().compiles, 1u);
-    EXPECT_EQ(build_quantize_kernels(p, QuantizeForm::Separate, arch, cache).cached.how, CacheHow::MemoryHit)
-        << "the call compiled the separate entry";
-    EXPECT_EQ(cache.stats().compiles, 1u);
+    EXPECT_TRUE(find_quantize_kernels(p, QuantizeForm::Separate, arch, cache).has_value()) << "the separate form";
+    EXPECT_FALSE(find_quantize_kernels(p, QuantizeForm::All, arch, cache).has_value());
     EXPECT_TRUE(q.one_launch({256, 512}));
-    EXPECT_EQ(cache.stats().compiles, 2u) << "the one-launch entry, compiled on its first need";
+    EXPECT_EQ(cache.stats().compiles, 2u) << "the complete program, compiled on the fused kernel's first need";
     (void)run_quantizer(q, recipe, "linear:input", {256, 512});
+    (void)run_quantizer(q, recipe, "linear:input", large);
     EXPECT_EQ(cache.stats().compiles, 2u);
   }
 }
 
-// A small tensor's first call compiles the one-launch entry only (the fused kernel), except for
-// plans that capture the separate form (per-column channel amaxes: it is loaded with it, so a
-// capture after the call loads nothing) and for calls the row kernel serves (separate entry).
-TEST(GpuQuantizeForm, SmallFirstCallCompilesOnlyTheOneLaunchEntry) {
+// A small tensor's first call compiles the complete program only, which then serves a large call
+// too; a call the row kernel serves compiles the separate form.
+TEST(GpuQuantizeForm, SmallFirstCallCompilesOnlyTheCompleteProgram) {
   QF_SKIP_WITHOUT_GPU();
   using namespace qf::rt;
   const std::string arch = device_arch(current_device());
@@ -559,68 +560,75 @@ TEST(GpuQuantizeForm, SmallFirstCallCompilesOnlyTheOneLaunchEntry) {
     const char* recipe;
     const char* role;
     Usage usage;
-    uint64_t compiles;
-    QuantizeForm compiled;  // the form the first call compiled (with compiles == 1)
+    QuantizeForm compiled;  // the program the first call compiled
   };
-  const F cases[] = {{"current_scaling", "linear:input", Usage::Training, 1, QuantizeForm::OneLaunch},
-                     {"delayed_scaling", "linear:weight", Usage::Training, 1, QuantizeForm::OneLaunch},
-                     {"nvfp4", "linear:grad_output", Usage::Training, 1, QuantizeForm::OneLaunch},
-                     {"fp8_rowwise", "linear:input", Usage::Training, 2, QuantizeForm::OneLaunch},
-                     {"w8a8_int8_inference", "linear:input", Usage::Inference, 1, QuantizeForm::Separate}};
+  const F cases[] = {{"current_scaling", "linear:input", Usage::Training, QuantizeForm::All},
+                     {"delayed_scaling", "linear:weight", Usage::Training, QuantizeForm::All},
+                     {"nvfp4", "linear:grad_output", Usage::Training, QuantizeForm::All},
+                     {"fp8_rowwise", "linear:input", Usage::Training, QuantizeForm::All},
+                     {"w8a8_int8_inference", "linear:input", Usage::Inference, QuantizeForm::Separate}};
   for (const F& c : cases) {
     SCOPED_TRACE(std::string(c.recipe) + " " + c.role);
     const Plan p = form_plan(c.recipe, c.role, c.usage);
     KernelCache cache(memory_only());
     const Quantizer q(p, cache, /*use_tuning=*/false);
     (void)run_quantizer(q, c.recipe, c.role, {256, 512});
-    EXPECT_EQ(cache.stats().compiles, c.compiles);
-    EXPECT_EQ(build_quantize_kernels(p, c.compiled, arch, cache).cached.how, CacheHow::MemoryHit);
-    EXPECT_EQ(cache.stats().compiles, c.compiles) << "the call compiled the " << name(c.compiled) << " entry";
+    EXPECT_EQ(cache.stats().compiles, 1u);
+    EXPECT_TRUE(find_quantize_kernels(p, c.compiled, arch, cache).has_value()) << name(c.compiled);
+    if (c.compiled == QuantizeForm::All) {
+      (void)run_quantizer(q, c.recipe, c.role, beyond_guaranteed_capacity(p));
+      EXPECT_EQ(cache.stats().compiles, 1u) << "the complete program serves the separate launches";
+      EXPECT_FALSE(find_quantize_kernels(p, QuantizeForm::Separate, arch, cache).has_value());
+    }
   }
 }
 
-// prepare() compiles both entries, so no call compiles afterwards (a CUDA-graph capture
-// included), whatever its shape.
+// prepare() compiles the complete program, so no call compiles afterwards (a CUDA-graph capture
+// included), whatever its shape; a quantizer on a cache that has it (another process's prepare or
+// prewarm, a shipped root) takes it for a large first call instead of compiling the separate form.
 TEST(GpuQuantizeForm, PreparedQuantizerCompilesNothingOnCalls) {
   QF_SKIP_WITHOUT_GPU();
   using namespace qf::rt;
   const Plan p = form_plan("current_scaling", "linear:input");
   KernelCache cache(memory_only());
-  const Quantizer q(p, cache, /*use_tuning=*/false);
-  EXPECT_EQ(q.prepare(device_arch(current_device())), CacheHow::Compiled);
-  EXPECT_EQ(cache.stats().compiles, 2u);
-  (void)run_quantizer(q, "current_scaling", "linear:input", {256, 512});
+  EXPECT_EQ(Quantizer(p, cache, false).prepare(device_arch(current_device())), CacheHow::Compiled);
+  EXPECT_EQ(cache.stats().compiles, 1u);
+  const Quantizer q(p, cache, /*use_tuning=*/false);  // loads nothing yet
   (void)run_quantizer(q, "current_scaling", "linear:input", beyond_guaranteed_capacity(p));
-  EXPECT_EQ(cache.stats().compiles, 2u);
+  (void)run_quantizer(q, "current_scaling", "linear:input", {256, 512});
+  EXPECT_EQ(cache.stats().compiles, 1u);
+  EXPECT_FALSE(find_quantize_kernels(p, QuantizeForm::Separate, device_arch(current_device()), cache).has_value());
 }
 
 // The cooperative launch refused as too large (a context with fewer SMs: MPS, green contexts;
-// simulated by QFORGE_TEST_COOPERATIVE_TOO_LARGE): the call falls back to the separate form,
-// compiling its entry then, and writes exactly what the one-launch form writes.
-TEST(GpuQuantizeForm, CooperativeFallbackCompilesTheSeparateEntry) {
+// simulated by QFORGE_TEST_COOPERATIVE_TOO_LARGE): the call falls back to the separate launches
+// of the complete program it loaded (no compile) and writes exactly what the fused kernel writes;
+// after a large call loaded the separate form, the small call that is refused compiles the
+// complete program for the fused kernel and falls back to the separate form's launches.
+TEST(GpuQuantizeForm, CooperativeFallbackTakesTheSeparateLaunches) {
   QF_SKIP_WITHOUT_GPU();
   using namespace qf::rt;
-  const std::string arch = device_arch(current_device());
   for (const char* recipe : {"current_scaling", "nvfp4"}) {
     SCOPED_TRACE(recipe);
     const Plan p = form_plan(recipe, "linear:input");
-    KernelCache fused_cache(memory_only()), refused_cache(memory_only());
+    KernelCache fused_cache(memory_only()), refused_cache(memory_only()), large_first_cache(memory_only());
     const Quantizer fused(p, fused_cache, false);
     ::setenv("QFORGE_TEST_COOPERATIVE_TOO_LARGE", "1", 1);
-    const Quantizer refused(p, refused_cache, false);
+    const Quantizer refused(p, refused_cache, false), large_first(p, large_first_cache, false);
     ::unsetenv("QFORGE_TEST_COOPERATIVE_TOO_LARGE");
     const Shape2D shape{256, 512};
     ASSERT_TRUE(fused.one_launch(shape));
     const auto want = run_quantizer(fused, recipe, "linear:input", shape);
-    EXPECT_EQ(fused_cache.stats().compiles, 1u);
-    const auto got = run_quantizer(refused, recipe, "linear:input", shape);
-    EXPECT_EQ(refused_cache.stats().compiles, 2u) << "the one-launch entry, then the separate one for the fallback";
-    EXPECT_EQ(build_quantize_kernels(p, QuantizeForm::Separate, arch, refused_cache).cached.how, CacheHow::MemoryHit);
-    ASSERT_EQ(got.size(), want.size());
     const std::vector<BufferDesc> outs = fused.outputs(shape);
+    const auto got = run_quantizer(refused, recipe, "linear:input", shape);
+    EXPECT_EQ(refused_cache.stats().compiles, 1u) << "the complete program; the fallback compiles nothing";
+    ASSERT_EQ(got.size(), want.size());
     for (size_t i = 0; i < got.size(); ++i) EXPECT_TRUE(got[i] == want[i]) << outs[i].name;
-    (void)run_quantizer(refused, recipe, "linear:input", shape);
-    EXPECT_EQ(refused_cache.stats().compiles, 2u) << "a later fallback loads nothing new";
+    (void)run_quantizer(large_first, recipe, "linear:input", beyond_guaranteed_capacity(p));
+    const auto got2 = run_quantizer(large_first, recipe, "linear:input", shape);
+    EXPECT_EQ(large_first_cache.stats().compiles, 2u) << "the separate form, then the complete program";
+    ASSERT_EQ(got2.size(), want.size());
+    for (size_t i = 0; i < got2.size(); ++i) EXPECT_TRUE(got2[i] == want[i]) << outs[i].name;
   }
 }
 

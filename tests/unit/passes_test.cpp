@@ -315,7 +315,7 @@ TEST(SelectTiles, FusedFormTakesAtLeast256Threads) {
   EXPECT_EQ(fused_threads(TileConfig{16, 64, 128, 4}), 256);
   const Plan nv = plan_for("nvfp4", "linear:input");  // 64 x 128, 128 threads
   ASSERT_EQ(nv.tile.threads, 128);
-  const KernelSource ks = emit_quantize(nv, QuantizeForm::OneLaunch);
+  const KernelSource ks = emit_quantize(nv, QuantizeForm::All);
   EXPECT_EQ(ks.fused_threads, 256);
   ASSERT_TRUE(ks.fused_kernel.has_value());
   EXPECT_NE(ks.fused_kernel->find("qf_gen::CfgFused"), std::string::npos) << *ks.fused_kernel;
@@ -323,7 +323,7 @@ TEST(SelectTiles, FusedFormTakesAtLeast256Threads) {
   EXPECT_EQ(emit_quantize(nv, QuantizeForm::Separate).source.find("CfgFused"), std::string::npos)
       << "the separate form's source defines only what its kernels use";
   const Plan cur = plan_for("current_scaling", "linear:input");  // 256 threads already
-  const KernelSource kc = emit_quantize(cur, QuantizeForm::OneLaunch);
+  const KernelSource kc = emit_quantize(cur, QuantizeForm::All);
   EXPECT_EQ(kc.fused_threads, cur.tile.threads);
   EXPECT_EQ(kc.source.find("CfgFused"), std::string::npos);
 }
