@@ -6,7 +6,7 @@
 // A plan with a fused kernel has two programs (QuantizeForm), each a cache entry of its own: its
 // complete program (every kernel: cast, amax, row and the cooperative fused kernel; the source it
 // always had) and its separate form (the same without the fused kernel), which a call that does
-// not launch the fused kernel compiles instead, at about 0.57 of the time (docs/jit.md, step 5).
+// not launch the fused kernel compiles instead, at about 0.58 of the time (docs/jit.md, step 5).
 // The fused kernel is not given a program of its own: compiled without the cast kernel, ptxas
 // lays out its static shared memory otherwise and its code changes. Each kernel's code is the
 // same in either program. The two sources differ (the separate form's first line names it), so

@@ -161,7 +161,7 @@ std::shared_ptr<const Quantizer::Form> Quantizer::load_form(Loaded& l, QuantizeF
   auto fm = std::make_shared<Form>();
   // The separate launches of a plan with a fused kernel: its complete program where the cache has
   // it (prepare, `qforge prewarm`, a shipped root, another process), else the separate form,
-  // compiled in about 0.57 of the time.
+  // compiled in about 0.58 of the time (docs/jit.md, step 5).
   if (f == QuantizeForm::Separate && has_one_launch(l.plan))
     if (auto hit = find_quantize_kernels(l.plan, QuantizeForm::All, l.arch, cache_)) {
       fm->kernels = std::move(*hit);
@@ -171,10 +171,8 @@ std::shared_ptr<const Quantizer::Form> Quantizer::load_form(Loaded& l, QuantizeF
   const CacheEntry& entry = *fm->kernels.cached.entry;
   const KernelSource& ks = fm->kernels.source;
   fm->module = module_registry().get(l.device, entry.key, std::string_view(entry.image));
-  if (!ks.cast_kernel.empty()) {
-    fm->cast = fm->module->function(entry.lowered(ks.cast_kernel));
-    allow_dynamic_smem(fm->cast, ks.smem_bytes);
-  }
+  fm->cast = fm->module->function(entry.lowered(ks.cast_kernel));
+  allow_dynamic_smem(fm->cast, ks.smem_bytes);
   if (ks.amax_kernel) {
     fm->amax = fm->module->function(entry.lowered(*ks.amax_kernel));
     allow_dynamic_smem(fm->amax, ks.smem_bytes);

@@ -96,7 +96,7 @@ class Quantizer {
   // entries: its complete program (All: every kernel) and its separate form (the same without
   // the fused kernel). A call that launches the fused kernel loads the All entry (compiled on a
   // miss); any other call loads the All entry where it is loaded or the cache has it, else the
-  // separate one, compiled on a miss in about 0.57 of the complete program's time (docs/jit.md,
+  // separate one, compiled on a miss in about 0.58 of the complete program's time (docs/jit.md,
   // step 5). prepare() compiles the All entry, so a prepared quantizer never compiles. A call is
   // one launch
   // (memsets included) where it can be: plans with tensor or per-channel amaxes (current /
