@@ -512,8 +512,11 @@ def test_ablated_kernels_compile_for_sm90a(tmp_path):
                               "--usage", "training", "--source"], check=True, capture_output=True, text=True).stdout
         lines = out.splitlines()
         start = lines.index("// ---- source")
-        kernel = next(l for l in lines[start:] if l.startswith("// %s: " % kind)).split(": ", 1)[1]
-        src = "\n".join(lines[start + 1:]) + "\ntemplate __global__ void %s(const qf::QuantizeArgs);\n" % kernel
+        # The complete program (every kernel); the separate form's program, which follows it, is
+        # the same without the fused kernel.
+        end = lines.index("// ---- separate form") if "// ---- separate form" in lines else len(lines)
+        kernel = next(l for l in lines[start:end] if l.startswith("// %s: " % kind)).split(": ", 1)[1]
+        src = "\n".join(lines[start + 1:end]) + "\ntemplate __global__ void %s(const qf::QuantizeArgs);\n" % kernel
         units.append(tmp_path / ("%s.cu" % recipe))
         units[-1].write_text(src)
     for name in ablate.ABLATIONS:
