@@ -74,7 +74,7 @@ def test_a_compile_is_an_info_record_naming_its_kernels_and_milliseconds(tmp_pat
     assert len(records) == 1, records
     r = records[0]
     assert r["name"] == "qforge" and r["level"] == logging.INFO, r
-    assert re.fullmatch(r"compiled quantize kernel \(input bf16, recipe mxfp8, role linear:input, usage inference\) "
+    assert re.fullmatch(r"compiled quantize kernel \(form separate, input bf16, recipe mxfp8, role linear:input, usage inference\) "
                         r"\[qf::cast_kernel<.*>\] for sm_90a in \d+ ms \(NVRTC [0-9.]+, key [0-9a-f]+\)",
                         r["message"]), r["message"]
 
@@ -178,7 +178,7 @@ def test_the_compiled_core_logs_through_its_own_sink(tmp_path):
         done()
     """ % (str(RECIPES / "nvfp4.json"), str(RECIPES / "nvfp4.json")))
     assert [(r["thread"], r["level"]) for r in records] == [("core", logging.INFO)], records
-    assert re.match(r"compiled quantize kernel \(input bf16, recipe nvfp4, role linear:input, usage inference\) "
+    assert re.match(r"compiled quantize kernel \(form all, input bf16, recipe nvfp4, role linear:input, usage inference\) "
                     r"\[.*\] for sm_90a in \d+ ms", records[0]["message"]), records[0]
 
 
