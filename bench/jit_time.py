@@ -34,8 +34,8 @@ thread counted), which other processes' load on the machine barely changes, plus
                 CPU ms of each and each form's share of the whole program, then per form the
                 median / max / sum and the shares' median and range
 
-A quantize entry's kind is "quantize/<form>" (separate, one-launch) where its metadata names the
-form, else "quantize".
+A quantize entry's kind is "quantize" for a plan's complete program and "quantize/separate" for
+the separate form of a plan with the one-launch fused kernel (docs/jit.md, step 5).
 
 Prints one row per kernel (CPU ms) and a summary: median, max and sum per kind of kernel (of
 CPU ms, and of wall ms where it says "wall").
@@ -122,7 +122,13 @@ def entries(cache, text_filter=""):
         if meta.get("kind") != "cubin":
             continue
         md = meta.get("metadata", {})
-        kind = md.get("kind", "?") + (f"/{md['form']}" if md.get("form") else "")
+        kind = md.get("kind", "?")
+        # A program that is part of a plan's (its first line names its form): "quantize/separate".
+        # A plan's complete program (form "all", or the separate form of a plan without the fused
+        # kernel, whose first line names none) stays "quantize", as every entry of older builds.
+        form = md.get("form", "")
+        if kind == "quantize" and form and f"its {form} form" in source.split("\n", 1)[0]:
+            kind += "/" + form
         label = " ".join(str(v) for k, v in sorted(md.items()) if k not in ("kind", "form"))
         if text_filter and text_filter not in f"{kind} {label}":
             continue
