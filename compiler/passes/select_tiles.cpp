@@ -91,6 +91,12 @@ bool packs_fp4(const Plan& p) {
   return false;
 }
 
+bool stochastic(const Plan& p) {
+  for (const auto& s : p.streams)
+    if (s.rounding == Rounding::Stochastic) return true;
+  return false;
+}
+
 bool has_columnwise(const Plan& p) {
   for (const auto& s : p.streams)
     if (s.dir == Direction::Columnwise) return true;
@@ -150,15 +156,18 @@ Plan select_tiles(Plan p) {
     // 256 columns of 16 rows; blocks of 128 rows (128x128) keep 128 columns: a 128 x 256 tile
     // would hold a whole SM's shared memory (one CTA per SM, measured 58 % of copy bandwidth).
     t.cols = std::lcm(c.col_multiple, t.rows >= 128 ? 128 : 256);
-    if (t.rows < 128 && (packs_fp4(p) || has_columnwise(p))) {
+    const bool fp4_rn = packs_fp4(p) && !stochastic(p) && !two_d_blocks(p);
+    if (t.rows < 128 && (fp4_rn || has_columnwise(p))) {
       // More elements per thread where a tile of 16 x 256 / 256 threads leaves the H200 short of
       // bytes in flight (`qforge tune --shape 16384x16384 --dry-run --verbose`, 2026-11-29):
-      // NVFP4 rowwise (e2m1 encoding) 32 x 512 / 256, 423 -> 333 us; MXFP8's same-layout
-      // columnwise copy (32 x 1 blocks) 32 x 256 / 128, 331 -> 296 us. The fp8 rowwise-only
-      // plans keep 16 x 256 / 256 (86-89 % of the floor).
+      // NVFP4 rowwise (e2m1 encoding, 1x16 blocks, round to nearest) 32 x 512 / 256, 423 -> 333
+      // us, with the spills of its 64 registers (QuantizeResources lists them); MXFP8's
+      // same-layout columnwise copy (32 x 1 blocks) 32 x 256 / 128, 331 -> 296 us. Not timed, so
+      // kept as they were: the NVFP4 weights' 16x16 blocks and the rowwise stochastic rounding of
+      // NVFP4 gradients for inference; the fp8 rowwise-only plans (86-89 % of the floor).
       TileConfig wide = t;
       wide.rows = std::lcm(c.row_multiple, 32);
-      if (packs_fp4(p))
+      if (fp4_rn)
         wide.cols = std::lcm(c.col_multiple, 512);
       else
         wide.threads = 128;

@@ -567,7 +567,7 @@ TEST(Print, CurrentScalingGolden) {
             "  stream rowwise: e4m3 scaling=per_tensor_current(eps=0, pow2=false) tensor_amax=%a0\n"
             "  stream columnwise: e4m3 scaling=per_tensor_current(eps=0, pow2=false) layout=transposed tensor_amax=%a0\n"
             "  phase 0: amax_reduce %a0\n"
-            "  phase 1: cast tile=32x256 threads=256 vec=4\n");
+            "  phase 1: cast tile=32x512 threads=256 vec=4\n");
 }
 
 TEST(Print, DelayedScalingInferenceGolden) {
@@ -588,7 +588,7 @@ TEST(Print, Nvfp4GradOutputGolden) {
             "  stream rowwise: e2m1 scaling=nvfp4(block=1x16) rounding=stochastic scale_layout=compact tensor_amax=%a0 local_amax=%a1\n"
             "  stream columnwise: e2m1 scaling=nvfp4(block=16x1) rounding=stochastic rht=0xD7E8 layout=transposed scale_layout=compact tensor_amax=%a2 local_amax=%a3\n"
             "  phase 0: amax_reduce %a0 %a2\n"
-            "  phase 1: cast tile=64x128 threads=256 vec=4\n");
+            "  phase 1: cast tile=64x128 threads=128 vec=4\n");
 }
 
 TEST(Print, LoweredPlanHasNoPhasesAndGroupedIsShown) {

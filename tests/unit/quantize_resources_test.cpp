@@ -28,12 +28,20 @@ const std::map<std::string, int>& spill_budget() {
     b["float8_block_scaling linear:weight inference cast_kernel"] = 124;
     b["nvfp4 linear:weight training cast_kernel"] = 158;
     b["hybrid_mxfp8_fwd_nvfp4_bwd linear:weight training cast_kernel"] = 130;
-    b["int8_weight_sr linear:weight training cast_kernel"] = 74;  // 70 before the branch-free int8 SR encoder
-    b["int8_weight_sr linear:weight training fused_kernel"] = 88;
+    // The H200 tiles of 2026-11-29 (compiler/passes/select_tiles.cpp): 32 x 512 for the
+    // transposing per-channel plans at 80 registers, 32 x 256 on 128 threads for MXFP8's
+    // same-layout copy at 64, 32 x 512 for NVFP4 rowwise at 64. Timed with these spills by
+    // `qforge tune` (bench/results/h200/tune_16384_2026-11-29.txt), each faster than the tile
+    // before it without them: fp8_rowwise training 588 -> 479 us (36 / 26 B before), int8_weight_sr
+    // weight 1183 -> 1076 (74 / 88), mxfp8 331 -> 296 (40), nvfp4 input inference 423 -> 333 (0).
+    b["int8_weight_sr linear:weight training cast_kernel"] = 310;
+    b["int8_weight_sr linear:weight training fused_kernel"] = 224;
+    b["nvfp4 linear:input inference cast_kernel"] = 144;
+    b["nvfp4 linear:input inference fused_kernel"] = 176;
     for (const char* role : {"linear:input", "linear:weight", "linear:grad_output"}) {
-      b[std::string("fp8_rowwise ") + role + " training cast_kernel"] = 36;
-      b[std::string("fp8_rowwise ") + role + " training fused_kernel"] = 26;
-      b[std::string("mxfp8 ") + role + " training cast_kernel"] = 40;
+      b[std::string("fp8_rowwise ") + role + " training cast_kernel"] = 224;
+      b[std::string("fp8_rowwise ") + role + " training fused_kernel"] = 194;
+      b[std::string("mxfp8 ") + role + " training cast_kernel"] = 124;
       b[std::string("delayed_scaling ") + role + " inference cast_kernel"] = 4;
       b[std::string("delayed_scaling ") + role + " inference fused_kernel"] = 4;
     }
