@@ -30,11 +30,7 @@ QuantizeKernels build_dequantize_kernel(const qf::Stream& s, DType out, const st
   check_quantize_arch(arch);
   QuantizeKernels k;
   k.source = emit_dequantize(s, out);
-  CompileRequest req;
-  req.source = k.source.source;
-  req.source_name = "qforge_dequantize.cu";
-  req.name_expressions = {k.source.cast_kernel};
-  req.arch = arch;
+  const CompileRequest req{k.source.source, "qforge_dequantize.cu", {k.source.cast_kernel}, arch};
   k.cached = cache.get_or_compile(req, nlohmann::json{{"kind", "dequantize"}});
   return k;
 }

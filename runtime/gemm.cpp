@@ -103,12 +103,8 @@ GemmKernel build_gemm_kernel(const GemmSpec& spec, const std::string& arch, Kern
                               "bytes), found " + nvrtc_version());
   GemmKernel k;
   k.source = emit_gemm(spec);
-  CompileRequest req;
-  req.source = k.source.source;
-  req.source_name = "qforge_gemm.cu";
-  req.name_expressions = {k.source.kernel};
-  req.arch = arch;
   nlohmann::json meta = {{"kind", "gemm"}, {"gemm", describe(spec)}};
+  const CompileRequest req{k.source.source, "qforge_gemm.cu", {k.source.kernel}, arch};
   k.cached = cache.get_or_compile(req, meta);
   return k;
 }
@@ -116,11 +112,8 @@ GemmKernel build_gemm_kernel(const GemmSpec& spec, const std::string& arch, Kern
 DequantKernels build_dequant_kernels(const GemmSpec& spec, const std::string& arch, KernelCache& cache) {
   DequantKernels k;
   k.source = emit_dequant(spec);
-  CompileRequest req;
-  req.source = k.source.source;
-  req.source_name = "qforge_dequant.cu";
-  req.name_expressions = {k.source.a_kernel, k.source.b_kernel, k.source.prep_kernel};
-  req.arch = arch;
+  const CompileRequest req{k.source.source, "qforge_dequant.cu", {k.source.a_kernel, k.source.b_kernel, k.source.prep_kernel},
+                           arch};
   k.cached = cache.get_or_compile(req, nlohmann::json{{"kind", "gemm_dequant"}, {"gemm", describe(spec)}});
   return k;
 }

@@ -111,11 +111,7 @@ Int8OptimKernel build_int8_optim_kernel(const Int8OptimKernelSpec& spec, const s
   Int8OptimKernel k;
   k.source = emit_int8_optim(spec);
   k.kernel = "qf::int8_optim_kernel<qf_gen::Int8OptimCfg>";
-  CompileRequest req;
-  req.source = k.source;
-  req.source_name = "qforge_optim_int8.cu";
-  req.name_expressions = {k.kernel};
-  req.arch = arch;
+  const CompileRequest req{k.source, "qforge_optim_int8.cu", {k.kernel}, arch};
   k.cached = cache.get_or_compile(req, nlohmann::json{{"kind", "optim_int8"}, {"optimizer", name(spec.optimizer)}});
   return k;
 }

@@ -543,11 +543,7 @@ QuantizeKernels build_history_kernel(const PerTensorDelayed& mode, ElemFormat fo
   check_quantize_arch(arch);
   QuantizeKernels k;
   k.source = emit_history_update(mode, format);
-  CompileRequest req;
-  req.source = k.source.source;
-  req.source_name = "qforge_history.cu";
-  req.name_expressions = {k.source.cast_kernel};
-  req.arch = arch;
+  const CompileRequest req{k.source.source, "qforge_history.cu", {k.source.cast_kernel}, arch};
   k.cached = cache.get_or_compile(req, nlohmann::json{{"kind", "amax_history"}});
   return k;
 }
@@ -639,11 +635,7 @@ QuantizeKernels build_history_batch_kernel(int history_length, const std::string
   check_quantize_arch(arch);
   QuantizeKernels k;
   k.source = emit_history_batch(history_length);
-  CompileRequest req;
-  req.source = k.source.source;
-  req.source_name = "qforge_history_batch.cu";
-  req.name_expressions = {k.source.cast_kernel};
-  req.arch = arch;
+  const CompileRequest req{k.source.source, "qforge_history_batch.cu", {k.source.cast_kernel}, arch};
   k.cached = cache.get_or_compile(req, nlohmann::json{{"kind", "amax_history_batch"}});
   return k;
 }
