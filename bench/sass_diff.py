@@ -137,19 +137,8 @@ def normalize_sass(text):
 
 def code_sections(cubin):
     """[(section name, bytes)] of the CUBIN's code sections (ELF64 .text*), names normalized."""
-    if cubin[:4] != b"\x7fELF" or cubin[4] != 2:
-        raise SassDiffError("not an ELF64 CUBIN")
-    shoff, = struct.unpack_from("<Q", cubin, 0x28)
-    shentsize, shnum, shstrndx = struct.unpack_from("<HHH", cubin, 0x3A)
-    headers = [struct.unpack_from("<IIQQQQIIQQ", cubin, shoff + i * shentsize) for i in range(shnum)]
-    strtab = headers[shstrndx]
-    names = cubin[strtab[4]:strtab[4] + strtab[5]]
-    out = []
-    for name_off, _, _, _, off, size, *_ in headers:
-        name = names[name_off:names.index(b"\0", name_off)].decode(errors="replace")
-        if name.startswith(".text"):
-            out.append((normalize_names(name), cubin[off:off + size]))
-    return sorted(out)
+    return sorted((normalize_names(name), data) for name, data in elf_sections(cubin).items()
+                  if name.startswith(".text"))
 
 
 def disassemble(nvdisasm, cubin):
