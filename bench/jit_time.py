@@ -42,8 +42,6 @@ CPU ms, and of wall ms where it says "wall").
 """
 import argparse
 import ctypes
-import glob
-import json
 import os
 import resource
 import statistics
@@ -53,7 +51,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-import sass_diff  # noqa: E402  (load_nvrtc, code_sections)
+import sass_diff  # noqa: E402  (load_nvrtc, code_sections, read_entries)
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -111,14 +109,7 @@ def best(nvrtc, reps, *args, **kw):
 
 def entries(cache, text_filter=""):
     out = []
-    for meta_path in sorted(glob.glob(os.path.join(cache, "qforge-v1", "??", "*", "meta.json"))):
-        d = os.path.dirname(meta_path)
-        try:
-            meta = json.load(open(meta_path))
-            source = open(os.path.join(d, "source.cu")).read()
-            image = open(os.path.join(d, "image.bin"), "rb").read()
-        except (OSError, ValueError):
-            continue
+    for d, meta, source, image in sass_diff.read_entries(cache):
         if meta.get("kind") != "cubin":
             continue
         md = meta.get("metadata", {})

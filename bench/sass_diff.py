@@ -151,18 +151,25 @@ def disassemble(nvdisasm, cubin):
     return normalize_sass(r.stdout)
 
 
+def read_entries(cache_dir, with_image=True):
+    """(entry dir, meta.json, source.cu, image.bin or None) of every readable entry below a cache
+    directory, in path order; a stray or a damaged entry is skipped (`qforge verify` names those)."""
+    for meta_path in sorted(glob.glob(os.path.join(cache_dir, "**", "meta.json"), recursive=True)):
+        entry = os.path.dirname(meta_path)
+        try:
+            meta = json.load(open(meta_path))
+            source = open(os.path.join(entry, "source.cu")).read()
+            image = open(os.path.join(entry, "image.bin"), "rb").read() if with_image else None
+        except (OSError, ValueError):
+            continue
+        yield entry, meta, source, image
+
+
 def cache_entries(cache_dir, text_filter=""):
     """(label, source, options, names) of every entry that holds its source and a CUBIN, sorted
     by label."""
     out = []
-    for meta_path in glob.glob(os.path.join(cache_dir, "**", "meta.json"), recursive=True):
-        entry = os.path.dirname(meta_path)
-        src_path = os.path.join(entry, "source.cu")
-        try:
-            meta = json.load(open(meta_path))
-            source = open(src_path).read()
-        except (OSError, ValueError):
-            continue  # a stray or a damaged entry: `qforge verify` names those
+    for entry, meta, source, _ in read_entries(cache_dir, with_image=False):
         if meta.get("kind", "cubin") != "cubin":
             continue  # PTX entries (an architecture NVRTC could not target)
         names = list(meta.get("lowered_names", {}).keys())
@@ -277,14 +284,7 @@ def cache_kernels(cache_dir, text_filter=""):
     """{identity: (label, code bytes, attributes)} of every quantize kernel in a cache, and the
     names of code sections that belong to no kernel."""
     out, loose = {}, []
-    for meta_path in glob.glob(os.path.join(cache_dir, "**", "meta.json"), recursive=True):
-        entry = os.path.dirname(meta_path)
-        try:
-            meta = json.load(open(meta_path))
-            source = open(os.path.join(entry, "source.cu")).read()
-            image = open(os.path.join(entry, "image.bin"), "rb").read()
-        except (OSError, ValueError):
-            continue
+    for _, meta, source, image in read_entries(cache_dir):
         md = meta.get("metadata", {})
         if meta.get("kind", "cubin") != "cubin" or md.get("kind") != "quantize":
             continue
