@@ -352,7 +352,8 @@ def test_checkpoint_resume_is_bit_identical():
         m3.load_state_dict(ck["model"])
 
 
-@pytest.mark.parametrize("name", ["current_scaling", "float8_block_scaling", "fp8_rowwise", "mxfp8_hopper", "nvfp4"])
+@pytest.mark.parametrize("name", ["current_scaling", "float8_block_scaling", "fp8_rowwise", "mxfp8_hopper", "nvfp4",
+                                  "hybrid_mxfp8_fwd_nvfp4_bwd"])
 def test_grouped_linear_forward_backward(name):
     G, K, N = 4, 256, 384
     split = [128, 0, 256, 128]
@@ -394,9 +395,70 @@ def test_grouped_linear_forward_backward(name):
         start += n
 
 
+def test_grouped_linear_hybrid_dgrad_is_the_dense_mixed_route_per_expert():
+    # No grouped GEMM reads the hybrid's dgrad pair (dy's MXFP8 rowwise copy x W's NVFP4 columnwise
+    # copy): it runs per expert on the dense GEMM's exact mixed route, each member copied out of its
+    # grouped allocation. A member's copy is what the dense quantize of its rows writes (MXFP8's 1 x 32
+    # blocks lie within a row; NVFP4's per-tensor amax is per member), so each expert's rows of dx are
+    # qt.gemm of the dense quantizes bit for bit; the other GEMMs stay grouped.
+    G, K, N = 4, 256, 384
+    split = [128, 0, 256, 128]
+    offsets = torch.tensor([0, 128, 128, 384, 512], dtype=torch.int64, device="cuda")
+    r = recipes("hybrid_mxfp8_fwd_nvfp4_bwd")
+    lin = qt.GroupedLinear(G, K, N, recipes=r, name="experts", device="cuda")
+    assert lin._dense is not None
+    with torch.no_grad():
+        lin.weight.copy_(rnd(G, N, K, seed=1, scale=0.05))
+    q_g, q_w = r.quantizer("grouped_linear:grad_output:experts"), r.quantizer("grouped_linear:weight:experts")
+    for step in range(2):  # the second micro-batch: the weight's dense copies are kept with its grouped copy
+        x = rnd(512, K, seed=3 + step).requires_grad_()
+        g = rnd(512, N, seed=5 + step)
+        lin(x, offsets).backward(g)
+        kept = lin._wdense
+        assert kept is not None and kept[0] is lin._wcache[1]
+        if step == 0:
+            first = kept[1]
+        else:
+            assert kept[1] is first
+        start = 0
+        for e, n in enumerate(split):
+            if n:
+                rows = slice(start, start + n)
+                want = qt.gemm(q_g(g[rows]), q_w(lin.weight.detach()[e]), b_direction="columnwise")
+                assert same(x.grad[rows], want), (step, e)
+            start += n
+    # The split is read on the host: offsets that do not tile x are refused, naming the module.
+    short = torch.tensor([0, 128, 128, 384, 480], dtype=torch.int64, device="cuda")
+    y = lin(rnd(512, K, seed=8).requires_grad_(), short)
+    with pytest.raises(Exception, match=r"module experts: offsets: the last row offset is 480, expected x's 512 rows"):
+        y.sum().backward()
+
+
+def test_grouped_linear_hybrid_trains():
+    # Two experts' MLP on the hybrid recipe: the loss falls and every gradient stays finite.
+    torch.manual_seed(0)
+    r = recipes("hybrid_mxfp8_fwd_nvfp4_bwd")
+    fc1 = qt.GroupedLinear(2, 256, 512, recipes=r, name="fc1", device="cuda")
+    fc2 = qt.GroupedLinear(2, 512, 256, recipes=r, name="fc2", device="cuda")
+    params = [fc1.weight, fc2.weight]
+    opt = torch.optim.AdamW(params, lr=1e-2)
+    offsets = torch.tensor([0, 128, 256], dtype=torch.int64, device="cuda")
+    x = rnd(256, 256, seed=11)
+    losses = []
+    for _ in range(20):
+        loss = (fc2(torch.nn.functional.gelu(fc1(x, offsets)), offsets).float() ** 2).mean()
+        opt.zero_grad()
+        loss.backward()
+        assert all(torch.isfinite(p.grad).all() for p in params)
+        opt.step()
+        losses.append(loss.item())
+    assert losses[-1] < 0.5 * losses[0], losses
+
+
 def test_grouped_linear_refuses_what_it_cannot_run():
+    # mxfp8.json keeps same-layout columnwise copies, which no grouped GEMM reads (dgrad and wgrad).
     with pytest.raises(qforge.UserError, match="module moe: the recipe's grouped GEMMs"):
-        qt.GroupedLinear(4, 256, 256, recipes=recipes("hybrid_mxfp8_fwd_nvfp4_bwd"), name="moe", device="cuda")
+        qt.GroupedLinear(4, 256, 256, recipes=recipes("mxfp8"), name="moe", device="cuda")
     lin = qt.GroupedLinear(4, 256, 256, recipes=recipes("float8_block_scaling"), name="moe", device="cuda")
     with pytest.raises(qforge.UserError, match=r"offsets: expected 5 row offsets, got 3"):
         lin(rnd(128, 256), torch.tensor([0, 64, 128], device="cuda"))

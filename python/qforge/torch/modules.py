@@ -28,8 +28,9 @@ from typing import Dict, Optional
 import torch
 from torch import nn
 
-from . import (QuantizedTensor, Recipes, UserError, _check_small, _linear_backward, _linear_forward, _out_code, gemm,
-               grouped_gemm)
+from . import (QuantizedTensor, Recipes, UserError, _check_small, _gemm, _linear_backward, _linear_forward, _out_code,
+               _plan, gemm, grouped_gemm)
+from ._members import copy_moves, member_split
 
 __all__ = ["Linear", "GroupedLinear", "convert"]
 
@@ -395,8 +396,13 @@ class _GroupedFn(torch.autograd.Function):
     def backward(ctx, dy):
         module, qx, qw, offsets = ctx.module, ctx.qx, ctx.qw, ctx.offsets
         qg = module._quantize_grouped("grad_output", dy.to(module.weight.dtype).contiguous(), offsets)
-        dx = (grouped_gemm(qg, qw, offsets, b_direction="columnwise", out_dtype=module._gemm_dtype)
-              .to(module.weight.dtype) if ctx.needs_input_grad[0] else None)
+        dx = None
+        if ctx.needs_input_grad[0]:
+            if module._dense is None:
+                dx = grouped_gemm(qg, qw, offsets, b_direction="columnwise", out_dtype=module._gemm_dtype)
+            else:  # two formats no grouped GEMM reads together (the hybrid): per expert, the exact mixed route
+                dx = module._dgrad_per_expert(qg, qw, offsets)
+            dx = dx.to(module.weight.dtype)
         dw = None
         if ctx.needs_input_grad[2]:
             dw = grouped_gemm(qg, qx, offsets, a_direction="columnwise", b_direction="columnwise", wgrad=True,
@@ -414,8 +420,11 @@ class GroupedLinear(_RecipeState, nn.Module):
     tensor of num_experts members. Each expert's token count must meet the recipe's wgrad alignment
     (16 tokens for fp8, 32 for NVFP4; padding experts' tokens to 128 always does): the counts live on
     the device, so a count off that alignment gives NaN in that expert's weight gradient, as the
-    grouped GEMM documents. Recipes whose backward pairs two formats (the hybrid's dgrad) are refused
-    at construction: qforge has no grouped mixed-format GEMM yet."""
+    grouped GEMM documents. A dgrad of two formats no grouped GEMM reads together (the hybrid's: dy's
+    MXFP8 rowwise copy x W's NVFP4 columnwise copy) runs per expert on the dense GEMM's exact mixed
+    route (_dgrad_per_expert): it reads the split on the host (one sync per backward) and needs
+    offsets that start at 0, never fall and end at x's rows. Any other GEMM no grouped kernel reads
+    is refused at construction."""
 
     def __init__(self, num_experts: int, in_features: int, out_features: int, *, recipes: Recipes,
                  recipe: Optional[str] = None, name: str = "", device=None, dtype=torch.bfloat16):
@@ -443,20 +452,92 @@ class GroupedLinear(_RecipeState, nn.Module):
         self._wcache = None
         self._wflag = None
         self._gemm_dtype = torch.bfloat16 if dtype == torch.bfloat16 else torch.float32
-        # Every GEMM the layer runs, built once here so a recipe no grouped GEMM reads fails now.
+        # Every GEMM the layer runs, built once here so a recipe no grouped GEMM reads fails now. A dgrad
+        # of two formats no grouped GEMM reads together runs per expert on the dense mixed route
+        # (self._dense: the dense quantizers it copies the members into; None: the grouped dgrad).
         from . import _grouped_plan
         probe = 128 * num_experts
         qx, qw, qg = self.q["input"], self.q["weight"], self.q["grad_output"]
         ix, iw, ig = qx._index, qw._index, qg._index
+        self._dense = None
+        self._wdense = None  # (the weight's grouped copy, its members' dense copies): _dense_weight
+        gemms = (
+            ("fprop", lambda: _grouped_plan(qx.id, probe, in_features, num_experts, ix["rowwise"], qw.id,
+                                            num_experts * out_features, in_features, num_experts, iw["rowwise"], False,
+                                            1, False)),
+            ("dgrad", lambda: _grouped_plan(qg.id, probe, out_features, num_experts, ig["rowwise"], qw.id,
+                                            num_experts * out_features, in_features, num_experts, iw["columnwise"],
+                                            False, 1, False)),
+            ("wgrad", lambda: _grouped_plan(qg.id, probe, out_features, num_experts, ig["columnwise"], qx.id, probe,
+                                            in_features, num_experts, ix["columnwise"], True, 1, False)))
+        for what, build in gemms:
+            try:
+                build()
+            except (UserError, KeyError) as e:
+                if what == "dgrad" and isinstance(e, UserError):
+                    try:
+                        self._dense = self._per_expert_dgrad(recipes, recipe, dtype)
+                    except UserError as e2:
+                        raise _user_error(f"module {name or '<root>'}: the recipe's grouped GEMMs: {e}; per expert: "
+                                          f"{e2}") from None
+                    if self._dense is not None:
+                        continue
+                raise _user_error(f"module {name or '<root>'}: the recipe's grouped GEMMs: {e}") from None
+
+    def _per_expert_dgrad(self, recipes, recipe, dtype):
+        """{"grad_output", "weight"}: the roles' dense quantizers (grouped=False, the same rules) where the
+        dense GEMM of dy's rowwise copy by W's columnwise copy takes the exact mixed route
+        (dequant_mixed: two formats, both copies in the layouts the GEMMs read); else None."""
+        q = {}
+        for t in ("grad_output", "weight"):
+            role = f"grouped_linear:{t}:{self.name}" if self.name else f"grouped_linear:{t}"
+            q[t] = recipes.quantizer(role, recipe=recipe, dtype=dtype, usage="training")
+        g, w = q["grad_output"], q["weight"]
+        if "rowwise" not in g._index or "columnwise" not in w._index:
+            return None
+        p = _plan(g.id, 128, self.out_features, g._index["rowwise"], w.id, self.out_features, self.in_features,
+                  w._index["columnwise"], _OUT_CODE[self._gemm_dtype], False)
+        return q if p.route == "dequant_mixed" else None
+
+    def _dgrad_per_expert(self, qg: QuantizedTensor, qw: QuantizedTensor, offsets: torch.Tensor) -> torch.Tensor:
+        """dx [M, in_features] (the GEMM's dtype): per expert with tokens, dy's member (rowwise) by W's
+        member (columnwise) through the dense GEMM's exact mixed route (each operand dequantized exactly
+        into bf16, NVFP4's S_dec as the GEMM's alpha), each member first copied out of its grouped
+        allocation into a dense one (the bytes as they are). The split is read on the host: one sync."""
+        name = self.name or "<root>"
         try:
-            _grouped_plan(qx.id, probe, in_features, num_experts, ix["rowwise"], qw.id, num_experts * out_features,
-                          in_features, num_experts, iw["rowwise"], False, 1, False)
-            _grouped_plan(qg.id, probe, out_features, num_experts, ig["rowwise"], qw.id, num_experts * out_features,
-                          in_features, num_experts, iw["columnwise"], False, 1, False)
-            _grouped_plan(qg.id, probe, out_features, num_experts, ig["columnwise"], qx.id, probe, in_features,
-                          num_experts, ix["columnwise"], True, 1, False)
-        except (UserError, KeyError) as e:
-            raise _user_error(f"module {name or '<root>'}: the recipe's grouped GEMMs: {e}") from None
+            split = member_split(offsets.tolist(), qg.m, self.num_experts)
+        except ValueError as e:
+            raise _user_error(f"module {name}: offsets: {e} (the per-expert dgrad of a mixed-format recipe splits "
+                              f"the tokens on the host)") from None
+        try:
+            members = QuantizedTensor(qg.buffer, qg.quantizer, qg.m, qg.k, qg.members, tuple(split)).member_views()
+        except UserError as e:
+            raise _user_error(f"module {name}: the experts' token counts {split}: {e}") from None
+        w = self._dense_weight(qw)
+        gq, wq = self._dense["grad_output"], self._dense["weight"]
+        gi, wi, code = gq._index["rowwise"], wq._index["columnwise"], _OUT_CODE[self._gemm_dtype]
+        dx = torch.zeros(qg.m, self.in_features, dtype=self._gemm_dtype, device=qg.buffer.device)
+        start = 0
+        for e, rows in enumerate(split):
+            if rows:
+                a = _dense_copy(members[e], gq)
+                _gemm(a.buffer, gq.id, rows, a.k, gi, w[e].buffer, wq.id, w[e].m, w[e].k, wi, code, False,
+                      dx[start:start + rows])
+            start += rows
+        return dx
+
+    def _dense_weight(self, qw: QuantizedTensor):
+        """Each expert's weight copy (a member of qw) in a dense allocation: copied once per grouped copy
+        and kept with it, but for the copy a device flag rewrites in place (copied every call)."""
+        have = self._wdense
+        if have is not None and have[0] is qw:
+            return have[1]
+        views = QuantizedTensor(qw.buffer, qw.quantizer, qw.m, qw.k, qw.members,
+                                (self.out_features,) * self.num_experts).member_views()
+        copies = [_dense_copy(v, self._dense["weight"]) for v in views]
+        self._wdense = None if self._wflag is not None and self._wflag[1] is qw else (qw, copies)
+        return copies
 
     def _quantize_grouped(self, t, x, offsets, noop=None, out=None):
         q = self.q[t]
@@ -502,6 +583,7 @@ class GroupedLinear(_RecipeState, nn.Module):
         """As Linear.invalidate_weight_cache."""
         self._wcache = None
         self._wflag = None
+        self._wdense = None
 
     def extra_repr(self) -> str:
         return (f"num_experts={self.num_experts}, in_features={self.in_features}, out_features={self.out_features}, "
@@ -509,6 +591,21 @@ class GroupedLinear(_RecipeState, nn.Module):
 
 
 _OUT_CODE = {torch.bfloat16: 1, torch.float32: 0}
+
+
+def _dense_copy(member: QuantizedTensor, q) -> QuantizedTensor:
+    """One member of a grouped quantize (a member view: the dense layout of its shape, placed inside the
+    grouped allocation) copied byte for byte into a dense allocation of q (the same role, grouped=False),
+    which the dense GEMMs read. Zeroed first: the padding a layout reserves holds zeros, not garbage."""
+    L = q.layout(member.m, member.k)
+    try:
+        moves = copy_moves(member.layout.buffers, L.buffers)
+    except ValueError as e:
+        raise RuntimeError(f"qforge internal error: a grouped quantize's member and its dense layout differ: {e}") from None
+    buf = torch.zeros(L.nbytes, dtype=torch.uint8, device=member.buffer.device)
+    for src, dst, n in moves:
+        buf[dst:dst + n].copy_(member.buffer[src:src + n])
+    return QuantizedTensor(buf, q, member.m, member.k)
 _NO_QUANTIZE = (None, 0, 0, None, None, None)  # the weight's arguments when its kept copy is used as it is
 
 

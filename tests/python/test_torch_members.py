@@ -1,0 +1,85 @@
+"""python/qforge/torch/_members.py, the host-side rules of GroupedLinear's per-expert dgrad, without
+torch or a GPU: the split read from the offsets and its errors, the byte moves of a member out of its
+grouped allocation, and (where the compiled core loads) that every member of the mixed-format
+recipe's grouped quantizes has the dense layout of its shape, which the moves rely on.
+"""
+import importlib.util
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+# The file alone: qforge/torch/__init__.py imports torch.
+_spec = importlib.util.spec_from_file_location("qforge_torch_members", ROOT / "python/qforge/torch/_members.py")
+members = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(members)
+
+
+def test_member_split_reads_rising_offsets_that_tile_x():
+    assert members.member_split([0, 128, 128, 384, 512], 512, 4) == [128, 0, 256, 128]
+    assert members.member_split((0, 0), 0, 1) == [0]
+
+
+@pytest.mark.parametrize("offsets, rows, message", [
+    ([0, 128, 256], 256, "expected 4 row offsets, got 3"),
+    ([32, 128, 256, 256], 256, "the first row offset is 32, expected 0"),
+    ([0, 128, 64, 256], 256, "the row offsets fall from 128 to 64 at member 1"),
+    ([0, 128, 256, 480], 512, "the last row offset is 480, expected x's 512 rows"),
+])
+def test_member_split_names_what_is_wrong(offsets, rows, message):
+    with pytest.raises(ValueError, match=message):
+        members.member_split(offsets, rows, 3)
+
+
+def row(name, offset, nbytes, kind="data", stream=0, shape=(16, 32)):
+    # A Layout.buffers row: (name, kind, stream, dtype, element_size, shape, offset, bytes, scale_layout).
+    return (name, kind, stream, "e4m3", 1, list(shape), offset, nbytes, "")
+
+
+def test_copy_moves_match_buffers_by_name():
+    member = [row("rowwise_data", 4096, 512), row("rowwise_scale_inv", 9000, 16, "scale_inv"),
+              row("columnwise_amax", 12000, 4, "amax", 1, (1,)), row("columnwise_data", 20000, 0, stream=1)]
+    dense = [row("columnwise_amax", 768, 4, "amax", 1, (1,)), row("rowwise_data", 0, 512),
+             row("rowwise_scale_inv", 512, 16, "scale_inv"), row("columnwise_data", 1024, 0, stream=1)]
+    # Empty buffers (a member of no rows) move nothing.
+    assert members.copy_moves(member, dense) == [(4096, 0, 512), (9000, 512, 16), (12000, 768, 4)]
+
+
+def test_copy_moves_refuse_layouts_that_differ():
+    with pytest.raises(ValueError, match=r"the member's buffers \['a', 'b'\] are not the dense layout's \['a'\]"):
+        members.copy_moves([row("a", 0, 4), row("b", 4, 4)], [row("a", 0, 4)])
+    with pytest.raises(ValueError, match="buffer a: the member holds"):
+        members.copy_moves([row("a", 0, 4, shape=(2, 2))], [row("a", 0, 4, shape=(4, 1))])
+
+
+def _core():
+    sys.path.insert(0, str(ROOT / "python"))
+    try:
+        from qforge import _ext
+        return _ext.load()
+    except (ImportError, OSError) as e:
+        pytest.skip(f"the compiled core does not load here: {e}")
+
+
+@pytest.mark.parametrize("tensor, rows, k, split", [
+    ("grad_output", 512, 384, [128, 0, 256, 128]),   # tokens split by the router
+    ("weight", 4 * 384, 256, [384] * 4),             # the stacked experts' weights
+])
+def test_members_of_the_hybrid_have_the_dense_layout(tensor, rows, k, split):
+    # GroupedLinear's per-expert dgrad copies each member into the dense layout of its shape: the
+    # grouped quantizer's member layouts and the dense quantizer's (the same role, grouped=False)
+    # must describe the same buffers.
+    C = _core()
+    ctx = C.Context([str(ROOT / "recipes/hybrid_mxfp8_fwd_nvfp4_bwd.json")])
+    role = f"grouped_linear:{tensor}:experts"
+    grouped = ctx.quantizer(role, None, "bf16", "training", True)
+    dense = ctx.quantizer(role, None, "bf16", "training", False)
+    layouts = grouped.member_layouts(grouped.layout(rows, k, len(split)), split)
+    seen = set()
+    for L, n in zip(layouts, split):
+        moves = members.copy_moves(L.buffers, dense.layout(n, k).buffers) if n else []
+        assert bool(moves) == bool(n)
+        for src, _, nbytes in moves:
+            assert not any(s <= src < s + b for s, b in seen)  # members do not overlap
+            seen.add((src, nbytes))
