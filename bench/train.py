@@ -4,9 +4,14 @@ recipe (qforge.torch.convert), same seed and batches; writes the loss curves (PN
 is there), a markdown table (final eval loss against bf16, NaN/Inf steps, peak memory, step time)
 and JSON.
 
-The MoE experts are an nn.ModuleList of per-expert MLPs (the container `convert` handles): each
-expert's tokens are gathered and padded with zero rows to a multiple of 128, so every recipe's
-block and GEMM alignment holds whatever the router's split.
+The MoE feed-forward's experts are two grouped projections (ExpertLinear: one weight [experts, out,
+in] each, no bias) over the tokens sorted by expert on the device (`route`: each expert's rows
+padded with zero rows to a multiple of 128, so every recipe's block and GEMM alignment holds
+whatever the router's split, in a buffer whose size is known on the host, no sync). A recipe's run
+replaces them by qt.GroupedLinear (the weights kept), or, where GroupedLinear refuses the recipe
+(delayed scaling, mxfp8.json's same-layout copies), by one qt.Linear per expert; the table says
+which. bf16 runs ExpertLinear itself (a matmul per expert). The attention projections go through
+qt.convert; the router and the output head stay in bf16.
 
     python3 bench/train.py --out DIR [--steps 300] [--recipes all]
 """
@@ -18,6 +23,7 @@ import subprocess
 import sys
 import sysconfig
 import time
+import traceback
 from pathlib import Path
 
 import torch
@@ -29,7 +35,7 @@ sys.path.insert(0, str(ROOT / "python"))
 import qforge.torch as qt  # noqa: E402
 
 TRAINING_RECIPES = ["delayed_scaling", "current_scaling", "float8_block_scaling", "fp8_rowwise", "mxfp8_hopper",
-                    "nvfp4", "hybrid_mxfp8_fwd_nvfp4_bwd", "int8_weight_sr"]
+                    "mxfp8", "nvfp4", "hybrid_mxfp8_fwd_nvfp4_bwd", "int8_weight_sr"]
 PAD = 128
 
 
@@ -50,14 +56,89 @@ def corpus(limit_bytes: int = 24 << 20) -> torch.Tensor:
     return torch.frombuffer(bytearray(b"".join(chunks)), dtype=torch.uint8).long()
 
 
+def route(expert: torch.Tensor, n: int, pad: int = PAD):
+    """Where each (token, slot) assignment goes among the tokens sorted by expert, without a host sync.
+    expert: [A] int64, the expert of each assignment. Returns (pos [A], offsets [n + 1] int64, rows):
+    expert e's assignments take rows pos of [offsets[e], offsets[e + 1]), in their order, its count
+    padded to a multiple of `pad`; rows (host-known, a multiple of pad) bounds every split, and the
+    last expert's member runs to it, so the offsets tile the buffer (the rows past the assignments
+    stay zero)."""
+    a = expert.numel()
+    counts = torch.bincount(expert, minlength=n)
+    padded = (counts + pad - 1) // pad * pad
+    starts = torch.cumsum(padded, 0) - padded
+    order = torch.argsort(expert, stable=True)
+    first = torch.cumsum(counts, 0) - counts  # each expert's first place in `order`
+    ranked = expert[order]
+    pos = torch.empty_like(order)
+    pos[order] = starts[ranked] + torch.arange(a, device=expert.device) - first[ranked]
+    rows = (a + n * (pad - 1) + pad - 1) // pad * pad  # >= sum(padded) whatever the split
+    return pos, torch.cat([starts, starts.new_tensor([rows])]), rows
+
+
+class ExpertLinear(nn.Module):
+    """One projection of every expert: y[rows of e] = x[rows of e] W[e]^T, W [experts, out, in] (each
+    expert initialized as nn.Linear's weight), the rows split by offsets read on the host (bf16)."""
+
+    def __init__(self, n: int, d_in: int, d_out: int):
+        super().__init__()
+        self.weight = nn.Parameter(torch.empty(n, d_out, d_in))
+        for w in self.weight.data:
+            nn.init.kaiming_uniform_(w, a=5 ** 0.5)
+
+    def forward(self, x, offsets):
+        o = offsets.tolist()
+        return torch.cat([x[o[e]:o[e + 1]] @ self.weight[e].t() for e in range(self.weight.shape[0])])
+
+
+class PerExpertLinear(nn.Module):
+    """ExpertLinear as one qt.Linear per expert (weights copied in): for recipes qt.GroupedLinear refuses."""
+
+    def __init__(self, src: ExpertLinear, recipes, name: str):
+        super().__init__()
+        n, d_out, d_in = src.weight.shape
+        w = src.weight
+        self.experts = nn.ModuleList(qt.Linear(d_in, d_out, bias=False, recipes=recipes, name=f"{name}.{e}",
+                                               device=w.device, dtype=w.dtype) for e in range(n))
+        with torch.no_grad():
+            for e, lin in enumerate(self.experts):
+                lin.weight.copy_(w[e])
+
+    def forward(self, x, offsets):
+        o = offsets.tolist()  # (an expert without tokens gives no rows: qt.Linear is not called on none)
+        return torch.cat([lin(x[o[e]:o[e + 1]]) for e, lin in enumerate(self.experts) if o[e + 1] > o[e]])
+
+
+def quantize_experts(model: nn.Module, recipes) -> str:
+    """Every ExpertLinear -> qt.GroupedLinear (its weight parameter kept), or PerExpertLinear where
+    GroupedLinear refuses the recipe; returns what the experts run on."""
+    kinds = set()
+    for name, mod in [(n, m) for n, m in model.named_modules() if isinstance(m, ExpertLinear)]:
+        n, d_out, d_in = mod.weight.shape
+        try:
+            new = qt.GroupedLinear(n, d_in, d_out, recipes=recipes, name=name, device=mod.weight.device,
+                                   dtype=mod.weight.dtype)
+            new.weight = mod.weight
+            kinds.add("GroupedLinear")
+        except qt.UserError as e:
+            new = PerExpertLinear(mod, recipes, name)
+            kinds.add(f"qt.Linear per expert (GroupedLinear: {str(e).splitlines()[0][:120]})")
+        *path, leaf = name.split(".")
+        parent = model
+        for p in path:
+            parent = getattr(parent, p)
+        setattr(parent, leaf, new)
+    return "; ".join(sorted(kinds))
+
+
 class Experts(nn.Module):
-    """Top-2 MoE feed-forward: a router and per-expert MLPs (nn.Linear pairs: convert swaps them)."""
+    """Top-2 MoE feed-forward: a router and the experts' MLP (fc1, GELU, fc2) over the routed tokens."""
 
     def __init__(self, d: int, ffn: int, n: int):
         super().__init__()
+        self.n = n
         self.router = nn.Linear(d, n, bias=False)
-        self.experts = nn.ModuleList(nn.Sequential(nn.Linear(d, ffn), nn.GELU(approximate="tanh"), nn.Linear(ffn, d))
-                                     for _ in range(n))
+        self.fc1, self.fc2 = ExpertLinear(n, d, ffn), ExpertLinear(n, ffn, d)
 
     def forward(self, x):
         shape = x.shape
@@ -65,18 +146,10 @@ class Experts(nn.Module):
         logits = self.router(x).float()
         weight, idx = logits.softmax(-1).topk(2, dim=-1)
         weight = (weight / weight.sum(-1, keepdim=True)).to(x.dtype)
-        out = torch.zeros_like(x)
-        for e, expert in enumerate(self.experts):
-            tok, slot = (idx == e).nonzero(as_tuple=True)
-            n = tok.numel()
-            if n == 0:
-                continue
-            rows = (n + PAD - 1) // PAD * PAD
-            xe = torch.zeros(rows, x.shape[1], dtype=x.dtype, device=x.device)
-            xe[:n] = x[tok]
-            ye = expert(xe)[:n] * weight[tok, slot, None]
-            out.index_add_(0, tok, ye)
-        return out.reshape(shape)
+        pos, offsets, rows = route(idx.reshape(-1), self.n)  # assignment i * 2 + slot: token i
+        xs = x.new_zeros(rows, x.shape[1]).index_put((pos,), x.repeat_interleave(2, dim=0))
+        h = self.fc2(F.gelu(self.fc1(xs, offsets), approximate="tanh"), offsets)
+        return (h[pos] * weight.reshape(-1, 1)).view(-1, 2, shape[-1]).sum(1).reshape(shape)
 
 
 class Block(nn.Module):
@@ -122,10 +195,12 @@ def batches(data, n, batch, seq, seed):
 def run(name, data_train, data_eval, args, seed):
     torch.manual_seed(seed)
     model = Model(seq=args.seq).cuda().to(torch.bfloat16)
+    experts = "ExpertLinear (bf16)"
     if name != "bf16":
+        recipes = qt.Recipes(str(ROOT / "recipes" / f"{name}.json"))
+        experts = quantize_experts(model, recipes)
         # The router (its logits pick the experts) and the output head stay in bf16.
-        qt.convert(model, qt.Recipes(str(ROOT / "recipes" / f"{name}.json")),
-                   skip=[lambda n, m: n.endswith("router") or n == "head"])
+        qt.convert(model, recipes, skip=[lambda n, m: n.endswith("router") or n == "head"])
     opt = torch.optim.AdamW(model.parameters(), lr=args.lr, betas=(0.9, 0.95), weight_decay=0.1, eps=1e-6)
     torch.cuda.reset_peak_memory_stats()
     losses, bad, times = [], 0, []
@@ -149,8 +224,8 @@ def run(name, data_train, data_eval, args, seed):
     with torch.no_grad():
         ev = [F.cross_entropy(model(x.cuda()).float().view(-1, 256), y.cuda().view(-1)).item()
               for x, y in batches(data_eval, args.eval_batches, args.batch, args.seq, 99)]
-    return {"recipe": name, "seed": seed, "losses": losses, "eval_loss": statistics.mean(ev), "nonfinite_steps": bad,
-            "peak_mem_gib": torch.cuda.max_memory_allocated() / 2 ** 30,
+    return {"recipe": name, "seed": seed, "experts": experts, "losses": losses, "eval_loss": statistics.mean(ev),
+            "nonfinite_steps": bad, "peak_mem_gib": torch.cuda.max_memory_allocated() / 2 ** 30,
             "step_ms": 1e3 * statistics.median(times[5:] or times)}
 
 
@@ -172,10 +247,16 @@ def main() -> int:
     recipes = TRAINING_RECIPES if args.recipes == "all" else args.recipes.split(",")
     results = []
     for name, seed in [("bf16", 0), ("bf16", 1)] + [(r, 0) for r in recipes]:
-        r = run(name, train, evalset, args, seed)
+        try:
+            r = run(name, train, evalset, args, seed)
+        except Exception as e:  # one recipe's failure is a row of the table, not the end of the run
+            traceback.print_exc()
+            results.append({"recipe": name, "seed": seed, "error": f"{type(e).__name__}: {e}".splitlines()[0]})
+            continue
         results.append(r)
         print(f"{name} seed {seed}: eval {r['eval_loss']:.4f}, last train {r['losses'][-1]:.4f}, nonfinite "
-              f"{r['nonfinite_steps']}, peak {r['peak_mem_gib']:.2f} GiB, {r['step_ms']:.1f} ms/step", flush=True)
+              f"{r['nonfinite_steps']}, peak {r['peak_mem_gib']:.2f} GiB, {r['step_ms']:.1f} ms/step, experts on "
+              f"{r['experts']}", flush=True)
     base = results[0]["eval_loss"]
     spread = abs(results[1]["eval_loss"] - base)
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True).stdout.strip()
@@ -183,12 +264,16 @@ def main() -> int:
             f"`python3 bench/train.py --steps {args.steps}`; 4 layers, d_model 512, 8 heads, top-2 MoE of 8 experts "
             f"(ffn 1024), {args.batch} x {args.seq} bytes per step, AdamW lr {args.lr}; bf16 seed-to-seed spread "
             f"{spread:.4f}")
-    lines = [head, "", "| recipe | final eval loss | vs bf16 | NaN/Inf steps | peak memory GiB (vs bf16) | ms/step |",
-             "|---|---|---|---|---|---|"]
+    lines = [head, "", "| recipe | experts on | final eval loss | vs bf16 | NaN/Inf steps | peak memory GiB (vs bf16) | "
+             "ms/step |", "|---|---|---|---|---|---|---|"]
     for r in results:
+        label = f"{r['recipe']}{' (seed 1)' if r['seed'] else ''}"
+        if "error" in r:
+            lines.append(f"| {label} | failed: {r['error']} | | | | | |")
+            continue
         rel = (r["eval_loss"] - base) / base * 100
-        lines.append(f"| {r['recipe']}{' (seed 1)' if r['seed'] else ''} | {r['eval_loss']:.4f} | {rel:+.2f} % | "
-                     f"{r['nonfinite_steps']} | {r['peak_mem_gib']:.2f} ({r['peak_mem_gib'] / results[0]['peak_mem_gib']:.2f}x) | "
+        lines.append(f"| {label} | {r['experts']} | {r['eval_loss']:.4f} | {rel:+.2f} % | {r['nonfinite_steps']} | "
+                     f"{r['peak_mem_gib']:.2f} ({r['peak_mem_gib'] / results[0]['peak_mem_gib']:.2f}x) | "
                      f"{r['step_ms']:.1f} |")
     (out / "train.md").write_text("\n".join(lines) + "\n")
     (out / "train.json").write_text(json.dumps({"head": head, "results": results}))
@@ -199,6 +284,8 @@ def main() -> int:
         import matplotlib.pyplot as plt
         fig, ax = plt.subplots(figsize=(9, 5))
         for r in results:
+            if "error" in r:
+                continue
             k = 10
             sm = [statistics.mean(r["losses"][max(0, i - k):i + 1]) for i in range(len(r["losses"]))]
             ax.plot(sm, label=f"{r['recipe']}{' s1' if r['seed'] else ''}", lw=1)
