@@ -83,3 +83,52 @@ def test_members_of_the_hybrid_have_the_dense_layout(tensor, rows, k, split):
         for src, _, nbytes in moves:
             assert not any(s <= src < s + b for s, b in seen)  # members do not overlap
             seen.add((src, nbytes))
+
+
+def _grouped_route_rows():
+    """(recipe, gemm, route, kernel) of qt.GroupedLinear's three GEMMs for every shipped recipe with a
+    training usage, as its constructor decides them (8 experts, 1024 -> 1024, 128 tokens each):
+    the grouped GEMM where one reads the pair; for dgrad, else the dense GEMM per expert where that
+    takes the exact mixed route (dequant_mixed); else refused. docs/training.md lists them."""
+    C = _core()
+    G, K, N, M = 8, 1024, 1024, 128 * 8
+    gemms = (("fprop", "input", 0, (M, K), "weight", 0, (G * N, K), False),
+             ("dgrad", "grad_output", 0, (M, N), "weight", 1, (G * N, K), False),
+             ("wgrad", "grad_output", 1, (M, N), "input", 1, (M, K), True))
+    for path in sorted(p for p in (ROOT / "recipes").glob("*.json") if p.name != "recipe.schema.json"):
+        ctx = C.Context([str(path)])
+        role = lambda t: f"grouped_linear:{t}:experts"  # noqa: E731
+        try:
+            q = {t: ctx.quantizer(role(t), None, "bf16", "training", True) for t in ("input", "weight", "grad_output")}
+        except Exception:  # no training usage (an inference recipe)
+            continue
+        if any(qq.inputs for qq in q.values()):
+            for gemm in ("fprop", "dgrad", "wgrad"):
+                yield path.stem, gemm, "refused", "delayed scaling of grouped tensors"
+            continue
+        for gemm, ta, da, sa, tb, db, sb, wgrad in gemms:
+            qa, qb = q[ta], q[tb]
+            try:
+                plan = C.GroupedGemmPlan(qa, qa.layout(*sa, G), da, qb, qb.layout(*sb, G), db, wgrad, "bf16", False)
+                yield path.stem, gemm, "grouped", plan.describe()
+                continue
+            except Exception as e:
+                grouped_error = str(e)
+            if gemm == "dgrad":
+                da_, db_ = (ctx.quantizer(role(t), None, "bf16", "training", False) for t in (ta, tb))
+                dense = C.GemmPlan(da_, da_.layout(128, N), da, db_, db_.layout(N, K), db, "bf16", False)
+                if dense.route == "dequant_mixed":
+                    yield path.stem, gemm, "per expert, dequant_mixed", dense.describe()
+                    continue
+            yield path.stem, gemm, "refused", grouped_error.split(";")[0]
+
+
+def test_grouped_linear_routes_are_as_the_docs_list_them():
+    rows = list(_grouped_route_rows())
+    hybrid = {g: r for rec, g, r, _ in rows if rec == "hybrid_mxfp8_fwd_nvfp4_bwd"}
+    assert hybrid == {"fprop": "grouped", "dgrad": "per expert, dequant_mixed", "wgrad": "grouped"}
+    text = (ROOT / "docs" / "training.md").read_text()
+    table = text[text.index("| recipe | GEMM | GroupedLinear's route | kernel |"):].split("\n\n")[0].splitlines()[2:]
+    documented = [tuple(c.strip() for c in line.strip("|").split("|")) for line in table]
+    assert documented == rows, "docs/training.md's GroupedLinear route table differs from the plans:\n" + "\n".join(
+        "| " + " | ".join(r) + " |" for r in rows)
