@@ -40,7 +40,7 @@ for v in "${NAMES[@]}"; do  # every variant checked before the first build (abla
 done
 . scripts/gpu_build.sh
 gpu_build "$OUT" qforge_bench || exit 1
-declare -A BENCH=([shipped]="$PWD/$BUILD/bench/qforge_bench")
+declare -A BENCH=([shipped]="$BUILD/bench/qforge_bench")
 for v in "${NAMES[@]}"; do
   tree="$OUT/tree-${v//[^A-Za-z0-9_.-]/_}"
   rm -rf "$tree" && mkdir -p "$tree"

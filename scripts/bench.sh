@@ -21,7 +21,7 @@ QUICK=${2:-}
 mkdir -p "$OUT"
 . scripts/gpu_build.sh
 gpu_build "$OUT" qforge qforge_bench || exit 1
-export QFORGE_CACHE_DIR=${QFORGE_CACHE_DIR:-$PWD/$BUILD/gpu-cache}
+export QFORGE_CACHE_DIR=${QFORGE_CACHE_DIR:-$BUILD/gpu-cache}
 "$BUILD/tools/qforge" prewarm recipes --dtype bf16 --quiet >"$OUT/prewarm.log" 2>&1
 nvidia-smi --query-gpu=name,driver_version,clocks.max.memory --format=csv,noheader >"$OUT/gpu.txt" 2>&1
 "$BUILD/bench/qforge_bench" --recipes recipes --out "$OUT/qforge_bench.json" $QUICK 2>"$OUT/qforge_bench.log"

@@ -27,8 +27,8 @@ mkdir -p "$OUT"
 OUT=$(cd "$OUT" && pwd)
 . scripts/gpu_build.sh
 gpu_build "$OUT" qforge qforge_unit_tests || exit 1
-NEW="$PWD/$BUILD/tools/qforge"
-TESTBIN="$PWD/$BUILD/tests/qforge_unit_tests"
+NEW="$BUILD/tools/qforge"
+TESTBIN="$BUILD/tests/qforge_unit_tests"
 tree="$OUT/base-tree"
 rm -rf "$tree" && mkdir -p "$tree"
 copy_tree_variant gemm_ab "$BASE" "$tree" || exit 1

@@ -18,7 +18,7 @@ nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm,power.draw --
 # ---- build
 gpu_build "$OUT" qforge qforge_unit_tests || exit 1
 TESTBIN="$BUILD/tests/qforge_unit_tests"
-export QFORGE_CACHE_DIR="$PWD/$BUILD/gpu-cache"
+export QFORGE_CACHE_DIR="$BUILD/gpu-cache"
 t1=$(date +%s)
 Q="$BUILD/tools/qforge"
 

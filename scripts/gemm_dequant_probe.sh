@@ -13,7 +13,7 @@ mkdir -p "$OUT"
 . scripts/gpu_build.sh
 gpu_build "$OUT" qforge || exit 1
 Q=$BUILD/tools/qforge
-export QFORGE_CACHE_DIR=${QFORGE_CACHE_DIR:-$PWD/$BUILD/gpu-cache}
+export QFORGE_CACHE_DIR=${QFORGE_CACHE_DIR:-$BUILD/gpu-cache}
 : >"$OUT/gemm.jsonl"
 for ((r = 1; r <= ROUNDS; ++r)); do
   for sc in blockwise mxfp8 nvfp4 "mxfp8 --route dequant" "nvfp4 --route dequant" "none" "none --a-format fp16"; do

@@ -19,7 +19,7 @@ mkdir -p "$OUT"
 . scripts/gpu_build.sh
 gpu_build "$OUT" qforge || exit 1
 Q=$BUILD/tools/qforge
-export QFORGE_CACHE_DIR=${QFORGE_CACHE_DIR:-$PWD/$BUILD/gpu-cache}
+export QFORGE_CACHE_DIR=${QFORGE_CACHE_DIR:-$BUILD/gpu-cache}
 # layout groups n k tokens-per-group... (k_grouped: --m is the output rows, --k the tokens per group)
 CASES=(
   "m 8 4096 7168 128 256 512 768 1024 1536 2048 4096"

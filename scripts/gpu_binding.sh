@@ -3,7 +3,9 @@
 # build (libqforge, the CLI, qforge._C), the binding's host-side tests, its GPU tests (bit-exact
 # quantize and dequantize against the CPU reference, state_dict round trips, member views, GEMMs
 # incl. the mixed-format route, CUDA-graph capture, torch.compile fullgraph, bad arguments),
-# the modules' GPU tests (tests/python/test_torch_modules.py), then bench/binding_bench.py (host us per call against one torch op; eager vs CUDA graph).
+# the modules' GPU tests (tests/python/test_torch_modules.py), the launch path's
+# (tests/python/test_launch_path.py: the tensor-map cache, rebased calls), then
+# bench/binding_bench.py (host us per call against one torch op; eager vs CUDA graph).
 #   scripts/gpu_binding.sh OUT_DIR
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -12,12 +14,12 @@ mkdir -p "$OUT"
 . scripts/gpu_build.sh
 gpu_build "$OUT" qforge qforge_shared qforge_ext || exit 1
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader > "$OUT/gpu.txt" 2>&1
-export QFORGE_CACHE_DIR="$PWD/$BUILD/binding-cache"
-export QFORGE_LIBRARY="$PWD/$BUILD/runtime/libqforge.so" QFORGE_BIN="$PWD/$BUILD/tools/qforge"
-export QFORGE_EXTENSION=$(ls "$PWD/$BUILD"/python/qforge/_C*.so | head -1)
+export QFORGE_CACHE_DIR="$BUILD/binding-cache"
+export QFORGE_LIBRARY="$BUILD/runtime/libqforge.so" QFORGE_BIN="$BUILD/tools/qforge"
+export QFORGE_EXTENSION=$(ls "$BUILD"/python/qforge/_C*.so | head -1)
 export PYTHONUNBUFFERED=1
 python3 -m pytest -q -p no:cacheprovider tests/python/test_ext.py tests/python/test_torch_binding.py tests/python/test_torch_modules.py \
-  tests/python/test_plan_cache.py \
+  tests/python/test_plan_cache.py tests/python/test_launch_path.py \
   2>&1 | tee "$OUT/pytest_binding.log" | tail -40; rc=${PIPESTATUS[0]}
 python3 bench/binding_bench.py --json "$OUT/binding_bench.json" 2>&1 | tee "$OUT/binding_bench.md" | tail -20
 echo "pytest rc=$rc"

@@ -1,6 +1,6 @@
 # Sourced by the GPU scripts (gpu_check.sh, bench.sh, gemm_check.sh, ablate.sh, gemm_ab.sh):
 #   gpu_build OUT_DIR [target...]
-# configures qforge (Release, or $QFORGE_BUILD_TYPE; no lit) into $BUILD ($QFORGE_BUILD_DIR,
+# configures qforge (Release, or $QFORGE_BUILD_TYPE; no lit) into $BUILD (an absolute path: $QFORGE_BUILD_DIR,
 # default build-gpu) and builds the targets (all without any), logging to OUT_DIR/configure.log
 # and OUT_DIR/build.log. GoogleTest / nlohmann_json come from .gpudeps/ when present
 # ($QFORGE_DEPS_PREFIX overrides). Returns 1, after printing the errors, when either step fails.
@@ -18,6 +18,7 @@ gpu_deps_prefix() {
 gpu_build() {
   local out=$1; shift
   BUILD=${QFORGE_BUILD_DIR:-build-gpu}
+  case $BUILD in /*) ;; *) BUILD="$PWD/$BUILD" ;; esac  # absolute: the scripts pass it to other directories
   export PATH="/usr/local/cuda/bin:$PATH"
   local prefix
   prefix=$(gpu_deps_prefix)

@@ -10,9 +10,9 @@ shift || true
 mkdir -p "$OUT"
 . scripts/gpu_build.sh
 gpu_build "$OUT" qforge qforge_shared qforge_ext || exit 1
-export QFORGE_CACHE_DIR="$PWD/$BUILD/binding-cache"
-export QFORGE_LIBRARY="$PWD/$BUILD/runtime/libqforge.so" QFORGE_BIN="$PWD/$BUILD/tools/qforge"
-export QFORGE_EXTENSION=$(ls "$PWD/$BUILD"/python/qforge/_C*.so | head -1)
+export QFORGE_CACHE_DIR="$BUILD/binding-cache"
+export QFORGE_LIBRARY="$BUILD/runtime/libqforge.so" QFORGE_BIN="$BUILD/tools/qforge"
+export QFORGE_EXTENSION=$(ls "$BUILD"/python/qforge/_C*.so | head -1)
 export PYTHONUNBUFFERED=1
 python3 -m pytest -q -p no:cacheprovider tests/python/test_torch_modules.py 2>&1 | tee "$OUT/pytest_modules.log" | tail -30
 rc=${PIPESTATUS[0]}
