@@ -9,6 +9,7 @@
 #include "qforge/gemm.cuh"
 #include "runtime/driver.h"
 #include "runtime/nvrtc.h"
+#include "runtime/tensor_map_cache.h"
 
 namespace qf::rt {
 namespace {
@@ -21,18 +22,28 @@ constexpr int64_t kMaxMTotal = (int64_t(1) << 31) - 257;  // + block_m (<= 128) 
 
 // A tensor map of `type` elements: dims / byte strides as cuTensorMapEncodeTiled takes them
 // (innermost first, strides of dims 1..), zero fill out of bounds (loads), clipping (stores).
+// Through the process's tensor-map cache (an equal request's map is copied, not encoded again);
+// the error text is built only when the encode fails.
 TmaDescriptor encode_map(const char* what, CUtensorMapDataType type, uint64_t base, std::initializer_list<cuuint64_t> dims,
                          std::initializer_list<cuuint64_t> strides, std::initializer_list<cuuint32_t> box,
                          CUtensorMapSwizzle swizzle) {
-  const Driver& d = require_driver();
+  QF_CHECK(dims.size() >= 1 && dims.size() <= 5 && strides.size() + 1 == dims.size() && box.size() == dims.size(),
+           "tensor map ", what, " of rank ", dims.size());
+  TensorMapKey key;
+  key.type = type;
+  key.rank = cuuint32_t(dims.size());
+  key.address = base;
+  std::copy(dims.begin(), dims.end(), key.dims.begin());
+  std::copy(strides.begin(), strides.end(), key.strides.begin());
+  std::copy(box.begin(), box.end(), key.box.begin());
+  std::fill_n(key.elem_strides.begin(), dims.size(), cuuint32_t(1));
+  key.interleave = CU_TENSOR_MAP_INTERLEAVE_NONE;
+  key.swizzle = swizzle;
+  key.l2_promotion = CU_TENSOR_MAP_L2_PROMOTION_L2_256B;
+  key.oob_fill = CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE;
   CUtensorMap map;
-  std::vector<cuuint64_t> dv(dims), sv(strides);
-  std::vector<cuuint32_t> bv(box), ev(dv.size(), 1);
-  const CUresult r = d.cuTensorMapEncodeTiled(
-      &map, type, cuuint32_t(dv.size()), reinterpret_cast<void*>(base), dv.data(), sv.data(),
-      bv.data(), ev.data(), CU_TENSOR_MAP_INTERLEAVE_NONE, swizzle,
-      CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
-  check(r, std::string("cuTensorMapEncodeTiled (") + what + ")");
+  const CUresult r = tensor_map_cache().get(key, &map);
+  if (r != CUDA_SUCCESS) check(r, std::string("cuTensorMapEncodeTiled (") + what + ")");
   TmaDescriptor out;
   std::memcpy(&out, &map, sizeof out);
   return out;
@@ -40,10 +51,14 @@ TmaDescriptor encode_map(const char* what, CUtensorMapDataType type, uint64_t ba
 
 // nvfp4 takes each operand's per-tensor amax (fp32 [num_groups], the global decode scales);
 // the other scalings take none.
-void check_amaxes(const GemmSpec& s, const GemmCall& c, const std::string& a_what, const std::string& b_what) {
+// (The texts are built only when a check fails: this runs on every call.)
+void check_amaxes(const GemmSpec& s, const GemmCall& c, const char* a_what, const char* b_what) {
   if (traits(s.scaling).per_tensor_amax) {
-    check_buffer("a_amax", c.a_amax, int64_t(c.num_groups) * 4, 4, "fp32 [num_groups] (nvfp4: " + a_what + ")");
-    check_buffer("b_amax", c.b_amax, int64_t(c.num_groups) * 4, 4, "fp32 [num_groups] (nvfp4: " + b_what + ")");
+    const int64_t bytes = int64_t(c.num_groups) * 4;
+    if (!buffer_fits(c.a_amax, bytes, 4))
+      check_buffer("a_amax", c.a_amax, bytes, 4, "fp32 [num_groups] (nvfp4: " + std::string(a_what) + ")");
+    if (!buffer_fits(c.b_amax, bytes, 4))
+      check_buffer("b_amax", c.b_amax, bytes, 4, "fp32 [num_groups] (nvfp4: " + std::string(b_what) + ")");
   } else if (c.a_amax.ptr || c.b_amax.ptr) {
     throw UserError(c.a_amax.ptr ? "a_amax" : "b_amax", "only nvfp4 scaling takes per-tensor amax; " +
                                                             std::string(traits(s.scaling).name) + " scaling has none");
@@ -233,10 +248,11 @@ void Gemm::run_dequant(const GemmCall& c, CUstream stream) const {
   const int64_t g = c.num_groups, extent = kg ? c.k_total : c.m_total;
   const bool members = s.layout == GemmLayout::KGroupedMembers;
   const DequantWorkspace w = dequant_workspace(s, extent, g, inner_workspace_bytes());
-  check_buffer("workspace", c.workspace, w.total, 256,
-               "dequant route: workspace_bytes(" + std::to_string(extent) + ", " + std::to_string(g) + ") = " +
-                   std::to_string(w.total) + " bytes (the operands' 16-bit copies" +
-                   (members ? ", the members GEMM's tensor maps)" : ")"));
+  if (!buffer_fits(c.workspace, w.total, 256))  // the text only on failure (this runs on every call)
+    check_buffer("workspace", c.workspace, w.total, 256,
+                 "dequant route: workspace_bytes(" + std::to_string(extent) + ", " + std::to_string(g) + ") = " +
+                     std::to_string(w.total) + " bytes (the operands' 16-bit copies" +
+                     (members ? ", the members GEMM's tensor maps)" : ")"));
   const std::pair<const char*, const TensorView*> others[] = {
       {"d", &c.d},         {"a", &c.a},         {"b", &c.b},           {"a_scale", &c.a_scale},
       {"b_scale", &c.b_scale}, {"alpha", &c.alpha}, {"a_amax", &c.a_amax}, {"b_amax", &c.b_amax},
@@ -543,14 +559,23 @@ void Gemm::run_k_grouped(const GemmCall& c, CUstream stream) const {
                                       std::to_string(s.m) + " rows)");
   const int ob = traits(s.out_dtype).bytes;
   const int64_t row_bytes = rows.a_bytes(kt);  // (K-grouped: A's and B's formats agree)
-  const std::string packed = rows.packed;
-  check_buffer("a", c.a, s.m * row_bytes, 16,
-               "A [" + std::to_string(s.m) + ", " + std::to_string(kt) + "] " + std::string(gemm_format_name(s, s.a_format)) + packed);
-  check_buffer("b", c.b, s.n * row_bytes, 16,
-               "B [" + std::to_string(s.n) + ", " + std::to_string(kt) + "] " + std::string(gemm_format_name(s, s.b_format)) + packed);
-  check_buffer("d", c.d, g * s.m * s.n * ob, 16,
-               "D [" + std::to_string(g) + ", " + std::to_string(s.m) + ", " + std::to_string(s.n) + "] " +
-                   std::string(traits(s.out_dtype).name));
+  // The texts of the messages are built only when a check fails (this runs on every call).
+  const auto fits = [](const char* arg, const TensorView& v, int64_t bytes, size_t align, const auto& what) {
+    if (!buffer_fits(v, bytes, align)) check_buffer(arg, v, bytes, align, what());
+  };
+  const std::string_view packed = rows.packed;
+  fits("a", c.a, s.m * row_bytes, 16, [&] {
+    return "A [" + std::to_string(s.m) + ", " + std::to_string(kt) + "] " + std::string(gemm_format_name(s, s.a_format)) +
+           std::string(packed);
+  });
+  fits("b", c.b, s.n * row_bytes, 16, [&] {
+    return "B [" + std::to_string(s.n) + ", " + std::to_string(kt) + "] " + std::string(gemm_format_name(s, s.b_format)) +
+           std::string(packed);
+  });
+  fits("d", c.d, g * s.m * s.n * ob, 16, [&] {
+    return "D [" + std::to_string(g) + ", " + std::to_string(s.m) + ", " + std::to_string(s.n) + "] " +
+           std::string(traits(s.out_dtype).name);
+  });
   if (c.d.dtype && *c.d.dtype != s.out_dtype) check_dtype("d", c.d, s.out_dtype);
   const GemmScalingTraits& st = traits(s.scaling);
   const GemmScaleElems se = gemm_scale_elems(s, 0, g, kt);
@@ -564,12 +589,12 @@ void Gemm::run_k_grouped(const GemmCall& c, CUstream stream) const {
       return channel ? std::string("fp32 per-channel scales of ") + op + "'s rows [" + g_dim + std::to_string(rows) + "]"
                      : std::string("fp32 per-group scales [G]");
     };
-    check_buffer("a_scale", c.a_scale, se.a * 4, 4, shape("A", s.m));
-    check_buffer("b_scale", c.b_scale, se.b * 4, 4, shape("B", s.n));
+    fits("a_scale", c.a_scale, se.a * 4, 4, [&] { return shape("A", s.m); });
+    fits("b_scale", c.b_scale, se.b * 4, 4, [&] { return shape("B", s.n); });
   } else {
     const bool mn_major = s.scale_layout == ScaleLayout::MnMajor;
     const int64_t cols = se.a / mn_major_rows(s, s.m);
-    const std::string what = std::string(st.scale_type) + " " + std::string(st.name) + " scales per row along the tokens ";
+    const auto what = [&] { return std::string(st.scale_type) + " " + std::string(st.name) + " scales per row along the tokens "; };
     // e8m0 rows are read four bytes at a time where they allow it (compact: the kernel checks the
     // offsets from the base; mn_major: always, words of 4 rows), so the base must be aligned as for
     // the M-grouped layouts: the table's rule; blockwise mn_major grids are copied by the tensor
@@ -579,8 +604,8 @@ void Gemm::run_k_grouped(const GemmCall& c, CUstream stream) const {
       return mn_major ? "[" + std::to_string(cols) + ", " + std::to_string(mn_major_rows(s, rows)) + "] (mn_major)"
                       : "[" + std::to_string(rows) + ", " + std::to_string(cols) + "]";
     };
-    check_buffer("a_scale", c.a_scale, se.a * st.scale_bytes, align, what + grid(s.m));
-    check_buffer("b_scale", c.b_scale, se.b * st.scale_bytes, align, what + grid(s.n));
+    fits("a_scale", c.a_scale, se.a * st.scale_bytes, align, [&] { return what() + grid(s.m); });
+    fits("b_scale", c.b_scale, se.b * st.scale_bytes, align, [&] { return what() + grid(s.n); });
   }
   check_amaxes(s, c, "the amax of the A copy each group's tokens come from", "the amax of the B copy each group's tokens come from");
   if (c.alpha.ptr) check_buffer("alpha", c.alpha, g * 4, 4, "fp32 [num_groups]");
@@ -600,8 +625,8 @@ void Gemm::run_k_grouped(const GemmCall& c, CUstream stream) const {
   const bool members = s.layout == GemmLayout::KGroupedMembers;
   if (members) {
     const int64_t ws = workspace_bytes(*l);
-    check_buffer("workspace", c.workspace, ws, 128,
-                 "workspace_bytes() = " + std::to_string(ws) + " bytes (the members' tensor maps)");
+    fits("workspace", c.workspace, ws, 128,
+         [&] { return "workspace_bytes() = " + std::to_string(ws) + " bytes (the members' tensor maps)"; });
     check_disjoint("workspace", c.workspace, "d", c.d);
     for (const auto& [name, v] : inputs) check_disjoint("workspace", c.workspace, name, *v);
     if (!c.pointers_checked) check_device_pointer("workspace", c.workspace.ptr, dev);
