@@ -5,7 +5,8 @@
 # incl. the mixed-format route, CUDA-graph capture, torch.compile fullgraph, bad arguments),
 # the modules' GPU tests (tests/python/test_torch_modules.py), the launch path's
 # (tests/python/test_launch_path.py: the tensor-map cache, rebased calls), then
-# bench/binding_bench.py (host us per call against one torch op; eager vs CUDA graph).
+# bench/binding_bench.py (host us per call against one torch op; eager vs CUDA graph), then
+# compute-sanitizer memcheck over the dequantize cases.
 #   scripts/gpu_binding.sh OUT_DIR
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -23,4 +24,16 @@ python3 -m pytest -q -p no:cacheprovider tests/python/test_ext.py tests/python/t
   2>&1 | tee "$OUT/pytest_binding.log" | tail -40; rc=${PIPESTATUS[0]}
 python3 bench/binding_bench.py --json "$OUT/binding_bench.json" 2>&1 | tee "$OUT/binding_bench.md" | tail -20
 echo "pytest rc=$rc"
+# compute-sanitizer memcheck over the dequantize kernels (every shipped stream, fp32 / bf16 / fp16
+# out, the 200x320 edge tiles) and the quantize kernels under them, with torch's caching allocator
+# off so that every tensor is its own allocation and an access past one is caught.
+# QFORGE_BINDING_SANITIZE=0 skips it.
+san_rc=-1
+if [ "${QFORGE_BINDING_SANITIZE:-1}" = 1 ] && command -v compute-sanitizer >/dev/null; then
+  PYTORCH_NO_CUDA_MEMORY_CACHING=1 compute-sanitizer --tool memcheck --error-exitcode 9 \
+    python3 -m pytest -q -p no:cacheprovider tests/python/test_torch_binding.py -k "test_quantize_bit_exact and 200" \
+    >"$OUT/memcheck_dequantize.log" 2>&1; san_rc=$?
+  echo "compute-sanitizer memcheck, dequantize: rc=$san_rc; $(grep -E "ERROR SUMMARY|passed|failed" "$OUT/memcheck_dequantize.log" | tr '\n' ' ' | cut -c1-200)"
+fi
+[ "$san_rc" -gt 0 ] && rc=1
 exit $rc
