@@ -473,3 +473,109 @@ def test_fp32_weights_run_with_fp32_results():
     y.sum().backward()
     assert x.grad.dtype == torch.float32 and m[0].weight.grad.dtype == torch.float32
     assert torch.isfinite(m[2].weight.grad).all()
+
+
+def nvfp4_sr_input():
+    """nvfp4.json with stochastic rounding on the input's rowwise copy: an SR draw in the forward."""
+    d = json.loads((ROOT / "recipes" / "nvfp4.json").read_text())
+    d["name"] = "nvfp4_sr_input"
+    for role in d["roles"]:
+        if role["match"] == "*:input":
+            role["rowwise"]["rounding"] = "stochastic"
+    return qt.Recipes.from_json(json.dumps(d))
+
+
+CHECKPOINT_RECIPES = ["delayed_scaling", "float8_block_scaling", "hybrid_mxfp8_fwd_nvfp4_bwd", "nvfp4_sr_input"]
+
+
+def checkpoint_recipes(name):
+    return nvfp4_sr_input() if name == "nvfp4_sr_input" else recipes(name)
+
+
+@pytest.mark.parametrize("name", CHECKPOINT_RECIPES)
+def test_checkpoint_replays_the_forwards_quantizes(name):
+    # The same model trained with qt.checkpoint over it and without: the recompute replays each
+    # module call's quantizes (the SR offset and delayed-scaling scale it started from, the weight's
+    # copy it used), so every loss, gradient, SR counter and delayed-scaling state is bit-identical.
+    def model():
+        torch.manual_seed(0)
+        m = nn.Sequential(nn.Linear(256, 512), nn.GELU(), nn.Linear(512, 256)).cuda().to(torch.bfloat16)
+        return qt.convert(m, checkpoint_recipes(name))
+
+    a, b = model(), model()
+    oa, ob = torch.optim.SGD(a.parameters(), lr=0.05), torch.optim.SGD(b.parameters(), lr=0.05)
+    for step in range(3):
+        xa = rnd(256, 256, seed=300 + step, scale=1.0 + step).requires_grad_()
+        xb = xa.detach().clone().requires_grad_()
+        la = (a(xa).float() ** 2).mean()
+        yb = qt.checkpoint(b, xb)
+        assert isinstance(yb.grad_fn.qx, tuple)  # the input's copy went to save_for_backward: dropped, recomputed
+        lb = (yb.float() ** 2).mean()
+        for m, o, loss in ((a, oa, la), (b, ob, lb)):
+            o.zero_grad()
+            loss.backward()
+        assert la.item() == lb.item(), step
+        assert same(xa.grad, xb.grad), step
+        for (n, pa), pb in zip(a.named_parameters(), b.parameters()):
+            assert same(pa.grad, pb.grad), (step, n)
+        assert [m.sr_calls for m in a if isinstance(m, qt.Linear)] == [
+            m.sr_calls for m in b if isinstance(m, qt.Linear)], step
+        sa, sb = a.state_dict(), b.state_dict()
+        for k in sa:
+            if k.endswith("_amax_history") or k.endswith("_scale"):
+                assert torch.equal(sa[k], sb[k]), (step, k)
+        oa.step()
+        ob.step()
+
+
+def test_checkpoint_replays_grouped_linear():
+    # The hybrid's experts (fprop and wgrad grouped, dgrad per expert) under qt.checkpoint: the same
+    # gradients bit for bit as without.
+    def experts():
+        torch.manual_seed(0)
+        r = recipes("hybrid_mxfp8_fwd_nvfp4_bwd")
+        return (qt.GroupedLinear(2, 256, 512, recipes=r, name="fc1", device="cuda"),
+                qt.GroupedLinear(2, 512, 256, recipes=r, name="fc2", device="cuda"))
+
+    offsets = torch.tensor([0, 128, 256], dtype=torch.int64, device="cuda")
+
+    def mlp(fc, x):
+        return fc[1](torch.nn.functional.gelu(fc[0](x, offsets)), offsets)
+
+    a, b = experts(), experts()
+    xa = rnd(256, 256, seed=12).requires_grad_()
+    xb = xa.detach().clone().requires_grad_()
+    mlp(a, xa).float().pow(2).mean().backward()
+    qt.checkpoint(mlp, b, xb).float().pow(2).mean().backward()
+    assert same(xa.grad, xb.grad)
+    for fa, fb in zip(a, b):
+        assert same(fa.weight.grad, fb.weight.grad) and fa.sr_calls == fb.sr_calls
+
+
+def test_plain_torch_checkpoint():
+    # torch.utils.checkpoint without qt.checkpoint's context: a recompute runs the forward again,
+    # which is exact where the forward's quantizes are reproducible (round to nearest, current
+    # scaling, the weight's kept copy) and refused, naming the module, where it is not.
+    def model(name):
+        torch.manual_seed(0)
+        m = nn.Sequential(nn.Linear(256, 512), nn.GELU(), nn.Linear(512, 256)).cuda().to(torch.bfloat16)
+        return qt.convert(m, recipes(name))
+
+    a, b = model("current_scaling"), model("current_scaling")
+    xa = rnd(256, 256, seed=13).requires_grad_()
+    xb = xa.detach().clone().requires_grad_()
+    a(xa).float().pow(2).mean().backward()
+    torch.utils.checkpoint.checkpoint(b, xb, use_reentrant=False).float().pow(2).mean().backward()
+    assert same(xa.grad, xb.grad)
+    for pa, pb in zip(a.parameters(), b.parameters()):
+        assert same(pa.grad, pb.grad)
+    d = model("delayed_scaling")
+    y = torch.utils.checkpoint.checkpoint(d, rnd(256, 256, seed=14).requires_grad_(), use_reentrant=False)
+    with pytest.raises(Exception, match=r"module 0: a forward during backward .* delayed scaling .* qt.checkpoint"):
+        y.float().pow(2).mean().backward()
+    c = model("delayed_scaling")  # the same through context_fn: replayed
+    y = torch.utils.checkpoint.checkpoint(c, rnd(256, 256, seed=14).requires_grad_(), use_reentrant=False,
+                                          context_fn=qt.checkpoint_context)
+    y.float().pow(2).mean().backward()
+    with pytest.raises(qforge.UserError, match="use_reentrant: qt.checkpoint replays"):
+        qt.checkpoint(c, rnd(256, 256, seed=14), use_reentrant=True)

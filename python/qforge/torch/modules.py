@@ -30,6 +30,7 @@ from torch import nn
 
 from . import (QuantizedTensor, Recipes, UserError, _check_small, _gemm, _linear_backward, _linear_forward, _out_code,
                _plan, gemm, grouped_gemm)
+from . import checkpointing as _ckpt
 from ._members import copy_moves, member_split
 
 __all__ = ["Linear", "GroupedLinear", "convert"]
@@ -100,12 +101,12 @@ class _LinearFn(torch.autograd.Function):
             y = y.to(weight.dtype)
         if bias is not None:
             y = y.add_(bias)  # y is this call's own fresh result: the same add as y + bias, no allocation
-        ctx.module, ctx.qx, ctx.qw, ctx.has_bias = module, qx, qw, bias is not None
+        ctx.module, ctx.qx, ctx.qw, ctx.has_bias = module, _save_input_copy(ctx, qx), qw, bias is not None
         return y
 
     @staticmethod
     def backward(ctx, dy):
-        module, qx, qw = ctx.module, ctx.qx, ctx.qw
+        module, qx, qw = ctx.module, _saved_input_copy(ctx), ctx.qw
         weight = module._parameters["weight"]
         if dy.dtype != weight.dtype:
             dy = dy.to(weight.dtype)
@@ -195,6 +196,7 @@ class Linear(_RecipeState, nn.Module):
                     self.register_buffer(f"{t}_amax", torch.zeros(1, device=self.weight.device), persistent=False)
         self._wcache = None  # ((weight version, usage, address), QuantizedTensor)
         self._wflag = None   # ((usage, address), QuantizedTensor): the copy a device flag rewrites in place
+        self._replaying = None  # a checkpointed region's record of this call, while its recompute runs
 
     def _check_sizes(self):
         """The layer's sizes against every quantizer it will run (a probe of 128 rows)."""
@@ -265,7 +267,10 @@ class Linear(_RecipeState, nn.Module):
         """The forward GEMM's result (the GEMM's dtype) and the input's and the weight's QuantizedTensors:
         what _quantize("input"), _quantized_weight(usage, flag) and gemm() give, the weight's copy kept
         or reused by the same rule, in one call into the compiled core (eager) or one custom op
-        (torch.compile; a device flag or batched amax there takes the separate ops)."""
+        (torch.compile; a device flag or batched amax there takes the separate ops). Under a
+        checkpointed region's recompute: the recorded call replayed (_replay_fprop)."""
+        if self._replaying is not None:
+            return self._replay_fprop(x2d, usage)
         compiling = torch.compiler.is_compiling()
         if compiling and (isinstance(flag, torch.Tensor) or self._qspec[("input", usage)][4] is not None
                           or self._qspec[("weight", usage)][4] is not None):
@@ -358,7 +363,35 @@ class Linear(_RecipeState, nn.Module):
         when its version counter moved; True quantizes it and keeps the copy; False reuses the kept
         copy; a CUDA float32 tensor of one element decides on the device (1.0: quantize into the kept
         allocation, 0.0: the launch is a no-op), so one captured CUDA graph serves every micro-batch
-        (make the first such call before capture)."""
+        (make the first such call before capture). Inside qt.checkpoint: the forward records what its
+        quantizes start from, the recompute replays it (checkpointing.py)."""
+        return _checkpointed(self, self._forward, x, is_first_microbatch)
+
+    def _snapshot(self, flag):
+        """What a replay of this call needs, taken before it runs: the SR counter and the input's
+        delayed-scaling scale (a copy: the history update after the quantize rewrites it)."""
+        scale = self._buffers.get("input_scale")
+        return self.sr_calls, None if scale is None else scale.clone()
+
+    def _used_weight(self, flag):
+        """The weight's copy the call just made or reused."""
+        return self._wflag[1] if isinstance(flag, torch.Tensor) else self._wcache[1]
+
+    def _replay_fprop(self, x2d: torch.Tensor, usage: str):
+        """_fprop as the recorded call ran it: the input quantized with the SR offset and scale it took
+        then, the weight's copy it used, through the separate quantize and GEMM (the same bits as the
+        one-call path); no counter, history, amax or weight cache touched."""
+        sr_calls, scale, qw = self._replaying
+        q, sr, seed, scale_name, _, _ = self._qspec[("input", usage)]
+        kw = {}
+        if scale_name is not None:
+            kw["scale"] = scale
+        if sr:
+            kw["seed"], kw["offset"] = seed, sr_calls
+        qx = q(x2d, **kw)
+        return gemm(qx, qw, out_dtype=self._gemm_dtype), qx, qw
+
+    def _forward(self, x: torch.Tensor, is_first_microbatch=None) -> torch.Tensor:
         params = self._parameters
         weight = params["weight"]
         bias = params["bias"] if "bias" in params else self.bias  # bias=False: a plain None attribute
@@ -389,12 +422,12 @@ class _GroupedFn(torch.autograd.Function):
     def forward(ctx, x, offsets, weight, module, is_first_microbatch):
         qx = module._quantize_grouped("input", x, offsets)
         qw = module._quantized_weight(is_first_microbatch)
-        ctx.module, ctx.qx, ctx.qw, ctx.offsets = module, qx, qw, offsets
+        ctx.module, ctx.qx, ctx.qw, ctx.offsets = module, _save_input_copy(ctx, qx), qw, offsets
         return grouped_gemm(qx, qw, offsets, out_dtype=module._gemm_dtype).to(weight.dtype)
 
     @staticmethod
     def backward(ctx, dy):
-        module, qx, qw, offsets = ctx.module, ctx.qx, ctx.qw, ctx.offsets
+        module, qx, qw, offsets = ctx.module, _saved_input_copy(ctx), ctx.qw, ctx.offsets
         qg = module._quantize_grouped("grad_output", dy.to(module.weight.dtype).contiguous(), offsets)
         dx = None
         if ctx.needs_input_grad[0]:
@@ -451,6 +484,7 @@ class GroupedLinear(_RecipeState, nn.Module):
         self.sr_calls = 0
         self._wcache = None
         self._wflag = None
+        self._replaying = None  # a checkpointed region's record of this call, while its recompute runs
         self._gemm_dtype = torch.bfloat16 if dtype == torch.bfloat16 else torch.float32
         # Every GEMM the layer runs, built once here so a recipe no grouped GEMM reads fails now. A dgrad
         # of two formats no grouped GEMM reads together runs per expert on the dense mixed route
@@ -552,7 +586,10 @@ class GroupedLinear(_RecipeState, nn.Module):
         return q(x, member_rows=offsets, **kw)
 
     def _quantized_weight(self, is_first_microbatch=None):
-        """As Linear._quantized_weight, for the stacked experts' weights."""
+        """As Linear._quantized_weight, for the stacked experts' weights (a recompute's replay: the copy
+        the recorded call used)."""
+        if self._replaying is not None:
+            return self._replaying[2]
         flag = is_first_microbatch
         w = self.weight.detach().reshape(self.num_experts * self.out_features, self.in_features)
         if isinstance(flag, torch.Tensor):
@@ -570,7 +607,18 @@ class GroupedLinear(_RecipeState, nn.Module):
         return self._wcache[1]
 
     def forward(self, x: torch.Tensor, offsets: torch.Tensor, is_first_microbatch=None) -> torch.Tensor:
-        """is_first_microbatch: as Linear.forward's."""
+        """is_first_microbatch: as Linear.forward's (and qt.checkpoint's record and replay)."""
+        return _checkpointed(self, self._forward, x, offsets, is_first_microbatch)
+
+    def _snapshot(self, flag):
+        """What a replay of this call needs, taken before it runs: the SR counter (no delayed scaling)."""
+        return self.sr_calls, None
+
+    def _used_weight(self, flag):
+        """The weight's copy the call just made or reused."""
+        return self._wflag[1] if isinstance(flag, torch.Tensor) else self._wcache[1]
+
+    def _forward(self, x: torch.Tensor, offsets: torch.Tensor, is_first_microbatch=None) -> torch.Tensor:
         if x.dim() != 2 or x.shape[1] != self.in_features:
             raise _user_error(f"module {self.name or '<root>'}: expected x [M, {self.in_features}], got {list(x.shape)}")
         if offsets.numel() != self.num_experts + 1:
@@ -593,6 +641,71 @@ class GroupedLinear(_RecipeState, nn.Module):
 _OUT_CODE = {torch.bfloat16: 1, torch.float32: 0}
 
 
+# Activation checkpointing (checkpointing.py) ----------------------------------------------------------
+
+def _checkpointed(module, forward, *args):
+    """module's forward (args end with is_first_microbatch) as a checkpointed region needs it: outside
+    one, as it is (a recompute without qt.checkpoint, i.e. a forward during backward, only where it
+    quantizes reproducibly); in a region's forward, with a record of what its quantizes start from;
+    in its recompute, replayed from that record with the SR counter put back where the call found
+    it, and restored after."""
+    if torch.compiler.is_compiling():  # traced: torch's own checkpointing, not hooked (checkpointing.py)
+        return forward(*args)
+    flag = args[-1]
+    region = _ckpt.active()
+    if region is None:
+        if _ckpt.in_backward():
+            _check_recompute(module, flag)
+        return forward(*args)
+    if region.replaying:
+        record = region.take(module)
+        calls = module.sr_calls
+        module._replaying, module.sr_calls = record, record[0]
+        try:
+            return forward(*args)
+        finally:
+            module._replaying, module.sr_calls = None, calls
+    start = module._snapshot(flag)
+    y = forward(*args)
+    region.put(module, start + (module._used_weight(flag),))
+    return y
+
+
+def _check_recompute(module, flag) -> None:
+    """A recompute outside qt.checkpoint (plain torch.utils.checkpoint) runs the forward again: refused
+    where that would not quantize as the forward did."""
+    why = []
+    for t in ("input", "weight"):
+        q = module.roles[(t, "training")] if isinstance(module, Linear) else module.q[t]
+        if q.inputs:
+            why.append(f"{t}: delayed scaling (the updated scale, the history rolled again)")
+        if any(s.stochastic for s in q.streams.values()):
+            why.append(f"{t}: stochastic rounding (a new draw)")
+    if flag is not None:
+        why.append("is_first_microbatch (the weight's copy decided again)")
+    if why:
+        raise _user_error(f"module {module.name or '<root>'}: a forward during backward (torch.utils.checkpoint's "
+                          f"recompute) would not quantize as the forward did ({'; '.join(why)}): checkpoint the "
+                          "region with qt.checkpoint (or context_fn=qt.checkpoint_context), which replays it")
+
+
+def _save_input_copy(ctx, qx: QuantizedTensor):
+    """What a module's autograd node keeps of the input's quantized copy: inside a checkpointed region
+    its buffer goes through ctx.save_for_backward (dropped with the region's activations, rebuilt by
+    the recompute's replay) and the node keeps (quantizer, m, k, members); elsewhere the copy itself."""
+    if torch.compiler.is_compiling() or _ckpt.active() is None:
+        return qx
+    ctx.save_for_backward(qx.buffer)
+    return (qx.quantizer, qx.m, qx.k, qx.members)
+
+
+def _saved_input_copy(ctx) -> QuantizedTensor:
+    qx = ctx.qx
+    if isinstance(qx, QuantizedTensor):
+        return qx
+    return QuantizedTensor(ctx.saved_tensors[0], *qx)
+
+
 def _dense_copy(member: QuantizedTensor, q) -> QuantizedTensor:
     """One member of a grouped quantize (a member view: the dense layout of its shape, placed inside the
     grouped allocation) copied byte for byte into a dense allocation of q (the same role, grouped=False),
@@ -601,7 +714,8 @@ def _dense_copy(member: QuantizedTensor, q) -> QuantizedTensor:
     try:
         moves = copy_moves(member.layout.buffers, L.buffers)
     except ValueError as e:
-        raise RuntimeError(f"qforge internal error: a grouped quantize's member and its dense layout differ: {e}") from None
+        raise RuntimeError(f"qforge internal error: a grouped quantize's member and its dense layout differ: "
+                           f"{e}") from None
     buf = torch.zeros(L.nbytes, dtype=torch.uint8, device=member.buffer.device)
     for src, dst, n in moves:
         buf[dst:dst + n].copy_(member.buffer[src:src + n])
