@@ -44,6 +44,13 @@ def test_copy_moves_match_buffers_by_name():
              row("rowwise_scale_inv", 512, 16, "scale_inv"), row("columnwise_data", 1024, 0, stream=1)]
     # Empty buffers (a member of no rows) move nothing.
     assert members.copy_moves(member, dense) == [(4096, 0, 512), (9000, 512, 16), (12000, 768, 4)]
+    # One stream's buffers and the amax outputs (no stream's: -1 in the layouts), what a GEMM on it reads.
+    member[2], dense[0] = row("columnwise_amax", 12000, 4, "amax", -1, (1,)), row("columnwise_amax", 768, 4, "amax",
+                                                                                   -1, (1,))
+    member.append(row("columnwise_scale_inv", 30000, 8, "scale_inv", 1))
+    dense.append(row("columnwise_scale_inv", 2048, 8, "scale_inv", 1))
+    assert members.copy_moves(member, dense, 0) == [(4096, 0, 512), (9000, 512, 16), (12000, 768, 4)]
+    assert members.copy_moves(member, dense, 1) == [(12000, 768, 4), (30000, 2048, 8)]
 
 
 def test_copy_moves_refuse_layouts_that_differ():
@@ -79,6 +86,11 @@ def test_members_of_the_hybrid_have_the_dense_layout(tensor, rows, k, split):
     seen = set()
     for L, n in zip(layouts, split):
         moves = members.copy_moves(L.buffers, dense.layout(n, k).buffers) if n else []
+        if n:  # the GEMM's stream: its data and scales, and NVFP4's amax (columnwise) where it has one
+            kinds = {(b[1], b[2]) for b in dense.layout(n, k).buffers
+                     for m in members.copy_moves(L.buffers, dense.layout(n, k).buffers, 1)
+                     if b[6] == m[1]}
+            assert kinds == {("data", 1), ("scale_inv", 1), ("amax", -1)}
         assert bool(moves) == bool(n)
         for src, _, nbytes in moves:
             assert not any(s <= src < s + b for s, b in seen)  # members do not overlap

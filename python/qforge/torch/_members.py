@@ -4,7 +4,7 @@ out of its grouped allocation into a dense one. tests/python/test_torch_members.
 alone, so it imports nothing from the package; errors are ValueErrors the caller words as
 UserErrors naming the module.
 """
-from typing import List, Sequence, Tuple
+from typing import List, Optional, Sequence, Tuple
 
 
 def member_split(offsets: Sequence[int], rows: int, members: int) -> List[int]:
@@ -25,7 +25,7 @@ def member_split(offsets: Sequence[int], rows: int, members: int) -> List[int]:
 
 # Layout.buffers rows (python/src/ext.cpp): (name, kind, stream, dtype, element_size, shape, offset,
 # bytes, scale_layout).
-_NAME, _OFFSET, _BYTES = 0, 6, 7
+_NAME, _KIND, _STREAM, _OFFSET, _BYTES = 0, 1, 2, 6, 7
 
 
 def _what(b: tuple) -> tuple:
@@ -34,11 +34,14 @@ def _what(b: tuple) -> tuple:
     return tuple(b[1:_OFFSET]) + tuple(b[_BYTES:])
 
 
-def copy_moves(member_buffers: Sequence[tuple], dense_buffers: Sequence[tuple]) -> List[Tuple[int, int, int]]:
+def copy_moves(member_buffers: Sequence[tuple], dense_buffers: Sequence[tuple],
+               stream: Optional[int] = None) -> List[Tuple[int, int, int]]:
     """(source offset, destination offset, bytes) of every non-empty buffer of one member of a grouped
     quantize (its layout from member_layouts: the dense layout of its shape, placed inside the grouped
-    allocation) into the dense layout of the same shape. The two must describe the same buffers:
-    names, kinds, streams, dtypes, shapes and bytes."""
+    allocation) into the dense layout of the same shape; with `stream`, only that stream's buffers and
+    the per-tensor amax outputs (which belong to no stream: NVFP4's global decode scale), what a GEMM
+    reading that stream reads. The two layouts must describe the same buffers: names, kinds, streams,
+    dtypes, shapes and bytes."""
     dense = {b[_NAME]: b for b in dense_buffers}
     if sorted(dense) != sorted(b[_NAME] for b in member_buffers):
         raise ValueError(f"the member's buffers {sorted(b[_NAME] for b in member_buffers)} are not the dense "
@@ -48,6 +51,6 @@ def copy_moves(member_buffers: Sequence[tuple], dense_buffers: Sequence[tuple]) 
         d = dense[b[_NAME]]
         if _what(b) != _what(d):
             raise ValueError(f"buffer {b[_NAME]}: the member holds {_what(b)}, the dense layout {_what(d)}")
-        if b[_BYTES]:
+        if b[_BYTES] and (stream is None or b[_STREAM] == stream or b[_KIND] == "amax"):
             moves.append((b[_OFFSET], d[_OFFSET], b[_BYTES]))
     return moves

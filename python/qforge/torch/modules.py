@@ -555,7 +555,7 @@ class GroupedLinear(_RecipeState, nn.Module):
         start = 0
         for e, rows in enumerate(split):
             if rows:
-                a = _dense_copy(members[e], gq)
+                a = _dense_copy(members[e], gq, "rowwise")
                 _gemm(a.buffer, gq.id, rows, a.k, gi, w[e].buffer, wq.id, w[e].m, w[e].k, wi, code, False,
                       dx[start:start + rows])
             start += rows
@@ -569,7 +569,7 @@ class GroupedLinear(_RecipeState, nn.Module):
             return have[1]
         views = QuantizedTensor(qw.buffer, qw.quantizer, qw.m, qw.k, qw.members,
                                 (self.out_features,) * self.num_experts).member_views()
-        copies = [_dense_copy(v, self._dense["weight"]) for v in views]
+        copies = [_dense_copy(v, self._dense["weight"], "columnwise") for v in views]
         self._wdense = None if self._wflag is not None and self._wflag[1] is qw else (qw, copies)
         return copies
 
@@ -706,13 +706,14 @@ def _saved_input_copy(ctx) -> QuantizedTensor:
     return QuantizedTensor(ctx.saved_tensors[0], *qx)
 
 
-def _dense_copy(member: QuantizedTensor, q) -> QuantizedTensor:
+def _dense_copy(member: QuantizedTensor, q, direction: str) -> QuantizedTensor:
     """One member of a grouped quantize (a member view: the dense layout of its shape, placed inside the
     grouped allocation) copied byte for byte into a dense allocation of q (the same role, grouped=False),
-    which the dense GEMMs read. Zeroed first: the padding a layout reserves holds zeros, not garbage."""
+    which the dense GEMMs read: the buffers of `direction` and the per-tensor amax outputs, what a GEMM
+    on that direction reads. Zeroed first: the rest and the padding a layout reserves hold zeros."""
     L = q.layout(member.m, member.k)
     try:
-        moves = copy_moves(member.layout.buffers, L.buffers)
+        moves = copy_moves(member.layout.buffers, L.buffers, q._index[direction])
     except ValueError as e:
         raise RuntimeError(f"qforge internal error: a grouped quantize's member and its dense layout differ: "
                            f"{e}") from None
