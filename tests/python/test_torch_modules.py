@@ -1,8 +1,11 @@
 """qforge.torch's modules on a GPU: Linear's forward and backward against float64 products of the
 operands quantized by the same quantizers (whose outputs the binding tests check bit for bit against
 the CPU reference), convert's role assignment and its errors, the inference path, the weight's
-quantized copy kept across micro-batches, delayed-scaling state, and a checkpoint resume whose next
-loss is bit-identical. Skips without torch or a CUDA GPU.
+quantized copy kept across micro-batches, delayed-scaling state, a checkpoint resume whose next
+loss is bit-identical, GroupedLinear (the hybrid's dgrad per expert on the dense mixed route, bit
+for bit), and activation checkpointing (qt.checkpoint's replay bit for bit against no
+checkpointing; plain torch.utils.checkpoint where it is exact, refused where not). Skips without
+torch or a CUDA GPU.
 """
 import io
 import json
