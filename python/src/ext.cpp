@@ -39,6 +39,7 @@
 #include "runtime/gemm.h"
 #include "runtime/log.h"
 #include "runtime/quantizer.h"
+#include "runtime/tensor_map_cache.h"
 
 namespace nb = nanobind;
 using namespace nb::literals;
@@ -55,6 +56,20 @@ int64_t align_up(int64_t v) { return (v + kAlign - 1) / kAlign * kAlign; }
 DType parse_dtype_arg(const std::string& s, const char* arg) {
   if (auto d = qf::parse_dtype(s)) return *d;
   throw UserError(arg, "expected bf16, fp16 or fp32, got \"" + s + "\"");
+}
+
+// The device's primary context for a call's ScopedContext (which switches only when another
+// context is current: one cuCtxGetCurrent otherwise). rt::primary_context retains it once and keeps
+// it for the life of the process, so its handle is remembered here per device and a call takes no
+// lock for it.
+CUcontext primary_ctx(int device) {
+  constexpr int kKnown = 64;
+  static std::atomic<CUcontext> known[kKnown] = {};
+  if (device < 0 || device >= kKnown) return rt::primary_context(device)->get();
+  if (CUcontext c = known[device].load(std::memory_order_acquire)) return c;
+  const CUcontext c = rt::primary_context(device)->get();
+  known[device].store(c, std::memory_order_release);
+  return c;
 }
 
 // ------------------------------------------------------------------------------ layouts
@@ -77,6 +92,9 @@ struct Layout {
   mutable std::mutex mu;
   mutable rt::QuantizeCall call;
   std::vector<std::string> input_names;  // delayed scaling's scale inputs, in Quantizer::inputs() order
+  // call.buffers' entries (std::map nodes: their addresses stay), so that a call rebases without
+  // looking names up: each output's, in `buffers` order, and the first two scale inputs'.
+  std::vector<rt::TensorView*> out_views, input_views;
   int amax_slot = -1;  // the one per-tensor amax output (delayed scaling's), or -1: none or several
 
   int index(const std::string& name) const {
@@ -116,6 +134,8 @@ std::shared_ptr<Layout> make_layout(const rt::Quantizer& q, std::vector<BufferDe
   for (const auto& s : L->buffers) L->call.buffers[s.desc.name] = rt::TensorView{uint64_t(s.offset), s.desc.bytes, {}, {}};
   if (workspace) L->call.workspace = rt::TensorView{uint64_t(L->workspace_offset), workspace, {}, {}};
   for (const auto& in : q.inputs()) L->input_names.push_back(in.name);
+  for (const auto& s : L->buffers) L->out_views.push_back(&L->call.buffers[s.desc.name]);
+  for (size_t i = 0; i < L->input_names.size() && i < 2; ++i) L->input_views.push_back(&L->call.buffers[L->input_names[i]]);
   for (size_t i = 0; i < L->buffers.size(); ++i)
     if (L->buffers[i].desc.kind == BufferKind::Amax) L->amax_slot = L->amax_slot == -1 ? int(i) : -2;
   if (L->amax_slot < 0) L->amax_slot = -1;
@@ -204,21 +224,24 @@ class QuantizerBinding {
                 uint64_t offset, uint64_t member_rows, uint64_t scale0, uint64_t scale1, uint64_t amax_out) const {
     if (amax_out && (L.amax_slot < 0 || L.members))
       throw UserError("amax_out", "the quantizer writes no single per-tensor amax (delayed scaling of one tensor)");
-    rt::ScopedContext ctx(rt::primary_context(device)->get());
+    rt::ScopedContext ctx(primary_ctx(device));
     std::lock_guard<std::mutex> g(L.mu);
     rt::QuantizeCall& c = L.call;
     const int64_t in_bytes = L.shape.m * L.shape.k * traits(plan().input).bytes;
     c.input = rt::TensorView{x, in_bytes, plan().input, {}};
-    for (const auto& s : L.buffers) c.buffers[s.desc.name].ptr = base + uint64_t(s.offset);
+    QF_CHECK(L.out_views.size() == L.buffers.size(), "a member layout is not quantized into");
+    for (size_t i = 0; i < L.buffers.size(); ++i) L.out_views[i]->ptr = base + uint64_t(L.buffers[i].offset);
     if (L.workspace_bytes) c.workspace.ptr = base + uint64_t(L.workspace_offset);
     const uint64_t scales[2] = {scale0, scale1};
-    for (size_t i = 0; i < L.input_names.size() && i < 2; ++i)
-      c.buffers[L.input_names[i]] = rt::TensorView{scales[i], scales[i] ? 4 : 0, {}, {}};
+    for (size_t i = 0; i < L.input_views.size(); ++i) {
+      L.input_views[i]->ptr = scales[i];
+      L.input_views[i]->bytes = scales[i] ? 4 : 0;
+    }
     c.noop = noop;
     c.seed = seed;
     c.offset = offset;
     c.member_rows = member_rows;
-    if (amax_out) c.buffers[L.buffers[size_t(L.amax_slot)].desc.name].ptr = amax_out;  // rebased again next call
+    if (amax_out) L.out_views[size_t(L.amax_slot)]->ptr = amax_out;  // rebased again next call
     q_->quantize(c, reinterpret_cast<CUstream>(stream));
   }
 
@@ -272,7 +295,7 @@ class QuantizerBinding {
     if (L.members) throw UserError("layout", "a grouped quantize dequantizes per member (member_layouts)");
     const Operand o = operand(L, stream_index);
     const DType od = parse_dtype_arg(out_dtype, "dtype");
-    rt::ScopedContext ctx(rt::primary_context(device)->get());
+    rt::ScopedContext ctx(primary_ctx(device));
     auto view = [&](const BufferSlot* s) {
       return s ? rt::TensorView{base + uint64_t(s->offset), s->desc.bytes, {}, {}} : rt::TensorView{};
     };
@@ -304,7 +327,7 @@ class QuantizerBinding {
                       uintptr_t stream, int device) const {
     const auto [st, d] = delayed(input_index);
     const qf::Stream& s = *st;
-    rt::ScopedContext ctx(rt::primary_context(device)->get());
+    rt::ScopedContext ctx(primary_ctx(device));
     rt::update_amax_history(*d, s.format,
                             rt::HistoryCall{rt::TensorView{history, int64_t(d->history_length) * 4, {}, {}},
                                             rt::TensorView{amax, 4, {}, {}}, rt::TensorView{scale, 4, {}, {}},
@@ -430,7 +453,7 @@ struct DeviceBuffer {
     if (!ptr) return;
     --live;
     if (rt::driver_alive()) {
-      rt::ScopedContext ctx(rt::primary_context(device)->get());
+      rt::ScopedContext ctx(primary_ctx(device));
       rt::driver().cuMemFree(ptr);
     }
   }
@@ -510,7 +533,7 @@ class GemmPlan {
 
   void run(uint64_t a_base, uint64_t b_base, uint64_t d, uint64_t workspace, uintptr_t stream, int device,
            bool checked) const {
-    rt::ScopedContext ctx(rt::primary_context(device)->get());
+    rt::ScopedContext ctx(primary_ctx(device));
     const uint64_t offsets = group_offsets(device);
     const auto at = [](uint64_t base, const BufferSlot* s) {
       return s ? rt::TensorView{base + uint64_t(s->offset), s->reserved, {}, {}} : rt::TensorView{};
@@ -709,7 +732,7 @@ class GroupedGemmPlan {
   // offsets: device int64 [G + 1], the members' row offsets (the same the grouped quantizes took).
   void run(uint64_t a_base, uint64_t b_base, uint64_t d, uint64_t offsets, uint64_t workspace, uintptr_t stream,
            int device, bool checked) const {
-    rt::ScopedContext ctx(rt::primary_context(device)->get());
+    rt::ScopedContext ctx(primary_ctx(device));
     const auto at = [](uint64_t base, const BufferSlot* s) {
       return s ? rt::TensorView{base + uint64_t(s->offset), s->reserved, {}, {}} : rt::TensorView{};
     };
@@ -775,14 +798,14 @@ class HistoryBatchBinding {
       v.push_back(it);
     }
     rt::check_history_batch(v);  // before any device work: bad items fail the same without a GPU
-    rt::ScopedContext ctx(rt::primary_context(device)->get());
+    rt::ScopedContext ctx(primary_ctx(device));
     batch_ = std::make_unique<rt::HistoryBatch>(std::move(v));
   }
   void run(uint64_t noop, uintptr_t stream, int device) const {
     if (device != device_)
       throw UserError("device", "the batch was built for cuda:" + std::to_string(device_) + ", called on cuda:" +
                                     std::to_string(device));
-    rt::ScopedContext ctx(rt::primary_context(device)->get());
+    rt::ScopedContext ctx(primary_ctx(device));
     batch_->run(noop, reinterpret_cast<CUstream>(stream));
   }
   int64_t size() const { return int64_t(batch_->size()); }
@@ -1016,6 +1039,14 @@ NB_MODULE(_C, m) {
         "the CPU reference of one delayed-scaling update: (history, scale) after it");
   m.def("live_plan_buffers", [] { return DeviceBuffer::live.load(); },
         "device buffers the GEMM plans alive now hold (each plan's group offsets, per device)");
+  m.def(
+      "tensor_map_cache_stats",
+      [] {
+        const qf::rt::TensorMapCache& c = qf::rt::tensor_map_cache();
+        return std::make_tuple(c.hits(), c.misses(), int64_t(c.size()));
+      },
+      "(hits, misses, entries) of the GEMMs' cache of encoded tensor maps in this module's runtime "
+      "(runtime/tensor_map_cache.h): a steady loop of GEMMs on the same operands hits");
   m.def("reference_quantize", &reference_quantize, "quantizer"_a, "x"_a, "m"_a, "k"_a, "seed"_a = 0, "offset"_a = 0,
         "scales"_a = std::vector<float>{}, "split"_a = std::vector<int64_t>{});
   m.def("reference_dequantize", &reference_dequantize, "quantizer"_a, "stream_index"_a, "m"_a, "k"_a, "data"_a,
