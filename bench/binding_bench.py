@@ -9,7 +9,9 @@ Measures, on 1024 x 1024 bf16 tensors (the GPU work is a few microseconds, so th
     weight, fprop GEMM); the fused call qt.linear_forward (the same three in one call into the
     compiled core); and qt.Linear's forward (no bias, weight requiring grad: the autograd path,
     the weight's copy kept, so an input quantize and the GEMM in one fused call);
-  - torch._dynamo.explain's graph breaks for a function calling quantize + GEMM + dequantize.
+  - torch._dynamo.explain's graph breaks for a function calling quantize + GEMM + dequantize;
+  - the GEMMs' tensor-map cache (qforge._C.tensor_map_cache_stats(): hits, misses, entries) over
+    each recipe's GEMM timing loop (every call after the first should hit) and over the whole run.
 Writes JSON (--json) and prints a markdown table.
 
     python3 bench/binding_bench.py --json results.json
@@ -27,6 +29,13 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "python"))
 import qforge.torch as qt  # noqa: E402
+from qforge import _ext  # noqa: E402
+
+
+def map_cache_stats():
+    """(hits, misses, entries) of the GEMMs' tensor-map cache, or None from a core without it."""
+    C = _ext.load()
+    return tuple(C.tensor_map_cache_stats()) if hasattr(C, "tensor_map_cache_stats") else None
 
 RECIPES = ["delayed_scaling", "current_scaling", "float8_block_scaling", "fp8_rowwise", "mxfp8", "mxfp8_hopper",
            "nvfp4", "hybrid_mxfp8_fwd_nvfp4_bwd", "int8_weight_sr"]
@@ -89,7 +98,10 @@ def main() -> int:
         kw = {"scale": scale} if scale is not None else {}
         tx, tw = qx(x, **kw), qw(w, **kw)
         q_host = host_us(lambda: qx(x, **kw), args.calls, args.rounds)
+        before = map_cache_stats()
         g_host = host_us(lambda: qt.gemm(tx, tw), args.calls, args.rounds)
+        after = map_cache_stats()
+        g_maps = None if before is None else {"hits": after[0] - before[0], "misses": after[1] - before[1]}
 
         def step():
             return qt.gemm(qx(x, **kw), qw(w, **kw))
@@ -113,8 +125,8 @@ def main() -> int:
         rows.append({"recipe": name, "quantize_host_us": q_host, "gemm_host_us": g_host, "outputs": len(tx.buffers),
                      "route": qt.gemm_plan(tx, tw).route, "linear_eager_us": eager, "linear_graph_us": replay,
                      "fused_host_us": f_host, "fused_eager_us": f_eager, "fused_graph_us": f_replay,
-                     "module_eager_us": m_eager, "module_graph_us": m_replay})
-        print(f"{name}: quantize {q_host:.1f} us, gemm {g_host:.1f} us, linear eager {eager:.1f} / graph {replay:.1f} us, "
+                     "module_eager_us": m_eager, "module_graph_us": m_replay, "gemm_map_cache": g_maps})
+        print(f"{name}: quantize {q_host:.1f} us, gemm {g_host:.1f} us (tensor maps {g_maps}), linear eager {eager:.1f} / graph {replay:.1f} us, "
               f"fused {f_host:.1f} us host, {f_eager:.1f} / {f_replay:.1f} us, qt.Linear {m_eager:.1f} / {m_replay:.1f} us",
               flush=True)
 
@@ -130,12 +142,14 @@ def main() -> int:
         print("graph break:", reason, flush=True)
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True).stdout.strip()
     result = {"date": time.strftime("%Y-%m-%d"), "gpu": torch.cuda.get_device_name(), "torch": torch.__version__,
-              "commit": commit, "torch_op_host_us": floor, "graph_breaks": explain.graph_break_count, "rows": rows}
+              "commit": commit, "torch_op_host_us": floor, "graph_breaks": explain.graph_break_count, "rows": rows,
+              "map_cache": map_cache_stats()}
     if args.json:
         Path(args.json).write_text(json.dumps(result, indent=1))
     print(f"\n{result['date']}, {result['gpu']}, torch {result['torch']}, commit {commit}; "
           f"`python3 bench/binding_bench.py`; torch op floor (x.mul(2)): {floor:.1f} us host per call; "
-          f"torch._dynamo.explain graph breaks (quantize + gemm + dequantize): {explain.graph_break_count}\n")
+          f"torch._dynamo.explain graph breaks (quantize + gemm + dequantize): {explain.graph_break_count}; "
+          f"tensor-map cache (hits, misses, entries) over the run: {result['map_cache']}\n")
     print("| recipe (1024^2 bf16) | outputs | quantize host us (x floor) | GEMM host us (x floor) | GEMM route | "
           "Linear step eager / graph us (ratio) | fused op eager / graph us (ratio) | "
           "qt.Linear forward eager / graph us (ratio) |")

@@ -287,3 +287,10 @@ def test_reference_history_update():
     assert kept == 3.0  # a non-finite window keeps the scale
     with pytest.raises(qforge.UserError, match="history: expected 1024 slots, got 2"):
         C.reference_update_amax_history(g, 0, [1.0, 2.0], 1.0, 1.0)
+
+
+def test_tensor_map_cache_stats():
+    """(hits, misses, entries) of the GEMMs' tensor-map cache: counts, which no GEMM has moved in a
+    process without a GPU (runtime/tensor_map_cache.h; its logic: tests/unit/tensor_map_cache_test.cpp)."""
+    stats = C.tensor_map_cache_stats()
+    assert len(stats) == 3 and all(isinstance(v, int) and v >= 0 for v in stats), stats
