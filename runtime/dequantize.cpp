@@ -46,14 +46,18 @@ void dequantize(const qf::Stream& s, Shape2D in, const DequantizeCall& call, DTy
   one.streams[0].tensor_amax = -1;
   one.streams[0].local_amax = -1;
   const std::vector<BufferDesc> bufs = output_buffers(one, in);
-  const std::string shape = format_shape(std::vector<int64_t>{in.m, in.k});
-  check_buffer("data", call.data, bufs[0].bytes, 1, "the " + std::string(name(s.dir)) + " data of input " + shape);
+  // The texts of the messages are built only when a check fails (this runs on every call).
+  const auto shape = [&] { return format_shape(std::vector<int64_t>{in.m, in.k}); };
+  const auto fits = [](const char* arg, const TensorView& v, int64_t bytes, size_t align, const auto& what) {
+    if (!buffer_fits(v, bytes, align)) check_buffer(arg, v, bytes, align, what());
+  };
+  fits("data", call.data, bufs[0].bytes, 1, [&] { return "the " + std::string(name(s.dir)) + " data of input " + shape(); });
   if (storage != ScaleStorage::None)
-    check_buffer("scale", call.scale, bufs[1].bytes, storage == ScaleStorage::F32 ? 4 : 1,
-                 "the " + std::string(name(s.dir)) + " scales of input " + shape);
+    fits("scale", call.scale, bufs[1].bytes, storage == ScaleStorage::F32 ? 4 : 1,
+         [&] { return "the " + std::string(name(s.dir)) + " scales of input " + shape(); });
   if (storage == ScaleStorage::E4M3) check_buffer("amax", call.amax, 4, 4, "NVFP4's per-tensor amax");
   const int64_t out_bytes = d.m * d.k * traits(out).bytes;
-  check_buffer("out", call.out, out_bytes, size_t(traits(out).bytes), "the dequantized " + shape);
+  fits("out", call.out, out_bytes, size_t(traits(out).bytes), [&] { return "the dequantized " + shape(); });
   check_disjoint("out", call.out, "data", call.data);
   check_disjoint("out", call.out, "scale", call.scale);
   check_disjoint("out", call.out, "amax", call.amax);
@@ -77,6 +81,7 @@ void dequantize(const qf::Stream& s, Shape2D in, const DequantizeCall& call, DTy
     std::shared_ptr<const Module> module;
     CUfunction f = nullptr;
     unsigned threads = 0;
+    int sms = 0;
   };
   using Key = std::tuple<int, int, int, int, int>;
   static std::mutex& mu = *new std::mutex;
@@ -93,6 +98,7 @@ void dequantize(const qf::Stream& s, Shape2D in, const DequantizeCall& call, DTy
     fn.module = module_registry().get(dev, k.cached.entry->key, std::string_view(k.cached.entry->image));
     fn.f = fn.module->function(k.cached.entry->lowered(k.source.cast_kernel));
     fn.threads = unsigned(k.source.tile.threads);
+    fn.sms = device_sm_count(dev);
     std::lock_guard<std::mutex> lock(mu);
     loaded.emplace(key, fn);
   }
@@ -106,7 +112,7 @@ void dequantize(const qf::Stream& s, Shape2D in, const DequantizeCall& call, DTy
   args.s_dec_in = call.s_dec_multiply ? args.s_dec_out : nullptr;
   const int64_t pairs = (d.m * d.k + 1) / 2;
   const int64_t want = (pairs + fn.threads - 1) / fn.threads;
-  const int64_t cap = int64_t(device_sm_count(dev)) * 8;
+  const int64_t cap = int64_t(fn.sms) * 8;
   void* params[] = {&args};
   launch(fn.f, Dim3{unsigned(std::max<int64_t>(1, std::min(want, cap)))}, Dim3{fn.threads}, 0, stream, params);
 }
