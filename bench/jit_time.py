@@ -2,7 +2,7 @@
 """Where NVRTC spends the time of qforge's JIT compiles, without a GPU (docs/jit.md).
 
   jit_time.py [--cache DIR] [--templates DIR] [--filter S] [--phases] [--extra "OPTS"]... [--reps N]
-              [--base-templates DIR] [--per-kernel] [--whole BASE_CACHE]
+              [--base-templates DIR] [--per-kernel] [--whole BASE_CACHE] [--trace]
 
 Takes every CUBIN entry of a qforge kernel cache (DIR, default $QFORGE_CACHE_DIR; fill it first
 with `qforge prewarm`), and compiles its source.cu again with NVRTC in this process, the device
@@ -17,6 +17,12 @@ thread counted), which other processes' load on the machine barely changes, plus
                 (as bench/sass_diff.py compares them; NVRTC's per-compile internal names
                 normalized)
   --nvrtc-time  add NVRTC's own per-phase table (--time=FILE) of the first rep, as reported
+  --trace       one more compile with -fdevice-time-trace=FILE, split into shares of its traced time:
+                front end; NVVM on the kernels' own bodies, everything inlined into them (optimizer
+                and code generation); NVVM on every other function (the device helpers and lambdas,
+                each optimized on its own before it is inlined); the rest of NVVM (libdevice link,
+                module-level passes); ptxas. The trace's times are wall times, so only the shares
+                are printed (scaled to this compile's CPU ms in the summary)
   --base-templates DIR
                 an A/B of a header change: each entry is also compiled against the device headers
                 of DIR (e.g. `git archive REV templates | tar -x -C /tmp/base`, then
@@ -42,6 +48,7 @@ CPU ms, and of wall ms where it says "wall").
 """
 import argparse
 import ctypes
+import json
 import os
 import resource
 import statistics
@@ -139,6 +146,44 @@ def nvrtc_phase_table(nvrtc, e, hdrs):
     return "; ".join(f"{r[1].strip()} {r[2].strip()} ms" for r in rows if len(r) >= 4)
 
 
+TRACE_PARTS = ("front end", "nvvm kernels", "nvvm helpers", "nvvm rest", "ptxas")
+
+
+def trace_shares(nvrtc, e, hdrs):
+    """--trace: {part: share of the traced time} of one compile (TRACE_PARTS)."""
+    with tempfile.TemporaryDirectory() as d:
+        base = os.path.join(d, "trace")
+        compile_once(nvrtc, e["source"], e["options"] + [f"-fdevice-time-trace={base}"], e["names"], hdrs)
+        path = base if os.path.exists(base) else base + ".json"  # NVRTC appends ".json"
+        with open(path) as f:
+            return trace_parts(json.load(f), e["names"])
+
+
+def trace_parts(trace, names):
+    """Shares of TRACE_PARTS in NVRTC's Chrome trace (-fdevice-time-trace) of a program whose
+    kernels are the name expressions NAMES ("qf::cast_kernel<...>"). NVVM's "OptFunction" events
+    (optimizer and code generation) name the function worked on, mangled; a kernel's own events
+    are its body with its callees inlined, every other function's (a lambda in a kernel is
+    _ZZN<kernel>...) a helper's before it is inlined."""
+    ev = [x for x in (trace["traceEvents"] if isinstance(trace, dict) else trace) if x.get("ph") == "X"]
+    # qf::cast_kernel<...> is mangled _ZN2qf11cast_kernelI...: the name's length, the name, "I".
+    marks = {f"{len(k)}{k}I" for k in (n.split("<", 1)[0].split("::")[-1] for n in names)}
+
+    def total(name, pred=lambda x: True):
+        return sum(x["dur"] for x in ev if x["name"] == name and pred(x))
+
+    def is_kernel(x):
+        detail = x.get("args", {}).get("detail", "")
+        return detail.startswith("_ZN") and any(m in detail[:48] for m in marks)
+
+    opt = total("OptFunction")
+    kern = total("OptFunction", is_kernel)
+    parts = {"front end": total("CUDA C++ Front-End"), "nvvm kernels": kern, "nvvm helpers": opt - kern,
+             "nvvm rest": total("LibNVVM") - opt, "ptxas": total("Total PTXAS Time")}
+    whole = sum(parts.values()) or 1
+    return {k: v / whole for k, v in parts.items()}
+
+
 def identities(e):
     """The kernels of an entry, as bench/sass_diff.py identifies them."""
     structs = sass_diff.gen_structs(e["source"])
@@ -201,6 +246,7 @@ def main(argv=None):
     ap.add_argument("--base-templates", default="")
     ap.add_argument("--per-kernel", action="store_true")
     ap.add_argument("--whole", default="", help="a cache of an older build's one-program quantize entries")
+    ap.add_argument("--trace", action="store_true", help="shares of front end, NVVM (kernels / helpers / rest), ptxas")
     args = ap.parse_args(argv)
     if not args.cache:
         print("jit_time: no cache: --cache DIR or QFORGE_CACHE_DIR", file=sys.stderr)
@@ -224,6 +270,8 @@ def main(argv=None):
         return whole_vs_forms(nvrtc, hdrs, base_es, es, args.reps)
     cols = ["cubin"] + (["base"] if base_hdrs else []) + (["front end", "to PTX"] if args.phases else [])
     cols += [f"+{x}" for x in args.extra]
+    if args.trace:
+        cols.append("fe/kern/help/rest/ptxas")
     print(f"{'kind':<12} {'key':<12} " + " ".join(f"{c:>14}" for c in cols) + "  wall  label")
     per_kind = {}
     differs = 0
@@ -265,6 +313,11 @@ def main(argv=None):
                 kc = best(nvrtc, args.reps, e["source"], e["options"], [kexpr], hdrs)[0]
                 row.append(f"{kname}={kc * 1000:.0f}")
                 rec[kname] = kc
+        if args.trace:
+            sh = trace_shares(nvrtc, e, hdrs)
+            row.append(" ".join(f"{int(round(100 * sh[k])):>2}" for k in TRACE_PARTS) + " %")
+            for k in TRACE_PARTS:
+                rec[f"{k} (of cubin)"] = sh[k] * cpu
         own_same = sass_diff.code_sections(image) == base_code
         own_note = "" if own_same or base_hdrs else "  (code differs from the entry's image)"
         line = f"{e['kind']:<12} {e['key']:<12} " + " ".join(row) + f" {wall:5.1f}  {e['label']}" + own_note
@@ -278,6 +331,10 @@ def main(argv=None):
     for kind, recs in sorted(per_kind.items(), key=lambda kv: kv[0] == "all"):
         parts = [f"{c}: {statistics.median(v) * 1000:.0f} / {max(v) * 1000:.0f} / {sum(v) * 1000:.0f}" for c, v in recs.items()]
         print(f"  {kind:<12} n={len(next(iter(recs.values()))):<4} " + "; ".join(parts))
+        if args.trace:
+            whole = sum(recs["cubin"]) or 1
+            print(f"  {'':<12} {'':<6} traced shares of the CPU ms sum: " +
+                  ", ".join(f"{k} {100 * sum(recs[f'{k} (of cubin)']) / whole:.1f} %" for k in TRACE_PARTS))
     if args.extra:
         print(f"code sections: {differs} compile(s) with extra options differ from the entries' images")
     if base_hdrs:

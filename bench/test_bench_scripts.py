@@ -1,5 +1,6 @@
-"""Tests of bench/report.py, bench/torch_baselines.py, bench/sass_hotspots.py, bench/ablate.py and
-bench/sass_diff.py that need no GPU (sass_diff's compile test needs libnvrtc, as the build does).
+"""Tests of bench/report.py, bench/torch_baselines.py, bench/sass_hotspots.py, bench/ablate.py,
+bench/jit_time.py (its trace split) and bench/sass_diff.py that need no GPU (sass_diff's compile
+test needs libnvrtc, as the build does).
 
   python3 -m pytest bench/test_bench_scripts.py -q
 
@@ -681,3 +682,23 @@ def test_sass_diff_compiles_cached_sources_against_both_header_trees(tmp_path, c
     assert sass_diff.main(["--base", str(base), "--templates", str(broken), "--cache", cache, "--cubin"]) == 2
     out = capsys.readouterr().out
     assert "error   [test] store (qf_test_kernel; sm_90a): compile against" in out and "1 failed to compile" in out
+
+
+import jit_time  # noqa: E402
+
+
+def test_jit_time_trace_parts_splits_nvvm_by_function():
+    # NVRTC's -fdevice-time-trace events (microseconds): a kernel's own OptFunction events count as
+    # "nvvm kernels"; a helper's and a lambda's inside the kernel (_ZZN...) as "nvvm helpers".
+    ev = [
+        {"ph": "X", "name": "CUDA C++ Front-End", "dur": 100},
+        {"ph": "X", "name": "LibNVVM", "dur": 1000},
+        {"ph": "X", "name": "OptFunction", "dur": 600, "args": {"detail": "_ZN2qf11cast_kernelIN6qf_gen3CfgEJNS1_2S0EEEvNS_12QuantizeArgsE"}},
+        {"ph": "X", "name": "OptFunction", "dur": 200, "args": {"detail": "_ZN2qf11cast_kernelIN6qf_gen3CfgEJNS1_2S0EEEvNS_12QuantizeArgsE"}},
+        {"ph": "X", "name": "OptFunction", "dur": 50, "args": {"detail": "_ZN2qf9amax_stepEff"}},
+        {"ph": "X", "name": "OptFunction", "dur": 50, "args": {"detail": "_ZZN2qf11cast_kernelIN6qf_gen3CfgEJNS1_2S0EEEvNS_12QuantizeArgsEENKUlvE_clEv"}},
+        {"ph": "X", "name": "Total PTXAS Time", "dur": 900},
+        {"ph": "B", "name": "LibNVVM", "dur": 5000},
+    ]
+    shares = jit_time.trace_parts({"traceEvents": ev}, ["qf::cast_kernel<qf_gen::Cfg, qf_gen::S0>"])
+    assert shares == pytest.approx({"front end": 0.05, "nvvm kernels": 0.4, "nvvm helpers": 0.05, "nvvm rest": 0.05, "ptxas": 0.45})
