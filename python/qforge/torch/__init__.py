@@ -71,8 +71,29 @@ def _user_error(message: str) -> UserError:
     return UserError(1, message)
 
 
-def _raw_stream(device_index: int) -> int:
-    return torch._C._cuda_getCurrentRawStream(device_index)
+# The eager call path's per-call lookups, resolved once (each a plain Python call then, not a chain
+# of attribute lookups through torch's modules). _is_compiling is torch.compiler.is_compiling itself,
+# so dynamo still folds it to True while tracing.
+_is_compiling = torch.compiler.is_compiling
+_raw_stream = getattr(torch._C, "_cuda_getCurrentRawStream", None)  # (device index) -> the current stream
+if _raw_stream is None:  # a torch without CUDA: fails on use, as before, not on import
+    def _raw_stream(device_index: int) -> int:
+        return torch._C._cuda_getCurrentRawStream(device_index)
+_uint8 = torch.uint8
+# device index -> torch.device("cuda", index): one object per device, instead of the fresh one each
+# `tensor.device` makes, for the allocations of a call.
+_DEVICES: Dict[int, "torch.device"] = {}
+
+
+def _device(index: int, like) -> "torch.device":
+    """The torch.device of device index `index` (a tensor's get_device()); `like`'s own device where
+    the index names no CUDA device (-1: a tensor on the CPU), as `like.device` gave before."""
+    d = _DEVICES.get(index)
+    if d is None:
+        if index < 0:
+            return like.device
+        d = _DEVICES.setdefault(index, torch.device("cuda", index))
+    return d
 
 
 def _ptr(t: Optional[torch.Tensor]) -> int:
@@ -147,6 +168,7 @@ class Quantizer:
         self._transposed = tuple(s.layout == "transposed" for s in c.streams)
         self.inputs = c.inputs
         self._layouts = {}
+        self._dense = {}  # (m, k) -> (Layout, its nbytes): what an eager quantize of [m, k] reads per call
         with _lock:
             self.id = len(_quantizers)
             _quantizers.append(self)
@@ -162,6 +184,14 @@ class Quantizer:
             L = self._c.layout(m, k, members)
             self._layouts[key] = L
         return L
+
+    def _dense_layout(self, m: int, k: int):
+        """(Layout, nbytes) of an ungrouped [m, k], kept per shape (a layout never changes)."""
+        e = self._dense.get((m, k))
+        if e is None:
+            L = self.layout(m, k)
+            e = self._dense.setdefault((m, k), (L, L.nbytes))
+        return e
 
     def prepare(self, arch: str = "sm_90a") -> str:
         """Compiles (or loads) the kernels into the kernel cache; needs no GPU."""
@@ -180,28 +210,27 @@ class Quantizer:
         output (left unwritten): the buffer a batched history update (update_amax_histories) reads;
         out: an existing uint8 allocation of layout(M, K).nbytes to write into (eager only: a buffer
         whose address stays, for a launch that a noop flag may skip inside a CUDA graph)."""
-        if out is not None and torch.compiler.is_compiling():
+        compiling = _is_compiling()
+        if out is not None and compiling:
             raise _user_error("out: quantizing into an existing buffer is for eager calls and CUDA graphs, "
                               "not torch.compile")
-        if self.grouped:
-            if amax_out is not None:
-                raise _user_error("amax_out: a grouped quantize writes no single per-tensor amax")
-            if member_rows is None:
-                raise _user_error("member_rows: a grouped quantizer needs the members' row offsets")
-            members = member_rows.numel() - 1
-            if torch.compiler.is_compiling():
-                buf = torch.ops.qforge.quantize_grouped(x, member_rows, self.id, noop, seed, offset, scale, scale1)
-            else:
-                buf = _quantize_grouped(x, member_rows, self.id, noop, seed, offset, scale, scale1, out)
-        else:
+        if not self.grouped:
             if member_rows is not None or split is not None:
                 raise _user_error("member_rows: only for quantizers created with grouped=True")
-            members = 0
-            if torch.compiler.is_compiling():
-                buf = (torch.ops.qforge.quantize(x, self.id, noop, seed, offset, scale, scale1) if amax_out is None else
-                       torch.ops.qforge.quantize_amax_out(x, self.id, noop, seed, offset, scale, scale1, amax_out))
-            else:
-                buf = _quantize(x, self.id, noop, seed, offset, scale, scale1, amax_out, out)
+            if not compiling:  # eager: the checks, one allocation, one call into C++ (_quantize_tensor)
+                return _quantize_tensor(self, x, noop, seed, offset, scale, scale1, amax_out, out)
+            buf = (torch.ops.qforge.quantize(x, self.id, noop, seed, offset, scale, scale1) if amax_out is None else
+                   torch.ops.qforge.quantize_amax_out(x, self.id, noop, seed, offset, scale, scale1, amax_out))
+            return QuantizedTensor(buf, self, x.shape[0], x.shape[1], 0, None)
+        if amax_out is not None:
+            raise _user_error("amax_out: a grouped quantize writes no single per-tensor amax")
+        if member_rows is None:
+            raise _user_error("member_rows: a grouped quantizer needs the members' row offsets")
+        members = member_rows.numel() - 1
+        if compiling:
+            buf = torch.ops.qforge.quantize_grouped(x, member_rows, self.id, noop, seed, offset, scale, scale1)
+        else:
+            buf = _quantize_grouped(x, member_rows, self.id, noop, seed, offset, scale, scale1, out)
         return QuantizedTensor(buf, self, x.shape[0], x.shape[1], members, None if split is None else tuple(split))
 
     # Delayed scaling ---------------------------------------------------------------------------
@@ -213,7 +242,7 @@ class Quantizer:
                             input_index: int = 0) -> None:
         """Rolls `history` (fp32 [history_length]) with a quantize's amax output and recomputes
         `scale` (and 1 / scale into scale_inv), on the device, by the recipe's rule."""
-        if torch.compiler.is_compiling():
+        if _is_compiling():
             torch.ops.qforge.update_amax_history(history, amax, scale, scale_inv, noop, self.id, input_index)
         else:
             _update_amax_history(history, amax, scale, scale_inv, noop, self.id, input_index)
@@ -230,22 +259,40 @@ def _out_buffer(out, L, x, dev):
 
 
 def _quantize(x, qid, noop, seed, offset, scale, scale1, amax_out=None, out=None):
-    q = _quantizers[qid]
+    """The quantize ops' implementation: the call's buffer."""
+    return _quantize_tensor(_quantizers[qid], x, noop, seed, offset, scale, scale1, amax_out, out).buffer
+
+
+def _quantize_tensor(q, x, noop, seed, offset, scale, scale1, amax_out, out):
+    """An ungrouped quantize of x by q, eager: the QuantizedTensor. The layout and its size come from
+    q's per-shape table; the optional tensors are checked (and their addresses read) only when given."""
     if x.dtype != q.dtype or x.dim() != 2 or not x.is_cuda or not x.is_contiguous():
         _check_input(x, q.dtype, None, "x")
         raise _user_error(f"x: expected a 2-D tensor, got shape {tuple(x.shape)}")
     m, k = x.shape
-    L = q._layouts.get((m, k, 0)) or q.layout(m, k)
+    L, nbytes = q._dense.get((m, k)) or q._dense_layout(m, k)
     dev = x.get_device()
-    if noop is not None or scale is not None or scale1 is not None or amax_out is not None:
-        _check_small(noop, "noop", dev)
-        _check_small(scale, "scale", dev)
-        _check_small(scale1, "scale1", dev)
-        _check_small(amax_out, "amax_out", dev)
-    buf = _out_buffer(out, L, x, dev)
-    q._c.quantize(L, x.data_ptr(), buf.data_ptr(), _raw_stream(dev), dev, _ptr(noop), seed, offset, 0, _ptr(scale),
-                  _ptr(scale1), _ptr(amax_out))
-    return buf
+    if noop is None and scale is None and scale1 is None and amax_out is None:
+        buf = torch.empty(nbytes, dtype=_uint8, device=_device(dev, x)) if out is None else _out_buffer(out, L, x, dev)
+        q._c.quantize(L, x.data_ptr(), buf.data_ptr(), _raw_stream(dev), dev, 0, seed, offset, 0, 0, 0, 0)
+    else:  # each given one checked, in this order (delayed scaling: the scale alone)
+        noop_p = scale_p = scale1_p = amax_p = 0
+        if noop is not None:
+            _check_small(noop, "noop", dev)
+            noop_p = noop.data_ptr()
+        if scale is not None:
+            _check_small(scale, "scale", dev)
+            scale_p = scale.data_ptr()
+        if scale1 is not None:
+            _check_small(scale1, "scale1", dev)
+            scale1_p = scale1.data_ptr()
+        if amax_out is not None:
+            _check_small(amax_out, "amax_out", dev)
+            amax_p = amax_out.data_ptr()
+        buf = torch.empty(nbytes, dtype=_uint8, device=_device(dev, x)) if out is None else _out_buffer(out, L, x, dev)
+        q._c.quantize(L, x.data_ptr(), buf.data_ptr(), _raw_stream(dev), dev, noop_p, seed, offset, 0, scale_p,
+                      scale1_p, amax_p)
+    return QuantizedTensor(buf, q, m, k)
 
 
 def _quantize_grouped(x, member_rows, qid, noop, seed, offset, scale, scale1, out=None):
@@ -423,7 +470,7 @@ class QuantizedTensor:
             raise _user_error("dequantize: a grouped tensor dequantizes per member: .member(i).dequantize()")
         index = self._stream_index(direction)
         code = _dtype_code(dtype)
-        if torch.compiler.is_compiling():
+        if _is_compiling():
             out = torch.ops.qforge.dequantize(self.buffer, self.quantizer.id, self.m, self.k, index, code)
         else:
             out = _dequantize(self.buffer, self.quantizer.id, self.m, self.k, index, code)
@@ -551,14 +598,23 @@ def dequantize(t: QuantizedTensor, dtype: torch.dtype = torch.bfloat16, directio
 _OUT_CODES = {torch.bfloat16: 1, torch.float32: 0}
 
 
-def _plan(qa, am, ak, ai, qb, bm, bk, bi, out_code, accumulate):
+def _plan_entry(qa, am, ak, ai, qb, bm, bk, bi, out_code, accumulate):
+    """(GemmPlan, D's shape (m, n), workspace bytes): the table's entry, each read from the plan once
+    (a plan's shape and workspace never change)."""
     key = (qa, am, ak, ai, qb, bm, bk, bi, out_code, accumulate)
-    p = _plans.get(key)
-    if p is None:
+    e = _plans.get(key)
+    if e is None:
         a, b = _quantizers[qa], _quantizers[qb]
-        p = _plans.get_or_create(key, lambda: _C.GemmPlan(a._c, a.layout(am, ak), ai, b._c, b.layout(bm, bk), bi,
-                                                          _CODE_NAMES[out_code], accumulate))
-    return p
+
+        def make():
+            p = _C.GemmPlan(a._c, a.layout(am, ak), ai, b._c, b.layout(bm, bk), bi, _CODE_NAMES[out_code], accumulate)
+            return (p, (p.m, p.n), p.workspace_bytes())
+        e = _plans.get_or_create(key, make)
+    return e
+
+
+def _plan(qa, am, ak, ai, qb, bm, bk, bi, out_code, accumulate):
+    return _plan_entry(qa, am, ak, ai, qb, bm, bk, bi, out_code, accumulate)[0]
 
 
 def _out_code(out_dtype, accumulate_into=None) -> int:
@@ -584,12 +640,23 @@ def _gemm_buffers(p, shape, out_code, out, like, dev):
 
 
 def _gemm(a_buf, qa, am, ak, ai, b_buf, qb, bm, bk, bi, out_code, accumulate, out):
-    p = _plan(qa, am, ak, ai, qb, bm, bk, bi, out_code, accumulate)
+    p, shape, ws = _plan_entry(qa, am, ak, ai, qb, bm, bk, bi, out_code, accumulate)
     dev = a_buf.get_device()
     if b_buf.get_device() != dev:
         raise _user_error(f"b: on cuda:{b_buf.get_device()}, a on cuda:{dev}")
-    d, w = _gemm_buffers(p, (p.m, p.n), out_code, out, a_buf, dev)
-    p.run(a_buf.data_ptr(), b_buf.data_ptr(), d.data_ptr(), _ptr(w), _raw_stream(dev), dev, True)
+    device = _device(dev, a_buf)
+    if out is None:
+        d = torch.empty(shape, dtype=_CODES[out_code], device=device)
+    else:
+        _check_input(out, _CODES[out_code], dev, "out")
+        if tuple(out.shape) != shape:
+            raise _user_error(f"out: expected shape {list(shape)}, got {list(out.shape)}")
+        d = out
+    if ws:
+        w = torch.empty(ws, dtype=_uint8, device=device)  # alive until the launch is queued
+        p.run(a_buf.data_ptr(), b_buf.data_ptr(), d.data_ptr(), w.data_ptr(), _raw_stream(dev), dev, True)
+    else:
+        p.run(a_buf.data_ptr(), b_buf.data_ptr(), d.data_ptr(), 0, _raw_stream(dev), dev, True)
     return d
 
 
@@ -600,23 +667,33 @@ def gemm(a: QuantizedTensor, b: QuantizedTensor, *, a_direction: str = "rowwise"
     "columnwise"). The fused kernel where one reads both formats (auto route for MXFP8 / NVFP4);
     mixed formats (e.g. MXFP8 x NVFP4) through the dequant route: both operands dequantized into bf16
     copies, then the bf16 GEMM. accumulate_into: an fp32 [rows_a, rows_b] tensor, D += A @ B^T."""
-    if not isinstance(a, QuantizedTensor) or not isinstance(b, QuantizedTensor):
-        raise _user_error("a, b: expected QuantizedTensors")
-    if a.members or b.members:
-        raise _user_error("gemm: grouped tensors take qt.grouped_gemm with the members' offsets")
-    if isinstance(a, _MemberTensor) or isinstance(b, _MemberTensor):
-        raise _user_error("gemm: a member view's buffers sit inside its grouped allocation; run the grouped "
-                          "quantize's members through qt.grouped_gemm")
-    ai, bi = a._stream_index(a_direction), b._stream_index(b_direction)
-    out_code = _out_code(out_dtype, accumulate_into)
+    # Two plain (ungrouped) QuantizedTensors pass every check below: one type test each on the way.
+    if type(a) is not QuantizedTensor or type(b) is not QuantizedTensor or a.members or b.members:
+        if not isinstance(a, QuantizedTensor) or not isinstance(b, QuantizedTensor):
+            raise _user_error("a, b: expected QuantizedTensors")
+        if a.members or b.members:
+            raise _user_error("gemm: grouped tensors take qt.grouped_gemm with the members' offsets")
+        if isinstance(a, _MemberTensor) or isinstance(b, _MemberTensor):
+            raise _user_error("gemm: a member view's buffers sit inside its grouped allocation; run the grouped "
+                              "quantize's members through qt.grouped_gemm")
+    qa, qb = a.quantizer, b.quantizer
+    ai = qa._index.get(a_direction)  # a direction the quantizer writes; else the rules and errors below
+    if ai is None:
+        ai = _direction_index(qa, a_direction)
+    bi = qb._index.get(b_direction)
+    if bi is None:
+        bi = _direction_index(qb, b_direction)
     acc = accumulate_into is not None
-    args = (a.buffer, a.quantizer.id, a.m, a.k, ai, b.buffer, b.quantizer.id, b.m, b.k, bi, out_code, acc)
-    if torch.compiler.is_compiling():
-        if acc:
-            torch.ops.qforge.gemm_accumulate(accumulate_into, *args[:-1])
-            return accumulate_into
-        return torch.ops.qforge.gemm(*args[:-1])
-    return _gemm(*args, accumulate_into)
+    out_code = _OUT_CODES.get(out_dtype) if not acc else None
+    if out_code is None:
+        out_code = _out_code(out_dtype, accumulate_into)
+    if not _is_compiling():
+        return _gemm(a.buffer, qa.id, a.m, a.k, ai, b.buffer, qb.id, b.m, b.k, bi, out_code, acc, accumulate_into)
+    args = (a.buffer, qa.id, a.m, a.k, ai, b.buffer, qb.id, b.m, b.k, bi, out_code)
+    if acc:
+        torch.ops.qforge.gemm_accumulate(accumulate_into, *args)
+        return accumulate_into
+    return torch.ops.qforge.gemm(*args)
 
 
 def gemm_plan(a: QuantizedTensor, b: QuantizedTensor, a_direction: str = "rowwise", b_direction: str = "rowwise",
@@ -707,9 +784,11 @@ def _linear_forward(x, qx: Quantizer, xa, w, qw: Quantizer, wa, n: int, w_buf, o
     dev = x.get_device()
     m, k = x.shape
     p, Lx, Lw, ws, shape, dtype = _fprop_plan(qx, m, k, qw, n, out_code)
-    device = x.device
+    device = _device(dev, x)
     if w is not None:
-        if _check_operand(w, qw, "w") != dev:
+        if w.dtype != qw.dtype or w.dim() != 2 or not w.is_cuda or not w.is_contiguous():
+            _check_operand(w, qw, "w")
+        if w.get_device() != dev:
             raise _user_error(f"w: on cuda:{w.get_device()}, x on cuda:{dev}")
         if w.shape[0] != n or w.shape[1] != k:
             raise _user_error(f"w: expected shape [{n}, {k}], got {list(w.shape)}")
@@ -741,7 +820,9 @@ def linear_forward(x: torch.Tensor, w: Optional[torch.Tensor], qx: Quantizer, qw
     one custom op (qforge::linear_forward under torch.compile). w_copy: the weight's kept
     QuantizedTensor (of qw), used as it is instead of quantizing w (pass w=None).
     Returns (D, the input's QuantizedTensor, the weight's)."""
-    out_code = _out_code(out_dtype)
+    out_code = _OUT_CODES.get(out_dtype)
+    if out_code is None:
+        out_code = _out_code(out_dtype)  # the error
     if w_copy is not None:
         if w is not None:
             raise _user_error("w: pass either the weight or its kept copy (w_copy), not both")
@@ -755,7 +836,7 @@ def linear_forward(x: torch.Tensor, w: Optional[torch.Tensor], qx: Quantizer, qw
         raise _user_error("w: expected the weight (or its kept copy as w_copy)")
     else:
         n = w.shape[0]
-    if torch.compiler.is_compiling():
+    if _is_compiling():
         if w_copy is not None:
             d, xb = torch.ops.qforge.linear_forward_cached(x, qx.id, x_seed, x_offset, x_scale, w_copy.buffer, qw.id,
                                                            n, out_code)
@@ -764,14 +845,16 @@ def linear_forward(x: torch.Tensor, w: Optional[torch.Tensor], qx: Quantizer, qw
             d, xb, wb = torch.ops.qforge.linear_forward(x, qx.id, x_seed, x_offset, x_scale, w, qw.id, w_seed,
                                                         w_offset, w_scale, out_code)
     else:
-        dev = x.get_device() if isinstance(x, torch.Tensor) and x.is_cuda else None
-        for name, t in (("x_scale", x_scale), ("w_scale", w_scale)):
-            _check_small(t, name, dev)
+        if x_scale is not None or w_scale is not None:
+            dev = x.get_device() if isinstance(x, torch.Tensor) and x.is_cuda else None
+            _check_small(x_scale, "x_scale", dev)
+            _check_small(w_scale, "w_scale", dev)
         d, xb, wb = _linear_forward(x, qx, (None, x_seed, x_offset, x_scale, None, None),
                                     w, qw, (None, w_seed, w_offset, w_scale, None, None), n,
                                     None if w_copy is None else w_copy.buffer, out_code)
-    tw = w_copy if w_copy is not None else QuantizedTensor(wb, qw, n, x.shape[1])
-    return d, QuantizedTensor(xb, qx, x.shape[0], x.shape[1]), tw
+    m, k = x.shape
+    tw = w_copy if w_copy is not None else QuantizedTensor(wb, qw, n, k)
+    return d, QuantizedTensor(xb, qx, m, k), tw
 
 
 def _backward_plans(qg: Quantizer, m: int, n: int, tw, tx, need_dx: bool, need_dw: bool, out_code: int,
@@ -804,11 +887,12 @@ def _linear_backward(dy, qg: Quantizer, ga, tw, tx, need_dx: bool, need_dw: bool
     Lg, dp, dws, wp, wws = _backward_plans(qg, m, n, tw, tx, need_dx, need_dw, out_code, main_grad is not None)
     if tw.buffer.get_device() != dev or tx.buffer.get_device() != dev:
         raise _user_error(f"the saved copies are not on grad_output's device cuda:{dev}")
-    g_buf = torch.empty(Lg.nbytes, dtype=torch.uint8, device=dy.device)
+    device = _device(dev, dy)
+    g_buf = torch.empty(Lg.nbytes, dtype=torch.uint8, device=device)
     dx = dw = dxw = dww = None
     if dp is not None:
-        dx = torch.empty((dp.m, dp.n), dtype=_CODES[out_code], device=dy.device)
-        dxw = torch.empty(dws, dtype=torch.uint8, device=dy.device) if dws else None
+        dx = torch.empty((dp.m, dp.n), dtype=_CODES[out_code], device=device)
+        dxw = torch.empty(dws, dtype=torch.uint8, device=device) if dws else None
     if wp is not None:
         if main_grad is not None:
             _check_input(main_grad, torch.float32, dev, "main_grad")
@@ -816,8 +900,8 @@ def _linear_backward(dy, qg: Quantizer, ga, tw, tx, need_dx: bool, need_dw: bool
                 raise _user_error(f"main_grad: expected shape {[wp.m, wp.n]}, got {list(main_grad.shape)}")
             dw = main_grad
         else:
-            dw = torch.empty((wp.m, wp.n), dtype=_CODES[out_code], device=dy.device)
-        dww = torch.empty(wws, dtype=torch.uint8, device=dy.device) if wws else None
+            dw = torch.empty((wp.m, wp.n), dtype=_CODES[out_code], device=device)
+        dww = torch.empty(wws, dtype=torch.uint8, device=device) if wws else None
     _C.linear_backward(qg._c, Lg, dp, wp, dy.data_ptr(), g_buf.data_ptr(), _ptr(ga[0]), ga[1], ga[2], _ptr(ga[3]),
                        _ptr(ga[4]), _ptr(ga[5]), tw.buffer.data_ptr(), tx.buffer.data_ptr(), _ptr(dx), _ptr(dxw),
                        _ptr(dw), _ptr(dww), _raw_stream(dev), dev)
