@@ -10,6 +10,9 @@ Measures, on 1024 x 1024 bf16 tensors (the GPU work is a few microseconds, so th
     compiled core); and qt.Linear's forward (no bias, weight requiring grad: the autograd path,
     the weight's copy kept, so an input quantize and the GEMM in one fused call);
   - torch._dynamo.explain's graph breaks for a function calling quantize + GEMM + dequantize;
+  - the Python share of a quantize call: the same call with the compiled core's launch call made a
+    no-op (the argument checks, torch.empty and the QuantizedTensor; what the C++ side adds is the
+    difference), and torch.empty of the layout's bytes alone;
   - the GEMMs' tensor-map cache (qforge._C.tensor_map_cache_stats(): hits, misses, entries) over
     each recipe's GEMM timing loop (every call after the first should hit) and over the whole run.
 Writes JSON (--json) and prints a markdown table.
@@ -36,6 +39,29 @@ def map_cache_stats():
     """(hits, misses, entries) of the GEMMs' tensor-map cache, or None from a core without it."""
     C = _ext.load()
     return tuple(C.tensor_map_cache_stats()) if hasattr(C, "tensor_map_cache_stats") else None
+
+class NoLaunch:
+    """A quantizer's compiled core with its quantize (the launch call) a no-op, all else its own."""
+
+    def __init__(self, c):
+        self._real = c
+
+    def quantize(self, *args):
+        pass
+
+    def __getattr__(self, name):
+        return getattr(self._real, name)
+
+
+def python_share_us(q, fn, calls: int, rounds: int) -> float:
+    """Host us per call of fn (a call of q) with q's launch call a no-op."""
+    real = q._c
+    q._c = NoLaunch(real)
+    try:
+        return host_us(fn, calls, rounds)
+    finally:
+        q._c = real
+
 
 RECIPES = ["delayed_scaling", "current_scaling", "float8_block_scaling", "fp8_rowwise", "mxfp8", "mxfp8_hopper",
            "nvfp4", "hybrid_mxfp8_fwd_nvfp4_bwd", "int8_weight_sr"]
@@ -98,6 +124,9 @@ def main() -> int:
         kw = {"scale": scale} if scale is not None else {}
         tx, tw = qx(x, **kw), qw(w, **kw)
         q_host = host_us(lambda: qx(x, **kw), args.calls, args.rounds)
+        q_python = python_share_us(qx, lambda: qx(x, **kw), args.calls, args.rounds)
+        nbytes = qx.layout(1024, 1024).nbytes
+        q_empty = host_us(lambda: torch.empty(nbytes, dtype=torch.uint8, device=x.device), args.calls, args.rounds)
         before = map_cache_stats()
         g_host = host_us(lambda: qt.gemm(tx, tw), args.calls, args.rounds)
         after = map_cache_stats()
@@ -125,8 +154,9 @@ def main() -> int:
         rows.append({"recipe": name, "quantize_host_us": q_host, "gemm_host_us": g_host, "outputs": len(tx.buffers),
                      "route": qt.gemm_plan(tx, tw).route, "linear_eager_us": eager, "linear_graph_us": replay,
                      "fused_host_us": f_host, "fused_eager_us": f_eager, "fused_graph_us": f_replay,
-                     "module_eager_us": m_eager, "module_graph_us": m_replay, "gemm_map_cache": g_maps})
-        print(f"{name}: quantize {q_host:.1f} us, gemm {g_host:.1f} us (tensor maps {g_maps}), linear eager {eager:.1f} / graph {replay:.1f} us, "
+                     "module_eager_us": m_eager, "module_graph_us": m_replay, "gemm_map_cache": g_maps,
+                     "quantize_python_us": q_python, "quantize_empty_us": q_empty})
+        print(f"{name}: quantize {q_host:.1f} us (Python share {q_python:.1f} us, of it torch.empty {q_empty:.1f} us), gemm {g_host:.1f} us (tensor maps {g_maps}), linear eager {eager:.1f} / graph {replay:.1f} us, "
               f"fused {f_host:.1f} us host, {f_eager:.1f} / {f_replay:.1f} us, qt.Linear {m_eager:.1f} / {m_replay:.1f} us",
               flush=True)
 
@@ -152,8 +182,8 @@ def main() -> int:
           f"tensor-map cache (hits, misses, entries) over the run: {result['map_cache']}\n")
     print("| recipe (1024^2 bf16) | outputs | quantize host us (x floor) | GEMM host us (x floor) | GEMM route | "
           "Linear step eager / graph us (ratio) | fused op eager / graph us (ratio) | "
-          "qt.Linear forward eager / graph us (ratio) |")
-    print("|---|---|---|---|---|---|---|---|")
+          "qt.Linear forward eager / graph us (ratio) | quantize's Python share / torch.empty alone us |")
+    print("|---|---|---|---|---|---|---|---|---|")
 
     def ratio(row, what):
         e, g = row[f"{what}_eager_us"], row[f"{what}_graph_us"]
@@ -162,7 +192,8 @@ def main() -> int:
     for row in rows:
         print(f"| {row['recipe']} | {row['outputs']} | {row['quantize_host_us']:.1f} ({row['quantize_host_us'] / floor:.2f}x) | "
               f"{row['gemm_host_us']:.1f} ({row['gemm_host_us'] / floor:.2f}x) | {row['route']} | "
-              f"{ratio(row, 'linear')} | {ratio(row, 'fused')} | {ratio(row, 'module')} |")
+              f"{ratio(row, 'linear')} | {ratio(row, 'fused')} | {ratio(row, 'module')} | "
+              f"{row['quantize_python_us']:.1f} / {row['quantize_empty_us']:.1f} |")
     return 0
 
 

@@ -20,6 +20,11 @@ class dtype:
         return "torch." + self.name
 
 
+DTYPES = {name: dtype(name, size) for name, size in (
+    ("float32", 4), ("bfloat16", 2), ("float16", 2), ("int64", 8), ("int32", 4), ("int8", 1), ("uint8", 1),
+    ("float8_e4m3fn", 1), ("float8_e5m2", 1), ("float8_e8m0fnu", 1))}
+
+
 class device:
     def __init__(self, spec, index=None):
         if isinstance(spec, device):
@@ -95,7 +100,7 @@ class Tensor:
 def empty(*size, dtype=None, device=None):
     shape = tuple(size[0]) if len(size) == 1 and isinstance(size[0], (tuple, list)) else tuple(size)
     dev = device if isinstance(device, globals()["device"]) else globals()["device"](device or "cpu")
-    return Tensor(shape, dtype or float32, dev)
+    return Tensor(shape, dtype or DTYPES["float32"], dev)
 
 
 def _current_raw_stream(index):
@@ -103,9 +108,8 @@ def _current_raw_stream(index):
 
 
 def _install_into(m):
-    for name, size in (("float32", 4), ("bfloat16", 2), ("float16", 2), ("int64", 8), ("int32", 4), ("int8", 1),
-                       ("uint8", 1), ("float8_e4m3fn", 1), ("float8_e5m2", 1), ("float8_e8m0fnu", 1)):
-        setattr(m, name, dtype(name, size))
+    for name, t in DTYPES.items():
+        setattr(m, name, t)
     m.dtype, m.device, m.Size, m.Tensor, m.empty = dtype, device, Size, Tensor, empty
     m.allocations = allocations
     m.compiling = [False]  # what torch.compiler.is_compiling() answers
