@@ -116,6 +116,17 @@ def main() -> int:
     x = torch.randn(1024, 1024, device="cuda", dtype=torch.bfloat16)
     w = torch.randn(1024, 1024, device="cuda", dtype=torch.bfloat16) * 0.05
     floor = host_us(lambda: x.mul(2), args.calls, args.rounds)
+    # One quantize's allocation (mxfp8_hopper's 1024^2 layout is about 1.1 MB) three ways, the first the
+    # one qforge.torch makes: which one is cheapest on this host.
+    dev, n = x.device, 1 << 20
+    alloc = {"torch.empty(n, dtype=uint8, device=torch.device)": host_us(
+                 lambda: torch.empty(n, dtype=torch.uint8, device=dev), args.calls, args.rounds),
+             "torch.empty(n, dtype=uint8, device=index)": host_us(
+                 lambda: torch.empty(n, dtype=torch.uint8, device=0), args.calls, args.rounds),
+             "x.new_empty(n, dtype=uint8)": host_us(lambda: x.new_empty(n, dtype=torch.uint8), args.calls,
+                                                    args.rounds)}
+    for what, us in alloc.items():
+        print(f"allocation {what}: {us:.2f} us", flush=True)
     rows = []
     for name in RECIPES:
         r = qt.Recipes(str(ROOT / "recipes" / f"{name}.json"))
@@ -172,7 +183,7 @@ def main() -> int:
         print("graph break:", reason, flush=True)
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True).stdout.strip()
     result = {"date": time.strftime("%Y-%m-%d"), "gpu": torch.cuda.get_device_name(), "torch": torch.__version__,
-              "commit": commit, "torch_op_host_us": floor, "graph_breaks": explain.graph_break_count, "rows": rows,
+              "commit": commit, "torch_op_host_us": floor, "allocation_us": alloc, "graph_breaks": explain.graph_break_count, "rows": rows,
               "map_cache": map_cache_stats()}
     if args.json:
         Path(args.json).write_text(json.dumps(result, indent=1))
