@@ -270,3 +270,10 @@ def test_linear_forward_allocates_on_the_input_device(env, monkeypatch):
         qt.linear_forward(x, w, qx, qw, out_dtype=torch.float16)
     with pytest.raises(qforge.UserError, match="w_scale: on cuda:0, expected cuda:1"):
         qt.linear_forward(x, w, qx, qw, w_scale=torch.empty(1, dtype=torch.float32, device="cuda:0"))
+    # The weight's kept copy used as it is, and a kept allocation of the wrong size.
+    d2, tx2, tw2 = qt.linear_forward(x, None, qx, qw, w_copy=tw)
+    assert tw2 is tw and p.runs[-1][8:10] == (0, tw.buffer.data_ptr()) and tx2.buffer.data_ptr() != tx.buffer.data_ptr()
+    small = torch.empty(64, dtype=torch.uint8, device="cuda:1")
+    with pytest.raises(qforge.UserError, match=rf"w_copy: expected {tw.buffer.numel()} bytes \(the layout of \[128, 256\]\), "
+                                               "got 64"):
+        qt._linear_forward(x, qx, (None, 0, 0, None, None, None), None, qw, (None, 0, 0, None, None, None), 128, small, 1)

@@ -753,15 +753,16 @@ def grouped_gemm(a: QuantizedTensor, b: QuantizedTensor, offsets: torch.Tensor, 
 
 
 def _fprop_plan(qx: Quantizer, m: int, k: int, qw: Quantizer, n: int, out_code: int):
-    """(fprop GemmPlan, input layout, weight layout, workspace bytes, D's shape, D's dtype) of x [m, k]
-    by w [n, k], both rowwise."""
+    """(fprop GemmPlan, the input layout's bytes, the weight layout's bytes, workspace bytes, D's shape,
+    D's dtype) of x [m, k] by w [n, k], both rowwise: each read from the compiled core once."""
     key = ("fprop", qx.id, m, k, qw.id, n, out_code)
     e = _lplans.get(key)
     if e is None:
         def make():
             p = _plan(qx.id, m, k, _direction_index(qx, "rowwise"), qw.id, n, k, _direction_index(qw, "rowwise"),
                       out_code, False)
-            return (p, qx.layout(m, k), qw.layout(n, k), p.workspace_bytes(), (p.m, p.n), _CODES[out_code])
+            return (p, qx.layout(m, k).nbytes, qw.layout(n, k).nbytes, p.workspace_bytes(), (p.m, p.n),
+                    _CODES[out_code])
         e = _lplans.get_or_create(key, make)
     return e
 
@@ -783,7 +784,7 @@ def _linear_forward(x, qx: Quantizer, xa, w, qw: Quantizer, wa, n: int, w_buf, o
         _check_operand(x, qx, "x")
     dev = x.get_device()
     m, k = x.shape
-    p, Lx, Lw, ws, shape, dtype = _fprop_plan(qx, m, k, qw, n, out_code)
+    p, x_nbytes, w_nbytes, ws, shape, dtype = _fprop_plan(qx, m, k, qw, n, out_code)
     device = _device(dev, x)
     if w is not None:
         if w.dtype != qw.dtype or w.dim() != 2 or not w.is_cuda or not w.is_contiguous():
@@ -793,11 +794,11 @@ def _linear_forward(x, qx: Quantizer, xa, w, qw: Quantizer, wa, n: int, w_buf, o
         if w.shape[0] != n or w.shape[1] != k:
             raise _user_error(f"w: expected shape [{n}, {k}], got {list(w.shape)}")
     if w_buf is None:
-        w_buf = torch.empty(Lw.nbytes, dtype=torch.uint8, device=device)
-    elif w_buf.get_device() != dev or w_buf.numel() != Lw.nbytes or w_buf.dtype != torch.uint8:
+        w_buf = torch.empty(w_nbytes, dtype=_uint8, device=device)
+    elif w_buf.get_device() != dev or w_buf.numel() != w_nbytes or w_buf.dtype != _uint8:
         _check_input(w_buf, torch.uint8, dev, "w_copy")
-        raise _user_error(f"w_copy: expected {Lw.nbytes} bytes (the layout of [{n}, {k}]), got {w_buf.numel()}")
-    x_buf = torch.empty(Lx.nbytes, dtype=torch.uint8, device=device)
+        raise _user_error(f"w_copy: expected {w_nbytes} bytes (the layout of [{n}, {k}]), got {w_buf.numel()}")
+    x_buf = torch.empty(x_nbytes, dtype=_uint8, device=device)
     d = torch.empty(shape, dtype=dtype, device=device)
     wsp = torch.empty(ws, dtype=torch.uint8, device=device) if ws else None  # alive until the launches are queued
     xn, xs, xo, xsc, xam, xh = xa

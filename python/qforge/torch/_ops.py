@@ -113,9 +113,10 @@ def linear_forward(x: Tensor, qx: int, x_seed: int, x_offset: int, x_scale: Opti
 @linear_forward.register_fake
 def _(x, qx, x_seed, x_offset, x_scale, w, qw, w_seed, w_offset, w_scale, out_code):
     m, k = x.shape
-    _, Lx, Lw, _, shape, dtype = _fprop_plan(_quantizers[qx], int(m), int(k), _quantizers[qw], int(w.shape[0]), out_code)
-    return (x.new_empty(shape, dtype=dtype), x.new_empty((Lx.nbytes,), dtype=torch.uint8),
-            x.new_empty((Lw.nbytes,), dtype=torch.uint8))
+    _, x_nbytes, w_nbytes, _, shape, dtype = _fprop_plan(_quantizers[qx], int(m), int(k), _quantizers[qw],
+                                                         int(w.shape[0]), out_code)
+    return (x.new_empty(shape, dtype=dtype), x.new_empty((x_nbytes,), dtype=torch.uint8),
+            x.new_empty((w_nbytes,), dtype=torch.uint8))
 
 
 # The same with the weight's kept copy (w_buffer, [n, K] in qw's layout) instead of its quantize:
@@ -131,5 +132,5 @@ def linear_forward_cached(x: Tensor, qx: int, x_seed: int, x_offset: int, x_scal
 @linear_forward_cached.register_fake
 def _(x, qx, x_seed, x_offset, x_scale, w_buffer, qw, n, out_code):
     m, k = x.shape
-    _, Lx, _, _, shape, dtype = _fprop_plan(_quantizers[qx], int(m), int(k), _quantizers[qw], int(n), out_code)
-    return x.new_empty(shape, dtype=dtype), x.new_empty((Lx.nbytes,), dtype=torch.uint8)
+    _, x_nbytes, _, _, shape, dtype = _fprop_plan(_quantizers[qx], int(m), int(k), _quantizers[qw], int(n), out_code)
+    return x.new_empty(shape, dtype=dtype), x.new_empty((x_nbytes,), dtype=torch.uint8)
