@@ -5,6 +5,7 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <set>
 #include <tuple>
 #include <utility>
 #include <vector>
@@ -85,6 +86,35 @@ Int8OptimKernelSpec int8_optim_spec(Int8Optimizer o, int64_t cols, bool vec4, DT
   return s;
 }
 
+std::vector<Int8OptimKernelSpec> int8_optim_specs(Int8Optimizer o, bool vec4, DType grad, DType scale_dtype) {
+  // Every row length through int8_optim_spec itself, so the set cannot drift from what a step picks.
+  std::set<Int8OptimKernelSpec> specs;
+  for (int64_t cols = vec4 ? 4 : 1; cols <= kInt8OptimMaxCols; cols += vec4 ? 4 : 1)
+    specs.insert(int8_optim_spec(o, cols, vec4, grad, scale_dtype));
+  return {specs.begin(), specs.end()};
+}
+
+bool int8_storage_rule(const Plan& weight_plan) {
+  const qf::Stream* s = weight_plan.stream(Direction::Rowwise);
+  return s && s->format == ElemFormat::Int8 && std::holds_alternative<PerChannel>(s->scaling) &&
+         s->rounding == Rounding::Stochastic;
+}
+
+std::vector<Int8OptimKernelSpec> int8_optim_prewarm_specs(const Plan& weight_plan) {
+  // qt.Int8Linear trains bf16 models: its scales round as a bf16 weight's do.
+  if (!int8_storage_rule(weight_plan) || weight_plan.input != DType::BF16) return {};
+  std::vector<Int8OptimKernelSpec> out;
+  for (Int8Optimizer o : {Int8Optimizer::AdamW, Int8Optimizer::Sgd})
+    for (const auto& s : int8_optim_specs(o, /*vec4=*/true, DType::FP32, weight_plan.input)) out.push_back(s);
+  return out;
+}
+
+std::string describe(const Int8OptimKernelSpec& spec) {
+  return std::string(name(spec.optimizer)) + " " + std::to_string(spec.threads) + "x" + std::to_string(spec.iters) +
+         "x" + std::to_string(spec.vec) + " " + std::string(traits(spec.grad).name) + " grad, " +
+         std::string(traits(spec.scale_dtype).name) + " scale";
+}
+
 std::string emit_int8_optim(const Int8OptimKernelSpec& spec) {
   QF_CHECK(spec.vec == 1 || spec.vec == 4, "int8 optimizer: vector width");
   QF_CHECK(spec.threads % 32 == 0 && spec.threads <= 1024 && spec.iters >= 1, "int8 optimizer: CTA shape");
@@ -112,7 +142,12 @@ Int8OptimKernel build_int8_optim_kernel(const Int8OptimKernelSpec& spec, const s
   k.source = emit_int8_optim(spec);
   k.kernel = "qf::int8_optim_kernel<qf_gen::Int8OptimCfg>";
   const CompileRequest req{k.source, "qforge_optim_int8.cu", {k.kernel}, arch};
-  k.cached = cache.get_or_compile(req, nlohmann::json{{"kind", "optim_int8"}, {"optimizer", name(spec.optimizer)}});
+  const std::string cta = std::to_string(spec.threads) + "x" + std::to_string(spec.iters) + "x" + std::to_string(spec.vec);
+  k.cached = cache.get_or_compile(req, nlohmann::json{{"kind", "optim_int8"},
+                                                      {"optimizer", name(spec.optimizer)},
+                                                      {"cta", cta},
+                                                      {"grad", std::string(traits(spec.grad).name)},
+                                                      {"scale", std::string(traits(spec.scale_dtype).name)}});
   return k;
 }
 

@@ -8,10 +8,12 @@
 #include <cstdint>
 #include <string>
 #include <variant>
+#include <vector>
 
 #include <cuda.h>
 
 #include "compiler/formats.h"
+#include "compiler/ir.h"
 #include "qforge/optim_int8.cuh"
 #include "runtime/kernel_cache.h"
 #include "runtime/tensor.h"
@@ -52,6 +54,30 @@ struct Int8OptimKernelSpec {
 // The spec for rows of `cols` elements; vec4: 16-byte vector accesses are possible (cols a
 // multiple of 4 and every buffer aligned for them).
 Int8OptimKernelSpec int8_optim_spec(Int8Optimizer o, int64_t cols, bool vec4, DType grad, DType scale_dtype);
+
+// Every spec int8_optim_spec gives for rows of 1 to kInt8OptimMaxCols elements, for one optimizer,
+// gradient dtype and scale dtype; vec4: the 16-byte kernels (every row length a multiple of 4),
+// else the scalar ones (any row length). A kernel depends on the row length only through its CTA
+// shape, a power-of-two bucket of it, so the set is small and known before any shape is: 9 specs
+// with vec4, 11 without. Ordered as the specs compare.
+std::vector<Int8OptimKernelSpec> int8_optim_specs(Int8Optimizer o, bool vec4, DType grad, DType scale_dtype);
+
+// Whether a weight plan's rowwise stream is the rule an INT8 parameter is stored and stepped with:
+// int8, per_channel, stochastic rounding (recipes/int8_weight_sr.json's weight; what qt.Int8Linear
+// requires of its recipe).
+bool int8_storage_rule(const Plan& weight_plan);
+
+// What `qforge prewarm` compiles for the INT8 optimizers (qt.Int8AdamW / qt.Int8SGD) of a weight
+// plan (role linear:weight) whose rule is int8 storage; none for any other plan, or for a plan of
+// a model dtype int8 storage does not train (bf16 only). The kernels those optimizers launch for a
+// weight whose rows are a multiple of 4 elements long, whatever its shape: both optimizers, the
+// fp32 gradient they pass (main_grad), the plan's input dtype as the scale's rounding, every CTA
+// shape of the 16-byte kernels (18 specs). Not included (compiled by the first step that needs
+// one, or ahead by qforge._C.int8_optim_prepare): the scalar kernels of rows whose length is not
+// a multiple of 4 (or of misaligned buffers) and bf16 gradients (the functional steps only).
+std::vector<Int8OptimKernelSpec> int8_optim_prewarm_specs(const Plan& weight_plan);
+// "adamw 256x4x4 fp32 grad, bf16 scale": a spec as prewarm's messages name it.
+std::string describe(const Int8OptimKernelSpec& spec);
 
 struct Int8OptimKernel {
   std::string source;  // the emitted translation unit

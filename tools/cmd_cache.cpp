@@ -51,20 +51,21 @@ int cmd_list(const Argv& argv) {
     nlohmann::json out = nlohmann::json::array();
     for (const auto& e : entries)
       out.push_back({{"key", e.key}, {"kind", e.kind}, {"arch", e.arch}, {"size", e.size}, {"recipe", e.recipe},
-                     {"role", e.role}, {"form", e.form}, {"created_unix", e.created_unix}, {"last_use_unix", e.last_use_unix},
+                     {"role", e.role}, {"form", e.form}, {"content", e.content}, {"created_unix", e.created_unix}, {"last_use_unix", e.last_use_unix},
                      {"root", e.root}, {"readonly", e.readonly}});
     std::cout << out.dump(2) << "\n";
     return 0;
   }
   print_roots(cache);
   // FORM: a quantize plan's program (separate / one-launch: two entries per plan with a global amax).
+  // ROLE: a kernel of no role (a GEMM, an INT8 optimizer step, ...) shows what it is instead.
   std::printf("%-16s  %-5s  %-8s  %9s  %-14s  %-14s  %-10s  %-20s  %-20s\n", "KEY", "KIND", "ARCH", "BYTES", "RECIPE",
               "ROLE", "FORM", "CREATED", "LAST USE");
   uint64_t total = 0;
   for (const auto& e : entries) {
     std::printf("%-16s  %-5s  %-8s  %9llu  %-14s  %-14s  %-10s  %-20s  %-20s%s\n", e.key.substr(0, 16).c_str(),
                 e.kind.c_str(), e.arch.c_str(), (unsigned long long)e.size, e.recipe.empty() ? "-" : e.recipe.c_str(),
-                e.role.empty() ? "-" : e.role.c_str(), e.form.empty() ? "-" : e.form.c_str(), utc(e.created_unix).c_str(), utc(e.last_use_unix).c_str(),
+                !e.role.empty() ? e.role.c_str() : !e.content.empty() ? e.content.c_str() : "-", e.form.empty() ? "-" : e.form.c_str(), utc(e.created_unix).c_str(), utc(e.last_use_unix).c_str(),
                 e.readonly ? "  (read-only)" : "");
     total += e.size;
   }

@@ -6,7 +6,10 @@
 // Grouped and single-tensor calls
 // share one kernel (member sizes are read on the device), so "grouped" adds no kernels. The
 // recipes' "gemms" entries are compiled too, for sm_90a (the GEMM kernels are wgmma code),
-// unless --role restricts the run to some roles' quantize kernels.
+// unless --role restricts the run to some roles' quantize kernels. So are the INT8 optimizer
+// step's kernels (runtime/optim_int8.h, int8_optim_prewarm_specs) of a recipe whose bf16 weight
+// rule is int8 storage's (int8_weight_sr), when training is among the usages and no --role is
+// given: every kernel shape qt.Int8AdamW / qt.Int8SGD launch for rows a multiple of 4 long.
 #include <algorithm>
 #include <atomic>
 #include <chrono>
@@ -27,6 +30,7 @@
 #include "compiler/pipeline.h"
 #include "runtime/driver.h"
 #include "runtime/gemm.h"
+#include "runtime/optim_int8.h"
 #include "runtime/quantizer.h"
 #include "tools/args.h"
 #include "tools/cli_common.h"
@@ -35,16 +39,18 @@
 namespace qf::cli {
 namespace {
 
-// One kernel to build: a quantize plan's, or a GEMM's.
+// One kernel to build: a quantize plan's, a GEMM's, a history update's or an INT8 optimizer step's.
 struct Job {
   std::string recipe;  // for the summary
   std::optional<Plan> plan;
   std::optional<GemmSpec> gemm;
   std::string arch;
   std::optional<std::pair<PerTensorDelayed, ElemFormat>> history;  // delayed scaling's history update
+  std::optional<rt::Int8OptimKernelSpec> optim;                     // the INT8 parameter's optimizer step
   double cost = 1;  // estimated compile time, relative (estimated_cost): the longest start first
   std::string what() const {
     if (history) return "amax history (" + std::string(traits(history->second).name) + ")";
+    if (optim) return "int8 optimizer step (" + rt::describe(*optim) + ")";
     return plan ? plan->role : gemm->route == GemmRoute::Dequant ? describe(*gemm) + ": operand kernels" : describe(*gemm);
   }
 };
@@ -56,9 +62,11 @@ constexpr const char* kGemmArch = "sm_90a";  // wgmma: the GEMM kernels' only ta
 // (bench/jit_time.py, docs/jit.md): a quantize kernel grows with its streams, a transposed one
 // (staged through shared memory) costing about twice as much, and with its amax sources; an fp16
 // input about 2.4x (its software fp16 -> fp32 conversion); a GEMM or the dequant route's operand
-// kernels about one bf16 stream; the history update a tenth of that.
+// kernels about one bf16 stream; the history update a tenth of that; an INT8 optimizer step about
+// half (median 0.37 s of CPU against a GEMM's 0.55 s).
 double estimated_cost(const Job& j) {
   if (j.history) return 0.1;
+  if (j.optim) return 0.5;
   if (j.gemm) return 0.9;
   double c = 0.0;
   for (const auto& s : j.plan->streams) c += s.layout == DataLayout::Transposed ? 2.0 : 1.0;
@@ -75,7 +83,7 @@ int usable_cpus() {
 }
 
 struct Tally {
-  int plans = 0, gemms = 0, kernels = 0, compiled = 0, memory_hits = 0, disk_hits = 0, failed = 0;
+  int plans = 0, gemms = 0, optim = 0, kernels = 0, compiled = 0, memory_hits = 0, disk_hits = 0, failed = 0;
   double seconds = 0;
 };
 
@@ -113,6 +121,7 @@ int cmd_prewarm(const Argv& argv) {
   std::vector<std::string> roles = args.all("--role");
   for (const auto& r : roles) (void)parse_role(r, "--role");  // a malformed role names itself here
   const bool with_gemms = roles.empty();  // --role asks for those roles' quantize kernels only
+  const bool with_optim = roles.empty() && std::find(usages.begin(), usages.end(), Usage::Training) != usages.end();
   if (roles.empty())
     for (auto r : standard_roles()) roles.emplace_back(r);
   const int jobs_n = int(args.integer("-j", usable_cpus(), 1, 256));
@@ -160,6 +169,28 @@ int cmd_prewarm(const Argv& argv) {
               }
           }
         }
+    // The INT8 optimizer step of a weight stored as int8 (qt.Int8Linear's weight quantizer is the
+    // inference usage's; the step is training's, hence the usage condition above).
+    if (with_optim)
+      for (DType d : dtypes) {
+        Plan wp;
+        try {
+          wp = compile_plan(r, PlanRequest{"linear:weight", d, Usage::Inference, false});
+        } catch (const UserError&) {
+          continue;
+        }
+        for (const auto& spec : rt::int8_optim_prewarm_specs(wp)) {
+          ++t.optim;
+          const std::string osrc = rt::emit_int8_optim(spec);
+          for (const auto& a : archs)
+            if (seen.insert({osrc, a}).second) {
+              Job j{label, std::nullopt, std::nullopt, a, std::nullopt};
+              j.optim = spec;
+              jobs.push_back(std::move(j));
+              ++t.kernels;
+            }
+        }
+      }
     for (const auto& g : r.gemms) {
       if (!with_gemms || std::find(archs.begin(), archs.end(), kGemmArch) == archs.end()) continue;
       ++t.gemms;
@@ -195,6 +226,7 @@ int cmd_prewarm(const Argv& argv) {
       try {
         const Job& j = jobs[i];
         how = j.history ? rt::build_history_kernel(j.history->first, j.history->second, j.arch).cached.how
+              : j.optim ? rt::build_int8_optim_kernel(*j.optim, j.arch, rt::KernelCache::global()).cached.how
               : j.plan  ? rt::build_quantize_kernels(*j.plan, complete_form(*j.plan), j.arch, rt::KernelCache::global()).cached.how
               : j.gemm->route == GemmRoute::Dequant
                   ? rt::build_dequant_kernels(*j.gemm, j.arch, rt::KernelCache::global()).cached.how
@@ -236,20 +268,22 @@ int cmd_prewarm(const Argv& argv) {
   const int threads = int(pool.size());
 
   const double total = std::chrono::duration<double>(std::chrono::steady_clock::now() - t_start).count();
-  std::printf("%-28s %6s %6s %8s %9s %10s %7s %10s\n", "recipe", "plans", "gemms", "kernels", "compiled", "cache hits",
-              "failed", "kernel s");
+  // plans: quantize plans (role x usage x dtype); gemms: the recipe's "gemms" entries; optim: INT8
+  // optimizer step kernels; kernels: what those need, each counted for the first recipe needing it.
+  std::printf("%-28s %6s %6s %6s %8s %9s %10s %7s %10s\n", "recipe", "plans", "gemms", "optim", "kernels", "compiled",
+              "cache hits", "failed", "kernel s");
   Tally sum;
   for (const auto& n : order) {
     const Tally& t = tally[n];
-    std::printf("%-28s %6d %6d %8d %9d %10d %7d %10.2f\n", n.c_str(), t.plans, t.gemms, t.kernels, t.compiled,
-                t.disk_hits + t.memory_hits, t.failed, t.seconds);
-    sum.plans += t.plans, sum.gemms += t.gemms, sum.kernels += t.kernels, sum.compiled += t.compiled;
+    std::printf("%-28s %6d %6d %6d %8d %9d %10d %7d %10.2f\n", n.c_str(), t.plans, t.gemms, t.optim, t.kernels,
+                t.compiled, t.disk_hits + t.memory_hits, t.failed, t.seconds);
+    sum.plans += t.plans, sum.gemms += t.gemms, sum.optim += t.optim, sum.kernels += t.kernels, sum.compiled += t.compiled;
     sum.disk_hits += t.disk_hits + t.memory_hits, sum.failed += t.failed, sum.seconds += t.seconds;
   }
   std::string arch_list;
   for (const auto& a : archs) arch_list += (arch_list.empty() ? "" : ",") + a;
-  std::printf("%-28s %6d %6d %8d %9d %10d %7d %10.2f\n", "total", sum.plans, sum.gemms, sum.kernels, sum.compiled,
-              sum.disk_hits, sum.failed, sum.seconds);
+  std::printf("%-28s %6d %6d %6d %8d %9d %10d %7d %10.2f\n", "total", sum.plans, sum.gemms, sum.optim, sum.kernels,
+              sum.compiled, sum.disk_hits, sum.failed, sum.seconds);
   // Kernel-seconds over wall seconds: how busy the threads were (the rest is waiting for the
   // last, longest compiles, or for other processes compiling the same kernels).
   std::printf("time: %.2f kernel-s in %.2f s wall on %d thread%s (%.2f busy on average)", sum.seconds, total, threads,

@@ -9,6 +9,8 @@
 #include <cmath>
 #include <cstring>
 #include <filesystem>
+#include <set>
+#include <unistd.h>
 #include <vector>
 
 #include "compiler/error.h"
@@ -363,6 +365,62 @@ TEST(OptimInt8Runtime, KernelsCompileWithoutAGpu) {
       EXPECT_FALSE(k.cached.entry->image.empty());
       EXPECT_NE(k.source.find("#include \"qforge/optim_int8.cuh\""), std::string::npos);
     }
+}
+
+// ----------------------------------------------------------------- prewarm (qforge prewarm)
+
+// The specs a prewarm compiles are every spec a step of a weight whose rows are a multiple of 4
+// long picks (the optimizers' fp32 main_grad, bf16 scales), whatever its shape: 9 CTA shapes per
+// optimizer. Only a plan of int8 storage's rule, of a bf16 model, gets them.
+TEST(OptimInt8Prewarm, SpecsCoverEveryRowLengthAMultipleOf4) {
+  const Recipe r = load_recipe(std::filesystem::path(QF_SOURCE_DIR) / "recipes" / "int8_weight_sr.json");
+  const Plan wp = compile_plan(r, PlanRequest{"linear:weight", DType::BF16, Usage::Inference, false});
+  ASSERT_TRUE(rt::int8_storage_rule(wp));
+  const std::vector<rt::Int8OptimKernelSpec> specs = rt::int8_optim_prewarm_specs(wp);
+  EXPECT_EQ(specs.size(), 18u);
+  const std::set<rt::Int8OptimKernelSpec> have(specs.begin(), specs.end());
+  EXPECT_EQ(have.size(), specs.size());
+  for (auto o : {rt::Int8Optimizer::Sgd, rt::Int8Optimizer::AdamW})
+    for (int64_t cols = 4; cols <= rt::kInt8OptimMaxCols; cols += 4)
+      ASSERT_TRUE(have.count(rt::int8_optim_spec(o, cols, true, DType::FP32, DType::BF16))) << name(o) << " " << cols;
+  EXPECT_EQ(rt::int8_optim_specs(rt::Int8Optimizer::AdamW, true, DType::FP32, DType::BF16).size(), 9u);
+  EXPECT_EQ(rt::int8_optim_specs(rt::Int8Optimizer::AdamW, false, DType::FP32, DType::BF16).size(), 11u);
+  EXPECT_EQ(rt::describe(specs.front()).find("fp32 grad, bf16 scale") != std::string::npos, true);
+
+  // fp16 / fp32 models: int8 storage trains bf16 models only.
+  EXPECT_TRUE(rt::int8_optim_prewarm_specs(
+                  compile_plan(r, PlanRequest{"linear:weight", DType::FP16, Usage::Inference, false})).empty());
+  // Not int8 storage's rule: the activations' identity streams, another recipe's weight.
+  EXPECT_TRUE(rt::int8_optim_prewarm_specs(
+                  compile_plan(r, PlanRequest{"linear:input", DType::BF16, Usage::Training, false})).empty());
+  const Recipe w8a8 = load_recipe(std::filesystem::path(QF_SOURCE_DIR) / "recipes" / "w8a8_int8_inference.json");
+  const Plan w8 = compile_plan(w8a8, PlanRequest{"linear:weight", DType::BF16, Usage::Inference, false});
+  EXPECT_FALSE(rt::int8_storage_rule(w8));  // int8 per_channel, but round to nearest
+  EXPECT_TRUE(rt::int8_optim_prewarm_specs(w8).empty());
+}
+
+// A prewarmed kernel is what a later step finds: compiled into a cache root once, then a disk hit
+// for a fresh cache over that root (as a step of another process, or the wheel's shipped kernels).
+TEST(OptimInt8Prewarm, ALaterLookupHitsTheCache) {
+  const std::filesystem::path dir = std::filesystem::path(::testing::TempDir()) /
+                                    ("qforge-optim-prewarm-" + std::to_string(::getpid()));
+  std::filesystem::remove_all(dir);
+  rt::CacheOptions opts;
+  opts.writable_root = dir;
+  // The step of a 4096-column weight: its spec is one of the prewarm's.
+  const auto spec = rt::int8_optim_spec(rt::Int8Optimizer::AdamW, 4096, true, DType::FP32, DType::BF16);
+  {
+    rt::KernelCache cache(opts);
+    EXPECT_EQ(rt::build_int8_optim_kernel(spec, "sm_90a", cache).cached.how, rt::CacheHow::Compiled);
+    const auto listed = cache.list();
+    ASSERT_EQ(listed.size(), 1u);
+    EXPECT_EQ(listed[0].content, "optim_int8");  // what `qforge list` shows in its ROLE column
+  }
+  rt::KernelCache later(opts);
+  const rt::Int8OptimKernel k = rt::build_int8_optim_kernel(spec, "sm_90a", later);
+  EXPECT_EQ(k.cached.how, rt::CacheHow::DiskHit);
+  EXPECT_EQ(later.stats().compiles, 0u);
+  std::filesystem::remove_all(dir);
 }
 
 }  // namespace
