@@ -140,6 +140,35 @@ def test_kernel_compiles_without_a_gpu(tmp_path, monkeypatch):
         C.int8_optim_prepare("adam", 64)
 
 
+def test_clip_grads_are_the_ones_the_optimizers_read():
+    """qt.clip_grad_norm_ clips main_grad where a parameter has one (an int8 weight's gradient, which
+    torch.nn.utils.clip_grad_norm_ does not see), else .grad; parameters with neither are left out;
+    in the parameters' order. Checked on stand-in parameters, with the stand-in torch
+    (tests/python/stub_torch.py) where torch is not installed."""
+    from types import SimpleNamespace
+    try:
+        import torch as _t  # noqa: F401  (the real torch: no stand-in needed)
+        stub = None
+    except ImportError:
+        sys.path.insert(0, str(Path(__file__).resolve().parent))
+        import stub_torch as stub
+        stub.install()
+    try:
+        from qforge.torch import int8_training as m
+        a, b, c = object(), object(), object()
+        params = [SimpleNamespace(main_grad=a, grad=None),   # an Int8Linear weight
+                  SimpleNamespace(main_grad=None, grad=b),   # a bias
+                  SimpleNamespace(grad=c),                   # no main_grad attribute at all
+                  SimpleNamespace(main_grad=None, grad=None)]
+        assert m._clip_grads(params) == [a, b, c]
+        assert m._clip_grads(iter(params)) == [a, b, c]
+        assert m._clip_grads([]) == []
+        assert "clip_grad_norm_" in m.__all__
+    finally:
+        if stub is not None:
+            stub.uninstall()
+
+
 # ------------------------------------------------------------------------------- with torch + GPU
 
 try:
@@ -355,3 +384,68 @@ def test_memory_table():
     m = qt.weight_memory_bytes(7168, 4096, "adamw")
     n = 7168 * 4096
     assert m["bf16"] == 2 * n + 8 * n and m["int8"] == n + 4 * 7168 + 8 * n
+
+
+def grads_of(model):
+    """The gradients qt.clip_grad_norm_ takes: main_grad of int8 weights, .grad of the others."""
+    return [p.main_grad if p.dtype == torch.int8 else p.grad for p in model.parameters()]
+
+
+@needs_gpu
+@pytest.mark.parametrize("norm_type", [2.0, 1.0, math.inf])
+@pytest.mark.parametrize("foreach", [None, False, True])
+def test_clip_grad_norm_is_torchs_over_main_grad(norm_type, foreach):
+    """The total norm and the clipped gradients equal torch.nn.utils.clip_grad_norm_'s over the same
+    gradients (as leaf tensors' .grad), bit for bit; torch's own, given the model, misses main_grad."""
+    model, x, target = model_and_data(0)
+    torch.nn.functional.mse_loss(model(x).float(), target.float()).backward()
+    grads = grads_of(model)
+    assert all(g is not None for g in grads) and grads[0].dtype == torch.float32  # main_grad, fp32
+    leaves = []
+    for g in grads:
+        t = torch.zeros_like(g, requires_grad=True)
+        t.grad = g.clone()
+        leaves.append(t)
+    full = torch.nn.utils.clip_grad_norm_(leaves, float("inf"), norm_type=norm_type, foreach=foreach)
+    max_norm = 0.25 * float(full)  # clips every gradient
+    want = torch.nn.utils.clip_grad_norm_(leaves, max_norm, norm_type=norm_type, foreach=foreach)
+    got = qt.clip_grad_norm_(model, max_norm, norm_type=norm_type, foreach=foreach)
+    assert torch.equal(got, want)
+    for g, t in zip(grads_of(model), leaves):
+        assert torch.equal(g, t.grad)
+    # torch's own sees only the float parameters' .grad (the int8 weights have none)
+    seen = torch.nn.utils.clip_grad_norm_(model.parameters(), float("inf"), norm_type=norm_type)
+    assert float(seen) < float(got) or norm_type == math.inf
+
+
+@needs_gpu
+def test_clip_grad_norm_below_the_limit_and_nonfinite():
+    model, x, target = model_and_data(0)
+    torch.nn.functional.mse_loss(model(x).float(), target.float()).backward()
+    before = [g.clone() for g in grads_of(model)]
+    total = qt.clip_grad_norm_(model.parameters(), 1e9)
+    for g, b in zip(grads_of(model), before):  # scaled by min(1, ...) = 1: unchanged
+        assert torch.equal(g, b)
+    assert total.dim() == 0 and float(total) > 0
+    model[0].weight.main_grad[0, 0] = float("inf")
+    with pytest.raises(RuntimeError, match="non-finite"):
+        qt.clip_grad_norm_(model, 1.0, error_if_nonfinite=True)
+    assert model[0].weight.main_grad[0, 1] == before[0][0, 1]  # nothing scaled
+    assert math.isinf(float(qt.clip_grad_norm_(model, 1.0)))
+    assert float(qt.clip_grad_norm_([], 1.0)) == 0.0
+
+
+@needs_gpu
+def test_training_with_clipping():
+    model, x, target = model_and_data(0)
+    opt = qt.Int8AdamW(model.parameters(), lr=1e-2, weight_decay=0.0)
+    losses = []
+    for _ in range(40):
+        loss = torch.nn.functional.mse_loss(model(x).float(), target.float())
+        loss.backward()
+        total = qt.clip_grad_norm_(model, 0.5)
+        assert math.isfinite(float(total))
+        opt.step()
+        opt.zero_grad()
+        losses.append(loss.item())
+    assert sum(losses[-5:]) / 5 < 0.8 * sum(losses[:5]) / 5, losses

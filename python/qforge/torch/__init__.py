@@ -912,7 +912,7 @@ def _linear_backward(dy, qg: Quantizer, ga, tw, tx, need_dx: bool, need_dw: bool
 from . import _ops  # noqa: E402,F401  (registers the custom ops)
 from .modules import GroupedLinear, Linear, convert  # noqa: E402,F401
 from .checkpointing import checkpoint, checkpoint_context  # noqa: E402,F401
-from .int8_training import (Int8AdamW, Int8Linear, Int8SGD, convert_int8, int8_adamw_step,  # noqa: E402,F401
-                            int8_sgd_step, weight_memory_bytes)
+from .int8_training import (Int8AdamW, Int8Linear, Int8SGD, clip_grad_norm_, convert_int8,  # noqa: E402,F401
+                            int8_adamw_step, int8_sgd_step, weight_memory_bytes)
 __all__ += ["Int8Linear", "convert_int8", "Int8SGD", "Int8AdamW", "int8_sgd_step", "int8_adamw_step",
-            "weight_memory_bytes", "checkpoint", "checkpoint_context"]
+            "weight_memory_bytes", "clip_grad_norm_", "checkpoint", "checkpoint_context"]

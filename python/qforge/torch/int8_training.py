@@ -17,6 +17,9 @@ every other parameter with torch's own update rule. The stochastic rounding of a
 the module's weight seed (the seed qt.Linear's weight quantize uses) at the module's call counter,
 saved in its state_dict with the optimizer state in the optimizer's: a resumed run is
 bit-identical.
+
+`clip_grad_norm_` is torch.nn.utils.clip_grad_norm_ over the gradients these optimizers read: an
+int8 parameter's `main_grad` (which torch's own does not see), every other parameter's `.grad`.
 """
 import math
 import weakref
@@ -29,7 +32,7 @@ from torch import nn
 from . import QuantizedTensor, Recipes, UserError, _C, _check_input, _ptr, _raw_stream, gemm
 
 __all__ = ["Int8Linear", "convert_int8", "Int8SGD", "Int8AdamW", "int8_sgd_step", "int8_adamw_step",
-           "weight_memory_bytes"]
+           "weight_memory_bytes", "clip_grad_norm_"]
 
 
 def _user_error(message: str) -> UserError:
@@ -517,3 +520,79 @@ class Int8AdamW(_Int8Optimizer):
         bias_correction2 = 1 - beta2 ** t
         denom = (v.sqrt() / math.sqrt(bias_correction2)).add_(eps)
         p.addcdiv_(m, denom, value=-(lr / bias_correction1))
+
+
+# ------------------------------------------------------------------------------------ gradient clipping
+
+
+def _clip_grads(parameters) -> list:
+    """The gradient of each parameter that has one, as the optimizers read it: `main_grad` where the
+    parameter has one (an Int8Linear's weight; a qt.Linear weight with accumulate_main_grad), else
+    `.grad`. parameters: a module (its parameters), one tensor or an iterable of tensors."""
+    if isinstance(parameters, nn.Module):
+        parameters = parameters.parameters()
+    elif isinstance(parameters, torch.Tensor):
+        parameters = [parameters]
+    grads = []
+    for p in parameters:
+        g = getattr(p, "main_grad", None)
+        if g is None:
+            g = p.grad
+        if g is not None:
+            grads.append(g)
+    return grads
+
+
+def _by_device_and_dtype(grads: list) -> dict:
+    """(device, dtype) -> gradients, grouped (and so summed) in the order torch's clip_grad_norm_
+    groups them, so that the totals are the same bits."""
+    from torch.utils import _foreach_utils as fu
+    return {k: tensors for k, ([tensors], _) in fu._group_tensors_by_device_and_dtype([grads]).items()}
+
+
+def _foreach_ok(foreach: Optional[bool], grads: list, device) -> bool:
+    """torch.nn.utils.clip_grad_norm_'s choice: foreach=None takes the foreach kernels where the
+    tensors support them, True demands them (a RuntimeError where the device has none), False never."""
+    from torch.utils import _foreach_utils as fu
+    if foreach is None:
+        return fu._has_foreach_support(grads, device)
+    if foreach and not fu._device_has_foreach_support(device):
+        raise RuntimeError(f"foreach=True was passed, but can't use the foreach API on {device.type} tensors")
+    return bool(foreach)
+
+
+def clip_grad_norm_(parameters, max_norm: float, norm_type: float = 2.0, error_if_nonfinite: bool = False,
+                    foreach: Optional[bool] = None) -> torch.Tensor:
+    """torch.nn.utils.clip_grad_norm_ over int8 training's gradients (`_clip_grads`: `main_grad` where
+    a parameter has one, else `.grad`): the norm of order `norm_type` of all of them together (each
+    gradient's norm, on its own device and in its own dtype, then the norm of those on the first
+    gradient's device), every gradient scaled in place by min(1, max_norm / (total + 1e-6)). Returns
+    the total norm (a tensor; tensor(0.) with no gradient). error_if_nonfinite: a RuntimeError, and
+    no gradient changed, when the total is NaN or infinite. foreach: as torch's (None: the foreach
+    kernels where supported)."""
+    grads = _clip_grads(parameters)
+    max_norm, norm_type = float(max_norm), float(norm_type)
+    if not grads:
+        return torch.tensor(0.0)
+    first_device = grads[0].device
+    groups = _by_device_and_dtype(grads)
+    norms = []
+    for (device, _), gs in groups.items():
+        if _foreach_ok(foreach, gs, device):
+            norms.extend(torch._foreach_norm(gs, norm_type))
+        else:
+            norms.extend(torch.linalg.vector_norm(g, norm_type) for g in gs)
+    total = torch.linalg.vector_norm(torch.stack([n.to(first_device) for n in norms]), norm_type)
+    if error_if_nonfinite and torch.logical_or(total.isnan(), total.isinf()):
+        raise RuntimeError(f"The total norm of order {norm_type} for gradients from `parameters` is non-finite, so it "
+                           "cannot be clipped. To disable this error and scale the gradients by the non-finite norm "
+                           "anyway, set `error_if_nonfinite=False`")
+    coef = torch.clamp(max_norm / (total + 1e-6), max=1.0)
+    for (device, _), gs in groups.items():
+        c = coef.to(device)
+        if _foreach_ok(foreach, gs, device):
+            torch._foreach_mul_(gs, c)
+        else:
+            for g in gs:
+                g.mul_(c)
+    return total
