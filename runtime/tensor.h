@@ -40,7 +40,7 @@ int64_t element_count(const std::string& arg_name, std::span<const int64_t> shap
 // "... smaller than the 128 bytes required for input [64, 256]".
 // buffer_fits is the same test without a message (per-call paths build the text only on failure).
 inline bool buffer_fits(const TensorView& given, int64_t required_bytes, size_t alignment) {
-  if (given.bytes < 0) return false;
+  if (given.bytes < 0 || required_bytes < 0) return false;  // then check_buffer reports it (a negative requirement: an internal error)
   if (required_bytes == 0) return true;
   return given.ptr != 0 && given.ptr % alignment == 0 && given.bytes >= required_bytes;
 }
