@@ -438,6 +438,29 @@ def test_grouped_linear_hybrid_dgrad_is_the_dense_mixed_route_per_expert():
         lin._dgrad_per_expert(qg, lin._wcache[1], short)
 
 
+def test_second_backward_and_captured_per_expert_dgrad_are_refused():
+    # The first backward releases the quantized copies a layer saved: a second one (retain_graph) is a
+    # UserError, not a crash inside the GEMM call.
+    lin = qt.Linear(256, 128, bias=False, recipes=recipes("float8_block_scaling"), name="m", device="cuda")
+    x = rnd(128, 256, seed=1).requires_grad_()
+    y = lin(x)
+    y.backward(rnd(128, 128, seed=2), retain_graph=True)
+    with pytest.raises(qforge.UserError, match="a second backward through a qforge module"):
+        y.backward(rnd(128, 128, seed=2))
+    # The hybrid's per-expert dgrad reads the split on the host: under capture it is refused by name.
+    r = recipes("hybrid_mxfp8_fwd_nvfp4_bwd")
+    moe = qt.GroupedLinear(2, 256, 256, recipes=r, name="experts", device="cuda")
+    offsets = torch.tensor([0, 128, 256], dtype=torch.int64, device="cuda")
+    qg = moe.q["grad_output"](rnd(256, 256, seed=3), member_rows=offsets)
+    moe(rnd(256, 256, seed=4), offsets)  # the weight's grouped copy
+    stream = torch.cuda.Stream()
+    with torch.cuda.stream(stream):
+        graph = torch.cuda.CUDAGraph()
+        with pytest.raises(qforge.UserError, match="module experts: the per-expert dgrad .* CUDA-graph capture"):
+            with torch.cuda.graph(graph, stream=stream):
+                moe._dgrad_per_expert(qg, moe._wcache[1], offsets)
+
+
 def test_grouped_linear_hybrid_trains():
     # Two experts' MLP on the hybrid recipe: the loss falls and every gradient stays finite.
     torch.manual_seed(0)

@@ -36,7 +36,7 @@ _tls = threading.local()  # .stack: the regions whose forward or recompute is ru
 
 class _Region:
     """One checkpointed call: its module calls' records, appended by the forward, taken back in order by
-    each recompute (a backward with retain_graph may recompute it again: the cursor restarts)."""
+    each recompute (the cursor restarts with each one)."""
 
     def __init__(self):
         self.records: List[tuple] = []
@@ -68,8 +68,8 @@ def active() -> Optional[_Region]:
 
 class _Running:
     """The context a region's forward (replaying False) or recompute (True) runs in: the region on the
-    thread's stack. Re-enterable: torch enters the recompute's context again for each recompute
-    (a second backward through the region with retain_graph)."""
+    thread's stack. Re-enterable: torch enters the recompute's context again for each recompute.
+    A second backward through qforge modules (retain_graph) is refused by the modules' backward."""
 
     def __init__(self, region: _Region, replaying: bool):
         self.region, self.replaying = region, replaying

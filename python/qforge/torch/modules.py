@@ -539,6 +539,10 @@ class GroupedLinear(_RecipeState, nn.Module):
         into bf16, NVFP4's S_dec as the GEMM's alpha), each member first copied out of its grouped
         allocation into a dense one (the bytes as they are). The split is read on the host: one sync."""
         name = self.name or "<root>"
+        if torch.cuda.is_current_stream_capturing():
+            raise _user_error(f"module {name}: the per-expert dgrad of a mixed-format recipe reads the experts' "
+                              "token counts on the host, which a CUDA-graph capture cannot (capture the forward "
+                              "only, or use a recipe whose dgrad is one grouped GEMM)")
         try:
             split = member_split(offsets.tolist(), qg.m, self.num_experts)
         except ValueError as e:
@@ -701,6 +705,9 @@ def _save_input_copy(ctx, qx: QuantizedTensor):
 
 def _saved_input_copy(ctx) -> QuantizedTensor:
     qx = ctx.qx
+    if qx is None:  # the first backward released it
+        raise _user_error("a second backward through a qforge module (retain_graph) is not supported: the first "
+                          "one releases the quantized copies the layer saved")
     if isinstance(qx, QuantizedTensor):
         return qx
     return QuantizedTensor(ctx.saved_tensors[0], *qx)
