@@ -18,6 +18,7 @@ qt.convert; the router and the output head stay in bf16.
 import argparse
 import json
 import math
+import re
 import statistics
 import subprocess
 import sys
@@ -122,7 +123,8 @@ def quantize_experts(model: nn.Module, recipes) -> str:
             kinds.add("GroupedLinear")
         except qt.UserError as e:
             new = PerExpertLinear(mod, recipes, name)
-            kinds.add(f"qt.Linear per expert (GroupedLinear: {str(e).splitlines()[0][:120]})")
+            why = re.sub(r"^module \S+: ", "", str(e).splitlines()[0])  # the same reason for every layer
+            kinds.add(f"qt.Linear per expert (GroupedLinear: {why[:120]})")
         *path, leaf = name.split(".")
         parent = model
         for p in path:
@@ -229,6 +231,23 @@ def run(name, data_train, data_eval, args, seed):
             "step_ms": 1e3 * statistics.median(times[5:] or times)}
 
 
+def table(head: str, results: list) -> list:
+    """The markdown table of a run (train.md): one row per recipe and seed, bf16's first run the base."""
+    base = results[0]["eval_loss"]
+    lines = [head, "", "| recipe | experts on | final eval loss | vs bf16 | NaN/Inf steps | peak memory GiB (vs bf16) | "
+             "ms/step |", "|---|---|---|---|---|---|---|"]
+    for r in results:
+        label = f"{r['recipe']}{' (seed 1)' if r['seed'] else ''}"
+        if "error" in r:
+            lines.append(f"| {label} | failed: {r['error']} | | | | | |")
+            continue
+        rel = (r["eval_loss"] - base) / base * 100
+        lines.append(f"| {label} | {r['experts']} | {r['eval_loss']:.4f} | {rel:+.2f} % | {r['nonfinite_steps']} | "
+                     f"{r['peak_mem_gib']:.2f} ({r['peak_mem_gib'] / results[0]['peak_mem_gib']:.2f}x) | "
+                     f"{r['step_ms']:.1f} |")
+    return lines
+
+
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", default="train-results")
@@ -264,17 +283,7 @@ def main() -> int:
             f"`python3 bench/train.py --steps {args.steps}`; 4 layers, d_model 512, 8 heads, top-2 MoE of 8 experts "
             f"(ffn 1024), {args.batch} x {args.seq} bytes per step, AdamW lr {args.lr}; bf16 seed-to-seed spread "
             f"{spread:.4f}")
-    lines = [head, "", "| recipe | experts on | final eval loss | vs bf16 | NaN/Inf steps | peak memory GiB (vs bf16) | "
-             "ms/step |", "|---|---|---|---|---|---|---|"]
-    for r in results:
-        label = f"{r['recipe']}{' (seed 1)' if r['seed'] else ''}"
-        if "error" in r:
-            lines.append(f"| {label} | failed: {r['error']} | | | | | |")
-            continue
-        rel = (r["eval_loss"] - base) / base * 100
-        lines.append(f"| {label} | {r['experts']} | {r['eval_loss']:.4f} | {rel:+.2f} % | {r['nonfinite_steps']} | "
-                     f"{r['peak_mem_gib']:.2f} ({r['peak_mem_gib'] / results[0]['peak_mem_gib']:.2f}x) | "
-                     f"{r['step_ms']:.1f} |")
+    lines = table(head, results)
     (out / "train.md").write_text("\n".join(lines) + "\n")
     (out / "train.json").write_text(json.dumps({"head": head, "results": results}))
     print("\n".join(lines))
