@@ -11,4 +11,12 @@ namespace qf {
 // The kernel that dequantizes `s`'s data into `out` elements; cast_kernel holds its name.
 KernelSource emit_dequantize(const Stream& s, DType out);
 
+// Threads per block of both dequantize programs' element kernels (the launch reads it too).
+inline constexpr int kDequantizeThreads = 256;
+
+// The grouped dequantize program of (s's format and scale storage, out): the prep kernel
+// (amax_kernel) and the element kernel (cast_kernel) of templates/qforge/dequant_grouped.cuh, over the
+// same config as emit_dequantize's.
+KernelSource emit_dequantize_grouped(const Stream& s, DType out);
+
 }  // namespace qf

@@ -31,9 +31,8 @@ struct DequantizeGroupedCall {
 // Scratch of a call (the members' clamped starts and scale-grid bases, int64 each).
 int64_t dequantize_grouped_workspace_bytes(int num_members);
 
-// The grouped dequantize program of (s's format and scale storage, out): the prep kernel and the
-// element kernel, named by the returned source's amax_kernel and cast_kernel.
-KernelSource emit_dequantize_grouped(const qf::Stream& s, DType out);
+// The grouped dequantize program (compiler/dequantize_codegen.h, emit_dequantize_grouped) compiled
+// and loaded for (s's format and scale storage, out).
 QuantizeKernels build_dequantize_grouped_kernel(const qf::Stream& s, DType out, const std::string& arch,
                                                 KernelCache& cache = KernelCache::global());
 
