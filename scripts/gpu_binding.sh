@@ -25,13 +25,14 @@ python3 -m pytest -q -p no:cacheprovider tests/python/test_ext.py tests/python/t
 python3 bench/binding_bench.py --json "$OUT/binding_bench.json" 2>&1 | tee "$OUT/binding_bench.md" | tail -20
 echo "pytest rc=$rc"
 # compute-sanitizer memcheck over the dequantize kernels (every shipped stream, fp32 / bf16 / fp16
-# out, the 200x320 edge tiles) and the quantize kernels under them, with torch's caching allocator
-# off so that every tensor is its own allocation and an access past one is caught.
+# out, the 200x320 edge tiles: pytest ids test_quantize_bit_exact's shapes shape0 / shape1, so
+# "shape1" selects them) and the quantize kernels under them, with torch's caching allocator off
+# so that every tensor is its own allocation and an access past one is caught.
 # QFORGE_BINDING_SANITIZE=0 skips it.
 san_rc=-1
 if [ "${QFORGE_BINDING_SANITIZE:-1}" = 1 ] && command -v compute-sanitizer >/dev/null; then
   PYTORCH_NO_CUDA_MEMORY_CACHING=1 compute-sanitizer --tool memcheck --error-exitcode 9 \
-    python3 -m pytest -q -p no:cacheprovider tests/python/test_torch_binding.py -k "test_quantize_bit_exact and 200" \
+    python3 -m pytest -q -p no:cacheprovider tests/python/test_torch_binding.py -k "test_quantize_bit_exact and shape1" \
     >"$OUT/memcheck_dequantize.log" 2>&1; san_rc=$?
   echo "compute-sanitizer memcheck, dequantize: rc=$san_rc; $(grep -E "ERROR SUMMARY|passed|failed" "$OUT/memcheck_dequantize.log" | tr '\n' ' ' | cut -c1-200)"
 fi
