@@ -5,7 +5,7 @@ mode against the same step replayed from a CUDA graph, per recipe (torch.profile
   python3 bench/step_profile.py [--recipes delayed_scaling,current_scaling] [--size 1024] [--steps 20]
 
 Prints, per recipe: eager and graph us per step (CUDA events, as bench/binding_bench.py measures
-them), then one eager step's driver calls and kernels in time order with their durations and the
+them), the host us per call of each part and pair back to back (no profiler), then one eager step's driver calls and kernels in time order with their durations and the
 GPU idle gap before each kernel, and the same for a graph replay. A step whose eager time exceeds
 both its host time and its graph time spends the difference in those gaps (what runs between the
 kernels) or in kernels the graph does not run.
@@ -121,6 +121,12 @@ def main() -> int:
         replay = events_us(graph.replay, 200)
         print(f"\n{name}: eager {eager:.1f} us per step, host {host:.1f} us, graph {replay:.1f} us "
               f"(eager / graph {replay / eager:.2f})")
+        tx, tw = qx(x, **kw), qw(w, **kw)
+        parts = {"quantize x": lambda: qx(x, **kw), "quantize w": lambda: qw(w, **kw),
+                 "gemm": lambda: qt.gemm(tx, tw), "quantize x, w": lambda: (qx(x, **kw), qw(w, **kw)),
+                 "quantize x, gemm": lambda: (qx(x, **kw), qt.gemm(tx, tw)),
+                 "quantize x + synchronize": lambda: (qx(x, **kw), torch.cuda.synchronize())}
+        print("  host us per call, back to back: " + ", ".join(f"{k} {host_us(f, 200):.1f}" for k, f in parts.items()))
         show("eager step", timeline(step, args.steps))
         show("graph replay", timeline(graph.replay, args.steps))
     return 0
