@@ -15,6 +15,10 @@ Measures, on 1024 x 1024 bf16 tensors (the GPU work is a few microseconds, so th
     difference), and torch.empty of the layout's bytes alone;
   - the GEMMs' tensor-map cache (qforge._C.tensor_map_cache_stats(): hits, misses, entries) over
     each recipe's GEMM timing loop (every call after the first should hit) and over the whole run.
+Before measuring, the GPU and the host are kept busy (--warmup-s seconds of GEMMs, then torch
+ops): an idle H200 starts at a few hundred MHz, and calls timed in the first seconds of a process
+ran up to 1.5x slower than later ones. The floor is measured again next to each recipe's rows and
+each ratio is taken against the floor of its own recipe (the table's floor column).
 Writes JSON (--json) and prints a markdown table.
 
     python3 bench/binding_bench.py --json results.json
@@ -82,6 +86,20 @@ def host_us(fn, calls: int, rounds: int) -> float:
     return statistics.median(per)
 
 
+def warm_up(seconds: float, x: torch.Tensor) -> None:
+    """Busy GPU and host for `seconds` (bf16 GEMMs, then x.mul(2) back to back), so the clocks the
+    measurements run at are the loaded ones."""
+    a = torch.randn(4096, 4096, device=x.device, dtype=torch.bfloat16)
+    end = time.perf_counter() + seconds
+    while time.perf_counter() < end:
+        for _ in range(20):
+            a @ a
+        torch.cuda.synchronize()
+    for _ in range(20000):
+        x.mul(2)
+    torch.cuda.synchronize()
+
+
 def eager_and_graph(step, iters: int = 200):
     """(eager us per step, CUDA-graph replay us per step): the first call before capture."""
     eager = gpu_us(step, iters)
@@ -111,10 +129,12 @@ def main() -> int:
     ap.add_argument("--calls", type=int, default=1000)
     ap.add_argument("--rounds", type=int, default=7)
     ap.add_argument("--json")
+    ap.add_argument("--warmup-s", type=float, default=10.0)
     args = ap.parse_args()
     torch.manual_seed(0)
     x = torch.randn(1024, 1024, device="cuda", dtype=torch.bfloat16)
     w = torch.randn(1024, 1024, device="cuda", dtype=torch.bfloat16) * 0.05
+    warm_up(args.warmup_s, x)
     floor = host_us(lambda: x.mul(2), args.calls, args.rounds)
     # One quantize's allocation (mxfp8_hopper's 1024^2 layout is about 1.1 MB) three ways, the first the
     # one qforge.torch makes: which one is cheapest on this host.
@@ -134,6 +154,7 @@ def main() -> int:
         scale = torch.ones(1, device="cuda") if qx.inputs else None
         kw = {"scale": scale} if scale is not None else {}
         tx, tw = qx(x, **kw), qw(w, **kw)
+        r_floor = host_us(lambda: x.mul(2), args.calls, args.rounds)
         q_host = host_us(lambda: qx(x, **kw), args.calls, args.rounds)
         q_python = python_share_us(qx, lambda: qx(x, **kw), args.calls, args.rounds)
         nbytes = qx.layout(1024, 1024).nbytes
@@ -162,12 +183,12 @@ def main() -> int:
         f_eager, f_replay = eager_and_graph(fused)
         m_eager, m_replay = eager_and_graph(module)
         f_host = host_us(fused, args.calls, args.rounds)
-        rows.append({"recipe": name, "quantize_host_us": q_host, "gemm_host_us": g_host, "outputs": len(tx.buffers),
+        rows.append({"recipe": name, "floor_us": r_floor, "quantize_host_us": q_host, "gemm_host_us": g_host, "outputs": len(tx.buffers),
                      "route": qt.gemm_plan(tx, tw).route, "linear_eager_us": eager, "linear_graph_us": replay,
                      "fused_host_us": f_host, "fused_eager_us": f_eager, "fused_graph_us": f_replay,
                      "module_eager_us": m_eager, "module_graph_us": m_replay, "gemm_map_cache": g_maps,
                      "quantize_python_us": q_python, "quantize_empty_us": q_empty})
-        print(f"{name}: quantize {q_host:.1f} us (Python share {q_python:.1f} us, of it torch.empty {q_empty:.1f} us), gemm {g_host:.1f} us (tensor maps {g_maps}), linear eager {eager:.1f} / graph {replay:.1f} us, "
+        print(f"{name}: floor {r_floor:.1f} us, quantize {q_host:.1f} us (Python share {q_python:.1f} us, of it torch.empty {q_empty:.1f} us), gemm {g_host:.1f} us (tensor maps {g_maps}), linear eager {eager:.1f} / graph {replay:.1f} us, "
               f"fused {f_host:.1f} us host, {f_eager:.1f} / {f_replay:.1f} us, qt.Linear {m_eager:.1f} / {m_replay:.1f} us",
               flush=True)
 
@@ -188,21 +209,23 @@ def main() -> int:
     if args.json:
         Path(args.json).write_text(json.dumps(result, indent=1))
     print(f"\n{result['date']}, {result['gpu']}, torch {result['torch']}, commit {commit}; "
-          f"`python3 bench/binding_bench.py`; torch op floor (x.mul(2)): {floor:.1f} us host per call; "
+          f"`python3 bench/binding_bench.py`; torch op floor (x.mul(2)): {floor:.1f} us host per call after the "
+          f"warm-up, {min(r['floor_us'] for r in rows):.1f}-{max(r['floor_us'] for r in rows):.1f} us next to the recipes; "
           f"torch._dynamo.explain graph breaks (quantize + gemm + dequantize): {explain.graph_break_count}; "
           f"tensor-map cache (hits, misses, entries) over the run: {result['map_cache']}\n")
-    print("| recipe (1024^2 bf16) | outputs | quantize host us (x floor) | GEMM host us (x floor) | GEMM route | "
+    print("| recipe (1024^2 bf16) | outputs | floor us | quantize host us (x floor) | GEMM host us (x floor) | GEMM route | "
           "Linear step eager / graph us (ratio) | fused op eager / graph us (ratio) | "
           "qt.Linear forward eager / graph us (ratio) | quantize's Python share / torch.empty alone us |")
-    print("|---|---|---|---|---|---|---|---|---|")
+    print("|---|---|---|---|---|---|---|---|---|---|")
 
     def ratio(row, what):
         e, g = row[f"{what}_eager_us"], row[f"{what}_graph_us"]
         return f"{e:.1f} / {g:.1f} ({g / e:.2f})"
 
     for row in rows:
-        print(f"| {row['recipe']} | {row['outputs']} | {row['quantize_host_us']:.1f} ({row['quantize_host_us'] / floor:.2f}x) | "
-              f"{row['gemm_host_us']:.1f} ({row['gemm_host_us'] / floor:.2f}x) | {row['route']} | "
+        fl = row["floor_us"]
+        print(f"| {row['recipe']} | {row['outputs']} | {fl:.1f} | {row['quantize_host_us']:.1f} ({row['quantize_host_us'] / fl:.2f}x) | "
+              f"{row['gemm_host_us']:.1f} ({row['gemm_host_us'] / fl:.2f}x) | {row['route']} | "
               f"{ratio(row, 'linear')} | {ratio(row, 'fused')} | {ratio(row, 'module')} | "
               f"{row['quantize_python_us']:.1f} / {row['quantize_empty_us']:.1f} |")
     return 0
