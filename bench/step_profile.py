@@ -6,7 +6,8 @@ mode against the same step replayed from a CUDA graph, per recipe (torch.profile
 
 Prints, per recipe: eager and graph us per step (CUDA events, as bench/binding_bench.py measures
 them), the host us per call of each part and pair back to back (no profiler), then one eager step's driver calls and kernels in time order with their durations and the
-GPU idle gap before each kernel, and the same for a graph replay. A step whose eager time exceeds
+GPU idle gap before each kernel (the last of --steps steps run back to back, as a training loop
+queues them), and the same for a graph replay. A step whose eager time exceeds
 both its host time and its graph time spends the difference in those gaps (what runs between the
 kernels) or in kernels the graph does not run.
 """
@@ -24,6 +25,9 @@ import torch  # noqa: E402
 from torch.profiler import ProfilerActivity, profile  # noqa: E402
 
 import qforge.torch as qt  # noqa: E402
+
+sys.path.insert(0, str(ROOT / "bench"))
+from binding_bench import warm_up  # noqa: E402
 
 
 def events_us(fn, iters: int) -> float:
@@ -52,43 +56,41 @@ def host_us(fn, iters: int) -> float:
 
 
 def timeline(fn, steps: int):
-    """(kind, name, start us, duration us) of the last of `steps` calls of fn: GPU work and driver
-    / runtime calls, in start order, times relative to the step's first event."""
+    """(kind, name, start us, duration us, GPU idle us before) of the last of `steps` back-to-back
+    calls of fn (one synchronize after all of them, so the queue is as a training loop keeps it):
+    its GPU work and driver / runtime calls in start order, times relative to its first event."""
     for _ in range(3):
         fn()
     torch.cuda.synchronize()
     with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
         for _ in range(steps):
             fn()
-            torch.cuda.synchronize()
-    rows = []
+        torch.cuda.synchronize()
+    gpu, api = [], []
     for e in prof.events():
+        row = (e.name, e.time_range.start, e.time_range.end - e.time_range.start)
         if e.device_type == torch.autograd.DeviceType.CUDA:
-            rows.append(("gpu", e.name, e.time_range.start, e.time_range.end - e.time_range.start))
+            gpu.append(row)
         elif e.name.startswith(("cu", "cuda")) and "Synchronize" not in e.name:
-            rows.append(("api", e.name, e.time_range.start, e.time_range.end - e.time_range.start))
-    rows.sort(key=lambda r: r[2])
-    gpu = [r for r in rows if r[0] == "gpu"]
-    if not gpu:
+            api.append(row)
+    gpu.sort(key=lambda r: r[1])
+    api.sort(key=lambda r: r[1])
+    if len(gpu) < 2 * steps:
         return []
-    # The last step: its kernels are the last len(gpu) // steps GPU rows; its API calls start after the
-    # previous step's last GPU row ended (each step ends with a synchronize).
-    per = max(1, len(gpu) // steps)
-    first = gpu[-per][2]
-    prev_end = gpu[-per - 1][2] + gpu[-per - 1][3] if len(gpu) > per else 0
-    last = [r for r in rows if r[2] >= prev_end and (r[0] == "gpu" or r[2] <= gpu[-1][2])]
-    t0 = min(r[2] for r in last) if last else first
-    return [(k, n, s - t0, d) for k, n, s, d in last]
+    per_gpu, per_api = len(gpu) // steps, len(api) // steps
+    rows = [("gpu", n, s, d, s - (gpu[i - 1][1] + gpu[i - 1][2]))
+            for i, (n, s, d) in enumerate(gpu) if i >= len(gpu) - per_gpu]
+    rows += [("api", n, s, d, None) for n, s, d in (api[-per_api:] if per_api else [])]
+    rows.sort(key=lambda r: r[2])
+    t0 = rows[0][2]
+    return [(k, n, s - t0, d, idle) for k, n, s, d, idle in rows]
 
 
 def show(title: str, rows) -> None:
     print(f"  {title}")
-    end = None
-    for kind, name, start, dur in rows:
-        gap = "" if kind != "gpu" or end is None else f" (GPU idle {max(0.0, start - end):.1f} us before)"
+    for kind, name, start, dur, idle in rows:
+        gap = "" if idle is None else f" (GPU idle {max(0.0, idle):.1f} us before)"
         print(f"    {kind:3s} {start:8.1f} +{dur:6.1f} us  {name[:90]}{gap}")
-        if kind == "gpu":
-            end = start + dur
 
 
 def main() -> int:
@@ -96,11 +98,13 @@ def main() -> int:
     ap.add_argument("--recipes", default="delayed_scaling,current_scaling,float8_block_scaling,mxfp8")
     ap.add_argument("--size", type=int, default=1024)
     ap.add_argument("--steps", type=int, default=20)
+    ap.add_argument("--warmup-s", type=float, default=10.0)
     args = ap.parse_args()
     torch.manual_seed(0)
     n = args.size
     x = torch.randn(n, n, device="cuda", dtype=torch.bfloat16)
     w = torch.randn(n, n, device="cuda", dtype=torch.bfloat16) * 0.05
+    warm_up(args.warmup_s, x)  # as bench/binding_bench.py: the loaded clocks
     print(f"{torch.cuda.get_device_name()}, torch {torch.__version__}, {n}^3, "
           f"QFORGE_ONE_LAUNCH={os.environ.get('QFORGE_ONE_LAUNCH', 'unset')}")
     for name in args.recipes.split(","):
