@@ -67,6 +67,15 @@ const ScalingTraits kScalings[] = {
 };
 static_assert(std::size(kScalings) == std::variant_size_v<Scaling>);
 
+// Indexed by ScaleStorage.
+constexpr std::array kScaleStorages = {
+    ScaleStorageTraits{ScaleStorage::None, "none", 0},
+    ScaleStorageTraits{ScaleStorage::F32, "fp32", 4},
+    ScaleStorageTraits{ScaleStorage::E8M0, "e8m0", 1},
+    ScaleStorageTraits{ScaleStorage::E4M3, "e4m3", 1},
+};
+static_assert(kScaleStorages[size_t(ScaleStorage::E4M3)].id == ScaleStorage::E4M3);
+
 }  // namespace
 
 const DTypeTraits& traits(DType d) { return kDTypes[static_cast<size_t>(d)]; }
@@ -99,15 +108,11 @@ bool needs_tensor_amax(const Scaling& s) {
   return traits(s).amax_scope == AmaxScope::Tensor || std::holds_alternative<Nvfp4Scaling>(s);
 }
 
-std::string_view name(ScaleStorage s) {
-  switch (s) {
-    case ScaleStorage::None: return "none";
-    case ScaleStorage::F32: return "fp32";
-    case ScaleStorage::E8M0: return "e8m0";
-    case ScaleStorage::E4M3: return "e4m3";
-  }
-  QF_CHECK(false, "bad ScaleStorage");
+const ScaleStorageTraits& traits(ScaleStorage s) {
+  QF_CHECK(static_cast<size_t>(s) < kScaleStorages.size(), "bad ScaleStorage");
+  return kScaleStorages[static_cast<size_t>(s)];
 }
+std::string_view name(ScaleStorage s) { return traits(s).name; }
 std::string_view name(AmaxCompute a) { return a == AmaxCompute::Max ? "max" : "most_recent"; }
 std::string_view name(MxRule r) { return r == MxRule::RCeil ? "rceil" : "floor"; }
 

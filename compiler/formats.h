@@ -108,6 +108,14 @@ using Scaling = std::variant<NoScaling, PerTensorCurrent, PerTensorDelayed, PerC
 // How a mode stores its per-block scale.
 enum class ScaleStorage : uint8_t { None, F32, E8M0, E4M3 };
 
+struct ScaleStorageTraits {
+  ScaleStorage id;
+  std::string_view name;  // as buffers name their dtype: "e8m0"
+  int bytes;              // one stored scale (none: 0)
+};
+
+const ScaleStorageTraits& traits(ScaleStorage s);
+
 // What the scale of a mode depends on: nothing, the whole tensor's amax, a channel's
 // amax, or a block's amax.
 enum class AmaxScope : uint8_t { None, Tensor, Channel, Block };

@@ -51,10 +51,9 @@ void dequantize_grouped(const qf::Stream& s, Shape2D total, const DequantizeGrou
     throw UserError("num_members", "expected 1..2^20 members, got " + std::to_string(G));
   check_extent(total, true, "shape");
   const ScaleStorage storage = traits(s.scaling).scale_storage;
-  // What the grouped quantize's buffers hold for any split (Quantizer::grouped_capacity's rule):
-  // the data of total.m rows; the scales of each member's grid, at most one partial block per
-  // blocked dim and its own padding more than the grid of total.m rows (a per-tensor scale: one
-  // per member). The texts of the messages are built only when a check fails.
+  // What the grouped quantize's buffers hold for any split (Quantizer::grouped_capacity's sizes):
+  // the data of total.m rows, the scales grouped_scale_capacity's bytes. The texts of the messages
+  // are built only when a check fails.
   const auto what = [&](const char* part) {
     return "the " + std::string(name(s.dir)) + " " + part + " of a grouped input " +
            format_shape(std::vector<int64_t>{total.m, total.k}) + " of " + std::to_string(G) + " members";
@@ -63,14 +62,8 @@ void dequantize_grouped(const qf::Stream& s, Shape2D total, const DequantizeGrou
   const int64_t data_bytes = d.m * d.k * data_bits(s) / 8;
   if (!buffer_fits(call.data, data_bytes, 1)) check_buffer("data", call.data, data_bytes, 1, what("data"));
   if (storage != ScaleStorage::None) {
-    const ScaleGrid g = scale_grid(s, total);
-    const EntryShape e = scale_entry_shape(s);
-    const int64_t sb = storage == ScaleStorage::F32 ? 4 : 1;
-    int64_t scale_bytes = sb * G;
-    if (e.rows != 0 || e.cols != 0) {
-      const int64_t extra_rows = (g.swizzled ? 128 : g.mn_major ? 4 : 1) * int64_t(G), extra_cols = (g.swizzled ? 4 : 1) * int64_t(G);
-      scale_bytes = (g.padded_rows + extra_rows) * (g.padded_cols + extra_cols) * sb;
-    }
+    const int64_t sb = traits(storage).bytes;
+    const int64_t scale_bytes = grouped_scale_capacity(s, total, G);
     if (!buffer_fits(call.scale, scale_bytes, size_t(sb))) check_buffer("scale", call.scale, scale_bytes, size_t(sb), what("scales"));
   } else if (call.scale.ptr) {
     throw UserError("scale", "an identity stream has no scales: expected none");

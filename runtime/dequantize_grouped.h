@@ -41,10 +41,10 @@ QuantizeKernels build_dequantize_grouped_kernel(const qf::Stream& s, DType out, 
 DequantGroupedArgs dequantize_grouped_geometry(const qf::Stream& s, Shape2D total, int members);
 
 // Validates every argument (UserError naming it: num_members, shape, data, scale, amax, member_rows,
-// workspace, out, alpha_out; data and scale sized as Quantizer::grouped_capacity sizes them), then
-// launches the two kernels on `stream` in the current context. Offsets that break the grouped
-// quantize's contract (member_rows[0] == 0, rising, last == total.m) are clamped to [0, total.m] and
-// made rising; rows outside every member come out as zero. The first call per (device, format, scale
+// workspace, out, alpha_out; data and scale sized as Quantizer::grouped_capacity sizes them, the scale
+// by grouped_scale_capacity), then launches the two kernels on `stream` in the current context.
+// Offsets that break the grouped quantize's contract (member_rows[0] == 0, rising, last == total.m)
+// are clamped to [0, total.m] and made rising; rows outside every member come out as zero. The first call per (device, format, scale
 // storage, output dtype) compiles or loads the program.
 void dequantize_grouped(const qf::Stream& s, Shape2D total, const DequantizeGroupedCall& call, DType out,
                         CUstream stream, KernelCache& cache = KernelCache::global());

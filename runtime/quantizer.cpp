@@ -192,6 +192,20 @@ std::shared_ptr<const Quantizer::Form> Quantizer::load_form(Loaded& l, QuantizeF
   return slot;
 }
 
+int64_t grouped_scale_capacity(const qf::Stream& s, Shape2D total, int members) {
+  const ScalingTraits& t = traits(s.scaling);
+  const int64_t sb = traits(t.scale_storage).bytes;
+  if (sb == 0) return 0;
+  const ScaleGrid g = scale_grid(s, total);
+  // Modes without blocks store a flat grid: one entry of it (a per-tensor scale, a per-channel
+  // scale over an extent of one) is one per member.
+  if (!t.has_block && g.rows * g.cols == 1) return sb * members;
+  // Each member may add one partial block per blocked dim and its own swizzle (mn_major) padding.
+  const int64_t extra_rows = (g.swizzled ? 128 : g.mn_major ? 4 : 1) * int64_t(members);
+  const int64_t extra_cols = (g.swizzled ? 4 : 1) * int64_t(members);
+  return (g.padded_rows + extra_rows) * (g.padded_cols + extra_cols) * sb;
+}
+
 std::vector<BufferDesc> Quantizer::grouped_outputs(std::span<const int64_t> counts, int64_t k) const {
   std::vector<BufferDesc> total;
   for (size_t i = 0; i < counts.size(); ++i) {
@@ -263,14 +277,7 @@ std::shared_ptr<const Quantizer::Layout> Quantizer::layout(Shape2D shape, int me
   for (const auto& b : l->outs) {
     int64_t need = b.bytes;
     if (b.kind == BufferKind::Amax) need = 4 * int64_t(members);
-    else if (grouped && b.kind == BufferKind::ScaleInv && b.shape == std::vector<int64_t>{1}) need = 4 * int64_t(members);
-    else if (grouped && b.kind == BufferKind::ScaleInv) {
-      // Each member may add one partial block per blocked dim and its own swizzle (mn_major) padding.
-      const qf::Stream& s = plan_.streams[size_t(b.stream)];
-      const ScaleGrid g = scale_grid(s, shape);
-      const int64_t extra_rows = (g.swizzled ? 128 : g.mn_major ? 4 : 1) * members, extra_cols = (g.swizzled ? 4 : 1) * members;
-      need = (g.padded_rows + extra_rows) * (g.padded_cols + extra_cols) * storage_bytes(b.storage);
-    }
+    else if (grouped && b.kind == BufferKind::ScaleInv) need = grouped_scale_capacity(plan_.streams[size_t(b.stream)], shape, members);
     l->need.push_back(need);
   }
   l->amax_out.fill(-1);

@@ -70,6 +70,14 @@ struct BoundCall {
   int num_zero = 0;
 };
 
+// The bytes stream `s`'s scale buffer of a grouped call (`members` members over total.m rows)
+// must hold whatever the split, the members' scales back to back: a per-tensor scale per member
+// (likewise a per-channel grid of one entry), else the grid of total.m rows with one partial
+// block per member and blocked dim and each member's own swizzle (mn_major) padding; 0 for a
+// stream without scales. Quantizer::grouped_capacity sizes the scale outputs by it and
+// dequantize_grouped checks its scale input against it.
+int64_t grouped_scale_capacity(const qf::Stream& s, Shape2D total, int members);
+
 class Quantizer {
  public:
   // With use_tuning, the first load on a device takes the tile `qforge tune` stored for this
