@@ -5,7 +5,7 @@ Measures, on 1024 x 1024 bf16 tensors (the GPU work is a few microseconds, so th
     elementwise op (x.mul(2): the floor), each shipped training recipe's linear:input quantize
     (outputs allocated by the call) and its fprop GEMM;
   - a Linear-shaped step at 1024^3, eager time per step against the same step replayed from a
-    CUDA graph (CUDA events), three ways: the three separate calls (quantize input, quantize
+    CUDA graph (CUDA events; each the best of 5 rounds of 200 steps), three ways: the three separate calls (quantize input, quantize
     weight, fprop GEMM); the fused call qt.linear_forward (the same three in one call into the
     compiled core); and qt.Linear's forward (no bias, weight requiring grad: the autograd path,
     the weight's copy kept, so an input quantize and the GEMM in one fused call);
@@ -100,15 +100,16 @@ def warm_up(seconds: float, x: torch.Tensor) -> None:
     torch.cuda.synchronize()
 
 
-def eager_and_graph(step, iters: int = 200):
-    """(eager us per step, CUDA-graph replay us per step): the first call before capture."""
-    eager = gpu_us(step, iters)
+def eager_and_graph(step, iters: int = 200, rounds: int = 5):
+    """(eager us per step, CUDA-graph replay us per step): each the best of `rounds` rounds of `iters`
+    steps (a round that a host hiccup slowed does not count), the first call before capture."""
+    eager = min(gpu_us(step, iters) for _ in range(rounds))
     step()
     torch.cuda.synchronize()
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
         step()
-    return eager, gpu_us(graph.replay, iters)
+    return eager, min(gpu_us(graph.replay, iters) for _ in range(rounds))
 
 
 def gpu_us(fn, iters: int) -> float:
