@@ -27,7 +27,7 @@ std::vector<uint8_t> dequantize(const Stream& s, Shape2D in, std::span<const uin
   const ScaleStorage storage = traits(s.scaling).scale_storage;
   const int bits = data_bits(s);
   QF_CHECK(int64_t(data.size()) * 8 >= d.m * d.k * bits, "data buffer too small");
-  QF_CHECK(storage == ScaleStorage::None || int64_t(scale.size()) >= g.size() * (storage == ScaleStorage::F32 ? 4 : 1),
+  QF_CHECK(storage == ScaleStorage::None || int64_t(scale.size()) >= g.size() * traits(storage).bytes,
            "scale buffer too small");
   // NVFP4's global decode scale, as the quantize derived its encode scale from the amax.
   const float s_dec = nvfp4_global_decode_scale(nvfp4_global_encode_scale(amax));

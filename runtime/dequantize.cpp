@@ -53,7 +53,7 @@ void dequantize(const qf::Stream& s, Shape2D in, const DequantizeCall& call, DTy
   };
   fits("data", call.data, bufs[0].bytes, 1, [&] { return "the " + std::string(name(s.dir)) + " data of input " + shape(); });
   if (storage != ScaleStorage::None)
-    fits("scale", call.scale, bufs[1].bytes, storage == ScaleStorage::F32 ? 4 : 1,
+    fits("scale", call.scale, bufs[1].bytes, size_t(traits(storage).bytes),
          [&] { return "the " + std::string(name(s.dir)) + " scales of input " + shape(); });
   if (storage == ScaleStorage::E4M3) check_buffer("amax", call.amax, 4, 4, "NVFP4's per-tensor amax");
   const int64_t out_bytes = d.m * d.k * traits(out).bytes;
