@@ -131,18 +131,11 @@ __device__ __forceinline__ u32 enc_sr(float x, u32 r) {
   if constexpr (kIsE2m1<F>) {
     return enc_sr_e2m1<F>(x, r << (23 - F::kSrBits));
   } else if constexpr (F::kIsInt && F::kBits == 8) {
-    // Floor and fraction are exact in fp32, and "fraction > u" is grid_round_sr's integer
-    // comparison. Without branches (the branching form's BRA / BSSY / BSYNC were 11 % of the
-    // instructions of int8_weight_sr's weight cast; ncu, H200, 16384^2): |x| clamped to 128 rounds to 128 (-128 for x <= -128; 127 after the positive clamp for
-    // x >= 127), the signed integer's byte comes from one fp32 addition (enc_rn's), and NaN
-    // (clamped to 128 on the way) is selected apart. (A conversion-free form of the comparison,
-    // e2m1's before b8e416d, measured 2.6 % slower: 1504 -> 1543 us for int8_weight_sr's weight
-    // at 16384^2, H100.)
-    const float a = fminf(fabsf(x), 128.0f), lo = floorf(a), u = float(r >> 8) * 0x1p-24f;
-    const float q = lo + ((a - lo) > u ? 1.0f : 0.0f);
-    const float s = x < 0.0f ? -q : fminf(q, 127.0f);
-    const u32 b = f32_bits(s + 12582912.0f) & 0xFFu;
-    return f32_is_nan(x) ? u32(F::kNanBits) : b;
+    // Six operations after the scaling, without branches, comparisons or a conversion of the
+    // random bits (numerics.cuh int8_sr_top; the code is its top byte, which pack4 picks
+    // directly). The float form before it (floor, the fraction against (r >> 8) * 2^-24, selects
+    // for the sign, the clamps and NaN, the byte from one addition) took 16 with its packing.
+    return int8_sr_top(x, r) >> 24;
   } else {
     return encode_sr<F>(x, r);
   }
@@ -210,6 +203,15 @@ __device__ __forceinline__ u32 fix_nan_bytes(u32 w) {
   return (w & ~full) | (0x7F7F7F7Fu & full);
 }
 
+// Four int8 codes stochastically rounded with the Philox words of their group (element i takes
+// word i), packed element 0 lowest: the codes are int8_sr_top's top bytes.
+__device__ __forceinline__ u32 pack4_int8_sr(const float* x, const u32 w[4]) {
+  u32 t[4];
+#pragma unroll
+  for (int i = 0; i < 4; ++i) t[i] = int8_sr_top(x[i], w[i]);
+  return __byte_perm(__byte_perm(t[0], t[1], 0x0073), __byte_perm(t[2], t[3], 0x0073), 0x5410);
+}
+
 // Four scaled elements to the bits they are stored as, element 0 lowest: 8 bits each (fp8,
 // int8, fp6 in a byte), 4 each for fp4. Round to nearest, or stochastic rounding with the random
 // bits of element lin's group (lin % 4 == 0; sr_group_elems).
@@ -221,6 +223,7 @@ __device__ __forceinline__ u32 pack4(const QuantizeArgs& a, i64 lin, const float
     u32 w[4];
     sr_random_group(a.seed, a.offset, u32(S::kDir), u64(lin) / u64(sr_group_elems<F>()), w);
     sr_window<F, 4>(w, u64(lin));
+    if constexpr (F::kIsInt && F::kBits == 8) return pack4_int8_sr(x, w);
     u32 p = 0;
 #pragma unroll
     for (int i = 0; i < 4; ++i) p |= (enc_sr_group<F>(x[i], w, i) & kMask) << (kShift * i);
@@ -317,6 +320,16 @@ __device__ __forceinline__ RunWords<S, N> pack_run(const QuantizeArgs& a, i64 li
     }
 #pragma unroll
     for (int j = 0; j < N / 8; ++j) r.w[j] = pack_e2m1(b + 8 * j);
+  } else if constexpr (S::kStochastic && F::kIsInt && N > 4) {
+    // int8, N / 4 groups: lin % min(N, 16) == 0 makes the first group's index a multiple of
+    // N / 4, so the groups share its high word and their low words follow it without a carry.
+    const u64 g0 = u64(lin) / 4;
+#pragma unroll
+    for (int g = 0; g < N / 4; ++g) {
+      u32 w[4];
+      sr_random_group_at(a.seed, a.offset, u32(S::kDir), u32(g0) + u32(g), u32(g0 >> 32), w);
+      r.w[g] = pack4_int8_sr(x + g * 4, w);
+    }
   } else {
 #pragma unroll
     for (int g = 0; g < N / 4; ++g) r.w[g] = pack4<S>(a, lin + g * 4, x + g * 4);

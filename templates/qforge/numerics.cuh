@@ -6,8 +6,9 @@
 //     device: --fmad=false, no fast math, no ftz); no transcendental functions;
 //   * conversions between formats are done on the integer bits, never through the
 //     hardware converters (whose NaN/saturation behaviour differs between host and device);
-//     the one exception, fp16 -> fp32 on the device (f16_to_f32), is exact and fixes NaN up to
-//     the software bits;
+//     the exceptions, fp16 -> fp32 on the device (f16_to_f32), exact, with NaN fixed up to the
+//     software bits, and int8_sr_top's floor to int32 (cvt.rmi.s32.f32: saturating, NaN -> 0,
+//     as its host model), are exhaustively checked against the software definitions;
 //   * no host headers under NVRTC (builtins only), no exceptions, no dynamic memory.
 #pragma once
 
@@ -352,6 +353,52 @@ QF_HD u8 encode_sr(float x, u32 rbits) {
   }
 }
 
+// int8 stochastic rounding in six operations after the scaling (the kernels' encoder,
+// cast_encode.cuh enc_sr): encode_sr<Int8>(y, r) is the top byte of int8_sr_top(y, r).
+// With n = r >> 8 and C = ceil(|y| 2^24) (|y| < 128): C = floor(|y|) 2^24 + ceil(frac 2^24),
+// the last term below 2^24, and frac > n 2^-24 exactly when ceil(frac 2^24) > n, so the
+// magnitude floor(|y|) + (frac > u) is the top byte of C + (2^24 - 1 - n), and the negative
+// code, its two's complement, the top byte of n - C. With T = floor(-|c| 2^24) = -C and m the
+// sign of c = -min(y, 127) spread over the word (-1 for y > 0 and +0, else 0) both are the top
+// byte of (T + n + m 2^24) ^ m. Saturation: y >= 127 (+Inf) is c = -127, code 127; y <= -128
+// (-Inf) saturates T at -2^31, code 0x80; NaN (c NaN) converts to T = 0, code 0 either way.
+// Two hardware instructions with fully specified results, modelled on the host: max.NaN.f32
+// (canonical NaN for a NaN operand) and cvt.rmi.s32.f32 (floor, saturating, NaN -> 0).
+namespace detail {
+QF_HD float f32_max_nan(float a, float b) {
+#if defined(__CUDA_ARCH__)
+  float r;
+  asm("max.NaN.f32 %0, %1, %2;" : "=f"(r) : "f"(a), "f"(b));
+  return r;
+#else
+  if (f32_is_nan(a) || f32_is_nan(b)) return f32_from_bits(0x7FFFFFFFu);
+  return a > b ? a : b;  // b is a nonzero constant here: no signed-zero case
+#endif
+}
+
+QF_HD i32 f32_floor_s32_sat(float p) {
+#if defined(__CUDA_ARCH__)
+  return __float2int_rd(p);
+#else
+  if (f32_is_nan(p)) return 0;
+  if (p <= -2147483648.0f) return static_cast<i32>(0x80000000u);
+  if (p >= 2147483648.0f) return 0x7FFFFFFF;
+  return static_cast<i32>(floorf(p));
+#endif
+}
+}  // namespace detail
+
+QF_HD u32 int8_sr_top(float y, u32 r) {
+  const float c = detail::f32_max_nan(-y, -127.0f);
+  const u32 t = static_cast<u32>(detail::f32_floor_s32_sat(-fabsf(c) * 16777216.0f));
+  const u32 m = static_cast<u32>(static_cast<i32>(f32_bits(c)) >> 31);
+#if defined(__CUDA_ARCH__)
+  return (t + __funnelshift_l(r, m, 24)) ^ m;  // (r >> 8) + (m << 24)
+#else
+  return (t + (r >> 8) + (m << 24)) ^ m;
+#endif
+}
+
 // Exact value of an encoding (bits above kBits are ignored). Int8: the signed byte.
 template <class F>
 QF_HD float decode(u8 bits) {
@@ -614,6 +661,15 @@ QF_HD void sr_random_group(u64 seed, u64 offset, u32 stream_id, u64 group, u32 o
                       static_cast<u32>(seed >> 32) ^ (kPhiloxW0 * stream_id)};
   const u32 ctr[4] = {static_cast<u32>(group), static_cast<u32>(group >> 32),
                       static_cast<u32>(offset), static_cast<u32>(offset >> 32)};
+  philox4x32_10(ctr, key, out);
+}
+
+// sr_random_group with the group index given as its two words (vector paths whose groups share
+// the high word).
+QF_HD void sr_random_group_at(u64 seed, u64 offset, u32 stream_id, u32 group_lo, u32 group_hi, u32 out[4]) {
+  const u32 key[2] = {static_cast<u32>(seed),
+                      static_cast<u32>(seed >> 32) ^ (kPhiloxW0 * stream_id)};
+  const u32 ctr[4] = {group_lo, group_hi, static_cast<u32>(offset), static_cast<u32>(offset >> 32)};
   philox4x32_10(ctr, key, out);
 }
 

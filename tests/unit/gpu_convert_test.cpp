@@ -121,6 +121,44 @@ __device__ void check_pack_sr(unsigned int bits, unsigned int* count, unsigned i
     atomicMin(first, bits);
   }
 }
+// The stochastic int8 vector paths (pack_run's sixteen and eight: groups sharing the high word of
+// their index; pack4) against scalar encodes with each element's own word, over 2^28 runs at
+// linear indices whose group indices cross 2^32; values in [-128, 128) with 10 fraction bits,
+// every seventh element a pattern (NaN, Inf, saturation, tiny).
+struct SrInt8Stream {
+  using Format = qf::Int8;
+  static constexpr bool kStochastic = true;
+  static constexpr long long kDir = 1;
+};
+__device__ void check_pack_sr_int8(unsigned int bits, unsigned int* count, unsigned int* first) {
+  qf::QuantizeArgs args{};
+  args.seed = 0x0123456789ABCDEFull;
+  args.offset = 77;
+  const long long lin = (long long)bits * 16 + 0x3FFF00000ll;
+  float y[16];
+  for (int i = 0; i < 16; ++i) {
+    const unsigned int h = (bits + 0x9E3779B9u * (unsigned int)(i + 1)) * 2654435761u;
+    y[i] = i % 7 == 3 ? qf::f32_from_bits(h ^ (bits << 5)) : (float)((int)(h >> 14) - 131072) * (1.0f / 1024.0f);
+  }
+  auto want = [&](int i) {
+    return (unsigned int)qf::encode_sr<qf::Int8>(y[i], qf::sr_random_bits<qf::Int8>(args.seed, args.offset, 1, (unsigned long long)(lin + i)));
+  };
+  const qf::detail::RunWords<SrInt8Stream, 16> r = qf::detail::pack_run<SrInt8Stream, 16>(args, lin, y);
+  bool ok = true;
+  for (int i = 0; i < 16; ++i) ok = ok && ((r.w[i / 4] >> (8 * (i % 4))) & 0xFFu) == want(i);
+  float y8[8];
+  for (int i = 0; i < 8; ++i) y8[i] = y[8 + i];
+  const qf::detail::RunWords<SrInt8Stream, 8> r8 = qf::detail::pack_run<SrInt8Stream, 8>(args, lin + 8, y8);
+  for (int i = 0; i < 8; ++i) ok = ok && ((r8.w[i / 4] >> (8 * (i % 4))) & 0xFFu) == want(8 + i);
+  for (int q = 0; q < 4; ++q) {
+    const unsigned int w = qf::detail::pack4<SrInt8Stream>(args, lin + 4 * q, y + 4 * q);
+    for (int i = 0; i < 4; ++i) ok = ok && ((w >> (8 * i)) & 0xFFu) == want(4 * q + i);
+  }
+  if (!ok) {
+    atomicAdd(count, 1u);
+    atomicMin(first, bits);
+  }
+}
 extern "C" __global__ void exhaustive(unsigned int* out) {
   const unsigned long long n = 1ull << 32;
   for (unsigned long long i = blockIdx.x * 256ull + threadIdx.x; i < n; i += 256ull * gridDim.x) {
@@ -134,6 +172,7 @@ extern "C" __global__ void exhaustive(unsigned int* out) {
     check_pack<qf::E5M2>(b, out + 12, out + 13);
     check_pack<qf::E2M1>(b, out + 20, out + 21);
     if ((b & 15u) == 0) check_pack_sr(b >> 4, out + 22, out + 23);  // 2^28 runs (Philox-heavy)
+    if ((b & 15u) == 1) check_pack_sr_int8(b >> 4, out + 28, out + 29);  // 2^28 runs
     check_one<qf::Int8>(b, out + 24, out + 25);
     check_pack<qf::Int8>(b, out + 26, out + 27);
     // RHT outputs rounded to bf16 / fp16 by the hardware: the software value, or NaN for NaN.
@@ -178,7 +217,7 @@ TEST(FastEncoders, GpuEqualSoftwareOnAllFp32Patterns) {
   Module m(r.image);
   CUfunction f = m.function(r.lowered_names.at("exhaustive"));
   std::vector<uint32_t> init;
-  for (int i = 0; i < 14; ++i) init.insert(init.end(), {0u, 0xFFFFFFFFu});
+  for (int i = 0; i < 15; ++i) init.insert(init.end(), {0u, 0xFFFFFFFFu});
   DeviceBuffer out(init.size() * 4);
   out.upload(init.data(), init.size() * 4);
   uint64_t p = out.address();
@@ -188,8 +227,8 @@ TEST(FastEncoders, GpuEqualSoftwareOnAllFp32Patterns) {
   s.synchronize();
   const auto got = out.download_as<uint32_t>();
   const char* names[] = {"e4m3 rn", "e5m2 rn", "e2m1 rn", "e2m1 sr", "int8 sr", "e4m3 rn x4", "e5m2 rn x4", "e4m3 decode",
-                         "bf16 round", "fp16 round", "e2m1 rn packed", "e2m1 sr packed", "int8 rn", "int8 rn x4"};
-  for (int i = 0; i < 14; ++i)
+                         "bf16 round", "fp16 round", "e2m1 rn packed", "e2m1 sr packed", "int8 rn", "int8 rn x4", "int8 sr packed"};
+  for (int i = 0; i < 15; ++i)
     EXPECT_EQ(got[2 * i], 0u) << names[i] << ": " << got[2 * i] << " patterns differ, first 0x" << std::hex
                               << got[2 * i + 1];
 }

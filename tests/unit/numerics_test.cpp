@@ -12,6 +12,7 @@
 #include <cstring>
 #include <limits>
 #include <random>
+#include <thread>
 #include <vector>
 
 namespace qf {
@@ -705,6 +706,49 @@ TEST(Sr, Unbiased) {
     check_unbiased<E2M1>(v, 11);
   for (float v : {0.3f, -7.25f, 100.9f, 126.5f, -127.99f, 0.001f}) check_unbiased<Int8>(v, 12);
   for (float v : {0.3f, 300.0f, -0.001f}) check_unbiased<E4M3>(v, 13);
+}
+
+// The kernels' int8 stochastic rounding (int8_sr_top, the code in its top byte) against
+// encode_sr<Int8> on every fp32 pattern: at a pseudo-random word, at the words 0 and ~0, and, below
+// 200 in magnitude, at the words whose 24 used bits sit one below, at and one above the pattern's
+// fraction times 2^24 (the comparison that must be exact). The two hardware instructions it uses
+// enter through their host models (max.NaN.f32, cvt.rmi.s32.f32: saturating, NaN -> 0); the GPU
+// test (gpu_convert_test) runs the device code over the same patterns.
+TEST(Sr, Int8FastEncoderEqualsEncodeSrOnAllPatterns) {
+  EXPECT_EQ(detail::f32_floor_s32_sat(kNaN), 0);
+  EXPECT_EQ(detail::f32_floor_s32_sat(-kInf), INT32_MIN);
+  EXPECT_EQ(detail::f32_floor_s32_sat(-2.5f), -3);
+  EXPECT_TRUE(std::isnan(detail::f32_max_nan(kNaN, -127.0f)));
+  const unsigned threads = std::max(1u, std::thread::hardware_concurrency());
+  std::vector<u64> bad(threads, 0);
+  std::vector<u32> first(threads, 0xFFFFFFFFu);
+  auto fast = [](float x, u32 r) { return static_cast<u8>(int8_sr_top(x, r) >> 24); };
+  auto work = [&](unsigned id) {
+    for (u64 i = id; i < (u64(1) << 32); i += threads) {
+      const u32 bits = static_cast<u32>(i);
+      const float x = F(bits);
+      const u32 r = (bits * 2654435761u) ^ (bits >> 11) ^ 0x5bd1e995u;
+      bool ok = fast(x, r) == encode_sr<Int8>(x, r) && fast(x, 0u) == encode_sr<Int8>(x, 0u) &&
+                fast(x, ~0u) == encode_sr<Int8>(x, ~0u);
+      const double a = std::fabs(static_cast<double>(x));
+      if (a < 200.0) {
+        const double at = std::floor((a - std::floor(a)) * 16777216.0);
+        for (int d = -1; d <= 1; ++d) {
+          const double u = at + d;
+          if (u < 0.0 || u >= 16777216.0) continue;
+          const u32 rd = (static_cast<u32>(u) << 8) | (r & 0xFFu);
+          ok = ok && fast(x, rd) == encode_sr<Int8>(x, rd);
+        }
+      }
+      if (!ok && bad[id]++ == 0) first[id] = bits;
+    }
+  };
+  std::vector<std::thread> pool;
+  for (unsigned t = 0; t < threads; ++t) pool.emplace_back(work, t);
+  for (auto& t : pool) t.join();
+  u64 total = 0;
+  for (u64 b : bad) total += b;
+  EXPECT_EQ(total, 0u) << "first differing pattern 0x" << std::hex << *std::min_element(first.begin(), first.end());
 }
 
 }  // namespace
