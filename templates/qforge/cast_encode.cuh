@@ -73,6 +73,20 @@ __device__ __forceinline__ u32 enc_rn(float x) {
   }
 }
 
+// enc_rn<E4M3>(x) for an x that is not a NaN (the caller's guarantee): the hardware conversion
+// without the NaN fix-up; the pair's other byte converts +0 (0x00), so the 16 bits are the code.
+// 16 bits, for e4m3_value16 and byte stores, which need no widening (NVFP4's block scale: 4
+// fewer instructions per block than enc_rn + e4m3_value).
+__device__ __forceinline__ u16 e4m3_code_not_nan(float x) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 890
+  u16 r;
+  asm("cvt.rn.satfinite.e4m3x2.f32 %0, %1, %2;" : "=h"(r) : "f"(0.0f), "f"(x));
+  return r;
+#else
+  return u16(enc_rn<E4M3>(x));
+#endif
+}
+
 // The value of an e4m3 code (exact; NaN for 0x7F / 0xFF), through the hardware conversion
 // where one exists.
 __device__ __forceinline__ float e4m3_value(u32 bits) {
@@ -81,6 +95,18 @@ __device__ __forceinline__ float e4m3_value(u32 bits) {
   asm("{\n\t.reg .b16 t, lo, hi;\n\t.reg .b32 h2;\n\tcvt.u16.u32 t, %1;\n\tcvt.rn.f16x2.e4m3x2 h2, t;\n\t"
       "mov.b32 {lo, hi}, h2;\n\tcvt.f32.f16 %0, lo;\n\t}"
       : "=f"(v) : "r"(bits));
+  return v;
+#else
+  return decode<E4M3>(u8(bits));
+#endif
+}
+// The same from 16 bits whose high byte is 0 (e4m3_code_not_nan's).
+__device__ __forceinline__ float e4m3_value16(u16 bits) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 890
+  float v;
+  asm("{\n\t.reg .b16 lo, hi;\n\t.reg .b32 h2;\n\tcvt.rn.f16x2.e4m3x2 h2, %1;\n\t"
+      "mov.b32 {lo, hi}, h2;\n\tcvt.f32.f16 %0, lo;\n\t}"
+      : "=f"(v) : "h"(bits));
   return v;
 #else
   return decode<E4M3>(u8(bits));

@@ -69,9 +69,11 @@ __device__ __forceinline__ void block_scale(float block_amax, const StreamCtx<S>
     entry = e;
   } else if constexpr (S::kMode == kModeNvfp4) {
     // nvfp4_block_scale / nvfp4_element_multiplier (numerics.cuh) with the hardware e4m3
-    // conversions (bit-identical: enc_rn is checked exhaustively, the decode is exact).
-    const u32 sb = enc_rn<E4M3>(block_amax * ctx.nvfp4_k);
-    mul = fminf(1.0f / (e4m3_value(sb) * ctx.nvfp4_s_dec), kFltMax);
+    // conversions (bit-identical: enc_rn is checked exhaustively, the decode is exact). The
+    // product is never NaN (block amaxes are maxima of |x| from +0, NaN skipped, so in [0, Inf];
+    // nvfp4_k is finite and nonzero), so enc_rn's NaN fix-up is left out (e4m3_code_not_nan).
+    const u16 sb = e4m3_code_not_nan(block_amax * ctx.nvfp4_k);
+    mul = fminf(1.0f / (e4m3_value16(sb) * ctx.nvfp4_s_dec), kFltMax);
     entry = sb;
   } else {
     mul = 1.0f;

@@ -191,11 +191,20 @@ extern "C" __global__ void exhaustive(unsigned int* out) {
         atomicMin(out + 15 + 2 * d, b);
       }
     }
-    if (b < 256) {  // the hardware e4m3 decode of the NVFP4 block scales
+    if (b < 256) {  // the hardware e4m3 decode of the NVFP4 block scales (both forms)
       const float got = qf::detail::e4m3_value(b), want = qf::decode<qf::E4M3>((unsigned char)b);
-      if (!(qf::f32_bits(got) == qf::f32_bits(want) || (got != got && want != want))) {
+      const float got16 = qf::detail::e4m3_value16((unsigned short)b);
+      if (!(qf::f32_bits(got) == qf::f32_bits(want) || (got != got && want != want)) ||
+          !(qf::f32_bits(got16) == qf::f32_bits(want) || (got16 != got16 && want != want))) {
         atomicAdd(out + 14, 1u);
         atomicMin(out + 15, b);
+      }
+    }
+    {  // NVFP4's block-scale code: enc_rn's bits for every non-NaN input
+      const float x = qf::f32_from_bits(b);
+      if (x == x && qf::detail::e4m3_code_not_nan(x) != qf::detail::enc_rn<qf::E4M3>(x)) {
+        atomicAdd(out + 30, 1u);
+        atomicMin(out + 31, b);
       }
     }
   }
@@ -217,7 +226,7 @@ TEST(FastEncoders, GpuEqualSoftwareOnAllFp32Patterns) {
   Module m(r.image);
   CUfunction f = m.function(r.lowered_names.at("exhaustive"));
   std::vector<uint32_t> init;
-  for (int i = 0; i < 15; ++i) init.insert(init.end(), {0u, 0xFFFFFFFFu});
+  for (int i = 0; i < 16; ++i) init.insert(init.end(), {0u, 0xFFFFFFFFu});
   DeviceBuffer out(init.size() * 4);
   out.upload(init.data(), init.size() * 4);
   uint64_t p = out.address();
@@ -227,8 +236,9 @@ TEST(FastEncoders, GpuEqualSoftwareOnAllFp32Patterns) {
   s.synchronize();
   const auto got = out.download_as<uint32_t>();
   const char* names[] = {"e4m3 rn", "e5m2 rn", "e2m1 rn", "e2m1 sr", "int8 sr", "e4m3 rn x4", "e5m2 rn x4", "e4m3 decode",
-                         "bf16 round", "fp16 round", "e2m1 rn packed", "e2m1 sr packed", "int8 rn", "int8 rn x4", "int8 sr packed"};
-  for (int i = 0; i < 15; ++i)
+                         "bf16 round", "fp16 round", "e2m1 rn packed", "e2m1 sr packed", "int8 rn", "int8 rn x4", "int8 sr packed",
+                         "e4m3 rn (not NaN)"};
+  for (int i = 0; i < 16; ++i)
     EXPECT_EQ(got[2 * i], 0u) << names[i] << ": " << got[2 * i] << " patterns differ, first 0x" << std::hex
                               << got[2 * i + 1];
 }
