@@ -398,11 +398,16 @@ __device__ __forceinline__ void store_run(const QuantizeArgs& a, void* data, i64
   }
   if constexpr (is_identity<F>::value) {
     if constexpr (F::kDtype == 0) {
+      // Unrolled with a bound of N, so that x stays in registers (a loop to `valid` indexes it).
       float* o = static_cast<float*>(data) + lin;
-      for (int i = 0; i < valid; ++i) o[i] = x[i];
+#pragma unroll
+      for (int i = 0; i < N; ++i)
+        if (i < valid) o[i] = x[i];
     } else {
       u16* o = static_cast<u16*>(data) + lin;
-      for (int i = 0; i < valid; ++i) o[i] = u16(F::kDtype == 1 ? f32_to_bf16(x[i]) : f32_to_f16(x[i]));
+#pragma unroll
+      for (int i = 0; i < N; ++i)
+        if (i < valid) o[i] = u16(F::kDtype == 1 ? f32_to_bf16(x[i]) : f32_to_f16(x[i]));
     }
   } else {
     // Edges: element by element (each with its own random bits).

@@ -8,11 +8,13 @@
 // in shared scratch, then rowwise-style runs; MX / NVFP4 byte scale entries staged and copied
 // out a row at a time; rowwise 16-column blocks (NVFP4) one whole block per thread. A plan whose
 // one stream is rowwise (inference) casts interior tiles straight from global memory, without
-// staging; tensor amaxes after the RHT come from global memory too. Edge tiles take the checked
-// paths above, element by element where needed.
+// staging; tensor amaxes after the RHT come from global memory too. Plans of 16-bit identity
+// copies only move the input's bits (cast_copy.cuh). Edge tiles take the checked paths above,
+// element by element where needed.
 #pragma once
 #include "qforge/args.cuh"
 #include "qforge/cast_columnwise.cuh"
+#include "qforge/cast_copy.cuh"
 #include "qforge/cast_encode.cuh"
 #include "qforge/cast_load.cuh"
 #include "qforge/cast_pair.cuh"
@@ -102,6 +104,13 @@ __device__ __forceinline__ void cast_tile(const QuantizeArgs& a) {
   const bool full = row0 + Cfg::kTileRows <= mem.rows && col0 + Cfg::kTileCols <= a.k && a.k % 16 == 0;
   // The rotated copy, unless every RHT stream rotates in registers on this tile.
   constexpr bool kAllRhtInRegisters = ((!S::kRht || kRhtInRegisters<S>) && ...);
+  // Plans of 16-bit identity copies only (cast_copy.cuh): interior tiles move the input's bits.
+  if constexpr (!kFused && kCopyPlan<Cfg, S...>) {
+    if (full && (CopyPlan<Cfg, S...>::kTransposedStreams == 0 || mem.rows % 16 == 0)) {
+      cast_copy_full<Cfg, S...>(a, mem, col0, reinterpret_cast<u8*>(smem4));
+      return;
+    }
+  }
   // A plan of one rowwise stream with 1D blocks (or none) and no RHT (inference) casts interior
   // tiles straight from global memory: no staging (but mn_major MX entries), no barrier.
   if constexpr (!kFused && sizeof...(S) == 1 && (((kWholeBlockRows<S> && !S::kBlock2d) || kRowwiseDirect<Cfg, S>) && ...)) {

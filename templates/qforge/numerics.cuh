@@ -493,6 +493,24 @@ QF_HD u16 f32_to_f16(float x) {
   return static_cast<u16>(sign | m);
 }
 
+// A 16-bit identity copy (bf16 -> bf16: D = 1, fp16 -> fp16: D = 2) of the two elements of a word
+// (element 0 in the low half), in integer operations on the word: per half the bits of
+// f32_to_bf16(bf16_to_f32(h)) / f32_to_f16(f16_to_f32(h)), i.e. h itself unless h is a NaN, which
+// becomes the identity copy's NaN (sign | 0x7FC0 / sign | 0x7E00; docs/numerics.md).
+// identity16x2_nan_bits: bit 15 of a half set exactly when that half is a NaN ((h & 0x7FFF) above
+// Inf's bits: at most 0x7FFF + 0x7FFF - 0x7C00, no carry into the other half).
+template <int D>
+QF_HD u32 identity16x2_nan_bits(u32 w) {
+  constexpr u32 kInf = D == 1 ? 0x7F80u : 0x7C00u;
+  return ((w & 0x7FFF7FFFu) + (0x7FFFu - kInf) * 0x00010001u) & 0x80008000u;
+}
+template <int D>
+QF_HD u32 identity16x2(u32 w) {
+  constexpr u32 kQuiet = D == 1 ? 0x7FC0u : 0x7E00u;
+  const u32 m = (identity16x2_nan_bits<D>(w) >> 15) * 0xFFFFu;  // 0xFFFF in each NaN half
+  return (w & ~(m & 0x7FFF7FFFu)) | (m & (kQuiet * 0x00010001u));
+}
+
 // ---------------------------------------------------------------------------------------------
 // E8M0 (MX scales)
 // ---------------------------------------------------------------------------------------------

@@ -111,6 +111,38 @@ TEST(Half, Bf16EdgeCases) {
   }
 }
 
+// The 16-bit identity copies' word form (bf16 -> bf16, fp16 -> fp16 two elements at a time, as
+// the copy kernels take them) against the definition, widen then narrow, per half: every pattern
+// in each half beside every 61st pattern and the NaN / Inf edges in the other.
+template <int D>
+void expect_identity16x2_is_widen_narrow() {
+  auto one = [](u32 h) -> u32 {
+    return D == 1 ? f32_to_bf16(bf16_to_f32(static_cast<u16>(h))) : f32_to_f16(f16_to_f32(static_cast<u16>(h)));
+  };
+  auto nan = [](u32 h) {
+    return std::isnan(D == 1 ? bf16_to_f32(static_cast<u16>(h)) : f16_to_f32(static_cast<u16>(h)));
+  };
+  std::vector<u32> ref(65536);
+  for (u32 h = 0; h < 65536; ++h) ref[h] = one(h);
+  std::vector<u32> other = {0x7F80, 0x7F81, 0x7FBF, 0x7FC0, 0x7FFF, 0xFF80, 0xFF81, 0xFFFF, 0x7C00, 0x7C01,
+                            0x7DFF, 0x7E00, 0xFC01, 0x7BFF, 0x7F7F, 0x8000, 0x0000, 0x0001};
+  for (u32 h = 0; h < 65536; h += 61) other.push_back(h);
+  size_t bad = 0;
+  for (u32 h = 0; h < 65536; ++h)
+    for (u32 o : other) {
+      bad += identity16x2<D>(h | (o << 16)) != (ref[h] | (ref[o] << 16));
+      bad += identity16x2<D>(o | (h << 16)) != (ref[o] | (ref[h] << 16));
+      bad += identity16x2_nan_bits<D>(h | (o << 16)) != ((nan(h) ? 0x8000u : 0u) | (nan(o) ? 0x80000000u : 0u));
+    }
+  EXPECT_EQ(bad, 0u);
+  EXPECT_EQ(identity16x2<D>(D == 1 ? 0xFF817F81u : 0xFC017C01u), D == 1 ? 0xFFC07FC0u : 0xFE007E00u);
+}
+
+TEST(Half, Identity16x2IsWidenThenNarrow) {
+  expect_identity16x2_is_widen_narrow<1>();
+  expect_identity16x2_is_widen_narrow<2>();
+}
+
 TEST(Half, Fp16EdgeCases) {
   EXPECT_EQ(f32_to_f16(65504.0f), 0x7BFF);
   EXPECT_EQ(f32_to_f16(65519.996f), 0x7BFF);
