@@ -27,20 +27,7 @@ from torch.profiler import ProfilerActivity, profile  # noqa: E402
 import qforge.torch as qt  # noqa: E402
 
 sys.path.insert(0, str(ROOT / "bench"))
-from binding_bench import warm_up  # noqa: E402
-
-
-def events_us(fn, iters: int) -> float:
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    for _ in range(10):
-        fn()
-    torch.cuda.synchronize()
-    start.record()
-    for _ in range(iters):
-        fn()
-    end.record()
-    torch.cuda.synchronize()
-    return start.elapsed_time(end) * 1e3 / iters
+from binding_bench import gpu_us as events_us, warm_up  # noqa: E402
 
 
 def host_us(fn, iters: int) -> float:
