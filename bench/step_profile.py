@@ -13,9 +13,7 @@ kernels) or in kernels the graph does not run.
 """
 import argparse
 import os
-import statistics
 import sys
-import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -27,19 +25,7 @@ from torch.profiler import ProfilerActivity, profile  # noqa: E402
 import qforge.torch as qt  # noqa: E402
 
 sys.path.insert(0, str(ROOT / "bench"))
-from binding_bench import gpu_us as events_us, warm_up  # noqa: E402
-
-
-def host_us(fn, iters: int) -> float:
-    torch.cuda.synchronize()
-    per = []
-    for _ in range(5):
-        t0 = time.perf_counter()
-        for _ in range(iters):
-            fn()
-        per.append((time.perf_counter() - t0) / iters * 1e6)
-        torch.cuda.synchronize()
-    return statistics.median(per)
+from binding_bench import gpu_us as events_us, host_us, warm_up  # noqa: E402
 
 
 def timeline(fn, steps: int):
@@ -105,7 +91,7 @@ def main() -> int:
         step()
         torch.cuda.synchronize()
         eager = events_us(step, 200)
-        host = host_us(step, 200)
+        host = host_us(step, 200, 5)
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph):
             step()
@@ -117,7 +103,7 @@ def main() -> int:
                  "gemm": lambda: qt.gemm(tx, tw), "quantize x, w": lambda: (qx(x, **kw), qw(w, **kw)),
                  "quantize x, gemm": lambda: (qx(x, **kw), qt.gemm(tx, tw)),
                  "quantize x + synchronize": lambda: (qx(x, **kw), torch.cuda.synchronize())}
-        print("  host us per call, back to back: " + ", ".join(f"{k} {host_us(f, 200):.1f}" for k, f in parts.items()))
+        print("  host us per call, back to back: " + ", ".join(f"{k} {host_us(f, 200, 5):.1f}" for k, f in parts.items()))
         show("eager step", timeline(step, args.steps))
         show("graph replay", timeline(graph.replay, args.steps))
     return 0
