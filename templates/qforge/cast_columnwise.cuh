@@ -70,10 +70,13 @@ __device__ float cast_columnwise(const QuantizeArgs& a, const Member& mem, i64 c
 // Partial amaxes of the tile's columns, 16 rows each: part[seg * TC + c] = max |tile[seg*16 .. +15][c]|,
 // by row walks: one item is a 16-row segment of one 4-column chunk (16 vector reads, lanes on
 // consecutive chunks of the same rows), a quarter of the shared-memory reads of a column walk.
-// Returns the max over this thread's partials.
+// 16-bit staging reduces the raw words, two columns per packed accumulator (amax16x2_step),
+// alternating between two sets of accumulators by row. Returns the max over this thread's
+// partials.
 template <class Cfg>
 __device__ float column_partials(const TileElem<Cfg>* src, float* part) {
   constexpr int TR = Cfg::kTileRows, TC = Cfg::kTileCols, CH = TC / 4, N = CH * (TR / 16), T = Cfg::kThreads;
+  constexpr int D = kStagedDtype<TileElem<Cfg>>;
   float all = 0.0f;
 #pragma unroll 2
   for (int it = 0; it < (N + T - 1) / T; ++it) {
@@ -81,10 +84,22 @@ __device__ float column_partials(const TileElem<Cfg>* src, float* part) {
     int seg, q;
     item_rc<CH, T>(it, seg, q);
     float m[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+    if constexpr (D != 0) {
+      u32 p[4] = {0u, 0u, 0u, 0u};
 #pragma unroll
-    for (int e = 0; e < 16; ++e) {
-      const float4 f = tld4(src, tile_off<TC>(seg * 16 + e, 4 * q));
-      m[0] = amax_step(m[0], f.x), m[1] = amax_step(m[1], f.y), m[2] = amax_step(m[2], f.z), m[3] = amax_step(m[3], f.w);
+      for (int e = 0; e < 16; ++e) {
+        const uint2 w = tld4_raw(src, tile_off<TC>(seg * 16 + e, 4 * q));
+        const int k = 2 * (e & 1);
+        p[k] = amax16x2_step<D>(p[k], w.x), p[k + 1] = amax16x2_step<D>(p[k + 1], w.y);
+      }
+      const u32 lo = amax16x2_step<D>(p[0], p[2]), hi = amax16x2_step<D>(p[1], p[3]);
+      m[0] = amax16x2_lo<D>(lo), m[1] = amax16x2_hi<D>(lo), m[2] = amax16x2_lo<D>(hi), m[3] = amax16x2_hi<D>(hi);
+    } else {
+#pragma unroll
+      for (int e = 0; e < 16; ++e) {
+        const float4 f = tld4(src, tile_off<TC>(seg * 16 + e, 4 * q));
+        m[0] = amax_step(m[0], f.x), m[1] = amax_step(m[1], f.y), m[2] = amax_step(m[2], f.z), m[3] = amax_step(m[3], f.w);
+      }
     }
     *reinterpret_cast<float4*>(part + seg * TC + 4 * q) = make_float4(m[0], m[1], m[2], m[3]);
     all = fmaxf(all, fmaxf(fmaxf(m[0], m[1]), fmaxf(m[2], m[3])));

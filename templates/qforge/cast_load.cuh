@@ -69,6 +69,19 @@ __device__ __forceinline__ float4 tld4(const F16Bits* t, int off) {
   const uint2 w = *reinterpret_cast<const uint2*>(t + off);
   return make_float4(h2f(u16(w.x)), h2f(u16(w.x >> 16)), h2f(u16(w.y)), h2f(u16(w.y >> 16)));
 }
+// The input dtype whose bits a staged element holds (1 bf16, 2 fp16), 0 for fp32 staging; and
+// the raw 8 bytes of a 16-bit staged chunk (off % 4 == 0), element 0 in the low half of .x.
+template <class Elem>
+constexpr int kStagedDtype = 0;
+template <>
+constexpr int kStagedDtype<Bf16Bits> = 1;
+template <>
+constexpr int kStagedDtype<F16Bits> = 2;
+template <class Elem>
+__device__ __forceinline__ uint2 tld4_raw(const Elem* t, int off) {
+  static_assert(kStagedDtype<Elem> != 0, "16-bit staging");
+  return *reinterpret_cast<const uint2*>(t + off);
+}
 __device__ __forceinline__ void tst4(float* t, int off, float4 v) { *reinterpret_cast<float4*>(t + off) = v; }
 __device__ __forceinline__ void tst4(Bf16Bits* t, int off, float4 v) {  // the high halves: exact for bf16 values
   *reinterpret_cast<uint2*>(t + off) =

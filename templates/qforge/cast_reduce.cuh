@@ -261,24 +261,39 @@ __device__ __forceinline__ void tile_tensor_amaxes_full(const QuantizeArgs& a, c
 // max |x| over tile row r, columns [c0, c0 + B) (c0 % B == 0, B % 4 == 0), by 16-byte reads.
 // The swizzle permutes chunks only inside aligned groups of 8 (tile_off), so a run of whole
 // groups (B >= 32) is read slot by slot: one swizzled offset per slot, its chunk in each group
-// at a constant distance (immediate offsets; max ignores the order). Four running maxima.
+// at a constant distance (immediate offsets; max ignores the order). Four running maxima; with
+// 16-bit staging four packed ones (amax16x2_step: one instruction per two elements, without
+// widening them), each chunk's two words into one pair, the pairs taking turns.
 template <int TC, int B, class Elem>
 __device__ __forceinline__ float row_run_amax(const Elem* src, int r, int c0) {
+  constexpr int D = kStagedDtype<Elem>;
+  u32 p[4] = {0u, 0u, 0u, 0u};
   float m[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+  int n = 0;  // chunks read (constant after unrolling): packed accumulator pair
   auto step = [&](int off) {
-    const float4 f = tld4(src, off);
-    m[0] = amax_step(m[0], f.x), m[1] = amax_step(m[1], f.y), m[2] = amax_step(m[2], f.z), m[3] = amax_step(m[3], f.w);
+    if constexpr (D != 0) {
+      const uint2 w = tld4_raw(src, off);
+      const int k = 2 * (n++ & 1);
+      p[k] = amax16x2_step<D>(p[k], w.x), p[k + 1] = amax16x2_step<D>(p[k + 1], w.y);
+    } else {
+      const float4 f = tld4(src, off);
+      m[0] = amax_step(m[0], f.x), m[1] = amax_step(m[1], f.y), m[2] = amax_step(m[2], f.z), m[3] = amax_step(m[3], f.w);
+    }
   };
   if constexpr (B % 32 == 0) {
 #pragma unroll
-    for (int p = 0; p < 8; ++p) {
-      const int off = tile_off<TC>(r, c0 + 4 * p);
+    for (int q = 0; q < 8; ++q) {
+      const int off = tile_off<TC>(r, c0 + 4 * q);
 #pragma unroll
       for (int g = 0; g < B / 32; ++g) step(off + 32 * g);
     }
   } else {
 #pragma unroll
     for (int q = 0; q < B; q += 4) step(tile_off<TC>(r, c0 + q));
+  }
+  if constexpr (D != 0) {
+    const u32 a = amax16x2_step<D>(amax16x2_step<D>(p[0], p[1]), amax16x2_step<D>(p[2], p[3]));
+    return fmaxf(amax16x2_lo<D>(a), amax16x2_hi<D>(a));
   }
   return fmaxf(fmaxf(m[0], m[1]), fmaxf(m[2], m[3]));
 }

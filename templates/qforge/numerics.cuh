@@ -584,6 +584,66 @@ QF_HD float mx_multiplier(u8 e) {
 // ---------------------------------------------------------------------------------------------
 QF_HD float amax_step(float acc, float x) { return fmaxf(acc, fabsf(x)); }
 
+// amax_step on two 16-bit inputs at once (a staged tile's bf16 / fp16 bits, element 0 in the
+// low half), one packed instruction per pair on the device: each half of acc becomes the larger
+// magnitude of its own and x's, a NaN x leaving it as it was. The magnitudes are amax_step's
+// on the widened values (widening is exact and keeps the order of magnitudes). An accumulator
+// starts at +0 and is read through amax16x2_lo / _hi; it never holds a NaN (the max of a
+// non-NaN and anything is not NaN). bf16: acc's sign bits are don't-care (max.xorsign.abs
+// compares magnitudes and leaves the XOR of the inputs' signs there). fp16: acc must be
+// non-negative (max.f16x2 compares signed values, only x goes through abs), which it stays:
+// every step is a max of it and a magnitude; the host form below clears acc's sign, so it
+// equals the device only there. Checked on every (acc, x) pair of halves the kernels can meet
+// against amax_step, host and GPU (tests/unit).
+namespace detail {
+// One lane of the packed step as the PTX ISA defines max{.xorsign.abs} (host form): NaN x keeps
+// acc's magnitude; the sign the XOR of both (bf16), or clear (fp16: max of |acc| and |x|).
+QF_HD u32 amax16_lane(u32 acc, u32 x, u32 inf, bool xorsign) {
+  const u32 a = acc & 0x7FFFu, m = x & 0x7FFFu, sign = xorsign ? (acc ^ x) & 0x8000u : 0u;
+  if (m > inf) return a > inf ? 0x7FFFu : a | sign;  // (both NaN: a NaN; never reached)
+  if (a > inf) return m | sign;
+  return (a > m ? a : m) | sign;
+}
+}  // namespace detail
+QF_HD u32 amax_bf16x2_step(u32 acc, u32 x) {
+#if defined(__CUDA_ARCH__)
+  u32 r;
+  asm("max.xorsign.abs.bf16x2 %0, %1, %2;" : "=r"(r) : "r"(acc), "r"(x));
+  return r;
+#else
+  return detail::amax16_lane(acc, x, 0x7F80u, true) | (detail::amax16_lane(acc >> 16, x >> 16, 0x7F80u, true) << 16);
+#endif
+}
+QF_HD u32 amax_f16x2_step(u32 acc, u32 x) {
+#if defined(__CUDA_ARCH__)
+  // |x| then max: ptxas folds both into one VHMNMX per two steps (three inputs, |.| operands).
+  u32 r;
+  asm("{\n\t.reg .b32 t;\n\tabs.f16x2 t, %2;\n\tmax.f16x2 %0, %1, t;\n\t}" : "=r"(r) : "r"(acc), "r"(x));
+  return r;
+#else
+  return detail::amax16_lane(acc, x, 0x7C00u, false) | (detail::amax16_lane(acc >> 16, x >> 16, 0x7C00u, false) << 16);
+#endif
+}
+// The step of input dtype D (1 bf16, 2 fp16), and an accumulator's low / high half as the fp32
+// amax (sign cleared; exact).
+template <int D>
+QF_HD u32 amax16x2_step(u32 acc, u32 x) {
+  static_assert(D == 1 || D == 2, "16-bit inputs");
+  return D == 1 ? amax_bf16x2_step(acc, x) : amax_f16x2_step(acc, x);
+}
+template <int D>
+QF_HD float amax16x2_lo(u32 acc) {
+  static_assert(D == 1 || D == 2, "16-bit inputs");
+  if (D == 1) return f32_from_bits((acc & 0x7FFFu) << 16);
+  return f16_to_f32(static_cast<u16>(acc & 0x7FFFu));
+}
+template <int D>
+QF_HD float amax16x2_hi(u32 acc) {
+  static_assert(D == 1 || D == 2, "16-bit inputs");
+  if (D == 1) return f32_from_bits(acc & 0x7FFF0000u);
+  return f16_to_f32(static_cast<u16>((acc >> 16) & 0x7FFFu));
+}
+
 // Per-tensor / block fp32 scale (docs/numerics.md "Scale rules").
 QF_HD float compute_scale(float amax, float fmax, float eps, bool pow2, float inf_value) {
   if (amax < eps) amax = eps;

@@ -1,7 +1,9 @@
 // The kernels' fast element encoders (cast_encode.cuh enc_rn: hardware cvt for fp8 on sm_89+, the
 // one-addition e2m1 and int8 encoders; enc_sr for e2m1 (without int <-> float conversions) and int8)
 // against the one software definition (numerics.cuh encode_rn / encode_sr), and the packed fp8
-// encoder of the vector paths (pack4), over every one of the 2^32 fp32 bit patterns, on the GPU.
+// encoder of the vector paths (pack4), over every one of the 2^32 fp32 bit patterns, on the GPU;
+// and the packed amax steps of 16-bit staged tiles (numerics.cuh amax_bf16x2_step /
+// amax_f16x2_step) on every pair of 16-bit halves.
 // The compile test runs everywhere.
 #include <gtest/gtest.h>
 
@@ -200,6 +202,28 @@ extern "C" __global__ void exhaustive(unsigned int* out) {
         atomicMin(out + 15, b);
       }
     }
+    {  // The packed amax steps of 16-bit staged tiles (max.xorsign.abs.bf16x2; |x| and
+       // max.f16x2): amax_step's magnitude for every (non-NaN accumulator, input) pair of
+       // halves, the pair in the low half and in the high half.
+      const unsigned int a = b >> 16, x = b & 0xFFFFu;
+      bool ok = true;
+      if ((a & 0x7FFFu) <= 0x7F80u) {
+        const float av = fabsf(qf::bf16_to_f32((unsigned short)a)), xv = qf::bf16_to_f32((unsigned short)x);
+        const float want = xv != xv ? av : qf::amax_step(av, xv);  // NaN x (signaling too) ignored
+        const unsigned int lo = qf::amax_bf16x2_step(a, x), hi = qf::amax_bf16x2_step(a << 16, x << 16);
+        ok = ok && qf::f32_bits(qf::amax16x2_lo<1>(lo)) == qf::f32_bits(want) && qf::f32_bits(qf::amax16x2_hi<1>(hi)) == qf::f32_bits(want);
+      }
+      if (a <= 0x7C00u) {  // fp16: a non-negative accumulator, as the kernels hold (numerics.cuh)
+        const float av = fabsf(qf::f16_to_f32((unsigned short)a)), xv = qf::f16_to_f32((unsigned short)x);
+        const float want = xv != xv ? av : qf::amax_step(av, xv);
+        const unsigned int lo = qf::amax_f16x2_step(a, x), hi = qf::amax_f16x2_step(a << 16, x << 16);
+        ok = ok && qf::f32_bits(qf::amax16x2_lo<2>(lo)) == qf::f32_bits(want) && qf::f32_bits(qf::amax16x2_hi<2>(hi)) == qf::f32_bits(want);
+      }
+      if (!ok) {
+        atomicAdd(out + 32, 1u);
+        atomicMin(out + 33, b);
+      }
+    }
     {  // NVFP4's block-scale code: enc_rn's bits for every non-NaN input
       const float x = qf::f32_from_bits(b);
       if (x == x && qf::detail::e4m3_code_not_nan(x) != qf::detail::enc_rn<qf::E4M3>(x)) {
@@ -226,7 +250,7 @@ TEST(FastEncoders, GpuEqualSoftwareOnAllFp32Patterns) {
   Module m(r.image);
   CUfunction f = m.function(r.lowered_names.at("exhaustive"));
   std::vector<uint32_t> init;
-  for (int i = 0; i < 16; ++i) init.insert(init.end(), {0u, 0xFFFFFFFFu});
+  for (int i = 0; i < 17; ++i) init.insert(init.end(), {0u, 0xFFFFFFFFu});
   DeviceBuffer out(init.size() * 4);
   out.upload(init.data(), init.size() * 4);
   uint64_t p = out.address();
@@ -237,8 +261,8 @@ TEST(FastEncoders, GpuEqualSoftwareOnAllFp32Patterns) {
   const auto got = out.download_as<uint32_t>();
   const char* names[] = {"e4m3 rn", "e5m2 rn", "e2m1 rn", "e2m1 sr", "int8 sr", "e4m3 rn x4", "e5m2 rn x4", "e4m3 decode",
                          "bf16 round", "fp16 round", "e2m1 rn packed", "e2m1 sr packed", "int8 rn", "int8 rn x4", "int8 sr packed",
-                         "e4m3 rn (not NaN)"};
-  for (int i = 0; i < 16; ++i)
+                         "e4m3 rn (not NaN)", "bf16 / fp16 packed amax step"};
+  for (int i = 0; i < 17; ++i)
     EXPECT_EQ(got[2 * i], 0u) << names[i] << ": " << got[2 * i] << " patterns differ, first 0x" << std::hex
                               << got[2 * i + 1];
 }

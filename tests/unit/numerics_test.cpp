@@ -425,6 +425,44 @@ TEST(Scale, Amax) {
   EXPECT_EQ(B(amax_step(0.0f, -0.0f)), 0u);
 }
 
+// The packed amax steps of 16-bit staged tiles (host forms; the GPU test checks the hardware's)
+// against amax_step on the widened values, on every (accumulator, input) pair of halves the
+// kernels can meet: the accumulator any non-NaN pattern for bf16 (its sign bits are don't-care),
+// any non-negative non-NaN one for fp16; the input any pattern; in the low half and in the high
+// half. The widened input's NaNs are skipped explicitly: glibc's fmaxf
+// returns a NaN for a signaling NaN operand (bf16 0x7F81..0x7FBF and fp16 0x7C01..0x7DFF widen to
+// fp32 signaling NaNs), where the device's max.f32 returns the other operand.
+TEST(Scale, PackedAmaxStepsEqualAmaxStepOnAllPairs) {
+  const unsigned threads = std::max(1u, std::thread::hardware_concurrency());
+  std::vector<u64> bad(threads, 0);
+  std::vector<u32> first(threads, 0xFFFFFFFFu);
+  auto work = [&](unsigned id) {
+    for (u64 i = id; i < (u64(1) << 32); i += threads) {
+      const u32 a = static_cast<u32>(i >> 16), x = static_cast<u32>(i & 0xFFFFu);
+      bool ok = true;
+      if ((a & 0x7FFFu) <= 0x7F80u) {  // bf16 accumulator not NaN
+        const float av = std::fabs(bf16_to_f32(static_cast<u16>(a))), xv = bf16_to_f32(static_cast<u16>(x));
+        const float want = std::isnan(xv) ? av : amax_step(av, xv);
+        const u32 lo = amax_bf16x2_step(a, x), hi = amax_bf16x2_step(a << 16, x << 16);
+        ok = ok && B(amax16x2_lo<1>(lo)) == B(want) && B(amax16x2_hi<1>(hi)) == B(want);
+      }
+      if (a <= 0x7C00u) {  // fp16 accumulator non-negative and not NaN (the kernels' only ones)
+        const float av = std::fabs(f16_to_f32(static_cast<u16>(a))), xv = f16_to_f32(static_cast<u16>(x));
+        const float want = std::isnan(xv) ? av : amax_step(av, xv);
+        const u32 lo = amax_f16x2_step(a, x), hi = amax_f16x2_step(a << 16, x << 16);
+        ok = ok && B(amax16x2_lo<2>(lo)) == B(want) && B(amax16x2_hi<2>(hi)) == B(want);
+      }
+      if (!ok && bad[id]++ == 0) first[id] = static_cast<u32>(i);
+    }
+  };
+  std::vector<std::thread> pool;
+  for (unsigned t = 0; t < threads; ++t) pool.emplace_back(work, t);
+  for (auto& t : pool) t.join();
+  u64 total = 0;
+  for (u64 b : bad) total += b;
+  EXPECT_EQ(total, 0u) << "first differing (acc << 16 | x) 0x" << std::hex << *std::min_element(first.begin(), first.end());
+}
+
 TEST(Scale, ComputeScale) {
   // amax 0 with eps 0 -> 1; amax 0 with eps -> fmax / eps.
   EXPECT_EQ(compute_scale(0.0f, 448.0f, 0.0f, false, kFltMax), 1.0f);
