@@ -10,7 +10,7 @@
 // one stream is rowwise (inference) casts interior tiles straight from global memory, without
 // staging; tensor amaxes after the RHT come from global memory too. Plans of 16-bit identity
 // copies only move the input's bits (cast_copy.cuh). Edge tiles take the checked paths above,
-// element by element where needed, in compact loops (their code is compiled into every kernel).
+// element by element where needed.
 #pragma once
 #include "qforge/args.cuh"
 #include "qforge/cast_columnwise.cuh"
