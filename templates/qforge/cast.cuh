@@ -41,7 +41,7 @@
 #include "qforge/cast_scale.cuh"       // per-stream scale rules (block_scale), scale entries and their stores
 #include "qforge/cast_rowwise.cuh"     // rowwise streams: staged runs, whole 16-column blocks, from global memory
 #include "qforge/cast_columnwise.cuh"  // columnwise streams: same layout and transposed, column partials
-#include "qforge/cast_pair.cuh"        // 1x128 rowwise + 128x1 transposed pair cast from registers
+#include "qforge/cast_pair.cuh"        // rowwise + transposed pairs cast from registers: 1x128 + 128x1, MX 1x32 + 32x1
 #include "qforge/cast_copy.cuh"        // 16-bit identity copies of interior tiles: the input's bits, transposed by byte permutes
 #include "qforge/cast_tile.cuh"        // one tile, every stream: the path each stream takes, staging, barriers
 #endif

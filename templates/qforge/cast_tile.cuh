@@ -8,9 +8,11 @@
 // in shared scratch, then rowwise-style runs; MX / NVFP4 byte scale entries staged and copied
 // out a row at a time; rowwise 16-column blocks (NVFP4) one whole block per thread. A plan whose
 // one stream is rowwise (inference) casts interior tiles straight from global memory, without
-// staging; tensor amaxes after the RHT come from global memory too. Plans of 16-bit identity
-// copies only move the input's bits (cast_copy.cuh). Edge tiles take the checked paths above,
-// element by element where needed.
+// staging; tensor amaxes after the RHT come from global memory too. A rowwise stream with its
+// transposed copy (1x128 + 128x1 blocks, MX 1x32 + 32x1) casts interior tiles from registers,
+// staging only the transposed output (cast_pair.cuh). Plans of 16-bit identity copies only move
+// the input's bits (cast_copy.cuh). Edge tiles take the checked paths above, element by element
+// where needed.
 #pragma once
 #include "qforge/args.cuh"
 #include "qforge/cast_columnwise.cuh"
@@ -134,6 +136,12 @@ __device__ __forceinline__ void cast_tile(const QuantizeArgs& a) {
     if constexpr (kPairDirect<Cfg, S...>) {
       if (full && mem.rows % 16 == 0) {
         cast_pair_direct<Cfg, S...>(a, mem, col0, scale_base[0], scale_base[1]);
+        return;
+      }
+    }
+    if constexpr (kMxPairDirect<Cfg, S...>) {
+      if (full && mem.rows % 16 == 0) {
+        cast_mx_pair_direct<Cfg, S...>(a, mem, col0, scale_base[0], scale_base[1]);
         return;
       }
     }

@@ -254,6 +254,9 @@ std::vector<Case> all_cases() {
       // Members with interior tiles but rows not a multiple of 16 (no 16-row vector stores).
       cases.push_back({r, role, Usage::Training, DType::BF16, {1000, 192}, {200, 0, 98, 702}, false});
       cases.push_back({r, role, Usage::Training, DType::FP32, {64, 256}, {}, true});
+      // 16-bit edge values through interior tiles (rows a multiple of 16): the register paths
+      // of row + transposed pairs (cast_pair.cuh) take 16-bit inputs only.
+      for (DType d : {DType::BF16, DType::FP16}) cases.push_back({r, role, Usage::Training, d, {256, 512}, {}, true});
       cases.push_back({r, role, Usage::Memory, DType::FP16, {96, 160}, {}, false});
       // Many members, every fifth one empty (and one more): their scale entries come from the kernel's
       // extra tile row alone (grouped scale buffers are not zeroed first).
