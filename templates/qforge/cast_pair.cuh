@@ -143,11 +143,11 @@ __device__ void cast_pair_direct(const QuantizeArgs& a, const Member& mem, i64 c
 // A plan of a rowwise MX stream with 1x32 blocks and its transposed copy with 32x1 blocks
 // (`mxfp8_hopper`: 8-bit formats, round to nearest, no RHT, 16-bit input, byte entries in the
 // compact or mn_major layout) casts interior 64 x 128 tiles from registers too
-// (cast_mx_pair_direct): the staged path stages the tile as fp32 and reads it four times (the
-// rowwise block amaxes, the rowwise runs, the columns' 16-row partial amaxes, the transposed
-// runs), plus the partials and the staged output: about 0.25 shared-memory wavefronts per
-// element, which held that cast's shared-memory pipe 91 % busy at 49 % of DRAM throughput on
-// an H200 at 16384^2. This path moves about 0.04.
+// (cast_mx_pair_direct). The staged path stages such a tile as fp32 and reads it five times (the
+// rowwise block amaxes, the rowwise runs, the columns' 16-row partials, the transposed column
+// walk): 0.2 shared-memory wavefronts per element, which held that cast's shared-memory pipe 91 %
+// busy at 49 % of DRAM throughput on an H200 at 16384^2. This path moves 0.02 (docs/quantize.md,
+// "MXFP8 row + transposed cast from registers").
 template <class Cfg, class R, class C>
 constexpr bool kMxPairDirect =
     R::kDir == 0 && C::kDir == 1 && C::kTransposed && R::kMode == kModeMx && C::kMode == kModeMx && !R::kBlock2d &&
@@ -157,11 +157,11 @@ constexpr bool kMxPairDirect =
     kStagedEntries<R> && kStagedEntries<C> && R::kEntryRows == 1 && R::kEntryCols == 32 && C::kEntryRows == 1 &&
     C::kEntryCols == 32;
 
-// One halving of cast_mx_pair_direct's row reduction within groups of 8 lanes: lanes whose `bit`
-// is set keep (and move down) rows [span, 2 span) of m, the others rows [0, span); both reduce
-// with the partner's copy of the same rows.
-template <int span, int bit>
-__device__ __forceinline__ void halve_rows_in8(float (&m)[8], int l) {
+// One halving exchange of cast_mx_pair_direct's block amaxes: lanes whose `bit` is set keep (and
+// move down) entries [span, 2 span) of m, the others [0, span); both reduce with the partner's
+// copy of the same entries.
+template <int span, int bit, int N>
+__device__ __forceinline__ void halve_in_lanes(float (&m)[N], int l) {
   const bool up = (l & bit) != 0;
 #pragma unroll
   for (int i = 0; i < span; ++i) {
@@ -170,112 +170,111 @@ __device__ __forceinline__ void halve_rows_in8(float (&m)[8], int l) {
   }
 }
 
-// Byte offset of the 8-byte piece k (rows [8k, 8k + 8) of the tile) of transposed output row c
-// in cast_mx_pair_direct's staged output: output rows c and c ^ 1 share a 128-byte line, in
-// halves swapped by bit 2 of c, and the pieces are XOR-swizzled by c / 8. A warp's stores (lanes
-// on columns 4l + j, one piece k) and its copy-out loads (4 rows, 8 pieces each) then touch 16
-// distinct 8-byte bank pairs per 128 bytes: 2 wavefronts per 256 bytes, the minimum.
+// Byte offset of the 8-byte piece k (tile rows [8k, 8k + 8)) of transposed output row c in
+// cast_mx_pair_direct's staged output: output rows c and c ^ 1 share a 128-byte line, in halves
+// swapped by bit 2 of c, and the pieces are XOR-swizzled by bits 3 and 4 of c. A half warp's
+// stores (lanes on columns 4 (l % 8) + j, pieces l / 8) and its copy-out loads (2 rows, 8
+// pieces each) then touch 16 distinct 8-byte bank pairs: 2 wavefronts per warp, the minimum.
 __device__ __forceinline__ int mx_stage_off(int c, int k) {
-  return (c >> 1) * 128 + (((c ^ (c >> 2)) & 1) << 6) + ((k ^ ((c >> 3) & 7)) << 3);
+  return (c >> 1) * 128 + (((c ^ (c >> 2)) & 1) << 6) + ((k ^ ((c >> 1) & 4) ^ ((c >> 3) & 2)) << 3);
 }
 
-// Warp w holds rows [8w, 8w + 8) of the 64 x 128 tile and lane l columns [4l, 4l + 4) in
-// registers (8 8-byte loads, issued together). Rowwise: a row's 1x32 block is the 8 lanes
-// 8g .. 8g + 7; its amax is reduced by halving exchanges within them (7 shuffles for the 8
-// rows), after which each lane computes one (row, block) scale, stages its entry byte and
-// broadcasts the multiplier back (8 shuffles); the data goes straight to global memory (4 bytes
-// per lane, 128 per row). Columnwise: the 32x1 amax of a column is the maximum of 4 warps'
-// 8-row partials, exchanged through 4 KB of shared memory; the transposed output is staged (8
-// KB, mx_stage_off) and copied out 8 bytes per lane, whole 64-byte output rows; the entries of
-// both streams are staged and copied out as the staged path's (copy_staged_entries).
+// Warp w holds the 32 x 32 block of the tile at rows 32 (w % 2), columns 32 (w / 2); lane l rows
+// 8 (l / 8) .. + 8 of it and columns 4 (l % 8) .. + 4 (8 8-byte loads, issued together). So a
+// row's 1x32 block is 8 lanes (l / 8 equal) and a column's 32x1 block 4 (l % 8 equal): each
+// block amax is reduced by halving exchanges (7 shuffles for a lane's 8 rows, 3 for its 4
+// columns), after which each lane computes the scale of one row block and one column block and
+// stages their entry bytes, and the multipliers go back by shuffles (8 rowwise, 4 columnwise).
+// The rowwise data goes straight to global memory (4 bytes per lane, 32 per row and block); the
+// transposed output is staged (8 KB, mx_stage_off) and copied out 8 bytes per lane after the one
+// barrier, whole 64-byte output rows; the entries of both streams as the staged path's
+// (copy_staged_entries).
 template <class Cfg, class R, class C>
 __device__ void cast_mx_pair_direct(const QuantizeArgs& a, const Member& mem, i64 col0, i64 base_r, i64 base_c) {
   constexpr int D = Cfg::kInDtype, TR = 64, TC = 128, T = 256;
-  constexpr int kPartBytes = 8 * 32 * 16, kStageBytes = TC * TR, kEntryBytes = TR * (TC / 32);
-  static_assert(kPartBytes + kStageBytes + 2 * kEntryBytes <= int(Cfg::kSmemBytes), "the staged path's shared memory holds this path's");
+  constexpr int kStageBytes = TC * TR, kEntryBytes = TR * (TC / 32);
+  static_assert(kStageBytes + 2 * kEntryBytes <= int(Cfg::kSmemBytes), "the staged path's shared memory holds this path's");
   extern __shared__ float4 smem4[];
-  float4* part = smem4;                                    // [8 warps][32 lanes]: 8-row column amaxes
-  u8* stage = reinterpret_cast<u8*>(smem4) + kPartBytes;   // [128 columns][64 rows] of output bytes (mx_stage_off)
-  u8* rent = stage + kStageBytes;                          // rowwise entries [64 rows][4 blocks]
-  u8* cent = rent + kEntryBytes;                           // transposed entries [128 columns][2 blocks]
+  u8* stage = reinterpret_cast<u8*>(smem4);  // [128 columns][64 rows] of output bytes (mx_stage_off)
+  u8* rent = stage + kStageBytes;            // rowwise entries [64 rows][4 blocks]
+  u8* cent = rent + kEntryBytes;             // transposed entries [128 columns][2 blocks]
   const int w = int(threadIdx.x) / 32, l = int(threadIdx.x) % 32;
+  const int r0 = 32 * (w % 2) + 8 * (l / 8), c0 = 32 * (w / 2) + 4 * (l % 8);  // the lane's first row and column
   const i64 row0 = mem.tile_row * TR;
-  const i64 lin_r = (mem.row_base + row0 + w * 8) * a.k + col0 + 4 * l;  // rowwise: row 8w, column 4l
+  const i64 lin_r = (mem.row_base + row0 + r0) * a.k + col0 + c0;
   uint2 v[8];
 #pragma unroll
   for (int e = 0; e < 8; ++e)
     v[e] = __ldg(reinterpret_cast<const uint2*>(static_cast<const u16*>(a.x) + lin_r + i64(e) * a.k));
 
-  // Rowwise: lane l of group g = l / 8 ends with the amax of block g of row 8w + own.
-  float m[8];
+  // Amaxes of the lane's 8 row pieces and 4 column pieces.
+  float m[8], p[4] = {0.0f, 0.0f, 0.0f, 0.0f};
 #pragma unroll
   for (int e = 0; e < 8; ++e) {
     m[e] = 0.0f;
 #pragma unroll
-    for (int j = 0; j < 4; ++j) m[e] = amax_step(m[e], pair_elem<D>(v[e], j));
+    for (int j = 0; j < 4; ++j) {
+      const float x = pair_elem<D>(v[e], j);
+      m[e] = amax_step(m[e], x);
+      p[j] = amax_step(p[j], x);
+    }
   }
-  halve_rows_in8<4, 1>(m, l);
-  halve_rows_in8<2, 2>(m, l);
-  halve_rows_in8<1, 4>(m, l);
+  // Lane l ends with row r0 + own_r's block amax (bits 0..2 of l reversed) and column c0 +
+  // own_c's (bits 3, 4 reversed).
+  halve_in_lanes<4, 1>(m, l);
+  halve_in_lanes<2, 2>(m, l);
+  halve_in_lanes<1, 4>(m, l);
+  halve_in_lanes<2, 8>(p, l);
+  halve_in_lanes<1, 16>(p, l);
+  const int own_r = 4 * (l & 1) + (l & 2) + ((l >> 2) & 1), own_c = ((l >> 2) & 2) + ((l >> 4) & 1);
+
+  const StreamArgs& rout = a.streams[R::kIndex];
+  const StreamCtx<R> rctx = stream_ctx<Cfg, R>(a, mem);
   {
-    const StreamArgs& out = a.streams[R::kIndex];
-    const StreamCtx<R> ctx = stream_ctx<Cfg, R>(a, mem);
-    const int own = 4 * (l & 1) + (l & 2) + ((l >> 2) & 1);
     float mul;
     u32 entry;
-    block_scale<Cfg, R>(m[0], ctx, mul, entry);
-    rent[(w * 8 + own) * 4 + l / 8] = u8(entry);
+    block_scale<Cfg, R>(m[0], rctx, mul, entry);
+    rent[(r0 + own_r) * 4 + w / 2] = u8(entry);
 #pragma unroll
     for (int e = 0; e < 8; ++e) {
-      // The lane of group l / 8 that holds row e: own's bits reversed.
+      // The lane of this row's 8 that holds row e: own_r's bits reversed.
       const float me = __shfl_sync(0xFFFFFFFFu, mul, (l & 24) | ((e & 1) << 2) | (e & 2) | ((e >> 2) & 1));
       float x[4];
 #pragma unroll
       for (int j = 0; j < 4; ++j) x[j] = pair_elem<D>(v[e], j);
-      encode_store<R, 4, true>(a, out.data, lin_r + i64(e) * a.k, x, me, 4);
+      encode_store<R, 4, true>(a, rout.data, lin_r + i64(e) * a.k, x, me, 4);
     }
   }
 
-  // Columnwise: this warp's 8-row amax of each of the lane's 4 columns, then the 4 warps' of
-  // the 32-row block.
-  float p[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-#pragma unroll
-  for (int e = 0; e < 8; ++e)
-#pragma unroll
-    for (int j = 0; j < 4; ++j) p[j] = amax_step(p[j], pair_elem<D>(v[e], j));
-  part[w * 32 + l] = make_float4(p[0], p[1], p[2], p[3]);
-  __syncthreads();
-  const int b = w / 4;  // the 32-row block
-#pragma unroll
-  for (int o = 0; o < 4; ++o) {
-    const float4 q = part[(4 * b + o) * 32 + l];
-    p[0] = fmaxf(p[0], q.x), p[1] = fmaxf(p[1], q.y), p[2] = fmaxf(p[2], q.z), p[3] = fmaxf(p[3], q.w);
-  }
-  const StreamArgs& out = a.streams[C::kIndex];
-  const StreamCtx<C> ctx = stream_ctx<Cfg, C>(a, mem);
+  const StreamArgs& tout = a.streams[C::kIndex];
+  const StreamCtx<C> cctx = stream_ctx<Cfg, C>(a, mem);
   const i64 tile_c = mem.row_base * a.k + col0 * mem.rows + row0;  // transposed: output row col0, element row0
-#pragma unroll
-  for (int j = 0; j < 4; ++j) {
-    const int c = 4 * l + j;
+  {
     float mul;
     u32 entry;
-    block_scale<Cfg, C>(p[j], ctx, mul, entry);
-    if (w % 4 == 0) cent[c * 2 + b] = u8(entry);
-    float x[8];
+    block_scale<Cfg, C>(p[0], cctx, mul, entry);
+    cent[(c0 + own_c) * 2 + w % 2] = u8(entry);
 #pragma unroll
-    for (int e = 0; e < 8; ++e) x[e] = pair_elem<D>(v[e], j) * mul;
-    const RunWords<C, 8> rw = pack_run<C, 8>(a, tile_c + i64(c) * mem.rows + w * 8, x);
-    store_words<8>(stage + mx_stage_off(c, w), rw.w);
+    for (int j = 0; j < 4; ++j) {
+      // The lane of this column's 4 that holds column j: own_c's bits reversed.
+      const float mj = __shfl_sync(0xFFFFFFFFu, mul, (l & 7) | ((j & 1) << 4) | ((j & 2) << 2));
+      const int c = c0 + j;
+      float x[8];
+#pragma unroll
+      for (int e = 0; e < 8; ++e) x[e] = pair_elem<D>(v[e], j) * mj;
+      const RunWords<C, 8> rw = pack_run<C, 8>(a, tile_c + i64(c) * mem.rows + r0, x);
+      store_words<8>(stage + mx_stage_off(c, r0 / 8), rw.w);
+    }
   }
   __syncthreads();
-  u8* dst = static_cast<u8*>(out.data) + tile_c;
+  u8* dst = static_cast<u8*>(tout.data) + tile_c;
 #pragma unroll
   for (int it = 0; it < 4; ++it) {
     const int u = it * T + int(threadIdx.x), c = u / 8, k = u % 8;
     *reinterpret_cast<uint2*>(dst + i64(c) * mem.rows + k * 8) = *reinterpret_cast<const uint2*>(stage + mx_stage_off(c, k));
   }
-  copy_staged_entries<R, T>(a.streams[R::kIndex].scale_inv, base_r, stream_ctx<Cfg, R>(a, mem), row0, col0 / 32, rent, TR, TC / 32);
-  copy_staged_entries<C, T>(out.scale_inv, base_c, ctx, col0, row0 / 32, cent, TC, TR / 32);
+  copy_staged_entries<R, T>(rout.scale_inv, base_r, rctx, row0, col0 / 32, rent, TR, TC / 32);
+  copy_staged_entries<C, T>(tout.scale_inv, base_c, cctx, col0, row0 / 32, cent, TC, TR / 32);
 }
 
 }  // namespace detail
