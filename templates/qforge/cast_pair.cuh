@@ -4,6 +4,7 @@
 #pragma once
 #include "qforge/args.cuh"
 #include "qforge/cast_encode.cuh"
+#include "qforge/cast_load.cuh"
 #include "qforge/cast_scale.cuh"
 #include "qforge/cast_schedule.cuh"
 #include "qforge/cast_smem.cuh"
@@ -157,16 +158,46 @@ constexpr bool kMxPairDirect =
     kStagedEntries<R> && kStagedEntries<C> && R::kEntryRows == 1 && R::kEntryCols == 32 && C::kEntryRows == 1 &&
     C::kEntryCols == 32;
 
-// One halving exchange of cast_mx_pair_direct's block amaxes: lanes whose `bit` is set keep (and
-// move down) entries [span, 2 span) of m, the others [0, span); both reduce with the partner's
-// copy of the same entries.
-template <int span, int bit, int N>
-__device__ __forceinline__ void halve_in_lanes(float (&m)[N], int l) {
+// Packed magnitudes of two 16-bit inputs (D: 1 bf16, 2 fp16) and their maxima, as chunk_amax
+// (cast_reduce.cuh) takes them: |x| clears the sign bits, and max.bf16x2 / max.f16x2 return the
+// other operand where one is NaN. cast_mx_pair_direct's chains start at a magnitude, so an
+// all-NaN chain can end NaN; max_halves folds that to 0 (amax_step from 0 ignores NaN). Maxima
+// of exact values in any order: the same amaxes as amax_step over the elements.
+__device__ __forceinline__ u32 abs2(u32 w) { return w & 0x7FFF7FFFu; }
+template <int D>
+__device__ __forceinline__ u32 max2(u32 a, u32 b) {
+  u32 r;
+  if constexpr (D == 1) asm("max.bf16x2 %0, %1, %2;" : "=r"(r) : "r"(a), "r"(b));
+  else asm("max.f16x2 %0, %1, %2;" : "=r"(r) : "r"(a), "r"(b));
+  return r;
+}
+// One 16-bit input as fp32: exact; an fp16 NaN by the hardware conversion, whose payload may
+// differ from f16_to_f32's (no output depends on it: the encoders map every NaN to one code,
+// amaxes skip NaN), in fewer instructions and registers (f16_to_f32 made ptxas spill here).
+template <int D>
+__device__ __forceinline__ float half_value(u32 w, bool hi) {
+  if constexpr (D == 1) return f32_from_bits(hi ? w & 0xFFFF0000u : w << 16);
+  else return h2f(u16(hi ? w >> 16 : w));
+}
+template <int D>
+__device__ __forceinline__ float mx_pair_elem(const uint2& w, int j) {
+  return half_value<D>(j < 2 ? w.x : w.y, j % 2 != 0);
+}
+template <int D>
+__device__ __forceinline__ float max_halves(u32 w) {
+  return amax_step(amax_step(0.0f, half_value<D>(w, false)), half_value<D>(w, true));
+}
+
+// One halving exchange of cast_mx_pair_direct's packed block amaxes: lanes whose `bit` is set
+// keep (and move down) entries [span, 2 span) of m, the others [0, span); both reduce with the
+// partner's copy of the same entries.
+template <int D, int span, int bit, int N>
+__device__ __forceinline__ void halve_in_lanes(u32 (&m)[N], int l) {
   const bool up = (l & bit) != 0;
 #pragma unroll
   for (int i = 0; i < span; ++i) {
-    const float send = up ? m[i] : m[i + span], keep = up ? m[i + span] : m[i];
-    m[i] = fmaxf(keep, __shfl_xor_sync(0xFFFFFFFFu, send, bit));
+    const u32 send = up ? m[i] : m[i + span], keep = up ? m[i + span] : m[i];
+    m[i] = max2<D>(keep, __shfl_xor_sync(0xFFFFFFFFu, send, bit));
   }
 }
 
@@ -182,8 +213,8 @@ __device__ __forceinline__ int mx_stage_off(int c, int k) {
 // Warp w holds the 32 x 32 block of the tile at rows 32 (w % 2), columns 32 (w / 2); lane l rows
 // 8 (l / 8) .. + 8 of it and columns 4 (l % 8) .. + 4 (8 8-byte loads, issued together). So a
 // row's 1x32 block is 8 lanes (l / 8 equal) and a column's 32x1 block 4 (l % 8 equal): each
-// block amax is reduced by halving exchanges (7 shuffles for a lane's 8 rows, 3 for its 4
-// columns), after which each lane computes the scale of one row block and one column block and
+// block amax is reduced on packed pairs of magnitudes by halving exchanges (7 shuffles for a
+// lane's 8 rows, 2 for its 4 columns), after which each lane computes the scale of one row block and one column block and
 // stages their entry bytes, and the multipliers go back by shuffles (8 rowwise, 4 columnwise).
 // The rowwise data goes straight to global memory (4 bytes per lane, 32 per row and block); the
 // transposed output is staged (8 KB, mx_stage_off) and copied out 8 bytes per lane after the one
@@ -207,33 +238,32 @@ __device__ void cast_mx_pair_direct(const QuantizeArgs& a, const Member& mem, i6
   for (int e = 0; e < 8; ++e)
     v[e] = __ldg(reinterpret_cast<const uint2*>(static_cast<const u16*>(a.x) + lin_r + i64(e) * a.k));
 
-  // Amaxes of the lane's 8 row pieces and 4 column pieces.
-  float m[8], p[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+  // Packed amaxes of the lane's 8 row pieces (both halves of m[e]: columns {0, 2} and {1, 3})
+  // and of its columns (p[0]: columns 0, 1; p[1]: 2, 3).
+  u32 m[8], p[2];
 #pragma unroll
   for (int e = 0; e < 8; ++e) {
-    m[e] = 0.0f;
-#pragma unroll
-    for (int j = 0; j < 4; ++j) {
-      const float x = pair_elem<D>(v[e], j);
-      m[e] = amax_step(m[e], x);
-      p[j] = amax_step(p[j], x);
-    }
+    const u32 x = abs2(v[e].x), y = abs2(v[e].y);
+    m[e] = max2<D>(x, y);
+    p[0] = e == 0 ? x : max2<D>(p[0], x);
+    p[1] = e == 0 ? y : max2<D>(p[1], y);
   }
   // Lane l ends with row r0 + own_r's block amax (bits 0..2 of l reversed) and column c0 +
-  // own_c's (bits 3, 4 reversed).
-  halve_in_lanes<4, 1>(m, l);
-  halve_in_lanes<2, 2>(m, l);
-  halve_in_lanes<1, 4>(m, l);
-  halve_in_lanes<2, 8>(p, l);
-  halve_in_lanes<1, 16>(p, l);
+  // own_c's (bit 3 of l picks the column pair, bit 4 the column in it).
+  halve_in_lanes<D, 4, 1>(m, l);
+  halve_in_lanes<D, 2, 2>(m, l);
+  halve_in_lanes<D, 1, 4>(m, l);
+  halve_in_lanes<D, 1, 8>(p, l);
+  p[0] = max2<D>(p[0], __shfl_xor_sync(0xFFFFFFFFu, p[0], 16));
   const int own_r = 4 * (l & 1) + (l & 2) + ((l >> 2) & 1), own_c = ((l >> 2) & 2) + ((l >> 4) & 1);
+  const float row_amax = max_halves<D>(m[0]), col_amax = amax_step(0.0f, half_value<D>(p[0], (l & 16) != 0));
 
   const StreamArgs& rout = a.streams[R::kIndex];
   const StreamCtx<R> rctx = stream_ctx<Cfg, R>(a, mem);
   {
     float mul;
     u32 entry;
-    block_scale<Cfg, R>(m[0], rctx, mul, entry);
+    block_scale<Cfg, R>(row_amax, rctx, mul, entry);
     rent[(r0 + own_r) * 4 + w / 2] = u8(entry);
 #pragma unroll
     for (int e = 0; e < 8; ++e) {
@@ -241,7 +271,7 @@ __device__ void cast_mx_pair_direct(const QuantizeArgs& a, const Member& mem, i6
       const float me = __shfl_sync(0xFFFFFFFFu, mul, (l & 24) | ((e & 1) << 2) | (e & 2) | ((e >> 2) & 1));
       float x[4];
 #pragma unroll
-      for (int j = 0; j < 4; ++j) x[j] = pair_elem<D>(v[e], j);
+      for (int j = 0; j < 4; ++j) x[j] = mx_pair_elem<D>(v[e], j);
       encode_store<R, 4, true>(a, rout.data, lin_r + i64(e) * a.k, x, me, 4);
     }
   }
@@ -252,7 +282,7 @@ __device__ void cast_mx_pair_direct(const QuantizeArgs& a, const Member& mem, i6
   {
     float mul;
     u32 entry;
-    block_scale<Cfg, C>(p[0], cctx, mul, entry);
+    block_scale<Cfg, C>(col_amax, cctx, mul, entry);
     cent[(c0 + own_c) * 2 + w % 2] = u8(entry);
 #pragma unroll
     for (int j = 0; j < 4; ++j) {
@@ -261,7 +291,7 @@ __device__ void cast_mx_pair_direct(const QuantizeArgs& a, const Member& mem, i6
       const int c = c0 + j;
       float x[8];
 #pragma unroll
-      for (int e = 0; e < 8; ++e) x[e] = pair_elem<D>(v[e], j) * mj;
+      for (int e = 0; e < 8; ++e) x[e] = mx_pair_elem<D>(v[e], j) * mj;
       const RunWords<C, 8> rw = pack_run<C, 8>(a, tile_c + i64(c) * mem.rows + r0, x);
       store_words<8>(stage + mx_stage_off(c, r0 / 8), rw.w);
     }
