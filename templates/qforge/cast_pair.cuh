@@ -214,8 +214,9 @@ __device__ __forceinline__ int mx_stage_off(int c, int k) {
 // 8 (l / 8) .. + 8 of it and columns 4 (l % 8) .. + 4 (8 8-byte loads, issued together). So a
 // row's 1x32 block is 8 lanes (l / 8 equal) and a column's 32x1 block 4 (l % 8 equal): each
 // block amax is reduced on packed pairs of magnitudes by halving exchanges (7 shuffles for a
-// lane's 8 rows, 2 for its 4 columns), after which each lane computes the scale of one row block and one column block and
-// stages their entry bytes, and the multipliers go back by shuffles (8 rowwise, 4 columnwise).
+// lane's 8 rows, 2 for its 4 columns), after which each lane computes the scale of one row
+// block and of one column block and stages their entry bytes, and the multipliers go back by
+// shuffles (8 rowwise, 4 columnwise).
 // The rowwise data goes straight to global memory (4 bytes per lane, 32 per row and block); the
 // transposed output is staged (8 KB, mx_stage_off) and copied out 8 bytes per lane after the one
 // barrier, whole 64-byte output rows; the entries of both streams as the staged path's
