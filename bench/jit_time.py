@@ -2,7 +2,7 @@
 """Where NVRTC spends the time of qforge's JIT compiles, without a GPU (docs/jit.md).
 
   jit_time.py [--cache DIR] [--templates DIR] [--filter S] [--phases] [--extra "OPTS"]... [--reps N]
-              [--base-templates DIR] [--per-kernel] [--whole BASE_CACHE] [--trace]
+              [--base-templates DIR] [--instructions] [--per-kernel] [--whole BASE_CACHE] [--trace]
 
 Takes every CUBIN entry of a qforge kernel cache (DIR, default $QFORGE_CACHE_DIR; fill it first
 with `qforge prewarm`), and compiles its source.cu again with NVRTC in this process, the device
@@ -29,6 +29,11 @@ thread counted), which other processes' load on the machine barely changes, plus
                 /tmp/base/templates), alternating base and new compile by compile so that the
                 machine's load falls on both alike; the "base" column and summary are those, and
                 each row says whether the code sections are the same both ways ("=") or not ("!")
+  --instructions
+                also count each image's SASS instructions (nvdisasm: $NVDISASM, PATH, the toolkit or
+                pip's nvidia-cuda-nvdisasm), with --base-templates the base image's too: the code a
+                compile produced, which moves with its ptxas time, as a figure that does not depend on
+                the machine's load (docs/jit.md, step 7)
   --per-kernel  also compile each of an entry's kernels (name expressions) as a program of its
                 own: a column per kernel kind (cast_kernel, amax_kernel, fused_kernel, ...)
   --whole BASE_CACHE
@@ -107,6 +112,12 @@ def compile_once(nvrtc, source, options, names, hdrs, want="cubin"):
         return cpu, wall, image
     finally:
         nvrtc.nvrtcDestroyProgram(ctypes.byref(prog))
+
+
+def sass_instructions(listing):
+    """Instructions in an nvdisasm listing (sass_diff.disassemble's normalized text): the lines
+    that end a statement with ';', not directives ('.section ...') or labels."""
+    return sum(1 for line in listing.splitlines() if line.rstrip().endswith(";") and not line.lstrip().startswith("."))
 
 
 def best(nvrtc, reps, *args, **kw):
@@ -245,6 +256,7 @@ def main(argv=None):
     ap.add_argument("--limit", type=int, default=0, help="only the first N entries")
     ap.add_argument("--base-templates", default="")
     ap.add_argument("--per-kernel", action="store_true")
+    ap.add_argument("--instructions", action="store_true", help="SASS instructions of each image (nvdisasm)")
     ap.add_argument("--whole", default="", help="a cache of an older build's one-program quantize entries")
     ap.add_argument("--trace", action="store_true", help="shares of front end, NVVM (kernels / helpers / rest), ptxas")
     args = ap.parse_args(argv)
@@ -258,6 +270,13 @@ def main(argv=None):
         print(f"jit_time: {args.cache}: no CUBIN entry with its source", file=sys.stderr)
         return 2
     nvrtc = sass_diff.load_nvrtc()
+    nvdisasm = None
+    if args.instructions:
+        nvdisasm = sass_diff.find_nvdisasm()
+        if not nvdisasm:
+            print("jit_time: --instructions needs nvdisasm ($NVDISASM, PATH, the CUDA toolkit or pip's nvidia-cuda-nvdisasm)",
+                  file=sys.stderr)
+            return 2
     hdrs = headers(args.templates)
     base_hdrs = headers(args.base_templates) if args.base_templates else None
     if base_hdrs is not None and not base_hdrs:
@@ -270,10 +289,13 @@ def main(argv=None):
         return whole_vs_forms(nvrtc, hdrs, base_es, es, args.reps)
     cols = ["cubin"] + (["base"] if base_hdrs else []) + (["front end", "to PTX"] if args.phases else [])
     cols += [f"+{x}" for x in args.extra]
+    if args.instructions:
+        cols += ["instr"] + (["base instr"] if base_hdrs else [])
     if args.trace:
         cols.append("fe/kern/help/rest/ptxas")
     print(f"{'kind':<12} {'key':<12} " + " ".join(f"{c:>14}" for c in cols) + "  wall  label")
     per_kind = {}
+    instr_kind = {}
     differs = 0
     ab_differ = []
     for n, e in enumerate(es):
@@ -313,6 +335,14 @@ def main(argv=None):
                 kc = best(nvrtc, args.reps, e["source"], e["options"], [kexpr], hdrs)[0]
                 row.append(f"{kname}={kc * 1000:.0f}")
                 rec[kname] = kc
+        if nvdisasm:
+            counts = {"instr": sass_instructions(sass_diff.disassemble(nvdisasm, image))}
+            if base_hdrs:
+                counts["base instr"] = sass_instructions(sass_diff.disassemble(nvdisasm, bimage))
+            row += [f"{v:14d}" for v in counts.values()]
+            for k, v in counts.items():
+                for kind in (e["kind"], "all"):
+                    instr_kind.setdefault(kind, {}).setdefault(k, []).append(v)
         if args.trace:
             sh = trace_shares(nvrtc, e, hdrs)
             row.append(" ".join(f"{int(round(100 * sh[k])):>2}" for k in TRACE_PARTS) + " %")
@@ -335,6 +365,11 @@ def main(argv=None):
             whole = sum(recs["cubin"]) or 1
             print(f"  {'':<12} {'':<6} traced shares of the CPU ms sum: " +
                   ", ".join(f"{k} {100 * sum(recs[f'{k} (of cubin)']) / whole:.1f} %" for k in TRACE_PARTS))
+    if instr_kind:
+        print("\nSASS instructions per image: median / max / sum")
+        for kind, recs in sorted(instr_kind.items(), key=lambda kv: kv[0] == "all"):
+            parts = [f"{c}: {statistics.median(v):.0f} / {max(v)} / {sum(v)}" for c, v in recs.items()]
+            print(f"  {kind:<12} n={len(next(iter(recs.values()))):<4} " + "; ".join(parts))
     if args.extra:
         print(f"code sections: {differs} compile(s) with extra options differ from the entries' images")
     if base_hdrs:

@@ -702,3 +702,20 @@ def test_jit_time_trace_parts_splits_nvvm_by_function():
     ]
     shares = jit_time.trace_parts({"traceEvents": ev}, ["qf::cast_kernel<qf_gen::Cfg, qf_gen::S0>"])
     assert shares == pytest.approx({"front end": 0.05, "nvvm kernels": 0.4, "nvvm helpers": 0.05, "nvvm rest": 0.05, "ptxas": 0.45})
+
+
+def test_jit_time_counts_sass_instructions_not_directives_or_labels():
+    listing = sass_diff.normalize_sass("""
+        .headerflags @"EF_CUDA_SM90 EF_CUDA_VIRTUAL_SM(EF_CUDA_SM90)"
+        .section .text._ZN2qf11cast_kernelE,"ax",@progbits
+        .sectioninfo @"SHI_REGISTERS=80"
+.text._ZN2qf11cast_kernelE:
+        /*0000*/                   LDC R1, c[0x0][0x28] ;
+        /*0010*/                   S2R R0, SR_TID.X ;
+.L_x_0:
+        /*0020*/              @!P0 BRA `(.L_x_1) ;
+.L_x_1:
+        /*0030*/                   EXIT ;
+""")
+    assert jit_time.sass_instructions(listing) == 4
+    assert jit_time.sass_instructions("") == 0
