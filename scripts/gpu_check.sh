@@ -87,6 +87,10 @@ gemm_cases+=':*GemmExact*block_mn_major_many_groups_3ctas:*GemmExact*masked_bloc
 # transposed, and the rowwise-only direct path), the MXFP8 writers' word-per-4-rows loads (M-grouped
 # per group on 3 CTAs, K-grouped members on 3 CTAs).
 gemm_cases+=':*mxfp8_hopper__linear_input__training__bf16__200x320:*mxfp8_hopper__linear_input__inference__bf16__128x4224'
+# mxfp8_hopper's training cast from registers on interior tiles (cast_mx_pair_direct: warp shuffles,
+# the transposed output staged and copied out), its fp16 edge values, and grouped members.
+gemm_cases+=':*mxfp8_hopper__linear_input__training__bf16__128x4224:*mxfp8_hopper__linear_input__training__fp16__256x512__edge'
+gemm_cases+=':*mxfp8_hopper__linear_input__training__bf16__1072x256__grouped8'
 gemm_cases+=':*GemmExact*mxfp8_mn_major_many_groups_3ctas:*GemmExact*members_mxfp8_mn_major_ring'
 # K-grouped per channel (the TMA epilogue's column factors, restaged per tile) and int8 (s32 sums).
 gemm_cases+=':*GemmExact*kgrouped_rowwise_3ctas_fp32:*GemmExact*int8_block_bf16:*GemmExact*int8_rowwise_bf16'
