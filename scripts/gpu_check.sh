@@ -42,7 +42,7 @@ python3 -m pytest -q -p no:cacheprovider tests/numerics/test_quantize_device.py 
 # thread, an exact GEMM, and with the compiled extension (built with the rest when nanobind and
 # torch are there) the binding and modules (tests/python; without torch its GPU cases skip).
 ext=$(ls "$BUILD"/python/qforge/_C*.so 2>/dev/null | head -1)
-QFORGE_LIBRARY="$BUILD/runtime/libqforge.so" QFORGE_BIN="$BUILD/tools/qforge" ${ext:+QFORGE_EXTENSION=$ext} \
+env QFORGE_LIBRARY="$BUILD/runtime/libqforge.so" QFORGE_BIN="$BUILD/tools/qforge" ${ext:+QFORGE_EXTENSION=$ext} \
   python3 -m pytest -q -p no:cacheprovider -rs tests/python >"$OUT/pytest_python.log" 2>&1; py_rc=$?
 fi
 # Memory, race and initialization checks of fused kernels covering every kernel path: edge tiles
