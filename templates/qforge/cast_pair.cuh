@@ -158,19 +158,12 @@ constexpr bool kMxPairDirect =
     kStagedEntries<R> && kStagedEntries<C> && R::kEntryRows == 1 && R::kEntryCols == 32 && C::kEntryRows == 1 &&
     C::kEntryCols == 32;
 
-// Packed magnitudes of two 16-bit inputs (D: 1 bf16, 2 fp16) and their maxima, as chunk_amax
-// (cast_reduce.cuh) takes them: |x| clears the sign bits, and max.bf16x2 / max.f16x2 return the
-// other operand where one is NaN. cast_mx_pair_direct's chains start at a magnitude, so an
-// all-NaN chain can end NaN; max_halves folds that to 0 (amax_step from 0 ignores NaN). Maxima
-// of exact values in any order: the same amaxes as amax_step over the elements.
-__device__ __forceinline__ u32 abs2(u32 w) { return w & 0x7FFF7FFFu; }
-template <int D>
-__device__ __forceinline__ u32 max2(u32 a, u32 b) {
-  u32 r;
-  if constexpr (D == 1) asm("max.bf16x2 %0, %1, %2;" : "=r"(r) : "r"(a), "r"(b));
-  else asm("max.f16x2 %0, %1, %2;" : "=r"(r) : "r"(a), "r"(b));
-  return r;
-}
+// cast_mx_pair_direct reduces its block amaxes on magnitude words (numerics.cuh abs16x2,
+// max16x2). Its chains start at a magnitude, so an all-NaN chain can end NaN; max_halves folds
+// that to 0 (amax_step from 0 ignores NaN). Maxima of exact values in any order: the same amaxes
+// as amax_step over the elements. The magnitudes come from the mask, not from abs.bf16x2 /
+// abs.f16x2 as in amax16x2_abs_step: same amaxes, other code (sm_90a: bf16 an HFMA2 in place of
+// each of the 16 LOP3s; fp16 the 16 LOP3s folded into the maxima as |.| operands), not timed.
 // One 16-bit input as fp32: exact; an fp16 NaN by the hardware conversion, whose payload may
 // differ from f16_to_f32's (no output depends on it: the encoders map every NaN to one code,
 // amaxes skip NaN), in fewer instructions and registers (f16_to_f32 made ptxas spill here).
@@ -197,7 +190,7 @@ __device__ __forceinline__ void halve_in_lanes(u32 (&m)[N], int l) {
 #pragma unroll
   for (int i = 0; i < span; ++i) {
     const u32 send = up ? m[i] : m[i + span], keep = up ? m[i + span] : m[i];
-    m[i] = max2<D>(keep, __shfl_xor_sync(0xFFFFFFFFu, send, bit));
+    m[i] = max16x2<D>(keep, __shfl_xor_sync(0xFFFFFFFFu, send, bit));
   }
 }
 
@@ -244,10 +237,10 @@ __device__ void cast_mx_pair_direct(const QuantizeArgs& a, const Member& mem, i6
   u32 m[8], p[2];
 #pragma unroll
   for (int e = 0; e < 8; ++e) {
-    const u32 x = abs2(v[e].x), y = abs2(v[e].y);
-    m[e] = max2<D>(x, y);
-    p[0] = e == 0 ? x : max2<D>(p[0], x);
-    p[1] = e == 0 ? y : max2<D>(p[1], y);
+    const u32 x = abs16x2(v[e].x), y = abs16x2(v[e].y);
+    m[e] = max16x2<D>(x, y);
+    p[0] = e == 0 ? x : max16x2<D>(p[0], x);
+    p[1] = e == 0 ? y : max16x2<D>(p[1], y);
   }
   // Lane l ends with row r0 + own_r's block amax (bits 0..2 of l reversed) and column c0 +
   // own_c's (bit 3 of l picks the column pair, bit 4 the column in it).
@@ -255,7 +248,7 @@ __device__ void cast_mx_pair_direct(const QuantizeArgs& a, const Member& mem, i6
   halve_in_lanes<D, 2, 2>(m, l);
   halve_in_lanes<D, 1, 4>(m, l);
   halve_in_lanes<D, 1, 8>(p, l);
-  p[0] = max2<D>(p[0], __shfl_xor_sync(0xFFFFFFFFu, p[0], 16));
+  p[0] = max16x2<D>(p[0], __shfl_xor_sync(0xFFFFFFFFu, p[0], 16));
   const int own_r = 4 * (l & 1) + (l & 2) + ((l >> 2) & 1), own_c = ((l >> 2) & 2) + ((l >> 4) & 1);
   const float row_amax = max_halves<D>(m[0]), col_amax = amax_step(0.0f, half_value<D>(p[0], (l & 16) != 0));
 

@@ -100,7 +100,11 @@ __device__ __forceinline__ void staged_col_amaxes(const TileElem<Cfg>* src, floa
 }
 
 // max |x| over the elements of one 16-byte chunk of the input (4 fp32 or 8 16-bit values; for
-// 16-bit inputs packed abs/max on pairs, whose max ignores a NaN operand as amax_step does).
+// 16-bit inputs packed on pairs, amax16x2_abs_step from +0, whose halves widen without a mask).
+// Not amax16x2_step + amax16x2_lo / _hi: same amaxes, other code (sm_90a: the row and amax
+// kernels of 24 of the 64 16-bit quantize programs; bf16 4 HMNMX2.XORSIGN + 3 readout ops per
+// chunk instead of 4 HFMA2 + 2 VHMNMX + 2, fp16 the readout's mask and f16_to_f32's NaN select),
+// not timed.
 template <int D>
 __device__ __forceinline__ float chunk_amax(const uint4& raw, float m) {
   if constexpr (D == 0) {
@@ -110,17 +114,14 @@ __device__ __forceinline__ float chunk_amax(const uint4& raw, float m) {
     u32 m2 = 0;
     const u32 w[4] = {raw.x, raw.y, raw.z, raw.w};
 #pragma unroll
-    for (int e = 0; e < 4; ++e) {
-      if constexpr (D == 1) asm("{\n\t.reg .b32 t;\n\tabs.bf16x2 t, %1;\n\tmax.bf16x2 %0, %0, t;\n\t}" : "+r"(m2) : "r"(w[e]));
-      else asm("{\n\t.reg .b32 t;\n\tabs.f16x2 t, %1;\n\tmax.f16x2 %0, %0, t;\n\t}" : "+r"(m2) : "r"(w[e]));
-    }
+    for (int e = 0; e < 4; ++e) m2 = amax16x2_abs_step<D>(m2, w[e]);
     const u16 lo = u16(m2), hi = u16(m2 >> 16);
     return fmaxf(m, D == 1 ? fmaxf(bf16_to_f32(lo), bf16_to_f32(hi)) : fmaxf(h2f(lo), h2f(hi)));
   }
 }
 
 // max |x| over an interior tile, straight from global memory: 16-byte loads, and for 16-bit
-// inputs packed max/abs on pairs (max ignores a NaN operand, as amax_step does).
+// inputs packed on pairs as chunk_amax (amax16x2_abs_step).
 template <class Cfg>
 __device__ __forceinline__ float tile_amax_full(const QuantizeArgs& a, const Member& mem, i64 col0) {
   constexpr int kIters = TileChunks<Cfg>::kIters;
@@ -142,12 +143,7 @@ __device__ __forceinline__ float tile_amax_full(const QuantizeArgs& a, const Mem
     for (int it = 0; it < kIters; ++it) {
       const u32 w[4] = {raw[it].x, raw[it].y, raw[it].z, raw[it].w};
 #pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        if constexpr (Cfg::kInDtype == 1)
-          asm("{\n\t.reg .b32 t;\n\tabs.bf16x2 t, %1;\n\tmax.bf16x2 %0, %0, t;\n\t}" : "+r"(m2) : "r"(w[e]));
-        else
-          asm("{\n\t.reg .b32 t;\n\tabs.f16x2 t, %1;\n\tmax.f16x2 %0, %0, t;\n\t}" : "+r"(m2) : "r"(w[e]));
-      }
+      for (int e = 0; e < 4; ++e) m2 = amax16x2_abs_step<Cfg::kInDtype>(m2, w[e]);
     }
     const u16 lo = u16(m2), hi = u16(m2 >> 16);
     return Cfg::kInDtype == 1 ? fmaxf(bf16_to_f32(lo), bf16_to_f32(hi)) : fmaxf(f16_to_f32(lo), f16_to_f32(hi));

@@ -595,14 +595,34 @@ QF_HD float amax_step(float acc, float x) { return fmaxf(acc, fabsf(x)); }
 // every step is a max of it and a magnitude; the host form below clears acc's sign, so it
 // equals the device only there. Checked on every (acc, x) pair of halves the kernels can meet
 // against amax_step, host and GPU (tests/unit).
+//
+// Magnitude words (both halves' sign bits clear), under the same contract, for reductions that
+// keep their packed amaxes so: abs16x2 makes one by a mask; max16x2<D> is the larger of two,
+// half by half (max.bf16x2 / max.f16x2: a NaN half gives the other's, two NaN halves a NaN);
+// amax16x2_abs_step<D> steps a magnitude accumulator by abs then max (fp16: amax_f16x2_step's
+// code; bf16: its halves then widen without amax16x2_lo's mask). The mask and abs.bf16x2 /
+// abs.f16x2 give the same bits except on a NaN, whose payload the PTX ISA leaves unspecified: a
+// NaN either way, which max16x2 and the steps drop alike, so no amax differs. The forms differ
+// in the code ptxas makes of them (sm_90a: abs.bf16x2 an HFMA2 with a |x| operand and the maxima
+// paired into VHMNMX, the mask a LOP3, the xorsign step one HMNMX2 per word read out through
+// the mask), so each caller keeps the one its kernels were measured with (chunk_amax and
+// cast_mx_pair_direct say why theirs).
 namespace detail {
 // One lane of the packed step as the PTX ISA defines max{.xorsign.abs} (host form): NaN x keeps
-// acc's magnitude; the sign the XOR of both (bf16), or clear (fp16: max of |acc| and |x|).
+// acc's magnitude; the sign the XOR of both (bf16), or clear (fp16, and every magnitude-word
+// form: max of |acc| and |x|); both NaN: a NaN (0x7FFF, the canonical one).
 QF_HD u32 amax16_lane(u32 acc, u32 x, u32 inf, bool xorsign) {
   const u32 a = acc & 0x7FFFu, m = x & 0x7FFFu, sign = xorsign ? (acc ^ x) & 0x8000u : 0u;
-  if (m > inf) return a > inf ? 0x7FFFu : a | sign;  // (both NaN: a NaN; never reached)
+  if (m > inf) return a > inf ? 0x7FFFu : a | sign;
   if (a > inf) return m | sign;
   return (a > m ? a : m) | sign;
+}
+// Both lanes; D: 1 bf16, 2 fp16 (their Inf bits without the sign).
+template <int D>
+QF_HD u32 amax16x2_lanes(u32 acc, u32 x, bool xorsign) {
+  static_assert(D == 1 || D == 2, "16-bit inputs");
+  constexpr u32 inf = D == 1 ? 0x7F80u : 0x7C00u;
+  return amax16_lane(acc, x, inf, xorsign) | (amax16_lane(acc >> 16, x >> 16, inf, xorsign) << 16);
 }
 }  // namespace detail
 QF_HD u32 amax_bf16x2_step(u32 acc, u32 x) {
@@ -611,19 +631,24 @@ QF_HD u32 amax_bf16x2_step(u32 acc, u32 x) {
   asm("max.xorsign.abs.bf16x2 %0, %1, %2;" : "=r"(r) : "r"(acc), "r"(x));
   return r;
 #else
-  return detail::amax16_lane(acc, x, 0x7F80u, true) | (detail::amax16_lane(acc >> 16, x >> 16, 0x7F80u, true) << 16);
+  return detail::amax16x2_lanes<1>(acc, x, true);
 #endif
 }
-QF_HD u32 amax_f16x2_step(u32 acc, u32 x) {
+template <int D>
+QF_HD u32 amax16x2_abs_step(u32 acc, u32 x) {
+  static_assert(D == 1 || D == 2, "16-bit inputs");
 #if defined(__CUDA_ARCH__)
-  // |x| then max: ptxas folds both into one VHMNMX per two steps (three inputs, |.| operands).
+  // |x| then max: ptxas pairs the maxima into one VHMNMX per two steps (three inputs; fp16 takes
+  // |x| as operands, bf16 through an HFMA2 each).
   u32 r;
-  asm("{\n\t.reg .b32 t;\n\tabs.f16x2 t, %2;\n\tmax.f16x2 %0, %1, t;\n\t}" : "=r"(r) : "r"(acc), "r"(x));
+  if constexpr (D == 1) asm("{\n\t.reg .b32 t;\n\tabs.bf16x2 t, %2;\n\tmax.bf16x2 %0, %1, t;\n\t}" : "=r"(r) : "r"(acc), "r"(x));
+  else asm("{\n\t.reg .b32 t;\n\tabs.f16x2 t, %2;\n\tmax.f16x2 %0, %1, t;\n\t}" : "=r"(r) : "r"(acc), "r"(x));
   return r;
 #else
-  return detail::amax16_lane(acc, x, 0x7C00u, false) | (detail::amax16_lane(acc >> 16, x >> 16, 0x7C00u, false) << 16);
+  return detail::amax16x2_lanes<D>(acc, x, false);
 #endif
 }
+QF_HD u32 amax_f16x2_step(u32 acc, u32 x) { return amax16x2_abs_step<2>(acc, x); }
 // The step of input dtype D (1 bf16, 2 fp16), and an accumulator's low / high half as the fp32
 // amax (sign cleared; exact).
 template <int D>
@@ -642,6 +667,20 @@ QF_HD float amax16x2_hi(u32 acc) {
   static_assert(D == 1 || D == 2, "16-bit inputs");
   if (D == 1) return f32_from_bits(acc & 0x7FFF0000u);
   return f16_to_f32(static_cast<u16>((acc >> 16) & 0x7FFFu));
+}
+// Magnitude words (above): the mask, and the larger of two.
+QF_HD u32 abs16x2(u32 w) { return w & 0x7FFF7FFFu; }
+template <int D>
+QF_HD u32 max16x2(u32 a, u32 b) {
+  static_assert(D == 1 || D == 2, "16-bit inputs");
+#if defined(__CUDA_ARCH__)
+  u32 r;
+  if constexpr (D == 1) asm("max.bf16x2 %0, %1, %2;" : "=r"(r) : "r"(a), "r"(b));
+  else asm("max.f16x2 %0, %1, %2;" : "=r"(r) : "r"(a), "r"(b));
+  return r;
+#else
+  return detail::amax16x2_lanes<D>(a, b, false);
+#endif
 }
 
 // Per-tensor / block fp32 scale (docs/numerics.md "Scale rules").

@@ -3,7 +3,8 @@
 // against the one software definition (numerics.cuh encode_rn / encode_sr), and the packed fp8
 // encoder of the vector paths (pack4), over every one of the 2^32 fp32 bit patterns, on the GPU;
 // and the packed amax steps of 16-bit staged tiles (numerics.cuh amax_bf16x2_step /
-// amax_f16x2_step) on every pair of 16-bit halves.
+// amax_f16x2_step) and the magnitude-word forms (amax16x2_abs_step, max16x2) on every pair of
+// 16-bit halves.
 // The compile test runs everywhere.
 #include <gtest/gtest.h>
 
@@ -161,6 +162,29 @@ __device__ void check_pack_sr_int8(unsigned int bits, unsigned int* count, unsig
     atomicMin(first, bits);
   }
 }
+// The magnitude-word forms (numerics.cuh amax16x2_abs_step, max16x2) on one pair of halves, in
+// the low half and in the high half, as the host test takes them: the step from a magnitude
+// accumulator (not NaN), read without a mask and staying a magnitude; the max of two magnitudes,
+// NaN included (both NaN: a NaN).
+template <int D>
+__device__ bool magnitude_forms_ok(unsigned int a, unsigned int x) {
+  const unsigned int inf = D == 1 ? 0x7F80u : 0x7C00u;
+  auto widen = [](unsigned int h) { return D == 1 ? qf::bf16_to_f32((unsigned short)h) : qf::f16_to_f32((unsigned short)h); };
+  auto same = [](float got, float want) { return want != want ? got != got : qf::f32_bits(got) == qf::f32_bits(want); };
+  const float av = widen(a), xv = widen(x);
+  bool ok = true;
+  if (a <= inf) {
+    const float want = xv != xv ? av : qf::amax_step(av, xv);
+    const unsigned int lo = qf::amax16x2_abs_step<D>(a, x), hi = qf::amax16x2_abs_step<D>(a << 16, x << 16);
+    ok = ok && same(widen(lo), want) && same(widen(hi >> 16), want) && ((lo | hi) & 0x80008000u) == 0;
+  }
+  if (a <= 0x7FFFu && x <= 0x7FFFu) {
+    const float want = av != av ? xv : xv != xv ? av : fmaxf(av, xv);
+    const unsigned int lo = qf::max16x2<D>(a, x), hi = qf::max16x2<D>(a << 16, x << 16);
+    ok = ok && same(widen(lo), want) && same(widen(hi >> 16), want);
+  }
+  return ok;
+}
 extern "C" __global__ void exhaustive(unsigned int* out) {
   const unsigned long long n = 1ull << 32;
   for (unsigned long long i = blockIdx.x * 256ull + threadIdx.x; i < n; i += 256ull * gridDim.x) {
@@ -204,7 +228,7 @@ extern "C" __global__ void exhaustive(unsigned int* out) {
     }
     {  // The packed amax steps of 16-bit staged tiles (max.xorsign.abs.bf16x2; |x| and
        // max.f16x2): amax_step's magnitude for every (non-NaN accumulator, input) pair of
-       // halves, the pair in the low half and in the high half.
+       // halves, the pair in the low half and in the high half; and the magnitude-word forms.
       const unsigned int a = b >> 16, x = b & 0xFFFFu;
       bool ok = true;
       if ((a & 0x7FFFu) <= 0x7F80u) {
@@ -219,6 +243,7 @@ extern "C" __global__ void exhaustive(unsigned int* out) {
         const unsigned int lo = qf::amax_f16x2_step(a, x), hi = qf::amax_f16x2_step(a << 16, x << 16);
         ok = ok && qf::f32_bits(qf::amax16x2_lo<2>(lo)) == qf::f32_bits(want) && qf::f32_bits(qf::amax16x2_hi<2>(hi)) == qf::f32_bits(want);
       }
+      ok = ok && magnitude_forms_ok<1>(a, x) && magnitude_forms_ok<2>(a, x);
       if (!ok) {
         atomicAdd(out + 32, 1u);
         atomicMin(out + 33, b);

@@ -425,11 +425,35 @@ TEST(Scale, Amax) {
   EXPECT_EQ(B(amax_step(0.0f, -0.0f)), 0u);
 }
 
-// The packed amax steps of 16-bit staged tiles (host forms; the GPU test checks the hardware's)
-// against amax_step on the widened values, on every (accumulator, input) pair of halves the
-// kernels can meet: the accumulator any non-NaN pattern for bf16 (its sign bits are don't-care),
-// any non-negative non-NaN one for fp16; the input any pattern; in the low half and in the high
-// half. The widened input's NaNs are skipped explicitly: glibc's fmaxf
+// The magnitude-word forms of input dtype D on one pair of halves (a, x), in the low half and in
+// the high half: amax16x2_abs_step from a magnitude accumulator a (not NaN), read without a mask,
+// and staying a magnitude; max16x2 of two magnitudes, NaN included (both NaN: a NaN).
+template <int D>
+bool magnitude_forms_ok(u32 a, u32 x) {
+  const u32 inf = D == 1 ? 0x7F80u : 0x7C00u;
+  auto widen = [](u32 h) { return D == 1 ? bf16_to_f32(static_cast<u16>(h)) : f16_to_f32(static_cast<u16>(h)); };
+  auto same = [](float got, float want) { return std::isnan(want) ? std::isnan(got) : B(got) == B(want); };
+  const float av = widen(a), xv = widen(x);
+  bool ok = true;
+  if (a <= inf) {
+    const float want = std::isnan(xv) ? av : amax_step(av, xv);
+    const u32 lo = amax16x2_abs_step<D>(a, x), hi = amax16x2_abs_step<D>(a << 16, x << 16);
+    ok = ok && same(widen(lo), want) && same(widen(hi >> 16), want) && ((lo | hi) & 0x80008000u) == 0;
+  }
+  if (a <= 0x7FFFu && x <= 0x7FFFu) {
+    const float want = std::isnan(av) ? xv : std::isnan(xv) ? av : std::max(av, xv);
+    const u32 lo = max16x2<D>(a, x), hi = max16x2<D>(a << 16, x << 16);
+    ok = ok && same(widen(lo), want) && same(widen(hi >> 16), want);
+  }
+  return ok;
+}
+
+// The packed amax steps of 16-bit staged tiles and the magnitude-word forms (host forms; the GPU
+// test checks the hardware's) against amax_step on the widened values, on every (accumulator,
+// input) pair of halves the kernels can meet: the accumulator any non-NaN pattern for bf16's
+// amax16x2_step (its sign bits are don't-care), any non-negative non-NaN one for fp16's and for
+// amax16x2_abs_step; the input any pattern; two magnitudes for max16x2; in the low half and in the
+// high half. The widened input's NaNs are skipped explicitly: glibc's fmaxf
 // returns a NaN for a signaling NaN operand (bf16 0x7F81..0x7FBF and fp16 0x7C01..0x7DFF widen to
 // fp32 signaling NaNs), where the device's max.f32 returns the other operand.
 TEST(Scale, PackedAmaxStepsEqualAmaxStepOnAllPairs) {
@@ -452,6 +476,7 @@ TEST(Scale, PackedAmaxStepsEqualAmaxStepOnAllPairs) {
         const u32 lo = amax_f16x2_step(a, x), hi = amax_f16x2_step(a << 16, x << 16);
         ok = ok && B(amax16x2_lo<2>(lo)) == B(want) && B(amax16x2_hi<2>(hi)) == B(want);
       }
+      ok = ok && magnitude_forms_ok<1>(a, x) && magnitude_forms_ok<2>(a, x);
       if (!ok && bad[id]++ == 0) first[id] = static_cast<u32>(i);
     }
   };
