@@ -531,6 +531,20 @@ QF_HD u8 e8m0_rceil(float v) {
   return static_cast<u8>(e);
 }
 
+// e8m0_rceil(v) for v in [0, Inf] (sign clear, not NaN: an amax of magnitudes times fl(1/fmax)),
+// without branches: the exponent field rounded up by a carry out of the mantissa (normal v: +
+// 0x7FFFFF, so any non-zero mantissa carries; subnormal v: + 0x3FFFFF, so a mantissa above
+// 0x400000 does), Inf and the carry out of 0xFE's binade clamped to 0xFE. mx_multiplier_bits(E)
+// for E <= 0xFE (what it returns): the bits of mx_multiplier(E) = 2^(127 - E), the normal
+// (254 - E) << 23 for E <= 253 and the subnormal 2^-127 (0x400000) for E = 254. Both equal the
+// branchy forms on every such input (tests/unit/numerics_test.cpp, E8M0.RceilNonNegative).
+QF_HD u32 e8m0_rceil_nonneg(float v) {
+  const u32 a = f32_bits(v);
+  const u32 e = (a + (a >= 0x800000u ? 0x7FFFFFu : 0x3FFFFFu)) >> 23;
+  return e < 0xFEu ? e : 0xFEu;
+}
+QF_HD u32 mx_multiplier_bits(u32 e) { return e == 0xFEu ? 0x400000u : 0x7F000000u - (e << 23); }
+
 // OCP rule: floor(log2(amax)) - emax_elem + 127 clamped to [0, 254]; amax 0 -> 0, Inf -> 254,
 // NaN -> 0xFF (not reachable from an fmaxf-style amax). The sign is ignored.
 QF_HD u8 e8m0_floor(float amax, int emax_elem) {

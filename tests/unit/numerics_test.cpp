@@ -358,6 +358,23 @@ TEST(E8M0, Rceil) {
   EXPECT_EQ(e8m0_rceil(0.0f * r448), 0);
 }
 
+// The branch-free forms cast_mx_pair_direct takes (cast_pair.cuh) against e8m0_rceil and
+// mx_multiplier: around every binade's boundaries and subnormal threshold, plus a stride over
+// all of [0, Inf] (every pattern of that range was checked once offline, 2^31 - 2^23 + 1 values).
+TEST(E8M0, RceilNonNegative) {
+  const auto check = [](u32 a) {
+    const float v = F(a);
+    const u32 e = e8m0_rceil_nonneg(v);
+    ASSERT_EQ(e, e8m0_rceil(v)) << std::hex << a;
+    ASSERT_EQ(mx_multiplier_bits(e), f32_bits(mx_multiplier(u8(e)))) << std::hex << a;
+  };
+  for (u32 x = 0; x <= 0xFFu; ++x)
+    for (u32 m : {0u, 1u, 2u, 0x3FFFFFu, 0x400000u, 0x400001u, 0x7FFFFEu, 0x7FFFFFu})
+      if ((x << 23 | m) <= 0x7F800000u) check(x << 23 | m);
+  for (u32 a = 0; a <= 0x7F800000u; a += 997u) check(a);
+  check(0x7F800000u);
+}
+
 TEST(E8M0, Floor) {
   EXPECT_EQ(e8m0_floor(0.0f, 8), 0);
   EXPECT_EQ(e8m0_floor(kInf, 8), 254);
