@@ -696,6 +696,28 @@ QF_HD u32 max16x2(u32 a, u32 b) {
   return detail::amax16x2_lanes<D>(a, b, false);
 #endif
 }
+// NaN detection on magnitude words: max16x2_nan<D> keeps a NaN half (max.NaN; host: the
+// canonical 0x7FFF), so a chain of it holds a NaN half iff one of its inputs did; has_nan16x2<D>
+// says whether a word has one (a half above Inf's bits carries into bit 15).
+template <int D>
+QF_HD bool has_nan16x2(u32 w) {
+  static_assert(D == 1 || D == 2, "16-bit inputs");
+  return (((w & 0x7FFF7FFFu) + (D == 1 ? 0x007F007Fu : 0x03FF03FFu)) & 0x80008000u) != 0;
+}
+template <int D>
+QF_HD u32 max16x2_nan(u32 a, u32 b) {
+  static_assert(D == 1 || D == 2, "16-bit inputs");
+#if defined(__CUDA_ARCH__)
+  u32 r;
+  if constexpr (D == 1) asm("max.NaN.bf16x2 %0, %1, %2;" : "=r"(r) : "r"(a), "r"(b));
+  else asm("max.NaN.f16x2 %0, %1, %2;" : "=r"(r) : "r"(a), "r"(b));
+  return r;
+#else
+  const u32 lo = has_nan16x2<D>(a & 0xFFFFu) || has_nan16x2<D>(b & 0xFFFFu) ? 0x7FFFu : detail::amax16x2_lanes<D>(a, b, false) & 0xFFFFu;
+  const u32 hi = has_nan16x2<D>(a >> 16) || has_nan16x2<D>(b >> 16) ? 0x7FFFu : detail::amax16x2_lanes<D>(a, b, false) >> 16;
+  return lo | (hi << 16);
+#endif
+}
 
 // Per-tensor / block fp32 scale (docs/numerics.md "Scale rules").
 QF_HD float compute_scale(float amax, float fmax, float eps, bool pow2, float inf_value) {
