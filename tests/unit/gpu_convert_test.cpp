@@ -162,7 +162,7 @@ __device__ void check_pack_sr_int8(unsigned int bits, unsigned int* count, unsig
     atomicMin(first, bits);
   }
 }
-// The magnitude-word forms (numerics.cuh amax16x2_abs_step, max16x2) on one pair of halves, in
+// The magnitude-word forms (numerics.cuh amax16x2_abs_step, max16x2, max16x2_nan, has_nan16x2) on one pair of halves, in
 // the low half and in the high half, as the host test takes them: the step from a magnitude
 // accumulator (not NaN), read without a mask and staying a magnitude; the max of two magnitudes,
 // NaN included (both NaN: a NaN).
@@ -182,6 +182,10 @@ __device__ bool magnitude_forms_ok(unsigned int a, unsigned int x) {
     const float want = av != av ? xv : xv != xv ? av : fmaxf(av, xv);
     const unsigned int lo = qf::max16x2<D>(a, x), hi = qf::max16x2<D>(a << 16, x << 16);
     ok = ok && same(widen(lo), want) && same(widen(hi >> 16), want);
+    const bool nan = av != av || xv != xv;
+    const unsigned int nlo = qf::max16x2_nan<D>(a, x), nhi = qf::max16x2_nan<D>(a << 16, x << 16);
+    ok = ok && qf::has_nan16x2<D>(nlo) == nan && qf::has_nan16x2<D>(nhi) == nan && qf::has_nan16x2<D>(a) == (av != av) &&
+         (nan || (same(widen(nlo), want) && same(widen(nhi >> 16), want)));
   }
   return ok;
 }

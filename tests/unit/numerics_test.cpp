@@ -461,6 +461,11 @@ bool magnitude_forms_ok(u32 a, u32 x) {
     const float want = std::isnan(av) ? xv : std::isnan(xv) ? av : std::max(av, xv);
     const u32 lo = max16x2<D>(a, x), hi = max16x2<D>(a << 16, x << 16);
     ok = ok && same(widen(lo), want) && same(widen(hi >> 16), want);
+    // max16x2_nan keeps a NaN half, and has_nan16x2 finds it; else it is max16x2.
+    const bool nan = std::isnan(av) || std::isnan(xv);
+    const u32 nlo = max16x2_nan<D>(a, x), nhi = max16x2_nan<D>(a << 16, x << 16);
+    ok = ok && has_nan16x2<D>(nlo) == nan && has_nan16x2<D>(nhi) == nan && has_nan16x2<D>(a) == std::isnan(av) &&
+         (nan || (same(widen(nlo), want) && same(widen(nhi >> 16), want)));
   }
   return ok;
 }
