@@ -238,6 +238,43 @@ __device__ __forceinline__ u32 pack4_int8_sr(const float* x, const u32 w[4]) {
   return __byte_perm(__byte_perm(t[0], t[1], 0x0073), __byte_perm(t[2], t[3], 0x0073), 0x5410);
 }
 
+// fp8 formats (e4m3, e5m2) whose round to nearest is the hardware's pair conversion (sm_89 and
+// later): cvt4_fp8_raw converts four scaled values, element 0 lowest, and fix_nan_fp8 gives NaN
+// inputs the format's NaN code (fix_nan_bytes); the conversion gives no NaN code for a non-NaN
+// value, so a word of non-NaN inputs needs no fix-up.
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 890
+template <class F>
+constexpr bool kHwFp8Cvt = F::kBits == 8 && !F::kIsInt && (F::kExpBits == 4 || F::kExpBits == 5);
+template <class F>
+__device__ __forceinline__ u32 cvt4_fp8_raw(const float* x) {
+  u32 p;
+  if constexpr (F::kExpBits == 4)
+    asm("{\n\t.reg .b16 l, h;\n\t"
+        "cvt.rn.satfinite.e4m3x2.f32 l, %2, %1;\n\t"
+        "cvt.rn.satfinite.e4m3x2.f32 h, %4, %3;\n\t"
+        "mov.b32 %0, {l, h};\n\t}"
+        : "=r"(p) : "f"(x[0]), "f"(x[1]), "f"(x[2]), "f"(x[3]));
+  else
+    asm("{\n\t.reg .b16 l, h;\n\t"
+        "cvt.rn.satfinite.e5m2x2.f32 l, %2, %1;\n\t"
+        "cvt.rn.satfinite.e5m2x2.f32 h, %4, %3;\n\t"
+        "mov.b32 %0, {l, h};\n\t}"
+        : "=r"(p) : "f"(x[0]), "f"(x[1]), "f"(x[2]), "f"(x[3]));
+  return p;
+}
+template <class F>
+__device__ __forceinline__ u32 fix_nan_fp8(u32 p) {
+  return fix_nan_bytes<F::kExpBits == 4 ? 0x7Fu : 0x7Du>(p);
+}
+#else
+template <class F>
+constexpr bool kHwFp8Cvt = false;
+template <class F>
+__device__ u32 cvt4_fp8_raw(const float* x);  // declared only: kHwFp8Cvt's paths are discarded here
+template <class F>
+__device__ u32 fix_nan_fp8(u32 p);
+#endif
+
 // Four scaled elements to the bits they are stored as, element 0 lowest: 8 bits each (fp8,
 // int8, fp6 in a byte), 4 each for fp4. Round to nearest, or stochastic rounding with the random
 // bits of element lin's group (lin % 4 == 0; sr_group_elems).
@@ -258,26 +295,7 @@ __device__ __forceinline__ u32 pack4(const QuantizeArgs& a, i64 lin, const float
     const u32 p01 = e2m1_rn_byte(x[0]) + (e2m1_rn_byte(x[1]) << 4), p23 = e2m1_rn_byte(x[2]) + (e2m1_rn_byte(x[3]) << 4);
     return __byte_perm(p01, p23, 0x0040) & 0xFFFFu;
   } else {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 890
-    if constexpr (F::kBits == 8 && !F::kIsInt && (F::kExpBits == 4 || F::kExpBits == 5)) {
-      u32 p;
-      if constexpr (F::kExpBits == 4) {
-        asm("{\n\t.reg .b16 l, h;\n\t"
-            "cvt.rn.satfinite.e4m3x2.f32 l, %2, %1;\n\t"
-            "cvt.rn.satfinite.e4m3x2.f32 h, %4, %3;\n\t"
-            "mov.b32 %0, {l, h};\n\t}"
-            : "=r"(p) : "f"(x[0]), "f"(x[1]), "f"(x[2]), "f"(x[3]));
-        return fix_nan_bytes<0x7Fu>(p);
-      } else {
-        asm("{\n\t.reg .b16 l, h;\n\t"
-            "cvt.rn.satfinite.e5m2x2.f32 l, %2, %1;\n\t"
-            "cvt.rn.satfinite.e5m2x2.f32 h, %4, %3;\n\t"
-            "mov.b32 %0, {l, h};\n\t}"
-            : "=r"(p) : "f"(x[0]), "f"(x[1]), "f"(x[2]), "f"(x[3]));
-        return fix_nan_bytes<0x7Du>(p);
-      }
-    }
-#endif
+    if constexpr (kHwFp8Cvt<F>) return fix_nan_fp8<F>(cvt4_fp8_raw<F>(x));
     u32 p = 0;
 #pragma unroll
     for (int i = 0; i < 4; ++i) p |= (enc_rn<F>(x[i]) & kMask) << (kShift * i);

@@ -262,36 +262,15 @@ __device__ __forceinline__ float shfl_keep_bits(float v, u32 src) {
 // word of a warp without NaN inputs is the same with or without the fix-up. Whether the lane
 // holds a NaN: its 16 packed magnitudes reduced by maxima that keep NaN (max.NaN; 8 three-input
 // instructions), whose halves are then above Inf's bits exactly where a NaN went in.
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 890
-template <class F>
-constexpr bool kMxPairRawCvt = F::kBits == 8 && !F::kIsInt && (F::kExpBits == 4 || F::kExpBits == 5);
-#else
-template <class F>
-constexpr bool kMxPairRawCvt = false;
-#endif
-// N scaled elements as pack_run packs them; fp8 (kMxPairRawCvt) without the NaN fix-up, which
+// N scaled elements as pack_run packs them; fp8 (kHwFp8Cvt) without the NaN fix-up, which
 // mx_pair_fix_nan applies.
 template <class S, int N>
 __device__ __forceinline__ RunWords<S, N> mx_pair_pack(const QuantizeArgs& a, i64 lin, const float (&x)[N]) {
   using F = typename S::Format;
-  if constexpr (kMxPairRawCvt<F>) {
+  if constexpr (kHwFp8Cvt<F>) {
     RunWords<S, N> r;
 #pragma unroll
-    for (int g = 0; g < N / 4; ++g) {
-      const float* q = x + 4 * g;
-      if constexpr (F::kExpBits == 4)
-        asm("{\n\t.reg .b16 l, h;\n\t"
-            "cvt.rn.satfinite.e4m3x2.f32 l, %2, %1;\n\t"
-            "cvt.rn.satfinite.e4m3x2.f32 h, %4, %3;\n\t"
-            "mov.b32 %0, {l, h};\n\t}"
-            : "=r"(r.w[g]) : "f"(q[0]), "f"(q[1]), "f"(q[2]), "f"(q[3]));
-      else
-        asm("{\n\t.reg .b16 l, h;\n\t"
-            "cvt.rn.satfinite.e5m2x2.f32 l, %2, %1;\n\t"
-            "cvt.rn.satfinite.e5m2x2.f32 h, %4, %3;\n\t"
-            "mov.b32 %0, {l, h};\n\t}"
-            : "=r"(r.w[g]) : "f"(q[0]), "f"(q[1]), "f"(q[2]), "f"(q[3]));
-    }
+    for (int g = 0; g < N / 4; ++g) r.w[g] = cvt4_fp8_raw<F>(x + 4 * g);
     return r;
   } else {
     return pack_run<S, N>(a, lin, x);
@@ -300,9 +279,9 @@ __device__ __forceinline__ RunWords<S, N> mx_pair_pack(const QuantizeArgs& a, i6
 template <class S, int N>
 __device__ __forceinline__ void mx_pair_fix_nan(RunWords<S, N>& r) {
   using F = typename S::Format;
-  if constexpr (kMxPairRawCvt<F>) {
+  if constexpr (kHwFp8Cvt<F>) {
 #pragma unroll
-    for (int g = 0; g < N / 4; ++g) r.w[g] = fix_nan_bytes<F::kExpBits == 4 ? 0x7Fu : 0x7Du>(r.w[g]);
+    for (int g = 0; g < N / 4; ++g) r.w[g] = fix_nan_fp8<F>(r.w[g]);
   }
 }
 
@@ -346,7 +325,7 @@ __device__ void cast_mx_pair_direct(const QuantizeArgs& a, const Member& mem, i6
 
   // Packed amaxes of the lane's 8 row pieces (both halves of m[e]: columns {0, 2} and {1, 3})
   // and of its columns (p[0]: columns 0, 1; p[1]: 2, 3).
-  constexpr bool kRawCvt = kMxPairRawCvt<typename R::Format> || kMxPairRawCvt<typename C::Format>;
+  constexpr bool kRawCvt = kHwFp8Cvt<typename R::Format> || kHwFp8Cvt<typename C::Format>;
   u32 m[8], p[2], nan = 0;
 #pragma unroll
   for (int e = 0; e < 8; ++e) {
