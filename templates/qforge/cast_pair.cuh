@@ -429,5 +429,15 @@ __device__ void cast_mx_pair_direct(const QuantizeArgs& a, const Member& mem, i6
   if (!fast_c) copy_staged_entries<C, T>(tout.scale_inv, base_c, cctx, col0, row0 / 32, cent, TC, TR / 32);
 }
 
+// A row + transposed pair cast from registers on interior tiles whose member's rows are a
+// multiple of 16: 1x128 blocks (cast_pair_direct) or MX 1x32 blocks (cast_mx_pair_direct).
+template <class Cfg, class R, class C>
+constexpr bool kPairRegisters = kPairDirect<Cfg, R, C> || kMxPairDirect<Cfg, R, C>;
+template <class Cfg, class R, class C>
+__device__ __forceinline__ void cast_pair_registers(const QuantizeArgs& a, const Member& mem, i64 col0, i64 base_r, i64 base_c) {
+  if constexpr (kPairDirect<Cfg, R, C>) cast_pair_direct<Cfg, R, C>(a, mem, col0, base_r, base_c);
+  else cast_mx_pair_direct<Cfg, R, C>(a, mem, col0, base_r, base_c);
+}
+
 }  // namespace detail
 }  // namespace qf

@@ -133,15 +133,9 @@ __device__ __forceinline__ void cast_tile(const QuantizeArgs& a) {
     }
   }
   if constexpr (!kFused && sizeof...(S) == 2) {
-    if constexpr (kPairDirect<Cfg, S...>) {
+    if constexpr (kPairRegisters<Cfg, S...>) {
       if (full && mem.rows % 16 == 0) {
-        cast_pair_direct<Cfg, S...>(a, mem, col0, scale_base[0], scale_base[1]);
-        return;
-      }
-    }
-    if constexpr (kMxPairDirect<Cfg, S...>) {
-      if (full && mem.rows % 16 == 0) {
-        cast_mx_pair_direct<Cfg, S...>(a, mem, col0, scale_base[0], scale_base[1]);
+        cast_pair_registers<Cfg, S...>(a, mem, col0, scale_base[0], scale_base[1]);
         return;
       }
     }
