@@ -11,6 +11,12 @@
 // lays out its static shared memory otherwise and its code changes. Each kernel's code is the
 // same in either program. The two sources differ (the separate form's first line names it), so
 // their keys differ.
+//
+// Either form can also be compiled for interior tiles only (Tiles::Interior): for a single tensor
+// whose M and K are multiples of the tile and of 16 (interior_tiles), every tile takes the
+// unchecked paths, so the program leaves out the edge tiles' checked code, over half of a
+// program's code (docs/jit.md). A call of such a shape with an empty cache compiles that
+// program; where the cache already holds the program for any tiles, that one serves it.
 #pragma once
 #include <cstdint>
 #include <optional>
@@ -28,6 +34,12 @@ enum class QuantizeForm {
   All,       // those and the one-launch fused_kernel (single tensors whose tiles fit on the GPU at once)
 };
 std::string_view name(QuantizeForm f);  // "separate", "all"
+
+// Which tiles a program handles: any (interior and edge tiles; the program every call can take)
+// or interior tiles only (the source's Cfg defines kInteriorOnly; only calls of interior_tiles
+// shapes may launch it).
+enum class Tiles { Any, Interior };
+std::string_view name(Tiles t);  // "any", "interior"
 
 struct KernelSource {
   std::string source;                     // the translation unit given to NVRTC
@@ -72,7 +84,13 @@ std::vector<QuantizeForm> quantize_forms(const Plan& plan);
 QuantizeForm complete_form(const Plan& plan);
 
 // The source of one form of the plan (InternalError for All where has_one_launch is false).
-KernelSource emit_quantize(const Plan& plan, QuantizeForm form);
+// Tiles::Any gives the source the form always had.
+KernelSource emit_quantize(const Plan& plan, QuantizeForm form, Tiles tiles = Tiles::Any);
+
+// Whether every tile of a single [shape.m, shape.k] tensor is interior for `tile`: M and K
+// multiples of the tile's rows and columns and of 16. Grouped calls (member rows known on the
+// device only) never are.
+bool interior_tiles(const TileConfig& tile, int64_t m, int64_t k);
 
 // Whether the plan has a one-pass form (cast.cuh row_kernel): every stream rowwise, row-major,
 // one scale per row (per-channel), and every global reduction those rows' amaxes (no RHT). A

@@ -881,6 +881,8 @@ std::vector<CacheListing> KernelCache::list() const {
             if (md->contains("recipe") && (*md)["recipe"].is_string()) l.recipe = (*md)["recipe"];
             if (md->contains("role") && (*md)["role"].is_string()) l.role = (*md)["role"];
             if (md->contains("form") && (*md)["form"].is_string()) l.form = (*md)["form"];
+            if (md->contains("tiles") && (*md)["tiles"].is_string() && !l.form.empty())
+              l.form += "/" + (*md)["tiles"].get<std::string>();
             if (md->contains("kind") && (*md)["kind"].is_string()) l.content = (*md)["kind"];
           }
         }

@@ -138,7 +138,8 @@ struct CacheOptions {
 
 struct CacheListing {
   std::string key, kind, arch, recipe, role;  // recipe/role from metadata, "" if absent
-  std::string form;                           // a quantize plan's program: "separate" / "one-launch" (metadata), else ""
+  std::string form;                           // a quantize plan's program: "separate" / "all" (metadata), "/interior"
+                                              // added for a program of interior tiles only; else ""
   std::string content;                        // metadata's kind: "quantize", "gemm", "optim_int8", ...; "" if absent
   uint64_t size = 0;                          // image bytes
   int64_t created_unix = 0, last_use_unix = 0;

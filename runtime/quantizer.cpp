@@ -29,31 +29,34 @@ CompileRequest quantize_request(const KernelSource& source, const std::string& a
   return req;
 }
 
-nlohmann::json quantize_metadata(const Plan& plan, QuantizeForm form) {
-  return {{"kind", "quantize"},
-          {"recipe", plan.recipe},
-          {"role", plan.role},
-          {"input", std::string(traits(plan.input).name)},
-          {"usage", std::string(name(plan.usage))},
-          {"form", std::string(name(form))}};
+nlohmann::json quantize_metadata(const Plan& plan, QuantizeForm form, Tiles tiles) {
+  nlohmann::json m = {{"kind", "quantize"},
+                      {"recipe", plan.recipe},
+                      {"role", plan.role},
+                      {"input", std::string(traits(plan.input).name)},
+                      {"usage", std::string(name(plan.usage))},
+                      {"form", std::string(name(form))}};
+  if (tiles == Tiles::Interior) m["tiles"] = std::string(name(tiles));
+  return m;
 }
 
 }  // namespace
 
-QuantizeKernels build_quantize_kernels(const Plan& plan, QuantizeForm form, const std::string& arch, KernelCache& cache) {
+QuantizeKernels build_quantize_kernels(const Plan& plan, QuantizeForm form, const std::string& arch, KernelCache& cache,
+                                       Tiles tiles) {
   check_quantize_arch(arch);
   QuantizeKernels k;
-  k.source = emit_quantize(plan, form);
-  k.cached = cache.get_or_compile(quantize_request(k.source, arch), quantize_metadata(plan, form));
+  k.source = emit_quantize(plan, form, tiles);
+  k.cached = cache.get_or_compile(quantize_request(k.source, arch), quantize_metadata(plan, form, tiles));
   return k;
 }
 
 std::optional<QuantizeKernels> find_quantize_kernels(const Plan& plan, QuantizeForm form, const std::string& arch,
-                                                     KernelCache& cache) {
+                                                     KernelCache& cache, Tiles tiles) {
   check_quantize_arch(arch);
   QuantizeKernels k;
-  k.source = emit_quantize(plan, form);
-  auto hit = cache.find(quantize_request(k.source, arch), quantize_metadata(plan, form));
+  k.source = emit_quantize(plan, form, tiles);
+  auto hit = cache.find(quantize_request(k.source, arch), quantize_metadata(plan, form, tiles));
   if (!hit) return std::nullopt;
   k.cached = std::move(*hit);
   return k;
@@ -75,13 +78,15 @@ struct Quantizer::Loaded {
   Plan plan;              // plan_ with the device's tile
   KernelSource geometry;  // the separate form's source: tile, shared memory, threads (the same in both forms)
   int64_t fused_guaranteed = 0;  // fused_min_blocks x SMs: CTAs of the fused kernel certain to fit (0: no such form)
-  std::shared_ptr<const Form> separate, all;  // guarded by Quantizer::mu_
+  // Guarded by Quantizer::mu_: the entries for any tiles, and those for interior tiles only.
+  std::shared_ptr<const Form> separate, all, interior_separate, interior_all;
 };
 
 namespace {
 
 bool one_launch_enabled() { return env_flag("QFORGE_ONE_LAUNCH", true); }
 bool row_pass_enabled() { return env_flag("QFORGE_ROW_PASS", true); }
+bool interior_programs_enabled() { return env_flag("QFORGE_INTERIOR_PROGRAMS", true); }
 
 // Plans whose calls take the separate form (memsets, amax kernel, cast kernel) when the stream is
 // capturing into a CUDA graph, though the fused form fits: those with per-column channel amaxes.
@@ -109,7 +114,7 @@ bool stream_capturing(CUstream stream) {
 
 Quantizer::Quantizer(Plan plan, KernelCache& cache, bool use_tuning)
     : plan_(std::move(plan)), cache_(cache), use_tuning_(use_tuning), one_launch_(one_launch_enabled()),
-      row_pass_(row_pass_enabled() && has_row_pass(plan_)),
+      row_pass_(row_pass_enabled() && has_row_pass(plan_)), interior_programs_(interior_programs_enabled()),
       refuse_cooperative_(env_flag("QFORGE_TEST_COOPERATIVE_TOO_LARGE", false)) {
   verify(plan_);
   separate_in_capture_ = separate_in_capture(plan_);
@@ -131,11 +136,15 @@ CacheHow Quantizer::prepare(const std::string& arch) const {
   return how;
 }
 
-Quantizer::View Quantizer::load_for_current_device() const {
+Quantizer::View Quantizer::load_for_current_device(const Shape2D* single) const {
   const int dev = current_device();
+  // Whether the call may take the programs for interior tiles only (the tile is the device's).
+  auto interior = [&](const Loaded& l) {
+    return interior_programs_ && single && interior_tiles(l.geometry.tile, single->m, single->k);
+  };
   {
     std::lock_guard<std::mutex> g(mu_);
-    if (auto it = loaded_.find(dev); it != loaded_.end()) return view(it->second);
+    if (auto it = loaded_.find(dev); it != loaded_.end()) return view(it->second, interior(*it->second));
   }
   // The device's first call: its tile and geometry, no compile (each form's entry is loaded when
   // a call first needs it). A racing thread may do the same; the first one kept wins.
@@ -148,26 +157,50 @@ Quantizer::View Quantizer::load_for_current_device() const {
   l->geometry = emit_quantize(l->plan, QuantizeForm::Separate);
   l->fused_guaranteed = int64_t(l->geometry.fused_min_blocks) * device_sm_count(dev);
   std::lock_guard<std::mutex> g(mu_);
-  return view(loaded_.emplace(dev, std::move(l)).first->second);
+  const std::shared_ptr<Loaded>& kept = loaded_.emplace(dev, std::move(l)).first->second;
+  return view(kept, interior(*kept));
 }
 
 // The All form serves the separate launches too (its cast, amax and row kernels are the separate
-// form's, with the same code).
-Quantizer::View Quantizer::view(const std::shared_ptr<Loaded>& l) { return {l, l->separate ? l->separate : l->all, l->all}; }
+// form's, with the same code). A call of interior tiles takes a loaded program for interior tiles,
+// else one for any tiles.
+Quantizer::View Quantizer::view(const std::shared_ptr<Loaded>& l, bool interior) {
+  std::shared_ptr<const Form> separate = l->separate ? l->separate : l->all;
+  std::shared_ptr<const Form> all = l->all;
+  if (interior) {
+    if (l->interior_separate || l->interior_all) separate = l->interior_separate ? l->interior_separate : l->interior_all;
+    if (l->interior_all) all = l->interior_all;
+  }
+  return {l, separate, all, interior};
+}
 
-std::shared_ptr<const Quantizer::Form> Quantizer::load_form(Loaded& l, QuantizeForm f,
-                                                            std::shared_ptr<const Form> have) const {
+std::shared_ptr<const Quantizer::Form> Quantizer::load_form(Loaded& l, QuantizeForm f, std::shared_ptr<const Form> have,
+                                                            bool interior) const {
   if (have) return have;
   auto fm = std::make_shared<Form>();
-  // The separate launches of a plan with a fused kernel: its complete program where the cache has
-  // it (prepare, `qforge prewarm`, a shipped root, another process), else the separate form,
-  // compiled in about 0.58 of the time (docs/jit.md, step 5).
-  if (f == QuantizeForm::Separate && has_one_launch(l.plan))
-    if (auto hit = find_quantize_kernels(l.plan, QuantizeForm::All, l.arch, cache_)) {
+  // What the cache holds serves without a compile, smallest program first: for interior tiles,
+  // their own programs, then those for any tiles; the separate launches of a plan with a fused
+  // kernel, its complete program (prepare, `qforge prewarm`, a shipped root, another process).
+  // Else the call compiles its form: the separate one in about 0.58 of the complete program's
+  // time (docs/jit.md, step 5), for interior tiles without the edge tiles' code.
+  const Tiles want = interior ? Tiles::Interior : Tiles::Any;
+  const bool complete_too = f == QuantizeForm::Separate && has_one_launch(l.plan);
+  std::vector<std::pair<QuantizeForm, Tiles>> found_by;
+  if (interior) {
+    found_by.emplace_back(f, Tiles::Interior);
+    if (complete_too) found_by.emplace_back(QuantizeForm::All, Tiles::Interior);
+  }
+  if (complete_too) found_by.emplace_back(QuantizeForm::All, Tiles::Any);
+  if (interior) found_by.emplace_back(f, Tiles::Any);
+  Tiles tiles = want;
+  for (const auto& [form, t] : found_by)
+    if (auto hit = find_quantize_kernels(l.plan, form, l.arch, cache_, t)) {
       fm->kernels = std::move(*hit);
-      f = QuantizeForm::All;
+      f = form;
+      tiles = t;
+      break;
     }
-  if (!fm->kernels.cached.entry) fm->kernels = build_quantize_kernels(l.plan, f, l.arch, cache_);
+  if (!fm->kernels.cached.entry) fm->kernels = build_quantize_kernels(l.plan, f, l.arch, cache_, want);
   const CacheEntry& entry = *fm->kernels.cached.entry;
   const KernelSource& ks = fm->kernels.source;
   fm->module = module_registry().get(l.device, entry.key, std::string_view(entry.image));
@@ -187,7 +220,8 @@ std::shared_ptr<const Quantizer::Form> Quantizer::load_form(Loaded& l, QuantizeF
     fm->fused_ctas = int64_t(per_sm) * device_sm_count(l.device);
   }
   std::lock_guard<std::mutex> g(mu_);
-  std::shared_ptr<const Form>& slot = f == QuantizeForm::Separate ? l.separate : l.all;
+  std::shared_ptr<const Form>& slot = tiles == Tiles::Interior ? (f == QuantizeForm::Separate ? l.interior_separate : l.interior_all)
+                                                               : (f == QuantizeForm::Separate ? l.separate : l.all);
   if (!slot) slot = std::move(fm);
   return slot;
 }
@@ -454,19 +488,19 @@ int Quantizer::row_pass_warps(Shape2D shape) const {
 bool Quantizer::row_pass(Shape2D shape) const { return row_pass_warps(shape) > 0; }
 
 bool Quantizer::one_launch(Shape2D shape) const {
-  const View v = load_for_current_device();
+  const View v = load_for_current_device(&shape);
   const Dim3 grid = cast_grid(v.device->geometry.tile, shape, 0);
   const int64_t ctas = int64_t(grid.x) * grid.y;
   if (!fits_one_launch(*v.device, v.all.get(), ctas, false)) return false;
   // Loaded, as a call would load it: its occupancy decides.
-  const auto all = load_form(*v.device, QuantizeForm::All, v.all);
+  const auto all = load_form(*v.device, QuantizeForm::All, v.all, v.interior);
   return fits_one_launch(*v.device, all.get(), ctas, false);
 }
 
 void Quantizer::quantize(const QuantizeCall& call, CUstream stream) const {
   const BoundCall bc = bind(call);
   const bool grouped = call.member_rows != 0;
-  const View v = load_for_current_device();
+  const View v = load_for_current_device(grouped ? nullptr : &call.shape);
   Loaded& l = *v.device;
   const Driver& d = driver();
   const KernelSource& geo = l.geometry;
@@ -495,10 +529,10 @@ void Quantizer::quantize(const QuantizeCall& call, CUstream stream) const {
   if (take == Take::Fused && !v.all && v.separate && stream_capturing(stream)) take = Take::Separate;
   std::shared_ptr<const Form> f;
   if (take == Take::Fused) {
-    f = load_form(l, QuantizeForm::All, v.all);
+    f = load_form(l, QuantizeForm::All, v.all, v.interior);
     if (!fits_one_launch(l, f.get(), ctas, grouped)) take = Take::Separate;  // occupancy below its launch bounds' promise
   } else {
-    f = load_form(l, QuantizeForm::Separate, v.separate);
+    f = load_form(l, QuantizeForm::Separate, v.separate, v.interior);
   }
 
   auto zero_buffers = [&](bool fused_zeroes) {

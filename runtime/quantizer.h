@@ -32,12 +32,14 @@ struct QuantizeKernels {
 // UserError("arch", ...) unless the quantize kernels can be built for `arch`: sm_<number>[a|f]
 // that NVRTC knows (or newer, as PTX), sm_80 or newer.
 void check_quantize_arch(const std::string& arch);
-// One form of the plan (codegen.h QuantizeForm: a cache entry of its own), compiled or loaded.
-// The entry's metadata names the form ("form": "separate" / "all").
-QuantizeKernels build_quantize_kernels(const Plan& plan, QuantizeForm form, const std::string& arch, KernelCache& cache);
+// One form of the plan (codegen.h QuantizeForm: a cache entry of its own), compiled or loaded,
+// for any tiles or interior tiles only (codegen.h Tiles). The entry's metadata names the form
+// ("form": "separate" / "all") and a program for interior tiles ("tiles": "interior").
+QuantizeKernels build_quantize_kernels(const Plan& plan, QuantizeForm form, const std::string& arch, KernelCache& cache,
+                                       Tiles tiles = Tiles::Any);
 // The same where the cache has it without compiling (KernelCache::find), else nullopt.
 std::optional<QuantizeKernels> find_quantize_kernels(const Plan& plan, QuantizeForm form, const std::string& arch,
-                                                     KernelCache& cache);
+                                                     KernelCache& cache, Tiles tiles = Tiles::Any);
 
 struct QuantizeCall {
   TensorView input;                           // [M, K], the plan's input dtype
@@ -127,6 +129,13 @@ class Quantizer {
   // bits, so which one serves a call changes no result. A call being captured into a CUDA graph
   // takes the separate launches where the All entry is not loaded but the separate one is,
   // rather than loading it.
+  //
+  // A single tensor whose tiles are all interior (codegen.h interior_tiles: M and K multiples of
+  // the tile and of 16) may take a program compiled for interior tiles only (codegen.h Tiles),
+  // which leaves out the edge tiles' code: where no program of its form is loaded, the cache's
+  // program for interior tiles serves it, else the cache's program for any tiles (so a prepared
+  // quantizer or a prewarmed cache still compiles nothing), else the interior one is compiled.
+  // Both write the same bits. QFORGE_INTERIOR_PROGRAMS=0 (read at construction) turns this off.
   void quantize(const QuantizeCall& call, CUstream stream) const;
 
   // Whether a direct call of this single-tensor shape takes the one-launch form on the current
@@ -163,12 +172,16 @@ class Quantizer {
     std::shared_ptr<Loaded> device;
     std::shared_ptr<const Form> separate;  // what serves the separate launches: the separate or the All entry, or null
     std::shared_ptr<const Form> all;       // the All entry (the fused kernel's), or null
+    bool interior = false;                 // the call's tiles are all interior: programs for them may serve it
   };
-  View load_for_current_device() const;
-  static View view(const std::shared_ptr<Loaded>& l);  // with mu_ held
-  // The form's entry on the device: `have` if loaded, else compiled or loaded now, outside every
-  // lock (racing threads may both do it; the cache compiles once and the first one kept wins).
-  std::shared_ptr<const Form> load_form(Loaded& l, QuantizeForm f, std::shared_ptr<const Form> have) const;
+  // `single`: the shape of a single-tensor call (null for grouped calls), whose tiles decide
+  // whether programs for interior tiles may serve it.
+  View load_for_current_device(const Shape2D* single = nullptr) const;
+  static View view(const std::shared_ptr<Loaded>& l, bool interior);  // with mu_ held
+  // The form's entry on the device: `have` if loaded, else found in the cache or compiled now
+  // (for interior tiles only where `interior`), outside every lock (racing threads may both do
+  // it; the cache compiles once and the first one kept wins).
+  std::shared_ptr<const Form> load_form(Loaded& l, QuantizeForm f, std::shared_ptr<const Form> have, bool interior) const;
   // Whether a grid of `ctas` CTAs takes the one-launch form by what is known: the fused kernel's
   // occupancy once the All entry is loaded (`all`), else its guaranteed capacity.
   bool fits_one_launch(const Loaded& l, const Form* all, int64_t ctas, bool grouped) const;
@@ -181,6 +194,7 @@ class Quantizer {
   bool use_tuning_ = true;
   bool one_launch_ = true;  // QFORGE_ONE_LAUNCH=0 turns the fused form off (A/B, debugging)
   bool row_pass_ = false;   // the plan has a row kernel and QFORGE_ROW_PASS is not 0
+  bool interior_programs_ = true;  // QFORGE_INTERIOR_PROGRAMS=0 keeps every call on the programs for any tiles
   bool separate_in_capture_ = false;  // separate_in_capture(plan_)
   // QFORGE_TEST_COOPERATIVE_TOO_LARGE=1 (read at construction; tests only): every cooperative
   // launch of the fused kernel is refused, before launching, as CUDA_ERROR_COOPERATIVE_LAUNCH_TOO_LARGE

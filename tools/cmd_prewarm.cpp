@@ -1,4 +1,4 @@
-// qforge prewarm <recipes...|dir> [--arch sm_90a,sm_100a] [-j N] [--dtype ...] [--usage ...]
+// qforge prewarm <recipes...|dir> [--arch sm_90a,sm_100a] [-j N] [--dtype ...] [--usage ...] [--tiles ...]
 // Compiles every quantize kernel the recipes can need into the kernel cache: each standard
 // role x usage (direction set) x input dtype, for each arch, as each plan's complete program
 // (codegen.h complete_form: every kernel, so no call compiles; a plan's separate form, which a
@@ -10,6 +10,9 @@
 // step's kernels (runtime/optim_int8.h, int8_optim_prewarm_specs) of a recipe whose bf16 weight
 // rule is int8 storage's (int8_weight_sr), when training is among the usages and no --role is
 // given: every kernel shape qt.Int8AdamW / qt.Int8SGD launch for rows a multiple of 4 long.
+// --tiles any,interior also compiles each plan's complete program for interior tiles only
+// (codegen.h Tiles), which serves single tensors whose M and K are multiples of the tile and of
+// 16; the default, any, compiles the programs every call can take.
 #include <algorithm>
 #include <atomic>
 #include <chrono>
@@ -47,6 +50,7 @@ struct Job {
   std::string arch;
   std::optional<std::pair<PerTensorDelayed, ElemFormat>> history;  // delayed scaling's history update
   std::optional<rt::Int8OptimKernelSpec> optim;                     // the INT8 parameter's optimizer step
+  Tiles tiles = Tiles::Any;                                          // a quantize plan's program: for which tiles
   double cost = 1;  // estimated compile time, relative (estimated_cost): the longest start first
   std::string what() const {
     if (history) return "amax history (" + std::string(traits(history->second).name) + ")";
@@ -90,7 +94,7 @@ struct Tally {
 }  // namespace
 
 int cmd_prewarm(const Argv& argv) {
-  Args args(argv, {"--arch", "-j", "--dtype", "--usage", "--role"}, {"--quiet"});
+  Args args(argv, {"--arch", "-j", "--dtype", "--usage", "--role", "--tiles"}, {"--quiet"});
   if (args.positional().empty()) throw UserError("recipes", "expected recipe files or a directory of them");
 
   const std::vector<std::filesystem::path> files = recipe_files(args.positional());
@@ -118,6 +122,13 @@ int cmd_prewarm(const Argv& argv) {
   }
   if (dtypes.empty()) throw UserError("--dtype", "expected a list of bf16, fp16 or fp32, got none");
   if (usages.empty()) throw UserError("--usage", "expected a list of training, inference or memory, got none");
+  std::vector<Tiles> tiles;
+  for (const auto& t : split_list(args.get("--tiles").value_or("any"))) {
+    if (t != "any" && t != "interior") throw UserError("--tiles", "expected any or interior, got \"" + t + "\"");
+    const Tiles v = t == "any" ? Tiles::Any : Tiles::Interior;
+    if (std::find(tiles.begin(), tiles.end(), v) == tiles.end()) tiles.push_back(v);
+  }
+  if (tiles.empty()) throw UserError("--tiles", "expected a list of any or interior, got none");
   std::vector<std::string> roles = args.all("--role");
   for (const auto& r : roles) (void)parse_role(r, "--role");  // a malformed role names itself here
   const bool with_gemms = roles.empty();  // --role asks for those roles' quantize kernels only
@@ -153,12 +164,16 @@ int cmd_prewarm(const Argv& argv) {
             continue;  // role not covered, or a usage its rule cannot serve
           }
           ++t.plans;
-          const std::string src = emit_quantize(p, complete_form(p)).source;
-          for (const auto& a : archs)
-            if (seen.insert({src, a}).second) {
-              jobs.push_back({label, p, std::nullopt, a, std::nullopt});
-              ++t.kernels;
-            }
+          for (Tiles tl : tiles) {
+            const std::string src = emit_quantize(p, complete_form(p), tl).source;
+            for (const auto& a : archs)
+              if (seen.insert({src, a}).second) {
+                Job j{label, p, std::nullopt, a, std::nullopt};
+                j.tiles = tl;
+                jobs.push_back(std::move(j));
+                ++t.kernels;
+              }
+          }
           // Delayed scaling's history update, which the training step launches after each quantize.
           for (const auto& rule : rt::history_rules(p)) {
             const std::string hsrc = emit_history_update(rule.first, rule.second).source;
@@ -227,7 +242,8 @@ int cmd_prewarm(const Argv& argv) {
         const Job& j = jobs[i];
         how = j.history ? rt::build_history_kernel(j.history->first, j.history->second, j.arch).cached.how
               : j.optim ? rt::build_int8_optim_kernel(*j.optim, j.arch, rt::KernelCache::global()).cached.how
-              : j.plan  ? rt::build_quantize_kernels(*j.plan, complete_form(*j.plan), j.arch, rt::KernelCache::global()).cached.how
+              : j.plan  ? rt::build_quantize_kernels(*j.plan, complete_form(*j.plan), j.arch, rt::KernelCache::global(), j.tiles)
+                              .cached.how
               : j.gemm->route == GemmRoute::Dequant
                   ? rt::build_dequant_kernels(*j.gemm, j.arch, rt::KernelCache::global()).cached.how
                   : rt::build_gemm_kernel(*j.gemm, j.arch, rt::KernelCache::global()).cached.how;

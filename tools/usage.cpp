@@ -56,12 +56,15 @@ const Command kCommands[] = {
      "summing to M."},
     {"prewarm", cmd_prewarm,
      "<recipes...|dir> [--arch sm_90a,sm_100a] [-j N] [--dtype bf16,fp16,fp32]\n"
-     "[--usage training,inference,memory] [--role R]... [--quiet]",
+     "[--usage training,inference,memory] [--role R]... [--tiles any,interior] [--quiet]",
      "compile every kernel the recipes can need into the kernel cache",
      "Compiles every quantize kernel the recipes can need (standard role x usage x input dtype, for\n"
      "each --arch; default: GPU 0's, else sm_90a; grouped calls share the kernel), delayed scaling's\n"
      "amax-history update (one per rule and format), and the recipes' \"gemms\" for sm_90a unless\n"
      "--role is given, into the kernel cache. A directory stands for its *.json recipes.\n"
+     "--tiles: any (default) compiles the quantize programs every call can take; interior also\n"
+     "those for interior tiles only, which single tensors whose M and K are multiples of the tile\n"
+     "and of 16 take where the cache has them (smaller programs, the same bits).\n"
      "-j: parallel compiles (default: the CPUs this process may run on). Prints a progress bar\n"
      "(not with --quiet, or when stderr is not a terminal) and a summary table."},
     {"tune", cmd_tune,

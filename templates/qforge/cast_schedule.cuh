@@ -17,6 +17,23 @@ struct Member {
   i64 tile_row;   // this CTA's tile row within the member
 };
 
+// A program compiled for calls whose every tile is interior (codegen Tiles::Interior: a single
+// tensor, M and K multiples of the tile and of 16, which the host checks before it picks one)
+// defines Cfg::kInteriorOnly = true: the kernels' interior-tile and whole-16-row tests are then
+// constants and the edge paths are not compiled. Other programs do not define it (their source
+// is unchanged). The tests keep their expressions (`kInteriorOnly<Cfg> || ...`, a statement under
+// `if constexpr`): a helper function for them moved the SASS of other programs' kernels.
+template <class Cfg, class = void>
+struct InteriorOnly {
+  static constexpr bool value = false;
+};
+template <class Cfg>
+struct InteriorOnly<Cfg, decltype(void(Cfg::kInteriorOnly))> {
+  static constexpr bool value = Cfg::kInteriorOnly;
+};
+template <class Cfg>
+constexpr bool kInteriorOnly = InteriorOnly<Cfg>::value;
+
 // Scale grid of a stream for a member whose data is [R, C] (data-layout coordinates).
 template <class S>
 __device__ __forceinline__ void scale_grid(i64 R, i64 C, i64& rows, i64& cols, i64& prows, i64& pcols) {

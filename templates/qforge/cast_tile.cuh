@@ -36,7 +36,7 @@ __device__ __forceinline__ void cast_stream(const QuantizeArgs& a, const Member&
                                             bool report) {
   constexpr int TR = Cfg::kTileRows, TC = Cfg::kTileCols;
   store_tensor_entry<Cfg, S>(a, mem, col0, scale_base);
-  const bool transposed_full = S::kTransposed && full && mem.rows % 16 == 0;
+  const bool transposed_full = S::kTransposed && full && (kInteriorOnly<Cfg> || mem.rows % 16 == 0);
   const TileElem<Cfg>* src = S::kRht && !(kRhtInRegisters<S> && transposed_full) ? rtile : tile;
   const u32* bamax = reinterpret_cast<const u32*>(scratch);
   float* part = scratch + cast_block2d_entries(TR, TC, S::kBlock2d, S::kBlockRows, S::kBlockCols);
@@ -103,12 +103,13 @@ __device__ __forceinline__ void cast_tile(const QuantizeArgs& a) {
   TileElem<Cfg>* tile = reinterpret_cast<TileElem<Cfg>*>(smem4);
   TileElem<Cfg>* rtile = Cfg::kRht ? tile + kTileFloats : tile;
   const i64 row0 = mem.tile_row * Cfg::kTileRows;
-  const bool full = row0 + Cfg::kTileRows <= mem.rows && col0 + Cfg::kTileCols <= a.k && a.k % 16 == 0;
+  bool full = row0 + Cfg::kTileRows <= mem.rows && col0 + Cfg::kTileCols <= a.k && a.k % 16 == 0;
+  if constexpr (kInteriorOnly<Cfg>) full = true;
   // The rotated copy, unless every RHT stream rotates in registers on this tile.
   constexpr bool kAllRhtInRegisters = ((!S::kRht || kRhtInRegisters<S>) && ...);
   // Plans of 16-bit identity copies only (cast_copy.cuh): interior tiles move the input's bits.
   if constexpr (!kFused && kCopyPlan<Cfg, S...>) {
-    if (full && (CopyPlan<Cfg, S...>::kTransposedStreams == 0 || mem.rows % 16 == 0)) {
+    if (full && (CopyPlan<Cfg, S...>::kTransposedStreams == 0 || (kInteriorOnly<Cfg> || mem.rows % 16 == 0))) {
       cast_copy_full<Cfg, S...>(a, mem, col0, reinterpret_cast<u8*>(smem4));
       return;
     }
@@ -134,7 +135,7 @@ __device__ __forceinline__ void cast_tile(const QuantizeArgs& a) {
   }
   if constexpr (!kFused && sizeof...(S) == 2) {
     if constexpr (kPairRegisters<Cfg, S...>) {
-      if (full && mem.rows % 16 == 0) {
+      if (full && (kInteriorOnly<Cfg> || mem.rows % 16 == 0)) {
         cast_pair_registers<Cfg, S...>(a, mem, col0, scale_base[0], scale_base[1]);
         return;
       }
@@ -151,7 +152,7 @@ __device__ __forceinline__ void cast_tile(const QuantizeArgs& a) {
     Pre::template zero_channels<Cfg>(a, row0, col0);
     ticket = grid_arrive();
   }
-  load_tile<Cfg>(a, mem, col0, full, tile, rtile, !(kAllRhtInRegisters && full && mem.rows % 16 == 0));
+  load_tile<Cfg>(a, mem, col0, full, tile, rtile, !(kAllRhtInRegisters && full && (kInteriorOnly<Cfg> || mem.rows % 16 == 0)));
   if constexpr (kFused) {
     if constexpr (Pre::kSources > 0) {
       Pre::template reduce<Cfg>(a, tile, row0, col0, ticket);

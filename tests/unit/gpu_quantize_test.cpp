@@ -11,6 +11,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <memory>
 #include <random>
 #include <sstream>
 
@@ -39,6 +40,10 @@ struct Case {
   // normal ones, only such outputs, zeros, NaN; 2 the same with outputs past bf16's max before
   // the 1/4 (and so multipliers below 2^-100 and blocks of scale zero).
   int rht_edges = 0;
+  // Served by the program for interior tiles only (codegen.h Tiles::Interior), compiled into a
+  // cache of the case's own; every other case takes the programs for any tiles
+  // (QFORGE_INTERIOR_PROGRAMS=0), as before they existed.
+  bool interior = false;
 };
 
 std::string case_label(const Case& c) {
@@ -53,6 +58,7 @@ std::string case_label(const Case& c) {
   if (c.edge_values) s += "__edge";
   if (c.separate) s += "__separate";
   if (c.rht_edges) s += "__rht_edges" + std::to_string(c.rht_edges);
+  if (c.interior) s += "__interior";
   return s;
 }
 std::string case_name(const ::testing::TestParamInfo<Case>& info) { return case_label(info.param); }
@@ -153,9 +159,15 @@ TEST_P(GpuQuantize, BitExactAgainstCpuReference) {
       c.splits.empty() ? ref::quantize(plan, x, params) : ref::quantize_grouped(plan, x, c.splits, params);
 
   using namespace qf::rt;
+  CacheOptions memory;
+  memory.disabled = true;
+  KernelCache own(memory);  // an interior case's: nothing compiled elsewhere answers for it
   if (c.separate) ::setenv("QFORGE_ONE_LAUNCH", "0", 1), ::setenv("QFORGE_ROW_PASS", "0", 1);
-  Quantizer q(plan);
-  if (c.separate) ::unsetenv("QFORGE_ONE_LAUNCH"), ::unsetenv("QFORGE_ROW_PASS");
+  if (!c.interior) ::setenv("QFORGE_INTERIOR_PROGRAMS", "0", 1);
+  const std::unique_ptr<Quantizer> owned =
+      c.interior ? std::make_unique<Quantizer>(plan, own, /*use_tuning=*/false) : std::make_unique<Quantizer>(plan);
+  const Quantizer& q = *owned;
+  ::unsetenv("QFORGE_ONE_LAUNCH"), ::unsetenv("QFORGE_ROW_PASS"), ::unsetenv("QFORGE_INTERIOR_PROGRAMS");
   DeviceBuffer dx(x.bytes.size());
   dx.upload(x.bytes.data(), x.bytes.size());
   QuantizeCall call;
@@ -196,6 +208,16 @@ TEST_P(GpuQuantize, BitExactAgainstCpuReference) {
   qf::rt::Stream stream;
   q.quantize(call, stream.get());
   stream.synchronize();
+  if (c.interior) {  // the call was served by a program for interior tiles, and only by one
+    const std::string arch = device_arch(current_device());
+    int interior = 0, any = 0;
+    for (QuantizeForm f : quantize_forms(plan)) {
+      interior += find_quantize_kernels(plan, f, arch, own, Tiles::Interior).has_value();
+      any += find_quantize_kernels(plan, f, arch, own, Tiles::Any).has_value();
+    }
+    EXPECT_EQ(interior, 1) << "a program for interior tiles compiled";
+    EXPECT_EQ(any, 0) << "no program for any tiles compiled";
+  }
 
   const std::string test = case_label(GetParam());
   bool dumped_input = false;
@@ -283,6 +305,20 @@ std::vector<Case> all_cases() {
       // the separate launches instead (as large and grouped tensors do).
       for (Shape2D s : {Shape2D{31, 33}, Shape2D{200, 320}})
         cases.push_back({r, role, Usage::Training, DType::BF16, s, {}, false, true});
+      // Programs for interior tiles only (M and K whole tiles of every shipped plan): each usage
+      // and input dtype, one launch and separate launches, 16-bit edge values, a large tensor.
+      auto interior = [&](Usage u, DType d, Shape2D s, bool edge_values, bool separate) {
+        Case e{r, role, u, d, s, {}, edge_values, separate};
+        e.interior = true;
+        cases.push_back(e);
+      };
+      for (Usage u : {Usage::Training, Usage::Inference})
+        for (DType d : {DType::BF16, DType::FP16, DType::FP32}) interior(u, d, {256, 1024}, false, false);
+      interior(Usage::Training, DType::BF16, {256, 1024}, false, true);
+      interior(Usage::Inference, DType::BF16, {256, 1024}, false, true);
+      for (DType d : {DType::BF16, DType::FP16}) interior(Usage::Training, d, {256, 1024}, true, false);
+      interior(Usage::Training, DType::BF16, {4096, 4096}, false, false);
+      interior(Usage::Memory, DType::BF16, {256, 1024}, false, false);
     }
   return cases;
 }
@@ -520,10 +556,11 @@ std::vector<std::vector<uint8_t>> run_quantizer(const qf::rt::Quantizer& q, cons
 
 // A shape of more tiles than the fused kernel's guaranteed capacity (its launch bounds' min
 // blocks x the SMs): a first call of it takes the separate form without compiling the other.
+// K = 4096 + 16 leaves an edge tile column, so the call takes the programs for any tiles.
 Shape2D beyond_guaranteed_capacity(const Plan& p) {
   const KernelSource geo = emit_quantize(p, QuantizeForm::Separate);
   const int64_t cap = int64_t(geo.fused_min_blocks) * qf::rt::device_sm_count(qf::rt::current_device());
-  const int64_t k = 4096, col_tiles = (k + geo.tile.cols - 1) / geo.tile.cols;
+  const int64_t k = 4096 + 16, col_tiles = (k + geo.tile.cols - 1) / geo.tile.cols;
   return Shape2D{geo.tile.rows * (cap / col_tiles + 1), k};
 }
 
@@ -545,9 +582,9 @@ TEST(GpuQuantizeForm, LargeFirstCallCompilesOnlyTheSeparateForm) {
     EXPECT_EQ(cache.stats().compiles, 1u);
     EXPECT_TRUE(find_quantize_kernels(p, QuantizeForm::Separate, arch, cache).has_value()) << "the separate form";
     EXPECT_FALSE(find_quantize_kernels(p, QuantizeForm::All, arch, cache).has_value());
-    EXPECT_TRUE(q.one_launch({256, 512}));
+    EXPECT_TRUE(q.one_launch({256, 528}));
     EXPECT_EQ(cache.stats().compiles, 2u) << "the complete program, compiled on the fused kernel's first need";
-    (void)run_quantizer(q, recipe, "linear:input", {256, 512});
+    (void)run_quantizer(q, recipe, "linear:input", {256, 528});
     (void)run_quantizer(q, recipe, "linear:input", large);
     EXPECT_EQ(cache.stats().compiles, 2u);
   }
@@ -575,7 +612,7 @@ TEST(GpuQuantizeForm, SmallFirstCallCompilesOnlyTheCompleteProgram) {
     const Plan p = form_plan(c.recipe, c.role, c.usage);
     KernelCache cache(memory_only());
     const Quantizer q(p, cache, /*use_tuning=*/false);
-    (void)run_quantizer(q, c.recipe, c.role, {256, 512});
+    (void)run_quantizer(q, c.recipe, c.role, {256, 528});  // an edge tile column: the programs for any tiles
     EXPECT_EQ(cache.stats().compiles, 1u);
     EXPECT_TRUE(find_quantize_kernels(p, c.compiled, arch, cache).has_value()) << name(c.compiled);
     if (c.compiled == QuantizeForm::All) {
@@ -588,7 +625,8 @@ TEST(GpuQuantizeForm, SmallFirstCallCompilesOnlyTheCompleteProgram) {
 
 // prepare() compiles the complete program, so no call compiles afterwards (a CUDA-graph capture
 // included), whatever its shape; a quantizer on a cache that has it (another process's prepare or
-// prewarm, a shipped root) takes it for a large first call instead of compiling the separate form.
+// prewarm, a shipped root) takes it for a large first call instead of compiling the separate form,
+// and for shapes of interior tiles only instead of compiling their program.
 TEST(GpuQuantizeForm, PreparedQuantizerCompilesNothingOnCalls) {
   QF_SKIP_WITHOUT_GPU();
   using namespace qf::rt;
@@ -601,6 +639,41 @@ TEST(GpuQuantizeForm, PreparedQuantizerCompilesNothingOnCalls) {
   (void)run_quantizer(q, "current_scaling", "linear:input", {256, 512});
   EXPECT_EQ(cache.stats().compiles, 1u);
   EXPECT_FALSE(find_quantize_kernels(p, QuantizeForm::Separate, device_arch(current_device()), cache).has_value());
+}
+
+// A single tensor of interior tiles only (M and K whole tiles and whole 16s) compiles the program
+// for interior tiles, which then serves its larger calls too (its separate launches); a shape with
+// edge tiles compiles the program for any tiles. Both write the same bits, on one launch and on
+// separate launches. Grouped calls never take it.
+TEST(GpuQuantizeForm, InteriorShapesCompileTheInteriorProgram) {
+  QF_SKIP_WITHOUT_GPU();
+  using namespace qf::rt;
+  const std::string arch = device_arch(current_device());
+  for (const char* recipe : {"current_scaling", "nvfp4", "mxfp8"}) {
+    SCOPED_TRACE(recipe);
+    const Plan p = form_plan(recipe, "linear:input");
+    KernelCache cache(memory_only()), any_cache(memory_only());
+    const Quantizer q(p, cache, /*use_tuning=*/false);
+    ::setenv("QFORGE_INTERIOR_PROGRAMS", "0", 1);
+    const Quantizer any(p, any_cache, /*use_tuning=*/false);
+    ::unsetenv("QFORGE_INTERIOR_PROGRAMS");
+    const QuantizeForm complete = complete_form(p);
+    const Shape2D small{256, 1024}, large{8192, 8192}, edge{256, 1040};
+    const auto got = run_quantizer(q, recipe, "linear:input", small);
+    EXPECT_EQ(cache.stats().compiles, 1u);
+    EXPECT_TRUE(find_quantize_kernels(p, complete, arch, cache, Tiles::Interior).has_value()) << "the interior program";
+    EXPECT_FALSE(find_quantize_kernels(p, complete, arch, cache).has_value());
+    EXPECT_TRUE(run_quantizer(any, recipe, "linear:input", small) == got) << "the same bits as the program for any tiles";
+    const auto got_large = run_quantizer(q, recipe, "linear:input", large);
+    EXPECT_EQ(cache.stats().compiles, 1u) << "the loaded interior program serves the separate launches";
+    EXPECT_TRUE(run_quantizer(any, recipe, "linear:input", large) == got_large);
+    (void)run_quantizer(q, recipe, "linear:input", edge);
+    EXPECT_EQ(cache.stats().compiles, 2u) << "edge tiles: the program for any tiles";
+    EXPECT_TRUE(find_quantize_kernels(p, complete, arch, cache).has_value());
+    EXPECT_TRUE(run_quantizer(q, recipe, "linear:input", small) == got) << "still the same bits";
+    EXPECT_EQ(cache.stats().compiles, 2u);
+    EXPECT_EQ(any_cache.stats().compiles, 1u) << "QFORGE_INTERIOR_PROGRAMS=0: the program for any tiles only";
+  }
 }
 
 // The cooperative launch refused as too large (a context with fewer SMs: MPS, green contexts;

@@ -162,4 +162,96 @@ TEST(QuantizeForms, PrepareCompilesTheCompleteProgram) {
   std::filesystem::remove_all(root);
 }
 
+// A program for interior tiles only (codegen.h Tiles::Interior) is its form's source with two
+// marks: the first line says so and Cfg defines kInteriorOnly (which the templates turn into
+// constant tile tests). Nothing else differs, so the kernels, configs and geometry are the same.
+TEST(QuantizeForms, InteriorProgramsAreTheFormsWithTwoMarks) {
+  int programs = 0;
+  for (const char* recipe : kRecipes) {
+    const Recipe r = load_recipe(std::string(QF_SOURCE_DIR) + "/recipes/" + recipe + ".json");
+    for (const char* role : {"linear:input", "linear:weight", "linear:grad_output"})
+      for (Usage u : {Usage::Training, Usage::Inference}) {
+        Plan p;
+        try {
+          p = compile_plan(r, PlanRequest{role, DType::BF16, u, false});
+        } catch (const UserError&) {
+          continue;
+        }
+        for (QuantizeForm f : quantize_forms(p)) {
+          const std::string what = std::string(recipe) + " " + role + " " + std::string(name(u)) + " " + std::string(name(f));
+          const KernelSource any = emit_quantize(p, f);
+          const KernelSource in = emit_quantize(p, f, Tiles::Interior);
+          EXPECT_EQ(any.source, emit_quantize(p, f, Tiles::Any).source) << what;
+          EXPECT_EQ(any.source.find("kInteriorOnly"), std::string::npos) << what;
+          std::string expected = any.source;
+          const size_t dot = expected.find(". Do not edit.");
+          ASSERT_NE(dot, std::string::npos) << what;
+          ASSERT_LT(dot, expected.find('\n')) << what;
+          expected.insert(dot, ", for interior tiles only");
+          const std::string smem = "static constexpr unsigned kSmemBytes = ";
+          const size_t at = expected.find(smem);
+          ASSERT_NE(at, std::string::npos) << what << "\n" << expected;
+          const size_t eol = expected.find('\n', at);
+          expected.insert(eol + 1, "    static constexpr bool kInteriorOnly = true;\n");
+          EXPECT_EQ(in.source, expected) << what;
+          EXPECT_EQ(in.cast_kernel, any.cast_kernel) << what;
+          EXPECT_EQ(in.fused_kernel, any.fused_kernel) << what;
+          EXPECT_EQ(in.smem_bytes, any.smem_bytes) << what;
+          EXPECT_EQ(in.min_blocks, any.min_blocks) << what;
+          EXPECT_EQ(in.fused_min_blocks, any.fused_min_blocks) << what;
+          EXPECT_EQ(in.tile, any.tile) << what;
+          ++programs;
+        }
+      }
+  }
+  EXPECT_GT(programs, 40);
+  EXPECT_EQ(name(Tiles::Any), "any");
+  EXPECT_EQ(name(Tiles::Interior), "interior");
+}
+
+// Which single tensors take programs for interior tiles: M and K whole tiles and whole 16s.
+TEST(QuantizeForms, InteriorTilesAreWholeTilesOfWhole16s) {
+  const TileConfig t{32, 512, 256, 0};
+  EXPECT_TRUE(interior_tiles(t, 32, 512));
+  EXPECT_TRUE(interior_tiles(t, 16384, 16384));
+  EXPECT_TRUE(interior_tiles(t, 65536, 7168));
+  EXPECT_FALSE(interior_tiles(t, 16384, 11008)) << "K not a multiple of the tile's 512 columns";
+  EXPECT_FALSE(interior_tiles(t, 16400, 16384)) << "M not a multiple of the tile's 32 rows";
+  EXPECT_FALSE(interior_tiles(t, 0, 512));
+  EXPECT_FALSE(interior_tiles(t, 32, 0));
+  EXPECT_FALSE(interior_tiles(t, -32, 512));
+  const TileConfig odd{8, 24, 64, 0};  // a tile of whole rows and columns that are not whole 16s
+  EXPECT_FALSE(interior_tiles(odd, 8, 48)) << "M % 16 != 0";
+  EXPECT_FALSE(interior_tiles(odd, 16, 24)) << "K % 16 != 0";
+  EXPECT_TRUE(interior_tiles(odd, 16, 48));
+  EXPECT_FALSE(interior_tiles(TileConfig{0, 0, 0, 0}, 32, 512));
+}
+
+// A program for interior tiles is a cache entry of its own: another key, its metadata and
+// listing say so, and find() takes the tiles it asks for (no compile).
+TEST(QuantizeForms, InteriorProgramIsAnEntryOfItsOwn) {
+  const std::filesystem::path root =
+      std::filesystem::temp_directory_path() / ("qforge-interior-" + std::to_string(::getpid()));
+  std::filesystem::remove_all(root);
+  rt::CacheOptions o;
+  o.writable_root = root;
+  rt::KernelCache cache(o);
+  const Plan p = compile_plan(load_recipe(std::string(QF_SOURCE_DIR) + "/recipes/mxfp8.json"),
+                              PlanRequest{"linear:input", DType::BF16, Usage::Inference, false});
+  const auto in = rt::build_quantize_kernels(p, QuantizeForm::Separate, "sm_90a", cache, Tiles::Interior);
+  EXPECT_EQ(in.cached.how, rt::CacheHow::Compiled);
+  EXPECT_FALSE(rt::find_quantize_kernels(p, QuantizeForm::Separate, "sm_90a", cache).has_value()) << "not the any-tiles program";
+  const auto again = rt::find_quantize_kernels(p, QuantizeForm::Separate, "sm_90a", cache, Tiles::Interior);
+  ASSERT_TRUE(again.has_value());
+  EXPECT_EQ(again->cached.entry->key, in.cached.entry->key);
+  const auto any = rt::build_quantize_kernels(p, QuantizeForm::Separate, "sm_90a", cache);
+  EXPECT_EQ(any.cached.how, rt::CacheHow::Compiled);
+  EXPECT_NE(any.cached.entry->key, in.cached.entry->key);
+  EXPECT_EQ(cache.stats().compiles, 2u);
+  std::set<std::string> forms;
+  for (const auto& e : cache.list()) forms.insert(e.form);
+  EXPECT_EQ(forms, (std::set<std::string>{"separate", "separate/interior"}));
+  std::filesystem::remove_all(root);
+}
+
 }  // namespace
