@@ -138,6 +138,9 @@ def entries(cache, text_filter=""):
         form = md.get("form", "")
         if kind == "quantize" and form and f"its {form} form" in source.split("\n", 1)[0]:
             kind += "/" + form
+        # A program for interior tiles only (codegen.h Tiles): "quantize/interior", ".../separate/interior".
+        if kind.startswith("quantize") and md.get("tiles") == "interior":
+            kind += "/interior"
         label = " ".join(str(v) for k, v in sorted(md.items()) if k not in ("kind", "form"))
         if text_filter and text_filter not in f"{kind} {label}":
             continue

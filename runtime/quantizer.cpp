@@ -130,8 +130,10 @@ Quantizer::Quantizer(Plan plan, KernelCache& cache, bool use_tuning)
 }
 
 CacheHow Quantizer::prepare(const std::string& arch) const {
-  // The complete program: every kernel a call may launch (the separate form's are in it too).
+  // The complete program: every kernel a call may launch (the separate form's are in it too),
+  // for any tiles, and for interior tiles only, which the calls of such shapes take.
   const CacheHow how = build_quantize_kernels(plan_, complete_form(plan_), arch, cache_).cached.how;
+  if (interior_programs_) (void)build_quantize_kernels(plan_, complete_form(plan_), arch, cache_, Tiles::Interior);
   for (const auto& [mode, format] : history_rules(plan_)) (void)build_history_kernel(mode, format, arch, cache_);
   return how;
 }

@@ -158,9 +158,11 @@ class Quantizer {
   BoundCall bind(const QuantizeCall& call) const;
 
   // Compiles (or finds in the cache) the plan's complete program (codegen.h complete_form: every
-  // kernel, both forms) and the history kernels of its delayed-scaling streams for `arch`,
-  // without a GPU, so that no later call compiles (a CUDA-graph capture included; a device's first
-  // call still loads the module); returns how the cache answered for the complete program.
+  // kernel, both forms) for any tiles and for interior tiles only (unless
+  // QFORGE_INTERIOR_PROGRAMS=0), and the history kernels of its delayed-scaling streams for
+  // `arch`, without a GPU, so that no later call compiles (a CUDA-graph capture included; a
+  // device's first call still loads the module); returns how the cache answered for the complete
+  // program for any tiles.
   CacheHow prepare(const std::string& arch) const;
 
  private:

@@ -10,9 +10,9 @@
 // step's kernels (runtime/optim_int8.h, int8_optim_prewarm_specs) of a recipe whose bf16 weight
 // rule is int8 storage's (int8_weight_sr), when training is among the usages and no --role is
 // given: every kernel shape qt.Int8AdamW / qt.Int8SGD launch for rows a multiple of 4 long.
-// --tiles any,interior also compiles each plan's complete program for interior tiles only
-// (codegen.h Tiles), which serves single tensors whose M and K are multiples of the tile and of
-// 16; the default, any, compiles the programs every call can take.
+// Each plan's complete program is compiled for any tiles (the program every call can take) and
+// for interior tiles only (codegen.h Tiles: single tensors whose M and K are multiples of the tile
+// and of 16 take it; smaller and faster kernels), unless --tiles names one of them.
 #include <algorithm>
 #include <atomic>
 #include <chrono>
@@ -123,7 +123,7 @@ int cmd_prewarm(const Argv& argv) {
   if (dtypes.empty()) throw UserError("--dtype", "expected a list of bf16, fp16 or fp32, got none");
   if (usages.empty()) throw UserError("--usage", "expected a list of training, inference or memory, got none");
   std::vector<Tiles> tiles;
-  for (const auto& t : split_list(args.get("--tiles").value_or("any"))) {
+  for (const auto& t : split_list(args.get("--tiles").value_or("any,interior"))) {
     if (t != "any" && t != "interior") throw UserError("--tiles", "expected any or interior, got \"" + t + "\"");
     const Tiles v = t == "any" ? Tiles::Any : Tiles::Interior;
     if (std::find(tiles.begin(), tiles.end(), v) == tiles.end()) tiles.push_back(v);

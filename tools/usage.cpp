@@ -62,9 +62,9 @@ const Command kCommands[] = {
      "each --arch; default: GPU 0's, else sm_90a; grouped calls share the kernel), delayed scaling's\n"
      "amax-history update (one per rule and format), and the recipes' \"gemms\" for sm_90a unless\n"
      "--role is given, into the kernel cache. A directory stands for its *.json recipes.\n"
-     "--tiles: any (default) compiles the quantize programs every call can take; interior also\n"
+     "--tiles: which quantize programs (default both): any, those every call can take; interior,\n"
      "those for interior tiles only, which single tensors whose M and K are multiples of the tile\n"
-     "and of 16 take where the cache has them (smaller programs, the same bits).\n"
+     "and of 16 take where the cache has them (smaller, faster kernels; the same bits).\n"
      "-j: parallel compiles (default: the CPUs this process may run on). Prints a progress bar\n"
      "(not with --quiet, or when stderr is not a terminal) and a summary table."},
     {"tune", cmd_tune,

@@ -21,8 +21,8 @@ struct Member {
 // tensor, M and K multiples of the tile and of 16, which the host checks before it picks one)
 // defines Cfg::kInteriorOnly = true: the kernels' interior-tile and whole-16-row tests are then
 // constants and the edge paths are not compiled. Other programs do not define it (their source
-// is unchanged). The tests keep their expressions (`kInteriorOnly<Cfg> || ...`, a statement under
-// `if constexpr`): a helper function for them moved the SASS of other programs' kernels.
+// is unchanged). Each test is written `kInteriorOnly<Cfg> || (its expression)` in place: a helper
+// function, or a non-const flag set under `if constexpr`, moved other programs' SASS.
 template <class Cfg, class = void>
 struct InteriorOnly {
   static constexpr bool value = false;

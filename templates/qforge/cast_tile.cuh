@@ -103,8 +103,7 @@ __device__ __forceinline__ void cast_tile(const QuantizeArgs& a) {
   TileElem<Cfg>* tile = reinterpret_cast<TileElem<Cfg>*>(smem4);
   TileElem<Cfg>* rtile = Cfg::kRht ? tile + kTileFloats : tile;
   const i64 row0 = mem.tile_row * Cfg::kTileRows;
-  bool full = row0 + Cfg::kTileRows <= mem.rows && col0 + Cfg::kTileCols <= a.k && a.k % 16 == 0;
-  if constexpr (kInteriorOnly<Cfg>) full = true;
+  const bool full = kInteriorOnly<Cfg> || (row0 + Cfg::kTileRows <= mem.rows && col0 + Cfg::kTileCols <= a.k && a.k % 16 == 0);
   // The rotated copy, unless every RHT stream rotates in registers on this tile.
   constexpr bool kAllRhtInRegisters = ((!S::kRht || kRhtInRegisters<S>) && ...);
   // Plans of 16-bit identity copies only (cast_copy.cuh): interior tiles move the input's bits.

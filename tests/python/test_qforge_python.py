@@ -230,8 +230,8 @@ def test_prepare_compiles_without_a_gpu(tmp_path):
 
 def test_evict_cache_trims_the_kernel_cache(tmp_path):
     # In a fresh process with a cache of its own (QFORGE_CACHE_DIR is read once per process): two
-    # recipes' kernels compiled, then a dry run, the stale rule (nothing: this build's entries) and
-    # a size of 1 byte (every entry goes).
+    # recipes' kernels compiled (each plan's program for any tiles and for interior tiles), then a
+    # dry run, the stale rule (nothing: this build's entries) and a size of 1 byte (every entry goes).
     code = ("import json, qforge\n"
             "for r in %r:\n"
             "    qforge.Context(r).quantizer('linear:input', usage='inference').prepare('sm_90a')\n"
@@ -242,8 +242,8 @@ def test_evict_cache_trims_the_kernel_cache(tmp_path):
     env = dict(os.environ, QFORGE_CACHE_DIR=str(cache), PYTHONPATH=str(ROOT / "python"))
     out = subprocess.run([sys.executable, "-c", code], check=True, env=env, capture_output=True, text=True).stdout
     dry, stale, fit, unused = json.loads(out.strip().splitlines()[-1])
-    assert dry["removed"] == 2 and dry["kept"] == 0 and dry["removed_bytes"] > 0, dry
-    assert stale == {"removed": 0, "kept": 2, "removed_bytes": 0, "kept_bytes": dry["removed_bytes"]}, stale
+    assert dry["removed"] == 4 and dry["kept"] == 0 and dry["removed_bytes"] > 0, dry
+    assert stale == {"removed": 0, "kept": 4, "removed_bytes": 0, "kept_bytes": dry["removed_bytes"]}, stale
     assert fit == dry, fit
     assert unused == {"removed": 0, "kept": 0, "removed_bytes": 0, "kept_bytes": 0}, unused
     assert not [p for p in (cache / "qforge-v1").rglob("image.bin")], "an entry was left"

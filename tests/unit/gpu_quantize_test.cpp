@@ -633,11 +633,22 @@ TEST(GpuQuantizeForm, PreparedQuantizerCompilesNothingOnCalls) {
   const Plan p = form_plan("current_scaling", "linear:input");
   KernelCache cache(memory_only());
   EXPECT_EQ(Quantizer(p, cache, false).prepare(device_arch(current_device())), CacheHow::Compiled);
-  EXPECT_EQ(cache.stats().compiles, 1u);
+  EXPECT_EQ(cache.stats().compiles, 2u) << "for any tiles and for interior tiles";
   const Quantizer q(p, cache, /*use_tuning=*/false);  // loads nothing yet
   (void)run_quantizer(q, "current_scaling", "linear:input", beyond_guaranteed_capacity(p));
   (void)run_quantizer(q, "current_scaling", "linear:input", {256, 512});
-  EXPECT_EQ(cache.stats().compiles, 1u);
+  (void)run_quantizer(q, "current_scaling", "linear:input", {8192, 8192});
+  EXPECT_EQ(cache.stats().compiles, 2u);
+  // A cache holding the program for any tiles only (`qforge prewarm --tiles any`, an older
+  // build's): calls of interior tiles take it rather than compile.
+  KernelCache any_only(memory_only());
+  ::setenv("QFORGE_INTERIOR_PROGRAMS", "0", 1);
+  EXPECT_EQ(Quantizer(p, any_only, false).prepare(device_arch(current_device())), CacheHow::Compiled);
+  ::unsetenv("QFORGE_INTERIOR_PROGRAMS");
+  const Quantizer q2(p, any_only, /*use_tuning=*/false);
+  (void)run_quantizer(q2, "current_scaling", "linear:input", {256, 512});
+  (void)run_quantizer(q2, "current_scaling", "linear:input", {8192, 8192});
+  EXPECT_EQ(any_only.stats().compiles, 1u);
   EXPECT_FALSE(find_quantize_kernels(p, QuantizeForm::Separate, device_arch(current_device()), cache).has_value());
 }
 

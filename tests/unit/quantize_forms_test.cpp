@@ -104,7 +104,8 @@ TEST(QuantizeForms, EachFormHoldsItsKernelsAndTheSourcesDiffer) {
 // prepare() compiles the complete program (one entry, as before the separate form existed; a
 // second cache on the same root finds it on disk); find() answers without compiling, and the
 // separate form is an entry of its own with another key. A plan without the fused kernel has one
-// program, its separate form.
+// program, its separate form. Each is compiled for any tiles and for interior tiles only
+// (QFORGE_INTERIOR_PROGRAMS=0: for any tiles only).
 TEST(QuantizeForms, PrepareCompilesTheCompleteProgram) {
   const std::filesystem::path root =
       std::filesystem::temp_directory_path() / ("qforge-forms-" + std::to_string(::getpid()));
@@ -123,7 +124,8 @@ TEST(QuantizeForms, PrepareCompilesTheCompleteProgram) {
     EXPECT_EQ(cache.stats().compiles, 0u) << "find never compiles";
     const rt::Quantizer q(p, cache, false);
     EXPECT_EQ(q.prepare("sm_90a"), rt::CacheHow::Compiled);
-    EXPECT_EQ(cache.stats().compiles, 1u);
+    EXPECT_EQ(cache.stats().compiles, 2u) << "for any tiles and for interior tiles";
+    EXPECT_TRUE(rt::find_quantize_kernels(p, QuantizeForm::All, "sm_90a", cache, Tiles::Interior).has_value());
     EXPECT_EQ(q.prepare("sm_90a"), rt::CacheHow::MemoryHit);
     const auto all = rt::find_quantize_kernels(p, QuantizeForm::All, "sm_90a", cache);
     ASSERT_TRUE(all.has_value());
@@ -132,13 +134,13 @@ TEST(QuantizeForms, PrepareCompilesTheCompleteProgram) {
     EXPECT_FALSE(rt::find_quantize_kernels(p, QuantizeForm::Separate, "sm_90a", cache).has_value());
     const auto sep = rt::build_quantize_kernels(p, QuantizeForm::Separate, "sm_90a", cache);
     EXPECT_EQ(sep.cached.how, rt::CacheHow::Compiled);
-    EXPECT_EQ(cache.stats().compiles, 2u);
+    EXPECT_EQ(cache.stats().compiles, 3u);
     EXPECT_NE(sep.cached.entry->key, all->cached.entry->key);
     EXPECT_EQ(sep.cached.entry->lowered_names.size(), 2u) << "amax and cast kernels";
     std::set<std::string> forms, keys;
     for (const auto& e : cache.list()) forms.insert(e.form), keys.insert(e.key);
-    EXPECT_EQ(forms, (std::set<std::string>{"separate", "all"}));
-    EXPECT_EQ(keys.size(), 2u);
+    EXPECT_EQ(forms, (std::set<std::string>{"separate", "all", "all/interior"}));
+    EXPECT_EQ(keys.size(), 3u);
   }
   {
     rt::KernelCache again(options());
@@ -147,7 +149,7 @@ TEST(QuantizeForms, PrepareCompilesTheCompleteProgram) {
     EXPECT_EQ(all->cached.how, rt::CacheHow::DiskHit);
     EXPECT_EQ(rt::Quantizer(p, again, false).prepare("sm_90a"), rt::CacheHow::MemoryHit) << "find kept it in memory";
     EXPECT_EQ(again.stats().compiles, 0u);
-    EXPECT_EQ(again.stats().disk_hits, 1u);
+    EXPECT_EQ(again.stats().disk_hits, 2u) << "and the program for interior tiles";
   }
   {
     rt::CacheOptions memory;
@@ -157,7 +159,13 @@ TEST(QuantizeForms, PrepareCompilesTheCompleteProgram) {
                                  PlanRequest{"linear:input", DType::BF16, Usage::Inference, false});
     EXPECT_EQ(complete_form(mx), QuantizeForm::Separate);
     EXPECT_EQ(rt::Quantizer(mx, cache, false).prepare("sm_90a"), rt::CacheHow::Compiled);
-    EXPECT_EQ(cache.stats().compiles, 1u) << "no fused kernel: one program";
+    EXPECT_EQ(cache.stats().compiles, 2u) << "no fused kernel: one program, for any and for interior tiles";
+    rt::KernelCache off_cache(memory);
+    ::setenv("QFORGE_INTERIOR_PROGRAMS", "0", 1);
+    const rt::Quantizer off(mx, off_cache, false);
+    ::unsetenv("QFORGE_INTERIOR_PROGRAMS");
+    EXPECT_EQ(off.prepare("sm_90a"), rt::CacheHow::Compiled);
+    EXPECT_EQ(off_cache.stats().compiles, 1u) << "QFORGE_INTERIOR_PROGRAMS=0: for any tiles only";
   }
   std::filesystem::remove_all(root);
 }
