@@ -180,9 +180,9 @@ std::shared_ptr<const Quantizer::Form> Quantizer::load_form(Loaded& l, QuantizeF
                                                             bool interior) const {
   if (have) return have;
   auto fm = std::make_shared<Form>();
-  // What the cache holds serves without a compile, smallest program first: for interior tiles,
-  // their own programs, then those for any tiles; the separate launches of a plan with a fused
-  // kernel, its complete program (prepare, `qforge prewarm`, a shipped root, another process).
+  // What the cache holds serves without a compile, in this order: for interior tiles, their own
+  // programs, then those for any tiles; for the separate launches of a plan with a fused kernel,
+  // its complete program (prepare, `qforge prewarm`, a shipped root, another process).
   // Else the call compiles its form: the separate one in about 0.58 of the complete program's
   // time (docs/jit.md, step 5), for interior tiles without the edge tiles' code.
   const Tiles want = interior ? Tiles::Interior : Tiles::Any;
