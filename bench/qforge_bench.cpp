@@ -16,6 +16,9 @@
 //   form     - what a direct call runs: "row_pass" (the one-pass row kernel of rowwise
 //              per-channel plans), "one_launch" (the cooperative fused kernel: a single tensor of
 //              one wave of tiles) or "separate" (memsets, amax kernel, cast kernel);
+//   tiles    - the program that kind of call takes where the cache holds both kinds (the
+//              prewarm compiles both): "interior" (a single tensor of whole tiles: the plan's
+//              program for interior tiles only) or "any";
 //   e2e_us   - (small sizes) host wall time of one call + stream sync, launch overhead included;
 //   host_us  - (small sizes) host wall time of the call alone (argument checks, memsets and
 //              launches enqueued), against op_floor_us: one 4-byte cuMemsetD8Async + sync, the
@@ -255,7 +258,8 @@ int main(int argc, char** argv) try {
                           {"grouped", !c.members.empty()}, {"time_us", us}, {"bytes", bytes},
                           {"gbps", gbps},            {"ratio", gbps / copy_gbps}, {"kernels", kernels},
                           {"tile", {plan.tile.rows, plan.tile.cols, plan.tile.threads}},
-                          {"form", q.row_pass(c.shape) ? "row_pass" : c.members.empty() && q.one_launch(c.shape) ? "one_launch" : "separate"}};
+                          {"form", q.row_pass(c.shape) ? "row_pass" : c.members.empty() && q.one_launch(c.shape) ? "one_launch" : "separate"},
+                          {"tiles", c.members.empty() && q.interior_programs(c.shape) ? "interior" : "any"}};
       if (!c.members.empty()) j["groups"] = c.members;
       if (ht.e2e_us > 0) j["e2e_us"] = ht.e2e_us, j["host_us"] = ht.host_us;
       if (graph_us > 0) j["graph_us"] = graph_us;

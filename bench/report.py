@@ -295,8 +295,10 @@ def build_report(q, t, plot_note):
                     row += [fmt(num(e.get("host_us"))), fmt(num(e.get("e2e_us")))]
                 if has_graph:
                     row.append(fmt(num(e.get("graph_us"))))
-                if has_form:  # what a direct call runs: the one-launch fused kernel or separate launches
-                    row.append({"one_launch": "one launch", "separate": "separate"}.get(e.get("form"), "-"))
+                if has_form:  # what a direct call runs: the one-pass row kernel, the one-launch fused
+                    # kernel or separate launches; ", interior" where a program for interior tiles only served it
+                    form = {"row_pass": "one pass", "one_launch": "one launch", "separate": "separate"}.get(e.get("form"), "-")
+                    row.append(form + (", interior" if e.get("tiles") == "interior" else ""))
                 rows.append(row)
             headers = (["role", "usage", "directions", "shape", "input MiB", "kernels", "time (us)",
                         "bytes MiB", "GB/s", "% of copy"] + (["host (us)", "call+sync (us)"] if has_e2e else []) +

@@ -54,6 +54,8 @@ def synthetic_qforge(copy_gbps=4200.0):
                 e["host_us"] = 3.25
                 e["graph_us"] = e["time_us"] * 0.75
             e["form"] = "one_launch" if n <= 2048 * 2048 and kernels == 2 else "separate"
+            if n >= 8192 * 8192:
+                e["tiles"] = "interior"  # a program for interior tiles only served it
             results.append(e)
     results.append({"recipe": "nvfp4", "role": "linear:input", "usage": "training", "shape": [1, 7],
                     "grouped": False, "error": "synthetic: RHT needs M % 16 == 0"})
@@ -141,7 +143,9 @@ def test_report_full(tmp_path):
     # The form column: small two-kernel plans run one launch, everything else separate launches.
     assert any(line.rstrip().endswith("| one launch |") for line in small)
     big = [line for line in per_recipe.splitlines() if "| 16384x16384 |" in line]
-    assert big and all(line.rstrip().endswith("| separate |") for line in big)
+    assert big and all(line.rstrip().endswith("| separate |") or line.rstrip().endswith("| separate, interior |")
+                       for line in big)
+    assert any(line.rstrip().endswith("| separate, interior |") for line in big)
     try:
         import matplotlib  # noqa: F401
     except ImportError:

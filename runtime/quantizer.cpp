@@ -489,6 +489,8 @@ int Quantizer::row_pass_warps(Shape2D shape) const {
 
 bool Quantizer::row_pass(Shape2D shape) const { return row_pass_warps(shape) > 0; }
 
+bool Quantizer::interior_programs(Shape2D shape) const { return load_for_current_device(&shape).interior; }
+
 bool Quantizer::one_launch(Shape2D shape) const {
   const View v = load_for_current_device(&shape);
   const Dim3 grid = cast_grid(v.device->geometry.tile, shape, 0);

@@ -151,6 +151,12 @@ class Quantizer {
   // channel workspace go unused. QFORGE_ROW_PASS=0 (read at construction) turns it off.
   bool row_pass(Shape2D shape) const;
 
+  // Whether a direct single-tensor call of this shape may take the programs for interior tiles
+  // only (quantize above): QFORGE_INTERIOR_PROGRAMS is not 0 and M and K are whole tiles (the
+  // device's tile, as `qforge tune` left it) and whole 16s. Such a call takes them where they are
+  // loaded or cached or nothing else is; loads nothing.
+  bool interior_programs(Shape2D shape) const;
+
   // The argument checks of quantize() and the launch arguments they yield, without a GPU:
   // UserError naming the argument on anything wrong. What a call shape needs (buffer sizes,
   // names, the workspace) is derived once per (shape, members) and kept for the shapes used

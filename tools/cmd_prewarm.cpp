@@ -67,7 +67,8 @@ constexpr const char* kGemmArch = "sm_90a";  // wgmma: the GEMM kernels' only ta
 // (staged through shared memory) costing about twice as much, and with its amax sources; an fp16
 // input about 2.4x (its software fp16 -> fp32 conversion); a GEMM or the dequant route's operand
 // kernels about one bf16 stream; the history update a tenth of that; an INT8 optimizer step about
-// half (median 0.37 s of CPU against a GEMM's 0.55 s).
+// half (median 0.37 s of CPU against a GEMM's 0.55 s); a program for interior tiles only about 0.4
+// of its plan's program for any tiles.
 double estimated_cost(const Job& j) {
   if (j.history) return 0.1;
   if (j.optim) return 0.5;
@@ -75,6 +76,7 @@ double estimated_cost(const Job& j) {
   double c = 0.0;
   for (const auto& s : j.plan->streams) c += s.layout == DataLayout::Transposed ? 2.0 : 1.0;
   c += 0.25 * double(j.plan->amax.size());
+  if (j.tiles == Tiles::Interior) c *= 0.4;  // without the edge tiles' code (docs/jit.md, step 8)
   return j.plan->input == DType::FP16 ? 2.4 * c : c;
 }
 

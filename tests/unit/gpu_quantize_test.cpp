@@ -670,6 +670,11 @@ TEST(GpuQuantizeForm, InteriorShapesCompileTheInteriorProgram) {
     ::unsetenv("QFORGE_INTERIOR_PROGRAMS");
     const QuantizeForm complete = complete_form(p);
     const Shape2D small{256, 1024}, large{8192, 8192}, edge{256, 1040};
+    EXPECT_TRUE(q.interior_programs(small));
+    EXPECT_TRUE(q.interior_programs(large));
+    EXPECT_FALSE(q.interior_programs(edge));
+    EXPECT_FALSE(any.interior_programs(small)) << "QFORGE_INTERIOR_PROGRAMS=0";
+    EXPECT_EQ(cache.stats().compiles + any_cache.stats().compiles, 0u) << "interior_programs() loads nothing";
     const auto got = run_quantizer(q, recipe, "linear:input", small);
     EXPECT_EQ(cache.stats().compiles, 1u);
     EXPECT_TRUE(find_quantize_kernels(p, complete, arch, cache, Tiles::Interior).has_value()) << "the interior program";
