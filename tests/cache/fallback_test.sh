@@ -13,8 +13,9 @@ for m in "$work/ro" "$work/full" "$work/mount-probe"; do  # left by a run that w
 done
 rm -rf "$work" && mkdir -p "$work" || exit 1
 unset QFORGE_CACHE_DISABLE QFORGE_CACHE_READONLY_DIRS QFORGE_TEST_FAULT QFORGE_TEST_PAUSE QFORGE_TEST_COMPILE_LOG
-one=("$recipes/nvfp4.json" --arch sm_90a --role linear:input --usage training --dtype bf16 --quiet)
-three=("$recipes/nvfp4.json" --arch sm_90a --role linear:input --usage training -j 2 --quiet)
+# --tiles any: one program per plan (no program for interior tiles), as the counts below assume.
+one=("$recipes/nvfp4.json" --arch sm_90a --tiles any --role linear:input --usage training --dtype bf16 --quiet)
+three=("$recipes/nvfp4.json" --arch sm_90a --tiles any --role linear:input --usage training -j 2 --quiet)
 mounts=()
 cleanup() { for m in "${mounts[@]}"; do umount "$m" 2>/dev/null; done; }
 trap cleanup EXIT
