@@ -276,9 +276,12 @@ __device__ __forceinline__ void load_tile_full(const QuantizeArgs& a, const Memb
   }
 }
 
-// Loads the tile (zero outside the member / K): every load of a thread is issued before the
-// first shared-memory store. With RHT and `rotate`, also the rotated copy (16-row groups per
-// column, rounded to the input dtype) for the readers that cannot rotate in registers.
+// Loads the tile (zero outside the member / K). Interior tiles: every load of a thread is issued
+// before the first shared-memory store. Edge tiles: compact loops (a few unrolled bodies, not one
+// per chunk): they are few per tensor, and their code is in every program for any tiles, where
+// it was half of the instructions and of the JIT compile time. With RHT and `rotate`, also the
+// rotated copy (16-row groups per column, rounded to the input dtype) for the readers that
+// cannot rotate in registers.
 template <class Cfg>
 __device__ void load_tile(const QuantizeArgs& a, const Member& mem, i64 col0, bool full, TileElem<Cfg>* tile,
                           TileElem<Cfg>* rtile, bool rotate = true) {
@@ -286,33 +289,33 @@ __device__ void load_tile(const QuantizeArgs& a, const Member& mem, i64 col0, bo
   constexpr int kIters = (N + T - 1) / T;
   const i64 row0 = mem.tile_row * TR;
   const bool vec = a.k % 4 == 0;
-  float4 val[kIters];
   if (full) {
     load_tile_full<Cfg>(a, mem, col0, tile);
-  } else {
-#pragma unroll
+  } else if (vec) {
+    // K % 4 == 0: a chunk is in K whole or not at all. Four chunks' loads in flight at a time.
+#pragma unroll 4
     for (int it = 0; it < kIters; ++it) {
       const int i = it * T + int(threadIdx.x);
-      float4 v = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
       const int r = i / CH, c = (i % CH) * 4;
       const i64 rl = row0 + r, cg = col0 + c;
-      if ((N % T == 0 || i < N) && rl < mem.rows) {
-        const i64 idx = (mem.row_base + rl) * a.k + cg;
-        if (vec && cg + 4 <= a.k) {
-          v = load4<Cfg::kInDtype>(a.x, idx);
-        } else {
-          if (cg + 0 < a.k) v.x = load1<Cfg::kInDtype>(a.x, idx + 0);
-          if (cg + 1 < a.k) v.y = load1<Cfg::kInDtype>(a.x, idx + 1);
-          if (cg + 2 < a.k) v.z = load1<Cfg::kInDtype>(a.x, idx + 2);
-          if (cg + 3 < a.k) v.w = load1<Cfg::kInDtype>(a.x, idx + 3);
-        }
-      }
-      val[it] = v;
+      if (N % T == 0 || i < N)
+        tst4(tile, tile_off<TC>(r, c), rl < mem.rows && cg < a.k ? load4<Cfg::kInDtype>(a.x, (mem.row_base + rl) * a.k + cg)
+                                                                  : make_float4(0.0f, 0.0f, 0.0f, 0.0f));
     }
-#pragma unroll
-    for (int it = 0; it < kIters; ++it) {
-      const int i = it * T + int(threadIdx.x);
-      if (N % T == 0 || i < N) tst4(tile, tile_off<TC>(i / CH, (i % CH) * 4), val[it]);
+  } else {
+    // Rows of any length (unaligned): element by element, one chunk at a time.
+#pragma unroll 1
+    for (int i = int(threadIdx.x); i < N; i += T) {
+      const int r = i / CH, c = (i % CH) * 4;
+      const i64 rl = row0 + r, cg = col0 + c, idx = (mem.row_base + rl) * a.k + cg;
+      float4 v = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+      if (rl < mem.rows) {
+        if (cg + 0 < a.k) v.x = load1<Cfg::kInDtype>(a.x, idx + 0);
+        if (cg + 1 < a.k) v.y = load1<Cfg::kInDtype>(a.x, idx + 1);
+        if (cg + 2 < a.k) v.z = load1<Cfg::kInDtype>(a.x, idx + 2);
+        if (cg + 3 < a.k) v.w = load1<Cfg::kInDtype>(a.x, idx + 3);
+      }
+      tst4(tile, tile_off<TC>(r, c), v);
     }
   }
   if constexpr (Cfg::kRht) {

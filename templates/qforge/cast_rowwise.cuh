@@ -76,7 +76,7 @@ __device__ float cast_rowwise(const QuantizeArgs& a, const Member& mem, i64 col0
     __syncthreads();
   }
   float reported = 0.0f;
-#pragma unroll 4
+#pragma unroll (kFull ? 4 : 1)  // edge tiles: compact code (cast_load.cuh load_tile)
   for (int it = 0; it < (N + T - 1) / T; ++it) {
     if (item_past_end<N, T>(it)) break;  // N % 32 == 0: whole warps take part in shuffles
     int r, c;

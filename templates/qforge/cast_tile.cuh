@@ -12,7 +12,7 @@
 // transposed copy (1x128 + 128x1 blocks, MX 1x32 + 32x1) casts interior tiles from registers,
 // staging only the transposed output (cast_pair.cuh). Plans of 16-bit identity copies only move
 // the input's bits (cast_copy.cuh). Edge tiles take the checked paths above, element by element
-// where needed.
+// where needed, in compact loops (their code is in every program for any tiles).
 #pragma once
 #include "qforge/args.cuh"
 #include "qforge/cast_columnwise.cuh"

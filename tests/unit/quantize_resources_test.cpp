@@ -40,6 +40,9 @@ const std::map<std::string, int>& spill_budget() {
     b["int8_weight_sr linear:weight training fused_kernel"] = 224;
     b["nvfp4 linear:input inference cast_kernel"] = 144;
     b["nvfp4 linear:input inference fused_kernel"] = 176;
+    // Edge tiles in compact loops (2026-11-29, cast_load.cuh load_tile): the training input's
+    // one-launch kernel (small tensors only) at its 64 registers.
+    b["nvfp4 linear:input training fused_kernel"] = 4;
     for (const char* role : {"linear:input", "linear:weight", "linear:grad_output"}) {
       b[std::string("fp8_rowwise ") + role + " training cast_kernel"] = 224;
       b[std::string("fp8_rowwise ") + role + " training fused_kernel"] = 194;
