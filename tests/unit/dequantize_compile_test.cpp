@@ -6,7 +6,6 @@
 // argument checks a call makes before any device work (their messages, built only on failure).
 #include <gtest/gtest.h>
 
-#include <filesystem>
 #include <set>
 #include <tuple>
 
@@ -15,6 +14,7 @@
 #include "compiler/pipeline.h"
 #include "compiler/recipe.h"
 #include "runtime/dequantize.h"
+#include "shipped_plans.h"
 
 namespace {
 
@@ -26,28 +26,15 @@ TEST(DequantizeKernels, CompileForEveryShippedStreamWithoutAGpu) {
   rt::KernelCache cache(opts);
   std::set<std::tuple<int, int, int, int>> kinds;  // (format, scale storage, identity dtype, out)
   int compiled = 0;
-  for (const auto& entry : std::filesystem::directory_iterator(std::string(QF_SOURCE_DIR) + "/recipes")) {
-    if (entry.path().extension() != ".json" || entry.path().filename() == "recipe.schema.json") continue;
-    const Recipe r = load_recipe(entry.path().string());
-    for (const char* role : {"linear:input", "linear:weight", "linear:grad_output"})
-      for (Usage usage : {Usage::Training, Usage::Inference}) {
-        Plan plan;
-        try {
-          plan = compile_plan(r, PlanRequest{role, DType::BF16, usage, false});
-        } catch (const UserError&) {
-          continue;  // a recipe without this role
-        }
-        for (const Stream& s : plan.streams)
-          for (DType out : {DType::FP32, DType::BF16, DType::FP16}) {
-            const auto key = std::make_tuple(int(s.format), int(traits(s.scaling).scale_storage),
-                                             int(s.out_dtype), int(out));
-            if (!kinds.insert(key).second) continue;
-            const rt::QuantizeKernels k = rt::build_dequantize_kernel(s, out, "sm_90a", cache);
-            EXPECT_FALSE(k.cached.entry->image.empty()) << entry.path().filename() << " " << role;
-            ++compiled;
-          }
+  for (const qf::testing::ShippedPlan& sp : qf::testing::shipped_plans(qf::testing::kLinearRoles))
+    for (const Stream& s : sp.plan.streams)
+      for (DType out : {DType::FP32, DType::BF16, DType::FP16}) {
+        const auto key = std::make_tuple(int(s.format), int(traits(s.scaling).scale_storage), int(s.out_dtype), int(out));
+        if (!kinds.insert(key).second) continue;
+        const rt::QuantizeKernels k = rt::build_dequantize_kernel(s, out, "sm_90a", cache);
+        EXPECT_FALSE(k.cached.entry->image.empty()) << sp.label();
+        ++compiled;
       }
-  }
   EXPECT_GE(compiled, 12);  // e4m3 / e5m2 / e2m1 / int8 / identity streams, three output dtypes
 }
 

@@ -5,7 +5,6 @@
 // CPU only (no kernel is built).
 #include <gtest/gtest.h>
 
-#include <filesystem>
 #include <string>
 #include <vector>
 
@@ -14,6 +13,7 @@
 #include "compiler/recipe.h"
 #include "reference/executor.h"
 #include "runtime/quantizer.h"
+#include "shipped_plans.h"
 
 namespace {
 
@@ -23,34 +23,23 @@ TEST(GroupedOutputs, RuntimeSizesEqualTheReferences) {
   const std::vector<int64_t> splits = {48, 0, 16, 0};
   const int64_t k = 128;
   int plans = 0;
-  for (const auto& entry : std::filesystem::directory_iterator(std::string(QF_SOURCE_DIR) + "/recipes")) {
-    const auto path = entry.path();
-    if (path.extension() != ".json" || path.filename() == "recipe.schema.json") continue;
-    const Recipe r = load_recipe(path);
-    for (const char* role : {"grouped_linear:input", "grouped_linear:weight", "grouped_linear:grad_output"})
-      for (Usage u : {Usage::Training, Usage::Inference}) {
-        Plan plan;
-        try {
-          plan = compile_plan(r, PlanRequest{role, DType::BF16, u, true});
-        } catch (const UserError&) {
-          continue;  // the recipe does not serve this role or usage
-        }
-        SCOPED_TRACE(path.stem().string() + " " + role + " " + std::string(name(u)));
-        ref::HostTensor x;
-        x.dtype = DType::BF16;
-        x.shape = {64, k};
-        x.bytes.assign(size_t(64 * k * 2), 0x3F);
-        ref::QuantizeParams params;
-        for (const auto& in : input_buffers(plan)) params.scales[in.name] = 2.0f;  // delayed scaling's scales
-        const std::vector<ref::Output> want = ref::quantize_grouped(plan, x, splits, params);
-        const std::vector<BufferDesc> got = rt::Quantizer(plan).grouped_outputs(splits, k);
-        ASSERT_EQ(got.size(), want.size());
-        for (size_t i = 0; i < got.size(); ++i) {
-          EXPECT_EQ(got[i].name, want[i].desc.name);
-          EXPECT_EQ(got[i].bytes, int64_t(want[i].bytes.size())) << got[i].name;
-        }
-        ++plans;
-      }
+  for (const qf::testing::ShippedPlan& sp : qf::testing::shipped_plans(qf::testing::kGroupedRoles, true)) {
+    const Plan& plan = sp.plan;
+    SCOPED_TRACE(sp.label());
+    ref::HostTensor x;
+    x.dtype = DType::BF16;
+    x.shape = {64, k};
+    x.bytes.assign(size_t(64 * k * 2), 0x3F);
+    ref::QuantizeParams params;
+    for (const auto& in : input_buffers(plan)) params.scales[in.name] = 2.0f;  // delayed scaling's scales
+    const std::vector<ref::Output> want = ref::quantize_grouped(plan, x, splits, params);
+    const std::vector<BufferDesc> got = rt::Quantizer(plan).grouped_outputs(splits, k);
+    ASSERT_EQ(got.size(), want.size());
+    for (size_t i = 0; i < got.size(); ++i) {
+      EXPECT_EQ(got[i].name, want[i].desc.name);
+      EXPECT_EQ(got[i].bytes, int64_t(want[i].bytes.size())) << got[i].name;
+    }
+    ++plans;
   }
   EXPECT_GT(plans, 20);
 }

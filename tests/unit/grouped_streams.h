@@ -2,14 +2,15 @@
 // pseudo-random input by the CPU reference: what the grouped dequantize tests start from.
 #pragma once
 #include <cstring>
-#include <filesystem>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "compiler/error.h"
 #include "compiler/pipeline.h"
 #include "compiler/recipe.h"
 #include "pseudo_random.h"
+#include "shipped_plans.h"
 #include "qforge/numerics.cuh"
 #include "reference/executor.h"
 
@@ -22,20 +23,7 @@ struct GroupedPlan {
 
 inline std::vector<GroupedPlan> shipped_grouped_plans() {
   std::vector<GroupedPlan> out;
-  for (const auto& entry : std::filesystem::directory_iterator(std::string(QF_SOURCE_DIR) + "/recipes")) {
-    const auto path = entry.path();
-    if (path.extension() != ".json" || path.filename() == "recipe.schema.json") continue;
-    const Recipe r = load_recipe(path.string());
-    for (const char* role : {"grouped_linear:input", "grouped_linear:weight", "grouped_linear:grad_output"})
-      for (Usage u : {Usage::Training, Usage::Inference}) {
-        try {
-          out.push_back({path.stem().string() + " " + role + " " + std::string(name(u)),
-                         compile_plan(r, PlanRequest{role, DType::BF16, u, true})});
-        } catch (const UserError&) {
-          // the recipe does not serve this role or usage
-        }
-      }
-  }
+  for (ShippedPlan& p : shipped_plans(kGroupedRoles, true)) out.push_back({p.label(), std::move(p.plan)});
   return out;
 }
 

@@ -13,6 +13,7 @@
 #include "compiler/pipeline.h"
 #include "compiler/recipe.h"
 #include "runtime/nvrtc.h"
+#include "shipped_plans.h"
 
 namespace {
 
@@ -60,44 +61,34 @@ const std::map<std::string, int>& spill_budget() {
 class QuantizeResources : public ::testing::TestWithParam<std::string> {};
 
 TEST_P(QuantizeResources, SpillsWithinTheListedBudget) {
-  const Recipe r = load_recipe(std::string(QF_SOURCE_DIR) + "/recipes/" + GetParam() + ".json");
   int kernels = 0;
-  for (const char* role : {"linear:input", "linear:weight", "linear:grad_output"})
-    for (Usage u : {Usage::Training, Usage::Inference}) {
-      Plan p;
-      try {
-        p = compile_plan(r, PlanRequest{role, DType::BF16, u, false});
-      } catch (const UserError&) {
-        continue;  // a role or usage the recipe does not define
-      }
-      if (p.streams.empty()) continue;
-      const KernelSource ks = emit_quantize(p, complete_form(p));  // every kernel (the separate form's have the same code)
-      std::vector<std::string> names;
-      for (const auto& kernel : ks.kernels()) names.push_back(*kernel.name);
-      const rt::CompileResult c =
-          rt::compile_cuda(rt::CompileRequest{ks.source, "qforge_kernel.cu", names, "sm_90a", {"--ptxas-options=-v"}});
-      const std::vector<rt::KernelResources> res = rt::ptxas_resources(c.log);
-      ASSERT_EQ(res.size(), names.size()) << c.log;
-      for (const rt::KernelResources& k : res) {
-        std::string kind;
-        for (const auto& kernel : ks.kernels())
-          if (c.lowered_names.at(*kernel.name) == k.entry) kind = kernel.kind;
-        ASSERT_FALSE(kind.empty()) << k.entry;
-        const std::string key = GetParam() + " " + role + " " + std::string(name(u)) + " " + kind;
-        EXPECT_GT(k.registers, 0) << key;
-        const auto it = spill_budget().find(key);
-        EXPECT_LE(k.spill_store_bytes, it == spill_budget().end() ? 0 : it->second)
-            << key << ": " << k.registers << " registers, " << k.spill_store_bytes << " B spill stores";
-        ++kernels;
-      }
+  for (const qf::testing::ShippedPlan& sp : qf::testing::shipped_plans(qf::testing::kLinearRoles, false, {DType::BF16}, GetParam())) {
+    const Plan& p = sp.plan;
+    if (p.streams.empty()) continue;
+    const KernelSource ks = emit_quantize(p, complete_form(p));  // every kernel (the separate form's have the same code)
+    std::vector<std::string> names;
+    for (const auto& kernel : ks.kernels()) names.push_back(*kernel.name);
+    const rt::CompileResult c =
+        rt::compile_cuda(rt::CompileRequest{ks.source, "qforge_kernel.cu", names, "sm_90a", {"--ptxas-options=-v"}});
+    const std::vector<rt::KernelResources> res = rt::ptxas_resources(c.log);
+    ASSERT_EQ(res.size(), names.size()) << c.log;
+    for (const rt::KernelResources& k : res) {
+      std::string kind;
+      for (const auto& kernel : ks.kernels())
+        if (c.lowered_names.at(*kernel.name) == k.entry) kind = kernel.kind;
+      ASSERT_FALSE(kind.empty()) << k.entry;
+      const std::string key = sp.label() + " " + kind;
+      EXPECT_GT(k.registers, 0) << key;
+      const auto it = spill_budget().find(key);
+      EXPECT_LE(k.spill_store_bytes, it == spill_budget().end() ? 0 : it->second)
+          << key << ": " << k.registers << " registers, " << k.spill_store_bytes << " B spill stores";
+      ++kernels;
     }
+  }
   EXPECT_GT(kernels, 0);
 }
 
-INSTANTIATE_TEST_SUITE_P(Shipped, QuantizeResources,
-                         ::testing::Values("current_scaling", "delayed_scaling", "float8_block_scaling", "fp8_rowwise",
-                                           "hybrid_mxfp8_fwd_nvfp4_bwd", "int8_weight_sr", "mxfp8", "mxfp8_hopper",
-                                           "nvfp4", "w8a8_int8_inference"));
+INSTANTIATE_TEST_SUITE_P(Shipped, QuantizeResources, ::testing::ValuesIn(qf::testing::shipped_recipe_names()));
 
 // The parser itself, on a ptxas report of two kernels.
 TEST(PtxasResources, ParsesEachEntryInOrder) {
