@@ -3,6 +3,7 @@
 
   jit_time.py [--cache DIR] [--templates DIR] [--filter S] [--phases] [--extra "OPTS"]... [--reps N]
               [--base-templates DIR] [--instructions] [--per-kernel] [--whole BASE_CACHE] [--trace]
+              [--hits LOG]
 
 Takes every CUBIN entry of a qforge kernel cache (DIR, default $QFORGE_CACHE_DIR; fill it first
 with `qforge prewarm`), and compiles its source.cu again with NVRTC in this process, the device
@@ -44,17 +45,22 @@ thread counted), which other processes' load on the machine barely changes, plus
                 them: arch, options, name expression and the configs it names); per plan the
                 CPU ms of each and each form's share of the whole program, then per form the
                 median / max / sum and the shares' median and range
+  --hits LOG    a `QFORGE_LOG_LEVEL=debug` log of `qforge prewarm` over the same cache once it
+                is full: each kernel's cache hit (lookup, metadata and image read, SHA-256 check),
+                in ms, goes into the last table (scripts/jit_report.sh passes it)
 
 A quantize entry's kind is "quantize" for a plan's complete program and "quantize/separate" for
 the separate form of a plan with the one-launch fused kernel (docs/jit.md, step 5).
 
 Prints one row per kernel (CPU ms) and a summary: median, max and sum per kind of kernel (of
-CPU ms, and of wall ms where it says "wall").
+CPU ms, and of wall ms where it says "wall"); last, a markdown table per kind of kernel: the cold
+compile's median and max, and with --hits the warm start's cache hit.
 """
 import argparse
 import ctypes
 import json
 import os
+import re
 import resource
 import statistics
 import sys
@@ -151,6 +157,38 @@ def entries(cache, text_filter=""):
                         names=names, kinds=kinds, key=meta.get("key", "")[:12],
                         target=meta.get("target", meta.get("arch", "?"))))
     return out
+
+
+HIT_LINE = re.compile(r"(?:disk cache|memory cache|shipped kernel [^:]*) hit: .* in ([0-9.]+) ms \(key ([0-9a-f]+)\)")
+
+
+def disk_hits(path):
+    """--hits: {key (12 hex digits): ms} of each cache hit a qforge debug log reports (runtime/kernel_cache.cpp:
+    the lookup, the entry's metadata and image read, the image's SHA-256 checked)."""
+    hits = {}
+    with open(path, errors="replace") as f:
+        for line in f:
+            m = HIT_LINE.search(line)
+            if m:
+                hits[m.group(2)[:12]] = float(m.group(1))
+    return hits
+
+
+def latency_table(per_kind, hits, es):
+    """The table the README's JIT figures come from: per kernel kind, the cold compile (CPU ms, one core) and,
+    with --hits, a warm start's cache hit (ms)."""
+    hit_kind = {}
+    for e in es:
+        if e["key"] in hits:
+            for kind in (e["kind"], "all"):
+                hit_kind.setdefault(kind, []).append(hits[e["key"]])
+    print("\nLatency per kernel kind, ms (cold compile: CPU ms on one core; warm: a disk cache hit, --hits)")
+    print("| kind | n | cold compile median / max | warm hit median / max |")
+    print("|---|---|---|---|")
+    for kind, recs in sorted(per_kind.items(), key=lambda kv: kv[0] == "all"):
+        v, h = recs["cubin"], hit_kind.get(kind, [])
+        warm = f"{statistics.median(h):.2f} / {max(h):.2f}" if h else "-"
+        print(f"| {kind} | {len(v)} | {statistics.median(v) * 1000:.0f} / {max(v) * 1000:.0f} | {warm} |")
 
 
 def nvrtc_phase_table(nvrtc, e, hdrs):
@@ -262,6 +300,7 @@ def main(argv=None):
     ap.add_argument("--instructions", action="store_true", help="SASS instructions of each image (nvdisasm)")
     ap.add_argument("--whole", default="", help="a cache of an older build's one-program quantize entries")
     ap.add_argument("--trace", action="store_true", help="shares of front end, NVVM (kernels / helpers / rest), ptxas")
+    ap.add_argument("--hits", default="", help="a QFORGE_LOG_LEVEL=debug log of `qforge prewarm` over the same, full cache")
     args = ap.parse_args(argv)
     if not args.cache:
         print("jit_time: no cache: --cache DIR or QFORGE_CACHE_DIR", file=sys.stderr)
@@ -373,6 +412,7 @@ def main(argv=None):
         for kind, recs in sorted(instr_kind.items(), key=lambda kv: kv[0] == "all"):
             parts = [f"{c}: {statistics.median(v):.0f} / {max(v)} / {sum(v)}" for c, v in recs.items()]
             print(f"  {kind:<12} n={len(next(iter(recs.values()))):<4} " + "; ".join(parts))
+    latency_table(per_kind, disk_hits(args.hits) if args.hits else {}, es)
     if args.extra:
         print(f"code sections: {differs} compile(s) with extra options differ from the entries' images")
     if base_hdrs:

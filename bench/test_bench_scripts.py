@@ -723,3 +723,26 @@ def test_jit_time_counts_sass_instructions_not_directives_or_labels():
 """)
     assert jit_time.sass_instructions(listing) == 4
     assert jit_time.sass_instructions("") == 0
+
+
+# jit_time.py --hits: the cache hits of a qforge debug log (runtime/kernel_cache.cpp's lines) by key,
+# then the latency table per kind of kernel, with "-" where a kind had no hit in the log.
+def test_jit_time_hits_and_latency_table(tmp_path, capsys):
+    import jit_time
+    log = tmp_path / "hits.log"
+    log.write_text(
+        "qforge: debug: disk cache hit: quantize kernel (form all, input bf16, recipe mxfp8, role linear:input, "
+        "usage training) [qf::cast_kernel<qf_gen::Cfg, qf_gen::S0>] for sm_90a in 0.512 ms (key 5169fa1eca8f2447)\n"
+        "qforge: debug: shipped kernel (built by NVRTC 13.0) hit: quantize kernel (form all) [k] for sm_90a in 1.250 ms "
+        "(key 0472451617b0d2e0)\n"
+        "prewarm: 2 kernels for sm_90a: 0 compiled, 2 cache hits, 0 failed in 0.01 s\n")
+    hits = jit_time.disk_hits(str(log))
+    assert hits == {"5169fa1eca8f": 0.512, "0472451617b0": 1.25}
+    es = [{"kind": "quantize", "key": "5169fa1eca8f"}, {"kind": "quantize", "key": "0472451617b0"},
+          {"kind": "gemm", "key": "aaaaaaaaaaaa"}]
+    per_kind = {"quantize": {"cubin": [0.4, 0.6]}, "gemm": {"cubin": [0.9]}, "all": {"cubin": [0.4, 0.6, 0.9]}}
+    jit_time.latency_table(per_kind, hits, es)
+    out = capsys.readouterr().out
+    assert "| quantize | 2 | 500 / 600 | 0.88 / 1.25 |" in out
+    assert "| gemm | 1 | 900 / 900 | - |" in out
+    assert out.rstrip().endswith("| all | 3 | 600 / 900 | 0.88 / 1.25 |")
