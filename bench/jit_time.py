@@ -162,7 +162,7 @@ def entries(cache, text_filter=""):
 HIT_LINE = re.compile(r"(?:disk cache|memory cache|shipped kernel [^:]*) hit: .* in ([0-9.]+) ms \(key ([0-9a-f]+)\)")
 
 
-def disk_hits(path):
+def cache_hits(path):
     """--hits: {key (12 hex digits): ms} of each cache hit a qforge debug log reports (runtime/kernel_cache.cpp:
     the lookup, the entry's metadata and image read, the image's SHA-256 checked)."""
     hits = {}
@@ -412,7 +412,7 @@ def main(argv=None):
         for kind, recs in sorted(instr_kind.items(), key=lambda kv: kv[0] == "all"):
             parts = [f"{c}: {statistics.median(v):.0f} / {max(v)} / {sum(v)}" for c, v in recs.items()]
             print(f"  {kind:<12} n={len(next(iter(recs.values()))):<4} " + "; ".join(parts))
-    latency_table(per_kind, disk_hits(args.hits) if args.hits else {}, es)
+    latency_table(per_kind, cache_hits(args.hits) if args.hits else {}, es)
     if args.extra:
         print(f"code sections: {differs} compile(s) with extra options differ from the entries' images")
     if base_hdrs:

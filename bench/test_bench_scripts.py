@@ -736,7 +736,7 @@ def test_jit_time_hits_and_latency_table(tmp_path, capsys):
         "qforge: debug: shipped kernel (built by NVRTC 13.0) hit: quantize kernel (form all) [k] for sm_90a in 1.250 ms "
         "(key 0472451617b0d2e0)\n"
         "prewarm: 2 kernels for sm_90a: 0 compiled, 2 cache hits, 0 failed in 0.01 s\n")
-    hits = jit_time.disk_hits(str(log))
+    hits = jit_time.cache_hits(str(log))
     assert hits == {"5169fa1eca8f": 0.512, "0472451617b0": 1.25}
     es = [{"kind": "quantize", "key": "5169fa1eca8f"}, {"kind": "quantize", "key": "0472451617b0"},
           {"kind": "gemm", "key": "aaaaaaaaaaaa"}]

@@ -4,14 +4,20 @@
 # the CPU reference), then a summary table. Logs and results go to $1 (default ./gpu-results).
 #   scripts/gpu_check.sh OUT_DIR [extra ctest -R regex]
 # Build: scripts/gpu_build.sh (QFORGE_BUILD_DIR, QFORGE_DEPS_PREFIX, .gpudeps/).
-# QFORGE_CHECK_PARTS="tests sanitize" (default) runs both parts; "tests" or "sanitize" one of them
-# (the whole check takes about 11 minutes on an H200: ctest about 6.5, the sanitizers about 3).
+# QFORGE_CHECK_PARTS="tests python sanitize" (default) runs all three parts, or a list of some:
+# tests (prewarm, one CLI process cold and warm, the GPU ctest suites), python (the CLI's device
+# pytest and tests/python with the compiled extension), sanitize (compute-sanitizer). On an H200
+# (2026-11-29, 2218 GPU ctest cases): tests about 9.5 minutes (ctest 7.5; the regex argument
+# splits it), python about 2.5, sanitize about 2, after a build of about 1.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${1:-gpu-results}
 FILTER=${2:-}
-PARTS=${QFORGE_CHECK_PARTS:-tests sanitize}
-case " $PARTS " in *" tests "*|*" sanitize "*) ;; *) echo "QFORGE_CHECK_PARTS: expected tests and/or sanitize, got '$PARTS'" >&2; exit 2 ;; esac
+PARTS=${QFORGE_CHECK_PARTS:-tests python sanitize}
+for p in $PARTS; do
+  case $p in tests|python|sanitize) ;; *) echo "QFORGE_CHECK_PARTS: expected some of tests, python, sanitize, got '$p'" >&2; exit 2 ;; esac
+done
+[ -n "${PARTS// /}" ] || { echo "QFORGE_CHECK_PARTS: expected some of tests, python, sanitize, got nothing" >&2; exit 2; }
 part() { [[ " $PARTS " == *" $1 "* ]]; }
 mkdir -p "$OUT"
 t0=$(date +%s)
@@ -35,6 +41,8 @@ rm -rf "$OUT/cold-cache" "$OUT/q" "$OUT/x.npy"
 ctest --test-dir "$BUILD" -j"$(nproc)" --timeout 600 -R "${FILTER:-Gpu|Driver|Cuda|GemmExact|GemmRandom|GemmEdge}" \
   --output-on-failure >"$OUT/ctest_gpu.log" 2>&1; gpu_rc=$?
 t3=$(date +%s)
+fi
+if part python; then
 # CLI on the GPU: qforge quantize --device cuda vs the CPU path, bit for bit.
 python3 -m pytest -q -p no:cacheprovider tests/numerics/test_quantize_device.py --qforge-bin="$BUILD" \
   >"$OUT/pytest_device.log" 2>&1; dev_rc=$?
