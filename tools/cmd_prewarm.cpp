@@ -63,12 +63,12 @@ constexpr const char* kGemmArch = "sm_90a";  // wgmma: the GEMM kernels' only ta
 
 // A job's compile time, relative, so the longest start first and the last ones to finish are
 // short. Fitted to the CPU times NVRTC 13.0 takes for the shipped recipes' sm_90a kernels
-// (bench/jit_time.py, docs/jit.md): a quantize kernel grows with its streams, a transposed one
-// (staged through shared memory) costing about twice as much, and with its amax sources; an fp16
-// input about 2.4x (its software fp16 -> fp32 conversion); a GEMM or the dequant route's operand
-// kernels about one bf16 stream; the history update a tenth of that; an INT8 optimizer step about
-// half (median 0.37 s of CPU against a GEMM's 0.55 s); a program for interior tiles only about 0.4
-// of its plan's program for any tiles.
+// (bench/jit_time.py, docs/jit.md; CI's JIT report on 15baa3c, medians): a quantize program grows
+// with its streams, a transposed one (staged through shared memory) costing about twice as much,
+// and with its amax sources; the program for any tiles (edge tiles in compact loops) at about
+// 0.55 of that sum, one for interior tiles only at about 0.3 (883 and 489 ms against a GEMM's
+// 632); an fp16 input about 1.1x (fp32 1.0x); a GEMM or the dequant route's operand kernels 0.9;
+// the history update a tenth of that; an INT8 optimizer step about half (344 ms).
 double estimated_cost(const Job& j) {
   if (j.history) return 0.1;
   if (j.optim) return 0.5;
@@ -76,8 +76,8 @@ double estimated_cost(const Job& j) {
   double c = 0.0;
   for (const auto& s : j.plan->streams) c += s.layout == DataLayout::Transposed ? 2.0 : 1.0;
   c += 0.25 * double(j.plan->amax.size());
-  if (j.tiles == Tiles::Interior) c *= 0.4;  // without the edge tiles' code (docs/jit.md, step 8)
-  return j.plan->input == DType::FP16 ? 2.4 * c : c;
+  c *= j.tiles == Tiles::Interior ? 0.3 : 0.55;  // docs/jit.md, steps 8 and 9
+  return j.plan->input == DType::FP16 ? 1.1 * c : c;
 }
 
 // The CPUs this process may run on (its affinity mask: a container's or taskset's share), else
