@@ -37,6 +37,27 @@ RunShape run_shape(const Stream& s) {
   return rs;
 }
 
+// Whether interior tiles of the plan are cast in registers by cast_pair_direct (cast_pair.cuh,
+// kPairDirect; the kernel's static_assert on kSmemBytes checks that both sides agree): a rowwise
+// stream of 1x128 blocks and its transposed copy of 128x1 blocks, 8-bit elements rounded to
+// nearest, no RHT, a 16-bit input, 128 x 128 tiles of 256 threads.
+bool pair_direct(const Plan& p) {
+  if (p.streams.size() != 2 || traits(p.input).bytes != 2 || p.tile.rows != 128 || p.tile.cols != 128 || p.tile.threads != 256)
+    return false;
+  for (const auto& a : p.amax)
+    if (a.rht) return false;
+  const Stream& r = p.streams[0];
+  const Stream& c = p.streams[1];
+  auto eligible = [](const Stream& s) {
+    return std::holds_alternative<BlockScaling>(s.scaling) && s.rounding == Rounding::Nearest && !s.rht &&
+           s.format != ElemFormat::Identity && traits(s.format).elems_per_byte == 1;
+  };
+  if (!eligible(r) || !eligible(c) || r.dir != Direction::Rowwise || c.dir != Direction::Columnwise ||
+      c.layout != DataLayout::Transposed)
+    return false;
+  return *block_of(r.scaling) == BlockShape{1, 128} && *block_of(c.scaling) == BlockShape{128, 1};
+}
+
 std::string format_type(const Stream& s) {
   if (s.format == ElemFormat::Identity)
     return "qf::Identity<" + std::to_string(traits(s.out_dtype).numerics_code) + ">";
@@ -216,12 +237,17 @@ KernelSource emit_quantize(const Plan& p, QuantizeForm form, Tiles tiles) {
   const bool stage16 = in16 && !long_transposed_blocks &&
                        cast_min_blocks(p.tile.threads, smem16) > cast_min_blocks(p.tile.threads, smem32);
   ks.smem_bytes = stage16 ? smem16 : smem32;
+  // A program for interior tiles only of a pair_direct plan stages nothing: the SM's CTAs are
+  // then bounded by registers, sized for 3 CTAs of 256 threads (80 registers) unless the tile
+  // names its own.
+  const bool pair_only = tiles == Tiles::Interior && pair_direct(p);
+  if (pair_only) ks.smem_bytes = cast_pair_direct_smem_bytes();
   // The CTAs per SM registers are sized for, by threads and shared memory (16-bit staging aims at
   // 1024 threads per SM).
   auto default_min_blocks = [&](int threads) {
     return stage16 ? cast_min_blocks(threads, smem16, 1024) : cast_min_blocks(threads, smem32);
   };
-  const int min_blocks = p.tile.min_blocks > 0 ? p.tile.min_blocks : default_min_blocks(p.tile.threads);
+  const int min_blocks = p.tile.min_blocks > 0 ? p.tile.min_blocks : pair_only ? 3 : default_min_blocks(p.tile.threads);
   ks.min_blocks = min_blocks;
   e.open("struct Cfg");
   e.constant("kInDtype", int64_t(traits(p.input).numerics_code));

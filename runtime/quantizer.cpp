@@ -76,7 +76,7 @@ struct Quantizer::Loaded {
   int device = -1;
   std::string arch;
   Plan plan;              // plan_ with the device's tile
-  KernelSource geometry;  // the separate form's source: tile, shared memory, threads (the same in both forms)
+  KernelSource geometry;  // the separate form's source for any tiles: tile, threads (each loaded form launches with its own shared memory)
   int64_t fused_guaranteed = 0;  // fused_min_blocks x SMs: CTAs of the fused kernel certain to fit (0: no such form)
   // Guarded by Quantizer::mu_: the entries for any tiles, and those for interior tiles only.
   std::shared_ptr<const Form> separate, all, interior_separate, interior_all;
@@ -513,7 +513,6 @@ void Quantizer::quantize(const QuantizeCall& call, CUstream stream) const {
   const int64_t ctas = int64_t(grid.x) * grid.y;
   QuantizeArgs args = bc.args;
   void* params[] = {&args};
-  const size_t smem = geo.smem_bytes;
   const Dim3 block{unsigned(t.threads)};
 
   // Which kernels serve the call, decided before anything is enqueued: the row kernel where the
@@ -539,6 +538,9 @@ void Quantizer::quantize(const QuantizeCall& call, CUstream stream) const {
     f = load_form(l, QuantizeForm::Separate, v.separate, v.interior);
   }
 
+  // The loaded program's shared memory: a program for interior tiles only may ask less than the
+  // geometry's (compiler/codegen.cpp, pair_direct).
+  const size_t smem = f->kernels.source.smem_bytes;
   auto zero_buffers = [&](bool fused_zeroes) {
     for (int i = 0; i < bc.num_zero; ++i)
       if (bc.zero[size_t(i)].fused_zeroes == fused_zeroes)

@@ -91,7 +91,8 @@ __device__ __forceinline__ void cast_tile(const QuantizeArgs& a) {
   const i64 col0 = pos.col * Cfg::kTileCols;
 
   constexpr int kTileFloats = Cfg::kTileRows * Cfg::kTileCols;
-  static_assert(cast_smem_bytes(Cfg::kTileRows, Cfg::kTileCols, Cfg::kRht,
+  static_assert(kPairDirectOnly<Cfg, S...> && !kFused ? cast_pair_direct_smem_bytes() == Cfg::kSmemBytes :
+                cast_smem_bytes(Cfg::kTileRows, Cfg::kTileCols, Cfg::kRht,
                                 (0 + ... + cast_scratch_entries(Cfg::kTileRows, Cfg::kTileCols, S::kDir == 1, S::kTransposed,
                                                                 S::kEpt, S::kBlock2d, S::kBlockRows, S::kBlockCols,
                                                                 StoreBits<typename S::Format>::value,

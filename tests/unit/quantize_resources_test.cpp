@@ -65,24 +65,28 @@ TEST_P(QuantizeResources, SpillsWithinTheListedBudget) {
   for (const qf::testing::ShippedPlan& sp : qf::testing::shipped_plans(qf::testing::kLinearRoles, false, {DType::BF16}, GetParam())) {
     const Plan& p = sp.plan;
     if (p.streams.empty()) continue;
-    const KernelSource ks = emit_quantize(p, complete_form(p));  // every kernel (the separate form's have the same code)
-    std::vector<std::string> names;
-    for (const auto& kernel : ks.kernels()) names.push_back(*kernel.name);
-    const rt::CompileResult c =
-        rt::compile_cuda(rt::CompileRequest{ks.source, "qforge_kernel.cu", names, "sm_90a", {"--ptxas-options=-v"}});
-    const std::vector<rt::KernelResources> res = rt::ptxas_resources(c.log);
-    ASSERT_EQ(res.size(), names.size()) << c.log;
-    for (const rt::KernelResources& k : res) {
-      std::string kind;
-      for (const auto& kernel : ks.kernels())
-        if (c.lowered_names.at(*kernel.name) == k.entry) kind = kernel.kind;
-      ASSERT_FALSE(kind.empty()) << k.entry;
-      const std::string key = sp.label() + " " + kind;
-      EXPECT_GT(k.registers, 0) << key;
-      const auto it = spill_budget().find(key);
-      EXPECT_LE(k.spill_store_bytes, it == spill_budget().end() ? 0 : it->second)
-          << key << ": " << k.registers << " registers, " << k.spill_store_bytes << " B spill stores";
-      ++kernels;
+    // Every kernel (the separate form's have the same code), in the programs for any tiles and
+    // for interior tiles only (whose register targets may differ: codegen.cpp, pair_direct).
+    for (const Tiles tiles : {Tiles::Any, Tiles::Interior}) {
+      const KernelSource ks = emit_quantize(p, complete_form(p), tiles);
+      std::vector<std::string> names;
+      for (const auto& kernel : ks.kernels()) names.push_back(*kernel.name);
+      const rt::CompileResult c =
+          rt::compile_cuda(rt::CompileRequest{ks.source, "qforge_kernel.cu", names, "sm_90a", {"--ptxas-options=-v"}});
+      const std::vector<rt::KernelResources> res = rt::ptxas_resources(c.log);
+      ASSERT_EQ(res.size(), names.size()) << c.log;
+      for (const rt::KernelResources& k : res) {
+        std::string kind;
+        for (const auto& kernel : ks.kernels())
+          if (c.lowered_names.at(*kernel.name) == k.entry) kind = kernel.kind;
+        ASSERT_FALSE(kind.empty()) << k.entry;
+        const std::string key = sp.label() + " " + kind + (tiles == Tiles::Interior ? " interior" : "");
+        EXPECT_GT(k.registers, 0) << key;
+        const auto it = spill_budget().find(key);
+        EXPECT_LE(k.spill_store_bytes, it == spill_budget().end() ? 0 : it->second)
+            << key << ": " << k.registers << " registers, " << k.spill_store_bytes << " B spill stores";
+        ++kernels;
+      }
     }
   }
   EXPECT_GT(kernels, 0);
