@@ -37,25 +37,29 @@ RunShape run_shape(const Stream& s) {
   return rs;
 }
 
-// Whether interior tiles of the plan are cast in registers by cast_pair_direct (cast_pair.cuh,
-// kPairDirect; the kernel's static_assert on kSmemBytes checks that both sides agree): a rowwise
-// stream of 1x128 blocks and its transposed copy of 128x1 blocks, 8-bit elements rounded to
-// nearest, no RHT, a 16-bit input, 128 x 128 tiles of 256 threads.
-bool pair_direct(const Plan& p) {
-  if (p.streams.size() != 2 || traits(p.input).bytes != 2 || p.tile.rows != 128 || p.tile.cols != 128 || p.tile.threads != 256)
-    return false;
+// Which row + transposed pair, if any, interior tiles of the plan cast from registers
+// (cast_pair.cuh, kPairDirect / kMxPairDirect; the kernel's static_assert on kSmemBytes checks
+// that both sides agree): a rowwise stream and its transposed copy, both with 1D blocks along
+// their direction (1x128 fp32 scales on 128 x 128 tiles, or MX 1x32 byte entries, not swizzled,
+// on 64 x 128 tiles), 8-bit elements rounded to nearest, no RHT, a 16-bit input, 256 threads.
+enum class RegisterPair { None, Block, Mx };
+RegisterPair register_pair(const Plan& p) {
+  if (p.streams.size() != 2 || traits(p.input).bytes != 2 || p.tile.threads != 256) return RegisterPair::None;
   for (const auto& a : p.amax)
-    if (a.rht) return false;
+    if (a.rht) return RegisterPair::None;
   const Stream& r = p.streams[0];
   const Stream& c = p.streams[1];
   auto eligible = [](const Stream& s) {
-    return std::holds_alternative<BlockScaling>(s.scaling) && s.rounding == Rounding::Nearest && !s.rht &&
-           s.format != ElemFormat::Identity && traits(s.format).elems_per_byte == 1;
+    return s.rounding == Rounding::Nearest && !s.rht && s.format != ElemFormat::Identity && traits(s.format).elems_per_byte == 1;
   };
   if (!eligible(r) || !eligible(c) || r.dir != Direction::Rowwise || c.dir != Direction::Columnwise ||
-      c.layout != DataLayout::Transposed)
-    return false;
-  return *block_of(r.scaling) == BlockShape{1, 128} && *block_of(c.scaling) == BlockShape{128, 1};
+      c.layout != DataLayout::Transposed || r.scaling.index() != c.scaling.index())
+    return RegisterPair::None;
+  const int n = std::holds_alternative<BlockScaling>(r.scaling) ? 128 : std::holds_alternative<MxScaling>(r.scaling) ? 32 : 0;
+  if (n == 0 || *block_of(r.scaling) != BlockShape{1, n} || *block_of(c.scaling) != BlockShape{n, 1}) return RegisterPair::None;
+  if (n == 128) return p.tile.rows == 128 && p.tile.cols == 128 ? RegisterPair::Block : RegisterPair::None;
+  const bool swizzled = r.scale_layout == ScaleLayout::Swizzled || c.scale_layout == ScaleLayout::Swizzled;
+  return p.tile.rows == 64 && p.tile.cols == 128 && !swizzled ? RegisterPair::Mx : RegisterPair::None;
 }
 
 std::string format_type(const Stream& s) {
@@ -237,17 +241,20 @@ KernelSource emit_quantize(const Plan& p, QuantizeForm form, Tiles tiles) {
   const bool stage16 = in16 && !long_transposed_blocks &&
                        cast_min_blocks(p.tile.threads, smem16) > cast_min_blocks(p.tile.threads, smem32);
   ks.smem_bytes = stage16 ? smem16 : smem32;
-  // A program for interior tiles only of a pair_direct plan stages nothing: the SM's CTAs are
-  // then bounded by registers, sized for 3 CTAs of 256 threads (80 registers) unless the tile
-  // names its own.
-  const bool pair_only = tiles == Tiles::Interior && pair_direct(p);
-  if (pair_only) ks.smem_bytes = cast_pair_direct_smem_bytes();
+  // A program for interior tiles only of a register_pair plan stages nothing: the SM's CTAs are
+  // then bounded by registers, sized as below unless the tile names its own: 3 CTAs of 256
+  // threads for 1x128 blocks (80 registers; 2 at 128 before: 320 -> 292 us at 16384^2 on an H200,
+  // docs/quantize.md), 4 for MX (64 registers, as the staged path's shared memory allowed).
+  const RegisterPair pair = tiles == Tiles::Interior ? register_pair(p) : RegisterPair::None;
+  if (pair != RegisterPair::None) ks.smem_bytes = cast_pair_smem_bytes(pair == RegisterPair::Mx);
   // The CTAs per SM registers are sized for, by threads and shared memory (16-bit staging aims at
   // 1024 threads per SM).
   auto default_min_blocks = [&](int threads) {
     return stage16 ? cast_min_blocks(threads, smem16, 1024) : cast_min_blocks(threads, smem32);
   };
-  const int min_blocks = p.tile.min_blocks > 0 ? p.tile.min_blocks : pair_only ? 3 : default_min_blocks(p.tile.threads);
+  const int min_blocks = p.tile.min_blocks > 0 ? p.tile.min_blocks : pair == RegisterPair::Block ? 3
+                                                            : pair == RegisterPair::Mx ? 4
+                                                                                        : default_min_blocks(p.tile.threads);
   ks.min_blocks = min_blocks;
   e.open("struct Cfg");
   e.constant("kInDtype", int64_t(traits(p.input).numerics_code));

@@ -539,7 +539,7 @@ void Quantizer::quantize(const QuantizeCall& call, CUstream stream) const {
   }
 
   // The loaded program's shared memory: a program for interior tiles only may ask less than the
-  // geometry's (compiler/codegen.cpp, pair_direct).
+  // geometry's (compiler/codegen.cpp, register_pair).
   const size_t smem = f->kernels.source.smem_bytes;
   auto zero_buffers = [&](bool fused_zeroes) {
     for (int i = 0; i < bc.num_zero; ++i)

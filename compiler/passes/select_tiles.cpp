@@ -69,11 +69,11 @@ std::vector<TileConfig> tile_candidates(const Plan& p, TileSearch search) {
           if (t != p.tile && tile_fits(p, t) && int64_t(rows) * cols >= int64_t(threads) * 4) out.push_back(t);
         }
   if (search == TileSearch::Tiles) return out;
-  // The default tile at register budgets of 64 .. 255 per thread: the CTAs per SM (launch-bounds
+  // The default tile at register budgets of 48 .. 255 per thread: the CTAs per SM (launch-bounds
   // min blocks) that leave each thread at least that many of the SM's 64 Ki registers. `qforge
   // tune` times each distinct kernel once (distinct_tiles, compiler/codegen.h).
   std::vector<int> seen;
-  for (int regs : {64, 80, 96, 128, 168, 255}) {
+  for (int regs : {48, 64, 80, 96, 128, 168, 255}) {
     TileConfig t = p.tile;
     t.min_blocks = std::max(1, 65536 / (regs * t.threads));
     if (std::find(seen.begin(), seen.end(), t.min_blocks) != seen.end() || t == p.tile || !tile_fits(p, t)) continue;

@@ -56,7 +56,7 @@ __device__ __forceinline__ void halve_rows(float (&m)[16], int l) {
 template <class Cfg, class R, class C>
 __device__ void cast_pair_direct(const QuantizeArgs& a, const Member& mem, i64 col0, i64 base_r, i64 base_c) {
   constexpr int D = Cfg::kInDtype, TR = 128;
-  static_assert(TR == 128 && cast_pair_direct_smem_bytes() <= Cfg::kSmemBytes, "the kernel's shared memory holds this path's");
+  static_assert(TR == 128 && cast_pair_smem_bytes(false) <= Cfg::kSmemBytes, "the kernel's shared memory holds this path's");
   extern __shared__ float4 smem4[];
   float4* part = smem4;                                   // [8 warps][32 lanes]: 16-row column amaxes
   u8* stage = reinterpret_cast<u8*>(smem4 + 8 * 32);     // [128 columns][128 rows] of output bytes
@@ -309,7 +309,8 @@ template <class Cfg, class R, class C>
 __device__ void cast_mx_pair_direct(const QuantizeArgs& a, const Member& mem, i64 col0, i64 base_r, i64 base_c) {
   constexpr int D = Cfg::kInDtype, TR = 64, TC = 128, T = 256;
   constexpr int kStageBytes = TC * TR, kEntryBytes = TR * (TC / 32);
-  static_assert(kStageBytes + 2 * kEntryBytes <= int(Cfg::kSmemBytes), "the staged path's shared memory holds this path's");
+  static_assert(kStageBytes + 2 * kEntryBytes == int(cast_pair_smem_bytes(true)) && cast_pair_smem_bytes(true) <= Cfg::kSmemBytes,
+                "the kernel's shared memory holds this path's");
   extern __shared__ float4 smem4[];
   u8* stage = reinterpret_cast<u8*>(smem4);  // [128 columns][64 rows] of output bytes (mx_stage_off)
   u8* rent = stage + kStageBytes;            // rowwise entries [64 rows][4 blocks]
@@ -433,13 +434,14 @@ __device__ void cast_mx_pair_direct(const QuantizeArgs& a, const Member& mem, i6
 // multiple of 16: 1x128 blocks (cast_pair_direct) or MX 1x32 blocks (cast_mx_pair_direct).
 template <class Cfg, class R, class C>
 constexpr bool kPairRegisters = kPairDirect<Cfg, R, C> || kMxPairDirect<Cfg, R, C>;
-// A program for interior tiles only (kInteriorOnly) of a kPairDirect plan casts every tile in
-// cast_pair_direct, so it asks only that path's shared memory (cast_pair_direct_smem_bytes;
-// compiler/codegen.cpp, pair_direct_interior, decides the same on the host).
+// A program for interior tiles only (kInteriorOnly) of a kPairRegisters plan casts every tile
+// from registers, so it asks only that path's shared memory (cast_pair_smem_bytes; 0: not such a
+// program). compiler/codegen.cpp (register_pair) decides the same on the host.
 template <class Cfg, class... S>
-constexpr bool kPairDirectOnly = false;
+constexpr u32 kPairOnlySmemBytes = 0;
 template <class Cfg, class R, class C>
-constexpr bool kPairDirectOnly<Cfg, R, C> = kInteriorOnly<Cfg> && kPairDirect<Cfg, R, C>;
+constexpr u32 kPairOnlySmemBytes<Cfg, R, C> =
+    kInteriorOnly<Cfg> && kPairRegisters<Cfg, R, C> ? cast_pair_smem_bytes(kMxPairDirect<Cfg, R, C>) : 0;
 template <class Cfg, class R, class C>
 __device__ __forceinline__ void cast_pair_registers(const QuantizeArgs& a, const Member& mem, i64 col0, i64 base_r, i64 base_c) {
   if constexpr (kPairDirect<Cfg, R, C>) cast_pair_direct<Cfg, R, C>(a, mem, col0, base_r, base_c);

@@ -78,12 +78,14 @@ QF_HD constexpr u32 cast_smem_bytes(int tile_rows, int tile_cols, bool rht, int 
   return (stage16 ? 2u : 4u) * u32(tile_rows) * u32(tile_cols) * (rht ? 2u : 1u) + 4u * u32(scratch_entries);
 }
 
-// Shared-memory bytes of cast_pair_direct (cast_pair.cuh: a 1x128 rowwise stream and its
-// transposed 128x1 copy cast from registers on 128 x 128 tiles): the 8 warps' 16-row column
-// amaxes (8 x 32 float4), then the transposed output (128 rows of 128 bytes). A program for
-// interior tiles only of such a plan asks this much, not the staged path's: the staged tile
-// held the SM at 2 CTAs where registers allow more.
-QF_HD constexpr u32 cast_pair_direct_smem_bytes() { return 8u * 32u * 16u + 128u * 128u; }
+// Shared-memory bytes of the row + transposed pairs cast from registers (cast_pair.cuh) on
+// interior tiles: cast_pair_direct (1x128 + 128x1 blocks, 128 x 128 tiles) keeps the 8 warps'
+// 16-row column amaxes (8 x 32 float4), then the transposed output (128 rows of 128 bytes);
+// cast_mx_pair_direct (MX 1x32 + 32x1 blocks, 64 x 128 tiles) the transposed output (128 rows of
+// 64 bytes), then both streams' entry bytes (64 x 4 and 128 x 2). A program for interior tiles
+// only of such a plan asks this much, not the staged path's, whose tile held the SM below the
+// CTAs its registers allow.
+QF_HD constexpr u32 cast_pair_smem_bytes(bool mx) { return mx ? 128u * 64u + 2u * 64u * 4u : 8u * 32u * 16u + 128u * 128u; }
 
 // CTAs per SM the cast kernel asks registers for (Cfg::kMinBlocks, chosen by codegen): up to 5/8
 // of the SM's threads (threads_per_sm 1280) where shared memory allows it (more loads in flight

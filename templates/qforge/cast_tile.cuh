@@ -91,7 +91,7 @@ __device__ __forceinline__ void cast_tile(const QuantizeArgs& a) {
   const i64 col0 = pos.col * Cfg::kTileCols;
 
   constexpr int kTileFloats = Cfg::kTileRows * Cfg::kTileCols;
-  static_assert(kPairDirectOnly<Cfg, S...> && !kFused ? cast_pair_direct_smem_bytes() == Cfg::kSmemBytes :
+  static_assert(kPairOnlySmemBytes<Cfg, S...> != 0 && !kFused ? kPairOnlySmemBytes<Cfg, S...> == Cfg::kSmemBytes :
                 cast_smem_bytes(Cfg::kTileRows, Cfg::kTileCols, Cfg::kRht,
                                 (0 + ... + cast_scratch_entries(Cfg::kTileRows, Cfg::kTileCols, S::kDir == 1, S::kTransposed,
                                                                 S::kEpt, S::kBlock2d, S::kBlockRows, S::kBlockCols,

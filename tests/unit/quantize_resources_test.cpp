@@ -66,7 +66,7 @@ TEST_P(QuantizeResources, SpillsWithinTheListedBudget) {
     const Plan& p = sp.plan;
     if (p.streams.empty()) continue;
     // Every kernel (the separate form's have the same code), in the programs for any tiles and
-    // for interior tiles only (whose register targets may differ: codegen.cpp, pair_direct).
+    // for interior tiles only (whose shared memory and register targets may differ: codegen.cpp, register_pair).
     for (const Tiles tiles : {Tiles::Any, Tiles::Interior}) {
       const KernelSource ks = emit_quantize(p, complete_form(p), tiles);
       std::vector<std::string> names;
