@@ -82,7 +82,8 @@ void emit_stream(Emitter& e, const Plan& p, int index, int& scratch_entries) {
   if (auto* m = std::get_if<MxScaling>(&s.scaling)) mx_floor = m->rule == MxRule::Floor;
   scratch_entries += cast_scratch_entries(p.tile.rows, p.tile.cols, s.dir == Direction::Columnwise,
                                           s.layout == DataLayout::Transposed, rs.ept, block2d, b ? b->rows : 1,
-                                          b ? b->cols : 1, data_bits(s), std::holds_alternative<PerChannel>(s.scaling));
+                                          b ? b->cols : 1, data_bits(s), std::holds_alternative<PerChannel>(s.scaling),
+                                          std::holds_alternative<MxScaling>(s.scaling) || std::holds_alternative<Nvfp4Scaling>(s.scaling));
   QF_CHECK((s.dir == Direction::Rowwise ? p.tile.cols : p.tile.rows) % (rs.ept * rs.group) == 0,
            "tile fits the stream's runs");
   QF_CHECK(p.tile.cols % 32 == 0 && (!block2d || (p.tile.rows % b->rows == 0 && p.tile.cols % b->cols == 0)),

@@ -40,7 +40,8 @@ QF_HD constexpr int cast_block2d_entries(int tile_rows, int tile_cols, bool bloc
 // rows hit distinct banks), and copies it out in units of 16 elements' bytes (at most 16):
 // whole sectors of consecutive output bytes per warp store, where lanes on consecutive tile
 // columns would each write a piece of a different output row. Byte scale entries (MX, NVFP4,
-// compact) are staged likewise after the data, TR / 16 bytes per tile column at most.
+// compact) are staged likewise after the data, TR / 16 bytes per tile column at most (fp32
+// entries are not staged).
 QF_HD constexpr int transposed_unit_bytes(int out_bits) { return 2 * out_bits < 16 ? 2 * out_bits : 16; }
 QF_HD constexpr int transposed_stage_stride(int tile_rows, int out_bits) {
   return tile_rows * out_bits / 8 + transposed_unit_bytes(out_bits);
@@ -56,9 +57,11 @@ QF_HD constexpr int transposed_stage_stride(int tile_rows, int out_bits) {
 //   rowwise, 1D blocks wider   - the element multiplier per (row, block) of the tile, then
 //   than 4 elements              its byte scale entry (MX, NVFP4, compact), staged;
 //   rowwise, per channel       - the element multiplier per row of the tile.
-// out_bits: the bits an element takes in the stream's data buffer (StoreBits).
+// out_bits: the bits an element takes in the stream's data buffer (StoreBits); byte_entries:
+// the stream's scale entries are bytes (MX, NVFP4), which a transposed stream stages.
 QF_HD constexpr int cast_scratch_entries(int tile_rows, int tile_cols, bool columnwise, bool transposed, int ept,
-                                         bool block2d, int block_rows, int block_cols, int out_bits, bool channel) {
+                                         bool block2d, int block_rows, int block_cols, int out_bits, bool channel,
+                                         bool byte_entries) {
   int n = cast_block2d_entries(tile_rows, tile_cols, block2d, block_rows, block_cols);
   if (!columnwise && channel) n += tile_rows;
   if (!columnwise && !block2d && block_cols > 4) {
@@ -67,7 +70,8 @@ QF_HD constexpr int cast_scratch_entries(int tile_rows, int tile_cols, bool colu
   }
   if (columnwise && !transposed) n += tile_cols * (tile_rows / 16) + tile_cols * (tile_rows / ept);
   if (columnwise && transposed && ept > 16) n += tile_cols * (tile_rows / 16);
-  if (columnwise && transposed) n += tile_cols * transposed_stage_stride(tile_rows, out_bits) / 4 + tile_cols * (tile_rows / 16) / 4;
+  if (columnwise && transposed) n += tile_cols * transposed_stage_stride(tile_rows, out_bits) / 4;
+  if (columnwise && transposed && byte_entries) n += tile_cols * (tile_rows / 16) / 4;
   return (n + 3) / 4 * 4;
 }
 

@@ -96,7 +96,7 @@ __device__ __forceinline__ void cast_tile(const QuantizeArgs& a) {
                                 (0 + ... + cast_scratch_entries(Cfg::kTileRows, Cfg::kTileCols, S::kDir == 1, S::kTransposed,
                                                                 S::kEpt, S::kBlock2d, S::kBlockRows, S::kBlockCols,
                                                                 StoreBits<typename S::Format>::value,
-                                                                S::kMode == kModeChannel)),
+                                                                S::kMode == kModeChannel, kByteEntries<S>)),
                                 Cfg::kStage16) == Cfg::kSmemBytes,
                 "shared memory as the host sized it");
   static_assert(!Cfg::kStage16 || Cfg::kInDtype != 0, "16-bit staging of a 16-bit input");
@@ -173,7 +173,7 @@ __device__ __forceinline__ void cast_tile(const QuantizeArgs& a) {
         if constexpr (S::kBlock2d) block2d_amax<Cfg, S>(S::kRht ? rtile : tile, reinterpret_cast<u32*>(region));
         region += cast_scratch_entries(Cfg::kTileRows, Cfg::kTileCols, S::kDir == 1, S::kTransposed, S::kEpt, S::kBlock2d,
                                        S::kBlockRows, S::kBlockCols, StoreBits<typename S::Format>::value,
-                                       S::kMode == kModeChannel);
+                                       S::kMode == kModeChannel, kByteEntries<S>);
       }(),
       ...);
   __syncthreads();

@@ -344,24 +344,25 @@ TEST(SelectTiles, RegisterBudgetCandidatesAndLaunchBounds) {
       EXPECT_EQ(t.threads, p.tile.threads);
       budgets.push_back(t.min_blocks);
     }
-  // 256 threads: 64 registers per thread are 4 CTAs (the default's bounds, which tune skips), 80
-  // are 3, 96 and 128 two, 168 and 255 one.
-  EXPECT_EQ(budgets, (std::vector<int>{4, 3, 2, 1}));
+  // 256 threads: 48 registers per thread are 5 CTAs, 64 are 4, 80 are 3, 96 and 128 two, 168 and
+  // 255 one.
+  EXPECT_EQ(budgets, (std::vector<int>{5, 4, 3, 2, 1}));
   // The search sets: registers only (the default tile first), tile shapes only.
   const auto regs = tile_candidates(p, TileSearch::Registers);
-  ASSERT_EQ(regs.size(), 5u);
+  ASSERT_EQ(regs.size(), 6u);
   EXPECT_EQ(regs[0], p.tile);
   for (const TileConfig& t : tile_candidates(p, TileSearch::Tiles)) EXPECT_EQ(t.min_blocks, 0);
-  EXPECT_EQ(tile_candidates(p).size(), tile_candidates(p, TileSearch::Tiles).size() + 4);
+  EXPECT_EQ(tile_candidates(p).size(), tile_candidates(p, TileSearch::Tiles).size() + 5);
   // What tune times: the default first, then only kernels with other launch bounds. The blockwise
-  // weight's default asks for 3 CTAs itself, so its variants at 4, 2 and 1 remain; the 1x128
+  // weight's default asks for 3 CTAs itself, so its variants at 5, 4, 2 and 1 remain; the 1x128
   // plan's default bounds (by its shared memory) drop the equal variant.
   const Plan w = plan_for("float8_block_scaling", "linear:weight");
   const auto wt = distinct_tiles(w, tile_candidates(w, TileSearch::Registers));
-  ASSERT_EQ(wt.size(), 4u);
+  ASSERT_EQ(wt.size(), 5u);
   EXPECT_EQ(wt[0], w.tile);
   EXPECT_EQ(wt[0].min_blocks, 3);
-  EXPECT_EQ(wt[1].min_blocks, 4);
+  EXPECT_EQ(wt[1].min_blocks, 5);
+  EXPECT_EQ(wt[2].min_blocks, 4);
   const auto pt = distinct_tiles(p, regs);
   EXPECT_EQ(pt[0], p.tile);
   std::vector<int> eff;
@@ -374,11 +375,11 @@ TEST(SelectTiles, RegisterBudgetCandidatesAndLaunchBounds) {
   std::sort(uniq.begin(), uniq.end());
   EXPECT_EQ(std::unique(uniq.begin(), uniq.end()), uniq.end()) << "each timed kernel has its own launch bounds";
   EXPECT_EQ(pt.size(), regs.size() - 1) << "one register variant equals the default";
-  // 128-thread tiles (NVFP4's weight, 8 CTAs at 64 registers by default) get budgets of 6, 5, 4, 3, 2 CTAs.
+  // 128-thread tiles (NVFP4's weight, 8 CTAs at 64 registers by default) get budgets of 10 (48 registers), 8, 6, 5, 4, 3, 2 CTAs.
   std::vector<int> fp4;
   for (const TileConfig& t : tile_candidates(plan_for("nvfp4", "linear:weight"), TileSearch::Registers))
     if (t.min_blocks) fp4.push_back(t.min_blocks);
-  EXPECT_EQ(fp4, (std::vector<int>{8, 6, 5, 4, 3, 2}));
+  EXPECT_EQ(fp4, (std::vector<int>{10, 8, 6, 5, 4, 3, 2}));
   const KernelSource def = emit_quantize(p, QuantizeForm::Separate);
   EXPECT_GE(def.min_blocks, 1);
   Plan q = p;
