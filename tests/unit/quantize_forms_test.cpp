@@ -16,6 +16,7 @@
 #include "compiler/error.h"
 #include "compiler/pipeline.h"
 #include "compiler/recipe.h"
+#include "qforge/cast_smem.cuh"
 #include "runtime/quantizer.h"
 #include "shipped_plans.h"
 
@@ -159,13 +160,21 @@ TEST(QuantizeForms, PrepareCompilesTheCompleteProgram) {
 
 // A program for interior tiles only (codegen.h Tiles::Interior) is its form's source with two
 // marks: the first line says so and Cfg defines kInteriorOnly (which the templates turn into
-// constant tile tests). Nothing else differs, so the kernels, configs and geometry are the same.
+// constant tile tests). Nothing else differs, so the kernels, configs and geometry are the same,
+// except in the register pairs' programs: their shared memory and CTAs per SM (below).
 TEST(QuantizeForms, InteriorProgramsAreTheFormsWithTwoMarks) {
-  int programs = 0;
-  for (const qf::testing::ShippedPlan& sp : qf::testing::shipped_plans(qf::testing::kLinearRoles)) {
+  int programs = 0, pairs = 0;
+  for (const qf::testing::ShippedPlan& sp :
+       qf::testing::shipped_plans(qf::testing::kLinearRoles, false, {DType::BF16, DType::FP16, DType::FP32})) {
     const Plan& p = sp.plan;
+    // The row + transposed pairs cast from registers (codegen.cpp register_pair: 1x128 blocks, MX
+    // 1x32 blocks; 16-bit inputs) stage nothing on interior tiles: their programs for interior
+    // tiles ask that path's shared memory, with registers for 3 (1x128) or 4 (MX) CTAs per SM.
+    const bool mx = sp.recipe == "mxfp8_hopper";
+    const bool pair = sp.usage == Usage::Training && sp.dtype != DType::FP32 &&
+                      (mx || (sp.recipe == "float8_block_scaling" && sp.role != "linear:weight"));
     for (QuantizeForm f : quantize_forms(p)) {
-      const std::string what = sp.label() + " " + std::string(name(f));
+      const std::string what = sp.label() + " " + std::string(traits(sp.dtype).name) + " " + std::string(name(f));
       const KernelSource any = emit_quantize(p, f);
       const KernelSource in = emit_quantize(p, f, Tiles::Interior);
       EXPECT_EQ(any.source, emit_quantize(p, f, Tiles::Any).source) << what;
@@ -180,17 +189,28 @@ TEST(QuantizeForms, InteriorProgramsAreTheFormsWithTwoMarks) {
       ASSERT_NE(at, std::string::npos) << what << "\n" << expected;
       const size_t eol = expected.find('\n', at);
       expected.insert(eol + 1, "    static constexpr bool kInteriorOnly = true;\n");
+      const u32 smem_bytes = pair ? cast_pair_smem_bytes(mx) : any.smem_bytes;
+      const int min_blocks = pair ? (mx ? 4 : 3) : any.min_blocks;
+      if (pair) {
+        expected.replace(at + smem.size(), eol - at - smem.size(), std::to_string(smem_bytes) + "u;");
+        const std::string mb = "static constexpr long long kMinBlocks = ";
+        const size_t mat = expected.find(mb);
+        ASSERT_NE(mat, std::string::npos) << what;
+        expected.replace(mat + mb.size(), expected.find('\n', mat) - mat - mb.size(), std::to_string(min_blocks) + ";");
+        ++pairs;
+      }
       EXPECT_EQ(in.source, expected) << what;
       EXPECT_EQ(in.cast_kernel, any.cast_kernel) << what;
       EXPECT_EQ(in.fused_kernel, any.fused_kernel) << what;
-      EXPECT_EQ(in.smem_bytes, any.smem_bytes) << what;
-      EXPECT_EQ(in.min_blocks, any.min_blocks) << what;
+      EXPECT_EQ(in.smem_bytes, smem_bytes) << what;
+      EXPECT_EQ(in.min_blocks, min_blocks) << what;
       EXPECT_EQ(in.fused_min_blocks, any.fused_min_blocks) << what;
       EXPECT_EQ(in.tile, any.tile) << what;
       ++programs;
     }
   }
-  EXPECT_GT(programs, 40);
+  EXPECT_GT(programs, 120);
+  EXPECT_EQ(pairs, 10) << "1x128: input and grad_output; MX: three roles; bf16 and fp16 each";
   EXPECT_EQ(name(Tiles::Any), "any");
   EXPECT_EQ(name(Tiles::Interior), "interior");
 }
