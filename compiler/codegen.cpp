@@ -346,14 +346,14 @@ KernelSource emit_history_update(const PerTensorDelayed& mode, ElemFormat format
   return ks;
 }
 
-std::vector<TileConfig> distinct_tiles(const Plan& plan, const std::vector<TileConfig>& candidates) {
+std::vector<TileConfig> distinct_tiles(const Plan& plan, const std::vector<TileConfig>& candidates, int64_t m, int64_t k) {
   std::vector<TileConfig> out;
   std::vector<TileConfig> launched;  // each kept tile with its effective min blocks
   for (const TileConfig& t : candidates) {
     Plan p = plan;
     p.tile = t;
     TileConfig eff = t;
-    eff.min_blocks = emit_quantize(p, QuantizeForm::Separate).min_blocks;
+    eff.min_blocks = emit_quantize(p, QuantizeForm::Separate, interior_tiles(t, m, k) ? Tiles::Interior : Tiles::Any).min_blocks;
     if (std::find(launched.begin(), launched.end(), eff) != launched.end()) continue;
     launched.push_back(eff);
     out.push_back(t);

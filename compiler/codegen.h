@@ -100,8 +100,11 @@ bool has_row_pass(const Plan& plan);
 
 // The tiles of `candidates` (plan's tile candidates, the default first) that give distinct
 // kernels: a register variant whose launch bounds (KernelSource::min_blocks) equal those of an
-// earlier candidate of the same shape is dropped. What `qforge tune` times.
-std::vector<TileConfig> distinct_tiles(const Plan& plan, const std::vector<TileConfig>& candidates);
+// earlier candidate of the same shape is dropped. What `qforge tune` times. With a tensor shape
+// (m, k > 0), the launch bounds are those of the program the shape takes with each tile: for
+// interior tiles only where interior_tiles() says so (its register pairs' bounds differ).
+std::vector<TileConfig> distinct_tiles(const Plan& plan, const std::vector<TileConfig>& candidates, int64_t m = 0,
+                                       int64_t k = 0);
 
 // The delayed-scaling history update of one tensor (templates/qforge/history.cuh): the
 // history length, margin, amax rule and format max are baked in. cast_kernel holds its name.

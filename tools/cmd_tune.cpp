@@ -112,8 +112,8 @@ int cmd_tune(const Argv& argv) {
         int tried = 0;
         bool one_wave = false;  // whether the shape runs the one-launch form (asked of the default tile)
         // The default first; register variants with the launch bounds of a tile already listed
-        // (the default's own, e.g.) are the same kernel.
-        for (const TileConfig& t : distinct_tiles(plan, tile_candidates(plan, search))) {
+        // (the default's own, e.g.) in the program this shape takes are the same kernel.
+        for (const TileConfig& t : distinct_tiles(plan, tile_candidates(plan, search), shape.m, shape.k)) {
           Plan p = plan;
           p.tile = t;
           const rt::Quantizer q(p, rt::KernelCache::global(), /*use_tuning=*/false);

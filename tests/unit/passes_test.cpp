@@ -375,6 +375,15 @@ TEST(SelectTiles, RegisterBudgetCandidatesAndLaunchBounds) {
   std::sort(uniq.begin(), uniq.end());
   EXPECT_EQ(std::unique(uniq.begin(), uniq.end()), uniq.end()) << "each timed kernel has its own launch bounds";
   EXPECT_EQ(pt.size(), regs.size() - 1) << "one register variant equals the default";
+  // At a whole-tile shape the 1x128 plan takes its program for interior tiles, whose registers
+  // are sized for 3 CTAs (codegen.cpp register_pair): there the 3-CTA variant is the default's
+  // kernel and the 2-CTA one (the default of the program for any tiles) a kernel of its own.
+  std::vector<int> any_mb, interior_mb;
+  for (const TileConfig& t : pt) any_mb.push_back(t.min_blocks);
+  for (const TileConfig& t : distinct_tiles(p, regs, 16384, 16384)) interior_mb.push_back(t.min_blocks);
+  EXPECT_EQ(any_mb, (std::vector<int>{0, 5, 4, 3, 1}));
+  EXPECT_EQ(interior_mb, (std::vector<int>{0, 5, 4, 2, 1}));
+  EXPECT_EQ(distinct_tiles(p, regs, 16384, 16380).size(), pt.size()) << "edge tiles: the program for any tiles";
   // 128-thread tiles (NVFP4's weight, 8 CTAs at 64 registers by default) get budgets of 10 (48 registers), 8, 6, 5, 4, 3, 2 CTAs.
   std::vector<int> fp4;
   for (const TileConfig& t : tile_candidates(plan_for("nvfp4", "linear:weight"), TileSearch::Registers))
