@@ -50,13 +50,15 @@ RegisterPair register_pair(const Plan& p) {
   const Stream& r = p.streams[0];
   const Stream& c = p.streams[1];
   auto eligible = [](const Stream& s) {
-    return s.rounding == Rounding::Nearest && !s.rht && s.format != ElemFormat::Identity && traits(s.format).elems_per_byte == 1;
+    return s.rounding == Rounding::Nearest && !s.rht && s.format != ElemFormat::Identity &&
+           traits(s.format).elems_per_byte == 1;
   };
   if (!eligible(r) || !eligible(c) || r.dir != Direction::Rowwise || c.dir != Direction::Columnwise ||
       c.layout != DataLayout::Transposed || r.scaling.index() != c.scaling.index())
     return RegisterPair::None;
   const int n = std::holds_alternative<BlockScaling>(r.scaling) ? 128 : std::holds_alternative<MxScaling>(r.scaling) ? 32 : 0;
-  if (n == 0 || *block_of(r.scaling) != BlockShape{1, n} || *block_of(c.scaling) != BlockShape{n, 1}) return RegisterPair::None;
+  if (n == 0 || *block_of(r.scaling) != BlockShape{1, n} || *block_of(c.scaling) != BlockShape{n, 1})
+    return RegisterPair::None;
   if (n == 128) return p.tile.rows == 128 && p.tile.cols == 128 ? RegisterPair::Block : RegisterPair::None;
   const bool swizzled = r.scale_layout == ScaleLayout::Swizzled || c.scale_layout == ScaleLayout::Swizzled;
   return p.tile.rows == 64 && p.tile.cols == 128 && !swizzled ? RegisterPair::Mx : RegisterPair::None;
@@ -83,7 +85,7 @@ void emit_stream(Emitter& e, const Plan& p, int index, int& scratch_entries) {
   scratch_entries += cast_scratch_entries(p.tile.rows, p.tile.cols, s.dir == Direction::Columnwise,
                                           s.layout == DataLayout::Transposed, rs.ept, block2d, b ? b->rows : 1,
                                           b ? b->cols : 1, data_bits(s), std::holds_alternative<PerChannel>(s.scaling),
-                                          std::holds_alternative<MxScaling>(s.scaling) || std::holds_alternative<Nvfp4Scaling>(s.scaling));
+                                          traits(traits(s.scaling).scale_storage).bytes == 1);
   QF_CHECK((s.dir == Direction::Rowwise ? p.tile.cols : p.tile.rows) % (rs.ept * rs.group) == 0,
            "tile fits the stream's runs");
   QF_CHECK(p.tile.cols % 32 == 0 && (!block2d || (p.tile.rows % b->rows == 0 && p.tile.cols % b->cols == 0)),
@@ -253,9 +255,9 @@ KernelSource emit_quantize(const Plan& p, QuantizeForm form, Tiles tiles) {
   auto default_min_blocks = [&](int threads) {
     return stage16 ? cast_min_blocks(threads, smem16, 1024) : cast_min_blocks(threads, smem32);
   };
-  const int min_blocks = p.tile.min_blocks > 0 ? p.tile.min_blocks : pair == RegisterPair::Block ? 3
-                                                            : pair == RegisterPair::Mx ? 4
-                                                                                        : default_min_blocks(p.tile.threads);
+  int min_blocks = p.tile.min_blocks;
+  if (min_blocks <= 0)
+    min_blocks = pair == RegisterPair::Block ? 3 : pair == RegisterPair::Mx ? 4 : default_min_blocks(p.tile.threads);
   ks.min_blocks = min_blocks;
   e.open("struct Cfg");
   e.constant("kInDtype", int64_t(traits(p.input).numerics_code));
@@ -353,7 +355,8 @@ std::vector<TileConfig> distinct_tiles(const Plan& plan, const std::vector<TileC
     Plan p = plan;
     p.tile = t;
     TileConfig eff = t;
-    eff.min_blocks = emit_quantize(p, QuantizeForm::Separate, interior_tiles(t, m, k) ? Tiles::Interior : Tiles::Any).min_blocks;
+    const Tiles tiles = interior_tiles(t, m, k) ? Tiles::Interior : Tiles::Any;
+    eff.min_blocks = emit_quantize(p, QuantizeForm::Separate, tiles).min_blocks;
     if (std::find(launched.begin(), launched.end(), eff) != launched.end()) continue;
     launched.push_back(eff);
     out.push_back(t);

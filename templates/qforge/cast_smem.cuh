@@ -89,7 +89,9 @@ QF_HD constexpr u32 cast_smem_bytes(int tile_rows, int tile_cols, bool rht, int 
 // 64 bytes), then both streams' entry bytes (64 x 4 and 128 x 2). A program for interior tiles
 // only of such a plan asks this much, not the staged path's, whose tile held the SM below the
 // CTAs its registers allow.
-QF_HD constexpr u32 cast_pair_smem_bytes(bool mx) { return mx ? 128u * 64u + 2u * 64u * 4u : 8u * 32u * 16u + 128u * 128u; }
+QF_HD constexpr u32 cast_pair_smem_bytes(bool mx) {
+  return mx ? 128u * 64u + 2u * 64u * 4u : 8u * 32u * 16u + 128u * 128u;
+}
 
 // CTAs per SM the cast kernel asks registers for (Cfg::kMinBlocks, chosen by codegen): up to 5/8
 // of the SM's threads (threads_per_sm 1280) where shared memory allows it (more loads in flight
