@@ -41,7 +41,8 @@ RunShape run_shape(const Stream& s) {
 // (cast_pair.cuh, kPairDirect / kMxPairDirect; the kernel's static_assert on kSmemBytes checks
 // that both sides agree): a rowwise stream and its transposed copy, both with 1D blocks along
 // their direction (1x128 fp32 scales on 128 x 128 tiles, or MX 1x32 byte entries, not swizzled,
-// on 64 x 128 tiles), 8-bit elements rounded to nearest, no RHT, a 16-bit input, 256 threads.
+// on 64 x 128 tiles) or both with 128x128 blocks (128 x 128 tiles: one block), 8-bit elements
+// rounded to nearest, no RHT, a 16-bit input, 256 threads.
 enum class RegisterPair { None, Block, Mx };
 RegisterPair register_pair(const Plan& p) {
   if (p.streams.size() != 2 || traits(p.input).bytes != 2 || p.tile.threads != 256) return RegisterPair::None;
@@ -57,8 +58,9 @@ RegisterPair register_pair(const Plan& p) {
       c.layout != DataLayout::Transposed || r.scaling.index() != c.scaling.index())
     return RegisterPair::None;
   const int n = std::holds_alternative<BlockScaling>(r.scaling) ? 128 : std::holds_alternative<MxScaling>(r.scaling) ? 32 : 0;
-  if (n == 0 || *block_of(r.scaling) != BlockShape{1, n} || *block_of(c.scaling) != BlockShape{n, 1})
-    return RegisterPair::None;
+  const bool blocks_1d = n != 0 && *block_of(r.scaling) == BlockShape{1, n} && *block_of(c.scaling) == BlockShape{n, 1};
+  const bool blocks_2d = n == 128 && *block_of(r.scaling) == BlockShape{128, 128} && *block_of(c.scaling) == BlockShape{128, 128};
+  if (!blocks_1d && !blocks_2d) return RegisterPair::None;
   if (n == 128) return p.tile.rows == 128 && p.tile.cols == 128 ? RegisterPair::Block : RegisterPair::None;
   const bool swizzled = r.scale_layout == ScaleLayout::Swizzled || c.scale_layout == ScaleLayout::Swizzled;
   return p.tile.rows == 64 && p.tile.cols == 128 && !swizzled ? RegisterPair::Mx : RegisterPair::None;

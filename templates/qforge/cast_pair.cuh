@@ -22,13 +22,21 @@ namespace detail {
 // out in whole 128-byte output rows. Edge tiles take the staged path (whose shared memory the
 // kernel keeps). H100, 16384^2: 429 -> 411 us, 84 -> 88 % of copy (docs/quantize.md, "Row +
 // transposed cast from registers").
+// The same path casts a pair whose streams both have 128x128 blocks (the 128x128 blockwise
+// weight): a tile is one block, whose amax is the maximum of the column amaxes above across the
+// warp (5 shuffles), and both streams encode with that block's scales.
+template <class R, class C>
+constexpr bool kPairBlocks1d = !R::kBlock2d && !C::kBlock2d && R::kBlockCols == 128 && C::kEpt == 128;
+template <class R, class C>
+constexpr bool kPairBlocks2d = R::kBlock2d && C::kBlock2d && R::kBlockRows == 128 && R::kBlockCols == 128 &&
+                               C::kBlockRows == 128 && C::kBlockCols == 128;
 template <class Cfg, class R, class C>
 constexpr bool kPairDirect =
-    R::kDir == 0 && C::kDir == 1 && C::kTransposed && R::kMode == kModeBlock && C::kMode == kModeBlock && !R::kBlock2d &&
-    !C::kBlock2d && !R::kRht && !C::kRht && !R::kStochastic && !C::kStochastic && !Cfg::kRht &&
-    StoreBits<typename R::Format>::value == 8 && StoreBits<typename C::Format>::value == 8 &&
+    R::kDir == 0 && C::kDir == 1 && C::kTransposed && R::kMode == kModeBlock && C::kMode == kModeBlock &&
+    (kPairBlocks1d<R, C> || kPairBlocks2d<R, C>) && !R::kRht && !C::kRht && !R::kStochastic && !C::kStochastic &&
+    !Cfg::kRht && StoreBits<typename R::Format>::value == 8 && StoreBits<typename C::Format>::value == 8 &&
     !is_identity<typename R::Format>::value && !is_identity<typename C::Format>::value && Cfg::kInDtype != 0 &&
-    Cfg::kTileRows == 128 && Cfg::kTileCols == 128 && Cfg::kThreads == 256 && R::kBlockCols == 128 && C::kEpt == 128;
+    Cfg::kTileRows == 128 && Cfg::kTileCols == 128 && Cfg::kThreads == 256;
 
 // Element j (0..3) of four 16-bit inputs packed in two words. (Not through unpack2, which converts
 // both halves: that changed the fp16-input kernel's SASS.)
@@ -53,6 +61,31 @@ __device__ __forceinline__ void halve_rows(float (&m)[16], int l) {
   }
 }
 
+// cast_pair_direct's rowwise stream: the scale of block amax `amax` (lane-held: 1D blocks, lane
+// src_step e holding row e's; 2D: every lane the tile's, src_step 0), its entry stored where
+// `store_entry` (row `entry_row`, the tile's column col0), and the lane's 16 rows of 4 elements
+// (rowwise offset lin_r) encoded and stored.
+template <class Cfg, class R>
+__device__ __forceinline__ void pair_rows(const QuantizeArgs& a, const Member& mem, const uint2 (&v)[16], float amax,
+                                          i64 lin_r, i64 col0, i64 base_r, i64 entry_row, bool store_entry,
+                                          int src_step) {
+  constexpr int D = Cfg::kInDtype;
+  const StreamArgs& out = a.streams[R::kIndex];
+  const StreamCtx<R> ctx = stream_ctx<Cfg, R>(a, mem);
+  float mul;
+  u32 entry;
+  block_scale<Cfg, R>(amax, ctx, mul, entry);
+  if (store_entry) maybe_store_entry<R>(out, entry_row, col0, ctx, base_r, entry);
+#pragma unroll
+  for (int e = 0; e < 16; ++e) {
+    const float me = src_step ? __shfl_sync(0xFFFFFFFFu, mul, src_step * e) : mul;
+    float x[4];
+#pragma unroll
+    for (int j = 0; j < 4; ++j) x[j] = pair_elem<D>(v[e], j);
+    encode_store<R, 4, true>(a, out.data, lin_r + i64(e) * a.k, x, me, 4);
+  }
+}
+
 template <class Cfg, class R, class C>
 __device__ void cast_pair_direct(const QuantizeArgs& a, const Member& mem, i64 col0, i64 base_r, i64 base_c) {
   constexpr int D = Cfg::kInDtype, TR = 128;
@@ -68,36 +101,24 @@ __device__ void cast_pair_direct(const QuantizeArgs& a, const Member& mem, i64 c
   for (int e = 0; e < 16; ++e)
     v[e] = __ldg(reinterpret_cast<const uint2*>(static_cast<const u16*>(a.x) + lin_r + i64(e) * a.k));
 
-  // Rowwise: the 16 rows' amaxes, reduced across the warp by halving exchanges (16 shuffles);
-  // lane l ends with row l / 2's. (Written as one loop over the halvings, ptxas kept the array in
-  // local memory: 488 us instead of 411.)
-  float m[16];
-#pragma unroll
-  for (int e = 0; e < 16; ++e) {
-    m[e] = 0.0f;
-#pragma unroll
-    for (int j = 0; j < 4; ++j) m[e] = amax_step(m[e], pair_elem<D>(v[e], j));
-  }
-  halve_rows<8>(m, l);
-  halve_rows<4>(m, l);
-  halve_rows<2>(m, l);
-  halve_rows<1>(m, l);
-  m[0] = fmaxf(m[0], __shfl_xor_sync(0xFFFFFFFFu, m[0], 1));
-  {
-    const StreamArgs& out = a.streams[R::kIndex];
-    const StreamCtx<R> ctx = stream_ctx<Cfg, R>(a, mem);
-    float mul;
-    u32 entry;
-    block_scale<Cfg, R>(m[0], ctx, mul, entry);
-    if (l % 2 == 0) maybe_store_entry<R>(out, row0 + w * 16 + l / 2, col0, ctx, base_r, entry);
+  // Rowwise, 1D blocks: the 16 rows' amaxes, reduced across the warp by halving exchanges (16
+  // shuffles); lane l ends with row l / 2's. (Written as one loop over the halvings, ptxas kept
+  // the array in local memory: 488 us instead of 411.)
+  constexpr bool k2d = kPairBlocks2d<R, C>;
+  if constexpr (!k2d) {
+    float m[16];
 #pragma unroll
     for (int e = 0; e < 16; ++e) {
-      const float me = __shfl_sync(0xFFFFFFFFu, mul, 2 * e);
-      float x[4];
+      m[e] = 0.0f;
 #pragma unroll
-      for (int j = 0; j < 4; ++j) x[j] = pair_elem<D>(v[e], j);
-      encode_store<R, 4, true>(a, out.data, lin_r + i64(e) * a.k, x, me, 4);
+      for (int j = 0; j < 4; ++j) m[e] = amax_step(m[e], pair_elem<D>(v[e], j));
     }
+    halve_rows<8>(m, l);
+    halve_rows<4>(m, l);
+    halve_rows<2>(m, l);
+    halve_rows<1>(m, l);
+    m[0] = fmaxf(m[0], __shfl_xor_sync(0xFFFFFFFFu, m[0], 1));
+    pair_rows<Cfg, R>(a, mem, v, m[0], lin_r, col0, base_r, row0 + w * 16 + l / 2, l % 2 == 0, 2);
   }
 
   // Columnwise: this warp's 16-row amax of each of the lane's 4 columns, then all 8 warps'.
@@ -116,13 +137,27 @@ __device__ void cast_pair_direct(const QuantizeArgs& a, const Member& mem, i64 c
   const StreamArgs& out = a.streams[C::kIndex];
   const StreamCtx<C> ctx = stream_ctx<Cfg, C>(a, mem);
   const i64 tile_c = mem.row_base * a.k + col0 * mem.rows + row0;  // transposed: output row col0, element row0
+  // 2D blocks: the tile's amax, the rowwise stream as the 1D blocks' (one scale, its entry stored
+  // by thread 0), and the transposed stream's one scale.
+  float mul2d = 0.0f;
+  if constexpr (k2d) {
+    float t = fmaxf(fmaxf(p[0], p[1]), fmaxf(p[2], p[3]));
+#pragma unroll
+    for (int o = 16; o >= 1; o /= 2) t = fmaxf(t, __shfl_xor_sync(0xFFFFFFFFu, t, o));
+    pair_rows<Cfg, R>(a, mem, v, t, lin_r, col0, base_r, row0, threadIdx.x == 0, 0);
+    u32 entry;
+    block_scale<Cfg, C>(t, ctx, mul2d, entry);
+    if (threadIdx.x == 0) maybe_store_entry<C>(out, col0, row0, ctx, base_c, entry);
+  }
 #pragma unroll
   for (int j = 0; j < 4; ++j) {
     const int c = 4 * l + j;
-    float mul;
-    u32 entry;
-    block_scale<Cfg, C>(p[j], ctx, mul, entry);
-    if (w == 0) maybe_store_entry<C>(out, col0 + c, row0, ctx, base_c, entry);
+    float mul = mul2d;
+    if constexpr (!k2d) {
+      u32 entry;
+      block_scale<Cfg, C>(p[j], ctx, mul, entry);
+      if (w == 0) maybe_store_entry<C>(out, col0 + c, row0, ctx, base_c, entry);
+    }
     float x[16];
 #pragma unroll
     for (int e = 0; e < 16; ++e) x[e] = pair_elem<D>(v[e], j) * mul;

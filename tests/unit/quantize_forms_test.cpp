@@ -167,12 +167,12 @@ TEST(QuantizeForms, InteriorProgramsAreTheFormsWithTwoMarks) {
   for (const qf::testing::ShippedPlan& sp :
        qf::testing::shipped_plans(qf::testing::kLinearRoles, false, {DType::BF16, DType::FP16, DType::FP32})) {
     const Plan& p = sp.plan;
-    // The row + transposed pairs cast from registers (codegen.cpp register_pair: 1x128 blocks, MX
-    // 1x32 blocks; 16-bit inputs) stage nothing on interior tiles: their programs for interior
-    // tiles ask that path's shared memory, with registers for 3 (1x128) or 4 (MX) CTAs per SM.
+    // The row + transposed pairs cast from registers (codegen.cpp register_pair: 1x128 blocks,
+    // 128x128 blocks, MX 1x32 blocks; 16-bit inputs) stage nothing on interior tiles: their
+    // programs for interior tiles ask that path's shared memory, with registers for 3 (1x128,
+    // 128x128) or 4 (MX) CTAs per SM.
     const bool mx = sp.recipe == "mxfp8_hopper";
-    const bool pair = sp.usage == Usage::Training && sp.dtype != DType::FP32 &&
-                      (mx || (sp.recipe == "float8_block_scaling" && sp.role != "linear:weight"));
+    const bool pair = sp.usage == Usage::Training && sp.dtype != DType::FP32 && (mx || sp.recipe == "float8_block_scaling");
     for (QuantizeForm f : quantize_forms(p)) {
       const std::string what = sp.label() + " " + std::string(traits(sp.dtype).name) + " " + std::string(name(f));
       const KernelSource any = emit_quantize(p, f);
@@ -210,7 +210,7 @@ TEST(QuantizeForms, InteriorProgramsAreTheFormsWithTwoMarks) {
     }
   }
   EXPECT_GT(programs, 120);
-  EXPECT_EQ(pairs, 10) << "1x128: input and grad_output; MX: three roles; bf16 and fp16 each";
+  EXPECT_EQ(pairs, 12) << "1x128: input and grad_output; 128x128: weight; MX: three roles; bf16 and fp16 each";
   EXPECT_EQ(name(Tiles::Any), "any");
   EXPECT_EQ(name(Tiles::Interior), "interior");
 }
