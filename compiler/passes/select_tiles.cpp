@@ -97,6 +97,25 @@ bool stochastic(const Plan& p) {
   return false;
 }
 
+// A rowwise stream and its transposed copy, both with per-tensor scales (delayed or current),
+// 8-bit elements rounded to nearest, no RHT, of a 16-bit input: interior 128 x 128 tiles cast
+// them from registers (codegen.cpp register_pair, cast_pair.cuh cast_pair_direct).
+bool tensor_scale_pair(const Plan& p) {
+  if (p.streams.size() != 2 || traits(p.input).bytes != 2) return false;
+  for (const auto& a : p.amax)
+    if (a.rht) return false;
+  for (const auto& s : p.streams) {
+    const bool tensor = std::holds_alternative<PerTensorDelayed>(s.scaling) || std::holds_alternative<PerTensorCurrent>(s.scaling);
+    if (!tensor || s.rounding != Rounding::Nearest || s.rht || s.format == ElemFormat::Identity ||
+        traits(s.format).elems_per_byte != 1)
+      return false;
+  }
+  const Stream& r = p.streams[0];
+  const Stream& c = p.streams[1];
+  return r.dir == Direction::Rowwise && c.dir == Direction::Columnwise && c.layout == DataLayout::Transposed &&
+         r.scaling.index() == c.scaling.index();
+}
+
 bool has_columnwise(const Plan& p) {
   for (const auto& s : p.streams)
     if (s.dir == Direction::Columnwise) return true;
@@ -133,6 +152,14 @@ Plan select_tiles(Plan p) {
     // 16384^2, 2026-11-25; 64 x 128 was the best of 41 tiles, 128 x 128 453 us).
     t.rows = 64;
     t.cols = std::lcm(c.col_multiple, 128);
+  } else if (tensor_scale_pair(p)) {
+    // Per-tensor row + transposed pairs (delayed and current scaling): 128 x 128 tiles, whose
+    // interior tiles cast from registers without staging the input (cast_pair_direct), with
+    // registers for 3 CTAs per SM (80 per thread). Their programs keep the staged path's shared
+    // memory (the one-launch fused kernel stages its tiles), which holds as many CTAs.
+    t.rows = std::lcm(c.row_multiple, 128);
+    t.cols = std::lcm(c.col_multiple, 128);
+    t.min_blocks = 3;
   } else if (transposes(p)) {
     // 32 x 512: long rows for the tile load and the rowwise copy; the transposed copy goes out
     // through the staged output in whole sectors. 128-row blocks keep 128 columns (shared

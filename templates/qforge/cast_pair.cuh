@@ -5,6 +5,7 @@
 #include "qforge/args.cuh"
 #include "qforge/cast_encode.cuh"
 #include "qforge/cast_load.cuh"
+#include "qforge/cast_reduce.cuh"
 #include "qforge/cast_scale.cuh"
 #include "qforge/cast_schedule.cuh"
 #include "qforge/cast_smem.cuh"
@@ -24,16 +25,22 @@ namespace detail {
 // transposed cast from registers").
 // The same path casts a pair whose streams both have 128x128 blocks (the 128x128 blockwise
 // weight): a tile is one block, whose amax is the maximum of the column amaxes above across the
-// warp (5 shuffles), and both streams encode with that block's scales.
+// warp (5 shuffles), and both streams encode with that block's scales. And a pair of per-tensor
+// scales (delayed or current scaling: the scales known before the tile is read): no amax
+// exchange; delayed scaling's tensor amax goes out as the staged path reports it (a maximum per
+// warp, then one atomic per CTA after the barrier the staged output needs anyway).
 template <class R, class C>
-constexpr bool kPairBlocks1d = !R::kBlock2d && !C::kBlock2d && R::kBlockCols == 128 && C::kEpt == 128;
+constexpr bool kPairBlocks1d = R::kMode == kModeBlock && C::kMode == kModeBlock && !R::kBlock2d && !C::kBlock2d &&
+                               R::kBlockCols == 128 && C::kEpt == 128;
 template <class R, class C>
-constexpr bool kPairBlocks2d = R::kBlock2d && C::kBlock2d && R::kBlockRows == 128 && R::kBlockCols == 128 &&
-                               C::kBlockRows == 128 && C::kBlockCols == 128;
+constexpr bool kPairBlocks2d = R::kMode == kModeBlock && C::kMode == kModeBlock && R::kBlock2d && C::kBlock2d &&
+                               R::kBlockRows == 128 && R::kBlockCols == 128 && C::kBlockRows == 128 && C::kBlockCols == 128;
+template <class R, class C>
+constexpr bool kPairTensorScales = (R::kMode == kModeTensorDelayed || R::kMode == kModeTensorCurrent) && C::kMode == R::kMode;
 template <class Cfg, class R, class C>
 constexpr bool kPairDirect =
-    R::kDir == 0 && C::kDir == 1 && C::kTransposed && R::kMode == kModeBlock && C::kMode == kModeBlock &&
-    (kPairBlocks1d<R, C> || kPairBlocks2d<R, C>) && !R::kRht && !C::kRht && !R::kStochastic && !C::kStochastic &&
+    R::kDir == 0 && C::kDir == 1 && C::kTransposed &&
+    (kPairBlocks1d<R, C> || kPairBlocks2d<R, C> || kPairTensorScales<R, C>) && !R::kRht && !C::kRht && !R::kStochastic && !C::kStochastic &&
     !Cfg::kRht && StoreBits<typename R::Format>::value == 8 && StoreBits<typename C::Format>::value == 8 &&
     !is_identity<typename R::Format>::value && !is_identity<typename C::Format>::value && Cfg::kInDtype != 0 &&
     Cfg::kTileRows == 128 && Cfg::kTileCols == 128 && Cfg::kThreads == 256;
@@ -104,8 +111,8 @@ __device__ void cast_pair_direct(const QuantizeArgs& a, const Member& mem, i64 c
   // Rowwise, 1D blocks: the 16 rows' amaxes, reduced across the warp by halving exchanges (16
   // shuffles); lane l ends with row l / 2's. (Written as one loop over the halvings, ptxas kept
   // the array in local memory: 488 us instead of 411.)
-  constexpr bool k2d = kPairBlocks2d<R, C>;
-  if constexpr (!k2d) {
+  constexpr bool k2d = kPairBlocks2d<R, C>, kTensor = kPairTensorScales<R, C>;
+  if constexpr (!k2d && !kTensor) {
     float m[16];
 #pragma unroll
     for (int e = 0; e < 16; ++e) {
@@ -127,33 +134,48 @@ __device__ void cast_pair_direct(const QuantizeArgs& a, const Member& mem, i64 c
   for (int e = 0; e < 16; ++e)
 #pragma unroll
     for (int j = 0; j < 4; ++j) p[j] = amax_step(p[j], pair_elem<D>(v[e], j));
-  part[w * 32 + l] = make_float4(p[0], p[1], p[2], p[3]);
-  __syncthreads();
+  if constexpr (kTensor) {
+    // Per-tensor scales: this warp's part of delayed scaling's tensor amax (read after the barrier
+    // below), and the per-tensor entries (tile (0, 0)).
+    if constexpr (R::kMode == kModeTensorDelayed) {
+      const float t = warp_max(fmaxf(fmaxf(p[0], p[1]), fmaxf(p[2], p[3])));
+      if (l == 0) reinterpret_cast<float*>(part)[w] = t;
+    }
+    store_tensor_entry<Cfg, R>(a, mem, col0, base_r);
+    store_tensor_entry<Cfg, C>(a, mem, col0, base_c);
+  } else {
+    part[w * 32 + l] = make_float4(p[0], p[1], p[2], p[3]);
+    __syncthreads();
 #pragma unroll
-  for (int o = 0; o < 8; ++o) {
-    const float4 q = part[o * 32 + l];
-    p[0] = fmaxf(p[0], q.x), p[1] = fmaxf(p[1], q.y), p[2] = fmaxf(p[2], q.z), p[3] = fmaxf(p[3], q.w);
+    for (int o = 0; o < 8; ++o) {
+      const float4 q = part[o * 32 + l];
+      p[0] = fmaxf(p[0], q.x), p[1] = fmaxf(p[1], q.y), p[2] = fmaxf(p[2], q.z), p[3] = fmaxf(p[3], q.w);
+    }
   }
   const StreamArgs& out = a.streams[C::kIndex];
   const StreamCtx<C> ctx = stream_ctx<Cfg, C>(a, mem);
   const i64 tile_c = mem.row_base * a.k + col0 * mem.rows + row0;  // transposed: output row col0, element row0
-  // 2D blocks: the tile's amax, the rowwise stream as the 1D blocks' (one scale, its entry stored
-  // by thread 0), and the transposed stream's one scale.
-  float mul2d = 0.0f;
+  // One scale per stream: 2D blocks the tile's amax, the rowwise stream as the 1D blocks' (its
+  // entry stored by thread 0), and the transposed stream's; per-tensor scales from no amax.
+  float mul1 = 0.0f;
   if constexpr (k2d) {
     float t = fmaxf(fmaxf(p[0], p[1]), fmaxf(p[2], p[3]));
 #pragma unroll
     for (int o = 16; o >= 1; o /= 2) t = fmaxf(t, __shfl_xor_sync(0xFFFFFFFFu, t, o));
     pair_rows<Cfg, R>(a, mem, v, t, lin_r, col0, base_r, row0, threadIdx.x == 0, 0);
     u32 entry;
-    block_scale<Cfg, C>(t, ctx, mul2d, entry);
+    block_scale<Cfg, C>(t, ctx, mul1, entry);
     if (threadIdx.x == 0) maybe_store_entry<C>(out, col0, row0, ctx, base_c, entry);
+  } else if constexpr (kTensor) {
+    pair_rows<Cfg, R>(a, mem, v, 0.0f, lin_r, col0, base_r, row0, false, 0);
+    u32 entry;
+    block_scale<Cfg, C>(0.0f, ctx, mul1, entry);
   }
 #pragma unroll
   for (int j = 0; j < 4; ++j) {
     const int c = 4 * l + j;
-    float mul = mul2d;
-    if constexpr (!k2d) {
+    float mul = mul1;
+    if constexpr (!k2d && !kTensor) {
       u32 entry;
       block_scale<Cfg, C>(p[j], ctx, mul, entry);
       if (w == 0) maybe_store_entry<C>(out, col0 + c, row0, ctx, base_c, entry);
@@ -165,6 +187,18 @@ __device__ void cast_pair_direct(const QuantizeArgs& a, const Member& mem, i64 c
     // Output row c, bytes [16w, 16w + 16): 16-byte chunk w of the staged row, its position
     // swizzled by the lane (l % 8), so that a quarter warp's stores hit 8 distinct chunks.
     store_words<16>(stage + c * TR + ((w ^ (l & 7)) * 16), rw.w);
+  }
+  __syncthreads();
+  if constexpr (kTensor && R::kMode == kModeTensorDelayed) {
+    // The first stream reporting into an amax slot reports (cast_tile's rule).
+    if (threadIdx.x == 0) {
+      const float* wm = reinterpret_cast<const float*>(part);
+      float t = wm[0];
+#pragma unroll
+      for (int o = 1; o < 8; ++o) t = fmaxf(t, wm[o]);
+      atomic_max_nonneg(a.amax[R::kTensorAmax] + mem.index, t);
+      if constexpr (C::kTensorAmax != R::kTensorAmax) atomic_max_nonneg(a.amax[C::kTensorAmax] + mem.index, t);
+    }
   }
   __syncthreads();
   u8* dst = static_cast<u8*>(out.data) + tile_c;
@@ -471,12 +505,14 @@ template <class Cfg, class R, class C>
 constexpr bool kPairRegisters = kPairDirect<Cfg, R, C> || kMxPairDirect<Cfg, R, C>;
 // A program for interior tiles only (kInteriorOnly) of a kPairRegisters plan casts every tile
 // from registers, so it asks only that path's shared memory (cast_pair_smem_bytes; 0: not such a
-// program). compiler/codegen.cpp (register_pair) decides the same on the host.
+// program). compiler/codegen.cpp (register_pair) decides the same on the host. Not the pairs of
+// per-tensor scales, whose programs hold a fused kernel that stages its tiles.
 template <class Cfg, class... S>
 constexpr u32 kPairOnlySmemBytes = 0;
 template <class Cfg, class R, class C>
-constexpr u32 kPairOnlySmemBytes<Cfg, R, C> =
-    kInteriorOnly<Cfg> && kPairRegisters<Cfg, R, C> ? cast_pair_smem_bytes(kMxPairDirect<Cfg, R, C>) : 0;
+constexpr u32 kPairOnlySmemBytes<Cfg, R, C> = kInteriorOnly<Cfg> && kPairRegisters<Cfg, R, C> && !kPairTensorScales<R, C>
+                                                  ? cast_pair_smem_bytes(kMxPairDirect<Cfg, R, C>)
+                                                  : 0;
 template <class Cfg, class R, class C>
 __device__ __forceinline__ void cast_pair_registers(const QuantizeArgs& a, const Member& mem, i64 col0, i64 base_r, i64 base_c) {
   if constexpr (kPairDirect<Cfg, R, C>) cast_pair_direct<Cfg, R, C>(a, mem, col0, base_r, base_c);

@@ -577,7 +577,7 @@ TEST(Print, CurrentScalingGolden) {
             "  stream rowwise: e4m3 scaling=per_tensor_current(eps=0, pow2=false) tensor_amax=%a0\n"
             "  stream columnwise: e4m3 scaling=per_tensor_current(eps=0, pow2=false) layout=transposed tensor_amax=%a0\n"
             "  phase 0: amax_reduce %a0\n"
-            "  phase 1: cast tile=32x512 threads=256 vec=4\n");
+            "  phase 1: cast tile=128x128 threads=256 vec=4 min_blocks=3\n");
 }
 
 TEST(Print, DelayedScalingInferenceGolden) {

@@ -54,6 +54,13 @@ const std::map<std::string, int>& spill_budget() {
       b[std::string("delayed_scaling ") + role + " inference cast_kernel"] = 4;
       b[std::string("delayed_scaling ") + role + " inference fused_kernel"] = 4;
     }
+    // Per-tensor pairs on 128 x 128 tiles (2026-11-30, select_tiles.cpp tensor_scale_pair): current
+    // scaling's program for any tiles at 80 registers (its program for interior tiles, which
+    // whole-tile shapes take, spills nothing). Timed with them at 16320^2 (edge tiles): 426.8 ->
+    // 428.5 us against 32 x 512 tiles; 16384^2 410.0 -> 401.7 us
+    // (bench/results/h200/tensor_pairs_ab_2026-11-30.md).
+    for (const char* role : {"linear:input", "linear:weight", "linear:grad_output"})
+      b[std::string("current_scaling ") + role + " training cast_kernel"] = 24;
     b["w8a8_int8_inference linear:input inference fused_kernel"] = 6;
     b["w8a8_int8_inference linear:weight inference fused_kernel"] = 6;
     return b;
