@@ -99,6 +99,12 @@ gemm_cases+=':*mxfp8_hopper__linear_input__training__bf16__200x320:*mxfp8_hopper
 # the transposed output staged and copied out), its fp16 edge values, and grouped members.
 gemm_cases+=':*mxfp8_hopper__linear_input__training__bf16__128x4224:*mxfp8_hopper__linear_input__training__fp16__256x512__edge'
 gemm_cases+=':*mxfp8_hopper__linear_input__training__bf16__1072x256__grouped8'
+# The same path for 128x128 weight blocks (the tile's amax by shuffles) and per-tensor scales
+# (delayed scaling's amax report after the staging barrier): programs for interior tiles, grouped
+# members, current scaling's cast after its amax kernel.
+gemm_cases+=':*float8_block_scaling__linear_weight__training__bf16__256x1024__interior'
+gemm_cases+=':*delayed_scaling__linear_input__training__bf16__256x1024__interior:*delayed_scaling__linear_input__training__bf16__1072x256__grouped8'
+gemm_cases+=':*current_scaling__linear_input__training__bf16__256x1024__separate__interior'
 gemm_cases+=':*GemmExact*mxfp8_mn_major_many_groups_3ctas:*GemmExact*members_mxfp8_mn_major_ring'
 # K-grouped per channel (the TMA epilogue's column factors, restaged per tile) and int8 (s32 sums).
 gemm_cases+=':*GemmExact*kgrouped_rowwise_3ctas_fp32:*GemmExact*int8_block_bf16:*GemmExact*int8_rowwise_bf16'
