@@ -105,7 +105,7 @@ bool tensor_scale_pair(const Plan& p) {
   for (const auto& a : p.amax)
     if (a.rht) return false;
   for (const auto& s : p.streams) {
-    const bool tensor = std::holds_alternative<PerTensorDelayed>(s.scaling) || std::holds_alternative<PerTensorCurrent>(s.scaling);
+    const bool tensor = traits(s.scaling).amax_scope == AmaxScope::Tensor;  // one scale for the whole tensor
     if (!tensor || s.rounding != Rounding::Nearest || s.rht || s.format == ElemFormat::Identity ||
         traits(s.format).elems_per_byte != 1)
       return false;
