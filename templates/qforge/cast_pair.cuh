@@ -200,7 +200,6 @@ __device__ void cast_pair_direct(const QuantizeArgs& a, const Member& mem, i64 c
       if constexpr (C::kTensorAmax != R::kTensorAmax) atomic_max_nonneg(a.amax[C::kTensorAmax] + mem.index, t);
     }
   }
-  __syncthreads();
   u8* dst = static_cast<u8*>(out.data) + tile_c;
 #pragma unroll
   for (int it = 0; it < 4; ++it) {
