@@ -61,6 +61,18 @@ bool transposes_wide(const Plan& p) {
   return false;
 }
 
+bool register_pair_streams(const Plan& p) {
+  if (p.streams.size() != 2 || traits(p.input).bytes != 2) return false;
+  for (const auto& a : p.amax)
+    if (a.rht) return false;
+  for (const auto& s : p.streams)
+    if (s.rounding != Rounding::Nearest || s.rht || s.format == ElemFormat::Identity || data_bits(s) != 8) return false;
+  const Stream& r = p.streams[0];
+  const Stream& c = p.streams[1];
+  return r.dir == Direction::Rowwise && c.dir == Direction::Columnwise && c.layout == DataLayout::Transposed &&
+         r.scaling.index() == c.scaling.index();
+}
+
 EntryShape scale_entry_shape(const Stream& s) {
   const bool transposed = s.layout == DataLayout::Transposed;
   return std::visit(

@@ -45,18 +45,9 @@ RunShape run_shape(const Stream& s) {
 // rounded to nearest, no RHT, a 16-bit input, 256 threads.
 enum class RegisterPair { None, Block, Mx };
 RegisterPair register_pair(const Plan& p) {
-  if (p.streams.size() != 2 || traits(p.input).bytes != 2 || p.tile.threads != 256) return RegisterPair::None;
-  for (const auto& a : p.amax)
-    if (a.rht) return RegisterPair::None;
+  if (p.tile.threads != 256 || !register_pair_streams(p)) return RegisterPair::None;
   const Stream& r = p.streams[0];
   const Stream& c = p.streams[1];
-  auto eligible = [](const Stream& s) {
-    return s.rounding == Rounding::Nearest && !s.rht && s.format != ElemFormat::Identity &&
-           traits(s.format).elems_per_byte == 1;
-  };
-  if (!eligible(r) || !eligible(c) || r.dir != Direction::Rowwise || c.dir != Direction::Columnwise ||
-      c.layout != DataLayout::Transposed || r.scaling.index() != c.scaling.index())
-    return RegisterPair::None;
   const int n = std::holds_alternative<BlockScaling>(r.scaling) ? 128 : std::holds_alternative<MxScaling>(r.scaling) ? 32 : 0;
   const bool blocks_1d = n != 0 && *block_of(r.scaling) == BlockShape{1, n} && *block_of(c.scaling) == BlockShape{n, 1};
   const bool blocks_2d = n == 128 && *block_of(r.scaling) == BlockShape{128, 128} && *block_of(c.scaling) == BlockShape{128, 128};

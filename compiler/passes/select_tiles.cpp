@@ -97,23 +97,10 @@ bool stochastic(const Plan& p) {
   return false;
 }
 
-// A rowwise stream and its transposed copy, both with per-tensor scales (delayed or current),
-// 8-bit elements rounded to nearest, no RHT, of a 16-bit input: interior 128 x 128 tiles cast
-// them from registers (codegen.cpp register_pair, cast_pair.cuh cast_pair_direct).
+// A row + transposed pair with per-tensor scales (delayed or current): interior 128 x 128
+// tiles cast it from registers (cast_pair.cuh cast_pair_direct).
 bool tensor_scale_pair(const Plan& p) {
-  if (p.streams.size() != 2 || traits(p.input).bytes != 2) return false;
-  for (const auto& a : p.amax)
-    if (a.rht) return false;
-  for (const auto& s : p.streams) {
-    const bool tensor = traits(s.scaling).amax_scope == AmaxScope::Tensor;  // one scale for the whole tensor
-    if (!tensor || s.rounding != Rounding::Nearest || s.rht || s.format == ElemFormat::Identity ||
-        traits(s.format).elems_per_byte != 1)
-      return false;
-  }
-  const Stream& r = p.streams[0];
-  const Stream& c = p.streams[1];
-  return r.dir == Direction::Rowwise && c.dir == Direction::Columnwise && c.layout == DataLayout::Transposed &&
-         r.scaling.index() == c.scaling.index();
+  return register_pair_streams(p) && traits(p.streams[0].scaling).amax_scope == AmaxScope::Tensor;
 }
 
 bool has_columnwise(const Plan& p) {
