@@ -275,6 +275,12 @@ TEST(SelectTiles, ShapesFollowLayoutsAndBlocks) {
   EXPECT_EQ(w8.tile, (TileConfig{16, 256, 256, 4}));
   const Plan cs = plan_for("current_scaling", "linear:input", std::nullopt, DType::FP32);
   EXPECT_EQ(cs.tile, (TileConfig{32, 512, 256, 4})) << "transposing: 32 rows of 512 columns";
+  // Per-tensor row + transposed pairs of a 16-bit input: 128 x 128, registers for 3 CTAs per SM
+  // (interior tiles cast from registers); fp32 input (above) keeps 32 x 512.
+  const Plan dl = plan_for("delayed_scaling", "linear:input");
+  EXPECT_EQ(dl.tile, (TileConfig{128, 128, 256, 4, 3}));
+  const Plan cb = plan_for("current_scaling", "linear:input", std::nullopt, DType::FP16);
+  EXPECT_EQ(cb.tile, (TileConfig{128, 128, 256, 4, 3}));
   const Plan bw = plan_for("float8_block_scaling", "linear:input");  // 128x1 blocks: 128 rows
   EXPECT_EQ(bw.tile, (TileConfig{128, 128, 256, 4}));
   const Plan nv = plan_for("nvfp4", "linear:input");  // fp4: 64 x 128, 128 threads
@@ -285,7 +291,7 @@ TEST(SelectTiles, ShapesFollowLayoutsAndBlocks) {
   EXPECT_EQ(nvi.tile, (TileConfig{32, 512, 256, 4}));
   const Plan id = plan_for("int8_weight_sr", "linear:input");  // bf16 passthrough + transpose: 128 x 128
   EXPECT_EQ(id.tile, (TileConfig{128, 128, 256, 4}));
-  for (const Plan& p : {mx, w8, cs, bw, nv, sr, nvi, id}) EXPECT_TRUE(tile_fits(p, p.tile));
+  for (const Plan& p : {mx, w8, cs, dl, cb, bw, nv, sr, nvi, id}) EXPECT_TRUE(tile_fits(p, p.tile));
 }
 
 TEST(SelectTiles, CandidatesAreValidAndStartWithTheDefault) {
