@@ -79,7 +79,7 @@ bool transposes_wide(const Plan& p);
 // Whether the plan is a row + transposed pair that the register paths can cast (cast_pair.cuh):
 // a rowwise stream and its transposed columnwise copy of one scaling mode, 8-bit elements
 // rounded to nearest, no RHT, a 16-bit input. Which modes, blocks and tiles take them:
-// codegen.cpp (register_pair) and select_tiles.cpp (tensor_scale_pair).
+// codegen.cpp (register_pair) and select_tiles.cpp (known_scale_pair).
 bool register_pair_streams(const Plan& p);
 ScaleGrid scale_grid(const Stream& s, Shape2D in);
 

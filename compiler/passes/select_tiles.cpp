@@ -97,10 +97,12 @@ bool stochastic(const Plan& p) {
   return false;
 }
 
-// A row + transposed pair with per-tensor scales (delayed or current): interior 128 x 128
-// tiles cast it from registers (cast_pair.cuh cast_pair_direct).
-bool tensor_scale_pair(const Plan& p) {
-  return register_pair_streams(p) && traits(p.streams[0].scaling).amax_scope == AmaxScope::Tensor;
+// A row + transposed pair whose scales are known before its tile is read (per tensor: delayed or
+// current; per channel: from the pre-pass's workspace): interior 128 x 128 tiles cast it from
+// registers (cast_pair.cuh cast_pair_direct).
+bool known_scale_pair(const Plan& p) {
+  const AmaxScope scope = traits(p.streams[0].scaling).amax_scope;
+  return register_pair_streams(p) && (scope == AmaxScope::Tensor || scope == AmaxScope::Channel);
 }
 
 bool has_columnwise(const Plan& p) {
@@ -139,11 +141,12 @@ Plan select_tiles(Plan p) {
     // 16384^2, 2026-11-25; 64 x 128 was the best of 41 tiles, 128 x 128 453 us).
     t.rows = 64;
     t.cols = std::lcm(c.col_multiple, 128);
-  } else if (tensor_scale_pair(p)) {
-    // Per-tensor row + transposed pairs (delayed and current scaling): 128 x 128 tiles, whose
-    // interior tiles cast from registers without staging the input (cast_pair_direct), with
-    // registers for 3 CTAs per SM (80 per thread). Their programs keep the staged path's shared
-    // memory (the one-launch fused kernel stages its tiles), which holds as many CTAs.
+  } else if (known_scale_pair(p)) {
+    // Per-tensor and per-channel row + transposed pairs (delayed and current scaling, fp8 per
+    // channel): 128 x 128 tiles, whose interior tiles cast from registers without staging the
+    // input (cast_pair_direct), with registers for 3 CTAs per SM (80 per thread). Their programs
+    // keep the staged path's shared memory (the one-launch fused kernel stages its tiles), which
+    // holds as many CTAs.
     t.rows = std::lcm(c.row_multiple, 128);
     t.cols = std::lcm(c.col_multiple, 128);
     t.min_blocks = 3;

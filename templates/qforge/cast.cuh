@@ -156,10 +156,7 @@ __global__ void __launch_bounds__(Cfg::kThreads) amax_kernel(const QuantizeArgs 
   // read (H200, 16384^2 bf16, fp8_rowwise training: the staged form's pre-pass took 329 us,
   // 1.64 TB/s).
   constexpr bool kRowsCols = ((!A::kRht && A::kScope != kScopeTensor) && ...) && ((A::kScope == kScopeChannelCols) || ...) &&
-                             (Cfg::kTileCols / detail::kElemsPer16<Cfg::kInDtype>) % 32 == 0 &&
-                             Cfg::kTileRows % (Cfg::kThreads / 32) == 0 &&
-                             Cfg::kTileRows / (Cfg::kThreads / 32) * (Cfg::kTileCols / detail::kElemsPer16<Cfg::kInDtype>) / 32 <= 8 &&
-                             u32(Cfg::kThreads / 32 * Cfg::kTileCols * 4) <= Cfg::kSmemBytes;
+                             detail::kRowColDirect<Cfg>;
   if constexpr (kRowsCols) {
     if (full) {
       float* rows = nullptr;

@@ -28,7 +28,10 @@ namespace detail {
 // warp (5 shuffles), and both streams encode with that block's scales. And a pair of per-tensor
 // scales (delayed or current scaling: the scales known before the tile is read): no amax
 // exchange; delayed scaling's tensor amax goes out as the staged path reports it (a maximum per
-// warp, then one atomic per CTA after the barrier the staged output needs anyway).
+// warp, then one atomic per CTA after the barrier the staged output needs anyway). And a pair of
+// per-channel scales (fp8 per channel of the rows and of the columns): their amaxes come from the
+// pre-pass's workspace, a lane reading its 16 rows' (by pairs of lanes, as the 1D blocks) and its
+// 4 columns'; no amax exchange either.
 template <class R, class C>
 constexpr bool kPairBlocks1d = R::kMode == kModeBlock && C::kMode == kModeBlock && !R::kBlock2d && !C::kBlock2d &&
                                R::kBlockCols == 128 && C::kEpt == 128;
@@ -37,10 +40,12 @@ constexpr bool kPairBlocks2d = R::kMode == kModeBlock && C::kMode == kModeBlock 
                                R::kBlockRows == 128 && R::kBlockCols == 128 && C::kBlockRows == 128 && C::kBlockCols == 128;
 template <class R, class C>
 constexpr bool kPairTensorScales = (R::kMode == kModeTensorDelayed || R::kMode == kModeTensorCurrent) && C::kMode == R::kMode;
+template <class R, class C>
+constexpr bool kPairChannelScales = R::kMode == kModeChannel && C::kMode == kModeChannel;
 template <class Cfg, class R, class C>
 constexpr bool kPairDirect =
     R::kDir == 0 && C::kDir == 1 && C::kTransposed &&
-    (kPairBlocks1d<R, C> || kPairBlocks2d<R, C> || kPairTensorScales<R, C>) && !R::kRht && !C::kRht && !R::kStochastic && !C::kStochastic &&
+    (kPairBlocks1d<R, C> || kPairBlocks2d<R, C> || kPairTensorScales<R, C> || kPairChannelScales<R, C>) && !R::kRht && !C::kRht && !R::kStochastic && !C::kStochastic &&
     !Cfg::kRht && StoreBits<typename R::Format>::value == 8 && StoreBits<typename C::Format>::value == 8 &&
     !is_identity<typename R::Format>::value && !is_identity<typename C::Format>::value && Cfg::kInDtype != 0 &&
     Cfg::kTileRows == 128 && Cfg::kTileCols == 128 && Cfg::kThreads == 256;
@@ -66,6 +71,15 @@ __device__ __forceinline__ void halve_rows(float (&m)[16], int l) {
     const float send = up ? m[i] : m[i + span], keep = up ? m[i + span] : m[i];
     m[i] = fmaxf(keep, __shfl_xor_sync(0xFFFFFFFFu, send, bit));
   }
+}
+
+// An empty asm over the 16 packed words (no instruction): the compiler no longer knows them for
+// the values it unpacked before, so it unpacks them again instead of keeping 64 floats live from
+// the rowwise stream to the transposed one (the per-channel pair spilled 120 B at 80 registers
+// with them kept; the other pairs' reductions between the two streams happen to prevent it).
+__device__ __forceinline__ void hide_words(uint2 (&v)[16]) {
+#pragma unroll
+  for (int e = 0; e < 16; ++e) asm volatile("" : "+r"(v[e].x), "+r"(v[e].y));
 }
 
 // cast_pair_direct's rowwise stream: the scale of block amax `amax` (lane-held: 1D blocks, lane
@@ -110,9 +124,14 @@ __device__ void cast_pair_direct(const QuantizeArgs& a, const Member& mem, i64 c
 
   // Rowwise, 1D blocks: the 16 rows' amaxes, reduced across the warp by halving exchanges (16
   // shuffles); lane l ends with row l / 2's. (Written as one loop over the halvings, ptxas kept
-  // the array in local memory: 488 us instead of 411.)
-  constexpr bool k2d = kPairBlocks2d<R, C>, kTensor = kPairTensorScales<R, C>;
-  if constexpr (!k2d && !kTensor) {
+  // the array in local memory: 488 us instead of 411.) Per channel: lane l reads row l / 2's.
+  constexpr bool k2d = kPairBlocks2d<R, C>, kTensor = kPairTensorScales<R, C>, kChannel = kPairChannelScales<R, C>;
+  const i64 entry_row = row0 + w * 16 + l / 2;
+  if constexpr (kChannel) {
+    const float m = a.amax[R::kLocalAmax][mem.row_base + entry_row];
+    pair_rows<Cfg, R>(a, mem, v, m, lin_r, col0, base_r, entry_row, l % 2 == 0, 2);
+    hide_words(v);
+  } else if constexpr (!k2d && !kTensor) {
     float m[16];
 #pragma unroll
     for (int e = 0; e < 16; ++e) {
@@ -125,15 +144,21 @@ __device__ void cast_pair_direct(const QuantizeArgs& a, const Member& mem, i64 c
     halve_rows<2>(m, l);
     halve_rows<1>(m, l);
     m[0] = fmaxf(m[0], __shfl_xor_sync(0xFFFFFFFFu, m[0], 1));
-    pair_rows<Cfg, R>(a, mem, v, m[0], lin_r, col0, base_r, row0 + w * 16 + l / 2, l % 2 == 0, 2);
+    pair_rows<Cfg, R>(a, mem, v, m[0], lin_r, col0, base_r, entry_row, l % 2 == 0, 2);
   }
 
-  // Columnwise: this warp's 16-row amax of each of the lane's 4 columns, then all 8 warps'.
+  // Columnwise: this warp's 16-row amax of each of the lane's 4 columns, then all 8 warps'; per
+  // channel the columns' amaxes from the workspace.
   float p[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+  if constexpr (kChannel) {
 #pragma unroll
-  for (int e = 0; e < 16; ++e)
+    for (int j = 0; j < 4; ++j) p[j] = a.amax[C::kLocalAmax][i64(mem.index) * a.k + col0 + 4 * l + j];
+  } else {
 #pragma unroll
-    for (int j = 0; j < 4; ++j) p[j] = amax_step(p[j], pair_elem<D>(v[e], j));
+    for (int e = 0; e < 16; ++e)
+#pragma unroll
+      for (int j = 0; j < 4; ++j) p[j] = amax_step(p[j], pair_elem<D>(v[e], j));
+  }
   if constexpr (kTensor) {
     // Per-tensor scales: this warp's part of delayed scaling's tensor amax (read after the barrier
     // below), and the per-tensor entries (tile (0, 0)).
@@ -143,7 +168,7 @@ __device__ void cast_pair_direct(const QuantizeArgs& a, const Member& mem, i64 c
     }
     store_tensor_entry<Cfg, R>(a, mem, col0, base_r);
     store_tensor_entry<Cfg, C>(a, mem, col0, base_c);
-  } else {
+  } else if constexpr (!kChannel) {
     part[w * 32 + l] = make_float4(p[0], p[1], p[2], p[3]);
     __syncthreads();
 #pragma unroll
@@ -505,11 +530,12 @@ constexpr bool kPairRegisters = kPairDirect<Cfg, R, C> || kMxPairDirect<Cfg, R, 
 // A program for interior tiles only (kInteriorOnly) of a kPairRegisters plan casts every tile
 // from registers, so it asks only that path's shared memory (cast_pair_smem_bytes; 0: not such a
 // program). compiler/codegen.cpp (register_pair) decides the same on the host. Not the pairs of
-// per-tensor scales, whose programs hold a fused kernel that stages its tiles.
+// per-tensor or per-channel scales, whose programs hold a fused kernel that stages its tiles.
 template <class Cfg, class... S>
 constexpr u32 kPairOnlySmemBytes = 0;
 template <class Cfg, class R, class C>
-constexpr u32 kPairOnlySmemBytes<Cfg, R, C> = kInteriorOnly<Cfg> && kPairRegisters<Cfg, R, C> && !kPairTensorScales<R, C>
+constexpr u32 kPairOnlySmemBytes<Cfg, R, C> = kInteriorOnly<Cfg> && kPairRegisters<Cfg, R, C> && !kPairTensorScales<R, C> &&
+                                                      !kPairChannelScales<R, C>
                                                   ? cast_pair_smem_bytes(kMxPairDirect<Cfg, R, C>)
                                                   : 0;
 template <class Cfg, class R, class C>

@@ -150,29 +150,52 @@ __device__ __forceinline__ float tile_amax_full(const QuantizeArgs& a, const Mem
   }
 }
 
+// Input bytes a lane reads of a row per load in tile_row_col_amaxes_full: 16, or 8 where a row
+// of the tile holds fewer than 32 16-byte chunks (128 columns of a 16-bit input: the tiles of the
+// per-channel register pair, cast_pair.cuh).
+template <class Cfg>
+constexpr int kRowColChunkBytes = (Cfg::kTileCols / kElemsPer16<Cfg::kInDtype>) % 32 == 0 ? 16 : 8;
+// Whether tile_row_col_amaxes_full reads tiles of Cfg: whole warps of chunks across a row, whole
+// rows per warp, at most 128 bytes of loads in flight per thread, its scratch within the kernel's
+// shared memory.
+template <class Cfg>
+constexpr bool kRowColDirect = (Cfg::kTileCols * kInBytes<Cfg::kInDtype> / kRowColChunkBytes<Cfg>) % 32 == 0 &&
+                               Cfg::kTileRows % (Cfg::kThreads / 32) == 0 &&
+                               Cfg::kTileRows / (Cfg::kThreads / 32) * Cfg::kTileCols * kInBytes<Cfg::kInDtype> / 32 <= 128 &&
+                               u32(Cfg::kThreads / 32 * Cfg::kTileCols * 4) <= Cfg::kSmemBytes;
+
 // Per-row and per-column amaxes of an interior tile straight from global memory, without staging
 // (the pre-pass of per-channel plans with a transposed copy: fp8_rowwise, int8_weight_sr
-// training). Warp w takes rows w, w + W, ... (W = T / 32 warps), each lane the same 16-byte
-// chunks of every row it reads, so a thread keeps its columns' maxima in registers over the
-// rows; a row's maximum is a warp reduction, one atomic per row; the columns' maxima meet in
-// shared memory (`scratch`, W * TC floats), one atomic per column. Every load of a thread is in
+// training). Warp w takes rows w, w + W, ... (W = T / 32 warps), each lane the same chunks
+// (kRowColChunkBytes) of every row it reads, so a thread keeps its columns' maxima in registers
+// over the rows; a row's maximum is a warp reduction, one atomic per row; the columns' maxima meet
+// in shared memory (`scratch`, W * TC floats), one atomic per column. Every load of a thread is in
 // flight before the first maximum. row_amax / col_amax: the slots' bases for this member (null:
 // that reduction is not wanted).
 template <class Cfg>
 __device__ __forceinline__ void tile_row_col_amaxes_full(const QuantizeArgs& a, const Member& mem, i64 col0, float* row_amax,
                                                          float* col_amax, float* scratch) {
-  constexpr int D = Cfg::kInDtype, E = kElemsPer16<D>, TR = Cfg::kTileRows, TC = Cfg::kTileCols, T = Cfg::kThreads;
+  constexpr int D = Cfg::kInDtype, B = kInBytes<D>, CB = kRowColChunkBytes<Cfg>, NW = CB / 4, E = CB / B;
+  constexpr int TR = Cfg::kTileRows, TC = Cfg::kTileCols, T = Cfg::kThreads;
   constexpr int W = T / 32, CH = TC / E, J = CH / 32, R = TR / W;
-  static_assert(CH % 32 == 0 && TR % W == 0, "whole warps of 16-byte chunks across the tile, whole rows per warp");
+  static_assert(kRowColDirect<Cfg>, "whole warps of chunks across the tile, whole rows per warp");
   const int warp = int(threadIdx.x / 32), lane = int(threadIdx.x % 32);
   const i64 row0 = mem.tile_row * TR;
-  const char* base = static_cast<const char*>(a.x) + ((mem.row_base + row0) * a.k + col0) * kInBytes<D>;
-  uint4 raw[R][J];
+  const char* base = static_cast<const char*>(a.x) + ((mem.row_base + row0) * a.k + col0) * B;
+  u32 raw[R][J][NW];
 #pragma unroll
   for (int i = 0; i < R; ++i)
 #pragma unroll
-    for (int j = 0; j < J; ++j)
-      raw[i][j] = __ldg(reinterpret_cast<const uint4*>(base + (i64(warp + i * W) * a.k + (lane + 32 * j) * E) * kInBytes<D>));
+    for (int j = 0; j < J; ++j) {
+      const char* src = base + (i64(warp + i * W) * a.k + (lane + 32 * j) * E) * B;
+      if constexpr (CB == 16) {
+        const uint4 q = __ldg(reinterpret_cast<const uint4*>(src));
+        raw[i][j][0] = q.x, raw[i][j][1] = q.y, raw[i][j][2] = q.z, raw[i][j][3] = q.w;
+      } else {
+        const uint2 q = __ldg(reinterpret_cast<const uint2*>(src));
+        raw[i][j][0] = q.x, raw[i][j][1] = q.y;
+      }
+    }
   float col[J][E];
 #pragma unroll
   for (int j = 0; j < J; ++j)
@@ -184,7 +207,11 @@ __device__ __forceinline__ void tile_row_col_amaxes_full(const QuantizeArgs& a, 
 #pragma unroll
     for (int j = 0; j < J; ++j) {
       float v[E];
-      unpack16<D>(raw[i][j], v);
+#pragma unroll
+      for (int n = 0; n < NW; ++n) {
+        if constexpr (D == 0) v[n] = f32_from_bits(raw[i][j][n]);
+        else unpack2<D>(raw[i][j][n], v[2 * n], v[2 * n + 1]);
+      }
 #pragma unroll
       for (int e = 0; e < E; ++e) {
         col[j][e] = amax_step(col[j][e], v[e]);

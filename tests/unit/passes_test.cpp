@@ -281,6 +281,12 @@ TEST(SelectTiles, ShapesFollowLayoutsAndBlocks) {
   EXPECT_EQ(dl.tile, (TileConfig{128, 128, 256, 4, 3}));
   const Plan cb = plan_for("current_scaling", "linear:input", std::nullopt, DType::FP16);
   EXPECT_EQ(cb.tile, (TileConfig{128, 128, 256, 4, 3}));
+  // Per-channel pairs too (scales from the pre-pass's workspace); fp32 input keeps 32 x 512, and
+  // the int8 weights' stochastic rounding (staged) keeps it as well.
+  const Plan pc = plan_for("fp8_rowwise", "linear:input");
+  EXPECT_EQ(pc.tile, (TileConfig{128, 128, 256, 4, 3}));
+  EXPECT_EQ(plan_for("fp8_rowwise", "linear:input", std::nullopt, DType::FP32).tile, (TileConfig{32, 512, 256, 4}));
+  EXPECT_EQ(plan_for("int8_weight_sr", "linear:weight").tile, (TileConfig{32, 512, 256, 4}));
   const Plan bw = plan_for("float8_block_scaling", "linear:input");  // 128x1 blocks: 128 rows
   EXPECT_EQ(bw.tile, (TileConfig{128, 128, 256, 4}));
   const Plan nv = plan_for("nvfp4", "linear:input");  // fp4: 64 x 128, 128 threads
@@ -291,7 +297,7 @@ TEST(SelectTiles, ShapesFollowLayoutsAndBlocks) {
   EXPECT_EQ(nvi.tile, (TileConfig{32, 512, 256, 4}));
   const Plan id = plan_for("int8_weight_sr", "linear:input");  // bf16 passthrough + transpose: 128 x 128
   EXPECT_EQ(id.tile, (TileConfig{128, 128, 256, 4}));
-  for (const Plan& p : {mx, w8, cs, dl, cb, bw, nv, sr, nvi, id}) EXPECT_TRUE(tile_fits(p, p.tile));
+  for (const Plan& p : {mx, w8, cs, dl, cb, pc, bw, nv, sr, nvi, id}) EXPECT_TRUE(tile_fits(p, p.tile));
 }
 
 TEST(SelectTiles, CandidatesAreValidAndStartWithTheDefault) {

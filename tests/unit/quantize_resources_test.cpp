@@ -35,8 +35,9 @@ const std::map<std::string, int>& spill_budget() {
     // transposing per-channel plans at 80 registers, 32 x 256 on 128 threads for MXFP8's
     // same-layout copy at 64, 32 x 512 for NVFP4 rowwise at 64. Timed with these spills by
     // `qforge tune` (bench/results/h200/tune_16384_2026-11-29.txt), each faster than the tile
-    // before it without them: fp8_rowwise training 588 -> 479 us (36 / 26 B before), int8_weight_sr
-    // weight 1183 -> 1076 (74 / 88), mxfp8 331 -> 296 (40), nvfp4 input inference 423 -> 333 (0).
+    // before it without them: int8_weight_sr weight 1183 -> 1076 (74 / 88), mxfp8 331 -> 296
+    // (40), nvfp4 input inference 423 -> 333 (0). (fp8_rowwise training, 224 / 194 B on 32 x 512,
+    // casts 128 x 128 tiles from registers since and spills nothing.)
     b["int8_weight_sr linear:weight training cast_kernel"] = 310;
     b["int8_weight_sr linear:weight training fused_kernel"] = 224;
     // Its programs for interior tiles only (the README's timed kernels at 16384^2) at 80 registers.
@@ -48,13 +49,11 @@ const std::map<std::string, int>& spill_budget() {
     // one-launch kernel (small tensors only) at its 64 registers.
     b["nvfp4 linear:input training fused_kernel"] = 4;
     for (const char* role : {"linear:input", "linear:weight", "linear:grad_output"}) {
-      b[std::string("fp8_rowwise ") + role + " training cast_kernel"] = 224;
-      b[std::string("fp8_rowwise ") + role + " training fused_kernel"] = 194;
       b[std::string("mxfp8 ") + role + " training cast_kernel"] = 124;
       b[std::string("delayed_scaling ") + role + " inference cast_kernel"] = 4;
       b[std::string("delayed_scaling ") + role + " inference fused_kernel"] = 4;
     }
-    // Per-tensor pairs on 128 x 128 tiles (2026-11-30, select_tiles.cpp tensor_scale_pair): current
+    // Per-tensor pairs on 128 x 128 tiles (2026-11-30, select_tiles.cpp known_scale_pair): current
     // scaling's program for any tiles at 80 registers (its program for interior tiles, which
     // whole-tile shapes take, spills nothing). Timed with them at 16320^2 (edge tiles): 426.8 ->
     // 428.5 us against 32 x 512 tiles; 16384^2 410.0 -> 401.7 us
