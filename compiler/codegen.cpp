@@ -57,6 +57,20 @@ RegisterPair register_pair(const Plan& p) {
   return p.tile.rows == 64 && p.tile.cols == 128 && !swizzled ? RegisterPair::Mx : RegisterPair::None;
 }
 
+// A per-channel row + transposed pair on 128-column tiles reduces its per-row and per-column
+// amaxes 4 tiles of a tile row per pre-pass CTA (cast.cuh amax_kernel), so that a row takes one
+// atomic per 512 columns, as on the 32 x 512 tiles such plans had before they cast from registers:
+// with one tile per CTA, the 128 atomics per row of a 16384-column input, arriving together from
+// the CTAs of one tile row, took the pre-pass from 176 to 397 us on an H200 (docs/quantize.md).
+int amax_tiles(const Plan& p, const std::vector<int>& reduced) {
+  bool rows = false, cols = false;
+  for (int idx : reduced) {
+    const AmaxSource& a = p.amax[size_t(idx)];
+    if (a.scope == AmaxScope::Channel && !a.rht) (a.channel_dir == Direction::Rowwise ? rows : cols) = true;
+  }
+  return rows && cols && register_pair_streams(p) && p.tile.cols == 128 ? 4 : 1;
+}
+
 std::string format_type(const Stream& s) {
   if (s.format == ElemFormat::Identity)
     return "qf::Identity<" + std::to_string(traits(s.out_dtype).numerics_code) + ">";
@@ -268,6 +282,8 @@ KernelSource emit_quantize(const Plan& p, QuantizeForm form, Tiles tiles) {
   e.constant("kMinBlocks", int64_t(min_blocks));
   e.constant_u32("kSmemBytes", ks.smem_bytes);
   if (tiles == Tiles::Interior) e.constant("kInteriorOnly", true);
+  ks.amax_tiles = amax_tiles(p, reduced);
+  if (ks.amax_tiles > 1) e.constant("kAmaxTiles", int64_t(ks.amax_tiles));
   e.close(";");
   // The one-launch form's CTA (fused_threads): the same tile with more threads where the plan's
   // have fewer.

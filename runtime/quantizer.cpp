@@ -571,7 +571,11 @@ void Quantizer::quantize(const QuantizeCall& call, CUstream stream) const {
     }
   }
   zero_buffers(true);
-  if (f->amax) launch(f->amax, grid, block, smem, stream, params, {}, SmemLimit::kPrepared);
+  if (f->amax) {
+    Dim3 amax_grid = grid;  // amax_tiles tiles of a tile row per CTA
+    amax_grid.y = unsigned(ceil_div(u64(grid.y), u64(geo.amax_tiles)));
+    launch(f->amax, amax_grid, block, smem, stream, params, {}, SmemLimit::kPrepared);
+  }
   launch(f->cast, grid, block, smem, stream, params, {}, SmemLimit::kPrepared);
 }
 

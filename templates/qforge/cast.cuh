@@ -134,17 +134,29 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocks) row_kernel(con
       ...);
 }
 
-// Global reductions before the cast: the tensor amax (raw: straight from global memory with
-// vector loads; after RHT: through the rotated tile) and per-channel amaxes.
+namespace detail {
+
+// The per-row and per-column amax slots' bases of the pre-pass sources A for this member (null:
+// no such source).
+template <class... A>
+__device__ __forceinline__ void channel_slots(const QuantizeArgs& a, const Member& mem, float*& rows, float*& cols) {
+  rows = nullptr, cols = nullptr;
+  ((A::kScope == kScopeChannelRows ? rows = a.amax[A::kSlot] + mem.row_base : cols = a.amax[A::kSlot] + i64(mem.index) * a.k),
+   ...);
+}
+
+// Per-row and per-column amaxes only (no RHT), whose interior tiles the pre-pass reads straight
+// from global memory, one read (H200, 16384^2 bf16, fp8_rowwise training: the staged form's
+// pre-pass took 329 us, 1.64 TB/s).
 template <class Cfg, class... A>
-__global__ void __launch_bounds__(Cfg::kThreads) amax_kernel(const QuantizeArgs a) {
-  if (a.noop && *a.noop == 1.0f) return;
-  detail::Member mem;
-  i64 unused[kMaxStreams];
-  const detail::TilePos pos = detail::tile_pos<Cfg, true>();
-  if (!detail::resolve_member<Cfg>(a, pos.row, mem, unused)) return;
+constexpr bool kRowsColsDirect = ((!A::kRht && A::kScope != kScopeTensor) && ...) &&
+                                 ((A::kScope == kScopeChannelCols) || ...) && kRowColDirect<Cfg>;
+
+// The global reductions of one tile of the member's tile row mem.tile_row, at column col0.
+template <class Cfg, class... A>
+__device__ __forceinline__ void amax_tile(const QuantizeArgs& a, const Member& mem, i64 col0) {
   constexpr int TR = Cfg::kTileRows, TC = Cfg::kTileCols, T = Cfg::kThreads;
-  const i64 col0 = pos.col * TC, row0 = mem.tile_row * TR;
+  const i64 row0 = mem.tile_row * TR;
   // The staged tile serves RHT'd reductions and column walks; raw tensor and row amaxes read
   // global memory directly.
   constexpr bool kNeedsTile = ((A::kRht || A::kScope == kScopeChannelCols) || ...);
@@ -152,19 +164,11 @@ __global__ void __launch_bounds__(Cfg::kThreads) amax_kernel(const QuantizeArgs 
   detail::TileElem<Cfg>* tile = reinterpret_cast<detail::TileElem<Cfg>*>(smem4);
   detail::TileElem<Cfg>* rtile = Cfg::kRht ? tile + TR * TC : tile;
   const bool full = detail::kInteriorOnly<Cfg> || (row0 + TR <= mem.rows && col0 + TC <= a.k && a.k % 16 == 0);
-  // Per-row and per-column amaxes only (no RHT): interior tiles straight from global memory, one
-  // read (H200, 16384^2 bf16, fp8_rowwise training: the staged form's pre-pass took 329 us,
-  // 1.64 TB/s).
-  constexpr bool kRowsCols = ((!A::kRht && A::kScope != kScopeTensor) && ...) && ((A::kScope == kScopeChannelCols) || ...) &&
-                             detail::kRowColDirect<Cfg>;
-  if constexpr (kRowsCols) {
+  if constexpr (kRowsColsDirect<Cfg, A...>) {
     if (full) {
-      float* rows = nullptr;
-      float* cols = nullptr;
-      ((A::kScope == kScopeChannelRows ? rows = a.amax[A::kSlot] + mem.row_base
-                                       : cols = a.amax[A::kSlot] + i64(mem.index) * a.k),
-       ...);
-      detail::tile_row_col_amaxes_full<Cfg>(a, mem, col0, rows, cols, reinterpret_cast<float*>(smem4));
+      float *rows, *cols;
+      channel_slots<A...>(a, mem, rows, cols);
+      tile_row_col_amaxes_full<Cfg>(a, mem, col0, 1, rows, cols, reinterpret_cast<float*>(smem4));
       return;
     }
   }
@@ -239,6 +243,43 @@ __global__ void __launch_bounds__(Cfg::kThreads) amax_kernel(const QuantizeArgs 
         }
       }(),
       ...);
+}
+
+}  // namespace detail
+
+// Global reductions before the cast: the tensor amax (raw: straight from global memory with
+// vector loads; after RHT: through the rotated tile) and per-channel amaxes. A CTA reduces
+// kAmaxTiles tiles of its tile row (the host's grid has that many fewer columns): the leading
+// interior ones in one pass where the tile allows (kRowsColsDirect), the others one at a time.
+template <class Cfg, class... A>
+__global__ void __launch_bounds__(Cfg::kThreads) amax_kernel(const QuantizeArgs a) {
+  if (a.noop && *a.noop == 1.0f) return;
+  detail::Member mem;
+  i64 unused[kMaxStreams];
+  const detail::TilePos pos = detail::tile_pos<Cfg, true>();
+  if (!detail::resolve_member<Cfg>(a, pos.row, mem, unused)) return;
+  constexpr int F = detail::kAmaxTiles<Cfg>, TR = Cfg::kTileRows, TC = Cfg::kTileCols;
+  if constexpr (F == 1) {
+    detail::amax_tile<Cfg, A...>(a, mem, pos.col * TC);
+  } else {
+    const i64 col0 = pos.col * F * TC;
+    int n = 0;  // the leading tiles reduced in one pass
+    if constexpr (detail::kRowsColsDirect<Cfg, A...>) {
+      const bool rows_full = detail::kInteriorOnly<Cfg> || (mem.tile_row * TR + TR <= mem.rows && a.k % 16 == 0);
+      const i64 whole = (a.k - col0) / TC;  // tiles of the group that end within K
+      n = rows_full ? int(whole < F ? whole : F) : 0;
+      if (n > 0) {
+        extern __shared__ float4 smem4[];
+        float *rows, *cols;
+        detail::channel_slots<A...>(a, mem, rows, cols);
+        detail::tile_row_col_amaxes_full<Cfg, F>(a, mem, col0, n, rows, cols, reinterpret_cast<float*>(smem4));
+      }
+    }
+    for (int t = n; t < F && col0 + i64(t) * TC < a.k; ++t) {
+      if (t > 0) __syncthreads();  // shared memory of the tile before
+      detail::amax_tile<Cfg, A...>(a, mem, col0 + i64(t) * TC);
+    }
+  }
 }
 
 #endif  // __CUDACC__

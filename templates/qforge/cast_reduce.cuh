@@ -164,76 +164,101 @@ constexpr bool kRowColDirect = (Cfg::kTileCols * kInBytes<Cfg::kInDtype> / kRowC
                                Cfg::kTileRows / (Cfg::kThreads / 32) * Cfg::kTileCols * kInBytes<Cfg::kInDtype> / 32 <= 128 &&
                                u32(Cfg::kThreads / 32 * Cfg::kTileCols * 4) <= Cfg::kSmemBytes;
 
-// Per-row and per-column amaxes of an interior tile straight from global memory, without staging
-// (the pre-pass of per-channel plans with a transposed copy: fp8_rowwise, int8_weight_sr
-// training). Warp w takes rows w, w + W, ... (W = T / 32 warps), each lane the same chunks
-// (kRowColChunkBytes) of every row it reads, so a thread keeps its columns' maxima in registers
-// over the rows; a row's maximum is a warp reduction, one atomic per row; the columns' maxima meet
-// in shared memory (`scratch`, W * TC floats), one atomic per column. Every load of a thread is in
-// flight before the first maximum. row_amax / col_amax: the slots' bases for this member (null:
-// that reduction is not wanted).
-template <class Cfg>
-__device__ __forceinline__ void tile_row_col_amaxes_full(const QuantizeArgs& a, const Member& mem, i64 col0, float* row_amax,
-                                                         float* col_amax, float* scratch) {
+// Per-row and per-column amaxes of `tiles` (1 .. F) interior tiles of a tile row, the first at
+// column col0, straight from global memory, without staging (the pre-pass of per-channel plans
+// with a transposed copy: fp8_rowwise, int8_weight_sr training). Warp w takes rows w, w + W, ...
+// (W = T / 32 warps), each lane the same chunks (kRowColChunkBytes) of every row it reads, so a
+// thread keeps its columns' maxima in registers over the rows; the columns' maxima meet in shared
+// memory (`scratch`, W * TC floats), one atomic per column and tile. A row's maximum is a warp
+// reduction and one atomic: per tile (F = 1), or once for all the tiles, the lane's maxima kept
+// over them (F > 1: per-channel pairs on 128-column tiles, whose 128 atomics per row of a 16384-
+// column input, arriving together from the CTAs of one tile row, took the pass from 176 to 397 us
+// on an H200). Every load of a thread for a tile is in flight before its first maximum.
+// row_amax / col_amax: the slots' bases for this member (null: that reduction is not wanted).
+template <class Cfg, int F = 1>
+__device__ __forceinline__ void tile_row_col_amaxes_full(const QuantizeArgs& a, const Member& mem, i64 col0, int tiles,
+                                                         float* row_amax, float* col_amax, float* scratch) {
   constexpr int D = Cfg::kInDtype, B = kInBytes<D>, CB = kRowColChunkBytes<Cfg>, NW = CB / 4, E = CB / B;
   constexpr int TR = Cfg::kTileRows, TC = Cfg::kTileCols, T = Cfg::kThreads;
   constexpr int W = T / 32, CH = TC / E, J = CH / 32, R = TR / W;
   static_assert(kRowColDirect<Cfg>, "whole warps of chunks across the tile, whole rows per warp");
   const int warp = int(threadIdx.x / 32), lane = int(threadIdx.x % 32);
   const i64 row0 = mem.tile_row * TR;
-  const char* base = static_cast<const char*>(a.x) + ((mem.row_base + row0) * a.k + col0) * B;
-  u32 raw[R][J][NW];
+  float rows[R];
 #pragma unroll
-  for (int i = 0; i < R; ++i)
+  for (int i = 0; i < R; ++i) rows[i] = 0.0f;
+#pragma unroll 1
+  for (int t = 0; t < F; ++t) {
+    if (t == tiles) break;
+    const i64 c0 = col0 + i64(t) * TC;
+    const char* base = static_cast<const char*>(a.x) + ((mem.row_base + row0) * a.k + c0) * B;
+    u32 raw[R][J][NW];
 #pragma unroll
-    for (int j = 0; j < J; ++j) {
-      const char* src = base + (i64(warp + i * W) * a.k + (lane + 32 * j) * E) * B;
-      if constexpr (CB == 16) {
-        const uint4 q = __ldg(reinterpret_cast<const uint4*>(src));
-        raw[i][j][0] = q.x, raw[i][j][1] = q.y, raw[i][j][2] = q.z, raw[i][j][3] = q.w;
+    for (int i = 0; i < R; ++i)
+#pragma unroll
+      for (int j = 0; j < J; ++j) {
+        const char* src = base + (i64(warp + i * W) * a.k + (lane + 32 * j) * E) * B;
+        if constexpr (CB == 16) {
+          const uint4 q = __ldg(reinterpret_cast<const uint4*>(src));
+          raw[i][j][0] = q.x, raw[i][j][1] = q.y, raw[i][j][2] = q.z, raw[i][j][3] = q.w;
+        } else {
+          const uint2 q = __ldg(reinterpret_cast<const uint2*>(src));
+          raw[i][j][0] = q.x, raw[i][j][1] = q.y;
+        }
+      }
+    float col[J][E];
+#pragma unroll
+    for (int j = 0; j < J; ++j)
+#pragma unroll
+      for (int e = 0; e < E; ++e) col[j][e] = 0.0f;
+#pragma unroll
+    for (int i = 0; i < R; ++i) {
+      float m = rows[i];
+#pragma unroll
+      for (int j = 0; j < J; ++j) {
+        float v[E];
+#pragma unroll
+        for (int n = 0; n < NW; ++n) {
+          if constexpr (D == 0) v[n] = f32_from_bits(raw[i][j][n]);
+          else unpack2<D>(raw[i][j][n], v[2 * n], v[2 * n + 1]);
+        }
+#pragma unroll
+        for (int e = 0; e < E; ++e) {
+          col[j][e] = amax_step(col[j][e], v[e]);
+          m = amax_step(m, v[e]);
+        }
+      }
+      if constexpr (F == 1) {
+        if (row_amax) {
+          m = warp_max(m);
+          if (lane == 0) atomic_max_nonneg(row_amax + row0 + warp + i * W, m);
+        }
       } else {
-        const uint2 q = __ldg(reinterpret_cast<const uint2*>(src));
-        raw[i][j][0] = q.x, raw[i][j][1] = q.y;
+        rows[i] = m;
       }
     }
-  float col[J][E];
+    if (!col_amax) continue;
+    if (t > 0) __syncthreads();  // the previous tile's column reads of `scratch` are done
 #pragma unroll
-  for (int j = 0; j < J; ++j)
+    for (int j = 0; j < J; ++j)
 #pragma unroll
-    for (int e = 0; e < E; ++e) col[j][e] = 0.0f;
+      for (int e = 0; e < E; ++e) scratch[warp * TC + (lane + 32 * j) * E + e] = col[j][e];
+    __syncthreads();
+    for (int c = int(threadIdx.x); c < TC; c += T) {
+      float m = scratch[c];
 #pragma unroll
-  for (int i = 0; i < R; ++i) {
-    float m = 0.0f;
-#pragma unroll
-    for (int j = 0; j < J; ++j) {
-      float v[E];
-#pragma unroll
-      for (int n = 0; n < NW; ++n) {
-        if constexpr (D == 0) v[n] = f32_from_bits(raw[i][j][n]);
-        else unpack2<D>(raw[i][j][n], v[2 * n], v[2 * n + 1]);
-      }
-#pragma unroll
-      for (int e = 0; e < E; ++e) {
-        col[j][e] = amax_step(col[j][e], v[e]);
-        m = amax_step(m, v[e]);
-      }
-    }
-    if (row_amax) {
-      m = warp_max(m);
-      if (lane == 0) atomic_max_nonneg(row_amax + row0 + warp + i * W, m);
+      for (int w = 1; w < W; ++w) m = fmaxf(m, scratch[w * TC + c]);
+      atomic_max_nonneg(col_amax + c0 + c, m);
     }
   }
-  if (!col_amax) return;
+  if constexpr (F > 1) {
+    if (row_amax) {
 #pragma unroll
-  for (int j = 0; j < J; ++j)
-#pragma unroll
-    for (int e = 0; e < E; ++e) scratch[warp * TC + (lane + 32 * j) * E + e] = col[j][e];
-  __syncthreads();
-  for (int c = int(threadIdx.x); c < TC; c += T) {
-    float m = scratch[c];
-#pragma unroll
-    for (int w = 1; w < W; ++w) m = fmaxf(m, scratch[w * TC + c]);
-    atomic_max_nonneg(col_amax + col0 + c, m);
+      for (int i = 0; i < R; ++i) {
+        const float m = warp_max(rows[i]);
+        if (lane == 0) atomic_max_nonneg(row_amax + row0 + warp + i * W, m);
+      }
+    }
   }
 }
 

@@ -34,6 +34,20 @@ struct InteriorOnly<Cfg, decltype(void(Cfg::kInteriorOnly))> {
 template <class Cfg>
 constexpr bool kInteriorOnly = InteriorOnly<Cfg>::value;
 
+// Tiles of a tile row (consecutive columns) one CTA of the amax pre-pass reduces: Cfg::kAmaxTiles
+// where codegen defines it (per-channel row + transposed pairs on 128-column tiles, so that a row
+// takes one atomic per 512 columns: KernelSource::amax_tiles), else 1.
+template <class Cfg, class = void>
+struct AmaxTiles {
+  static constexpr int value = 1;
+};
+template <class Cfg>
+struct AmaxTiles<Cfg, decltype(void(Cfg::kAmaxTiles))> {
+  static constexpr int value = int(Cfg::kAmaxTiles);
+};
+template <class Cfg>
+constexpr int kAmaxTiles = AmaxTiles<Cfg>::value;
+
 // Scale grid of a stream for a member whose data is [R, C] (data-layout coordinates).
 template <class S>
 __device__ __forceinline__ void scale_grid(i64 R, i64 C, i64& rows, i64& cols, i64& prows, i64& pcols) {

@@ -77,6 +77,7 @@ TEST(QuantizeForms, EachFormHoldsItsKernelsAndTheSourcesDiffer) {
     EXPECT_EQ(all.fused_threads, sep.fused_threads) << what;
     EXPECT_EQ(all.min_blocks, sep.min_blocks) << what;
     EXPECT_EQ(all.fused_min_blocks, sep.fused_min_blocks) << what;
+    EXPECT_EQ(all.amax_tiles, sep.amax_tiles) << what;
     EXPECT_GE(sep.fused_min_blocks, 1) << what;
     // The fused kernel's launch bounds are those fused_min_blocks names.
     const std::string cfg = all.fused_threads != all.tile.threads ? "struct CfgFused : Cfg {" : "struct Cfg {";
@@ -206,6 +207,12 @@ TEST(QuantizeForms, InteriorProgramsAreTheFormsWithTwoMarks) {
       EXPECT_EQ(in.min_blocks, min_blocks) << what;
       EXPECT_EQ(in.fused_min_blocks, any.fused_min_blocks) << what;
       EXPECT_EQ(in.tile, any.tile) << what;
+      EXPECT_EQ(in.amax_tiles, any.amax_tiles) << what;
+      // The pre-pass of the per-channel pairs (fp8_rowwise training, 16-bit inputs on 128 x 128
+      // tiles) reduces 4 tiles per CTA, said in Cfg; every other plan's 1, said nowhere.
+      const bool channel_pair = sp.recipe == "fp8_rowwise" && sp.usage == Usage::Training && sp.dtype != DType::FP32;
+      EXPECT_EQ(any.amax_tiles, channel_pair ? 4 : 1) << what;
+      EXPECT_EQ(any.source.find("static constexpr long long kAmaxTiles = 4;") != std::string::npos, channel_pair) << what;
       ++programs;
     }
   }
