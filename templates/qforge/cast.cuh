@@ -248,9 +248,10 @@ __device__ __forceinline__ void amax_tile(const QuantizeArgs& a, const Member& m
 }  // namespace detail
 
 // Global reductions before the cast: the tensor amax (raw: straight from global memory with
-// vector loads; after RHT: through the rotated tile) and per-channel amaxes. A CTA reduces
-// kAmaxTiles tiles of its tile row (the host's grid has that many fewer columns): the leading
-// interior ones in one pass where the tile allows (kRowsColsDirect), the others one at a time.
+// vector loads; after RHT: through the rotated tile) and per-channel amaxes. A CTA reduces up to
+// kAmaxTiles tiles of its tile row (as many as the host's grid has fewer columns than the input
+// has tiles): the leading interior ones in one pass where the tile allows (kRowsColsDirect), the
+// others one at a time.
 template <class Cfg, class... A>
 __global__ void __launch_bounds__(Cfg::kThreads) amax_kernel(const QuantizeArgs a) {
   if (a.noop && *a.noop == 1.0f) return;
@@ -262,12 +263,15 @@ __global__ void __launch_bounds__(Cfg::kThreads) amax_kernel(const QuantizeArgs 
   if constexpr (F == 1) {
     detail::amax_tile<Cfg, A...>(a, mem, pos.col * TC);
   } else {
-    const i64 col0 = pos.col * F * TC;
+    // F tiles per CTA, or fewer where the host's grid has more columns (one tile each: inputs of
+    // one wave of tiles, where grouping would only lengthen each CTA).
+    const int per = int(ceil_div(ceil_div(u64(a.k), u64(TC)), u64(gridDim.y)));
+    const i64 col0 = pos.col * per * TC;
     int n = 0;  // the leading tiles reduced in one pass
     if constexpr (detail::kRowsColsDirect<Cfg, A...>) {
       const bool rows_full = detail::kInteriorOnly<Cfg> || (mem.tile_row * TR + TR <= mem.rows && a.k % 16 == 0);
       const i64 whole = (a.k - col0) / TC;  // tiles of the group that end within K
-      n = rows_full ? int(whole < F ? whole : F) : 0;
+      n = rows_full ? int(whole < per ? whole : per) : 0;
       if (n > 0) {
         extern __shared__ float4 smem4[];
         float *rows, *cols;
@@ -275,7 +279,7 @@ __global__ void __launch_bounds__(Cfg::kThreads) amax_kernel(const QuantizeArgs 
         detail::tile_row_col_amaxes_full<Cfg, F>(a, mem, col0, n, rows, cols, reinterpret_cast<float*>(smem4));
       }
     }
-    for (int t = n; t < F && col0 + i64(t) * TC < a.k; ++t) {
+    for (int t = n; t < per && col0 + i64(t) * TC < a.k; ++t) {
       if (t > 0) __syncthreads();  // shared memory of the tile before
       detail::amax_tile<Cfg, A...>(a, mem, col0 + i64(t) * TC);
     }
