@@ -264,7 +264,8 @@ __global__ void __launch_bounds__(Cfg::kThreads) amax_kernel(const QuantizeArgs 
     detail::amax_tile<Cfg, A...>(a, mem, pos.col * TC);
   } else {
     // F tiles per CTA, or fewer where the host's grid has more columns (one tile each: inputs of
-    // one wave of tiles, where grouping would only lengthen each CTA).
+    // one wave of tiles, where grouping would only lengthen each CTA). With the host's grids
+    // (all tile columns, or ceil(tiles / F) of them) every CTA's first tile starts within K.
     const int per = int(ceil_div(ceil_div(u64(a.k), u64(TC)), u64(gridDim.y)));
     const i64 col0 = pos.col * per * TC;
     int n = 0;  // the leading tiles reduced in one pass
