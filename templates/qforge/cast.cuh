@@ -168,7 +168,7 @@ __device__ __forceinline__ void amax_tile(const QuantizeArgs& a, const Member& m
     if (full) {
       float *rows, *cols;
       channel_slots<A...>(a, mem, rows, cols);
-      tile_row_col_amaxes_full<Cfg>(a, mem, col0, 1, rows, cols, reinterpret_cast<float*>(smem4));
+      tile_row_col_amaxes_full<Cfg>(a, mem, col0, rows, cols, reinterpret_cast<float*>(smem4));
       return;
     }
   }
@@ -248,10 +248,10 @@ __device__ __forceinline__ void amax_tile(const QuantizeArgs& a, const Member& m
 }  // namespace detail
 
 // Global reductions before the cast: the tensor amax (raw: straight from global memory with
-// vector loads; after RHT: through the rotated tile) and per-channel amaxes. A CTA reduces up to
-// kAmaxTiles tiles of its tile row (as many as the host's grid has fewer columns than the input
-// has tiles): the leading interior ones in one pass where the tile allows (kRowsColsDirect), the
-// others one at a time.
+// vector loads; after RHT: through the rotated tile) and per-channel amaxes. Where codegen groups
+// tiles (kAmaxTiles > 1), a CTA reduces as many consecutive tiles of its tile row as the host's
+// grid has fewer columns than the input has tiles: the leading interior ones in one pass where
+// the tile allows (kRowsColsDirect, segments of kAmaxTiles tiles), the others one at a time.
 template <class Cfg, class... A>
 __global__ void __launch_bounds__(Cfg::kThreads) amax_kernel(const QuantizeArgs a) {
   if (a.noop && *a.noop == 1.0f) return;
@@ -263,21 +263,23 @@ __global__ void __launch_bounds__(Cfg::kThreads) amax_kernel(const QuantizeArgs 
   if constexpr (F == 1) {
     detail::amax_tile<Cfg, A...>(a, mem, pos.col * TC);
   } else {
-    // F tiles per CTA, or fewer where the host's grid has more columns (one tile each: inputs of
-    // one wave of tiles, where grouping would only lengthen each CTA). With the host's grids
-    // (all tile columns, or ceil(tiles / F) of them) every CTA's first tile starts within K.
+    // `per` tiles per CTA, from the host's grid (runtime/quantizer.cpp amax_group_tiles: one
+    // each for inputs of one wave of tiles, where grouping would only lengthen each CTA). With
+    // the host's grids (ceil(tiles / per) columns) every CTA's first tile starts within K.
     const int per = int(ceil_div(ceil_div(u64(a.k), u64(TC)), u64(gridDim.y)));
     const i64 col0 = pos.col * per * TC;
     int n = 0;  // the leading tiles reduced in one pass
     if constexpr (detail::kRowsColsDirect<Cfg, A...>) {
       const bool rows_full = detail::kInteriorOnly<Cfg> || (mem.tile_row * TR + TR <= mem.rows && a.k % 16 == 0);
       const i64 whole = (a.k - col0) / TC;  // tiles of the group that end within K
-      n = rows_full ? int(whole < per ? whole : per) : 0;
+      // Segments only where the host groups tiles (a single tile reads best as a tile: 8-byte
+      // chunks, every lane).
+      n = rows_full && per >= F ? int(whole < per ? whole : per) : 0;
       if (n > 0) {
         extern __shared__ float4 smem4[];
         float *rows, *cols;
         detail::channel_slots<A...>(a, mem, rows, cols);
-        detail::tile_row_col_amaxes_full<Cfg, F>(a, mem, col0, n, rows, cols, reinterpret_cast<float*>(smem4));
+        detail::group_row_col_amaxes_full<Cfg, F>(a, mem, col0, n, rows, cols, reinterpret_cast<float*>(smem4));
       }
     }
     for (int t = n; t < per && col0 + i64(t) * TC < a.k; ++t) {

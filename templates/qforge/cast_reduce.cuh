@@ -164,102 +164,180 @@ constexpr bool kRowColDirect = (Cfg::kTileCols * kInBytes<Cfg::kInDtype> / kRowC
                                Cfg::kTileRows / (Cfg::kThreads / 32) * Cfg::kTileCols * kInBytes<Cfg::kInDtype> / 32 <= 128 &&
                                u32(Cfg::kThreads / 32 * Cfg::kTileCols * 4) <= Cfg::kSmemBytes;
 
-// Per-row and per-column amaxes of `tiles` (1 .. F) interior tiles of a tile row, the first at
-// column col0, straight from global memory, without staging (the pre-pass of per-channel plans
-// with a transposed copy: fp8_rowwise, int8_weight_sr training). Warp w takes rows w, w + W, ...
-// (W = T / 32 warps), each lane the same chunks (kRowColChunkBytes) of every row it reads, so a
-// thread keeps its columns' maxima in registers over the rows; the columns' maxima meet in shared
-// memory (`scratch`, W * TC floats), one atomic per column and tile. A row's maximum is a warp
-// reduction and one atomic: per tile (F = 1), or once for all the tiles, the lane's maxima kept
-// over them (F > 1: per-channel pairs on 128-column tiles, whose 128 atomics per row of a 16384-
-// column input, arriving together from the CTAs of one tile row, took the pass from 176 to 397 us
-// on an H200). Every load of a thread for a tile is in flight before its first maximum.
-// row_amax / col_amax: the slots' bases for this member (null: that reduction is not wanted).
-template <class Cfg, int F = 1>
-__device__ __forceinline__ void tile_row_col_amaxes_full(const QuantizeArgs& a, const Member& mem, i64 col0, int tiles,
-                                                         float* row_amax, float* col_amax, float* scratch) {
+// Per-row and per-column amaxes of an interior tile straight from global memory, without staging
+// (the pre-pass of per-channel plans with a transposed copy: fp8_rowwise, int8_weight_sr
+// training). Warp w takes rows w, w + W, ... (W = T / 32 warps), each lane the same chunks
+// (kRowColChunkBytes) of every row it reads, so a thread keeps its columns' maxima in registers
+// over the rows; a row's maximum is a warp reduction, one atomic per row; the columns' maxima meet
+// in shared memory (`scratch`, W * TC floats), one atomic per column. Every load of a thread is in
+// flight before the first maximum. row_amax / col_amax: the slots' bases for this member (null:
+// that reduction is not wanted).
+template <class Cfg>
+__device__ __forceinline__ void tile_row_col_amaxes_full(const QuantizeArgs& a, const Member& mem, i64 col0, float* row_amax,
+                                                         float* col_amax, float* scratch) {
   constexpr int D = Cfg::kInDtype, B = kInBytes<D>, CB = kRowColChunkBytes<Cfg>, NW = CB / 4, E = CB / B;
   constexpr int TR = Cfg::kTileRows, TC = Cfg::kTileCols, T = Cfg::kThreads;
   constexpr int W = T / 32, CH = TC / E, J = CH / 32, R = TR / W;
   static_assert(kRowColDirect<Cfg>, "whole warps of chunks across the tile, whole rows per warp");
   const int warp = int(threadIdx.x / 32), lane = int(threadIdx.x % 32);
   const i64 row0 = mem.tile_row * TR;
-  float rows[R];
+  const char* base = static_cast<const char*>(a.x) + ((mem.row_base + row0) * a.k + col0) * B;
+  u32 raw[R][J][NW];
 #pragma unroll
-  for (int i = 0; i < R; ++i) rows[i] = 0.0f;
-#pragma unroll 1
-  for (int t = 0; t < F; ++t) {
-    if (t == tiles) break;
-    const i64 c0 = col0 + i64(t) * TC;
-    const char* base = static_cast<const char*>(a.x) + ((mem.row_base + row0) * a.k + c0) * B;
-    u32 raw[R][J][NW];
+  for (int i = 0; i < R; ++i)
 #pragma unroll
-    for (int i = 0; i < R; ++i)
-#pragma unroll
-      for (int j = 0; j < J; ++j) {
-        const char* src = base + (i64(warp + i * W) * a.k + (lane + 32 * j) * E) * B;
-        if constexpr (CB == 16) {
-          const uint4 q = __ldg(reinterpret_cast<const uint4*>(src));
-          raw[i][j][0] = q.x, raw[i][j][1] = q.y, raw[i][j][2] = q.z, raw[i][j][3] = q.w;
-        } else {
-          const uint2 q = __ldg(reinterpret_cast<const uint2*>(src));
-          raw[i][j][0] = q.x, raw[i][j][1] = q.y;
-        }
+    for (int j = 0; j < J; ++j) {
+      const char* src = base + (i64(warp + i * W) * a.k + (lane + 32 * j) * E) * B;
+      if constexpr (CB == 16) {
+        const uint4 q = __ldg(reinterpret_cast<const uint4*>(src));
+        raw[i][j][0] = q.x, raw[i][j][1] = q.y, raw[i][j][2] = q.z, raw[i][j][3] = q.w;
+      } else {
+        const uint2 q = __ldg(reinterpret_cast<const uint2*>(src));
+        raw[i][j][0] = q.x, raw[i][j][1] = q.y;
       }
+    }
+  float col[J][E];
+#pragma unroll
+  for (int j = 0; j < J; ++j)
+#pragma unroll
+    for (int e = 0; e < E; ++e) col[j][e] = 0.0f;
+#pragma unroll
+  for (int i = 0; i < R; ++i) {
+    float m = 0.0f;
+#pragma unroll
+    for (int j = 0; j < J; ++j) {
+      float v[E];
+#pragma unroll
+      for (int n = 0; n < NW; ++n) {
+        if constexpr (D == 0) v[n] = f32_from_bits(raw[i][j][n]);
+        else unpack2<D>(raw[i][j][n], v[2 * n], v[2 * n + 1]);
+      }
+#pragma unroll
+      for (int e = 0; e < E; ++e) {
+        col[j][e] = amax_step(col[j][e], v[e]);
+        m = amax_step(m, v[e]);
+      }
+    }
+    if (row_amax) {
+      m = warp_max(m);
+      if (lane == 0) atomic_max_nonneg(row_amax + row0 + warp + i * W, m);
+    }
+  }
+  if (!col_amax) return;
+#pragma unroll
+  for (int j = 0; j < J; ++j)
+#pragma unroll
+    for (int e = 0; e < E; ++e) scratch[warp * TC + (lane + 32 * j) * E + e] = col[j][e];
+  __syncthreads();
+  for (int c = int(threadIdx.x); c < TC; c += T) {
+    float m = scratch[c];
+#pragma unroll
+    for (int w = 1; w < W; ++w) m = fmaxf(m, scratch[w * TC + c]);
+    atomic_max_nonneg(col_amax + col0 + c, m);
+  }
+}
+
+// Rows of a warp per batch in group_row_col_amaxes_full: 64 bytes of loads per thread, two
+// batches in flight.
+template <class Cfg, int F>
+constexpr int kGroupBatchRows = 64 / (F * Cfg::kTileCols * kInBytes<Cfg::kInDtype> / 32);
+
+// Per-row and per-column amaxes of `tiles` interior tiles side by side in a tile row, from
+// column col0, straight from global memory (the pre-pass of the per-channel pairs on 128-column
+// tiles: fp8_rowwise training). The tiles go in segments of F, each read as one wide tile: warp w
+// takes rows w, w + W, ..., each row's F * TC columns whole (16-byte chunks, lanes on consecutive
+// chunks), rows in batches (kGroupBatchRows), the next batch's loads issued before the current one
+// is reduced; no barrier within a segment. A row's maximum over a segment is a warp reduction that
+// lane (row's index within the warp) keeps over the segments: one atomic per row and call (the
+// host gives a CTA one or two segments, quantizer.cpp amax_group_tiles; per-tile row atomics,
+// 128 per row of a 16384-column input arriving together from the CTAs of one tile row, took the
+// pass from 176 to 397 us on an H200).
+// A thread keeps its chunks' column maxima over its rows; they meet in `scratch` (W * F * TC
+// floats per segment, two segments' worth where the kernel's shared memory holds them) behind one
+// barrier, one atomic per column.
+template <class Cfg, int F>
+__device__ __forceinline__ void group_row_col_amaxes_full(const QuantizeArgs& a, const Member& mem, i64 col0, int tiles,
+                                                          float* row_amax, float* col_amax, float* scratch) {
+  constexpr int D = Cfg::kInDtype, B = kInBytes<D>, E = 16 / B, NW = 4;
+  constexpr int TR = Cfg::kTileRows, TC = Cfg::kTileCols, GC = F * TC, T = Cfg::kThreads;
+  constexpr int W = T / 32, J = GC / E / 32, R = TR / W, RB = kGroupBatchRows<Cfg, F>, NB = R / RB;
+  static_assert(GC % (32 * E) == 0 && TC % E == 0 && TR % W == 0 && R <= 32 && RB > 0 && R % RB == 0 && NB % 2 == 0,
+                "whole warps of 16-byte chunks across a segment, pairs of whole batches of rows per warp");
+  static_assert(u32(W * GC * 4) <= Cfg::kSmemBytes, "a segment's column maxima of every warp fit the kernel's shared memory");
+  constexpr int kBuffers = u32(2 * W * GC * 4) <= Cfg::kSmemBytes ? 2 : 1;
+  const int warp = int(threadIdx.x / 32), lane = int(threadIdx.x % 32);
+  const i64 row0 = mem.tile_row * TR;
+  const i64 stride = i64(W) * a.k * B;  // bytes between a warp's consecutive rows
+  float row_max = 0.0f;                 // of row `lane` of this warp (lane < R)
+#pragma unroll 1
+  for (int seg = 0; seg * F < tiles; ++seg) {
+    const i64 c0 = col0 + i64(seg) * GC;
+    const int live = (tiles - seg * F < F ? tiles - seg * F : F) * (TC / E);  // chunks of a row in the segment's tiles
+    const char* base = static_cast<const char*>(a.x) + ((mem.row_base + row0 + warp) * a.k + c0) * B;
+    const auto load = [&](int b, uint4(&q)[RB][J]) {
+#pragma unroll
+      for (int i = 0; i < RB; ++i)
+#pragma unroll
+        for (int j = 0; j < J; ++j) {
+          const int ch = lane + 32 * j;
+          q[i][j] = ch < live ? __ldg(reinterpret_cast<const uint4*>(base + (b * RB + i) * stride + ch * 16)) : make_uint4(0, 0, 0, 0);
+        }
+    };
     float col[J][E];
 #pragma unroll
     for (int j = 0; j < J; ++j)
 #pragma unroll
       for (int e = 0; e < E; ++e) col[j][e] = 0.0f;
+    const auto reduce = [&](int b, const uint4(&q)[RB][J]) {
 #pragma unroll
-    for (int i = 0; i < R; ++i) {
-      float m = rows[i];
+      for (int i = 0; i < RB; ++i) {
+        float m = 0.0f;
 #pragma unroll
-      for (int j = 0; j < J; ++j) {
-        float v[E];
+        for (int j = 0; j < J; ++j) {
+          const u32 w[NW] = {q[i][j].x, q[i][j].y, q[i][j].z, q[i][j].w};
+          float v[E];
 #pragma unroll
-        for (int n = 0; n < NW; ++n) {
-          if constexpr (D == 0) v[n] = f32_from_bits(raw[i][j][n]);
-          else unpack2<D>(raw[i][j][n], v[2 * n], v[2 * n + 1]);
+          for (int n = 0; n < NW; ++n) {
+            if constexpr (D == 0) v[n] = f32_from_bits(w[n]);
+            else unpack2<D>(w[n], v[2 * n], v[2 * n + 1]);
+          }
+#pragma unroll
+          for (int e = 0; e < E; ++e) {
+            col[j][e] = amax_step(col[j][e], v[e]);
+            m = amax_step(m, v[e]);
+          }
         }
-#pragma unroll
-        for (int e = 0; e < E; ++e) {
-          col[j][e] = amax_step(col[j][e], v[e]);
-          m = amax_step(m, v[e]);
-        }
-      }
-      if constexpr (F == 1) {
         if (row_amax) {
           m = warp_max(m);
-          if (lane == 0) atomic_max_nonneg(row_amax + row0 + warp + i * W, m);
+          if (lane == b * RB + i) row_max = fmaxf(row_max, m);
         }
-      } else {
-        rows[i] = m;
       }
+    };
+    uint4 qa[RB][J], qb[RB][J];
+    load(0, qa);
+#pragma unroll 1
+    for (int b = 0; b < NB; b += 2) {
+      load(b + 1, qb);
+      reduce(b, qa);
+      if (b + 2 < NB) load(b + 2, qa);
+      reduce(b + 1, qb);
     }
     if (!col_amax) continue;
-    if (t > 0) __syncthreads();  // the previous tile's column reads of `scratch` are done
+    float* buf = scratch + (seg % kBuffers) * (W * GC);
+    if (kBuffers == 1 && seg > 0) __syncthreads();  // the segment before has read `scratch`
 #pragma unroll
     for (int j = 0; j < J; ++j)
 #pragma unroll
-      for (int e = 0; e < E; ++e) scratch[warp * TC + (lane + 32 * j) * E + e] = col[j][e];
+      for (int e = 0; e < E; ++e) buf[warp * GC + (lane + 32 * j) * E + e] = col[j][e];
     __syncthreads();
-    for (int c = int(threadIdx.x); c < TC; c += T) {
-      float m = scratch[c];
+    for (int c = int(threadIdx.x); c < live * E; c += T) {
+      float m = buf[c];
 #pragma unroll
-      for (int w = 1; w < W; ++w) m = fmaxf(m, scratch[w * TC + c]);
+      for (int w = 1; w < W; ++w) m = fmaxf(m, buf[w * GC + c]);
       atomic_max_nonneg(col_amax + c0 + c, m);
     }
   }
-  if constexpr (F > 1) {
-    if (row_amax) {
-#pragma unroll
-      for (int i = 0; i < R; ++i) {
-        const float m = warp_max(rows[i]);
-        if (lane == 0) atomic_max_nonneg(row_amax + row0 + warp + i * W, m);
-      }
-    }
-  }
+  if (row_amax && lane < R) atomic_max_nonneg(row_amax + row0 + warp + lane * W, row_max);
 }
 
 // The tensor amaxes of an interior tile straight from global memory, without staging: raw (max

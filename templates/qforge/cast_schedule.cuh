@@ -34,9 +34,10 @@ struct InteriorOnly<Cfg, decltype(void(Cfg::kInteriorOnly))> {
 template <class Cfg>
 constexpr bool kInteriorOnly = InteriorOnly<Cfg>::value;
 
-// Tiles of a tile row (consecutive columns) one CTA of the amax pre-pass reduces: Cfg::kAmaxTiles
-// where codegen defines it (per-channel row + transposed pairs on 128-column tiles, so that a row
-// takes one atomic per 512 columns: KernelSource::amax_tiles), else 1.
+// Tiles of a tile row (consecutive columns) the amax pre-pass reads as one segment:
+// Cfg::kAmaxTiles where codegen defines it (per-channel row + transposed pairs on 128-column
+// tiles, whose pre-pass CTAs take several segments of a tile row, so that a row takes one atomic
+// per CTA: KernelSource::amax_tiles), else 1 (one tile per CTA).
 template <class Cfg, class = void>
 struct AmaxTiles {
   static constexpr int value = 1;
