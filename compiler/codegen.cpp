@@ -58,10 +58,11 @@ RegisterPair register_pair(const Plan& p) {
 }
 
 // A per-channel row + transposed pair on 128-column tiles reduces its per-row and per-column
-// amaxes 4 tiles of a tile row per pre-pass CTA (cast.cuh amax_kernel), so that a row takes one
-// atomic per 512 columns, as on the 32 x 512 tiles such plans had before they cast from registers:
-// with one tile per CTA, the 128 atomics per row of a 16384-column input, arriving together from
-// the CTAs of one tile row, took the pre-pass from 176 to 397 us on an H200 (docs/quantize.md).
+// amaxes in segments of 4 tiles of a tile row, read as one 512-column tile, one or two segments
+// per pre-pass CTA (cast.cuh amax_kernel), so that a row takes one atomic per 512 or 1024
+// columns: with one tile per CTA, the 128 atomics per row of a 16384-column input, arriving
+// together from the CTAs of one tile row, took the pre-pass from 176 to 397 us on an H200
+// (docs/quantize.md).
 int amax_tiles(const Plan& p, const std::vector<int>& reduced) {
   bool rows = false, cols = false;
   for (int idx : reduced) {

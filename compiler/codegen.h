@@ -58,9 +58,10 @@ struct KernelSource {
   // plan without it: ptxas keeps its registers within what that many CTAs per SM allow, so that
   // many times the SM count is a lower bound of its occupancy known before compiling it.
   int fused_min_blocks = 0;
-  // Tiles of a tile row one CTA of amax_kernel reduces (consecutive columns; the host launches it
-  // on a grid of that many fewer tile columns): 4 for the per-channel row + transposed pairs on
-  // 128-column tiles (Cfg::kAmaxTiles), else 1.
+  // Tiles of a tile row amax_kernel reads as one segment (Cfg::kAmaxTiles): 4 for the
+  // per-channel row + transposed pairs on 128-column tiles, whose pre-pass CTAs take one or two
+  // segments of a tile row (the host launches it on a grid of that many fewer tile columns:
+  // runtime/quantizer.cpp amax_group_tiles), else 1 (one tile per CTA).
   int amax_tiles = 1;
   // The one-pass form of plans with row_pass (below), if any: its threads per CTA and the 16-byte
   // input chunks each thread holds (a row of K elements fits 8 warps when K / chunk elements

@@ -106,8 +106,10 @@ gemm_cases+=':*float8_block_scaling__linear_weight__training__bf16__256x1024__in
 gemm_cases+=':*delayed_scaling__linear_input__training__bf16__256x1024__interior:*delayed_scaling__linear_input__training__bf16__1072x256__grouped8'
 gemm_cases+=':*current_scaling__linear_input__training__bf16__256x1024__separate__interior'
 # Per-channel scales (fp8_rowwise): the pre-pass's 8-byte reads of 128-column tiles, then the cast
-# reading the workspace; grouped members.
+# reading the workspace; grouped members; past one wave of tiles, the pre-pass's 512-column
+# segments (a last one of 3 tiles) and edge rows.
 gemm_cases+=':*fp8_rowwise__linear_input__training__bf16__256x1024__separate__interior:*fp8_rowwise__linear_input__training__bf16__1072x256__grouped8'
+gemm_cases+=':*fp8_rowwise__linear_input__training__bf16__4000x4480'
 gemm_cases+=':*GemmExact*mxfp8_mn_major_many_groups_3ctas:*GemmExact*members_mxfp8_mn_major_ring'
 # K-grouped per channel (the TMA epilogue's column factors, restaged per tile) and int8 (s32 sums).
 gemm_cases+=':*GemmExact*kgrouped_rowwise_3ctas_fp32:*GemmExact*int8_block_bf16:*GemmExact*int8_rowwise_bf16'
