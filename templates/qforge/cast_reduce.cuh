@@ -164,6 +164,23 @@ constexpr bool kRowColDirect = (Cfg::kTileCols * kInBytes<Cfg::kInDtype> / kRowC
                                Cfg::kTileRows / (Cfg::kThreads / 32) * Cfg::kTileCols * kInBytes<Cfg::kInDtype> / 32 <= 128 &&
                                u32(Cfg::kThreads / 32 * Cfg::kTileCols * 4) <= Cfg::kSmemBytes;
 
+// Folds one chunk of a row (NW 32-bit words of input dtype D: E elements) into a thread's
+// column maxima `col` and the row's running maximum m.
+template <int D, int NW, int E>
+__device__ __forceinline__ void chunk_row_col_max(const u32 (&w)[NW], float (&col)[E], float& m) {
+  float v[E];
+#pragma unroll
+  for (int n = 0; n < NW; ++n) {
+    if constexpr (D == 0) v[n] = f32_from_bits(w[n]);
+    else unpack2<D>(w[n], v[2 * n], v[2 * n + 1]);
+  }
+#pragma unroll
+  for (int e = 0; e < E; ++e) {
+    col[e] = amax_step(col[e], v[e]);
+    m = amax_step(m, v[e]);
+  }
+}
+
 // Per-row and per-column amaxes of an interior tile straight from global memory, without staging
 // (the pre-pass of per-channel plans with a transposed copy: fp8_rowwise, int8_weight_sr
 // training). Warp w takes rows w, w + W, ... (W = T / 32 warps), each lane the same chunks
@@ -205,19 +222,7 @@ __device__ __forceinline__ void tile_row_col_amaxes_full(const QuantizeArgs& a, 
   for (int i = 0; i < R; ++i) {
     float m = 0.0f;
 #pragma unroll
-    for (int j = 0; j < J; ++j) {
-      float v[E];
-#pragma unroll
-      for (int n = 0; n < NW; ++n) {
-        if constexpr (D == 0) v[n] = f32_from_bits(raw[i][j][n]);
-        else unpack2<D>(raw[i][j][n], v[2 * n], v[2 * n + 1]);
-      }
-#pragma unroll
-      for (int e = 0; e < E; ++e) {
-        col[j][e] = amax_step(col[j][e], v[e]);
-        m = amax_step(m, v[e]);
-      }
-    }
+    for (int j = 0; j < J; ++j) chunk_row_col_max<D>(raw[i][j], col[j], m);
     if (row_amax) {
       m = warp_max(m);
       if (lane == 0) atomic_max_nonneg(row_amax + row0 + warp + i * W, m);
@@ -295,17 +300,7 @@ __device__ __forceinline__ void group_row_col_amaxes_full(const QuantizeArgs& a,
 #pragma unroll
         for (int j = 0; j < J; ++j) {
           const u32 w[NW] = {q[i][j].x, q[i][j].y, q[i][j].z, q[i][j].w};
-          float v[E];
-#pragma unroll
-          for (int n = 0; n < NW; ++n) {
-            if constexpr (D == 0) v[n] = f32_from_bits(w[n]);
-            else unpack2<D>(w[n], v[2 * n], v[2 * n + 1]);
-          }
-#pragma unroll
-          for (int e = 0; e < E; ++e) {
-            col[j][e] = amax_step(col[j][e], v[e]);
-            m = amax_step(m, v[e]);
-          }
+          chunk_row_col_max<D>(w, col[j], m);
         }
         if (row_amax) {
           m = warp_max(m);
