@@ -270,11 +270,10 @@ void check_members(int members) {
     throw UserError("num_members", "expected 1..2^20 members, got " + std::to_string(members));
 }
 
-// Tiles of a tile row per CTA of the amax pre-pass, for the cast grid `grid` (x: tile rows, y:
-// tile columns) of a program whose pre-pass reads segments of `segment` tiles (KernelSource::
-// amax_tiles; 1: one tile per CTA). A CTA issues one atomic per row, and the CTAs of a tile row
-// issue theirs together. Measured on an H200, fp8_rowwise training (bf16, 4-tile segments of
-// 128 x 128 tiles):
+}  // namespace
+
+// Measured on an H200, fp8_rowwise training (bf16, 4-tile segments of 128 x 128 tiles; a CTA
+// issues one atomic per row, and the CTAs of a tile row issue theirs together):
 // - one tile where the cast's tiles fit one wave of 4 CTAs per SM: 1024^2 in a CUDA graph took
 //   8.7 us with one tile per CTA, 13.2 with 4;
 // - two segments where one would leave more than kSegmentsPerRow CTAs (atomics) per tile row and
@@ -282,15 +281,14 @@ void check_members(int members) {
 //   4096 x 32768 227.7 and 220.4;
 // - else one segment: 65536 x 7168 (14 segments a row) took 709.6 us with 4 tiles per CTA, 718.6
 //   with 8, 719.5 with 14; 4096^2 35.5 with 4, 40.0 with 8 (its 128 CTAs one per SM).
-constexpr uint64_t kSegmentsPerRow = 16;
-uint64_t amax_group_tiles(Dim3 grid, int segment, int sms) {
-  const int64_t ctas_per_wave = 4 * int64_t(sms);
-  if (segment <= 1 || int64_t(grid.x) * grid.y <= ctas_per_wave) return 1;
+uint64_t amax_group_tiles(uint64_t tile_rows, uint64_t tile_cols, int segment, int sms) {
+  constexpr uint64_t kSegmentsPerRow = 16;
+  const uint64_t ctas_per_wave = 4 * uint64_t(sms > 0 ? sms : 1);
+  if (segment <= 1 || tile_rows * tile_cols <= ctas_per_wave) return 1;
   const uint64_t one = uint64_t(segment), two = 2 * one;
-  const bool crowded = ceil_div(u64(grid.y), one) > kSegmentsPerRow;
-  return crowded && int64_t(grid.x * ceil_div(u64(grid.y), two)) > ctas_per_wave ? two : one;
+  const bool crowded = ceil_div(tile_cols, one) > kSegmentsPerRow;
+  return crowded && tile_rows * ceil_div(tile_cols, two) > ctas_per_wave ? two : one;
 }
-}  // namespace
 
 int64_t Quantizer::workspace_bytes(Shape2D shape, int num_members) const {
   int64_t bytes = 0;
@@ -596,7 +594,7 @@ void Quantizer::quantize(const QuantizeCall& call, CUstream stream) const {
   zero_buffers(true);
   if (f->amax) {
     Dim3 amax_grid = grid;
-    amax_grid.y = unsigned(ceil_div(u64(grid.y), amax_group_tiles(grid, geo.amax_tiles, l.sms)));
+    amax_grid.y = unsigned(ceil_div(u64(grid.y), amax_group_tiles(grid.x, grid.y, geo.amax_tiles, l.sms)));
     launch(f->amax, amax_grid, block, smem, stream, params, {}, SmemLimit::kPrepared);
   }
   launch(f->cast, grid, block, smem, stream, params, {}, SmemLimit::kPrepared);

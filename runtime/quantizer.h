@@ -80,6 +80,13 @@ struct BoundCall {
 // dequantize_grouped checks its scale input against it.
 int64_t grouped_scale_capacity(const qf::Stream& s, Shape2D total, int members);
 
+// Tiles of a tile row per CTA of the amax pre-pass, for a cast grid of tile_rows x tile_cols
+// tiles whose program reads segments of `segment` tiles (KernelSource::amax_tiles; 1: one tile
+// per CTA, always), on a device of `sms` SMs: 1 where the cast's tiles fit one wave of 4 CTAs per
+// SM; else `segment`, or twice that where one segment per CTA would put more than 16 CTAs on a
+// tile row (each issues one atomic per row, together) and twice keeps more than 4 CTAs per SM.
+uint64_t amax_group_tiles(uint64_t tile_rows, uint64_t tile_cols, int segment, int sms);
+
 class Quantizer {
  public:
   // With use_tuning, the first load on a device takes the tile `qforge tune` stored for this
