@@ -269,7 +269,6 @@ void check_members(int members) {
   if (members < 1 || members > (1 << 20))
     throw UserError("num_members", "expected 1..2^20 members, got " + std::to_string(members));
 }
-
 }  // namespace
 
 // Measured on an H200, fp8_rowwise training (bf16, 4-tile segments of 128 x 128 tiles; a CTA
