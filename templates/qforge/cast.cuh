@@ -269,7 +269,7 @@ __global__ void __launch_bounds__(Cfg::kThreads) amax_kernel(const QuantizeArgs 
     const int per = int(ceil_div(ceil_div(u64(a.k), u64(TC)), u64(gridDim.y)));
     const i64 col0 = pos.col * per * TC;
     int n = 0;  // the leading tiles reduced in one pass
-    if constexpr (detail::kRowsColsDirect<Cfg, A...>) {
+    if constexpr (detail::kRowsColsDirect<Cfg, A...> && detail::kGroupDirect<Cfg, F>) {
       const bool rows_full = detail::kInteriorOnly<Cfg> || (mem.tile_row * TR + TR <= mem.rows && a.k % 16 == 0);
       const i64 whole = (a.k - col0) / TC;  // tiles of the group that end within K
       // Segments only where the host groups tiles (a single tile reads best as a tile: 8-byte

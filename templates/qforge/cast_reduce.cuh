@@ -246,6 +246,15 @@ __device__ __forceinline__ void tile_row_col_amaxes_full(const QuantizeArgs& a, 
 // batches in flight.
 template <class Cfg, int F>
 constexpr int kGroupBatchRows = 64 / (F * Cfg::kTileCols * kInBytes<Cfg::kInDtype> / 32);
+// Whether group_row_col_amaxes_full reads segments of F tiles of Cfg: whole warps of 16-byte
+// chunks across a segment, pairs of whole batches of rows per warp (at most one row per lane),
+// a segment's column maxima of every warp within the kernel's shared memory. Else (tiles that
+// `qforge tune` tries, e.g. 32 x 128 with 512 threads) the pre-pass reads tile by tile.
+template <class Cfg, int F, int E = 16 / kInBytes<Cfg::kInDtype>, int W = Cfg::kThreads / 32, int R = Cfg::kTileRows / W,
+          int RB = kGroupBatchRows<Cfg, F>>
+constexpr bool kGroupDirect = (F * Cfg::kTileCols) % (32 * E) == 0 && Cfg::kTileCols % E == 0 && Cfg::kTileRows % W == 0 &&
+                              R <= 32 && RB > 0 && R % RB == 0 && (R / RB) % 2 == 0 &&
+                              u32(W * F * Cfg::kTileCols * 4) <= Cfg::kSmemBytes;
 
 // Per-row and per-column amaxes of `tiles` interior tiles side by side in a tile row, from
 // column col0, straight from global memory (the pre-pass of the per-channel pairs on 128-column
@@ -266,9 +275,7 @@ __device__ __forceinline__ void group_row_col_amaxes_full(const QuantizeArgs& a,
   constexpr int D = Cfg::kInDtype, B = kInBytes<D>, E = 16 / B, NW = 4;
   constexpr int TR = Cfg::kTileRows, TC = Cfg::kTileCols, GC = F * TC, T = Cfg::kThreads;
   constexpr int W = T / 32, J = GC / E / 32, R = TR / W, RB = kGroupBatchRows<Cfg, F>, NB = R / RB;
-  static_assert(GC % (32 * E) == 0 && TC % E == 0 && TR % W == 0 && R <= 32 && RB > 0 && R % RB == 0 && NB % 2 == 0,
-                "whole warps of 16-byte chunks across a segment, pairs of whole batches of rows per warp");
-  static_assert(u32(W * GC * 4) <= Cfg::kSmemBytes, "a segment's column maxima of every warp fit the kernel's shared memory");
+  static_assert(kGroupDirect<Cfg, F>, "segments of Cfg's tiles this function reads");
   constexpr int kBuffers = u32(2 * W * GC * 4) <= Cfg::kSmemBytes ? 2 : 1;
   const int warp = int(threadIdx.x / 32), lane = int(threadIdx.x % 32);
   const i64 row0 = mem.tile_row * TR;

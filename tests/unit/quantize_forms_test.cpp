@@ -15,6 +15,7 @@
 #include "compiler/codegen.h"
 #include "compiler/error.h"
 #include "compiler/pipeline.h"
+#include "compiler/passes/select_tiles.h"
 #include "compiler/recipe.h"
 #include "qforge/cast_smem.cuh"
 #include "runtime/quantizer.h"
@@ -268,3 +269,24 @@ TEST(QuantizeForms, InteriorProgramIsAnEntryOfItsOwn) {
 }
 
 }  // namespace
+
+// The per-channel pair's pre-pass reads 4-tile segments where the tile allows (cast_reduce.cuh
+// kGroupDirect) and tile by tile elsewhere: the tiles `qforge tune` tries whose rows do not make
+// pairs of whole batches per warp (16 or 32 rows of 512 threads) still compile.
+TEST(QuantizeForms, PerChannelPairCompilesOnTunerTilesWithoutSegments) {
+  rt::CacheOptions memory;
+  memory.disabled = true;
+  rt::KernelCache cache(memory);
+  const Plan p = compile_plan(load_recipe(std::string(QF_SOURCE_DIR) + "/recipes/fp8_rowwise.json"),
+                              PlanRequest{"linear:input", DType::BF16, Usage::Training, false});
+  int built = 0;
+  for (const TileConfig& t : tile_candidates(p)) {
+    if (t.cols != 128 || t.threads != 512 || t.rows > 32 || t.min_blocks != 0) continue;
+    Plan c = p;
+    c.tile = t;
+    ASSERT_EQ(emit_quantize(c, QuantizeForm::Separate).amax_tiles, 4) << t.rows << "x" << t.cols;
+    EXPECT_NO_THROW(rt::build_quantize_kernels(c, QuantizeForm::Separate, "sm_90a", cache)) << t.rows << "x" << t.cols;
+    ++built;
+  }
+  EXPECT_EQ(built, 2) << "16 x 128 and 32 x 128 with 512 threads among the candidates";
+}
