@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The quantize benchmark in one command, on a machine with an NVIDIA GPU:
-#   scripts/bench.sh OUT_DIR [--quick]
+#   scripts/bench.sh OUT_DIR [--quick] [--sizes MxK,MxK,...] [--no-gemm]
 # builds qforge (Release), compiles the shipped recipes into a cache, then writes to OUT_DIR:
 #   qforge_bench.json     every shipped recipe x role x direction set x size, bf16 input: time,
 #                         minimal bytes, GB/s and the ratio to the copy bandwidth measured in
@@ -14,25 +14,40 @@
 #                         shapes (scripts/gemm_torch_baseline.py; skipped without torch)
 #   report.md, bandwidth.png  tables (quantize bandwidth; grouped GEMM TFLOP/s) and the
 #                         bandwidth-vs-size plot (bench/report.py; the PNG needs matplotlib)
+# --quick: sizes 1024^2 and 16384^2, one GEMM shape. --sizes: these sizes only, for qforge_bench
+# and the torch baselines (qforge_bench then leaves the grouped cases out). --no-gemm: the
+# quantize part only (the README's quantize table: --sizes 1024x1024,16384x16384,65536x7168).
 set -uo pipefail
 cd "$(dirname "$0")/.."
-OUT=${1:?usage: scripts/bench.sh OUT_DIR [--quick]}
-QUICK=${2:-}
+usage="usage: scripts/bench.sh OUT_DIR [--quick] [--sizes MxK,MxK,...] [--no-gemm]"
+OUT=${1:?$usage}
+shift
+QUICK=; SIZES=(); GEMM=1
+while [ $# -gt 0 ]; do
+  case $1 in
+    --quick) QUICK=--quick ;;
+    --sizes) [ $# -ge 2 ] || { echo "--sizes: expected MxK,MxK,... after it" >&2; exit 2; }
+             SIZES=(--sizes "$2"); shift ;;
+    --no-gemm) GEMM=0 ;;
+    *) echo "scripts/bench.sh: unknown argument '$1' ($usage)" >&2; exit 2 ;;
+  esac
+  shift
+done
 mkdir -p "$OUT"
 . scripts/gpu_build.sh
 gpu_build "$OUT" qforge qforge_bench || exit 1
 export QFORGE_CACHE_DIR=${QFORGE_CACHE_DIR:-$BUILD/gpu-cache}
 "$BUILD/tools/qforge" prewarm recipes --dtype bf16 --quiet >"$OUT/prewarm.log" 2>&1
 nvidia-smi --query-gpu=name,driver_version,clocks.max.memory --format=csv,noheader >"$OUT/gpu.txt" 2>&1
-"$BUILD/bench/qforge_bench" --recipes recipes --out "$OUT/qforge_bench.json" $QUICK 2>"$OUT/qforge_bench.log"
+"$BUILD/bench/qforge_bench" --recipes recipes --out "$OUT/qforge_bench.json" $QUICK "${SIZES[@]}" 2>"$OUT/qforge_bench.log"
 rc=$?
 tail -3 "$OUT/qforge_bench.log"
 if python3 -c "import torch" 2>/dev/null && [ -f bench/torch_baselines.py ]; then
-  python3 bench/torch_baselines.py --qforge "$BUILD/tools/qforge" --out "$OUT" $QUICK >"$OUT/torch_baselines.log" 2>&1 \
+  python3 bench/torch_baselines.py --qforge "$BUILD/tools/qforge" --out "$OUT" $QUICK "${SIZES[@]}" >"$OUT/torch_baselines.log" 2>&1 \
     || echo "torch baselines failed (see $OUT/torch_baselines.log)"
 fi
 # Grouped GEMM (sm_90a kernels): qforge and torch on identical shapes, JSON lines in gemm.jsonl.
-if [ "$(nvidia-smi --query-gpu=compute_cap --format=csv,noheader 2>/dev/null | head -1)" = "9.0" ]; then
+if [ "$GEMM" = 1 ] && [ "$(nvidia-smi --query-gpu=compute_cap --format=csv,noheader 2>/dev/null | head -1)" = "9.0" ]; then
   : >"$OUT/gemm.jsonl"
   GEMM_SHAPES="8:4096:4096:7168 4:8192:7168:2048 32:512:2048:7168"
   [ "$QUICK" = "--quick" ] && GEMM_SHAPES="8:4096:4096:7168"
