@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Nsight Compute profile of the quantize kernels of a few plans at one size (for the
+# Nsight Compute profile of the quantize kernels (amax, cast, one-pass row) of a few plans at one size (for the
 # bandwidth work of bench/): speed of light, occupancy, warp stalls, memory workload.
 #   scripts/profile.sh BUILD_DIR OUT_DIR [SIZE] [FILTER...]
 # SOURCE=1 also exports each cast kernel's per-SASS-instruction counts (executed instructions,
@@ -13,7 +13,7 @@ NCU=$(command -v ncu || ls /usr/local/cuda/bin/ncu /opt/nvidia/nsight-compute/*/
 mkdir -p "$OUT"
 for f in "${@:-mxfp8 linear:input training}"; do
   tag=$(echo "$f" | tr ' :' '__')
-  "$NCU" --launch-skip 6 --launch-count 2 -k regex:'cast_kernel|amax_kernel' \
+  "$NCU" --launch-skip 6 --launch-count 2 -k regex:'cast_kernel|amax_kernel|row_kernel' \
     --section SpeedOfLight --section Occupancy --section WarpStateStats --section MemoryWorkloadAnalysis \
     --section LaunchStats --section SchedulerStats \
     "$BUILD/bench/qforge_bench" --sizes "$SIZE" --filter "$f" --iters-ms 1 --out "$OUT/ncu_$tag.json" \
