@@ -502,6 +502,20 @@ def test_gemm_ab_sh_checks_its_base_before_building(tmp_path, base, message):
     assert not (tmp_path / "out").exists()
 
 
+@pytest.mark.parametrize("args,message", [
+    (["--no-such-option"], "scripts/bench.sh: unknown argument '--no-such-option'"),
+    (["--sizes"], "--sizes: expected MxK,MxK,... after it"),
+    (["--quick", "extra"], "scripts/bench.sh: unknown argument 'extra'"),
+])
+def test_bench_sh_names_a_bad_argument_before_building(tmp_path, args, message):
+    """scripts/bench.sh names a bad argument and stops before creating its output or building."""
+    r = subprocess.run(["bash", str(REPO / "scripts" / "bench.sh"), str(tmp_path / "out"), *args], cwd=REPO,
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode == 2, r.stdout + r.stderr
+    assert message in r.stderr
+    assert not (tmp_path / "out").exists()
+
+
 NVCC = shutil.which("nvcc") or ("/usr/local/cuda/bin/nvcc" if Path("/usr/local/cuda/bin/nvcc").exists() else None)
 
 
