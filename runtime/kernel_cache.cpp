@@ -1,5 +1,6 @@
 #include "runtime/kernel_cache.h"
 
+#include <dlfcn.h>
 #include <fcntl.h>
 #include <sys/file.h>
 #include <sys/stat.h>
@@ -495,6 +496,38 @@ CacheKey make_key(const CompileRequest& req, const KeyContext& ctx) {
 
 CacheKey make_key(const CompileRequest& req) { return make_key(req, KeyContext::current()); }
 
+#ifndef QFORGE_KERNELS_FROM_LIBDIR  // set by runtime/CMakeLists.txt from GNUInstallDirs
+#define QFORGE_KERNELS_FROM_LIBDIR "../share/qforge/kernels"
+#endif
+#ifndef QFORGE_KERNELS_FROM_BINDIR
+#define QFORGE_KERNELS_FROM_BINDIR "../share/qforge/kernels"
+#endif
+
+std::vector<std::string> installed_kernels_relative() { return {QFORGE_KERNELS_FROM_LIBDIR, QFORGE_KERNELS_FROM_BINDIR}; }
+
+std::vector<fs::path> installed_kernel_roots(const fs::path& image) {
+  std::vector<fs::path> out;
+  if (image.empty()) return out;
+  for (const std::string& rel : installed_kernels_relative()) {
+    const fs::path dir = (image.parent_path() / rel).lexically_normal();
+    std::error_code e;
+    if (fs::is_directory(dir, e) && std::find(out.begin(), out.end(), dir) == out.end()) out.push_back(dir);
+  }
+  return out;
+}
+
+fs::path loaded_image_path() {
+  Dl_info info{};
+  if (dladdr(reinterpret_cast<const void*>(&loaded_image_path), &info) == 0 || !info.dli_fname) return {};
+  std::error_code e;
+  fs::path p(info.dli_fname);
+  // The main program's own entry names no file on some loaders: its code is /proc/self/exe's.
+  if (p.empty() || !p.has_parent_path() || !fs::exists(p, e)) p = fs::read_symlink("/proc/self/exe", e);
+  if (e || p.empty()) return {};
+  p = fs::weakly_canonical(fs::absolute(p, e), e);
+  return e ? fs::path() : p;
+}
+
 CacheOptions CacheOptions::from_env() {
   CacheOptions o;
   auto env = [](const char* k) -> std::string {
@@ -540,7 +573,9 @@ CacheOptions CacheOptions::from_env() {
     }
   };
   roots("QFORGE_CACHE_READONLY_DIRS", o.readonly_roots);
-  roots("QFORGE_CACHE_SHIPPED_DIRS", o.shipped_roots);
+  // Unset: the installed shipped root, if this code was installed with one; set and empty: none.
+  if (std::getenv("QFORGE_CACHE_SHIPPED_DIRS")) roots("QFORGE_CACHE_SHIPPED_DIRS", o.shipped_roots);
+  else o.shipped_roots = installed_kernel_roots(loaded_image_path());
   return o;
 }
 

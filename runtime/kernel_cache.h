@@ -30,7 +30,8 @@
 // request would have had under the NVRTC that built their entries, where that NVRTC has this
 // one's major version and is not newer: the one relaxation of "another NVRTC is a miss", for
 // CUBIN images of the exact arch, built from the same source, headers, options and schema
-// (docs/jit.md, "First calls").
+// (docs/jit.md, "First calls"). Unset, the variable defaults to the installed shipped root, where
+// there is one (installed_kernel_roots); set and empty, there are none.
 #pragma once
 #include <atomic>
 #include <chrono>
@@ -135,6 +136,18 @@ struct CacheOptions {
   CacheTestHooks test;
   static CacheOptions from_env();  // UserError for a malformed QFORGE_TEST_* value
 };
+
+// The installed shipped root: `DATADIR/qforge/kernels` of the prefix this code was installed into
+// (a build configured with -DQFORGE_INSTALL_KERNELS=ON installs the shipped recipes' prewarmed
+// kernels there), found from the loaded file that holds this code, `image`: libqforge.so in
+// LIBDIR, or a program that links the runtime statically (the CLI) in BINDIR. Those of
+// image's directory / installed_kernels_relative() that are directories; none for an empty image.
+std::vector<std::filesystem::path> installed_kernel_roots(const std::filesystem::path& image);
+// The build's install-relative paths from LIBDIR and from BINDIR to DATADIR/qforge/kernels.
+std::vector<std::string> installed_kernels_relative();
+// The absolute path of the loaded file (shared library or program) that holds this code; empty
+// where the loader does not say.
+std::filesystem::path loaded_image_path();
 
 struct CacheListing {
   std::string key, kind, arch, recipe, role;  // recipe/role from metadata, "" if absent

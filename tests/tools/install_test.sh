@@ -10,6 +10,10 @@
 #     quantizer's outputs, with libqforge.so resolved from the prefix;
 #   - the same program compiled with `pkg-config --cflags --libs qforge` (the prefix's qforge.pc)
 #     prints the same;
+#   - installed shipped kernels (what -DQFORGE_INSTALL_KERNELS=ON puts in DATADIR/qforge/kernels;
+#     made here with the installed CLI for one plan, so that the test does not prewarm every
+#     recipe): the installed CLI and libqforge serve that plan from them with an empty cache and
+#     QFORGE_CACHE_SHIPPED_DIRS unset, and compile it when the variable is set and empty;
 #   - the Python package's sources (python/qforge, as a pure-Python copy: `pip install ./python`
 #     builds the wheel, which bundles its own library; tests/tools/wheel_test.sh checks that) in a
 #     fresh directory, which then finds the prefix's library through the `qforge` on PATH (no
@@ -85,4 +89,36 @@ echo "$py"
 grep -qx "rowwise_data e4m3 \[4096, 7168\] 29360128" <<<"$py" || fail "python query output"
 grep -qx "library $prefix/$libdir/libqforge.so.0.6" <<<"$py" || fail "python did not load the prefix's library"
 grep -qx "package $work/py/qforge/__init__.py" <<<"$py" || fail "python imported qforge from elsewhere"
+# Installed shipped kernels: one plan's, prewarmed by the installed CLI into the prefix's kernels
+# directory, then found by the installed CLI (from BINDIR) and libqforge (from LIBDIR) themselves.
+kernels=$prefix/share/qforge/kernels
+plan=("$prefix/share/qforge/recipes/mxfp8_hopper.json" --arch sm_90a --dtype bf16 --role linear:input --usage training --quiet)
+env -u QFORGE_CACHE_SHIPPED_DIRS QFORGE_CACHE_DIR="$kernels" "$prefix/bin/qforge" prewarm "${plan[@]}" >"$work/kernels.log" 2>&1 ||
+  { cat "$work/kernels.log"; fail "prewarming the installed kernels"; }
+grep -q " 0 failed" "$work/kernels.log" && ! grep -q " 0 compiled" "$work/kernels.log" || { cat "$work/kernels.log"; fail "the installed kernels' prewarm compiled nothing"; }
+env -u QFORGE_CACHE_SHIPPED_DIRS QFORGE_CACHE_DIR="$work/empty-cli" "$prefix/bin/qforge" prewarm "${plan[@]}" >"$work/served.log" 2>&1 ||
+  { cat "$work/served.log"; fail "the installed CLI's prewarm"; }
+grep -q " 0 compiled, [1-9][0-9]* cache hits, 0 failed" "$work/served.log" ||
+  { cat "$work/served.log"; fail "the installed CLI did not take the installed kernels"; }
+QFORGE_CACHE_SHIPPED_DIRS="" QFORGE_CACHE_DIR="$work/empty-off" "$prefix/bin/qforge" prewarm "${plan[@]}" >"$work/off.log" 2>&1 ||
+  { cat "$work/off.log"; fail "the installed CLI's prewarm without shipped roots"; }
+grep -q " 0 compiled" "$work/off.log" && { cat "$work/off.log"; fail "an empty QFORGE_CACHE_SHIPPED_DIRS still took the installed kernels"; }
+# libqforge.so from the prefix (through the Python package's copy, which names no shipped root of
+# its own): preparing the plan writes nothing to an empty writable cache, and with the variable
+# set and empty it compiles into it.
+prepare() {  # prepare CACHE_DIR [VAR=VALUE]: the number of entries the preparation wrote
+  env -u QFORGE_CACHE_SHIPPED_DIRS QFORGE_CACHE_DIR="$1" ${2:+"$2"} PATH="$prefix/bin:$PATH" PYTHONPATH="$work/py" \
+    "$python" - "$prefix" <<'PY' >"$1.log" 2>&1 || { cat "$1.log" >&2; echo "FAIL: python: preparing the plan ($1)" >&2; exit 1; }
+import sys
+import qforge
+ctx = qforge.Context(sys.argv[1] + "/share/qforge/recipes/mxfp8_hopper.json")
+ctx.quantizer("linear:input", usage="training").prepare("sm_90a")
+PY
+  find "$1" -name meta.json | wc -l
+}
+written=$(prepare "$work/empty-lib") || exit 1
+[ "$written" = 0 ] || fail "libqforge compiled $written kernels instead of taking the installed ones"
+written=$(prepare "$work/empty-lib-off" QFORGE_CACHE_SHIPPED_DIRS=) || exit 1
+[ "$written" -gt 0 ] || fail "with QFORGE_CACHE_SHIPPED_DIRS set and empty, libqforge still took the installed kernels"
+echo "installed kernels: ok"
 echo "install test: ok"

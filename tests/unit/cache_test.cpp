@@ -1012,5 +1012,40 @@ TEST(KernelCache, RootsFromEnvironment) {
   }
 }
 
+// An installed library or CLI finds the installed shipped kernels beside its prefix's LIBDIR or
+// BINDIR; unset, QFORGE_CACHE_SHIPPED_DIRS defaults to them, and set and empty means none.
+TEST(KernelCache, InstalledShippedRootIsFoundFromTheLoadedFile) {
+  const fs::path image = loaded_image_path();
+  ASSERT_FALSE(image.empty());
+  EXPECT_TRUE(image.is_absolute()) << image;
+  EXPECT_TRUE(fs::is_regular_file(image)) << image;  // this test program (the runtime is linked in)
+  EXPECT_TRUE(installed_kernel_roots(fs::path()).empty());
+
+  TempDir dir;
+  const std::vector<std::string> rel = installed_kernels_relative();
+  ASSERT_EQ(rel.size(), 2u);
+  // A prefix laid out as the install lays it out: the image in LIBDIR (or BINDIR), the kernels
+  // in DATADIR/qforge/kernels. Without the directory, no root.
+  for (const std::string& r : rel) {
+    const fs::path prefix = dir.path() / ("p" + std::to_string(&r - rel.data()));
+    const fs::path fake_image = prefix / "x" / "y" / "z" / "libqforge.so";
+    const fs::path kernels = (fake_image.parent_path() / r).lexically_normal();
+    EXPECT_TRUE(installed_kernel_roots(fake_image).empty()) << r;
+    fs::create_directories(kernels);
+    const std::vector<fs::path> found = installed_kernel_roots(fake_image);
+    EXPECT_NE(std::find(found.begin(), found.end(), kernels), found.end()) << r;
+  }
+  // The environment: set and empty turns the default off; set names the roots; unset takes the
+  // installed root of this test program's own prefix (none in a build tree).
+  {
+    ScopedEnv env({{"QFORGE_CACHE_SHIPPED_DIRS", ""}});
+    EXPECT_TRUE(CacheOptions::from_env().shipped_roots.empty());
+  }
+  {
+    ScopedEnv env({{"QFORGE_CACHE_SHIPPED_DIRS", nullptr}});
+    EXPECT_EQ(CacheOptions::from_env().shipped_roots, installed_kernel_roots(image));
+  }
+}
+
 }  // namespace
 }  // namespace qf::rt
