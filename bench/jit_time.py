@@ -36,7 +36,7 @@ thread counted), which other processes' load on the machine barely changes, plus
                 compile produced, which moves with its ptxas time, as a figure that does not depend on
                 the machine's load (docs/jit.md, step 7)
   --per-kernel  also compile each of an entry's kernels (name expressions) as a program of its
-                own: a column per kernel kind (cast_kernel, amax_kernel, fused_kernel, ...)
+                own: a column per kernel kind (cast_kernel, cast_fused_kernel, amax_kernel, fused_kernel, ...)
   --whole BASE_CACHE
                 a quantize plan's forms against the one program an older build compiled for it:
                 each quantize entry of BASE_CACHE (cast, amax and fused kernels in one program)

@@ -523,10 +523,10 @@ NVCC = shutil.which("nvcc") or ("/usr/local/cuda/bin/nvcc" if Path("/usr/local/c
 def test_ablated_kernels_compile_for_sm90a(tmp_path):
     """Each variant's kernels compile, so scripts/ablate.sh's builds time real kernels: the cast
     kernel of mxfp8_hopper's training plan (both directions, transposed 32-row blocks, staged
-    entries) and the one-launch fused kernel of nvfp4's (the pre-pass with the RHT, the grid
-    barriers)."""
+    entries) and nvfp4's, which also serves the one-launch form (the pre-pass with the RHT, the
+    grid barriers)."""
     units = []
-    for recipe, kind in (("mxfp8_hopper", "cast_kernel"), ("nvfp4", "fused_kernel")):
+    for recipe, kind in (("mxfp8_hopper", "cast_kernel"), ("nvfp4", "cast_kernel")):
         out = subprocess.run([str(QFORGE), "inspect", str(REPO / "recipes" / (recipe + ".json")), "--role", "linear:input",
                               "--usage", "training", "--source"], check=True, capture_output=True, text=True).stdout
         lines = out.splitlines()
@@ -612,22 +612,21 @@ def test_sass_diff_strips_addresses():
 
 
 def test_sass_diff_kernel_identity_is_the_configs_a_kernel_names():
-    # A generated source of one program: the fused kernel's identity takes CfgFused and its base
-    # Cfg, S0 and A1, not the other structs the program defines.
+    # A generated source of one program: the row kernel's identity takes CfgRow and its base Cfg
+    # and S0, not the other structs the program defines.
     src = ("// Generated\n#include \"qforge/cast.cuh\"\n\nnamespace qf_gen {\n"
            "struct S0 {\n  static constexpr long long kIndex = 0;\n};\n"
            "struct A1 {\n  static constexpr long long kSlot = 1;\n};\n"
            "struct Cfg {\n  static constexpr long long kThreads = 128;\n};\n"
-           "struct CfgFused : Cfg {\n  static constexpr long long kThreads = 256;\n};\n"
            "struct CfgRow : Cfg {\n  static constexpr long long kThreads = 256;\n};\n}  // namespace qf_gen\n")
     structs = sass_diff.gen_structs(src)
-    assert set(structs) == {"S0", "A1", "Cfg", "CfgFused", "CfgRow"}
-    assert structs["CfgFused"][0] == "Cfg"
-    fused = "qf::fused_kernel<qf_gen::CfgFused, qf::PrePass<qf_gen::A1>, qf_gen::S0>"
+    assert set(structs) == {"S0", "A1", "Cfg", "CfgRow"}
+    assert structs["CfgRow"][0] == "Cfg"
+    fused = "qf::row_kernel<qf_gen::CfgRow, qf_gen::S0>"
     ident = sass_diff.kernel_identity("sm_90a", ["-O3"], fused, structs)
-    assert [n for n, _ in ident[3]] == ["A1", "Cfg", "CfgFused", "S0"]
-    # The same kernel in a program without CfgRow: the same identity; another Cfg: another one.
-    alone = {k: v for k, v in structs.items() if k != "CfgRow"}
+    assert [n for n, _ in ident[3]] == ["Cfg", "CfgRow", "S0"]
+    # The same kernel in a program without A1: the same identity; another Cfg: another one.
+    alone = {k: v for k, v in structs.items() if k != "A1"}
     assert sass_diff.kernel_identity("sm_90a", ["-O3"], fused, alone) == ident
     other = dict(alone, Cfg=(None, "struct Cfg {\nstatic constexpr long long kThreads = 64;\n};"))
     assert sass_diff.kernel_identity("sm_90a", ["-O3"], fused, other) != ident

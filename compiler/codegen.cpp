@@ -140,7 +140,7 @@ bool interior_tiles(const TileConfig& tile, int64_t m, int64_t k) {
 std::vector<KernelSource::Kernel> KernelSource::kernels() const {
   std::vector<Kernel> out = {{"cast_kernel", &cast_kernel}};
   if (amax_kernel) out.push_back({"amax_kernel", &*amax_kernel});
-  if (fused_kernel) out.push_back({"fused_kernel", &*fused_kernel});
+  if (fused_kernel && *fused_kernel != cast_kernel) out.push_back({"fused_kernel", &*fused_kernel});
   if (row_kernel) out.push_back({"row_kernel", &*row_kernel});
   return out;
 }
@@ -165,10 +165,16 @@ bool has_one_launch(const Plan& p) {
   return false;
 }
 
-std::vector<QuantizeForm> quantize_forms(const Plan& p) {
-  if (has_one_launch(p)) return {QuantizeForm::Separate, QuantizeForm::All};
-  return {QuantizeForm::Separate};
+bool own_fused_kernel(const Plan& p) {
+  return has_one_launch(p) && register_pair_streams(p) && p.tile.rows == 128 && p.tile.cols == 128 && p.tile.threads == 256;
 }
+
+std::vector<QuantizeForm> quantize_forms(const Plan& p) {
+  if (own_fused_kernel(p)) return {QuantizeForm::Separate, QuantizeForm::All};
+  return {complete_form(p)};
+}
+
+QuantizeForm separate_form(const Plan& p) { return own_fused_kernel(p) ? QuantizeForm::Separate : complete_form(p); }
 
 QuantizeForm complete_form(const Plan& p) { return has_one_launch(p) ? QuantizeForm::All : QuantizeForm::Separate; }
 
@@ -176,6 +182,8 @@ KernelSource emit_quantize(const Plan& p, QuantizeForm form, Tiles tiles) {
   verify(p);
   QF_CHECK(p.tile.rows > 0 && !p.phases.empty(), "emit_quantize needs a fully compiled plan");
   QF_CHECK(form == QuantizeForm::Separate || has_one_launch(p), "the all form of a plan without a fused kernel");
+  // A plan whose one kernel serves both forms has one program: its separate launches' too.
+  if (form == QuantizeForm::Separate) form = separate_form(p);
   // The fused kernel and its config: in the All form only. The separate form of a plan that has
   // no fused kernel is its complete program.
   const bool with_fused = form == QuantizeForm::All;
@@ -286,17 +294,8 @@ KernelSource emit_quantize(const Plan& p, QuantizeForm form, Tiles tiles) {
   ks.amax_tiles = amax_tiles(p, reduced);
   if (ks.amax_tiles > 1) e.constant("kAmaxTiles", int64_t(ks.amax_tiles));
   e.close(";");
-  // The one-launch form's CTA (fused_threads): the same tile with more threads where the plan's
-  // have fewer.
-  ks.fused_threads = fused_threads(p.tile);
-  const bool fused_own_cfg = ks.fused_threads != p.tile.threads;
-  if (has_one_launch(p)) ks.fused_min_blocks = fused_own_cfg ? default_min_blocks(ks.fused_threads) : min_blocks;
-  if (fused_own_cfg && with_fused) {
-    e.open("struct CfgFused : Cfg");
-    e.constant("kThreads", int64_t(ks.fused_threads));
-    e.constant("kMinBlocks", int64_t(default_min_blocks(ks.fused_threads)));
-    e.close(";");
-  }
+  // The one-launch form runs on the cast's CTA and launch bounds.
+  if (has_one_launch(p)) ks.fused_min_blocks = min_blocks;
   // The one-pass form's CTA: 8 warps, each thread holding up to 8 16-byte chunks of its row (a
   // bf16 row of up to 16384 elements on 8 warps), 4 CTAs per SM (64 registers; 128 KB of loads in
   // flight per SM).
@@ -311,20 +310,24 @@ KernelSource emit_quantize(const Plan& p, QuantizeForm form, Tiles tiles) {
   }
   e.close("  // namespace qf_gen");
 
-  std::string cast = "qf::cast_kernel<qf_gen::Cfg";
-  for (size_t i = 0; i < p.streams.size(); ++i) cast += ", qf_gen::S" + std::to_string(i);
-  ks.cast_kernel = cast + ">";
+  std::string streams;
+  for (size_t i = 0; i < p.streams.size(); ++i) streams += ", qf_gen::S" + std::to_string(i);
+  std::string pre = "qf::PrePass<";
+  for (size_t i = 0; i < reduced.size(); ++i) pre += (i ? ", qf_gen::A" : "qf_gen::A") + std::to_string(reduced[i]);
+  pre += ">";
+  // A plan with a one-launch form has one kernel for both forms' casts (cast_fused_kernel) unless
+  // its cast kernel casts interior tiles from a register pair (own_fused_kernel).
+  if (with_fused && !own_fused_kernel(p)) {
+    ks.cast_kernel = "qf::cast_fused_kernel<qf_gen::Cfg, " + pre + streams + ">";
+    ks.fused_kernel = ks.cast_kernel;
+  } else {
+    ks.cast_kernel = "qf::cast_kernel<qf_gen::Cfg" + streams + ">";
+    if (with_fused) ks.fused_kernel = "qf::fused_kernel<qf_gen::Cfg, " + pre + streams + ">";
+  }
   if (!reduced.empty()) {
     std::string amax = "qf::amax_kernel<qf_gen::Cfg";
     for (int idx : reduced) amax += ", qf_gen::A" + std::to_string(idx);
     ks.amax_kernel = amax + ">";
-  }
-  if (with_fused) {
-    std::string fused = std::string("qf::fused_kernel<qf_gen::") + (fused_own_cfg ? "CfgFused" : "Cfg") + ", qf::PrePass<";
-    for (size_t i = 0; i < reduced.size(); ++i) fused += (i ? ", qf_gen::A" : "qf_gen::A") + std::to_string(reduced[i]);
-    fused += ">";
-    for (size_t i = 0; i < p.streams.size(); ++i) fused += ", qf_gen::S" + std::to_string(i);
-    ks.fused_kernel = fused + ">";
   }
   if (row_pass) {
     std::string row = "qf::row_kernel<qf_gen::CfgRow";
@@ -366,7 +369,7 @@ std::vector<TileConfig> distinct_tiles(const Plan& plan, const std::vector<TileC
     p.tile = t;
     TileConfig eff = t;
     const Tiles tiles = interior_tiles(t, m, k) ? Tiles::Interior : Tiles::Any;
-    eff.min_blocks = emit_quantize(p, QuantizeForm::Separate, tiles).min_blocks;
+    eff.min_blocks = emit_quantize(p, separate_form(p), tiles).min_blocks;
     if (std::find(launched.begin(), launched.end(), eff) != launched.end()) continue;
     launched.push_back(eff);
     out.push_back(t);

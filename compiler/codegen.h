@@ -3,14 +3,17 @@
 // the plan's structure only (never on recipe or role names), so identical kernels of different
 // recipes share one cache entry.
 //
-// A plan with a fused kernel has two programs (QuantizeForm), each a cache entry of its own: its
-// complete program (every kernel: cast, amax, row and the cooperative fused kernel; the source it
-// always had) and its separate form (the same without the fused kernel), which a call that does
-// not launch the fused kernel compiles instead, at about 0.58 of the time (docs/jit.md, step 5).
-// The fused kernel is not given a program of its own: compiled without the cast kernel, ptxas
-// lays out its static shared memory otherwise and its code changes. Each kernel's code is the
-// same in either program. The two sources differ (the separate form's first line names it), so
-// their keys differ.
+// A plan with a one-launch form (a tensor or per-channel amax) casts with one kernel in both
+// forms (cast.cuh cast_fused_kernel; the launch says which), so it has one program, its complete
+// one (QuantizeForm::All), unless its cast kernel casts interior tiles from a register pair
+// (own_fused_kernel: the rowwise + transposed pairs of per-tensor or per-channel scales). Such a
+// plan has a fused kernel of its own and two programs, each a cache entry of its own: its
+// complete program (every kernel: cast, amax, row and the cooperative fused kernel) and its
+// separate form (the same without the fused kernel), which a call that does not launch the fused
+// kernel compiles instead (docs/jit.md, step 5). The fused kernel is not given a program of its
+// own: compiled without the cast kernel, ptxas lays out its static shared memory otherwise and its
+// code changes. Each kernel's code is the same in either program. The two sources differ (the
+// separate form's first line names it), so their keys differ.
 //
 // Either form can also be compiled for interior tiles only (Tiles::Interior): for a single tensor
 // whose M and K are multiples of the tile and of 16 (interior_tiles), every tile takes the
@@ -31,7 +34,7 @@ namespace qf {
 // The programs a quantize plan compiles to.
 enum class QuantizeForm {
   Separate,  // cast_kernel, the amax pre-pass (amax_kernel) and the one-pass row_kernel, where the plan has them
-  All,       // those and the one-launch fused_kernel (single tensors whose tiles fit on the GPU at once)
+  All,       // those and the one-launch form (single tensors whose tiles fit on the GPU at once)
 };
 std::string_view name(QuantizeForm f);  // "separate", "all"
 
@@ -44,19 +47,20 @@ std::string_view name(Tiles t);  // "any", "interior"
 struct KernelSource {
   std::string source;                     // the translation unit given to NVRTC
   // Name expressions of the kernels the source's program holds: the cast kernel and, where the
-  // plan has them, the amax and row kernels, and in the All form the fused kernel. Sources of
-  // other kernels (history update, dequantize) name their one kernel cast_kernel.
+  // plan has them, the amax and row kernels, and in the All form the one-launch form's kernel.
+  // Sources of other kernels (history update, dequantize) name their one kernel cast_kernel.
   std::string cast_kernel;                // name expression of the cast kernel
   std::optional<std::string> amax_kernel; // name expression of the phase-0 reduction, if any
-  std::optional<std::string> fused_kernel;  // the one-launch form for small single tensors, if any
+  // The one-launch form for small single tensors, if any: the cast kernel itself
+  // (cast_fused_kernel, launched with QuantizeArgs::one_launch set) or fused_kernel.
+  std::optional<std::string> fused_kernel;
   uint32_t smem_bytes = 0;                // dynamic shared memory of any of the kernels
   // The plan's launch geometry, the same in both forms' sources (a runtime choosing a form before
-  // compiling it needs it): smem_bytes above, the threads and launch-bound min blocks below.
-  int fused_threads = 0;                  // threads per CTA of fused_kernel (tile.threads: the others')
+  // compiling it needs it): smem_bytes above, tile.threads and the launch-bound min blocks below.
   int min_blocks = 0;                     // the cast kernel's __launch_bounds__ min blocks (Cfg::kMinBlocks)
-  // The fused kernel's __launch_bounds__ min blocks (CfgFused::kMinBlocks, else Cfg's), 0 for a
-  // plan without it: ptxas keeps its registers within what that many CTAs per SM allow, so that
-  // many times the SM count is a lower bound of its occupancy known before compiling it.
+  // The one-launch form's __launch_bounds__ min blocks (Cfg's), 0 for a plan without it: ptxas
+  // keeps its registers within what that many CTAs per SM allow, so that many times the SM count
+  // is a lower bound of its occupancy known before compiling it.
   int fused_min_blocks = 0;
   // Tiles of a tile row amax_kernel reads as one segment (Cfg::kAmaxTiles): 4 for the
   // per-channel row + transposed pairs on 128-column tiles, whose pre-pass CTAs take one or two
@@ -75,20 +79,30 @@ struct KernelSource {
     const char* kind;                 // "cast_kernel", "amax_kernel", "fused_kernel" or "row_kernel"
     const std::string* name;          // its name expression (points into this KernelSource)
   };
-  // The kernels the source holds, in this order: the cast kernel, then the amax, fused and row
-  // kernels where it has them.
+  // The kernels the source holds, in this order: the cast kernel, then the amax, fused (where it
+  // is not the cast kernel) and row kernels where it has them.
   std::vector<Kernel> kernels() const;
 };
 
 // Whether the plan has a one-launch form (a tensor or per-channel amax reduced over the whole
-// tensor): its programs are then Separate and All, else Separate alone.
+// tensor).
 bool has_one_launch(const Plan& plan);
+// Whether that form is a kernel of its own (fused_kernel): where the cast kernel casts interior
+// tiles from a row + transposed register pair (per-tensor or per-channel scales, 16-bit input,
+// 128 x 128 tiles of 256 threads; cast_pair.cuh kPairDirect), which the one-launch form, staging
+// its tiles for the pre-pass, does not. One kernel with both paths spilled (docs/jit.md).
+bool own_fused_kernel(const Plan& plan);
+// The plan's programs: Separate and All where own_fused_kernel, else its complete one alone.
 std::vector<QuantizeForm> quantize_forms(const Plan& plan);
-// The program holding every kernel of the plan (All, else Separate): what prepare and `qforge
-// prewarm` compile. Its source is the one the plan had before the separate form existed.
+// The program holding every kernel of the plan (All where has_one_launch, else Separate): what
+// prepare and `qforge prewarm` compile.
 QuantizeForm complete_form(const Plan& plan);
+// The smallest program that serves the separate launches: Separate where own_fused_kernel, else
+// the complete one.
+QuantizeForm separate_form(const Plan& plan);
 
-// The source of one form of the plan (InternalError for All where has_one_launch is false).
+// The source of one form of the plan (InternalError for All where has_one_launch is false;
+// Separate gives separate_form's).
 // Tiles::Any gives the source the form always had.
 KernelSource emit_quantize(const Plan& plan, QuantizeForm form, Tiles tiles = Tiles::Any);
 

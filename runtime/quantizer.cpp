@@ -157,7 +157,7 @@ Quantizer::View Quantizer::load_for_current_device(const Shape2D* single) const 
   l->plan = plan_;
   if (use_tuning_)
     if (auto t = find_tuning(l->plan, l->arch, device_name(dev), cache_)) l->plan.tile = t->tile;
-  l->geometry = emit_quantize(l->plan, QuantizeForm::Separate);
+  l->geometry = emit_quantize(l->plan, separate_form(l->plan));
   l->sms = device_sm_count(dev);
   l->fused_guaranteed = int64_t(l->geometry.fused_min_blocks) * l->sms;
   std::lock_guard<std::mutex> g(mu_);
@@ -188,7 +188,7 @@ std::shared_ptr<const Quantizer::Form> Quantizer::load_form(Loaded& l, QuantizeF
   // Else the call compiles its form: the separate one in about 0.58 of the complete program's
   // time (docs/jit.md, step 5), for interior tiles without the edge tiles' code.
   const Tiles want = interior ? Tiles::Interior : Tiles::Any;
-  const bool complete_too = f == QuantizeForm::Separate && has_one_launch(l.plan);
+  const bool complete_too = f != complete_form(l.plan);
   std::vector<std::pair<QuantizeForm, Tiles>> found_by;
   if (interior) {
     found_by.emplace_back(f, Tiles::Interior);
@@ -219,7 +219,7 @@ std::shared_ptr<const Quantizer::Form> Quantizer::load_form(Loaded& l, QuantizeF
     fm->fused = fm->module->function(entry.lowered(*ks.fused_kernel));
     allow_dynamic_smem(fm->fused, ks.smem_bytes);
     int per_sm = 0;
-    check(driver().cuOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, fm->fused, ks.fused_threads, ks.smem_bytes),
+    check(driver().cuOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, fm->fused, ks.tile.threads, ks.smem_bytes),
           "cuOccupancyMaxActiveBlocksPerMultiprocessor (fused quantize kernel)");
     fm->fused_ctas = int64_t(per_sm) * device_sm_count(l.device);
   }
@@ -555,7 +555,7 @@ void Quantizer::quantize(const QuantizeCall& call, CUstream stream) const {
     f = load_form(l, QuantizeForm::All, v.all, v.interior);
     if (!fits_one_launch(l, f.get(), ctas, grouped)) take = Take::Separate;  // occupancy below its launch bounds' promise
   } else {
-    f = load_form(l, QuantizeForm::Separate, v.separate, v.interior);
+    f = load_form(l, separate_form(l.plan), v.separate, v.interior);
   }
 
   // The loaded program's shared memory: a program for interior tiles only may ask less than the
@@ -582,12 +582,14 @@ void Quantizer::quantize(const QuantizeCall& call, CUstream stream) const {
     try {
       if (refuse_cooperative_)
         throw CudaError(CUDA_ERROR_COOPERATIVE_LAUNCH_TOO_LARGE, "cooperative launch refused (QFORGE_TEST_COOPERATIVE_TOO_LARGE=1)");
-      launch(f->fused, grid, Dim3{unsigned(geo.fused_threads)}, smem, stream, params, {&coop, 1}, SmemLimit::kPrepared);
+      args.one_launch = 1;  // read by a kernel that serves both forms (cast_fused_kernel)
+      launch(f->fused, grid, block, smem, stream, params, {&coop, 1}, SmemLimit::kPrepared);
       return;
     } catch (const CudaError& e) {
       // Fewer SMs than the device has (MPS, green contexts): the separate launches, whose kernels
       // are in the All form's entry too.
       if (e.code() != CUDA_ERROR_COOPERATIVE_LAUNCH_TOO_LARGE) throw;
+      args.one_launch = 0;
     }
   }
   zero_buffers(true);

@@ -13,14 +13,14 @@ NCU=$(command -v ncu || ls /usr/local/cuda/bin/ncu /opt/nvidia/nsight-compute/*/
 mkdir -p "$OUT"
 for f in "${@:-mxfp8 linear:input training}"; do
   tag=$(echo "$f" | tr ' :' '__')
-  "$NCU" --launch-skip 6 --launch-count 2 -k regex:'cast_kernel|amax_kernel|row_kernel' \
+  "$NCU" --launch-skip 6 --launch-count 2 -k regex:'cast_kernel|cast_fused_kernel|amax_kernel|row_kernel' \
     --section SpeedOfLight --section Occupancy --section WarpStateStats --section MemoryWorkloadAnalysis \
     --section LaunchStats --section SchedulerStats \
     "$BUILD/bench/qforge_bench" --sizes "$SIZE" --filter "$f" --iters-ms 1 --out "$OUT/ncu_$tag.json" \
     >"$OUT/ncu_$tag.txt" 2>&1
   echo "== $f"
   if [ "${SOURCE:-0}" = 1 ]; then
-    "$NCU" --launch-skip 6 --launch-count 1 -k regex:'cast_kernel' --section SourceCounters --page source \
+    "$NCU" --launch-skip 6 --launch-count 1 -k regex:'cast_kernel|cast_fused_kernel' --section SourceCounters --page source \
       --print-source sass --csv "$BUILD/bench/qforge_bench" --sizes "$SIZE" --filter "$f" --iters-ms 1 \
       --out /dev/null >"$OUT/src_$tag.csv" 2>"$OUT/src_$tag.err"
     python3 bench/sass_hotspots.py "$OUT/src_$tag.csv" >"$OUT/src_$tag.txt" 2>&1 && head -24 "$OUT/src_$tag.txt"

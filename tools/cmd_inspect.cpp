@@ -46,10 +46,10 @@ void print_resources(const KernelSource& ks) {
   for (const auto& k : ks.kernels())
     for (const rt::KernelResources& kr : res) {
       if (kr.entry != r.lowered_names.at(*k.name)) continue;
-      const bool fused = std::string_view(k.kind) == "fused_kernel", cast = std::string_view(k.kind) == "cast_kernel";
+      const bool cast = std::string_view(k.kind) == "cast_kernel";
       std::cout << "    " << k.kind << ": " << kr.registers << " registers, " << kr.stack_bytes << " B stack, spills "
-                << kr.spill_store_bytes << " B stored / " << kr.spill_load_bytes << " B loaded; "
-                << (fused ? ks.fused_threads : ks.tile.threads) << " threads"
+                << kr.spill_store_bytes << " B stored / " << kr.spill_load_bytes << " B loaded; " << ks.tile.threads
+                << " threads"
                 << (cast ? ", min blocks " + std::to_string(ks.min_blocks) : "") << "\n";
     }
 }
@@ -88,11 +88,13 @@ int cmd_inspect(const Argv& argv) {
     if (ks.amax_kernel) std::cout << "// amax_kernel: " << *ks.amax_kernel << "\n";
     std::cout << "// cast_kernel: " << ks.cast_kernel << "\n";
     // Instead of both, for a single tensor whose grid fits on the GPU at once (runtime/quantizer.h).
-    if (ks.fused_kernel) std::cout << "// fused_kernel: " << *ks.fused_kernel << "\n";
+    if (ks.fused_kernel)
+      std::cout << "// fused_kernel: "
+                << (*ks.fused_kernel == ks.cast_kernel ? "the cast kernel, launched with one_launch = 1" : *ks.fused_kernel) << "\n";
     std::cout << "// smem_bytes: " << ks.smem_bytes << "\n";
     std::cout << ks.source;
     if (!ks.source.empty() && ks.source.back() != '\n') std::cout << "\n";
-    if (complete_form(p) != QuantizeForm::Separate) {
+    if (separate_form(p) != complete_form(p)) {
       // The same without the fused kernel: a cache entry of its own, which a first call that does
       // not launch the fused kernel compiles where the complete program is not in the cache.
       const KernelSource sep = emit_quantize(p, QuantizeForm::Separate);

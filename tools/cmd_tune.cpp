@@ -124,8 +124,8 @@ int cmd_tune(const Argv& argv) {
           if (tried++ == 0) default_us = us, best_us = us;
           if (us < best_us) best_us = us, best = t;
         }
-        // A shape whose grid is one wave times the one-launch form, whose CTA takes the tile's
-        // threads or more (fused_threads): the tile stored still serves every shape.
+        // A shape whose grid is one wave times the one-launch form: the tile stored still serves
+        // every shape.
         const bool store = best != plan.tile && best_us < 0.98 * default_us;
         std::printf("  %-28s %-20s %-9s default %-12s %8.1f us  best %-12s %8.1f us  (%d tiles)%s\n", r.name.c_str(),
                     role.c_str(), std::string(name(u)).c_str(), tile_str(plan.tile).c_str(), default_us,

@@ -197,11 +197,4 @@ Plan select_tiles(Plan p) {
   return p;
 }
 
-// `qforge tune --shape 1024x1024 --dry-run --verbose` (H200, 2026-11-27; the one-launch form
-// at that size): nvfp4 linear:input training, 64 x 128 tiles, 10.3 us with 128 threads, 9.2 with
-// 256, 9.1 with 512; the hybrid's input 8.9 / 8.1 / 8.2 us. 512 would cap the registers of fp4
-// plans (three 64 x 128 RHT tiles per SM) below what they use. A tile of fewer than 1024
-// elements keeps 4 per thread.
-int fused_threads(const TileConfig& tile) { return std::max(tile.threads, std::min(256, tile.rows * tile.cols / 4)); }
-
 }  // namespace qf

@@ -33,11 +33,4 @@ std::vector<TileConfig> tile_candidates(const Plan& plan, TileSearch search = Ti
 // blocks with a transposed copy.
 Plan select_tiles(Plan plan);
 
-// Threads per CTA of the one-launch form (fused_kernel: a single tensor whose tiles all fit on
-// the GPU at once, one CTA per tile), at least 256: there each SM holds one or two tiles, so a
-// tile's serial work (the pre-pass, the RHT, the encoders) is the call's critical path, and more
-// warps shorten it (a tile of fewer than 1024 elements: 4 per thread). The tile, and with it
-// the grid and shared memory, is the plan's.
-int fused_threads(const TileConfig& tile);
-
 }  // namespace qf

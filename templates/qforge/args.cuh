@@ -31,6 +31,9 @@ struct QuantizeArgs {
   // device so the launch needs no host sync. Null for a single tensor.
   const i64* member_rows;  // [num_members + 1], member_rows[0] == 0
   i32 num_members;
+  // 1 on the one-launch form's cooperative launch of a kernel that also serves the separate
+  // launches (cast.cuh cast_fused_kernel), else 0.
+  i32 one_launch;
 };
 
 }  // namespace qf

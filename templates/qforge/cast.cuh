@@ -8,6 +8,7 @@
 //                             every stream S (rowwise / columnwise, any format) written from it.
 //   fused_kernel, row_kernel - cast_kernel with its pre-pass inside one cooperative launch; the
 //                             one-pass form of rowwise per-channel plans (below).
+//   cast_fused_kernel       - cast_kernel and fused_kernel in one (plans without a register pair).
 //
 // A tile is kTileRows x kTileCols of the input, staged once in shared memory (rows of 4-element
 // chunks, XOR-swizzled by row so that both row and column walks are free of bank conflicts), as
@@ -53,7 +54,7 @@ namespace qf {
 template <class Cfg, class... S>
 __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocks)
     cast_kernel(const QuantizeArgs a) {
-  detail::cast_tile<Cfg, PrePass<>, false, S...>(a);
+  detail::cast_tile<Cfg, PrePass<>, detail::TileLaunch::kCast, S...>(a);
 }
 
 // cast_kernel for a single tensor whose grid fits on the GPU at once, launched cooperatively:
@@ -62,7 +63,16 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocks)
 template <class Cfg, class Pre, class... S>
 __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocks)
     fused_kernel(const QuantizeArgs a) {
-  detail::cast_tile<Cfg, Pre, true, S...>(a);
+  detail::cast_tile<Cfg, Pre, detail::TileLaunch::kFused, S...>(a);
+}
+
+// cast_kernel and fused_kernel in one, for plans whose tiles the cast kernel stages as the fused
+// kernel does (no register pair): a.one_launch picks the form. One kernel instead of two, whose
+// tile work, inlined into each, made a program's compile about half again as long (docs/jit.md).
+template <class Cfg, class Pre, class... S>
+__global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocks)
+    cast_fused_kernel(const QuantizeArgs a) {
+  detail::cast_tile<Cfg, Pre, detail::TileLaunch::kEither, S...>(a);
 }
 
 namespace detail {

@@ -67,12 +67,18 @@ __device__ __forceinline__ void cast_stream(const QuantizeArgs& a, const Member&
   }
 }
 
-// The cast of one tile, all streams; kFused: the single-tensor, cooperative form (fused_kernel).
-template <class Cfg, class Pre, bool kFused, class... S>
+// Which launches a kernel's cast_tile serves: the separate form's cast (cast_kernel), the
+// one-launch form (fused_kernel), or either, as the launch's a.one_launch says (cast_fused_kernel).
+enum class TileLaunch { kCast, kFused, kEither };
+
+// The cast of one tile, all streams; `fused`: the single-tensor, cooperative form.
+template <class Cfg, class Pre, TileLaunch kLaunch, class... S>
 __device__ __forceinline__ void cast_tile(const QuantizeArgs& a) {
+  const bool fused = kLaunch == TileLaunch::kFused || (kLaunch == TileLaunch::kEither && a.one_launch != 0);
+  constexpr bool kMayFuse = kLaunch != TileLaunch::kCast, kMayCast = kLaunch != TileLaunch::kFused;
   // Fused: CTA 0 zeroes the amax outputs (the separate form's memsets), also on a no-op call,
   // whose amax outputs read zero either way.
-  if constexpr (kFused) {
+  if (fused) {
     if (blockIdx.x == 0 && blockIdx.y == 0 && threadIdx.x == 0) {
 #pragma unroll
       for (int i = 0; i < kMaxAmaxSlots; ++i)
@@ -91,7 +97,7 @@ __device__ __forceinline__ void cast_tile(const QuantizeArgs& a) {
   const i64 col0 = pos.col * Cfg::kTileCols;
 
   constexpr int kTileFloats = Cfg::kTileRows * Cfg::kTileCols;
-  static_assert(kPairOnlySmemBytes<Cfg, S...> != 0 && !kFused ? kPairOnlySmemBytes<Cfg, S...> == Cfg::kSmemBytes :
+  static_assert(kPairOnlySmemBytes<Cfg, S...> != 0 && kLaunch == TileLaunch::kCast ? kPairOnlySmemBytes<Cfg, S...> == Cfg::kSmemBytes :
                 cast_smem_bytes(Cfg::kTileRows, Cfg::kTileCols, Cfg::kRht,
                                 (0 + ... + cast_scratch_entries(Cfg::kTileRows, Cfg::kTileCols, S::kDir == 1, S::kTransposed,
                                                                 S::kEpt, S::kBlock2d, S::kBlockRows, S::kBlockCols,
@@ -108,16 +114,16 @@ __device__ __forceinline__ void cast_tile(const QuantizeArgs& a) {
   // The rotated copy, unless every RHT stream rotates in registers on this tile.
   constexpr bool kAllRhtInRegisters = ((!S::kRht || kRhtInRegisters<S>) && ...);
   // Plans of 16-bit identity copies only (cast_copy.cuh): interior tiles move the input's bits.
-  if constexpr (!kFused && kCopyPlan<Cfg, S...>) {
-    if (full && (CopyPlan<Cfg, S...>::kTransposedStreams == 0 || (kInteriorOnly<Cfg> || mem.rows % 16 == 0))) {
+  if constexpr (kMayCast && kCopyPlan<Cfg, S...>) {
+    if (!fused && full && (CopyPlan<Cfg, S...>::kTransposedStreams == 0 || (kInteriorOnly<Cfg> || mem.rows % 16 == 0))) {
       cast_copy_full<Cfg, S...>(a, mem, col0, reinterpret_cast<u8*>(smem4));
       return;
     }
   }
   // A plan of one rowwise stream with 1D blocks (or none) and no RHT (inference) casts interior
   // tiles straight from global memory: no staging (but mn_major MX entries), no barrier.
-  if constexpr (!kFused && sizeof...(S) == 1 && (((kWholeBlockRows<S> && !S::kBlock2d) || kRowwiseDirect<Cfg, S>) && ...)) {
-    if (full) {
+  if constexpr (kMayCast && sizeof...(S) == 1 && (((kWholeBlockRows<S> && !S::kBlock2d) || kRowwiseDirect<Cfg, S>) && ...)) {
+    if (!fused && full) {
       (
           [&] {
             if constexpr (kWholeBlockRows<S>) {
@@ -133,7 +139,9 @@ __device__ __forceinline__ void cast_tile(const QuantizeArgs& a) {
       return;
     }
   }
-  if constexpr (!kFused && sizeof...(S) == 2) {
+  // (Only the separate form's own cast kernel: the kernel that also serves the one-launch form
+  // stages its tiles, which the register pair does not; compiler/codegen.cpp own_fused_kernel.)
+  if constexpr (kLaunch == TileLaunch::kCast && sizeof...(S) == 2) {
     if constexpr (kPairRegisters<Cfg, S...>) {
       if (full && (kInteriorOnly<Cfg> || mem.rows % 16 == 0)) {
         cast_pair_registers<Cfg, S...>(a, mem, col0, scale_base[0], scale_base[1]);
@@ -148,17 +156,21 @@ __device__ __forceinline__ void cast_tile(const QuantizeArgs& a) {
   // amaxes happen meanwhile). With a pre-pass, a second barrier: after it every CTA reads the
   // amaxes complete.
   u32 ticket = 0;
-  if constexpr (kFused) {
-    Pre::template zero_channels<Cfg>(a, row0, col0);
-    ticket = grid_arrive();
+  if constexpr (kMayFuse) {
+    if (fused) {
+      Pre::template zero_channels<Cfg>(a, row0, col0);
+      ticket = grid_arrive();
+    }
   }
   load_tile<Cfg>(a, mem, col0, full, tile, rtile, !(kAllRhtInRegisters && full && (kInteriorOnly<Cfg> || mem.rows % 16 == 0)));
-  if constexpr (kFused) {
-    if constexpr (Pre::kSources > 0) {
-      Pre::template reduce<Cfg>(a, tile, row0, col0, ticket);
-      grid_wait(grid_arrive());
-    } else {
-      grid_wait(ticket);
+  if constexpr (kMayFuse) {
+    if (fused) {
+      if constexpr (Pre::kSources > 0) {
+        Pre::template reduce<Cfg>(a, tile, row0, col0, ticket);
+        grid_wait(grid_arrive());
+      } else {
+        grid_wait(ticket);
+      }
     }
   }
 

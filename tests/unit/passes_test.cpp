@@ -316,30 +316,6 @@ TEST(SelectTiles, CandidatesAreValidAndStartWithTheDefault) {
   EXPECT_FALSE(tile_fits(b, TileConfig{128, 128, 48, 4})) << "threads: whole warps, at least 64";
 }
 
-// The one-launch form (a single wave of tiles) takes at least 256 threads per tile, never more
-// than 4 elements per thread of small tiles, and never fewer threads than the plan's tile; the
-// emitted source gives it its own config only where the count differs.
-TEST(SelectTiles, FusedFormTakesAtLeast256Threads) {
-  EXPECT_EQ(fused_threads(TileConfig{64, 128, 128, 4}), 256);
-  EXPECT_EQ(fused_threads(TileConfig{32, 256, 256, 4}), 256);
-  EXPECT_EQ(fused_threads(TileConfig{128, 64, 512, 4}), 512);
-  EXPECT_EQ(fused_threads(TileConfig{16, 32, 128, 4}), 128);  // 512 elements
-  EXPECT_EQ(fused_threads(TileConfig{16, 64, 128, 4}), 256);
-  const Plan nv = plan_for("nvfp4", "linear:input");  // 64 x 128, 128 threads
-  ASSERT_EQ(nv.tile.threads, 128);
-  const KernelSource ks = emit_quantize(nv, QuantizeForm::All);
-  EXPECT_EQ(ks.fused_threads, 256);
-  ASSERT_TRUE(ks.fused_kernel.has_value());
-  EXPECT_NE(ks.fused_kernel->find("qf_gen::CfgFused"), std::string::npos) << *ks.fused_kernel;
-  EXPECT_NE(ks.source.find("struct CfgFused : Cfg"), std::string::npos);
-  EXPECT_EQ(emit_quantize(nv, QuantizeForm::Separate).source.find("CfgFused"), std::string::npos)
-      << "the separate form's source defines only what its kernels use";
-  const Plan cur = plan_for("current_scaling", "linear:input");  // 256 threads already
-  const KernelSource kc = emit_quantize(cur, QuantizeForm::All);
-  EXPECT_EQ(kc.fused_threads, cur.tile.threads);
-  EXPECT_EQ(kc.source.find("CfgFused"), std::string::npos);
-}
-
 // qforge tune's register-budget dimension: the default tile at register budgets of 64 .. 255 per
 // thread (min blocks); codegen emits the override as the launch bounds' min blocks, and the
 // default otherwise; tune times each distinct kernel once.
