@@ -166,7 +166,8 @@ bool has_one_launch(const Plan& p) {
 }
 
 bool own_fused_kernel(const Plan& p) {
-  return has_one_launch(p) && register_pair_streams(p) && p.tile.rows == 128 && p.tile.cols == 128 && p.tile.threads == 256;
+  const bool pair = register_pair_streams(p) && p.tile.rows == 128 && p.tile.cols == 128 && p.tile.threads == 256;
+  return has_one_launch(p) && (pair || p.streams.size() == 1);
 }
 
 std::vector<QuantizeForm> quantize_forms(const Plan& p) {

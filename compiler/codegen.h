@@ -88,9 +88,11 @@ struct KernelSource {
 // tensor).
 bool has_one_launch(const Plan& plan);
 // Whether that form is a kernel of its own (fused_kernel): where the cast kernel casts interior
-// tiles from a row + transposed register pair (per-tensor or per-channel scales, 16-bit input,
-// 128 x 128 tiles of 256 threads; cast_pair.cuh kPairDirect), which the one-launch form, staging
-// its tiles for the pre-pass, does not. One kernel with both paths spilled (docs/jit.md).
+// tiles other than from its staged tile, as the one-launch form must (it reduces the pre-pass from
+// it): from a row + transposed register pair (per-tensor or per-channel scales, 16-bit input, 128 x
+// 128 tiles of 256 threads; cast_pair.cuh kPairDirect) or, in plans of one stream, straight from
+// global memory. One kernel holding both paths took the registers of both: current scaling's
+// training cast spilled, its inference cast ran 4.6 % slower at 16384^2 (docs/jit.md).
 bool own_fused_kernel(const Plan& plan);
 // The plan's programs: Separate and All where own_fused_kernel, else its complete one alone.
 std::vector<QuantizeForm> quantize_forms(const Plan& plan);

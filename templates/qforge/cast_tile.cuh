@@ -75,7 +75,7 @@ enum class TileLaunch { kCast, kFused, kEither };
 template <class Cfg, class Pre, TileLaunch kLaunch, class... S>
 __device__ __forceinline__ void cast_tile(const QuantizeArgs& a) {
   const bool fused = kLaunch == TileLaunch::kFused || (kLaunch == TileLaunch::kEither && a.one_launch != 0);
-  constexpr bool kMayFuse = kLaunch != TileLaunch::kCast, kMayCast = kLaunch != TileLaunch::kFused;
+  constexpr bool kMayFuse = kLaunch != TileLaunch::kCast;
   // Fused: CTA 0 zeroes the amax outputs (the separate form's memsets), also on a no-op call,
   // whose amax outputs read zero either way.
   if (fused) {
@@ -113,17 +113,22 @@ __device__ __forceinline__ void cast_tile(const QuantizeArgs& a) {
   const bool full = kInteriorOnly<Cfg> || (row0 + Cfg::kTileRows <= mem.rows && col0 + Cfg::kTileCols <= a.k && a.k % 16 == 0);
   // The rotated copy, unless every RHT stream rotates in registers on this tile.
   constexpr bool kAllRhtInRegisters = ((!S::kRht || kRhtInRegisters<S>) && ...);
+  // The paths of interior tiles other than the staged one below belong to the separate form's own
+  // cast kernel (cast_kernel): the kernel that serves both forms stages every tile, as the
+  // one-launch form must, because one kernel holding both paths took the registers of both
+  // (compiler/codegen.cpp own_fused_kernel; docs/jit.md).
   // Plans of 16-bit identity copies only (cast_copy.cuh): interior tiles move the input's bits.
-  if constexpr (kMayCast && kCopyPlan<Cfg, S...>) {
-    if (!fused && full && (CopyPlan<Cfg, S...>::kTransposedStreams == 0 || (kInteriorOnly<Cfg> || mem.rows % 16 == 0))) {
+  if constexpr (kLaunch == TileLaunch::kCast && kCopyPlan<Cfg, S...>) {
+    if (full && (CopyPlan<Cfg, S...>::kTransposedStreams == 0 || (kInteriorOnly<Cfg> || mem.rows % 16 == 0))) {
       cast_copy_full<Cfg, S...>(a, mem, col0, reinterpret_cast<u8*>(smem4));
       return;
     }
   }
   // A plan of one rowwise stream with 1D blocks (or none) and no RHT (inference) casts interior
   // tiles straight from global memory: no staging (but mn_major MX entries), no barrier.
-  if constexpr (kMayCast && sizeof...(S) == 1 && (((kWholeBlockRows<S> && !S::kBlock2d) || kRowwiseDirect<Cfg, S>) && ...)) {
-    if (!fused && full) {
+  if constexpr (kLaunch == TileLaunch::kCast && sizeof...(S) == 1 &&
+                (((kWholeBlockRows<S> && !S::kBlock2d) || kRowwiseDirect<Cfg, S>) && ...)) {
+    if (full) {
       (
           [&] {
             if constexpr (kWholeBlockRows<S>) {
@@ -139,8 +144,6 @@ __device__ __forceinline__ void cast_tile(const QuantizeArgs& a) {
       return;
     }
   }
-  // (Only the separate form's own cast kernel: the kernel that also serves the one-launch form
-  // stages its tiles, which the register pair does not; compiler/codegen.cpp own_fused_kernel.)
   if constexpr (kLaunch == TileLaunch::kCast && sizeof...(S) == 2) {
     if constexpr (kPairRegisters<Cfg, S...>) {
       if (full && (kInteriorOnly<Cfg> || mem.rows % 16 == 0)) {

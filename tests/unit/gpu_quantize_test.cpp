@@ -606,8 +606,7 @@ TEST(GpuQuantizeForm, LargeFirstCallCompilesOnlyTheSeparateForm) {
 }
 
 // A small tensor's first call compiles the complete program only, which then serves a large call
-// too; so does a call the row kernel serves where the plan has one program (W8A8: one kernel for
-// both forms' casts).
+// too; a call the row kernel serves compiles the separate form.
 TEST(GpuQuantizeForm, SmallFirstCallCompilesOnlyTheCompleteProgram) {
   QF_SKIP_WITHOUT_GPU();
   using namespace qf::rt;
@@ -622,7 +621,7 @@ TEST(GpuQuantizeForm, SmallFirstCallCompilesOnlyTheCompleteProgram) {
                      {"delayed_scaling", "linear:weight", Usage::Training, QuantizeForm::All},
                      {"nvfp4", "linear:grad_output", Usage::Training, QuantizeForm::All},
                      {"fp8_rowwise", "linear:input", Usage::Training, QuantizeForm::All},
-                     {"w8a8_int8_inference", "linear:input", Usage::Inference, QuantizeForm::All}};
+                     {"w8a8_int8_inference", "linear:input", Usage::Inference, QuantizeForm::Separate}};
   for (const F& c : cases) {
     SCOPED_TRACE(std::string(c.recipe) + " " + c.role);
     const Plan p = form_plan(c.recipe, c.role, c.usage);
