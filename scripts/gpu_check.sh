@@ -67,6 +67,9 @@ san_filter+=':*mxfp8__linear_input__inference__bf16__128x4224:*float8_block*_lin
 # The one-launch form of per-channel plans (25be0da): the workspace zeroed by the kernel, row and
 # column amaxes reduced from the staged tiles between the grid barriers.
 san_filter+=':*fp8_rowwise__linear_input__training__bf16__200x320:*int8_weight_sr__linear_weight__training__bf16__200x320:GpuQuantizeGraph.*'
+# The cast kernel that serves both forms (cast_fused_kernel: NVFP4, the hybrid, int8 SR weights and
+# fp32 per-tensor training casts), one launch on interior tiles only; the cases above take it too.
+san_filter+=':*nvfp4__linear_input__training__bf16__256x1024__interior'
 # The one-pass row kernel of rowwise per-channel plans (single, grouped, fp32 rows of 8 warps) and
 # the per-channel row + column pre-pass straight from global memory (interior tiles).
 san_filter+=':*w8a8_int8_inference__linear_input__inference__bf16__128x4224:*w8a8_int8_inference__linear_input__inference__bf16__1072x256__grouped*'
