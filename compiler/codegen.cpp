@@ -317,7 +317,7 @@ KernelSource emit_quantize(const Plan& p, QuantizeForm form, Tiles tiles) {
   for (size_t i = 0; i < reduced.size(); ++i) pre += (i ? ", qf_gen::A" : "qf_gen::A") + std::to_string(reduced[i]);
   pre += ">";
   // A plan with a one-launch form has one kernel for both forms' casts (cast_fused_kernel) unless
-  // its cast kernel casts interior tiles from a register pair (own_fused_kernel).
+  // its cast kernel casts interior tiles other than from its staged tile (own_fused_kernel).
   if (with_fused && !own_fused_kernel(p)) {
     ks.cast_kernel = "qf::cast_fused_kernel<qf_gen::Cfg, " + pre + streams + ">";
     ks.fused_kernel = ks.cast_kernel;

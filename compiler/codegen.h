@@ -5,8 +5,8 @@
 //
 // A plan with a one-launch form (a tensor or per-channel amax) casts with one kernel in both
 // forms (cast.cuh cast_fused_kernel; the launch says which), so it has one program, its complete
-// one (QuantizeForm::All), unless its cast kernel casts interior tiles from a register pair
-// (own_fused_kernel: the rowwise + transposed pairs of per-tensor or per-channel scales). Such a
+// one (QuantizeForm::All), unless its cast kernel casts interior tiles other than from its staged
+// tile (own_fused_kernel: a register pair, or straight from global memory). Such a
 // plan has a fused kernel of its own and two programs, each a cache entry of its own: its
 // complete program (every kernel: cast, amax, row and the cooperative fused kernel) and its
 // separate form (the same without the fused kernel), which a call that does not launch the fused

@@ -8,7 +8,7 @@
 //                             every stream S (rowwise / columnwise, any format) written from it.
 //   fused_kernel, row_kernel - cast_kernel with its pre-pass inside one cooperative launch; the
 //                             one-pass form of rowwise per-channel plans (below).
-//   cast_fused_kernel       - cast_kernel and fused_kernel in one (plans without a register pair).
+//   cast_fused_kernel       - cast_kernel and fused_kernel in one (plans whose cast stages every tile).
 //
 // A tile is kTileRows x kTileCols of the input, staged once in shared memory (rows of 4-element
 // chunks, XOR-swizzled by row so that both row and column walks are free of bank conflicts), as
@@ -66,9 +66,9 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocks)
   detail::cast_tile<Cfg, Pre, detail::TileLaunch::kFused, S...>(a);
 }
 
-// cast_kernel and fused_kernel in one, for plans whose tiles the cast kernel stages as the fused
-// kernel does (no register pair): a.one_launch picks the form. One kernel instead of two, whose
-// tile work, inlined into each, made a program's compile about half again as long (docs/jit.md).
+// cast_kernel and fused_kernel in one, for plans whose cast kernel stages every tile as the fused
+// kernel does (compiler/codegen.cpp own_fused_kernel): a.one_launch picks the form. The fused
+// kernel compiled as long as the cast kernel, its tile work inlined again (docs/jit.md, step 10).
 template <class Cfg, class Pre, class... S>
 __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocks)
     cast_fused_kernel(const QuantizeArgs a) {
