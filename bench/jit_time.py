@@ -45,6 +45,14 @@ thread counted), which other processes' load on the machine barely changes, plus
                 them: arch, options, name expression and the configs it names); per plan the
                 CPU ms of each and each form's share of the whole program, then per form the
                 median / max / sum and the shares' median and range
+  --plans BASE_CACHE
+                a build against an older one, plan by plan: each entry of this cache compiled
+                alternately with the entry of BASE_CACHE (an older build's prewarm) for the same
+                plan and program (kind and metadata: recipe, role, usage, input, tiles), that one
+                against --base-templates (the older build's headers; else TEMPLATES), one core;
+                per pair the CPU ms both ways and whether the sources differ, then median / max /
+                sum of the pairs whose source changed, of the others, and of all (docs/jit.md,
+                step 10)
   --hits LOG    a `QFORGE_LOG_LEVEL=debug` log of `qforge prewarm` over the same cache once it
                 is full: each kernel's cache hit (lookup, metadata and image read, SHA-256 check),
                 in ms, goes into the last table (scripts/jit_report.sh passes it)
@@ -285,6 +293,46 @@ def whole_vs_forms(nvrtc, hdrs, base_es, es, reps):
     return 1 if unmatched or not wholes else 0
 
 
+def pair_by_plan(base_es, es):
+    """--plans: [(base entry, entry)] of the entries of both caches with the same kind and label
+    (the plan and program), in the order of ES; and the labels of ES without a partner."""
+    base = {(b["kind"], b["label"]): b for b in base_es}
+    pairs, alone = [], []
+    for e in es:
+        b = base.get((e["kind"], e["label"]))
+        if b is None:
+            alone.append(f"{e['kind']} {e['label']}")
+        else:
+            pairs.append((b, e))
+    return pairs, alone
+
+
+def plans_vs(nvrtc, hdrs, base_hdrs, pairs, alone, reps):
+    """--plans: each pair compiled alternately, base first on every other pair."""
+    groups = {}
+    print(f"{'kind':<18} {'base':>7} {'new':>7}  source  label")
+    for n, (b, e) in enumerate(pairs):
+        t = {}
+        for side in (("base", "new") if n % 2 == 0 else ("new", "base")):
+            x, h = (b, base_hdrs) if side == "base" else (e, hdrs)
+            t[side] = best(nvrtc, reps, x["source"], x["options"], x["names"], h)[0]
+        changed = b["source"] != e["source"] or b["names"] != e["names"]
+        for g in ("all", "source changed" if changed else "source the same"):
+            groups.setdefault(g, []).append((t["base"], t["new"]))
+        print(f"{e['kind']:<18} {t['base'] * 1000:7.0f} {t['new'] * 1000:7.0f}  {'changed' if changed else 'same   '}"
+              f"  {e['label']}", flush=True)
+    print("\nCPU ms per compile, base -> new: median / max / sum")
+    for g in ("source changed", "source the same", "all"):
+        if g not in groups:
+            continue
+        bs, ns = [x[0] * 1000 for x in groups[g]], [x[1] * 1000 for x in groups[g]]
+        print(f"  {g:<16} n={len(bs):<4} {statistics.median(bs):.0f} / {max(bs):.0f} / {sum(bs):.0f} -> "
+              f"{statistics.median(ns):.0f} / {max(ns):.0f} / {sum(ns):.0f} ({100 * (sum(ns) / sum(bs) - 1):+.1f} % of the sum)")
+    for a in alone:
+        print(f"  no partner in the base cache: {a}")
+    return 0 if pairs else 1
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--cache", default=os.environ.get("QFORGE_CACHE_DIR"))
@@ -301,6 +349,7 @@ def main(argv=None):
     ap.add_argument("--whole", default="", help="a cache of an older build's one-program quantize entries")
     ap.add_argument("--trace", action="store_true", help="shares of front end, NVVM (kernels / helpers / rest), ptxas")
     ap.add_argument("--hits", default="", help="a QFORGE_LOG_LEVEL=debug log of `qforge prewarm` over the same, full cache")
+    ap.add_argument("--plans", default="", help="an older build's cache: each plan's program against its own there")
     args = ap.parse_args(argv)
     if not args.cache:
         print("jit_time: no cache: --cache DIR or QFORGE_CACHE_DIR", file=sys.stderr)
@@ -329,6 +378,9 @@ def main(argv=None):
         if args.limit:
             base_es = base_es[: args.limit]
         return whole_vs_forms(nvrtc, hdrs, base_es, es, args.reps)
+    if args.plans:
+        pairs, alone = pair_by_plan(entries(args.plans, args.filter), es)
+        return plans_vs(nvrtc, hdrs, base_hdrs or hdrs, pairs, alone, args.reps)
     cols = ["cubin"] + (["base"] if base_hdrs else []) + (["front end", "to PTX"] if args.phases else [])
     cols += [f"+{x}" for x in args.extra]
     if args.instructions:

@@ -759,3 +759,20 @@ def test_jit_time_hits_and_latency_table(tmp_path, capsys):
     assert "| quantize | 2 | 500 / 600 | 0.88 / 1.25 |" in out
     assert "| gemm | 1 | 900 / 900 | - |" in out
     assert out.rstrip().endswith("| all | 3 | 600 / 900 | 0.88 / 1.25 |")
+
+
+# jit_time.py --plans: entries of two caches paired by kind and plan (the label), not by key or
+# source, so a plan whose program changed is compared with its older program.
+def test_jit_time_pairs_programs_by_plan():
+    def entry(kind, label, source):
+        return {"kind": kind, "label": label, "source": source, "names": ["qf::cast_kernel<qf_gen::Cfg>"]}
+    base = [entry("quantize", "bf16 nvfp4 linear:input training", "old"),
+            entry("quantize/interior", "bf16 nvfp4 linear:input interior training", "old i"),
+            entry("quantize", "bf16 mxfp8 linear:input training", "same")]
+    new = [entry("quantize", "bf16 mxfp8 linear:input training", "same"),
+           entry("quantize", "bf16 nvfp4 linear:input training", "new"),
+           entry("quantize/separate", "bf16 nvfp4 linear:input training", "sep")]
+    pairs, alone = jit_time.pair_by_plan(base, new)
+    assert [(b["source"], e["source"]) for b, e in pairs] == [("same", "same"), ("old", "new")]
+    assert alone == ["quantize/separate bf16 nvfp4 linear:input training"]
+
