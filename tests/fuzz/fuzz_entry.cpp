@@ -167,6 +167,14 @@ void check_plan(const Plan& p, bool run_ref) {
         ka.fused_kernel != ks.fused_kernel || ka.row_kernel != ks.row_kernel)
       broken("emitted source depends on the recipe name or role name");
   }
+  // A one-launch form without a fused kernel of its own: one program, whose cast kernel serves
+  // both forms, and which the separate launches take too.
+  if (has_one_launch(p) && !own_fused_kernel(p)) {
+    if (quantize_forms(p).size() != 1) broken("two programs of a plan whose one kernel serves both forms");
+    const KernelSource all = emit_quantize(p, QuantizeForm::All);
+    if (!all.fused_kernel || *all.fused_kernel != all.cast_kernel) broken("a fused kernel beside the cast kernel serving both forms");
+    if (emit_quantize(p, QuantizeForm::Separate).source != all.source) broken("a separate form of a plan with one program");
+  }
   for (const auto& s : p.streams)
     if (const auto* d = std::get_if<PerTensorDelayed>(&s.scaling))
       check_source(emit_history_update(*d, s.format).source, "history kernel source");
