@@ -170,14 +170,14 @@ bool own_fused_kernel(const Plan& p) {
   return has_one_launch(p) && (pair || p.streams.size() == 1);
 }
 
-std::vector<QuantizeForm> quantize_forms(const Plan& p) {
-  if (own_fused_kernel(p)) return {QuantizeForm::Separate, QuantizeForm::All};
-  return {complete_form(p)};
-}
+QuantizeForm complete_form(const Plan& p) { return has_one_launch(p) ? QuantizeForm::All : QuantizeForm::Separate; }
 
 QuantizeForm separate_form(const Plan& p) { return own_fused_kernel(p) ? QuantizeForm::Separate : complete_form(p); }
 
-QuantizeForm complete_form(const Plan& p) { return has_one_launch(p) ? QuantizeForm::All : QuantizeForm::Separate; }
+std::vector<QuantizeForm> quantize_forms(const Plan& p) {
+  if (separate_form(p) == complete_form(p)) return {complete_form(p)};
+  return {separate_form(p), complete_form(p)};
+}
 
 KernelSource emit_quantize(const Plan& p, QuantizeForm form, Tiles tiles) {
   verify(p);
