@@ -1,21 +1,27 @@
 #!/usr/bin/env python3
-"""First-call latency of the shipped quantize plans through qforge.torch (docs/jit.md), on a GPU
-host with torch: what a framework's first step waits for, per plan, in three cache states.
+"""First-call latency of the shipped quantize plans (docs/jit.md), on a GPU host: what a
+framework's first step waits for, per plan, in up to three cache states, through qforge.torch
+and, with --cpp, through the C++ API (bench/first_call.cpp).
 
-  first_call.py [--qforge BUILD/tools/qforge] [--shape 4096x4096] [--filter S] [--json OUT]
+  first_call.py [--qforge BUILD/tools/qforge] [--bundle DIR] [--cpp BUILD/bench/qforge_first_call]
+                [--no-torch] [--shapes 4096x4096,4000x4000] [--states cold,shipped,warm]
+                [--filter S] [--json OUT]
 
-Once: `qforge prewarm recipes --arch <this GPU's arch>` into a fresh directory (its wall time is
-reported), which then plays the wheel's bundle. Then, for each shipped recipe's linear:input
-(training; inference for inference-only recipes), bf16, three fresh processes, each timing its
-first call from the quantizer's creation to the output on the host (torch.cuda.synchronize), and a
-warm call after it:
+Once, unless --bundle names one: `qforge prewarm recipes --arch <this GPU's arch>` into a fresh
+directory (its wall time is reported), which then plays the wheel's bundle. Then, for each shipped
+recipe's linear:input (training; inference for inference-only recipes), bf16, each API, each
+shape and each state, a fresh process timing its first call from reading the recipe to the output
+on the device (synchronized), then a later call (its share of 20 back to back):
   cold     empty writable cache, no shipped root: NVRTC compile + module load + the call
-  shipped  empty writable cache, the prewarmed directory as QFORGE_CACHE_SHIPPED_DIRS (the wheel's
-           case): a shipped hit + module load + the call
-  warm     the prewarmed directory as the writable cache: a disk hit + module load + the call
-Needs torch with CUDA, qforge._C (QFORGE_EXTENSION) and libqforge (QFORGE_LIBRARY), as
-scripts/gpu_binding.sh sets them. The goals (docs/jit.md): a shipped plan's first call within
-50 ms plus the data movement; a warm start within 1 ms per kernel.
+  shipped  empty writable cache, the bundle as QFORGE_CACHE_SHIPPED_DIRS (the wheel's and an
+           install's case): a shipped hit + module load + the call
+  warm     the bundle as the writable cache: a disk hit + module load + the call
+A shape of whole tiles takes the plan's program for interior tiles, one with edge tiles the program
+for any tiles (the C++ child reports which). The torch API needs torch with CUDA, qforge._C
+(QFORGE_EXTENSION) and libqforge (QFORGE_LIBRARY), as scripts/gpu_binding.sh sets them. The goals
+(docs/jit.md): a shipped plan's first call within 50 ms plus the data movement; a warm start
+within 1 ms per kernel. scripts/jit_report.sh runs this on a GPU host and puts the medians in its
+latency table (bench/jit_time.py --first-call).
 """
 import argparse
 import json
@@ -68,64 +74,112 @@ def recipes_and_usages():
     return out
 
 
-def child(recipe, usage, shape, env):
-    r = subprocess.run([sys.executable, "-c", CHILD, str(recipe), "linear:input", usage, str(shape[0]),
-                        str(shape[1])], env=env, capture_output=True, text=True, timeout=600)
+def child(api, recipe, usage, shape, env):
+    """One fresh process, one first call: {"first_ms", "warm_us", ...}."""
+    cmd = [sys.executable, "-c", CHILD] if api == "torch" else [api]
+    r = subprocess.run(cmd + [str(recipe), "linear:input", usage, str(shape[0]), str(shape[1])] if api == "torch"
+                       else cmd + [str(recipe), "linear:input", usage, f"{shape[0]}x{shape[1]}"],
+                       env=env, capture_output=True, text=True, timeout=600)
     if r.returncode != 0:
-        raise RuntimeError(f"{recipe.name} ({usage}): child failed:\n{r.stderr[-2000:]}")
+        raise RuntimeError(f"{recipe.name} ({usage}, {api}): child failed:\n{r.stderr[-2000:]}")
     return json.loads(r.stdout.strip().splitlines()[-1])
+
+
+def gpu_arch():
+    """This GPU's arch (sm_90a, ...) from nvidia-smi, torch not needed."""
+    try:
+        r = subprocess.run(["nvidia-smi", "--query-gpu=compute_cap,name", "--format=csv,noheader"],
+                           capture_output=True, text=True)
+    except FileNotFoundError:
+        sys.exit("first_call: no CUDA device (no nvidia-smi)")
+    if r.returncode != 0 or not r.stdout.strip():
+        sys.exit("first_call: no CUDA device (nvidia-smi found none)")
+    cap, name = (v.strip() for v in r.stdout.strip().splitlines()[0].split(",", 1))
+    major, minor = (int(v) for v in cap.split("."))
+    return f"sm_{major}{minor}" + ("a" if major >= 9 else ""), name
+
+
+def summary(rows, states):
+    """Median first-call ms per (api, tiles, state) over the rows."""
+    out = {}
+    for r in rows:
+        for st in states:
+            out.setdefault((r["api"], r["tiles"], st), []).append(r[st]["first_ms"])
+    return {k: statistics.median(v) for k, v in out.items()}
 
 
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--qforge", default=os.environ.get("QFORGE_BIN", "qforge"))
-    ap.add_argument("--shape", default="4096x4096")
+    ap.add_argument("--bundle", default="", help="an already prewarmed cache to play the bundle (no prewarm here)")
+    ap.add_argument("--cpp", default="", help="BUILD/bench/qforge_first_call: time the C++ API too")
+    ap.add_argument("--no-torch", action="store_true", help="the C++ API only")
+    ap.add_argument("--shapes", default="4096x4096")
+    ap.add_argument("--states", default="cold,shipped,warm")
     ap.add_argument("--filter", default="")
     ap.add_argument("--json", default="")
     args = ap.parse_args(argv)
-    shape = tuple(int(v) for v in args.shape.split("x"))
-    import torch  # noqa: F401  (fails early without torch)
-    if not torch.cuda.is_available():
-        sys.exit("first_call: no CUDA device")
-    major, minor = torch.cuda.get_device_capability()
-    arch = f"sm_{major}{minor}" + ("a" if major >= 9 else "")
+    shapes = [tuple(int(v) for v in s.split("x")) for s in args.shapes.split(",")]
+    states = [s for s in args.states.split(",") if s]
+    bad = [s for s in states if s not in ("cold", "shipped", "warm")]
+    if bad:
+        sys.exit(f"first_call: --states: expected cold, shipped or warm, got {', '.join(bad)}")
+    apis = ([] if args.no_torch else ["torch"]) + ([args.cpp] if args.cpp else [])
+    if not apis:
+        sys.exit("first_call: nothing to time (--no-torch without --cpp)")
+    if "torch" in apis:
+        import torch  # noqa: F401  (fails early without torch)
+        if not torch.cuda.is_available():
+            sys.exit("first_call: torch sees no CUDA device")
+    arch, device = gpu_arch()
     with tempfile.TemporaryDirectory() as tmp:
-        bundle = Path(tmp) / "bundle"
-        t0 = time.perf_counter()
-        r = subprocess.run([args.qforge, "prewarm", str(REPO / "recipes"), "--arch", arch],
-                           env={**os.environ, "QFORGE_CACHE_DIR": str(bundle)}, capture_output=True, text=True)
-        prewarm_s = time.perf_counter() - t0
-        if r.returncode != 0:
-            sys.exit(f"first_call: qforge prewarm failed:\n{r.stdout[-2000:]}{r.stderr[-2000:]}")
+        bundle = Path(args.bundle) if args.bundle else Path(tmp) / "bundle"
+        prewarm_s = None
+        if not args.bundle:
+            t0 = time.perf_counter()
+            r = subprocess.run([args.qforge, "prewarm", str(REPO / "recipes"), "--arch", arch],
+                               env={**os.environ, "QFORGE_CACHE_DIR": str(bundle)}, capture_output=True, text=True)
+            prewarm_s = time.perf_counter() - t0
+            if r.returncode != 0:
+                sys.exit(f"first_call: qforge prewarm failed:\n{r.stdout[-2000:]}{r.stderr[-2000:]}")
         rows = []
         for recipe, usage in recipes_and_usages():
             if args.filter and args.filter not in recipe.stem:
                 continue
-            row = {"recipe": recipe.stem, "usage": usage}
-            for state in ("cold", "shipped", "warm"):
-                cache = Path(tmp) / f"{recipe.stem}-{state}"
-                env = dict(os.environ)
-                env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO / "python"), env.get("PYTHONPATH")]))
-                env["QFORGE_CACHE_DIR"] = str(bundle if state == "warm" else cache)
-                env["QFORGE_CACHE_SHIPPED_DIRS"] = str(bundle) if state == "shipped" else ""
-                row[state] = child(recipe, usage, shape, env)
-            rows.append(row)
-            print(f"{recipe.stem:<28} {usage:<9} cold {row['cold']['first_ms']:8.1f} ms  shipped "
-                  f"{row['shipped']['first_ms']:7.1f} ms  warm {row['warm']['first_ms']:7.1f} ms  "
-                  f"steady {row['warm']['warm_us']:7.1f} us", flush=True)
-    print(f"\nFirst quantize call, {shape[0]}x{shape[1]} bf16 linear:input, {torch.cuda.get_device_name()} "
-          f"({arch}); `qforge prewarm recipes` {prewarm_s:.1f} s wall\n")
-    print("| recipe | usage | cold (compile) ms | shipped bundle ms | warm cache ms | later calls us |")
-    print("|---|---|---|---|---|---|")
+            for api in apis:
+                api_name = "torch" if api == "torch" else "C++"
+                for shape in shapes:
+                    row = {"recipe": recipe.stem, "usage": usage, "api": api_name, "shape": list(shape)}
+                    for state in states:
+                        cache = Path(tmp) / f"{recipe.stem}-{state}-{len(rows)}"
+                        env = dict(os.environ)
+                        env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO / "python"), env.get("PYTHONPATH")]))
+                        env["QFORGE_CACHE_DIR"] = str(bundle if state == "warm" else cache)
+                        env["QFORGE_CACHE_SHIPPED_DIRS"] = str(bundle) if state == "shipped" else ""
+                        row[state] = child(api, recipe, usage, shape, env)
+                    # Whether the call took the program for interior tiles (C++ reports it; a torch call
+                    # takes the same program for the same shape).
+                    row["tiles"] = next((row[s]["tiles"] for s in states if "tiles" in row[s]), "")
+                    rows.append(row)
+                    print(f"{recipe.stem:<28} {usage:<9} {api_name:<5} {shape[0]}x{shape[1]}  " +
+                          "  ".join(f"{s} {row[s]['first_ms']:7.1f} ms" for s in states) +
+                          f"  later calls {row[states[-1]]['warm_us']:6.1f} us", flush=True)
+    # A torch row takes the tiles of the C++ row of its recipe and shape, where there is one.
+    tiles = {(r["recipe"], tuple(r["shape"])): r["tiles"] for r in rows if r["tiles"]}
     for r in rows:
-        print(f"| {r['recipe']} | {r['usage']} | {r['cold']['first_ms']:.1f} | {r['shipped']['first_ms']:.1f} | "
-              f"{r['warm']['first_ms']:.1f} | {r['warm']['warm_us']:.1f} |")
-    if rows:
-        med = {s: statistics.median(r[s]["first_ms"] for r in rows) for s in ("cold", "shipped", "warm")}
-        print(f"| median | | {med['cold']:.1f} | {med['shipped']:.1f} | {med['warm']:.1f} | |")
+        r["tiles"] = r["tiles"] or tiles.get((r["recipe"], tuple(r["shape"])), "")
+    where = f"{device} ({arch})" + (f"; `qforge prewarm recipes` {prewarm_s:.1f} s wall" if prewarm_s else "")
+    print(f"\nFirst quantize call, bf16 linear:input of each shipped recipe, {where}")
+    print("| recipe | api | shape | " + " | ".join(f"{s} ms" for s in states) + " | later calls us |")
+    print("|---|---|---|" + "---|" * len(states) + "---|")
+    for r in rows:
+        print(f"| {r['recipe']} | {r['api']} | {r['shape'][0]}x{r['shape'][1]} | " +
+              " | ".join(f"{r[s]['first_ms']:.1f}" for s in states) + f" | {r[states[-1]]['warm_us']:.1f} |")
+    for (api, tl, st), med in sorted(summary(rows, states).items()):
+        print(f"median, {api}, {tl or '?'} tiles, {st}: {med:.1f} ms")
     if args.json:
-        Path(args.json).write_text(json.dumps({"shape": shape, "arch": arch, "prewarm_s": prewarm_s, "rows": rows},
-                                              indent=1))
+        Path(args.json).write_text(json.dumps({"device": device, "arch": arch, "prewarm_s": prewarm_s,
+                                               "states": states, "rows": rows}, indent=1))
 
 
 if __name__ == "__main__":

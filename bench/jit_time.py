@@ -3,7 +3,7 @@
 
   jit_time.py [--cache DIR] [--templates DIR] [--filter S] [--phases] [--extra "OPTS"]... [--reps N]
               [--base-templates DIR] [--instructions] [--per-kernel] [--whole BASE_CACHE] [--trace]
-              [--hits LOG]
+              [--hits LOG] [--first-call JSON]...
 
 Takes every CUBIN entry of a qforge kernel cache (DIR, default $QFORGE_CACHE_DIR; fill it first
 with `qforge prewarm`), and compiles its source.cu again with NVRTC in this process, the device
@@ -56,13 +56,17 @@ thread counted), which other processes' load on the machine barely changes, plus
   --hits LOG    a `QFORGE_LOG_LEVEL=debug` log of `qforge prewarm` over the same cache once it
                 is full: each kernel's cache hit (lookup, metadata and image read, SHA-256 check),
                 in ms, goes into the last table (scripts/jit_report.sh passes it)
+  --first-call JSON
+                bench/first_call.py's --json output (repeatable): the median first call per API and
+                cache state (shipped root / warm cache / empty cache) goes into the last table, on
+                the row of the program the calls took (scripts/jit_report.sh on a GPU host)
 
 A quantize entry's kind is "quantize" for a plan's complete program and "quantize/separate" for
 the separate form of a plan with the one-launch fused kernel (docs/jit.md, step 5).
 
 Prints one row per kernel (CPU ms) and a summary: median, max and sum per kind of kernel (of
 CPU ms, and of wall ms where it says "wall"); last, a markdown table per kind of kernel: the cold
-compile's median and max, and with --hits the warm start's cache hit.
+compile's median and max, with --hits the warm start's cache hit, with --first-call the first calls.
 """
 import argparse
 import ctypes
@@ -182,21 +186,49 @@ def cache_hits(path):
     return hits
 
 
-def latency_table(per_kind, hits, es):
+def first_calls(paths):
+    """--first-call: {kind: {api: {state: median ms}}} of bench/first_call.py's JSON files, a row's kind the
+    program its call took (quantize/interior for whole tiles, quantize for any)."""
+    ms = {}
+    for path in paths:
+        with open(path) as f:
+            doc = json.load(f)
+        for r in doc["rows"]:
+            kind = "quantize/interior" if r.get("tiles") == "interior" else "quantize"
+            for st in doc["states"]:
+                ms.setdefault(kind, {}).setdefault(r["api"], {}).setdefault(st, []).append(r[st]["first_ms"])
+    return {k: {a: {st: statistics.median(v) for st, v in sts.items()} for a, sts in apis.items()}
+            for k, apis in ms.items()}
+
+
+FIRST_STATES = ("shipped", "warm", "cold")
+
+
+def latency_table(per_kind, hits, es, first=None):
     """The table the README's JIT figures come from: per kernel kind, the cold compile (CPU ms, one core) and,
-    with --hits, a warm start's cache hit (ms)."""
+    with --hits, a warm start's cache hit (ms); with --first-call, the first call's median per API and cache
+    state (bench/first_call.py)."""
     hit_kind = {}
     for e in es:
         if e["key"] in hits:
             for kind in (e["kind"], "all"):
                 hit_kind.setdefault(kind, []).append(hits[e["key"]])
-    print("\nLatency per kernel kind, ms (cold compile: CPU ms on one core; warm: a disk cache hit, --hits)")
-    print("| kind | n | cold compile median / max | warm hit median / max |")
-    print("|---|---|---|---|")
+    states = [st for st in FIRST_STATES if any(st in sts for apis in (first or {}).values() for sts in apis.values())]
+    print("\nLatency per kernel kind, ms (cold compile: CPU ms on one core; warm: a disk cache hit, --hits" +
+          ("; first call: the median of the shipped plans' first calls, fresh process, per API, " + " / ".join(
+              {"shipped": "from a shipped root", "warm": "from a warm cache", "cold": "with an empty cache"}[st]
+              for st in states) if first is not None else "") + ")")
+    print("| kind | n | cold compile median / max | warm hit median / max |" + (" first call |" if first is not None else ""))
+    print("|---|---|---|---|" + ("---|" if first is not None else ""))
     for kind, recs in sorted(per_kind.items(), key=lambda kv: kv[0] == "all"):
         v, h = recs["cubin"], hit_kind.get(kind, [])
         warm = f"{statistics.median(h):.2f} / {max(h):.2f}" if h else "-"
-        print(f"| {kind} | {len(v)} | {statistics.median(v) * 1000:.0f} / {max(v) * 1000:.0f} | {warm} |")
+        row = f"| {kind} | {len(v)} | {statistics.median(v) * 1000:.0f} / {max(v) * 1000:.0f} | {warm} |"
+        if first is not None:
+            apis = first.get(kind, {})
+            row += " " + ("; ".join(f"{api} " + " / ".join(f"{sts[st]:.1f}" if st in sts else "-" for st in states)
+                                    for api, sts in sorted(apis.items())) or "-") + " |"
+        print(row)
 
 
 def nvrtc_phase_table(nvrtc, e, hdrs):
@@ -349,6 +381,8 @@ def main(argv=None):
     ap.add_argument("--whole", default="", help="a cache of an older build's one-program quantize entries")
     ap.add_argument("--trace", action="store_true", help="shares of front end, NVVM (kernels / helpers / rest), ptxas")
     ap.add_argument("--hits", default="", help="a QFORGE_LOG_LEVEL=debug log of `qforge prewarm` over the same, full cache")
+    ap.add_argument("--first-call", action="append", default=[],
+                    help="bench/first_call.py --json files: their medians as the latency table's first-call column")
     ap.add_argument("--plans", default="", help="an older build's cache: each plan's program against its own there")
     args = ap.parse_args(argv)
     if not args.cache:
@@ -464,7 +498,8 @@ def main(argv=None):
         for kind, recs in sorted(instr_kind.items(), key=lambda kv: kv[0] == "all"):
             parts = [f"{c}: {statistics.median(v):.0f} / {max(v)} / {sum(v)}" for c, v in recs.items()]
             print(f"  {kind:<12} n={len(next(iter(recs.values()))):<4} " + "; ".join(parts))
-    latency_table(per_kind, cache_hits(args.hits) if args.hits else {}, es)
+    latency_table(per_kind, cache_hits(args.hits) if args.hits else {}, es,
+                  first_calls(args.first_call) if args.first_call else None)
     if args.extra:
         print(f"code sections: {differs} compile(s) with extra options differ from the entries' images")
     if base_hdrs:

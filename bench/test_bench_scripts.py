@@ -761,6 +761,33 @@ def test_jit_time_hits_and_latency_table(tmp_path, capsys):
     assert out.rstrip().endswith("| all | 3 | 600 / 900 | 0.88 / 1.25 |")
 
 
+# jit_time.py --first-call: bench/first_call.py's rows go to the row of the program their call took
+# (interior tiles or any), a median per API and cache state, shipped / warm / cold; kinds without
+# first calls read "-".
+def test_jit_time_first_call_column(tmp_path, capsys):
+    import jit_time
+    def row(api, tiles, shipped, cold):
+        return {"recipe": "r", "api": api, "tiles": tiles, "shipped": {"first_ms": shipped}, "cold": {"first_ms": cold}}
+    doc = {"states": ["cold", "shipped"], "rows": [row("C++", "interior", 3.0, 500.0), row("C++", "interior", 5.0, 700.0),
+                                                   row("C++", "interior", 4.0, 600.0), row("torch", "interior", 6.0, 650.0),
+                                                   row("C++", "any", 4.5, 900.0)]}
+    path = tmp_path / "first.json"
+    path.write_text(json.dumps(doc))
+    first = jit_time.first_calls([str(path)])
+    assert first["quantize/interior"]["C++"] == {"cold": 600.0, "shipped": 4.0}
+    assert first["quantize"]["C++"] == {"cold": 900.0, "shipped": 4.5}
+    per_kind = {"quantize/interior": {"cubin": [0.5]}, "quantize": {"cubin": [0.9]}, "gemm": {"cubin": [0.7]},
+                "all": {"cubin": [0.5, 0.7, 0.9]}}
+    jit_time.latency_table(per_kind, {}, [], first)
+    out = capsys.readouterr().out
+    assert "from a shipped root / with an empty cache" in out
+    assert "| quantize/interior | 1 | 500 / 500 | - | C++ 4.0 / 600.0; torch 6.0 / 650.0 |" in out
+    assert "| quantize | 1 | 900 / 900 | - | C++ 4.5 / 900.0 |" in out
+    assert "| gemm | 1 | 700 / 700 | - | - |" in out
+    jit_time.latency_table(per_kind, {}, [])  # no first calls: no column
+    assert "first call" not in capsys.readouterr().out
+
+
 # jit_time.py --plans: entries of two caches paired by kind and plan (the label), not by key or
 # source, so a plan whose program changed is compared with its older program.
 def test_jit_time_pairs_programs_by_plan():

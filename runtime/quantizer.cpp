@@ -216,8 +216,14 @@ std::shared_ptr<const Quantizer::Form> Quantizer::load_form(Loaded& l, QuantizeF
   }
   if (ks.row_kernel) fm->row = fm->module->function(entry.lowered(*ks.row_kernel));
   if (ks.fused_kernel) {
-    fm->fused = fm->module->function(entry.lowered(*ks.fused_kernel));
-    allow_dynamic_smem(fm->fused, ks.smem_bytes);
+    // One kernel serves both forms where the program has no fused kernel of its own (codegen.h
+    // own_fused_kernel): the cast's function, already looked up and given its shared memory.
+    if (*ks.fused_kernel == ks.cast_kernel) {
+      fm->fused = fm->cast;
+    } else {
+      fm->fused = fm->module->function(entry.lowered(*ks.fused_kernel));
+      allow_dynamic_smem(fm->fused, ks.smem_bytes);
+    }
     int per_sm = 0;
     check(driver().cuOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, fm->fused, ks.tile.threads, ks.smem_bytes),
           "cuOccupancyMaxActiveBlocksPerMultiprocessor (fused quantize kernel)");
