@@ -15,6 +15,8 @@
 #include <random>
 #include <sstream>
 
+#include <unistd.h>
+
 #include "compiler/error.h"
 #include "compiler/pipeline.h"
 #include "qforge/numerics.cuh"
@@ -44,6 +46,11 @@ struct Case {
   // cache of the case's own; every other case takes the programs for any tiles
   // (QFORGE_INTERIOR_PROGRAMS=0), as before they existed.
   bool interior = false;
+  // Served from a shipped root, as the wheel's bundle and an install's kernels serve a first call:
+  // the plan's complete programs (for any tiles and for interior tiles, as `qforge prewarm`
+  // compiles them) built into a directory of the case's own, then the call's cache has an empty
+  // writable root and that directory as its shipped root, and must compile nothing.
+  bool shipped = false;
 };
 
 std::string case_label(const Case& c) {
@@ -59,6 +66,7 @@ std::string case_label(const Case& c) {
   if (c.separate) s += "__separate";
   if (c.rht_edges) s += "__rht_edges" + std::to_string(c.rht_edges);
   if (c.interior) s += "__interior";
+  if (c.shipped) s += "__shipped";
   return s;
 }
 std::string case_name(const ::testing::TestParamInfo<Case>& info) { return case_label(info.param); }
@@ -129,6 +137,25 @@ std::string recipe_path(const std::string& recipe) {
   return std::string(QF_SOURCE_DIR) + (test_recipe ? "/tests/recipes/" : "/recipes/") + recipe + ".json";
 }
 
+// Two directories of a shipped case (a shipped root and an empty writable root), removed after.
+struct ShippedRoot {
+  std::filesystem::path root, writable;
+  ShippedRoot() {
+    const auto base = std::filesystem::temp_directory_path() /
+                      ("qforge_shipped_" + std::to_string(::getpid()) + "_" + std::to_string(counter()++));
+    root = base / "shipped";
+    writable = base / "writable";
+  }
+  ~ShippedRoot() {
+    std::error_code ec;
+    std::filesystem::remove_all(root.parent_path(), ec);
+  }
+  static int& counter() {
+    static int n = 0;
+    return n;
+  }
+};
+
 class GpuQuantize : public ::testing::TestWithParam<Case> {};
 
 TEST_P(GpuQuantize, BitExactAgainstCpuReference) {
@@ -162,10 +189,27 @@ TEST_P(GpuQuantize, BitExactAgainstCpuReference) {
   CacheOptions memory;
   memory.disabled = true;
   KernelCache own(memory);  // an interior case's: nothing compiled elsewhere answers for it
+  ShippedRoot shipped;
+  std::unique_ptr<KernelCache> served;  // a shipped case's: an empty writable root over the shipped one
+  if (c.shipped) {
+    const std::string arch = device_arch(current_device());
+    {
+      CacheOptions build;
+      build.writable_root = shipped.root;
+      KernelCache prewarm(build);
+      for (Tiles t : {Tiles::Any, Tiles::Interior}) (void)build_quantize_kernels(plan, complete_form(plan), arch, prewarm, t);
+    }
+    CacheOptions serve;
+    serve.writable_root = shipped.writable;
+    serve.shipped_roots = {shipped.root};
+    served = std::make_unique<KernelCache>(serve);
+  }
   if (c.separate) ::setenv("QFORGE_ONE_LAUNCH", "0", 1), ::setenv("QFORGE_ROW_PASS", "0", 1);
-  if (!c.interior) ::setenv("QFORGE_INTERIOR_PROGRAMS", "0", 1);
+  if (!c.interior && !c.shipped) ::setenv("QFORGE_INTERIOR_PROGRAMS", "0", 1);
   const std::unique_ptr<Quantizer> owned =
-      c.interior ? std::make_unique<Quantizer>(plan, own, /*use_tuning=*/false) : std::make_unique<Quantizer>(plan);
+      c.shipped    ? std::make_unique<Quantizer>(plan, *served, /*use_tuning=*/false)
+      : c.interior ? std::make_unique<Quantizer>(plan, own, /*use_tuning=*/false)
+                   : std::make_unique<Quantizer>(plan);
   const Quantizer& q = *owned;
   ::unsetenv("QFORGE_ONE_LAUNCH"), ::unsetenv("QFORGE_ROW_PASS"), ::unsetenv("QFORGE_INTERIOR_PROGRAMS");
   DeviceBuffer dx(x.bytes.size());
@@ -217,6 +261,11 @@ TEST_P(GpuQuantize, BitExactAgainstCpuReference) {
     }
     EXPECT_EQ(interior, 1) << "a program for interior tiles compiled";
     EXPECT_EQ(any, 0) << "no program for any tiles compiled";
+  }
+  if (c.shipped) {  // served by the shipped root alone
+    const CacheStats st = served->stats();
+    EXPECT_EQ(st.compiles, 0u) << "a first call from a shipped root compiled";
+    EXPECT_GE(st.disk_hits, 1u) << "the shipped root served nothing";
   }
 
   const std::string test = case_label(GetParam());
@@ -319,6 +368,14 @@ std::vector<Case> all_cases() {
       for (DType d : {DType::BF16, DType::FP16}) interior(Usage::Training, d, {256, 1024}, true, false);
       interior(Usage::Training, DType::BF16, {4096, 4096}, false, false);
       interior(Usage::Memory, DType::BF16, {256, 1024}, false, false);
+      // First calls from a shipped root: a shape of whole tiles and one with edge tiles.
+      if (std::string(role) == "linear:input")
+        for (Usage u : {Usage::Training, Usage::Inference})
+          for (Shape2D s : {Shape2D{256, 1024}, Shape2D{200, 320}}) {
+            Case e{r, role, u, DType::BF16, s, {}, false, false};
+            e.shipped = true;
+            cases.push_back(e);
+          }
       // The per-channel pairs' pre-pass, 4 tiles of a tile row per CTA past one wave of tiles: a
       // last group of 3 tiles (35 tile columns), edge rows, and a program for interior tiles.
       if (std::string(r) == "fp8_rowwise") {
