@@ -99,6 +99,14 @@ def gpu_arch():
     return f"sm_{major}{minor}" + ("a" if major >= 9 else ""), name
 
 
+def fill_tiles(rows):
+    """A torch row takes the tiles of a C++ row of its recipe and shape, where there is one (a torch call
+    takes the program the C++ call of the same plan and shape takes)."""
+    tiles = {(r["recipe"], tuple(r["shape"])): r["tiles"] for r in rows if r.get("tiles")}
+    for r in rows:
+        r["tiles"] = r.get("tiles") or tiles.get((r["recipe"], tuple(r["shape"])), "")
+
+
 def summary(rows, states):
     """Median first-call ms per (api, tiles, state) over the rows."""
     out = {}
@@ -164,10 +172,7 @@ def main(argv=None):
                     print(f"{recipe.stem:<28} {usage:<9} {api_name:<5} {shape[0]}x{shape[1]}  " +
                           "  ".join(f"{s} {row[s]['first_ms']:7.1f} ms" for s in states) +
                           f"  later calls {row[states[-1]]['warm_us']:6.1f} us", flush=True)
-    # A torch row takes the tiles of the C++ row of its recipe and shape, where there is one.
-    tiles = {(r["recipe"], tuple(r["shape"])): r["tiles"] for r in rows if r["tiles"]}
-    for r in rows:
-        r["tiles"] = r["tiles"] or tiles.get((r["recipe"], tuple(r["shape"])), "")
+    fill_tiles(rows)
     where = f"{device} ({arch})" + (f"; `qforge prewarm recipes` {prewarm_s:.1f} s wall" if prewarm_s else "")
     print(f"\nFirst quantize call, bf16 linear:input of each shipped recipe, {where}")
     print("| recipe | api | shape | " + " | ".join(f"{s} ms" for s in states) + " | later calls us |")

@@ -189,14 +189,18 @@ def cache_hits(path):
 def first_calls(paths):
     """--first-call: {kind: {api: {state: median ms}}} of bench/first_call.py's JSON files, a row's kind the
     program its call took (quantize/interior for whole tiles, quantize for any)."""
-    ms = {}
+    import first_call
+    rows = []
     for path in paths:
         with open(path) as f:
             doc = json.load(f)
-        for r in doc["rows"]:
-            kind = "quantize/interior" if r.get("tiles") == "interior" else "quantize"
-            for st in doc["states"]:
-                ms.setdefault(kind, {}).setdefault(r["api"], {}).setdefault(st, []).append(r[st]["first_ms"])
+        rows += [dict(r, states=doc["states"]) for r in doc["rows"]]
+    first_call.fill_tiles(rows)  # across the files: torch rows take the C++ rows' tiles
+    ms = {}
+    for r in rows:
+        kind = "quantize/interior" if r["tiles"] == "interior" else "quantize"
+        for st in r["states"]:
+            ms.setdefault(kind, {}).setdefault(r["api"], {}).setdefault(st, []).append(r[st]["first_ms"])
     return {k: {a: {st: statistics.median(v) for st, v in sts.items()} for a, sts in apis.items()}
             for k, apis in ms.items()}
 

@@ -767,13 +767,17 @@ def test_jit_time_hits_and_latency_table(tmp_path, capsys):
 def test_jit_time_first_call_column(tmp_path, capsys):
     import jit_time
     def row(api, tiles, shipped, cold):
-        return {"recipe": "r", "api": api, "tiles": tiles, "shipped": {"first_ms": shipped}, "cold": {"first_ms": cold}}
+        return {"recipe": "r", "api": api, "shape": [4000, 4000], "tiles": tiles, "shipped": {"first_ms": shipped}, "cold": {"first_ms": cold}}
     doc = {"states": ["cold", "shipped"], "rows": [row("C++", "interior", 3.0, 500.0), row("C++", "interior", 5.0, 700.0),
-                                                   row("C++", "interior", 4.0, 600.0), row("torch", "interior", 6.0, 650.0),
-                                                   row("C++", "any", 4.5, 900.0)]}
+                                                   row("C++", "interior", 4.0, 600.0), row("C++", "any", 4.5, 900.0)]}
+    doc["rows"][0]["shape"] = [4096, 4096]
     path = tmp_path / "first.json"
     path.write_text(json.dumps(doc))
-    first = jit_time.first_calls([str(path)])
+    # A second file's torch row without tiles (its child cannot tell) takes the C++ row's of its shape.
+    torch_row = row("torch", "", 6.0, 650.0)
+    torch_row["shape"] = [4096, 4096]
+    (tmp_path / "torch.json").write_text(json.dumps({"states": ["cold", "shipped"], "rows": [torch_row]}))
+    first = jit_time.first_calls([str(path), str(tmp_path / "torch.json")])
     assert first["quantize/interior"]["C++"] == {"cold": 600.0, "shipped": 4.0}
     assert first["quantize"]["C++"] == {"cold": 900.0, "shipped": 4.5}
     per_kind = {"quantize/interior": {"cubin": [0.5]}, "quantize": {"cubin": [0.9]}, "gemm": {"cubin": [0.7]},
