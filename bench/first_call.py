@@ -76,10 +76,11 @@ def recipes_and_usages():
 
 def child(api, recipe, usage, shape, env):
     """One fresh process, one first call: {"first_ms", "warm_us", ...}."""
-    cmd = [sys.executable, "-c", CHILD] if api == "torch" else [api]
-    r = subprocess.run(cmd + [str(recipe), "linear:input", usage, str(shape[0]), str(shape[1])] if api == "torch"
-                       else cmd + [str(recipe), "linear:input", usage, f"{shape[0]}x{shape[1]}"],
-                       env=env, capture_output=True, text=True, timeout=600)
+    if api == "torch":
+        cmd = [sys.executable, "-c", CHILD, str(recipe), "linear:input", usage, str(shape[0]), str(shape[1])]
+    else:  # the C++ child's path
+        cmd = [api, str(recipe), "linear:input", usage, f"{shape[0]}x{shape[1]}"]
+    r = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600)
     if r.returncode != 0:
         raise RuntimeError(f"{recipe.name} ({usage}, {api}): child failed:\n{r.stderr[-2000:]}")
     return json.loads(r.stdout.strip().splitlines()[-1])
@@ -127,7 +128,12 @@ def main(argv=None):
     ap.add_argument("--filter", default="")
     ap.add_argument("--json", default="")
     args = ap.parse_args(argv)
-    shapes = [tuple(int(v) for v in s.split("x")) for s in args.shapes.split(",")]
+    try:
+        shapes = [tuple(int(v) for v in s.split("x", 1)) for s in args.shapes.split(",")]
+        if any(len(sh) != 2 or min(sh) < 1 for sh in shapes):
+            raise ValueError
+    except ValueError:
+        sys.exit(f"first_call: --shapes: expected MxK,... with M and K positive, got '{args.shapes}'")
     states = [s for s in args.states.split(",") if s]
     bad = [s for s in states if s not in ("cold", "shipped", "warm")]
     if bad:

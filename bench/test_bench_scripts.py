@@ -792,6 +792,20 @@ def test_jit_time_first_call_column(tmp_path, capsys):
     assert "first call" not in capsys.readouterr().out
 
 
+# first_call.py's bad arguments: named, before anything runs (no GPU needed to see them).
+@pytest.mark.parametrize("args,message", [
+    (["--shapes", "4096"], "--shapes: expected MxK"),
+    (["--shapes", "0x8"], "--shapes: expected MxK"),
+    (["--states", "cold,hot"], "--states: expected cold, shipped or warm, got hot"),
+    (["--no-torch"], "nothing to time"),
+])
+def test_first_call_names_bad_arguments(args, message):
+    import first_call
+    with pytest.raises(SystemExit) as e:
+        first_call.main(args)
+    assert message in str(e.value)
+
+
 # jit_time.py --plans: entries of two caches paired by kind and plan (the label), not by key or
 # source, so a plan whose program changed is compared with its older program.
 def test_jit_time_pairs_programs_by_plan():
