@@ -26,7 +26,6 @@
 #include "compiler/recipe.h"
 #include "runtime/driver.h"
 #include "runtime/quantizer.h"
-#include "tools/args.h"
 #include "tools/cli_common.h"
 #include "tools/quantize_timing.h"
 
@@ -38,7 +37,7 @@ int main(int argc, char** argv) try {
   if (argc != 5) throw UserError("arguments", "expected RECIPE.json ROLE USAGE MxK, got " + std::to_string(argc - 1) + " arguments");
   const Shape2D shape = parse_shape("MxK", argv[4]);
   const std::optional<Usage> usage = parse_usage(argv[3]);
-  if (!usage) throw UserError("USAGE", std::string("expected training or inference, got '") + argv[3] + "'");
+  if (!usage) throw UserError("USAGE", std::string("expected training, inference or memory, got '") + argv[3] + "'");
 
   rt::primary_context(0)->make_current();
   rt::Stream stream;
