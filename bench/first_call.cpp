@@ -12,9 +12,7 @@
 // them), after 3 more. Prints one JSON object on stdout, with the program's tiles (interior / any).
 #include <chrono>
 #include <cstdio>
-#include <cstring>
 #include <optional>
-#include <random>
 #include <string>
 #include <vector>
 
@@ -43,18 +41,7 @@ int main(int argc, char** argv) try {
   rt::Stream stream;
   const int64_t in_bytes = shape.m * shape.k * 2;
   rt::DeviceBuffer input{size_t(in_bytes)};
-  {
-    std::vector<uint16_t> h(size_t(shape.m * shape.k));
-    std::mt19937 rng(7);
-    std::normal_distribution<float> nd(0.0f, 1.0f);
-    for (auto& v : h) {
-      const float f = nd(rng);
-      uint32_t bits;
-      std::memcpy(&bits, &f, 4);
-      v = uint16_t(bits >> 16);
-    }
-    input.upload(h.data(), size_t(in_bytes));
-  }
+  input.upload(normal_bf16(size_t(shape.m * shape.k), 7).data(), size_t(in_bytes));
   const rt::Driver& d = rt::driver();
   rt::check(d.cuStreamSynchronize(stream.get()), "sync");
 

@@ -40,7 +40,6 @@
 #include <filesystem>
 #include <fstream>
 #include <iostream>
-#include <random>
 #include <sstream>
 #include <cstring>
 #include <string>
@@ -193,15 +192,8 @@ int main(int argc, char** argv) try {
   for (const auto& c : cases) pool_bytes = std::max(pool_bytes, c.shape.m * c.shape.k * 2);
   rt::DeviceBuffer pool{size_t(pool_bytes)};
   {
-    std::vector<uint16_t> h(size_t(pool_bytes / 2));
-    std::mt19937 rng(7);
-    std::normal_distribution<float> nd(0.0f, 1.0f);
-    for (size_t i = 0; i < std::min<size_t>(h.size(), size_t(1) << 24); ++i) {
-      float v = nd(rng);
-      uint32_t bits;
-      std::memcpy(&bits, &v, 4);
-      h[i] = uint16_t(bits >> 16);
-    }
+    std::vector<uint16_t> h = normal_bf16(std::min<size_t>(size_t(pool_bytes / 2), size_t(1) << 24), 7);
+    h.resize(size_t(pool_bytes / 2));
     for (size_t i = size_t(1) << 24; i < h.size(); ++i) h[i] = h[(i * 2654435761u) & ((size_t(1) << 24) - 1)];
     pool.upload(h.data(), h.size() * 2);
   }

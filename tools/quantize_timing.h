@@ -4,6 +4,8 @@
 #pragma once
 #include <algorithm>
 #include <cstdint>
+#include <cstring>
+#include <random>
 #include <string>
 #include <vector>
 
@@ -62,6 +64,20 @@ inline double copy_bandwidth_gbps(CUstream stream) {
 }
 
 // One set of buffers for a call.
+// n bf16 values (the upper halves of normal(0, 1) floats, truncated) from seed: the benchmarks' input.
+inline std::vector<uint16_t> normal_bf16(size_t n, uint32_t seed) {
+  std::vector<uint16_t> h(n);
+  std::mt19937 rng(seed);
+  std::normal_distribution<float> nd(0.0f, 1.0f);
+  for (auto& v : h) {
+    const float f = nd(rng);
+    uint32_t bits;
+    std::memcpy(&bits, &f, 4);
+    v = uint16_t(bits >> 16);
+  }
+  return h;
+}
+
 struct CallSet {
   std::vector<rt::DeviceBuffer> bufs;
   rt::QuantizeCall call;

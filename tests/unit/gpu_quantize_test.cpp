@@ -690,7 +690,9 @@ TEST(GpuQuantizeForm, SmallFirstCallCompilesOnlyTheCompleteProgram) {
     if (c.compiled == QuantizeForm::All) {
       (void)run_quantizer(q, c.recipe, c.role, beyond_guaranteed_capacity(p));
       EXPECT_EQ(cache.stats().compiles, 1u) << "the complete program serves the separate launches";
-      if (own_fused_kernel(p)) EXPECT_FALSE(find_quantize_kernels(p, QuantizeForm::Separate, arch, cache).has_value());
+      if (own_fused_kernel(p)) {
+        EXPECT_FALSE(find_quantize_kernels(p, QuantizeForm::Separate, arch, cache).has_value());
+      }
     }
   }
 }
